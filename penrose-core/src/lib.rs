@@ -1,0 +1,19 @@
+//! Penrose core: the logic every tier shares, with no I/O and no async, so that the agent, the
+//! aggregation server and the design server agree byte for byte and can be tested in isolation.
+//!
+//! Data flows one way through these modules:
+//!
+//! - [`fingerprint`]: kernel-name sequences -> n-gram shingles -> MinHash -> snippet hashes,
+//!   similarity estimates and LSH bands (how the aggregator groups snippets into applications).
+//! - [`sampling`]: which launches are sampled (1 in S, offset re-drawn every O seconds).
+//! - [`counters`]: the versioned counter catalogue and the mapping of a value to one of 128 bins.
+//! - [`histogram`]: 128-bin histograms of sampled counter values.
+//! - [`paillier`]: packed Paillier encryption of histograms, homomorphic sums, decryption.
+//! - [`wire`]: the versioned, length-delimited report and ack messages.
+
+pub mod counters;
+pub mod fingerprint;
+pub mod histogram;
+pub mod paillier;
+pub mod sampling;
+pub mod wire;

@@ -1,0 +1,37 @@
+//! `cargo xtask`: the project's automation, in Rust so it runs wherever cargo does.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod build_ebpf;
+mod demo;
+mod eval;
+
+/// Project automation for Penrose.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Rebuild the committed eBPF object with the BPF toolchain (DESIGN.md section 8).
+    BuildEbpf(build_ebpf::Args),
+    /// Measure how well fingerprints identify applications on a folder of traces.
+    EvalFingerprints(eval::Args),
+    /// Run the criterion benchmarks and write docs/benchmarks.md.
+    Bench(bench::Args),
+    /// Run the system end to end on this machine.
+    Demo(demo::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::BuildEbpf(args) => build_ebpf::run(args),
+        Command::EvalFingerprints(args) => eval::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Demo(args) => demo::run(args),
+    }
+}
