@@ -1,1 +1,193 @@
-//! (being written)
+//! Which launches are sampled for performance counters.
+//!
+//! One launch in S is sampled. The position of the sampled launch within each run of S is a
+//! random offset, re-drawn every O seconds, so that an application whose launch pattern has
+//! period S cannot hide (or always expose) the same kernel. The schedule is a countdown, which
+//! is also what the BPF side runs: user space computes the countdown and the probe decrements
+//! it.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use rand::Rng;
+
+/// The paper's sampling period: 1 launch in 10,000.
+pub const DEFAULT_SAMPLE_PERIOD: SamplePeriod = SamplePeriod(match NonZeroU32::new(10_000) {
+    Some(p) => p,
+    None => unreachable!(),
+});
+
+/// The paper's re-offset interval: a new random offset every 600 s.
+pub const DEFAULT_REOFFSET_INTERVAL: Duration = Duration::from_secs(600);
+
+/// S: one launch in this many is sampled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SamplePeriod(pub NonZeroU32);
+
+impl SamplePeriod {
+    /// The period as a plain number.
+    pub fn get(self) -> u32 {
+        self.0.get()
+    }
+}
+
+/// Whether a launch was chosen for sampling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Read the counters for this launch.
+    Sample,
+    /// Let it pass.
+    Skip,
+}
+
+/// The 1-in-S schedule with a random offset re-drawn every O.
+///
+/// Time is passed in by the caller as the duration since an arbitrary fixed start, which keeps
+/// this module free of clocks and lets tests drive it.
+#[derive(Debug)]
+pub struct SamplingSchedule<R> {
+    period: SamplePeriod,
+    reoffset_every: Duration,
+    rng: R,
+    /// Launches to let pass before the next sampled one.
+    countdown: u32,
+    next_reoffset: Duration,
+}
+
+impl<R: Rng> SamplingSchedule<R> {
+    /// Starts a schedule at time `now`, drawing the first offset.
+    pub fn new(period: SamplePeriod, reoffset_every: Duration, mut rng: R, now: Duration) -> Self {
+        let countdown = rng.random_range(0..period.get());
+        SamplingSchedule {
+            period,
+            reoffset_every,
+            rng,
+            countdown,
+            next_reoffset: now.saturating_add(reoffset_every),
+        }
+    }
+
+    /// Decides for one launch at time `now`.
+    pub fn on_launch(&mut self, now: Duration) -> Decision {
+        self.maybe_reoffset(now);
+        if self.countdown == 0 {
+            self.countdown = self.period.get() - 1;
+            Decision::Sample
+        } else {
+            self.countdown -= 1;
+            Decision::Skip
+        }
+    }
+
+    /// Launches that will pass before the next sampled one, as of `now`; this is the value the
+    /// agent writes into the BPF countdown map.
+    pub fn countdown(&mut self, now: Duration) -> u32 {
+        self.maybe_reoffset(now);
+        self.countdown
+    }
+
+    /// The period S.
+    pub fn period(&self) -> SamplePeriod {
+        self.period
+    }
+
+    fn maybe_reoffset(&mut self, now: Duration) {
+        if now >= self.next_reoffset {
+            self.countdown = self.rng.random_range(0..self.period.get());
+            // Skip whole intervals that passed without launches, so the offset changes once
+            // per interval boundary crossed rather than once per missed interval.
+            while self.next_reoffset <= now && !self.reoffset_every.is_zero() {
+                self.next_reoffset = self.next_reoffset.saturating_add(self.reoffset_every);
+            }
+            if self.reoffset_every.is_zero() {
+                self.next_reoffset = now;
+            }
+        }
+    }
+}
+
+/// P_hit = 1 - (1 - 1/S)^u: the probability that at least one of `launches` launches of an
+/// application is sampled. The simulator and capacity planning rest on it.
+///
+/// Computed as `-expm1(u * ln1p(-1/S))`, which stays accurate when the probability is tiny.
+pub fn hit_probability(period: SamplePeriod, launches: u64) -> f64 {
+    let per_launch = -1.0 / f64::from(period.get());
+    -((launches as f64) * per_launch.ln_1p()).exp_m1()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn period(s: u32) -> SamplePeriod {
+        SamplePeriod(NonZeroU32::new(s).unwrap())
+    }
+
+    #[test]
+    fn exactly_one_in_s_within_an_interval() {
+        let mut s = SamplingSchedule::new(
+            period(100),
+            Duration::from_secs(600),
+            ChaCha8Rng::seed_from_u64(7),
+            Duration::ZERO,
+        );
+        let hits: Vec<usize> = (0..10_000)
+            .filter(|_| s.on_launch(Duration::from_secs(1)) == Decision::Sample)
+            .collect();
+        assert_eq!(hits.len(), 100);
+        // Evenly spaced by S within one offset interval.
+        assert!(hits.windows(2).all(|w| w[1] - w[0] == 100));
+    }
+
+    #[test]
+    fn offset_is_redrawn_each_interval() {
+        let mut s = SamplingSchedule::new(
+            period(10_000),
+            Duration::from_secs(600),
+            ChaCha8Rng::seed_from_u64(1),
+            Duration::ZERO,
+        );
+        let mut offsets = Vec::new();
+        for interval in 0..20u64 {
+            let now = Duration::from_secs(interval * 600 + 1);
+            offsets.push(s.countdown(now));
+        }
+        offsets.sort_unstable();
+        offsets.dedup();
+        // 20 draws from 10,000 values: a repeat is possible but 5 or fewer distinct would mean
+        // the offset is not being re-drawn.
+        assert!(offsets.len() > 15, "{offsets:?}");
+        assert!(offsets.iter().all(|&o| o < 10_000));
+    }
+
+    #[test]
+    fn seeded_schedules_repeat() {
+        let run = |seed| {
+            let mut s = SamplingSchedule::new(
+                period(37),
+                Duration::from_secs(1),
+                ChaCha8Rng::seed_from_u64(seed),
+                Duration::ZERO,
+            );
+            (0..2000u64)
+                .map(|i| s.on_launch(Duration::from_millis(i * 3)) == Decision::Sample)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(5), run(5));
+        assert_ne!(run(5), run(6));
+    }
+
+    #[test]
+    fn hit_probability_matches_formula() {
+        let s = period(10_000);
+        assert_eq!(hit_probability(s, 0), 0.0);
+        let direct = 1.0 - (1.0 - 1.0 / 10_000f64).powf(5_000.0);
+        assert!((hit_probability(s, 5_000) - direct).abs() < 1e-12);
+        // About 1 - 1/e after S launches.
+        assert!((hit_probability(s, 10_000) - (1.0 - (-1f64).exp())).abs() < 1e-4);
+        assert!(hit_probability(s, 1_000_000) > 0.9999);
+        assert_eq!(hit_probability(period(1), 1), 1.0);
+    }
+}
