@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command (README.md): installs what the tests need, then checks formatting, lints,
+# the committed eBPF object, and runs every test. Run as root on a fresh Debian 12 machine;
+# as a plain user it skips the installs and uses what is already there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source ci/lib.sh
+
+if [ "$(id -u)" -eq 0 ]; then
+    stage "install apt packages, phe" ci/install-deps.sh
+    stage "build bpf-linker" ci/build-bpf-linker.sh
+else
+    echo "note: not root, so no packages are installed; the eBPF tests need root and are skipped"
+fi
+stage "rustfmt" cargo fmt --all -- --check
+stage "build (tests, all targets)" cargo build --workspace --all-targets --locked
+stage "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+if command -v bpf-linker >/dev/null 2>&1; then
+    stage "eBPF object is reproducible" ci/check-ebpf.sh
+else
+    echo "note: bpf-linker is not installed, so the committed eBPF object is not rebuilt"
+fi
+stage "cargo deny" ci/deny.sh
+stage "tests" cargo test --workspace --locked
+stage "fuzz wire decoder (bounded)" ci/fuzz.sh 60
+summary
