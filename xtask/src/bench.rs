@@ -1,10 +1,307 @@
-//! (being written)
+//! `cargo xtask bench`: runs the criterion benchmarks, then turns criterion's estimates into
+//! one table (printed, and written to `docs/benchmarks.md` with the machine it ran on), set
+//! against the targets the issues give.
 
-/// Arguments.
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+/// Arguments of `cargo xtask bench`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Only run benchmarks whose id contains this (criterion's filter).
+    #[arg(long)]
+    filter: Option<String>,
+    /// Do not run the benchmarks; summarise the estimates criterion already wrote.
+    #[arg(long)]
+    no_run: bool,
+    /// Where to write the report.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+    /// Print the table as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A target from the issues: a benchmark id it applies to and the bound it must meet.
+struct Target {
+    id_contains: &'static str,
+    bound: Bound,
+    paper: &'static str,
+}
+
+enum Bound {
+    /// Median time per iteration at most this many seconds.
+    AtMostSeconds(f64),
+    /// Throughput at least this many elements per second.
+    AtLeastPerSecond(f64),
+}
+
+const TARGETS: &[Target] = &[
+    Target {
+        id_contains: "encrypt_histogram/djn",
+        bound: Bound::AtMostSeconds(3e-3),
+        paper: "105 ms",
+    },
+    Target {
+        id_contains: "aggregate",
+        bound: Bound::AtLeastPerSecond(60_000.0),
+        paper: "8,075 /s/core",
+    },
+];
+
+#[derive(Deserialize)]
+struct Estimates {
+    median: Estimate,
+}
+
+#[derive(Deserialize)]
+struct Estimate {
+    point_estimate: f64,
+    confidence_interval: Interval,
+}
+
+#[derive(Deserialize)]
+struct Interval {
+    lower_bound: f64,
+    upper_bound: f64,
+}
+
+#[derive(Deserialize)]
+struct BenchmarkInfo {
+    full_id: String,
+    throughput: Option<Throughput>,
+}
+
+#[derive(Deserialize)]
+enum Throughput {
+    Elements(u64),
+    Bytes(IgnoredAny),
+    BytesDecimal(IgnoredAny),
+    ElementsAndBytes { elements: u64 },
+}
+
+/// One benchmark's result, as printed.
+#[derive(serde::Serialize)]
+struct Row {
+    id: String,
+    median_ns: f64,
+    low_ns: f64,
+    high_ns: f64,
+    /// Elements per second at the median, when the benchmark declares a throughput.
+    per_second: Option<f64>,
+    target: Option<String>,
+    met: Option<bool>,
+}
 
 /// Runs the task.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not written yet")
+pub fn run(args: Args) -> Result<()> {
+    let root = workspace_root()?;
+    if !args.no_run {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(&root)
+            .args(["bench", "--workspace", "--bench", "*", "--"]);
+        if let Some(filter) = &args.filter {
+            cmd.arg(filter);
+        }
+        let status = cmd.status().context("running cargo bench")?;
+        if !status.success() {
+            bail!("cargo bench failed: {status}");
+        }
+    }
+    let criterion = target_dir(&root).join("criterion");
+    let mut rows = collect(&criterion)?;
+    if rows.is_empty() {
+        bail!(
+            "no criterion estimates under {} (run without --no-run)",
+            criterion.display()
+        );
+    }
+    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", table(&rows));
+    }
+    let report = report(&root, &rows, &machine());
+    let out = root.join(&args.out);
+    std::fs::write(&out, report).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
+fn collect(criterion: &Path) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let mut stack = vec![criterion.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            let estimates = path.join("new/estimates.json");
+            let info = path.join("new/benchmark.json");
+            if estimates.is_file() && info.is_file() {
+                rows.push(row(&estimates, &info)?);
+            } else if path.file_name().is_some_and(|n| n != "report") {
+                stack.push(path);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn row(estimates: &Path, info: &Path) -> Result<Row> {
+    let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("{}", p.display()));
+    let est: Estimates = serde_json::from_str(&read(estimates)?)
+        .with_context(|| format!("parsing {}", estimates.display()))?;
+    let info: BenchmarkInfo = serde_json::from_str(&read(info)?)
+        .with_context(|| format!("parsing {}", info.display()))?;
+    let median_ns = est.median.point_estimate;
+    let elements = match info.throughput {
+        Some(Throughput::Elements(n)) | Some(Throughput::ElementsAndBytes { elements: n, .. }) => {
+            Some(n)
+        }
+        Some(Throughput::Bytes(_)) | Some(Throughput::BytesDecimal(_)) | None => None,
+    };
+    let per_second = elements.map(|n| n as f64 / (median_ns * 1e-9));
+    let target = TARGETS
+        .iter()
+        .find(|t| info.full_id.contains(t.id_contains));
+    let (target_text, met) = match target {
+        Some(t) => match t.bound {
+            Bound::AtMostSeconds(s) => (
+                Some(format!("<= {} (paper {})", seconds(s * 1e9), t.paper)),
+                Some(median_ns * 1e-9 <= s),
+            ),
+            Bound::AtLeastPerSecond(r) => (
+                Some(format!(">= {r:.0}/s (paper {})", t.paper)),
+                Some(per_second.unwrap_or(1e9 / median_ns) >= r),
+            ),
+        },
+        None => (None, None),
+    };
+    Ok(Row {
+        id: info.full_id,
+        median_ns,
+        low_ns: est.median.confidence_interval.lower_bound,
+        high_ns: est.median.confidence_interval.upper_bound,
+        per_second,
+        target: target_text,
+        met,
+    })
+}
+
+fn seconds(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| benchmark | median | 95% CI of median | throughput | target | met |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} - {} | {} | {} | {} |",
+            r.id,
+            seconds(r.median_ns),
+            seconds(r.low_ns),
+            seconds(r.high_ns),
+            r.per_second
+                .map(|p| format!("{p:.0} /s"))
+                .unwrap_or_default(),
+            r.target.as_deref().unwrap_or(""),
+            match r.met {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "",
+            }
+        );
+    }
+    s
+}
+
+fn report(root: &Path, rows: &[Row], machine: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Benchmarks\n");
+    let _ = writeln!(
+        s,
+        "Written by `cargo xtask bench` from criterion's estimates (medians, with criterion's \
+         95% confidence interval of the median). These machines are noisy: compare ratios and \
+         medians, not single runs. Throughput is elements per second at the median, on one \
+         core (criterion runs one benchmark at a time).\n"
+    );
+    let _ = writeln!(s, "Machine: {machine}\n");
+    s.push_str(&table(rows));
+    let notes = root.join("docs/benchmarks-notes.md");
+    if let Ok(extra) = std::fs::read_to_string(&notes) {
+        let _ = writeln!(s, "\n{extra}");
+    }
+    s
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|k| k.trim().to_string())
+        .unwrap_or_default();
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    let rustc = Command::new("rustc")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!("{cpu}, {cores} cores, {mem_gib:.0} GiB, Linux {kernel}, {rustc}")
+}
+
+/// The workspace root: xtask lives one level below it.
+pub fn workspace_root() -> Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask has no parent directory")
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
 }
