@@ -55,7 +55,10 @@ fn round_trip(pair: &Keypair, bins: &[u32], seed: u64, plain: bool) {
     } else {
         public.encrypt_packed(bins, &mut rng).unwrap()
     };
-    assert_eq!(packed.ciphertexts().len(), public.size().ciphertexts_per_histogram());
+    assert_eq!(
+        packed.ciphertexts().len(),
+        public.size().ciphertexts_per_histogram()
+    );
     let wire = packed.to_bytes();
     assert_eq!(wire.len(), public.size().packed_bytes());
     let received = public.validate_packed(&wire).unwrap();
@@ -92,7 +95,12 @@ proptest! {
                 public.encrypt_packed(bins, &mut rng).unwrap()
             };
             let report_samples = bins.iter().map(|&b| u64::from(b)).max().unwrap_or(0);
-            accumulator.absorb(&public.validate_packed(&packed.to_bytes()).unwrap(), report_samples).unwrap();
+            if i % 2 == 0 {
+                accumulator.absorb_bytes(&packed.to_bytes(), report_samples).unwrap();
+            } else {
+                let validated = public.validate_packed(&packed.to_bytes()).unwrap();
+                accumulator.absorb(&validated, report_samples).unwrap();
+            }
             samples += report_samples;
             for (sum, &bin) in expected.iter_mut().zip(bins) {
                 *sum += u64::from(bin);
@@ -100,7 +108,7 @@ proptest! {
         }
         prop_assert_eq!(accumulator.reports(), histograms.len() as u64);
         prop_assert_eq!(accumulator.samples(), samples);
-        let decrypted = pair.private_key().decrypt_packed(&accumulator.sum()).unwrap();
+        let decrypted = pair.private_key().decrypt_packed(&accumulator.sum().unwrap()).unwrap();
         prop_assert_eq!(decrypted, expected);
     }
 
@@ -121,7 +129,7 @@ proptest! {
         );
         prop_assert_eq!(accumulator.reports(), bound);
         prop_assert_eq!(accumulator.samples(), bound);
-        let decrypted = pair.private_key().decrypt_packed(&accumulator.sum()).unwrap();
+        let decrypted = pair.private_key().decrypt_packed(&accumulator.sum().unwrap()).unwrap();
         for (sum, &bin) in decrypted.iter().zip(&bins) {
             prop_assert_eq!(*sum, u64::from(bin) * bound);
         }
@@ -169,6 +177,36 @@ proptest! {
                 prop_assert!(refused);
             }
         }
+        // The hot path refuses the same inputs, except multiples of p, which poison the sum
+        // and are caught there.
+        let genuine = public.encrypt_packed(&[1u32; BIN_COUNT], &mut rng).unwrap().to_bytes();
+        let multiple_of_n = Integer::from(nn.sqrt_ref()) * (excess % 1_000_000 + 1);
+        for (bad, error) in [
+            (vec![0u8; len], PaillierError::CiphertextZero),
+            (fixed_bytes(&too_large, len), PaillierError::CiphertextTooLarge),
+            (fixed_bytes(&multiple_of_n, len), PaillierError::CiphertextNotUnit),
+        ] {
+            let mut wire = genuine.clone();
+            wire[len..2 * len].copy_from_slice(&bad);
+            let mut accumulator = Accumulator::new(public);
+            prop_assert_eq!(accumulator.absorb_bytes(&wire, 1), Err(error));
+            prop_assert_eq!(accumulator.reports(), 0);
+            let unchanged = pair.private_key().decrypt_packed(&accumulator.sum().unwrap()).unwrap();
+            prop_assert_eq!(unchanged, [0u64; BIN_COUNT]);
+        }
+        let mut short = Accumulator::new(public);
+        let refused = matches!(
+            short.absorb_bytes(&genuine[1..], 1),
+            Err(PaillierError::Length { .. })
+        );
+        prop_assert!(refused);
+        let mut poisoned = Accumulator::new(public);
+        let mut wire = genuine.clone();
+        wire[..len].copy_from_slice(&fixed_bytes(&multiple, len));
+        poisoned.absorb_bytes(&wire, 1).unwrap();
+        poisoned.absorb_bytes(&genuine, 1).unwrap();
+        prop_assert_eq!(poisoned.sum(), Err(PaillierError::CiphertextNotUnit));
+
         // A genuine ciphertext is accepted and re-encodes to the same bytes.
         let packed = public.encrypt_packed(&[0u32; BIN_COUNT], &mut rng).unwrap();
         let wire = packed.to_bytes();
@@ -190,7 +228,10 @@ proptest! {
 fn deployed_size_sends_two_ciphertexts_of_512_bytes() {
     let public = KEY_2048.public_key();
     let packed = public
-        .encrypt_packed(&[MAX_BIN_VALUE; BIN_COUNT], &mut ChaCha20Rng::seed_from_u64(9))
+        .encrypt_packed(
+            &[MAX_BIN_VALUE; BIN_COUNT],
+            &mut ChaCha20Rng::seed_from_u64(9),
+        )
         .unwrap();
     assert_eq!(packed.ciphertexts().len(), 2);
     assert_eq!(packed.to_bytes().len(), 1024);
@@ -205,7 +246,10 @@ fn full_accumulator_of_maximal_reports_decrypts_exactly() {
     let pair = &*KEY_512;
     let public = pair.public_key();
     let packed = public
-        .encrypt_packed(&[MAX_BIN_VALUE; BIN_COUNT], &mut ChaCha20Rng::seed_from_u64(4))
+        .encrypt_packed(
+            &[MAX_BIN_VALUE; BIN_COUNT],
+            &mut ChaCha20Rng::seed_from_u64(4),
+        )
         .unwrap();
     let mut accumulator = Accumulator::new(public);
     while !accumulator.is_full() {
@@ -216,9 +260,14 @@ fn full_accumulator_of_maximal_reports_decrypts_exactly() {
         accumulator.absorb(&packed, 1),
         Err(PaillierError::AccumulatorFull { .. })
     ));
-    let decrypted = pair.private_key().decrypt_packed(&accumulator.sum()).unwrap();
-    assert_eq!(decrypted, [ACCUMULATOR_REPORT_BOUND * MAX_BIN_VALUE; BIN_COUNT]);
-    assert!(ACCUMULATOR_REPORT_BOUND * MAX_BIN_VALUE < 1 << 31);
+    let decrypted = pair
+        .private_key()
+        .decrypt_packed(&accumulator.sum().unwrap())
+        .unwrap();
+    assert_eq!(
+        decrypted,
+        [ACCUMULATOR_REPORT_BOUND * MAX_BIN_VALUE; BIN_COUNT]
+    );
 }
 
 #[test]
@@ -246,7 +295,10 @@ fn accumulator_checks_key_samples_and_bound() {
     let other = keypair(KeySize::Bits512, 77);
     let public = KEY_512.public_key();
     let mut rng = ChaCha20Rng::seed_from_u64(6);
-    let foreign = other.public_key().encrypt_packed(&[1u32; BIN_COUNT], &mut rng).unwrap();
+    let foreign = other
+        .public_key()
+        .encrypt_packed(&[1u32; BIN_COUNT], &mut rng)
+        .unwrap();
     let mut accumulator = Accumulator::new(public);
     assert!(matches!(
         accumulator.absorb(&foreign, 1),
@@ -300,21 +352,36 @@ fn key_parsing_rejects_malformed_keys() {
 
     let mut bad = public.clone();
     bad[0] = 2;
-    assert_eq!(PublicKey::from_bytes(&bad), Err(PaillierError::UnsupportedVersion(2)));
+    assert_eq!(
+        PublicKey::from_bytes(&bad),
+        Err(PaillierError::UnsupportedVersion(2))
+    );
     let mut bad = public.clone();
     bad[1..3].copy_from_slice(&1536u16.to_be_bytes());
-    assert_eq!(PublicKey::from_bytes(&bad), Err(PaillierError::UnsupportedKeySize(1536)));
+    assert_eq!(
+        PublicKey::from_bytes(&bad),
+        Err(PaillierError::UnsupportedKeySize(1536))
+    );
     assert!(matches!(
         PublicKey::from_bytes(&public[..public.len() - 1]),
         Err(PaillierError::Length { .. })
     ));
-    assert!(matches!(PublicKey::from_bytes(&[1]), Err(PaillierError::Length { .. })));
+    assert!(matches!(
+        PublicKey::from_bytes(&[1]),
+        Err(PaillierError::Length { .. })
+    ));
     let mut even = public.clone();
     even[3 + 63] &= 0xfe;
-    assert!(matches!(PublicKey::from_bytes(&even), Err(PaillierError::InvalidKey(_))));
+    assert!(matches!(
+        PublicKey::from_bytes(&even),
+        Err(PaillierError::InvalidKey(_))
+    ));
     let mut zero_h = public.clone();
     zero_h[3 + 64..].fill(0);
-    assert!(matches!(PublicKey::from_bytes(&zero_h), Err(PaillierError::InvalidKey(_))));
+    assert!(matches!(
+        PublicKey::from_bytes(&zero_h),
+        Err(PaillierError::InvalidKey(_))
+    ));
 
     assert!(matches!(
         PrivateKey::from_bytes(&private[..private.len() - 1]),
@@ -331,12 +398,18 @@ fn key_parsing_rejects_malformed_keys() {
     // p + 2 is (almost surely) composite or at least not the key's factor.
     let mut composite = private.clone();
     composite[3 + 31] ^= 0x02;
-    assert!(matches!(PrivateKey::from_bytes(&composite), Err(PaillierError::InvalidKey(_))));
+    assert!(matches!(
+        PrivateKey::from_bytes(&composite),
+        Err(PaillierError::InvalidKey(_))
+    ));
     // An h_s from another key is not an n-th residue for this one.
     let other = keypair(KeySize::Bits512, 78).private_key().to_bytes();
     let mut foreign_h = private.clone();
     foreign_h[3 + 64..].copy_from_slice(&other[3 + 64..]);
-    assert!(matches!(PrivateKey::from_bytes(&foreign_h), Err(PaillierError::InvalidKey(_))));
+    assert!(matches!(
+        PrivateKey::from_bytes(&foreign_h),
+        Err(PaillierError::InvalidKey(_))
+    ));
 }
 
 #[test]

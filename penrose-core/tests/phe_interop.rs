@@ -77,10 +77,13 @@ fn exchange(size: KeySize, seed: u64, plain: bool) {
     });
     let response = run_phe(&request);
 
-    let decrypted_by_phe: Vec<u64> = serde_json::from_value(response["decrypted_bins"].clone())
-        .unwrap();
+    let decrypted_by_phe: Vec<u64> =
+        serde_json::from_value(response["decrypted_bins"].clone()).unwrap();
     assert_eq!(decrypted_by_phe, ours, "phe decrypts our ciphertexts");
-    assert_eq!(response["h_s_plaintext"], "0", "h_s is an encryption of zero");
+    assert_eq!(
+        response["h_s_plaintext"], "0",
+        "h_s is an encryption of zero"
+    );
 
     let phe_wire: Vec<u8> = response["ciphertexts"]
         .as_array()
@@ -96,7 +99,10 @@ fn exchange(size: KeySize, seed: u64, plain: bool) {
     let mut accumulator = Accumulator::new(public);
     accumulator.absorb(&packed, MAX_BIN_VALUE).unwrap();
     accumulator.absorb(&from_phe, MAX_BIN_VALUE).unwrap();
-    let sum = pair.private_key().decrypt_packed(&accumulator.sum()).unwrap();
+    let sum = pair
+        .private_key()
+        .decrypt_packed(&accumulator.sum().unwrap())
+        .unwrap();
     let expected: Vec<u64> = ours.iter().zip(&theirs).map(|(a, b)| a + b).collect();
     assert_eq!(sum.to_vec(), expected);
 }

@@ -5,11 +5,11 @@
 use rug::Integer;
 use rug::ops::RemRounding;
 
+use super::ciphertext::PackedCiphertexts;
 use super::error::PaillierError;
 use super::keys::PrivateKey;
 use super::packing::unpack;
 use super::params::BIN_COUNT;
-use super::ciphertext::PackedCiphertexts;
 
 /// One prime's half of CRT decryption.
 #[derive(Clone)]

@@ -105,7 +105,8 @@ impl PublicKey {
         self.encrypt_with(bins, |key| {
             let r = random_unit(rng, key.n());
             // r is a unit and n > 0, so pow_mod cannot fail; fall back to 1 only to stay total.
-            r.pow_mod(key.n(), key.nn()).unwrap_or_else(|_| Integer::from(1))
+            r.pow_mod(key.n(), key.nn())
+                .unwrap_or_else(|_| Integer::from(1))
         })
     }
 
@@ -127,6 +128,7 @@ impl PublicKey {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -136,7 +138,10 @@ mod tests {
         let base = Integer::from(12_345u32);
         let table = FixedBaseTable::new(&base, &modulus, 64);
         for exponent in [0u64, 1, 15, 16, 0xdead_beef_1234_5678, u64::MAX] {
-            let expected = base.clone().pow_mod(&Integer::from(exponent), &modulus).unwrap();
+            let expected = base
+                .clone()
+                .pow_mod(&Integer::from(exponent), &modulus)
+                .unwrap();
             assert_eq!(table.pow(&exponent.to_le_bytes(), &modulus), expected);
         }
     }

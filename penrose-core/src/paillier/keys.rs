@@ -127,7 +127,9 @@ impl PublicKey {
         let n = Integer::from_digits(n_bytes, Order::Msf);
         let hs = Integer::from_digits(hs_bytes, Order::Msf);
         if n.significant_bits() != size.modulus_bits() || n.is_even() {
-            return Err(PaillierError::InvalidKey("modulus has the wrong size or is even"));
+            return Err(PaillierError::InvalidKey(
+                "modulus has the wrong size or is even",
+            ));
         }
         let key = Self::new(size, n, hs);
         key.check_hs()?;
@@ -201,7 +203,9 @@ impl PrivateKey {
         let hs = Integer::from_digits(hs_bytes, Order::Msf);
         let half = size.modulus_bits() / 2;
         if p.significant_bits() != half || q.significant_bits() != half {
-            return Err(PaillierError::InvalidKey("a prime factor has the wrong size"));
+            return Err(PaillierError::InvalidKey(
+                "a prime factor has the wrong size",
+            ));
         }
         if p == q {
             return Err(PaillierError::InvalidKey("p equals q"));
@@ -255,12 +259,11 @@ impl Keypair {
             }
             let n = Integer::from(&p * &q);
             let phi = Integer::from(&p - 1u32) * Integer::from(&q - 1u32);
-            if n.significant_bits() != size.modulus_bits() || Integer::from(n.gcd_ref(&phi)) != 1
-            {
+            if n.significant_bits() != size.modulus_bits() || Integer::from(n.gcd_ref(&phi)) != 1 {
                 continue;
             }
             let x = random_unit(rng, &n);
-            let h = Integer::from(&n - Integer::from(x.square_ref()) % &n);
+            let h = &n - Integer::from(x.square_ref()) % &n;
             let nn = Integer::from(n.square_ref());
             let Ok(hs) = h.pow_mod(&n, &nn) else {
                 continue;

@@ -68,6 +68,7 @@ pub(crate) fn unpack(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -27,6 +27,10 @@ pub const MAX_BIN_VALUE: u64 = MAX_REPORT_SAMPLES;
 /// per bin, this many can never carry out of a slot. floor((2^31 - 1) / 10,000) = 214,748.
 pub const ACCUMULATOR_REPORT_BOUND: u64 = SLOT_MAX / MAX_BIN_VALUE;
 
+// The bound is safe (bound reports of maximal bins fit a slot) and tight (one more would not).
+const _: () = assert!(ACCUMULATOR_REPORT_BOUND * MAX_BIN_VALUE <= SLOT_MAX);
+const _: () = assert!((ACCUMULATOR_REPORT_BOUND + 1) * MAX_BIN_VALUE > SLOT_MAX);
+
 /// Modulus sizes. Only [`KeySize::Bits2048`] is for deployment; the smaller sizes exist so that
 /// tests can generate many keys quickly and are insecure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,6 +102,7 @@ impl KeySize {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -109,9 +114,6 @@ mod tests {
         assert_eq!(size.ciphertext_bytes(), 512);
         assert_eq!(size.packed_bytes(), 1024);
         assert_eq!(ACCUMULATOR_REPORT_BOUND, 214_748);
-        // The bound really is safe: bound * max fits a slot, one more report would not.
-        assert!(ACCUMULATOR_REPORT_BOUND * MAX_BIN_VALUE <= SLOT_MAX);
-        assert!((ACCUMULATOR_REPORT_BOUND + 1) * MAX_BIN_VALUE > SLOT_MAX);
     }
 
     #[test]
