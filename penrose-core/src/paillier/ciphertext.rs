@@ -1,0 +1,90 @@
+//! Validated ciphertexts and their wire encoding: fixed length, big-endian, mod n^2 (512 bytes
+//! for a 2048-bit n), so that a report's size never depends on its content.
+
+use rug::Integer;
+use rug::integer::Order;
+
+use super::error::PaillierError;
+use super::keys::{KeyId, PublicKey, push_fixed};
+
+/// One ciphertext that passed validation for a key: a unit in [1, n^2). Only encryption,
+/// validation and the accumulator make them, so holding one means the checks were done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ciphertext(pub(crate) Integer);
+
+/// A whole histogram: `ciphertexts_per_histogram` ciphertexts for one key, in bin order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedCiphertexts {
+    pub(crate) key_id: KeyId,
+    pub(crate) ciphertexts: Vec<Ciphertext>,
+    pub(crate) ciphertext_bytes: usize,
+}
+
+impl PackedCiphertexts {
+    /// The key these ciphertexts were made or validated for.
+    pub fn key_id(&self) -> KeyId {
+        self.key_id
+    }
+
+    /// The ciphertexts, in bin order.
+    pub fn ciphertexts(&self) -> &[Ciphertext] {
+        &self.ciphertexts
+    }
+
+    /// The wire encoding: the ciphertexts concatenated, each fixed length.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.ciphertexts.len() * self.ciphertext_bytes);
+        for ciphertext in &self.ciphertexts {
+            push_fixed(&mut out, &ciphertext.0, self.ciphertext_bytes);
+        }
+        out
+    }
+}
+
+impl PublicKey {
+    /// Parses and checks one ciphertext: exact length, not zero, below n^2, coprime to n.
+    pub fn validate_ciphertext(&self, bytes: &[u8]) -> Result<Ciphertext, PaillierError> {
+        let expected = self.size().ciphertext_bytes();
+        if bytes.len() != expected {
+            return Err(PaillierError::Length {
+                expected,
+                actual: bytes.len(),
+            });
+        }
+        let value = Integer::from_digits(bytes, Order::Msf);
+        if value == 0 {
+            return Err(PaillierError::CiphertextZero);
+        }
+        if &value >= self.nn() {
+            return Err(PaillierError::CiphertextTooLarge);
+        }
+        if Integer::from(value.gcd_ref(self.n())) != 1 {
+            return Err(PaillierError::CiphertextNotUnit);
+        }
+        Ok(Ciphertext(value))
+    }
+
+    /// Parses and checks a packed histogram as it arrives in a report.
+    pub fn validate_packed(&self, bytes: &[u8]) -> Result<PackedCiphertexts, PaillierError> {
+        let size = self.size();
+        if bytes.len() != size.packed_bytes() {
+            return Err(PaillierError::Length {
+                expected: size.packed_bytes(),
+                actual: bytes.len(),
+            });
+        }
+        let ciphertexts = bytes
+            .chunks_exact(size.ciphertext_bytes())
+            .map(|chunk| self.validate_ciphertext(chunk))
+            .collect::<Result<_, _>>()?;
+        Ok(self.packed(ciphertexts))
+    }
+
+    pub(crate) fn packed(&self, ciphertexts: Vec<Ciphertext>) -> PackedCiphertexts {
+        PackedCiphertexts {
+            key_id: self.key_id(),
+            ciphertexts,
+            ciphertext_bytes: self.size().ciphertext_bytes(),
+        }
+    }
+}

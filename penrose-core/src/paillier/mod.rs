@@ -1,0 +1,32 @@
+//! Packed Paillier: how a client hides its histogram from the aggregator while the aggregator
+//! still adds histograms up.
+//!
+//! - [`params`]: key sizes, slot width, the accumulator bound (the numbers `docs/crypto.md`
+//!   justifies).
+//! - [`keys`]: key generation, the byte formats of both keys, [`KeyId`].
+//! - [`ciphertext`]: validated ciphertexts and their fixed-length wire encoding.
+//! - `packing`: bins <-> plaintext integers, one `SLOT_BITS`-wide slot per bin.
+//! - `encrypt`: Damgard-Jurik-Nielsen encryption with a fixed-base table, and the plain form.
+//! - `decrypt`: CRT decryption with constants computed once at key load.
+//! - [`accumulator`]: the aggregator's homomorphic running sum, refusing to overflow a slot.
+//!
+//! The scheme is Paillier with g = n + 1 on a 2048-bit modulus; the crate works on GMP through
+//! `rug` directly (why not `kzen-paillier`: `docs/crypto.md`).
+
+pub mod accumulator;
+pub mod ciphertext;
+mod decrypt;
+mod encrypt;
+mod error;
+pub mod keys;
+mod packing;
+pub mod params;
+mod random;
+
+pub use accumulator::Accumulator;
+pub use ciphertext::{Ciphertext, PackedCiphertexts};
+pub use error::PaillierError;
+pub use keys::{KeyId, Keypair, PrivateKey, PublicKey};
+pub use params::{
+    ACCUMULATOR_REPORT_BOUND, BIN_COUNT, KeySize, MAX_BIN_VALUE, MAX_REPORT_SAMPLES, SLOT_BITS,
+};
