@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 /// The process a kernel belongs to: the `pid` of its CUDA runtime launch event when the trace
-/// links one, otherwise the kernel event's own `pid` (which Kineto sets to the device).
+/// links one; for a kernel without a linked launch, the one process that launched the other
+/// kernels of its device if there is exactly one, else the kernel event's own `pid` (which
+/// Kineto sets to the device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcessId(pub i64);
 

@@ -14,7 +14,9 @@
 //! Kineto records `"cat": "kernel"` events per stream in execution order. A process's launch
 //! order is the order of its CUDA runtime launch calls, so [`Trace::process_sequences`] sorts
 //! each kernel by the timestamp of the `cuda_runtime` event with the same correlation id, and
-//! falls back to the kernel's own start time when a trace has no such event for it.
+//! falls back to the kernel's own start time when a trace has no such event for it (some traces
+//! lose launch events, for example 705 of 6,080 in one of the test traces; those kernels are
+//! then placed by execution start, which is a few µs after their launch).
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 

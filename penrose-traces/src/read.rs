@@ -169,6 +169,11 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
 
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
     let mut kernels = Vec::new();
+    // Kernel events carry the device as `pid`; remember which launching processes each such
+    // pid maps to, so that kernels without a linked launch join their process when it is
+    // unambiguous.
+    let mut event_pids = Vec::new();
+    let mut launchers: HashMap<Option<i64>, Vec<i64>> = HashMap::new();
     for (index, event) in events.into_iter().enumerate() {
         if event.cat.as_deref() != Some("kernel") {
             continue;
@@ -187,6 +192,13 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
         let args = event.args;
         let correlation = args.as_ref().and_then(|a| a.correlation);
         let launch = correlation.and_then(|c| launches.get(&c).copied());
+        if let Some(pid) = launch.and_then(|(_, pid)| pid) {
+            let seen = launchers.entry(event.pid).or_default();
+            if !seen.contains(&pid) {
+                seen.push(pid);
+            }
+        }
+        event_pids.push((event.pid, launch.is_some()));
         kernels.push(Kernel {
             name,
             ts_us,
@@ -207,6 +219,11 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
             est_achieved_occupancy_pct: args.as_ref().and_then(|a| a.occupancy),
             blocks_per_sm: args.as_ref().and_then(|a| a.blocks_per_sm),
         });
+    }
+    for (kernel, (event_pid, linked)) in kernels.iter_mut().zip(event_pids) {
+        if let (false, Some([only])) = (linked, launchers.get(&event_pid).map(Vec::as_slice)) {
+            kernel.process = ProcessId(*only);
+        }
     }
     Ok(Trace::new(path.to_owned(), kernels))
 }

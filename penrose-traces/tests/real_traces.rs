@@ -84,6 +84,26 @@ fn sequences_cover_every_kernel_in_order() {
 }
 
 #[test]
+fn one_process_per_trace_even_with_unlinked_kernels() {
+    // 705 kernels of this trace have no runtime launch event; they still belong to the
+    // process that launched the rest.
+    let Some(trace) = read("hta-negative_queue_length_values_check--rank0.json.gz") else {
+        return;
+    };
+    let unlinked = trace
+        .kernels()
+        .iter()
+        .filter(|k| k.launch_ts_us.is_none())
+        .count();
+    assert!(unlinked > 0);
+    assert_eq!(trace.process_sequences().len(), 1);
+    for (file, _, _) in EXPECTED {
+        let Some(trace) = read(file) else { return };
+        assert_eq!(trace.process_sequences().len(), 1, "{file}");
+    }
+}
+
+#[test]
 fn kernels_carry_their_launch_fields() {
     let Some(trace) = read("hta-df_index_resolver--df_index_resolver.json.gz") else {
         return;
