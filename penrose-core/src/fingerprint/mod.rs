@@ -20,6 +20,9 @@ pub mod params;
 pub mod shingle;
 pub mod snippet;
 
+#[cfg(test)]
+mod proptests;
+
 pub use lsh::{BandKey, LshBands};
 pub use minhash::{MinHashSignature, MinHasher};
 pub use params::{
