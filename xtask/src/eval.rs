@@ -1,10 +1,404 @@
-//! (being written)
+//! `cargo xtask eval-fingerprints`: how well snippet fingerprints identify applications on a
+//! folder of real traces, written to `docs/evaluation.md` (method and definitions are in the
+//! generated document).
+//!
+//! - [`corpus`]: the traces as labelled, interned kernel-name sequences.
+//! - [`windows`]: capture windows at random offsets of the looped sequences, perturbed.
+//! - [`cluster`]: the aggregator's online clustering, simulated, and its score.
+//! - [`report`]: the markdown document.
+
+mod cluster;
+mod corpus;
+mod report;
+mod windows;
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use penrose_core::fingerprint::{
+    DEFAULT_NUM_HASHES, FingerprintParams, MinHashSignature, MinHasher, SnippetHash, Weighting,
+};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use cluster::{Score, SimMatrix};
+use corpus::{Corpus, Mode};
 
 /// Arguments.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Folder of `.json` / `.json.gz` profiler traces [default: $PENROSE_TRACES, else
+    /// ../shared/traces next to the workspace].
+    #[arg(long)]
+    traces: Option<PathBuf>,
+    /// Seed of every random choice (offsets, perturbations, arrival order).
+    #[arg(long, default_value_t = 20_261_129)]
+    seed: u64,
+    /// Windows drawn per (sequence, L, p).
+    #[arg(long, default_value_t = 12)]
+    windows: usize,
+    /// Window lengths L.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 2_500, 10_000])]
+    lengths: Vec<usize>,
+    /// Shares p of perturbed launches.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0, 0.005, 0.01, 0.02, 0.05])]
+    perturb: Vec<f64>,
+    /// n-gram lengths to compare.
+    #[arg(long, value_delimiter = ',', default_values_t = [4, 8])]
+    ngrams: Vec<usize>,
+    /// Thresholds tau to try.
+    #[arg(long, value_delimiter = ',',
+          default_values_t = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9])]
+    taus: Vec<f64>,
+    /// Number of MinHash functions k.
+    #[arg(long, default_value_t = DEFAULT_NUM_HASHES)]
+    k: usize,
+    /// Representatives per class in the simulated aggregator (its first members).
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    /// Where to write the report; `-` writes nothing.
+    #[arg(long, default_value = "docs/evaluation.md")]
+    out: PathBuf,
+    /// Print the results as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
 
-/// Runs the task.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not written yet")
+/// What a snippet is summarised into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Encoding {
+    /// Set MinHash packed into the 256-bit snippet hash (b-bit).
+    Set256,
+    /// Set MinHash with the full 64-bit values.
+    Set64,
+    /// Weighted MinHash over shingle counts, 256-bit snippet hash.
+    Weighted256,
+    /// Weighted MinHash with the full 64-bit values.
+    Weighted64,
+}
+
+impl Encoding {
+    const ALL: [Self; 4] = [Self::Set256, Self::Set64, Self::Weighted256, Self::Weighted64];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Set256 => "set, 256-bit",
+            Self::Set64 => "set, 64-bit values",
+            Self::Weighted256 => "weighted, 256-bit",
+            Self::Weighted64 => "weighted, 64-bit values",
+        }
+    }
+}
+
+/// Medians of exact Jaccard similarities in one cell.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Exact {
+    /// Perturbed window vs an unperturbed window of the same sequence, set Jaccard.
+    pub same_set: f64,
+    /// The same pairs, weighted Jaccard over shingle counts.
+    pub same_weighted: f64,
+    /// Two independently perturbed windows of the same sequence, set Jaccard.
+    pub both_set: f64,
+    /// The same pairs, weighted.
+    pub both_weighted: f64,
+    /// Perturbed window vs an unperturbed window of another application, set Jaccard.
+    pub other_set: f64,
+    /// The same pairs, weighted.
+    pub other_weighted: f64,
+}
+
+/// One (mode, L, p, n) cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cell {
+    mode: Mode,
+    len: usize,
+    p: f64,
+    n: usize,
+    windows: usize,
+    exact: Exact,
+    scores: Vec<EncodingScore>,
+}
+
+/// The score of one encoding at one tau.
+#[derive(Clone, Debug, Serialize)]
+pub struct EncodingScore {
+    encoding: Encoding,
+    tau: f64,
+    score: Score,
+    /// The score when every file counts as its own application.
+    score_by_file: Score,
+}
+
+/// Everything measured.
+#[derive(Debug, Serialize)]
+pub struct Evaluation {
+    traces: String,
+    seed: u64,
+    windows_per_sequence: usize,
+    k: usize,
+    reps: usize,
+    applications: Vec<String>,
+    process_sequences: Vec<(String, usize)>,
+    stream_sequences: Vec<(String, usize)>,
+    kernels: usize,
+    cells: Vec<Cell>,
+}
+
+fn default_traces_dir() -> PathBuf {
+    std::env::var_os("PENROSE_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"))
+}
+
+/// Runs the evaluation.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.windows >= 2, "--windows must be at least 2");
+    anyhow::ensure!(
+        (1..=256).contains(&args.k),
+        "--k must lie in 1..=256 (it must fit the 256-bit hash)"
+    );
+    let dir = args.traces.clone().unwrap_or_else(default_traces_dir);
+    eprintln!(
+        "eval-fingerprints: traces {}, seed {}, {} windows per (sequence, L, p){}",
+        dir.display(),
+        args.seed,
+        args.windows,
+        if cfg!(debug_assertions) {
+            " (debug build: `cargo run --release -p xtask -- eval-fingerprints` is ~10x faster)"
+        } else {
+            ""
+        }
+    );
+    let corpus =
+        Corpus::read(&dir).with_context(|| format!("reading traces in {}", dir.display()))?;
+    let foreign: Vec<Vec<u32>> = (0..corpus.apps.len())
+        .map(|app| {
+            corpus
+                .process
+                .iter()
+                .filter(|s| s.app != app)
+                .flat_map(|s| s.seq.iter().copied())
+                .collect()
+        })
+        .collect();
+
+    let mut jobs = Vec::new();
+    for mode in [Mode::Process, Mode::Stream] {
+        for &len in &args.lengths {
+            for &p in &args.perturb {
+                jobs.push((mode, len, p));
+            }
+        }
+    }
+    // Longest windows first, so the two workers finish together.
+    jobs.sort_by(|a, b| b.1.cmp(&a.1));
+    let bar = ProgressBar::new((jobs.len() * args.ngrams.len()) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} cells {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let next = AtomicUsize::new(0);
+    let cells = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(mode, len, p)) = jobs.get(i) else {
+                        break;
+                    };
+                    let seed = args.seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    let out = run_job(&corpus, &foreign, &args, mode, len, p, seed, &bar);
+                    if let Ok(mut cells) = cells.lock() {
+                        cells.extend(out);
+                    }
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let mut cells = cells
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a worker panicked"))?;
+    cells.sort_by(|a, b| {
+        (a.mode as u8, a.n, a.len)
+            .cmp(&(b.mode as u8, b.n, b.len))
+            .then(a.p.total_cmp(&b.p))
+    });
+
+    let sequences = |mode| {
+        corpus
+            .sources(mode)
+            .iter()
+            .map(|s| (s.file.clone(), s.seq.len()))
+            .collect()
+    };
+    let eval = Evaluation {
+        traces: dir.display().to_string(),
+        seed: args.seed,
+        windows_per_sequence: args.windows,
+        k: args.k,
+        reps: args.reps,
+        applications: corpus.apps.clone(),
+        process_sequences: sequences(Mode::Process),
+        stream_sequences: sequences(Mode::Stream),
+        kernels: corpus.kernels,
+        cells,
+    };
+    let markdown = report::render(&eval, &args);
+    if args.out.as_os_str() != "-" {
+        if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&args.out, &markdown)
+            .with_context(|| format!("writing {}", args.out.display()))?;
+        eprintln!("wrote {}", args.out.display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&eval)?);
+    } else {
+        println!("{}", report::summary(&eval, &args));
+    }
+    Ok(())
+}
+
+/// One window's fingerprints in every encoding.
+struct Fingerprints {
+    set: MinHashSignature,
+    weighted: MinHashSignature,
+    set256: SnippetHash,
+    weighted256: SnippetHash,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_job(
+    corpus: &Corpus,
+    foreign: &[Vec<u32>],
+    args: &Args,
+    mode: Mode,
+    len: usize,
+    p: f64,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Vec<Cell> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let sources = corpus.sources(mode);
+    // (source, perturbed window, unperturbed companion at an independent offset)
+    let mut drawn = Vec::new();
+    for (si, source) in sources.iter().enumerate() {
+        for _ in 0..args.windows {
+            let perturbed = windows::draw(&source.seq, len, p, &foreign[source.app], &mut rng);
+            let clean = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
+            drawn.push((si, perturbed, clean));
+        }
+    }
+    let labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].label).collect();
+    let file_labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].file_label).collect();
+    let apps: Vec<usize> = drawn.iter().map(|w| sources[w.0].app).collect();
+    let mut order: Vec<usize> = (0..drawn.len()).collect();
+    order.shuffle(&mut rng);
+    let hasher = MinHasher::new(args.k);
+
+    let mut cells = Vec::new();
+    for &n in &args.ngrams {
+        bar.set_message(format!("{mode:?} L={len} p={p} n={n}"));
+        let params = FingerprintParams {
+            ngram_len: n,
+            num_hashes: args.k,
+            ..FingerprintParams::default()
+        };
+        let bits = params.bits_per_value();
+        let mut shingler = windows::Shingler::new(n, &corpus.digests);
+        let keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.1)).collect();
+        let clean_keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.2)).collect();
+        let prints: Vec<Fingerprints> = keys
+            .iter()
+            .map(|k| {
+                let set = hasher.signature(k, Weighting::Set);
+                let weighted = hasher.signature(k, Weighting::Counts);
+                Fingerprints {
+                    set256: SnippetHash::from_signature(&set, bits),
+                    weighted256: SnippetHash::from_signature(&weighted, bits),
+                    set,
+                    weighted,
+                }
+            })
+            .collect();
+
+        let exact = exact_medians(&drawn, &apps, &keys, &clean_keys);
+        let mut scores = Vec::new();
+        for encoding in Encoding::ALL {
+            let sim = SimMatrix::new(prints.len(), |i, j| {
+                let (a, b) = (&prints[i], &prints[j]);
+                match encoding {
+                    Encoding::Set256 => a.set256.estimate_jaccard(&b.set256, &params),
+                    Encoding::Set64 => a.set.similarity(&b.set),
+                    Encoding::Weighted256 => {
+                        a.weighted256.estimate_jaccard(&b.weighted256, &params)
+                    }
+                    Encoding::Weighted64 => a.weighted.similarity(&b.weighted),
+                }
+            });
+            for &tau in &args.taus {
+                let class_of = cluster::online(&order, &sim, tau, args.reps.max(1));
+                scores.push(EncodingScore {
+                    encoding,
+                    tau,
+                    score: cluster::score(&class_of, &labels, &apps),
+                    score_by_file: cluster::score(&class_of, &file_labels, &apps),
+                });
+            }
+        }
+        cells.push(Cell {
+            mode,
+            len,
+            p,
+            n,
+            windows: drawn.len(),
+            exact,
+            scores,
+        });
+        bar.inc(1);
+    }
+    cells
+}
+
+fn exact_medians(
+    drawn: &[(usize, Vec<u32>, Vec<u32>)],
+    apps: &[usize],
+    keys: &[Vec<penrose_core::fingerprint::ShingleKey>],
+    clean_keys: &[Vec<penrose_core::fingerprint::ShingleKey>],
+) -> Exact {
+    let (mut same, mut both, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..drawn.len() {
+        same.push(windows::exact_jaccard(&keys[i], &clean_keys[i]));
+        if let Some(j) = (i + 1..drawn.len()).find(|&j| drawn[j].0 == drawn[i].0) {
+            both.push(windows::exact_jaccard(&keys[i], &keys[j]));
+        }
+        if let Some(j) = (1..drawn.len())
+            .map(|d| (i + d) % drawn.len())
+            .find(|&j| apps[j] != apps[i])
+        {
+            other.push(windows::exact_jaccard(&keys[i], &clean_keys[j]));
+        }
+    }
+    let median = |v: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(pick).collect();
+        x.sort_by(f64::total_cmp);
+        x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    Exact {
+        same_set: median(&same, |x| x.0),
+        same_weighted: median(&same, |x| x.1),
+        both_set: median(&both, |x| x.0),
+        both_weighted: median(&both, |x| x.1),
+        other_set: median(&other, |x| x.0),
+        other_weighted: median(&other, |x| x.1),
+    }
 }

@@ -1,0 +1,33 @@
+//! Snippet fingerprints: how the fleet learns that two windows of kernel launches come from the
+//! same application without learning the kernels' names.
+//!
+//! A snippet (the kernel names one process launched in a capture window) goes through:
+//!
+//! - [`shingle`]: n-grams of names, each digested with SHA-256, so that reversing a shingle means
+//!   enumerating n-tuples of kernel names.
+//! - [`minhash`]: k MinHash values over the digests, either over the *set* of shingles or over
+//!   their *counts* (weighted MinHash), which tolerates perturbed launches better.
+//! - [`snippet`]: the compact 256-bit [`SnippetHash`] (b-bit MinHash) that reports carry, and the
+//!   Jaccard estimator that corrects for accidental b-bit collisions.
+//! - [`lsh`]: banding of snippet hashes, so the aggregator finds candidate classes without
+//!   comparing against every class.
+//! - [`params`]: the tunable parameters and their defaults, chosen by `cargo xtask
+//!   eval-fingerprints` (see `docs/evaluation.md`).
+
+pub mod lsh;
+pub mod minhash;
+pub mod params;
+pub mod shingle;
+pub mod snippet;
+
+#[cfg(test)]
+mod proptests;
+
+pub use lsh::{BandKey, LshBands};
+pub use minhash::{MinHashSignature, MinHasher};
+pub use params::{
+    DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, DEFAULT_WEIGHTING, FingerprintParams,
+    ParamsError, SNIPPET_HASH_BITS, Weighting,
+};
+pub use shingle::{NameDigest, ShingleKey, shingle_keys, shingle_keys_of_digests};
+pub use snippet::{Fingerprinter, SnippetHash};

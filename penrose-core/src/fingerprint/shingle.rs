@@ -1,0 +1,86 @@
+//! n-gram shingles of kernel names, digested with SHA-256.
+//!
+//! A shingle's digest is SHA-256 over the SHA-256 digests of its n names, so reversing one means
+//! enumerating n-tuples of plausible kernel names. MinHash only needs 64 bits of each digest;
+//! [`ShingleKey`] keeps those.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+
+/// SHA-256 of one kernel name. Computed once per distinct name, then reused by every shingle
+/// that contains it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NameDigest(pub [u8; 32]);
+
+impl NameDigest {
+    /// Digests a kernel name.
+    pub fn of(name: &str) -> Self {
+        Self(Sha256::digest(name.as_bytes()).into())
+    }
+}
+
+/// The first 64 bits of a shingle's SHA-256 digest: what MinHash hashes. Distinct shingles
+/// collide with probability 2^-64 per pair, far below MinHash's own error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShingleKey(pub u64);
+
+impl ShingleKey {
+    /// The key of the shingle made of these name digests, in order.
+    pub fn of(names: &[NameDigest]) -> Self {
+        let mut hasher = Sha256::new();
+        for name in names {
+            hasher.update(name.0);
+        }
+        let digest: [u8; 32] = hasher.finalize().into();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Self(u64::from_le_bytes(first))
+    }
+}
+
+/// The key of every n-gram of `names`, in order (a multiset: repeated shingles repeat). A
+/// sequence shorter than n yields one shingle of the whole sequence so that short snippets
+/// still have a fingerprint; an empty one yields none.
+pub fn shingle_keys<S: AsRef<str>>(names: &[S], ngram_len: usize) -> Vec<ShingleKey> {
+    let mut cache: HashMap<&str, NameDigest> = HashMap::new();
+    let digests: Vec<NameDigest> = names
+        .iter()
+        .map(|n| *cache.entry(n.as_ref()).or_insert_with_key(|n| NameDigest::of(n)))
+        .collect();
+    shingle_keys_of_digests(&digests, ngram_len)
+}
+
+/// Like [`shingle_keys`] for names already digested (the agent digests each name once, when
+/// the module is loaded).
+pub fn shingle_keys_of_digests(digests: &[NameDigest], ngram_len: usize) -> Vec<ShingleKey> {
+    let n = ngram_len.max(1);
+    if digests.is_empty() {
+        return Vec::new();
+    }
+    if digests.len() < n {
+        return vec![ShingleKey::of(digests)];
+    }
+    digests.windows(n).map(ShingleKey::of).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_shingle_per_position() {
+        let names = ["a", "b", "c", "a", "b", "c"];
+        let keys = shingle_keys(&names, 3);
+        assert_eq!(keys.len(), 4);
+        assert_eq!(keys[0], keys[3]);
+        assert_ne!(keys[0], keys[1]);
+    }
+
+    #[test]
+    fn order_matters_and_short_sequences_get_one_shingle() {
+        assert_ne!(shingle_keys(&["a", "b"], 2), shingle_keys(&["b", "a"], 2));
+        assert_eq!(shingle_keys(&["a", "b"], 8).len(), 1);
+        assert!(shingle_keys::<&str>(&[], 8).is_empty());
+    }
+}

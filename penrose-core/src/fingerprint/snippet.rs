@@ -1,0 +1,154 @@
+//! The 256-bit snippet hash and its Jaccard estimator.
+//!
+//! b-bit MinHash: of each of the k MinHash values only the lowest b = 256 / k bits are kept
+//! (k = 100: b = 2, 200 bits used, the rest zero). Two b-bit values agree when the MinHash
+//! values agree (probability J) or by chance (probability r = 2^-b otherwise), so the share
+//! of agreeing values p̂ estimates J + (1 - J) r and Ĵ = (p̂ - r) / (1 - r). Keeping few bits
+//! also means a report reveals little about any single minimum shingle.
+
+use super::minhash::{MinHashSignature, MinHasher};
+use super::params::{FingerprintParams, ParamsError};
+use super::shingle::{ShingleKey, shingle_keys};
+
+/// The 256-bit fingerprint of a snippet carried in reports: b-bit MinHash values packed from
+/// bit 0 upwards (value i at bits i*b .. (i+1)*b, little-endian within bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SnippetHash(pub [u8; 32]);
+
+impl SnippetHash {
+    /// Keeps the lowest `bits` bits of each MinHash value that fits in 256 bits.
+    pub fn from_signature(signature: &MinHashSignature, bits: u32) -> Self {
+        let bits = bits.clamp(1, 64) as usize;
+        let mut out = [0u8; 32];
+        for (i, &value) in signature.0.iter().enumerate() {
+            let start = i * bits;
+            if start + bits > out.len() * 8 {
+                break;
+            }
+            for bit in 0..bits {
+                if (value >> bit) & 1 == 1 {
+                    let pos = start + bit;
+                    out[pos / 8] |= 1 << (pos % 8);
+                }
+            }
+        }
+        Self(out)
+    }
+
+    /// The `index`-th b-bit value.
+    pub fn value(&self, index: usize, bits: u32) -> u64 {
+        let bits = bits.clamp(1, 64) as usize;
+        let mut v = 0u64;
+        for bit in 0..bits {
+            let pos = index * bits + bit;
+            if pos < 256 && (self.0[pos / 8] >> (pos % 8)) & 1 == 1 {
+                v |= 1 << bit;
+            }
+        }
+        v
+    }
+
+    /// Share of the k b-bit values that agree (before chance correction).
+    pub fn agreement(&self, other: &Self, params: &FingerprintParams) -> f64 {
+        let bits = params.bits_per_value();
+        let k = params.num_hashes.min(256 / bits as usize);
+        if k == 0 {
+            return 0.0;
+        }
+        let same = (0..k)
+            .filter(|&i| self.value(i, bits) == other.value(i, bits))
+            .count();
+        same as f64 / k as f64
+    }
+
+    /// Estimated Jaccard similarity (set or weighted, as the hashes were made), corrected for
+    /// chance b-bit collisions and clamped to [0, 1]. Its standard deviation is
+    /// [`FingerprintParams::estimate_std_dev`].
+    pub fn estimate_jaccard(&self, other: &Self, params: &FingerprintParams) -> f64 {
+        let r = params.chance_collision();
+        ((self.agreement(other, params) - r) / (1.0 - r)).clamp(0.0, 1.0)
+    }
+}
+
+/// Turns kernel-name sequences into fingerprints with one fixed parameter set.
+#[derive(Clone, Debug)]
+pub struct Fingerprinter {
+    params: FingerprintParams,
+    hasher: MinHasher,
+}
+
+impl Fingerprinter {
+    /// A fingerprinter for valid parameters.
+    pub fn new(params: FingerprintParams) -> Result<Self, ParamsError> {
+        params.validate()?;
+        Ok(Self {
+            params,
+            hasher: MinHasher::new(params.num_hashes),
+        })
+    }
+
+    /// The parameters in use.
+    pub fn params(&self) -> &FingerprintParams {
+        &self.params
+    }
+
+    /// Full 64-bit MinHash values of a snippet (kept by the agent's local clustering; never
+    /// sent).
+    pub fn signature<S: AsRef<str>>(&self, names: &[S]) -> MinHashSignature {
+        self.signature_of_keys(&shingle_keys(names, self.params.ngram_len))
+    }
+
+    /// Like [`Self::signature`] for shingles already computed.
+    pub fn signature_of_keys(&self, keys: &[ShingleKey]) -> MinHashSignature {
+        self.hasher.signature(keys, self.params.weighting)
+    }
+
+    /// The snippet hash of a kernel-name sequence.
+    pub fn snippet_hash<S: AsRef<str>>(&self, names: &[S]) -> SnippetHash {
+        self.encode(&self.signature(names))
+    }
+
+    /// Packs a signature into a snippet hash.
+    pub fn encode(&self, signature: &MinHashSignature) -> SnippetHash {
+        SnippetHash::from_signature(signature, self.params.bits_per_value())
+    }
+
+    /// Estimated Jaccard similarity of two snippet hashes.
+    pub fn similarity(&self, a: &SnippetHash, b: &SnippetHash) -> f64 {
+        a.estimate_jaccard(b, &self.params)
+    }
+
+    /// Whether two snippets are taken for the same application (estimate >= tau).
+    pub fn same_application(&self, a: &SnippetHash, b: &SnippetHash) -> bool {
+        self.similarity(a, b) >= self.params.tau
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_round_trips() {
+        let sig = MinHashSignature((0..100u64).map(|i| i * 7 + 1).collect());
+        let hash = SnippetHash::from_signature(&sig, 2);
+        for (i, v) in sig.0.iter().enumerate() {
+            assert_eq!(hash.value(i, 2), v & 3);
+        }
+        // Bits past k * b stay zero.
+        assert!(hash.0[25..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn identical_snippets_estimate_one_and_unrelated_near_zero() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let a: Vec<String> = (0..2000).map(|i| format!("k{}", i % 37)).collect();
+        let b: Vec<String> = (0..2000).map(|i| format!("z{}", i % 41)).collect();
+        let (ha, hb) = (f.snippet_hash(&a), f.snippet_hash(&b));
+        assert_eq!(f.similarity(&ha, &ha), 1.0);
+        assert!(f.same_application(&ha, &ha));
+        let sd = f.params().estimate_std_dev(0.0);
+        assert!(f.similarity(&ha, &hb) <= 4.0 * sd, "{}", f.similarity(&ha, &hb));
+    }
+}

@@ -1,0 +1,187 @@
+//! The traces as labelled sequences of interned kernel names.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use penrose_core::fingerprint::NameDigest;
+use penrose_traces::{Kernel, TraceFolder};
+
+/// Index of a kernel name in [`Corpus::names`].
+pub type NameId = u32;
+
+/// Streams shorter than this are left out of the per-stream experiment: looping a few dozen
+/// launches would make a window of nothing but one short pattern.
+pub const MIN_STREAM_KERNELS: usize = 500;
+
+/// How a trace is cut into sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Mode {
+    /// All of a process's launches in launch order.
+    Process,
+    /// Each CUDA stream separately.
+    Stream,
+}
+
+/// One looped sequence windows are drawn from.
+pub struct Source {
+    /// The trace file it came from.
+    pub file: String,
+    /// Ground truth: files whose names differ only in a rank number are one job.
+    pub app: usize,
+    /// Ground truth for clustering: the application, plus the stream id in per-stream mode.
+    pub label: usize,
+    /// Stricter ground truth: every file (and stream) is its own application.
+    pub file_label: usize,
+    /// The sequence of kernel names.
+    pub seq: Vec<NameId>,
+}
+
+/// Every trace in a folder, interned.
+pub struct Corpus {
+    /// Application (job) names, indexed by `Source::app`.
+    pub apps: Vec<String>,
+    /// Per-process sources, one per (file, process).
+    pub process: Vec<Source>,
+    /// Per-stream sources with at least [`MIN_STREAM_KERNELS`] launches.
+    pub stream: Vec<Source>,
+    /// SHA-256 of every name, by id.
+    pub digests: Vec<NameDigest>,
+    /// Total kernels read.
+    pub kernels: usize,
+}
+
+impl Corpus {
+    /// Reads every trace of `dir`.
+    pub fn read(dir: &Path) -> anyhow::Result<Self> {
+        let folder = TraceFolder::open(dir)?;
+        anyhow::ensure!(
+            !folder.files().is_empty(),
+            "no .json or .json.gz traces in {}",
+            dir.display()
+        );
+        let mut ids: HashMap<String, NameId> = HashMap::new();
+        let mut digests = Vec::new();
+        let mut intern = |k: &Kernel| -> NameId {
+            if let Some(&id) = ids.get(&*k.name) {
+                return id;
+            }
+            let id = digests.len() as NameId;
+            digests.push(NameDigest::of(&k.name));
+            ids.insert(k.name.to_string(), id);
+            id
+        };
+        let mut apps: Vec<String> = Vec::new();
+        let mut stream_labels: HashMap<(usize, i64), usize> = HashMap::new();
+        let (mut process, mut stream) = (Vec::new(), Vec::new());
+        let mut stream_files = 0;
+        let mut kernels = 0;
+        for path in folder.files() {
+            let trace = penrose_traces::read_trace(path)?;
+            kernels += trace.kernels().len();
+            let file = file_stem(path);
+            let job = job_name(&file);
+            let app = match apps.iter().position(|a| *a == job) {
+                Some(i) => i,
+                None => {
+                    apps.push(job);
+                    apps.len() - 1
+                }
+            };
+            for seq in trace.process_sequences().into_values() {
+                process.push(Source {
+                    file: file.clone(),
+                    app,
+                    label: app,
+                    file_label: process.len(),
+                    seq: seq.into_iter().map(&mut intern).collect(),
+                });
+            }
+            for ((_, stream_id), seq) in trace.stream_sequences() {
+                if seq.len() < MIN_STREAM_KERNELS {
+                    continue;
+                }
+                let next = stream_labels.len();
+                let label = *stream_labels.entry((app, stream_id.0)).or_insert(next);
+                stream_files += 1;
+                stream.push(Source {
+                    file: format!("{file} stream {}", stream_id.0),
+                    app,
+                    label,
+                    file_label: stream_files,
+                    seq: seq.into_iter().map(&mut intern).collect(),
+                });
+            }
+        }
+        let process = process.into_iter().filter(|s| !s.seq.is_empty()).collect();
+        Ok(Self {
+            apps,
+            process,
+            stream,
+            digests,
+            kernels,
+        })
+    }
+
+    /// The sources of a mode.
+    pub fn sources(&self, mode: Mode) -> &[Source] {
+        match mode {
+            Mode::Process => &self.process,
+            Mode::Stream => &self.stream,
+        }
+    }
+}
+
+fn file_stem(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.trim_end_matches(".gz")
+        .trim_end_matches(".json")
+        .to_owned()
+}
+
+/// The job a file belongs to: its name with the number after `rank` (and an optional `-` or
+/// `_`) removed, so that `x_rank-0` and `x_rank-1` are one job.
+pub fn job_name(stem: &str) -> String {
+    let lower = stem.to_ascii_lowercase();
+    let mut out = String::with_capacity(stem.len());
+    let mut rest = 0;
+    let mut search = 0;
+    while let Some(found) = lower[search..].find("rank") {
+        let start = search + found + "rank".len();
+        let bytes = lower.as_bytes();
+        let mut i = start;
+        if i < bytes.len() && (bytes[i] == b'-' || bytes[i] == b'_') {
+            i += 1;
+        }
+        let digits_start = i;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i > digits_start {
+            out.push_str(&stem[rest..digits_start]);
+            out.push('N');
+            rest = i;
+        }
+        search = i.max(start);
+    }
+    out.push_str(&stem[rest..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::job_name;
+
+    #[test]
+    fn ranks_of_one_job_share_a_name() {
+        assert_eq!(
+            job_name("trace_filter--sampled_rank-0"),
+            job_name("trace_filter--sampled_rank-1")
+        );
+        assert_eq!(job_name("x_rank12.pt.trace"), "x_rankN.pt.trace");
+        assert_ne!(job_name("a--rank0"), job_name("b--rank0"));
+        assert_eq!(job_name("control"), "control");
+    }
+}
