@@ -62,8 +62,56 @@ pub struct Report {
     pub day: Day,
     /// Samples in the histogram; lets the aggregator bound sums without decrypting.
     pub samples: SampleCount,
-    /// The packed ciphertexts, each the same length, big-endian.
-    pub ciphertexts: Vec<Vec<u8>>,
+    /// The packed ciphertexts.
+    pub ciphertexts: PackedBytes,
+}
+
+/// A report's ciphertexts as they travel: `count` big-endian ciphertexts of one length,
+/// concatenated, which is also the form the accumulator reads them in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedBytes {
+    count: u8,
+    bytes: Vec<u8>,
+}
+
+impl PackedBytes {
+    /// Wraps `count` concatenated ciphertexts of equal length; refuses a count outside
+    /// 1..=[`MAX_CIPHERTEXTS`] and bytes that do not split into `count` non-empty ciphertexts
+    /// of at most `u16::MAX` bytes.
+    pub fn new(bytes: Vec<u8>, count: usize) -> Result<Self, WireError> {
+        if count == 0 || count > MAX_CIPHERTEXTS {
+            return Err(WireError::CiphertextCount(count));
+        }
+        let len = bytes.len() / count;
+        if len == 0 || len * count != bytes.len() || len > usize::from(u16::MAX) {
+            return Err(WireError::CiphertextLength);
+        }
+        // count <= MAX_CIPHERTEXTS < 256, checked above.
+        Ok(PackedBytes {
+            count: count as u8,
+            bytes,
+        })
+    }
+
+    /// Number of ciphertexts.
+    pub fn count(&self) -> usize {
+        usize::from(self.count)
+    }
+
+    /// Bytes of each ciphertext.
+    pub fn ciphertext_len(&self) -> usize {
+        self.bytes.len() / self.count()
+    }
+
+    /// All ciphertexts, concatenated.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Each ciphertext's bytes.
+    pub fn ciphertexts(&self) -> impl Iterator<Item = &[u8]> {
+        self.bytes.chunks_exact(self.ciphertext_len())
+    }
 }
 
 /// What the server did with a report.
@@ -238,19 +286,6 @@ impl Message {
         out.extend_from_slice(&[0; LENGTH_PREFIX]);
         match self {
             Message::Report(r) => {
-                let ct_len = r.ciphertexts.first().map_or(0, Vec::len);
-                if r.ciphertexts.is_empty() || r.ciphertexts.len() > MAX_CIPHERTEXTS {
-                    out.truncate(start);
-                    return Err(WireError::CiphertextCount(r.ciphertexts.len()));
-                }
-                let ct_len_u16 = u16::try_from(ct_len).map_err(|_| WireError::CiphertextLength);
-                let ct_len_u16 = match ct_len_u16 {
-                    Ok(l) if l > 0 && r.ciphertexts.iter().all(|c| c.len() == ct_len) => l,
-                    _ => {
-                        out.truncate(start);
-                        return Err(WireError::CiphertextLength);
-                    }
-                };
                 out.push(KIND_REPORT);
                 out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
                 out.extend_from_slice(&r.key_id.0);
@@ -260,12 +295,10 @@ impl Message {
                 out.extend_from_slice(&r.catalogue.0.to_be_bytes());
                 out.extend_from_slice(&r.day.0.to_be_bytes());
                 out.extend_from_slice(&r.samples.0.to_be_bytes());
-                // At most MAX_CIPHERTEXTS, checked above.
-                out.push(r.ciphertexts.len() as u8);
-                out.extend_from_slice(&ct_len_u16.to_be_bytes());
-                for c in &r.ciphertexts {
-                    out.extend_from_slice(c);
-                }
+                // PackedBytes guarantees count <= MAX_CIPHERTEXTS and length <= u16::MAX.
+                out.push(r.ciphertexts.count);
+                out.extend_from_slice(&(r.ciphertexts.ciphertext_len() as u16).to_be_bytes());
+                out.extend_from_slice(&r.ciphertexts.bytes);
             }
             Message::Ack(a) => {
                 out.push(KIND_ACK);
@@ -367,16 +400,8 @@ fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
     if len == 0 {
         return Err(WireError::CiphertextLength);
     }
-    // Check the whole payload is present before allocating for it.
-    if r.0.len() < count * len {
-        return Err(WireError::Truncated {
-            field: "ciphertexts",
-        });
-    }
-    let mut ciphertexts = Vec::with_capacity(count);
-    for _ in 0..count {
-        ciphertexts.push(r.bytes(len, "ciphertexts")?.to_vec());
-    }
+    // `bytes` checks the whole payload is present before anything is copied.
+    let ciphertexts = PackedBytes::new(r.bytes(count * len, "ciphertexts")?.to_vec(), count)?;
     Ok(Report {
         key_id,
         report_id,
@@ -459,7 +484,8 @@ mod tests {
             catalogue: CatalogueVersion(1),
             day: Day(20_000),
             samples: SampleCount(10_000),
-            ciphertexts: (0..n).map(|i| vec![i as u8 + 7; len]).collect(),
+            ciphertexts: PackedBytes::new((0..n).flat_map(|i| vec![i as u8 + 7; len]).collect(), n)
+                .unwrap(),
         }
     }
 
@@ -516,27 +542,38 @@ mod tests {
     }
 
     #[test]
-    fn encode_refuses_bad_reports() {
+    fn packed_bytes_refuses_bad_shapes() {
         assert_eq!(
-            Message::Report(report(0, 512)).to_frame(),
+            PackedBytes::new(vec![1; 512], 0),
             Err(WireError::CiphertextCount(0))
         );
         assert_eq!(
-            Message::Report(report(5, 16)).to_frame(),
+            PackedBytes::new(vec![1; 80], 5),
             Err(WireError::CiphertextCount(5))
         );
-        let mut uneven = report(2, 16);
-        uneven.ciphertexts[1].push(0);
         assert_eq!(
-            Message::Report(uneven).to_frame(),
+            PackedBytes::new(vec![1; 33], 2),
             Err(WireError::CiphertextLength)
         );
+        assert_eq!(
+            PackedBytes::new(vec![], 1),
+            Err(WireError::CiphertextLength)
+        );
+        let p = PackedBytes::new((0..6).collect(), 3).unwrap();
+        assert_eq!(
+            p.ciphertexts().collect::<Vec<_>>(),
+            [[0, 1], [2, 3], [4, 5]]
+        );
+    }
+
+    #[test]
+    fn encode_refuses_oversized_reports() {
         assert!(matches!(
             Message::Report(report(4, 4000)).to_frame(),
             Err(WireError::TooLarge { .. })
         ));
         let mut out = vec![42];
-        assert!(Message::Report(report(0, 1)).encode(&mut out).is_err());
+        assert!(Message::Report(report(4, 4000)).encode(&mut out).is_err());
         assert_eq!(out, vec![42], "a failed encode leaves the buffer as it was");
     }
 

@@ -8,6 +8,7 @@
 //! - [`kernel`]: one kernel execution with its launch configuration and occupancy fields.
 //! - [`trace`]: a parsed trace and its per-process and per-stream launch sequences.
 //! - [`read`]: opening, decompressing and parsing a file.
+//! - [`job`]: which files are ranks of one job (one application).
 //!
 //! # Launch order
 //!
@@ -21,11 +22,13 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod error;
+pub mod job;
 pub mod kernel;
 pub mod read;
 pub mod trace;
 
 pub use error::TraceError;
+pub use job::job_name;
 pub use kernel::{CorrelationId, DeviceId, Kernel, ProcessId, StreamId};
 pub use read::{read_trace, read_trace_bytes};
 pub use trace::{Trace, TraceFolder};

@@ -83,7 +83,12 @@ pub enum Encoding {
 }
 
 impl Encoding {
-    const ALL: [Self; 4] = [Self::Set256, Self::Set64, Self::Weighted256, Self::Weighted64];
+    const ALL: [Self; 4] = [
+        Self::Set256,
+        Self::Set64,
+        Self::Weighted256,
+        Self::Weighted64,
+    ];
 
     fn label(self) -> &'static str {
         match self {

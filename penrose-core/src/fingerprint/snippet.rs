@@ -149,6 +149,10 @@ mod tests {
         assert_eq!(f.similarity(&ha, &ha), 1.0);
         assert!(f.same_application(&ha, &ha));
         let sd = f.params().estimate_std_dev(0.0);
-        assert!(f.similarity(&ha, &hb) <= 4.0 * sd, "{}", f.similarity(&ha, &hb));
+        assert!(
+            f.similarity(&ha, &hb) <= 4.0 * sd,
+            "{}",
+            f.similarity(&ha, &hb)
+        );
     }
 }

@@ -90,7 +90,11 @@ fn summarise(eval: &Evaluation, mode: Mode, n: usize, encoding: Encoding, tau: f
         .filter(|s| s.encoding == encoding && s.tau == tau)
         .collect();
     let count = scores.len().max(1) as f64;
-    let mean_own_by_file = scores.iter().map(|s| s.score_by_file.own_class).sum::<f64>() / count;
+    let mean_own_by_file = scores
+        .iter()
+        .map(|s| s.score_by_file.own_class)
+        .sum::<f64>()
+        / count;
     let scores: Vec<_> = scores.iter().map(|s| s.score).collect();
     Summary {
         mode,
@@ -119,7 +123,11 @@ fn best_tau(eval: &Evaluation, args: &Args, mode: Mode, n: usize, enc: Encoding)
         .collect();
     if safe.is_empty() { all } else { safe }
         .into_iter()
-        .max_by(|a, b| a.merit().total_cmp(&b.merit()).then(b.tau.total_cmp(&a.tau)))
+        .max_by(|a, b| {
+            a.merit()
+                .total_cmp(&b.merit())
+                .then(b.tau.total_cmp(&a.tau))
+        })
         .unwrap_or_else(|| summarise(eval, mode, n, enc, DEFAULT_TAU))
 }
 
@@ -187,7 +195,11 @@ pub fn summary(eval: &Evaluation, args: &Args) -> String {
     let mut best = all_best(eval, args);
     best.sort_by(|a, b| b.merit().total_cmp(&a.merit()));
     let mut s = String::new();
-    let _ = writeln!(s, "seed {}; best configurations (mean over L and p):", eval.seed);
+    let _ = writeln!(
+        s,
+        "seed {}; best configurations (mean over L and p):",
+        eval.seed
+    );
     for b in best.iter().take(6) {
         let _ = writeln!(
             s,
@@ -237,7 +249,10 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
     for app in &eval.applications {
         let _ = writeln!(w, "- `{app}`");
     }
-    let _ = writeln!(w, "\nPer-process sequences (launch order: by the timestamp of the CUDA runtime launch call linked through the correlation id, else the kernel's start):\n");
+    let _ = writeln!(
+        w,
+        "\nPer-process sequences (launch order: by the timestamp of the CUDA runtime launch call linked through the correlation id, else the kernel's start):\n"
+    );
     for (file, len) in &eval.process_sequences {
         let _ = writeln!(w, "- `{file}`: {len} launches");
     }
