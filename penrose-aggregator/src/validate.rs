@@ -1,0 +1,247 @@
+//! The checks a report passes before it may touch a sum. Everything a client controls is
+//! checked here, cheapest first, so that a bad report costs little and changes nothing.
+
+use penrose_core::counters::Catalogue;
+use penrose_core::paillier::{MAX_REPORT_SAMPLES, PackedCiphertexts, PaillierError, PublicKey};
+use penrose_core::wire::{Message, RejectReason, Report, WireError};
+use thiserror::Error;
+
+/// Why a report was refused: the code the ack carries and the reason in words for the log.
+#[derive(Debug, Error)]
+pub enum Rejection {
+    /// The bytes are not one well-formed report frame.
+    #[error("malformed frame: {0}")]
+    Wire(#[from] WireError),
+    /// The frame is a well-formed message, but not a report.
+    #[error("expected a report, got another message")]
+    NotAReport,
+    /// Encrypted under a key this server does not aggregate for.
+    #[error("report is for key {actual}, this server aggregates for {expected}")]
+    UnknownKey {
+        /// The server's key.
+        expected: penrose_core::paillier::KeyId,
+        /// The report's key.
+        actual: penrose_core::paillier::KeyId,
+    },
+    /// Binned against a catalogue this build does not know.
+    #[error("unknown counter catalogue version {0}")]
+    UnknownCatalogue(u16),
+    /// The counter id is not in the report's catalogue.
+    #[error("counter {counter} is not in catalogue version {catalogue}")]
+    UnknownCounter {
+        /// The counter id.
+        counter: u16,
+        /// The catalogue version.
+        catalogue: u16,
+    },
+    /// Zero samples, or more than one report may hold.
+    #[error("sample count {0} outside 1..={MAX_REPORT_SAMPLES}")]
+    SampleCount(u32),
+    /// A ciphertext is malformed, out of range or not a unit.
+    #[error("invalid ciphertext: {0}")]
+    Ciphertext(#[from] PaillierError),
+}
+
+impl Rejection {
+    /// The code the ack carries.
+    pub fn reason(&self) -> RejectReason {
+        match self {
+            Rejection::Wire(e) => e.reject_reason(),
+            Rejection::NotAReport => RejectReason::Malformed,
+            Rejection::UnknownKey { .. } => RejectReason::UnknownKey,
+            Rejection::UnknownCatalogue(_) | Rejection::UnknownCounter { .. } => {
+                RejectReason::UnknownCounter
+            }
+            Rejection::SampleCount(_) => RejectReason::SampleCountOutOfRange,
+            Rejection::Ciphertext(_) => RejectReason::InvalidCiphertext,
+        }
+    }
+}
+
+/// A report that passed every check, with its ciphertexts parsed.
+#[derive(Debug)]
+pub struct ValidReport {
+    /// The decoded report.
+    pub report: Report,
+    /// Its ciphertexts, checked against the key (non-zero, below n^2, units).
+    pub ciphertexts: PackedCiphertexts,
+}
+
+/// Decodes one whole frame and checks it against the server's key and the catalogues this
+/// build knows.
+pub fn validate_frame(frame: &[u8], key: &PublicKey) -> Result<ValidReport, Rejection> {
+    let (message, used) = Message::decode(frame)?;
+    if used != frame.len() {
+        return Err(WireError::TrailingBytes(frame.len() - used).into());
+    }
+    match message {
+        Message::Report(report) => validate_report(report, key),
+        Message::Ack(_) => Err(Rejection::NotAReport),
+    }
+}
+
+/// Checks a decoded report: key, catalogue, counter, sample count, then the ciphertexts (the
+/// one expensive check, last).
+pub fn validate_report(report: Report, key: &PublicKey) -> Result<ValidReport, Rejection> {
+    if report.key_id != key.key_id() {
+        return Err(Rejection::UnknownKey {
+            expected: key.key_id(),
+            actual: report.key_id,
+        });
+    }
+    let catalogue = Catalogue::by_version(report.catalogue)
+        .ok_or(Rejection::UnknownCatalogue(report.catalogue.0))?;
+    if catalogue.counter(report.counter).is_none() {
+        return Err(Rejection::UnknownCounter {
+            counter: report.counter.0,
+            catalogue: report.catalogue.0,
+        });
+    }
+    let samples = report.samples.0;
+    if samples == 0 || u64::from(samples) > MAX_REPORT_SAMPLES {
+        return Err(Rejection::SampleCount(samples));
+    }
+    let ciphertexts = key.validate_packed(report.ciphertexts.as_bytes())?;
+    Ok(ValidReport {
+        report,
+        ciphertexts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
+    use penrose_core::fingerprint::SnippetHash;
+    use penrose_core::histogram::SampleCount;
+    use penrose_core::paillier::{KeyId, KeySize, Keypair};
+    use penrose_core::wire::{Day, PackedBytes, ReportId};
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn setup() -> (Keypair, Report) {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let keys = Keypair::generate_with_size(KeySize::Bits1024, &mut rng);
+        let mut bins = [0u32; BIN_COUNT];
+        bins[5] = 7;
+        bins[100] = 3;
+        let packed = keys.public_key().encrypt_packed(&bins, &mut rng).unwrap();
+        let report = Report {
+            key_id: keys.public_key().key_id(),
+            report_id: ReportId([1; 16]),
+            snippet: SnippetHash([2; 32]),
+            counter: CounterId(4),
+            catalogue: CatalogueVersion(1),
+            day: Day(20_000),
+            samples: SampleCount(10),
+            ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
+        };
+        (keys, report)
+    }
+
+    fn reason(report: Report, keys: &Keypair) -> RejectReason {
+        let frame = Message::Report(report).to_frame().unwrap();
+        validate_frame(&frame, keys.public_key()).unwrap_err().reason()
+    }
+
+    fn with_ciphertexts(mut report: Report, bytes: Vec<u8>) -> Report {
+        let count = report.ciphertexts.count();
+        report.ciphertexts = PackedBytes::new(bytes, count).unwrap();
+        report
+    }
+
+    #[test]
+    fn a_valid_report_passes_and_decrypts() {
+        let (keys, report) = setup();
+        let frame = Message::Report(report.clone()).to_frame().unwrap();
+        let valid = validate_frame(&frame, keys.public_key()).unwrap();
+        assert_eq!(valid.report, report);
+        let bins = keys.private_key().decrypt_packed(&valid.ciphertexts).unwrap();
+        assert_eq!((bins[5], bins[100], bins.iter().sum::<u64>()), (7, 3, 10));
+    }
+
+    #[test]
+    fn each_rule_rejects_with_its_code() {
+        let (keys, report) = setup();
+        let mut r = report.clone();
+        r.key_id = KeyId([9; 32]);
+        assert_eq!(reason(r, &keys), RejectReason::UnknownKey);
+
+        let mut r = report.clone();
+        r.catalogue = CatalogueVersion(999);
+        assert_eq!(reason(r, &keys), RejectReason::UnknownCounter);
+
+        let mut r = report.clone();
+        r.counter = CounterId(60_000);
+        assert_eq!(reason(r, &keys), RejectReason::UnknownCounter);
+
+        for samples in [0, MAX_REPORT_SAMPLES as u32 + 1] {
+            let mut r = report.clone();
+            r.samples = SampleCount(samples);
+            assert_eq!(reason(r, &keys), RejectReason::SampleCountOutOfRange);
+        }
+
+        let len = report.ciphertexts.as_bytes().len();
+        let ct_len = report.ciphertexts.ciphertext_len();
+        // Zero, all ones (>= n^2), and n itself (not a unit) in the first ciphertext.
+        let mut zero = report.ciphertexts.as_bytes().to_vec();
+        zero[..ct_len].fill(0);
+        let mut big = report.ciphertexts.as_bytes().to_vec();
+        big[..ct_len].fill(0xff);
+        let mut not_unit = report.ciphertexts.as_bytes().to_vec();
+        let n = &keys.public_key().to_bytes();
+        // The public key encoding holds n right after its header; place n, right-aligned.
+        let n_bytes = KeySize::Bits1024.modulus_bytes();
+        let header = n.len() - n_bytes - KeySize::Bits1024.ciphertext_bytes();
+        not_unit[..ct_len].fill(0);
+        not_unit[ct_len - n_bytes..ct_len].copy_from_slice(&n[header..header + n_bytes]);
+        for bytes in [zero, big, not_unit] {
+            assert_eq!(
+                reason(with_ciphertexts(report.clone(), bytes), &keys),
+                RejectReason::InvalidCiphertext
+            );
+        }
+        // Wrong length for this key.
+        let short = PackedBytes::new(vec![1; len / 2], 1).unwrap();
+        let mut r = report.clone();
+        r.ciphertexts = short;
+        assert_eq!(reason(r, &keys), RejectReason::InvalidCiphertext);
+    }
+
+    #[test]
+    fn malformed_frames_reject_as_malformed_or_too_large() {
+        let (keys, report) = setup();
+        let frame = Message::Report(report).to_frame().unwrap();
+        let key = keys.public_key();
+        let truncated = validate_frame(&frame[..frame.len() - 1], key).unwrap_err();
+        assert_eq!(truncated.reason(), RejectReason::Malformed);
+        let mut trailing = frame.clone();
+        trailing.push(0);
+        assert_eq!(
+            validate_frame(&trailing, key).unwrap_err().reason(),
+            RejectReason::Malformed
+        );
+        let huge = u32::MAX.to_be_bytes();
+        assert_eq!(
+            validate_frame(&huge, key).unwrap_err().reason(),
+            RejectReason::TooLarge
+        );
+        let mut version = frame.clone();
+        version[6] = 2;
+        assert_eq!(
+            validate_frame(&version, key).unwrap_err().reason(),
+            RejectReason::UnsupportedVersion
+        );
+        // Garbage announcing a huge frame is refused on its length, other garbage as malformed.
+        assert_eq!(
+            validate_frame(b"garbage bytes!", key).unwrap_err().reason(),
+            RejectReason::TooLarge
+        );
+        assert_eq!(
+            validate_frame(&[0, 0, 0, 5, 9, 9, 9, 9, 9], key)
+                .unwrap_err()
+                .reason(),
+            RejectReason::Malformed
+        );
+    }
+}
