@@ -113,7 +113,11 @@ mod tests {
             let bytes: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
             let mut value = Integer::from(12345);
             assign_be(&mut value, &bytes, &mut Vec::new());
-            assert_eq!(value, Integer::from_digits(&bytes, Order::Msf), "length {len}");
+            assert_eq!(
+                value,
+                Integer::from_digits(&bytes, Order::Msf),
+                "length {len}"
+            );
         }
     }
 }
