@@ -7,9 +7,8 @@
 //! per-ciphertext gcd (see its docs).
 
 use rug::Integer;
-use rug::integer::Order;
 
-use super::ciphertext::{Ciphertext, PackedCiphertexts};
+use super::ciphertext::{Ciphertext, PackedCiphertexts, assign_be};
 use super::error::PaillierError;
 use super::keys::{KeyId, PublicKey};
 use super::params::{ACCUMULATOR_REPORT_BOUND, MAX_REPORT_SAMPLES};
@@ -26,6 +25,7 @@ pub struct Accumulator {
     sums: Vec<Integer>,
     /// Parsed ciphertexts of the report being absorbed, kept to avoid allocating per report.
     scratch: Vec<Integer>,
+    scratch_limbs: Vec<u64>,
     bound: u64,
     reports: u64,
     samples: u64,
@@ -42,6 +42,7 @@ impl Accumulator {
             ciphertext_bytes: key.size().ciphertext_bytes(),
             sums: vec![Integer::from(1); count],
             scratch: vec![Integer::new(); count],
+            scratch_limbs: Vec::new(),
             bound: ACCUMULATOR_REPORT_BOUND,
             reports: 0,
             samples: 0,
@@ -108,7 +109,7 @@ impl Accumulator {
             .iter_mut()
             .zip(bytes.chunks_exact(self.ciphertext_bytes))
         {
-            parsed.assign_digits(chunk, Order::Msf);
+            assign_be(parsed, chunk, &mut self.scratch_limbs);
             if *parsed == 0 {
                 return Err(PaillierError::CiphertextZero);
             }

@@ -22,7 +22,6 @@ const WINDOW_BITS: u32 = 6;
 
 /// Powers h_s^(d 2^(WINDOW_BITS i)) for every window i and digit d in 1..2^WINDOW_BITS, so that
 /// h_s^a is one multiplication per non-zero window of a, with no squaring.
-#[derive(Clone)]
 pub(crate) struct FixedBaseTable {
     exponent_bits: u32,
     rows: Vec<Vec<Integer>>,

@@ -8,7 +8,7 @@
 //! `h_s = h^n mod n^2` is the Damgard-Jurik-Nielsen base; it is public and lives in both.
 
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use rand::{CryptoRng, RngCore};
 use rug::Integer;
@@ -51,7 +51,8 @@ pub struct PublicKey {
     hs: Integer,
     id: KeyId,
     /// Built on first encryption: the aggregator, which never encrypts, never pays for it.
-    table: OnceLock<FixedBaseTable>,
+    /// Shared between clones, being several MiB.
+    table: OnceLock<Arc<FixedBaseTable>>,
 }
 
 impl fmt::Debug for PublicKey {
@@ -105,8 +106,13 @@ impl PublicKey {
     }
 
     pub(crate) fn table(&self) -> &FixedBaseTable {
-        self.table
-            .get_or_init(|| FixedBaseTable::new(&self.hs, &self.nn, self.size.djn_exponent_bits()))
+        self.table.get_or_init(|| {
+            Arc::new(FixedBaseTable::new(
+                &self.hs,
+                &self.nn,
+                self.size.djn_exponent_bits(),
+            ))
+        })
     }
 
     /// Versioned encoding (module docs); hashing it gives the [`KeyId`].
