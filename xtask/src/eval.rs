@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::fingerprint::{
-    DEFAULT_NUM_HASHES, FingerprintParams, MinHashSignature, MinHasher, SnippetHash, Weighting,
+    DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, FingerprintParams, MinHashSignature,
+    MinHasher, SnippetHash, Weighting,
 };
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -53,7 +54,7 @@ pub struct Args {
     ngrams: Vec<usize>,
     /// Thresholds tau to try.
     #[arg(long, value_delimiter = ',',
-          default_values_t = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9])]
+          default_values_t = [0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.85])]
     taus: Vec<f64>,
     /// Number of MinHash functions k.
     #[arg(long, default_value_t = DEFAULT_NUM_HASHES)]
@@ -83,7 +84,12 @@ pub enum Encoding {
 }
 
 impl Encoding {
-    const ALL: [Self; 4] = [Self::Set256, Self::Set64, Self::Weighted256, Self::Weighted64];
+    const ALL: [Self; 4] = [
+        Self::Set256,
+        Self::Set64,
+        Self::Weighted256,
+        Self::Weighted64,
+    ];
 
     fn label(self) -> &'static str {
         match self {
@@ -156,7 +162,15 @@ fn default_traces_dir() -> PathBuf {
 }
 
 /// Runs the evaluation.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    // The shipped defaults are always measured, so the report can place them.
+    if !args.taus.contains(&DEFAULT_TAU) {
+        args.taus.push(DEFAULT_TAU);
+    }
+    args.taus.sort_by(f64::total_cmp);
+    if !args.ngrams.contains(&DEFAULT_NGRAM_LEN) {
+        args.ngrams.push(DEFAULT_NGRAM_LEN);
+    }
     anyhow::ensure!(args.windows >= 2, "--windows must be at least 2");
     anyhow::ensure!(
         (1..=256).contains(&args.k),
@@ -196,7 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     // Longest windows first, so the two workers finish together.
-    jobs.sort_by(|a, b| b.1.cmp(&a.1));
+    jobs.sort_by_key(|job| std::cmp::Reverse(job.1));
     let bar = ProgressBar::new((jobs.len() * args.ngrams.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} cells {msg}")

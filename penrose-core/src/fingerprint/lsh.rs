@@ -95,7 +95,8 @@ mod tests {
         // unrelated class (J = 0) comes back as a candidate less than half the time.
         assert!(lsh.candidate_probability(0.0, &params) < 0.5);
         assert!(
-            lsh.candidate_probability(0.0, &params) < lsh.candidate_probability(params.tau, &params)
+            lsh.candidate_probability(0.0, &params)
+                < lsh.candidate_probability(params.tau, &params)
         );
     }
 

@@ -75,7 +75,9 @@ impl MinHasher {
             };
             match weighting {
                 Weighting::Set if occurrence > 0 => {}
-                _ => elements.push(mix(key.wrapping_add(occurrence.wrapping_mul(OCCURRENCE_STRIDE)))),
+                _ => elements.push(mix(
+                    key.wrapping_add(occurrence.wrapping_mul(OCCURRENCE_STRIDE))
+                )),
             }
         }
         self.signature_of_elements(&elements)

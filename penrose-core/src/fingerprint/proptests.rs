@@ -30,7 +30,11 @@ fn exact(a: &[ShingleKey], b: &[ShingleKey], weighting: Weighting) -> f64 {
         num += u64::from(x.min(y));
         den += u64::from(x.max(y));
     }
-    if den == 0 { 1.0 } else { num as f64 / den as f64 }
+    if den == 0 {
+        1.0
+    } else {
+        num as f64 / den as f64
+    }
 }
 
 /// A base sequence over a small alphabet and a copy in which a share of launches is replaced,
@@ -45,7 +49,9 @@ fn pair() -> impl Strategy<Value = (Vec<String>, Vec<String>)> {
                 state ^= state << 17;
                 state
             };
-            let base: Vec<u32> = (0..len).map(|_| (next() % u64::from(alphabet)) as u32).collect();
+            let base: Vec<u32> = (0..len)
+                .map(|_| (next() % u64::from(alphabet)) as u32)
+                .collect();
             let other: Vec<u32> = base
                 .iter()
                 .map(|&k| {

@@ -46,7 +46,11 @@ pub fn shingle_keys<S: AsRef<str>>(names: &[S], ngram_len: usize) -> Vec<Shingle
     let mut cache: HashMap<&str, NameDigest> = HashMap::new();
     let digests: Vec<NameDigest> = names
         .iter()
-        .map(|n| *cache.entry(n.as_ref()).or_insert_with_key(|n| NameDigest::of(n)))
+        .map(|n| {
+            *cache
+                .entry(n.as_ref())
+                .or_insert_with_key(|n| NameDigest::of(n))
+        })
         .collect();
     shingle_keys_of_digests(&digests, ngram_len)
 }

@@ -37,8 +37,11 @@ pub fn draw<R: Rng>(
         pos += 1;
         if p > 0.0 && !foreign.is_empty() && rng.random_bool(p) {
             let other = foreign[rng.random_range(0..foreign.len())];
-            match [Perturbation::Drop, Perturbation::Replace, Perturbation::Insert]
-                [rng.random_range(0..3)]
+            match [
+                Perturbation::Drop,
+                Perturbation::Replace,
+                Perturbation::Insert,
+            ][rng.random_range(0..3)]
             {
                 Perturbation::Drop => {}
                 Perturbation::Replace => out.push(other),
