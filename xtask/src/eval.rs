@@ -20,10 +20,10 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::fingerprint::{
     DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, FingerprintParams, MinHashSignature,
-    MinHasher, SnippetHash, Weighting,
+    MinHasher, ShingleKey, SnippetHash, Weighting,
 };
-use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
@@ -104,6 +104,10 @@ impl Encoding {
 /// Medians of exact Jaccard similarities in one cell.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Exact {
+    /// Perturbed window vs the same window unperturbed (same offset), set Jaccard.
+    pub own_set: f64,
+    /// The same pairs, weighted.
+    pub own_weighted: f64,
     /// Perturbed window vs an unperturbed window of the same sequence, set Jaccard.
     pub same_set: f64,
     /// The same pairs, weighted Jaccard over shingle counts.
@@ -307,9 +311,12 @@ fn run_job(
     let mut drawn = Vec::new();
     for (si, source) in sources.iter().enumerate() {
         for _ in 0..args.windows {
-            let perturbed = windows::draw(&source.seq, len, p, &foreign[source.app], &mut rng);
+            let offset = rng.random_range(0..source.seq.len().max(1));
+            let perturbed =
+                windows::draw_at(&source.seq, offset, len, p, &foreign[source.app], &mut rng);
             let clean = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
-            drawn.push((si, perturbed, clean));
+            let unperturbed = windows::draw_at(&source.seq, offset, len, 0.0, &[], &mut rng);
+            drawn.push((si, perturbed, clean, unperturbed));
         }
     }
     let labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].label).collect();
@@ -331,6 +338,7 @@ fn run_job(
         let mut shingler = windows::Shingler::new(n, &corpus.digests);
         let keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.1)).collect();
         let clean_keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.2)).collect();
+        let unperturbed_keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.3)).collect();
         let prints: Vec<Fingerprints> = keys
             .iter()
             .map(|k| {
@@ -345,7 +353,7 @@ fn run_job(
             })
             .collect();
 
-        let exact = exact_medians(&drawn, &apps, &keys, &clean_keys);
+        let exact = exact_medians(&drawn, &apps, &keys, &clean_keys, &unperturbed_keys);
         let mut scores = Vec::new();
         for encoding in Encoding::ALL {
             let sim = SimMatrix::new(prints.len(), |i, j| {
@@ -383,14 +391,20 @@ fn run_job(
     cells
 }
 
+/// A window: its source, the perturbed window, an unperturbed window at an independent offset,
+/// and the unperturbed window at the same offset.
+type Drawn = (usize, Vec<u32>, Vec<u32>, Vec<u32>);
+
 fn exact_medians(
-    drawn: &[(usize, Vec<u32>, Vec<u32>)],
+    drawn: &[Drawn],
     apps: &[usize],
-    keys: &[Vec<penrose_core::fingerprint::ShingleKey>],
-    clean_keys: &[Vec<penrose_core::fingerprint::ShingleKey>],
+    keys: &[Vec<ShingleKey>],
+    clean_keys: &[Vec<ShingleKey>],
+    unperturbed_keys: &[Vec<ShingleKey>],
 ) -> Exact {
-    let (mut same, mut both, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut same, mut both, mut other, mut own) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..drawn.len() {
+        own.push(windows::exact_jaccard(&keys[i], &unperturbed_keys[i]));
         same.push(windows::exact_jaccard(&keys[i], &clean_keys[i]));
         if let Some(j) = (i + 1..drawn.len()).find(|&j| drawn[j].0 == drawn[i].0) {
             both.push(windows::exact_jaccard(&keys[i], &keys[j]));
@@ -408,6 +422,8 @@ fn exact_medians(
         x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
     };
     Exact {
+        own_set: median(&own, |x| x.0),
+        own_weighted: median(&own, |x| x.1),
         same_set: median(&same, |x| x.0),
         same_weighted: median(&same, |x| x.1),
         both_set: median(&both, |x| x.0),

@@ -301,7 +301,7 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
          match probability is at most {MAX_FALSE_MATCH:.0e}, the one that maximises the mean over \
          all (L, p) of own-class share minus mixed-class share.\n\
          - **Exact Jaccard.** Medians over the windows of a cell, per process: a perturbed \
-         window against an unperturbed window of the same sequence at an independent offset \
+         window against the same window unperturbed (\"vs itself\"), against an unperturbed window of the same sequence at an independent offset \
          (\"vs clean\"), two independently perturbed windows (\"both\"), and a perturbed window \
          against an unperturbed window of another application (\"other\").\n",
         eval.windows_per_sequence, args.lengths, args.perturb, eval.k, eval.reps, args.taus
@@ -310,16 +310,18 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
     let _ = writeln!(w, "## Exact Jaccard (per process)\n");
     let _ = writeln!(
         w,
-        "| n | L | p | set vs clean | weighted vs clean | set both | weighted both | set other | weighted other |\n|---|---|---|---|---|---|---|---|---|"
+        "| n | L | p | set vs itself | weighted vs itself | set vs clean | weighted vs clean | set both | weighted both | set other | weighted other |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for c in eval.cells.iter().filter(|c| c.mode == Mode::Process) {
         let e = &c.exact;
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             c.n,
             c.len,
             pct(c.p),
+            e.own_set,
+            e.own_weighted,
             e.same_set,
             e.same_weighted,
             e.both_set,
