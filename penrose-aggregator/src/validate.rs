@@ -238,7 +238,7 @@ mod tests {
             RejectReason::TooLarge
         );
         assert_eq!(
-            validate_frame(&[0, 0, 0, 5, 9, 9, 9, 9, 9], key)
+            validate_frame(&[0, 0, 0, 3, 9, 0, 1], key)
                 .unwrap_err()
                 .reason(),
             RejectReason::Malformed

@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::fingerprint::{
-    DEFAULT_NUM_HASHES, FingerprintParams, MinHashSignature, MinHasher, SnippetHash, Weighting,
+    DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, FingerprintParams, MinHashSignature,
+    MinHasher, ShingleKey, SnippetHash, Weighting,
 };
-use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
@@ -53,7 +54,7 @@ pub struct Args {
     ngrams: Vec<usize>,
     /// Thresholds tau to try.
     #[arg(long, value_delimiter = ',',
-          default_values_t = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9])]
+          default_values_t = [0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.85])]
     taus: Vec<f64>,
     /// Number of MinHash functions k.
     #[arg(long, default_value_t = DEFAULT_NUM_HASHES)]
@@ -103,6 +104,10 @@ impl Encoding {
 /// Medians of exact Jaccard similarities in one cell.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Exact {
+    /// Perturbed window vs the same window unperturbed (same offset), set Jaccard.
+    pub own_set: f64,
+    /// The same pairs, weighted.
+    pub own_weighted: f64,
     /// Perturbed window vs an unperturbed window of the same sequence, set Jaccard.
     pub same_set: f64,
     /// The same pairs, weighted Jaccard over shingle counts.
@@ -161,7 +166,15 @@ fn default_traces_dir() -> PathBuf {
 }
 
 /// Runs the evaluation.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    // The shipped defaults are always measured, so the report can place them.
+    if !args.taus.contains(&DEFAULT_TAU) {
+        args.taus.push(DEFAULT_TAU);
+    }
+    args.taus.sort_by(f64::total_cmp);
+    if !args.ngrams.contains(&DEFAULT_NGRAM_LEN) {
+        args.ngrams.push(DEFAULT_NGRAM_LEN);
+    }
     anyhow::ensure!(args.windows >= 2, "--windows must be at least 2");
     anyhow::ensure!(
         (1..=256).contains(&args.k),
@@ -201,7 +214,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     // Longest windows first, so the two workers finish together.
-    jobs.sort_by(|a, b| b.1.cmp(&a.1));
+    jobs.sort_by_key(|job| std::cmp::Reverse(job.1));
     let bar = ProgressBar::new((jobs.len() * args.ngrams.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} cells {msg}")
@@ -298,9 +311,12 @@ fn run_job(
     let mut drawn = Vec::new();
     for (si, source) in sources.iter().enumerate() {
         for _ in 0..args.windows {
-            let perturbed = windows::draw(&source.seq, len, p, &foreign[source.app], &mut rng);
+            let offset = rng.random_range(0..source.seq.len().max(1));
+            let perturbed =
+                windows::draw_at(&source.seq, offset, len, p, &foreign[source.app], &mut rng);
             let clean = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
-            drawn.push((si, perturbed, clean));
+            let unperturbed = windows::draw_at(&source.seq, offset, len, 0.0, &[], &mut rng);
+            drawn.push((si, perturbed, clean, unperturbed));
         }
     }
     let labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].label).collect();
@@ -322,6 +338,7 @@ fn run_job(
         let mut shingler = windows::Shingler::new(n, &corpus.digests);
         let keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.1)).collect();
         let clean_keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.2)).collect();
+        let unperturbed_keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.3)).collect();
         let prints: Vec<Fingerprints> = keys
             .iter()
             .map(|k| {
@@ -336,7 +353,7 @@ fn run_job(
             })
             .collect();
 
-        let exact = exact_medians(&drawn, &apps, &keys, &clean_keys);
+        let exact = exact_medians(&drawn, &apps, &keys, &clean_keys, &unperturbed_keys);
         let mut scores = Vec::new();
         for encoding in Encoding::ALL {
             let sim = SimMatrix::new(prints.len(), |i, j| {
@@ -374,14 +391,20 @@ fn run_job(
     cells
 }
 
+/// A window: its source, the perturbed window, an unperturbed window at an independent offset,
+/// and the unperturbed window at the same offset.
+type Drawn = (usize, Vec<u32>, Vec<u32>, Vec<u32>);
+
 fn exact_medians(
-    drawn: &[(usize, Vec<u32>, Vec<u32>)],
+    drawn: &[Drawn],
     apps: &[usize],
-    keys: &[Vec<penrose_core::fingerprint::ShingleKey>],
-    clean_keys: &[Vec<penrose_core::fingerprint::ShingleKey>],
+    keys: &[Vec<ShingleKey>],
+    clean_keys: &[Vec<ShingleKey>],
+    unperturbed_keys: &[Vec<ShingleKey>],
 ) -> Exact {
-    let (mut same, mut both, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut same, mut both, mut other, mut own) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..drawn.len() {
+        own.push(windows::exact_jaccard(&keys[i], &unperturbed_keys[i]));
         same.push(windows::exact_jaccard(&keys[i], &clean_keys[i]));
         if let Some(j) = (i + 1..drawn.len()).find(|&j| drawn[j].0 == drawn[i].0) {
             both.push(windows::exact_jaccard(&keys[i], &keys[j]));
@@ -399,6 +422,8 @@ fn exact_medians(
         x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
     };
     Exact {
+        own_set: median(&own, |x| x.0),
+        own_weighted: median(&own, |x| x.1),
         same_set: median(&same, |x| x.0),
         same_weighted: median(&same, |x| x.1),
         both_set: median(&both, |x| x.0),

@@ -87,10 +87,7 @@ impl MinHasher {
         let mut minima = vec![u64::MAX; self.seeds.len()];
         for &element in elements {
             for (min, &seed) in minima.iter_mut().zip(&self.seeds) {
-                let h = mix(element ^ seed);
-                if h < *min {
-                    *min = h;
-                }
+                *min = (*min).min(mix(element ^ seed));
             }
         }
         MinHashSignature(minima)

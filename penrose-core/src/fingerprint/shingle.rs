@@ -42,17 +42,41 @@ impl ShingleKey {
 /// The key of every n-gram of `names`, in order (a multiset: repeated shingles repeat). A
 /// sequence shorter than n yields one shingle of the whole sequence so that short snippets
 /// still have a fingerprint; an empty one yields none.
+///
+/// A window repeats the same few n-grams many times, so each distinct name is digested once
+/// and each distinct n-gram (recognised by the positions of its names in that list) once.
 pub fn shingle_keys<S: AsRef<str>>(names: &[S], ngram_len: usize) -> Vec<ShingleKey> {
-    let mut cache: HashMap<&str, NameDigest> = HashMap::new();
-    let digests: Vec<NameDigest> = names
+    let n = ngram_len.max(1);
+    let mut ids: HashMap<&str, u32> = HashMap::new();
+    let mut digests: Vec<NameDigest> = Vec::new();
+    let seq: Vec<u32> = names
         .iter()
-        .map(|n| {
-            *cache
-                .entry(n.as_ref())
-                .or_insert_with_key(|n| NameDigest::of(n))
+        .map(|name| {
+            *ids.entry(name.as_ref()).or_insert_with_key(|name| {
+                digests.push(NameDigest::of(name));
+                (digests.len() - 1) as u32
+            })
         })
         .collect();
-    shingle_keys_of_digests(&digests, ngram_len)
+    let bits = (u32::BITS - (digests.len() as u32).leading_zeros()).max(1);
+    if seq.len() < n || n as u32 * bits > u128::BITS {
+        let all: Vec<NameDigest> = seq.iter().map(|&i| digests[i as usize]).collect();
+        return shingle_keys_of_digests(&all, n);
+    }
+    let mut memo: HashMap<u128, ShingleKey> = HashMap::new();
+    let mut gram_digests = Vec::with_capacity(n);
+    seq.windows(n)
+        .map(|gram| {
+            let packed = gram
+                .iter()
+                .fold(0u128, |acc, &id| (acc << bits) | u128::from(id));
+            *memo.entry(packed).or_insert_with(|| {
+                gram_digests.clear();
+                gram_digests.extend(gram.iter().map(|&i| digests[i as usize]));
+                ShingleKey::of(&gram_digests)
+            })
+        })
+        .collect()
 }
 
 /// Like [`shingle_keys`] for names already digested (the agent digests each name once, when
@@ -79,6 +103,18 @@ mod tests {
         assert_eq!(keys.len(), 4);
         assert_eq!(keys[0], keys[3]);
         assert_ne!(keys[0], keys[1]);
+    }
+
+    #[test]
+    fn memoised_keys_equal_direct_digests() {
+        let names: Vec<String> = (0..500).map(|i| format!("k{}", (i * 7) % 23)).collect();
+        let digests: Vec<NameDigest> = names.iter().map(|n| NameDigest::of(n)).collect();
+        for n in [1, 4, 8] {
+            assert_eq!(
+                shingle_keys(&names, n),
+                shingle_keys_of_digests(&digests, n)
+            );
+        }
     }
 
     #[test]

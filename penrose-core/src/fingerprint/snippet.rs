@@ -55,10 +55,51 @@ impl SnippetHash {
         if k == 0 {
             return 0.0;
         }
-        let same = (0..k)
-            .filter(|&i| self.value(i, bits) == other.value(i, bits))
-            .count();
+        let same = if bits.is_power_of_two() {
+            self.agreeing_fields(other, bits, k)
+        } else {
+            (0..k)
+                .filter(|&i| self.value(i, bits) == other.value(i, bits))
+                .count()
+        };
         same as f64 / k as f64
+    }
+
+    /// Counts equal b-bit fields among the first `k` with word operations (b a power of two,
+    /// so no field straddles a 64-bit word): the aggregator compares many pairs.
+    fn agreeing_fields(&self, other: &Self, bits: u32, k: usize) -> usize {
+        let per_word = (64 / bits) as usize;
+        let mut field_starts = 0u64;
+        for i in 0..per_word {
+            field_starts |= 1 << (i as u32 * bits);
+        }
+        let mut same = 0;
+        for word in 0..4 {
+            let first_field = word * per_word;
+            if first_field >= k {
+                break;
+            }
+            let mut a = [0u8; 8];
+            let mut b = [0u8; 8];
+            a.copy_from_slice(&self.0[word * 8..word * 8 + 8]);
+            b.copy_from_slice(&other.0[word * 8..word * 8 + 8]);
+            // A field differs iff any of its bits differs: fold each field's bits onto its
+            // lowest bit.
+            let mut diff = u64::from_le_bytes(a) ^ u64::from_le_bytes(b);
+            let mut shift = 1;
+            while shift < bits {
+                diff |= diff >> shift;
+                shift *= 2;
+            }
+            let fields = per_word.min(k - first_field);
+            let mask = if fields == per_word {
+                field_starts
+            } else {
+                field_starts & ((1u64 << (fields as u32 * bits)) - 1)
+            };
+            same += fields - (diff & mask).count_ones() as usize;
+        }
+        same
     }
 
     /// Estimated Jaccard similarity (set or weighted, as the hashes were made), corrected for
@@ -138,6 +179,27 @@ mod tests {
         }
         // Bits past k * b stay zero.
         assert!(hash.0[25..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn word_agreement_matches_field_by_field() {
+        for bits in [1u32, 2, 4, 8, 16, 32, 64] {
+            let k = 256 / bits as usize;
+            let a = SnippetHash(std::array::from_fn(|i| (i as u8).wrapping_mul(37)));
+            let b = SnippetHash(std::array::from_fn(|i| {
+                if i % 3 == 0 {
+                    (i as u8).wrapping_mul(37)
+                } else {
+                    i as u8
+                }
+            }));
+            for k in [1, k / 2 + 1, k] {
+                let slow = (0..k)
+                    .filter(|&i| a.value(i, bits) == b.value(i, bits))
+                    .count();
+                assert_eq!(a.agreeing_fields(&b, bits, k), slow, "bits {bits} k {k}");
+            }
+        }
     }
 
     #[test]

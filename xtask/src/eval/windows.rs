@@ -27,11 +27,27 @@ pub fn draw<R: Rng>(
     foreign: &[NameId],
     rng: &mut R,
 ) -> Vec<NameId> {
+    if seq.is_empty() {
+        return Vec::new();
+    }
+    let offset = rng.random_range(0..seq.len());
+    draw_at(seq, offset, len, p, foreign, rng)
+}
+
+/// Like [`draw`] from a given offset.
+pub fn draw_at<R: Rng>(
+    seq: &[NameId],
+    offset: usize,
+    len: usize,
+    p: f64,
+    foreign: &[NameId],
+    rng: &mut R,
+) -> Vec<NameId> {
     let mut out = Vec::with_capacity(len + 1);
     if seq.is_empty() {
         return out;
     }
-    let mut pos = rng.random_range(0..seq.len());
+    let mut pos = offset;
     while out.len() < len {
         let kernel = seq[pos % seq.len()];
         pos += 1;
