@@ -228,8 +228,12 @@ fn compare(built: &Path, committed: &Path) -> anyhow::Result<()> {
 }
 
 /// The workspace root: the parent of this crate's manifest directory.
+///
+/// Read at run time (`cargo run` sets it), because the binary may be a cached build from a
+/// checkout at another path.
 fn workspace_root() -> anyhow::Result<PathBuf> {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest = env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     manifest
         .parent()
         .map(Path::to_path_buf)
