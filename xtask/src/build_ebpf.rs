@@ -26,8 +26,8 @@ const BIN_NAME: &str = "penrose";
 const TARGET: &str = "bpfel-unknown-none";
 /// Programs read `pt_regs` with this architecture's layout; fixed so the host does not matter.
 const BPF_TARGET_ARCH: &str = "x86_64";
-/// Where `ci/build-bpf-linker.sh` installs bpf-linker when not on `PATH`.
-const TOOLS_BIN: &str = "/var/tmp/penrose-tools/bin";
+/// Where `ci/build-bpf-linker.sh` installs bpf-linker unless `PENROSE_TOOLS` says otherwise.
+const TOOLS_DIR: &str = "/var/tmp/penrose-tools";
 /// ELF machine number for BPF.
 const EM_BPF: u16 = 247;
 
@@ -123,24 +123,28 @@ fn remap_flags(args: &Args, root: &Path) -> anyhow::Result<Vec<OsString>> {
         .args(["--print", "sysroot"])
         .output()
         .with_context(|| format!("running {} --print sysroot", args.rustc.display()))?;
-    ensure!(sysroot.status.success(), "{} --print sysroot failed", args.rustc.display());
+    ensure!(
+        sysroot.status.success(),
+        "{} --print sysroot failed",
+        args.rustc.display()
+    );
     let sysroot = PathBuf::from(String::from_utf8(sysroot.stdout)?.trim());
     let cargo_home = env::var_os("CARGO_HOME").map_or_else(
         || env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")),
         |home| Some(PathBuf::from(home)),
     );
     // Longest prefixes last: rustc applies the last matching remap.
-    let mut pairs = vec![(sysroot.join("lib/rustlib/src/rust"), "/rustc/src".into())];
+    let mut pairs = vec![(sysroot.join("lib/rustlib/src/rust"), "/rustc/src")];
     if let Some(cargo_home) = cargo_home {
-        pairs.push((cargo_home, "/cargo".into()));
+        pairs.push((cargo_home, "/cargo"));
     }
-    pairs.push((root.to_path_buf(), "/penrose".into()));
+    pairs.push((root.to_path_buf(), "/penrose"));
     let mut flags = Vec::new();
     for (from, to) in pairs {
         let mut flag = OsString::from("--remap-path-prefix=");
         flag.push(from.as_os_str());
         flag.push("=");
-        flag.push::<&str>(to);
+        flag.push(to);
         flags.push(flag);
     }
     Ok(flags)
@@ -174,24 +178,44 @@ fn clear_outer_cargo_env(cmd: &mut Command) {
     }
 }
 
-/// `PATH` with the bpf-linker install location appended, for rustc to find the linker.
+/// `PATH` with the bpf-linker install location first, for rustc to find the linker.
+///
+/// The project's own install wins over one elsewhere on `PATH`, which may be built against
+/// another LLVM and so produce different bytes.
 fn linker_path() -> anyhow::Result<OsString> {
-    let mut dirs: Vec<PathBuf> = env::var_os("PATH")
-        .map(|path| env::split_paths(&path).collect())
-        .unwrap_or_default();
-    dirs.push(PathBuf::from(TOOLS_BIN));
-    let found = dirs.iter().any(|dir| dir.join("bpf-linker").is_file());
-    ensure!(
-        found,
-        "bpf-linker not found on PATH or in {TOOLS_BIN}; run ci/build-bpf-linker.sh"
-    );
+    let tools = env::var_os("PENROSE_TOOLS")
+        .map_or_else(|| PathBuf::from(TOOLS_DIR), PathBuf::from)
+        .join("bin");
+    let mut dirs = vec![tools];
+    if let Some(path) = env::var_os("PATH") {
+        dirs.extend(env::split_paths(&path));
+    }
+    let linker = dirs
+        .iter()
+        .map(|dir| dir.join("bpf-linker"))
+        .find(|candidate| candidate.is_file())
+        .context(
+            "bpf-linker not found in $PENROSE_TOOLS/bin or on PATH; run ci/build-bpf-linker.sh",
+        )?;
+    let version = Command::new(&linker).arg("--version").output();
+    if let Ok(version) = version {
+        eprintln!(
+            "build-ebpf: linker {} ({})",
+            linker.display(),
+            String::from_utf8_lossy(&version.stdout).trim()
+        );
+    }
     Ok(env::join_paths(dirs)?)
 }
 
 /// A cheap sanity check that cargo produced a BPF ELF object, not something else.
 fn verify_elf(object: &Path) -> anyhow::Result<()> {
     let bytes = fs::read(object).with_context(|| format!("reading {}", object.display()))?;
-    ensure!(bytes.starts_with(b"\x7fELF"), "{} is not an ELF file", object.display());
+    ensure!(
+        bytes.starts_with(b"\x7fELF"),
+        "{} is not an ELF file",
+        object.display()
+    );
     let machine = bytes
         .get(18..20)
         .map(|b| u16::from_le_bytes([b[0], b[1]]))
@@ -208,7 +232,10 @@ fn verify_elf(object: &Path) -> anyhow::Result<()> {
 fn compare(built: &Path, committed: &Path) -> anyhow::Result<()> {
     let new = fs::read(built).with_context(|| format!("reading {}", built.display()))?;
     let old = fs::read(committed).with_context(|| {
-        format!("reading {}; run `cargo xtask build-ebpf` to create it", committed.display())
+        format!(
+            "reading {}; run `cargo xtask build-ebpf` to create it",
+            committed.display()
+        )
     })?;
     if new == old {
         return Ok(());
