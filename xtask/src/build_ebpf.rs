@@ -99,6 +99,7 @@ fn build(args: &Args, root: &Path, target_dir: &Path) -> anyhow::Result<PathBuf>
         .env("AYA_BPF_TARGET_ARCH", BPF_TARGET_ARCH)
         .env("CARGO_ENCODED_RUSTFLAGS", join_flags(&rustflags)?)
         .env("PATH", linker_path()?);
+    eprintln!("build-ebpf: compiler {}", compiler_version(&args.rustc));
     eprintln!(
         "build-ebpf: {} build --release --target {TARGET} (in {}, target dir {})",
         args.cargo.display(),
@@ -115,6 +116,26 @@ fn build(args: &Args, root: &Path, target_dir: &Path) -> anyhow::Result<PathBuf>
     let object = target_dir.join(TARGET).join("release").join(BIN_NAME);
     verify_elf(&object)?;
     Ok(object)
+}
+
+/// The compiler and LLVM versions, which together with bpf-linker's decide the bytes: a
+/// distribution update of either is the usual reason for `--check` to fail.
+fn compiler_version(rustc: &Path) -> String {
+    let Ok(output) = Command::new(rustc).arg("-vV").output() else {
+        return "unknown".to_owned();
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map_or("?", str::trim)
+            .to_owned()
+    };
+    format!(
+        "rustc {}, LLVM {}",
+        field("release:"),
+        field("LLVM version:")
+    )
 }
 
 /// Rustc flags that replace every machine-specific path with a fixed one.
@@ -247,7 +268,8 @@ fn compare(built: &Path, committed: &Path) -> anyhow::Result<()> {
         .unwrap_or(new.len().min(old.len()));
     bail!(
         "{} differs from a fresh build ({} vs {} bytes, first difference at byte {first}); \
-         run `cargo xtask build-ebpf` and commit the result",
+         run `cargo xtask build-ebpf` and commit the result (or, if the toolchain changed, \
+         see docs/build.md)",
         committed.display(),
         old.len(),
         new.len()
