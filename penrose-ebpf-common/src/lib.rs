@@ -118,3 +118,30 @@ pub struct LaunchEvent {
 // Both sides read the record by size and offset; a change here must be deliberate.
 const _: () = assert!(core::mem::size_of::<LaunchEvent>() == 72);
 const _: () = assert!(core::mem::align_of::<LaunchEvent>() == 8);
+
+#[cfg(test)]
+mod tests {
+    use core::mem::offset_of;
+
+    use super::*;
+
+    #[test]
+    fn entry_points_round_trip_through_their_wire_value() {
+        for entry in [EntryPoint::LaunchKernel, EntryPoint::LaunchKernelPtsz] {
+            assert_eq!(EntryPoint::from_u32(entry as u32), Some(entry));
+            assert!(entry.symbol().starts_with("cuLaunch"));
+        }
+        assert_eq!(EntryPoint::from_u32(u32::MAX), None);
+    }
+
+    #[test]
+    fn launch_event_offsets_are_the_ones_the_object_was_built_with() {
+        assert_eq!(offset_of!(LaunchEvent, sampled), 12);
+        assert_eq!(offset_of!(LaunchEvent, timestamp_ns), 16);
+        assert_eq!(offset_of!(LaunchEvent, stream), 32);
+        assert_eq!(offset_of!(LaunchEvent, grid), 40);
+        assert_eq!(offset_of!(LaunchEvent, block), 52);
+        assert_eq!(offset_of!(LaunchEvent, shared_mem_bytes), 64);
+        assert_eq!(offset_of!(LaunchEvent, entry_point), 68);
+    }
+}

@@ -309,3 +309,33 @@ impl Drop for ScratchDir {
         let _ = fs::remove_dir_all(&self.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = dir.join(name);
+        fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn compare_accepts_equal_and_names_the_first_differing_byte() {
+        let scratch = ScratchDir::new().unwrap();
+        let a = write(&scratch.0, "a", b"\x7fELF-same");
+        let b = write(&scratch.0, "b", b"\x7fELF-same");
+        let c = write(&scratch.0, "c", b"\x7fELF-sXme");
+        assert!(compare(&a, &b).is_ok());
+        let err = compare(&a, &c).unwrap_err().to_string();
+        assert!(err.contains("first difference at byte 6"), "{err}");
+    }
+
+    #[test]
+    fn encoded_rustflags_keep_spaces_inside_one_flag() {
+        let flags = [OsString::from("--a=/x y"), OsString::from("--b")];
+        assert_eq!(join_flags(&flags).unwrap(), "--a=/x y\u{1f}--b");
+    }
+}
