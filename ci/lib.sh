@@ -39,3 +39,13 @@ summary() {
     printf '%s\n' "${STAGE_TIMES[@]}"
     echo "total: $(($(date +%s) - PENROSE_CI_START))s"
 }
+
+# step NAME / step_done: a banner and its duration, for steps inside one stage's script.
+ci_step_start=0
+step() {
+    ci_step_start=$(date +%s)
+    echo "--> [$(date -u +%H:%M:%S)] $*"
+}
+step_done() {
+    echo "<-- done in $(($(date +%s) - ci_step_start)) s"
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs the system packages the whole project needs (docs/build.md). Idempotent: when every
+# package is already installed it skips apt entirely.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+# Main workspace: C toolchain, GMP (big integers for Paillier), clang for rocksdb's bindgen.
+# eBPF: Debian's rustc-web/cargo-web 1.96 (LLVM 22) and its library sources for build-std;
+# llvm-22-dev (+ the libraries its llvm-config names) to build bpf-linker.
+packages=(
+    build-essential pkg-config libgmp-dev
+    clang libclang-dev
+    rustc-web cargo-web rust-web-src
+    llvm-22-dev libpolly-22-dev zlib1g-dev libzstd-dev
+    python3-pip
+)
+
+step "apt packages: ${packages[*]}"
+missing=()
+for pkg in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$pkg")
+    fi
+done
+if ((${#missing[@]})); then
+    echo "missing: ${missing[*]}"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+    $SUDO apt-get update -q
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "all installed"
+fi
+step_done
+
+# The interop tests check our Paillier against the python-paillier implementation.
+step "python: phe"
+if python3 -c 'import phe' 2>/dev/null; then
+    echo "phe already installed"
+else
+    # Debian marks the system python as externally managed; this is a CI machine.
+    python3 -m pip install --quiet phe || python3 -m pip install --quiet --break-system-packages phe
+fi
+step_done

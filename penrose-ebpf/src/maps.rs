@@ -1,0 +1,28 @@
+//! The maps shared by all programs; their names are spelled in `penrose_ebpf_common::maps`.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, PerCpuArray, RingBuf},
+};
+use penrose_ebpf_common::SampleConfig;
+
+/// 1 MiB holds about 13,000 launch records (72 bytes plus an 8-byte header): more than one
+/// capture window of one process (L = 10,000), so a poll interval of seconds loses nothing
+/// in the common case. The loader may resize it.
+const EVENTS_BYTES: u32 = 1 << 20;
+
+/// Every event, in order per CPU. Submitted without wake-up: the agent polls.
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// Index 0: events lost because [`EVENTS`] was full. Per-CPU so counting needs no atomics.
+#[map]
+pub(crate) static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Index 0: the sampling period the agent chose.
+#[map]
+pub(crate) static SAMPLE_CONFIG: Array<SampleConfig> = Array::with_max_entries(1, 0);
+
+/// Index 0: launches left on this CPU until the next sampled one.
+#[map]
+pub(crate) static SAMPLE_COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
