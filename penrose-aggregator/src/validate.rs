@@ -141,7 +141,9 @@ mod tests {
 
     fn reason(report: Report, keys: &Keypair) -> RejectReason {
         let frame = Message::Report(report).to_frame().unwrap();
-        validate_frame(&frame, keys.public_key()).unwrap_err().reason()
+        validate_frame(&frame, keys.public_key())
+            .unwrap_err()
+            .reason()
     }
 
     fn with_ciphertexts(mut report: Report, bytes: Vec<u8>) -> Report {
@@ -156,7 +158,10 @@ mod tests {
         let frame = Message::Report(report.clone()).to_frame().unwrap();
         let valid = validate_frame(&frame, keys.public_key()).unwrap();
         assert_eq!(valid.report, report);
-        let bins = keys.private_key().decrypt_packed(&valid.ciphertexts).unwrap();
+        let bins = keys
+            .private_key()
+            .decrypt_packed(&valid.ciphertexts)
+            .unwrap();
         assert_eq!((bins[5], bins[100], bins.iter().sum::<u64>()), (7, 3, 10));
     }
 
