@@ -8,7 +8,6 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
-use std::path::PathBuf;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, Weighting};
@@ -16,9 +15,7 @@ use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, Weighting};
 const WINDOW: usize = 10_000;
 
 fn window() -> (String, Vec<String>) {
-    let dir = std::env::var_os("PENROSE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
+    let dir = penrose_traces::TraceFolder::default_dir();
     let file = dir.join("hta-df_index_resolver--df_index_resolver.json.gz");
     if let Ok(trace) = penrose_traces::read_trace(&file) {
         let seqs = trace.process_sequences();

@@ -79,6 +79,14 @@ pub struct TraceFolder {
 }
 
 impl TraceFolder {
+    /// The folder tests, benchmarks and tools read when none is named: `$PENROSE_TRACES`, else
+    /// `../shared/traces` beside the workspace. Traces are never copied into the repository.
+    pub fn default_dir() -> PathBuf {
+        std::env::var_os("PENROSE_TRACES")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"))
+    }
+
     /// Lists the `.json` and `.json.gz` files directly in `dir`, sorted by name.
     pub fn open(dir: &Path) -> Result<Self, TraceError> {
         let io = |source| TraceError::Io {

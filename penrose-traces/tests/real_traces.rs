@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use penrose_traces::{Trace, read_trace};
 
 fn traces_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("PENROSE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
+    let dir = penrose_traces::TraceFolder::default_dir();
     if dir.is_dir() {
         Some(dir)
     } else {

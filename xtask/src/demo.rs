@@ -201,7 +201,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn load_workload(args: &Args) -> Result<(String, Vec<App>)> {
-    let dir = args.traces.clone().unwrap_or_else(crate::traces_dir);
+    let dir = args.traces.clone().unwrap_or_else(TraceFolder::default_dir);
     if !dir.is_dir() {
         eprintln!(
             "note: {} does not exist; using a synthetic workload instead",

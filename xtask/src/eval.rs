@@ -159,12 +159,6 @@ pub struct Evaluation {
     cells: Vec<Cell>,
 }
 
-fn default_traces_dir() -> PathBuf {
-    std::env::var_os("PENROSE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"))
-}
-
 /// Runs the evaluation.
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     // The shipped defaults are always measured, so the report can place them.
@@ -180,7 +174,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         (1..=256).contains(&args.k),
         "--k must lie in 1..=256 (it must fit the 256-bit hash)"
     );
-    let dir = args.traces.clone().unwrap_or_else(default_traces_dir);
+    let dir = args.traces.clone().unwrap_or_else(penrose_traces::TraceFolder::default_dir);
     eprintln!(
         "eval-fingerprints: traces {}, seed {}, {} windows per (sequence, L, p){}",
         dir.display(),

@@ -1,7 +1,5 @@
 //! `cargo xtask`: the project's automation, in Rust so it runs wherever cargo does.
 
-use std::path::PathBuf;
-
 use clap::{Parser, Subcommand};
 
 mod bench;
@@ -36,17 +34,4 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Demo(args) => demo::run(args),
     }
-}
-
-/// The trace folder tools read by default: `$PENROSE_TRACES`, else `../shared/traces` beside
-/// the workspace (traces are never copied into the repository).
-pub fn traces_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PENROSE_TRACES") {
-        return PathBuf::from(dir);
-    }
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(|p| p.to_path_buf())
-        .unwrap_or_default();
-    workspace.join("../shared/traces")
 }

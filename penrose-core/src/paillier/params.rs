@@ -6,9 +6,8 @@
 //! 128 bins in 2 ciphertexts (32 bits would give 63 slots and need 3), so it buys the most
 //! headroom for sums at the smallest report.
 
-/// Bins per histogram; equals `histogram::BIN_COUNT` (kept here so the modules don't depend
-/// on each other's progress).
-pub const BIN_COUNT: usize = 128;
+/// Bins per histogram: the counter catalogue's, re-exported where the packing needs it.
+pub use crate::counters::BIN_COUNT;
 
 /// Width of one packed slot: a slot holds a bin's sum over every report in an accumulator.
 pub const SLOT_BITS: u32 = 31;

@@ -79,7 +79,7 @@ impl Corpus {
             let trace = penrose_traces::read_trace(path)?;
             kernels += trace.kernels().len();
             let file = file_stem(path);
-            let job = job_name(&file);
+            let job = penrose_traces::job_name(path);
             let app = match apps.iter().position(|a| *a == job) {
                 Some(i) => i,
                 None => {
@@ -139,49 +139,4 @@ fn file_stem(path: &Path) -> String {
     name.trim_end_matches(".gz")
         .trim_end_matches(".json")
         .to_owned()
-}
-
-/// The job a file belongs to: its name with the number after `rank` (and an optional `-` or
-/// `_`) removed, so that `x_rank-0` and `x_rank-1` are one job.
-pub fn job_name(stem: &str) -> String {
-    let lower = stem.to_ascii_lowercase();
-    let mut out = String::with_capacity(stem.len());
-    let mut rest = 0;
-    let mut search = 0;
-    while let Some(found) = lower[search..].find("rank") {
-        let start = search + found + "rank".len();
-        let bytes = lower.as_bytes();
-        let mut i = start;
-        if i < bytes.len() && (bytes[i] == b'-' || bytes[i] == b'_') {
-            i += 1;
-        }
-        let digits_start = i;
-        while i < bytes.len() && bytes[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i > digits_start {
-            out.push_str(&stem[rest..digits_start]);
-            out.push('N');
-            rest = i;
-        }
-        search = i.max(start);
-    }
-    out.push_str(&stem[rest..]);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::job_name;
-
-    #[test]
-    fn ranks_of_one_job_share_a_name() {
-        assert_eq!(
-            job_name("trace_filter--sampled_rank-0"),
-            job_name("trace_filter--sampled_rank-1")
-        );
-        assert_eq!(job_name("x_rank12.pt.trace"), "x_rankN.pt.trace");
-        assert_ne!(job_name("a--rank0"), job_name("b--rank0"));
-        assert_eq!(job_name("control"), "control");
-    }
 }
