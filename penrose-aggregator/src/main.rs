@@ -1,6 +1,6 @@
 //! `penrose-aggregator`: the aggregation server's command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -61,7 +61,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn check_reports(key: &PathBuf, files: &[PathBuf], json: bool) -> Result<ExitCode> {
+fn check_reports(key: &Path, files: &[PathBuf], json: bool) -> Result<ExitCode> {
     let bytes = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
     let key = PublicKey::from_bytes(&bytes)
         .with_context(|| format!("{} is not a Penrose public key", key.display()))?;

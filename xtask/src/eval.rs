@@ -174,7 +174,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         (1..=256).contains(&args.k),
         "--k must lie in 1..=256 (it must fit the 256-bit hash)"
     );
-    let dir = args.traces.clone().unwrap_or_else(penrose_traces::TraceFolder::default_dir);
+    let dir = args
+        .traces
+        .clone()
+        .unwrap_or_else(penrose_traces::TraceFolder::default_dir);
     eprintln!(
         "eval-fingerprints: traces {}, seed {}, {} windows per (sequence, L, p){}",
         dir.display(),

@@ -1,0 +1,202 @@
+//! Key files. The private key never leaves the design server, so its file is created readable
+//! by its owner alone, and loading refuses a file that anyone else could read: a key that was
+//! exposed must be replaced, not used.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use penrose_core::paillier::{Keypair, PaillierError, PrivateKey, PublicKey};
+use thiserror::Error;
+
+/// File name of the private key inside a key directory.
+pub const PRIVATE_KEY_FILE: &str = "private.key";
+/// File name of the public key inside a key directory.
+pub const PUBLIC_KEY_FILE: &str = "public.key";
+
+/// The largest key file read; a 2048-bit private key is under 1 KiB.
+const MAX_KEY_FILE: u64 = 64 * 1024;
+
+/// Why a key file could not be written or read.
+#[derive(Debug, Error)]
+pub enum KeyFileError {
+    /// The file system refused.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Writing would replace an existing key, which would orphan everything encrypted to it.
+    #[error("{0} already exists; move it away first (keys are never overwritten)")]
+    Exists(PathBuf),
+    /// Group or others may read the private key file.
+    #[error(
+        "{path} is readable by group or others (mode {mode:o}); the key may be exposed: \
+         run `chmod 600` only if you are sure it was not, else generate a new key"
+    )]
+    TooOpen {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The file is larger than any key.
+    #[error("{0} is too large to be a key file")]
+    TooLarge(PathBuf),
+    /// The contents are not a key of the expected kind.
+    #[error("{path} is not a valid key: {source}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: PaillierError,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyFileError + '_ {
+    move |source| KeyFileError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes `private.key` (mode 0600) and `public.key` (mode 0644) into `dir`, refusing to
+/// replace either. Returns their paths.
+pub fn write_keypair(dir: &Path, keys: &Keypair) -> Result<(PathBuf, PathBuf), KeyFileError> {
+    let private = dir.join(PRIVATE_KEY_FILE);
+    let public = dir.join(PUBLIC_KEY_FILE);
+    for path in [&private, &public] {
+        if path.exists() {
+            return Err(KeyFileError::Exists(path.clone()));
+        }
+    }
+    write_new(&private, 0o600, &keys.private_key().to_bytes())?;
+    write_new(&public, 0o644, &keys.public_key().to_bytes())?;
+    Ok((private, public))
+}
+
+fn write_new(path: &Path, mode: u32, bytes: &[u8]) -> Result<(), KeyFileError> {
+    // create_new: never follow or replace an existing file; the mode applies at creation, so
+    // the secret is never briefly readable by others.
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => KeyFileError::Exists(path.to_owned()),
+            _ => KeyFileError::Io {
+                path: path.to_owned(),
+                source: e,
+            },
+        })?;
+    file.write_all(bytes).map_err(io(path))?;
+    file.sync_all().map_err(io(path))
+}
+
+/// Reads a private key, refusing a file that group or others can read.
+pub fn read_private_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
+    let file = File::open(path).map_err(io(path))?;
+    let mode = file.metadata().map_err(io(path))?.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyFileError::TooOpen {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    let bytes = read_limited(file, path)?;
+    PrivateKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Reads a public key.
+pub fn read_public_key(path: &Path) -> Result<PublicKey, KeyFileError> {
+    let file = File::open(path).map_err(io(path))?;
+    let bytes = read_limited(file, path)?;
+    PublicKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_limited(file: File, path: &Path) -> Result<Vec<u8>, KeyFileError> {
+    let mut bytes = Vec::new();
+    file.take(MAX_KEY_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io(path))?;
+    if bytes.len() as u64 > MAX_KEY_FILE {
+        return Err(KeyFileError::TooLarge(path.to_owned()));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use penrose_core::paillier::KeySize;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn keys() -> Keypair {
+        Keypair::generate_with_size(KeySize::Bits512, &mut ChaCha8Rng::seed_from_u64(11))
+    }
+
+    #[test]
+    fn round_trip_with_owner_only_private_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = keys();
+        let (private, public) = write_keypair(dir.path(), &keys).unwrap();
+        let mode = std::fs::metadata(&private).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let read = read_private_key(&private).unwrap();
+        assert_eq!(read.public_key().key_id(), keys.public_key().key_id());
+        assert_eq!(read_public_key(&public).unwrap(), *keys.public_key());
+    }
+
+    #[test]
+    fn never_overwrites_and_refuses_open_private_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let (private, _) = write_keypair(dir.path(), &keys()).unwrap();
+        let before = std::fs::read(&private).unwrap();
+        assert!(matches!(
+            write_keypair(dir.path(), &keys()),
+            Err(KeyFileError::Exists(_))
+        ));
+        assert_eq!(std::fs::read(&private).unwrap(), before);
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(matches!(
+            read_private_key(&private),
+            Err(KeyFileError::TooOpen { mode: 0o640, .. })
+        ));
+    }
+
+    #[test]
+    fn wrong_or_truncated_files_are_invalid() {
+        let dir = tempfile::tempdir().unwrap();
+        let (private, public) = write_keypair(dir.path(), &keys()).unwrap();
+        // A public key where a private key is expected, and a truncated public key.
+        let swapped = dir.path().join("swapped.key");
+        write_new(&swapped, 0o600, &std::fs::read(&public).unwrap()).unwrap();
+        assert!(matches!(
+            read_private_key(&swapped),
+            Err(KeyFileError::Invalid { .. })
+        ));
+        let bytes = std::fs::read(&private).unwrap();
+        let truncated = dir.path().join("truncated.key");
+        write_new(&truncated, 0o600, &bytes[..bytes.len() / 2]).unwrap();
+        assert!(matches!(
+            read_private_key(&truncated),
+            Err(KeyFileError::Invalid { .. })
+        ));
+        assert!(matches!(
+            read_public_key(&dir.path().join("missing")),
+            Err(KeyFileError::Io { .. })
+        ));
+    }
+}
