@@ -14,6 +14,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use rug::Integer;
 use rug::integer::Order;
+
+/// Bytes before the numbers in both key formats: tag, version, modulus size.
+const HEADER: usize = 7;
 use sha2::{Digest, Sha256};
 
 fn keypair(size: KeySize, seed: u64) -> Keypair {
@@ -32,7 +35,7 @@ fn histogram() -> impl Strategy<Value = Vec<u32>> {
 fn prime_p(key: &PrivateKey) -> Integer {
     let bytes = key.to_bytes();
     let len = key.public_key().size().prime_bytes();
-    Integer::from_digits(&bytes[3..3 + len], Order::Msf)
+    Integer::from_digits(&bytes[HEADER..HEADER + len], Order::Msf)
 }
 
 fn fixed_bytes(value: &Integer, len: usize) -> Vec<u8> {
@@ -43,7 +46,10 @@ fn fixed_bytes(value: &Integer, len: usize) -> Vec<u8> {
 
 fn modulus_squared(key: &PublicKey) -> Integer {
     let bytes = key.to_bytes();
-    let n = Integer::from_digits(&bytes[3..3 + key.size().modulus_bytes()], Order::Msf);
+    let n = Integer::from_digits(
+        &bytes[HEADER..HEADER + key.size().modulus_bytes()],
+        Order::Msf,
+    );
     n.square()
 }
 
@@ -327,7 +333,7 @@ fn keys_round_trip_and_key_id_hashes_the_public_key() {
         let bytes = public.to_bytes();
         assert_eq!(
             bytes.len(),
-            3 + public.size().modulus_bytes() + public.size().ciphertext_bytes()
+            HEADER + public.size().modulus_bytes() + public.size().ciphertext_bytes()
         );
         let id: [u8; 32] = Sha256::digest(&bytes).into();
         assert_eq!(public.key_id().0, id);
@@ -351,13 +357,23 @@ fn key_parsing_rejects_malformed_keys() {
     let private = pair.private_key().to_bytes();
 
     let mut bad = public.clone();
-    bad[0] = 2;
+    bad[4] = 2;
     assert_eq!(
         PublicKey::from_bytes(&bad),
         Err(PaillierError::UnsupportedVersion(2))
     );
+    // Each kind refuses the other's file, although both are the same length.
+    assert_eq!(public.len(), private.len());
+    assert!(matches!(
+        PublicKey::from_bytes(&private),
+        Err(PaillierError::InvalidKey(_))
+    ));
+    assert!(matches!(
+        PrivateKey::from_bytes(&public),
+        Err(PaillierError::InvalidKey(_))
+    ));
     let mut bad = public.clone();
-    bad[1..3].copy_from_slice(&1536u16.to_be_bytes());
+    bad[5..7].copy_from_slice(&1536u16.to_be_bytes());
     assert_eq!(
         PublicKey::from_bytes(&bad),
         Err(PaillierError::UnsupportedKeySize(1536))
@@ -371,13 +387,13 @@ fn key_parsing_rejects_malformed_keys() {
         Err(PaillierError::Length { .. })
     ));
     let mut even = public.clone();
-    even[3 + 63] &= 0xfe;
+    even[HEADER + 63] &= 0xfe;
     assert!(matches!(
         PublicKey::from_bytes(&even),
         Err(PaillierError::InvalidKey(_))
     ));
     let mut zero_h = public.clone();
-    zero_h[3 + 64..].fill(0);
+    zero_h[HEADER + 64..].fill(0);
     assert!(matches!(
         PublicKey::from_bytes(&zero_h),
         Err(PaillierError::InvalidKey(_))
@@ -389,15 +405,15 @@ fn key_parsing_rejects_malformed_keys() {
     ));
     // q := p.
     let mut same = private.clone();
-    let (head, tail) = same.split_at_mut(3 + 32);
-    tail[..32].copy_from_slice(&head[3..]);
+    let (head, tail) = same.split_at_mut(HEADER + 32);
+    tail[..32].copy_from_slice(&head[HEADER..]);
     assert_eq!(
         PrivateKey::from_bytes(&same).err(),
         Some(PaillierError::InvalidKey("p equals q"))
     );
     // p + 2 is (almost surely) composite or at least not the key's factor.
     let mut composite = private.clone();
-    composite[3 + 31] ^= 0x02;
+    composite[HEADER + 31] ^= 0x02;
     assert!(matches!(
         PrivateKey::from_bytes(&composite),
         Err(PaillierError::InvalidKey(_))
@@ -405,7 +421,7 @@ fn key_parsing_rejects_malformed_keys() {
     // An h_s from another key is not an n-th residue for this one.
     let other = keypair(KeySize::Bits512, 78).private_key().to_bytes();
     let mut foreign_h = private.clone();
-    foreign_h[3 + 64..].copy_from_slice(&other[3 + 64..]);
+    foreign_h[HEADER + 64..].copy_from_slice(&other[HEADER + 64..]);
     assert!(matches!(
         PrivateKey::from_bytes(&foreign_h),
         Err(PaillierError::InvalidKey(_))

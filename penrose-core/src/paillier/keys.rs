@@ -2,8 +2,11 @@
 //!
 //! Byte formats (all integers big-endian, fixed length for the key size):
 //!
-//! - public key, version 1: `01 | bits: u16 | n: bits/8 | h_s: bits/4`
-//! - private key, version 1: `01 | bits: u16 | p: bits/16 | q: bits/16 | h_s: bits/4`
+//! - public key, version 1: `"PNPK" | 01 | bits: u16 | n: bits/8 | h_s: bits/4`
+//! - private key, version 1: `"PNSK" | 01 | bits: u16 | p: bits/16 | q: bits/16 | h_s: bits/4`
+//!
+//! The four-byte tag tells the kinds apart: at 2048 bits both bodies are 768 bytes, and without
+//! it a private key file would parse as a (wrong) public key.
 //!
 //! `h_s = h^n mod n^2` is the Damgard-Jurik-Nielsen base; it is public and lives in both.
 
@@ -23,8 +26,12 @@ use super::random::{random_bits, random_unit};
 
 /// Version byte of both key formats.
 const KEY_FORMAT_VERSION: u8 = 1;
-/// Version byte plus the u16 modulus size.
-const HEADER_BYTES: usize = 3;
+/// Tag of a public key file.
+const PUBLIC_TAG: [u8; 4] = *b"PNPK";
+/// Tag of a private (secret) key file.
+const PRIVATE_TAG: [u8; 4] = *b"PNSK";
+/// Tag, version byte and the u16 modulus size.
+const HEADER_BYTES: usize = 7;
 /// Miller-Rabin rounds (after GMP's own Baillie-PSW) for generated and loaded primes.
 const PRIME_TEST_ROUNDS: u32 = 32;
 
@@ -117,7 +124,7 @@ impl PublicKey {
 
     /// Versioned encoding (module docs); hashing it gives the [`KeyId`].
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = header(self.size);
+        let mut out = header(PUBLIC_TAG, self.size);
         push_fixed(&mut out, &self.n, self.size.modulus_bytes());
         push_fixed(&mut out, &self.hs, self.size.ciphertext_bytes());
         out
@@ -126,7 +133,7 @@ impl PublicKey {
     /// Parses and checks a public key: known version and size, exact length, n odd with exactly
     /// the stated bits, h_s a unit below n^2.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, PaillierError> {
-        let (size, body) = parse_header(bytes)?;
+        let (size, body) = parse_header(PUBLIC_TAG, bytes)?;
         let expected = HEADER_BYTES + size.modulus_bytes() + size.ciphertext_bytes();
         check_len(bytes, expected)?;
         let (n_bytes, hs_bytes) = body.split_at(size.modulus_bytes());
@@ -188,7 +195,7 @@ impl PrivateKey {
     /// Versioned encoding (module docs). Secret: store it readable by its owner only.
     pub fn to_bytes(&self) -> Vec<u8> {
         let size = self.public.size;
-        let mut out = header(size);
+        let mut out = header(PRIVATE_TAG, size);
         push_fixed(&mut out, &self.p, size.prime_bytes());
         push_fixed(&mut out, &self.q, size.prime_bytes());
         push_fixed(&mut out, &self.public.hs, size.ciphertext_bytes());
@@ -199,7 +206,7 @@ impl PrivateKey {
     /// the size, n = p q of exactly the stated size, gcd(n, (p-1)(q-1)) = 1, and h_s an n-th
     /// residue (it must decrypt to 0, or encryptions under it would not decrypt).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, PaillierError> {
-        let (size, body) = parse_header(bytes)?;
+        let (size, body) = parse_header(PRIVATE_TAG, bytes)?;
         let expected = HEADER_BYTES + 2 * size.prime_bytes() + size.ciphertext_bytes();
         check_len(bytes, expected)?;
         let (p_bytes, rest) = body.split_at(size.prime_bytes());
@@ -314,20 +321,28 @@ fn random_prime<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, bits: u32) -> Inte
     }
 }
 
-fn header(size: KeySize) -> Vec<u8> {
-    let mut out = vec![KEY_FORMAT_VERSION];
+fn header(tag: [u8; 4], size: KeySize) -> Vec<u8> {
+    let mut out = tag.to_vec();
+    out.push(KEY_FORMAT_VERSION);
     // Modulus sizes are 512..=2048 bits: they fit a u16.
     out.extend_from_slice(&(size.modulus_bits() as u16).to_be_bytes());
     out
 }
 
-fn parse_header(bytes: &[u8]) -> Result<(KeySize, &[u8]), PaillierError> {
-    let [version, hi, lo, body @ ..] = bytes else {
+fn parse_header(tag: [u8; 4], bytes: &[u8]) -> Result<(KeySize, &[u8]), PaillierError> {
+    let [t0, t1, t2, t3, version, hi, lo, body @ ..] = bytes else {
         return Err(PaillierError::Length {
             expected: HEADER_BYTES,
             actual: bytes.len(),
         });
     };
+    if [*t0, *t1, *t2, *t3] != tag {
+        return Err(PaillierError::InvalidKey(if tag == PUBLIC_TAG {
+            "not a public key (wrong file tag)"
+        } else {
+            "not a private key (wrong file tag)"
+        }));
+    }
     if *version != KEY_FORMAT_VERSION {
         return Err(PaillierError::UnsupportedVersion(*version));
     }
