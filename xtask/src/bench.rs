@@ -43,12 +43,12 @@ enum Bound {
 
 const TARGETS: &[Target] = &[
     Target {
-        id_contains: "encrypt_histogram/djn",
+        id_contains: "encrypt_histogram_2048/djn_fixed_base",
         bound: Bound::AtMostSeconds(3e-3),
         paper: "105 ms",
     },
     Target {
-        id_contains: "aggregate",
+        id_contains: "aggregate_histogram_2048/absorb_bytes_from_wire",
         bound: Bound::AtLeastPerSecond(60_000.0),
         paper: "8,075 /s/core",
     },
@@ -127,7 +127,11 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         print!("{}", table(&rows));
     }
-    let report = report(&root, &rows, &machine());
+    let sizes = report_sizes()?;
+    if !args.json {
+        println!("\n{sizes}");
+    }
+    let report = report(&root, &rows, &machine(), &sizes);
     let out = root.join(&args.out);
     std::fs::write(&out, report).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {}", out.display());
@@ -199,6 +203,41 @@ fn row(estimates: &Path, info: &Path) -> Result<Row> {
     })
 }
 
+/// Bytes of one real report on the wire: a fresh 2048-bit key, one encrypted histogram, the
+/// frame the agent would send. Sizes are exact, so they are computed rather than benchmarked.
+fn report_sizes() -> Result<String> {
+    use penrose_core::counters::{Catalogue, CounterId};
+    use penrose_core::fingerprint::SnippetHash;
+    use penrose_core::histogram::SampleCount;
+    use penrose_core::paillier::{BIN_COUNT, Keypair};
+    use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId};
+
+    let mut rng = rand::rng();
+    let keys = Keypair::generate(&mut rng);
+    let packed = keys
+        .public_key()
+        .encrypt_packed(&[1u32; BIN_COUNT], &mut rng)?;
+    let ciphertext_bytes = packed.to_bytes().len();
+    let report = Report {
+        key_id: keys.public_key().key_id(),
+        report_id: ReportId([0; 16]),
+        snippet: SnippetHash([0; 32]),
+        counter: CounterId(0),
+        catalogue: Catalogue::current().version,
+        day: Day(0),
+        samples: SampleCount(BIN_COUNT as u32),
+        ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
+    };
+    let frame = Message::Report(report).to_frame()?;
+    Ok(format!(
+        "Report size (computed, 2048-bit key): {} bytes per report frame, of which {} are the \
+         {} packed ciphertexts; target <= 2 KB (paper: 32 KB per histogram).",
+        frame.len(),
+        ciphertext_bytes,
+        packed.ciphertexts().len()
+    ))
+}
+
 fn seconds(ns: f64) -> String {
     if ns >= 1e9 {
         format!("{:.2} s", ns / 1e9)
@@ -240,7 +279,7 @@ fn table(rows: &[Row]) -> String {
     s
 }
 
-fn report(root: &Path, rows: &[Row], machine: &str) -> String {
+fn report(root: &Path, rows: &[Row], machine: &str, sizes: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Benchmarks\n");
     let _ = writeln!(
@@ -252,6 +291,7 @@ fn report(root: &Path, rows: &[Row], machine: &str) -> String {
     );
     let _ = writeln!(s, "Machine: {machine}\n");
     s.push_str(&table(rows));
+    let _ = writeln!(s, "\n{sizes}");
     let notes = root.join("docs/benchmarks-notes.md");
     if let Ok(extra) = std::fs::read_to_string(&notes) {
         let _ = writeln!(s, "\n{extra}");
