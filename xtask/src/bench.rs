@@ -101,6 +101,9 @@ struct Row {
 /// Runs the task.
 pub fn run(args: Args) -> Result<()> {
     let root = workspace_root()?;
+    // Criterion keeps estimates of benchmarks that no longer exist; a run reports only what
+    // it measured itself.
+    let started = std::time::SystemTime::now();
     if !args.no_run {
         let mut cmd = Command::new(env!("CARGO"));
         cmd.current_dir(&root)
@@ -114,7 +117,8 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     let criterion = target_dir(&root).join("criterion");
-    let mut rows = collect(&criterion)?;
+    let since = (!args.no_run).then_some(started);
+    let mut rows = collect(&criterion, since)?;
     if rows.is_empty() {
         bail!(
             "no criterion estimates under {} (run without --no-run)",
@@ -138,7 +142,7 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn collect(criterion: &Path) -> Result<Vec<Row>> {
+fn collect(criterion: &Path, since: Option<std::time::SystemTime>) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     let mut stack = vec![criterion.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -153,7 +157,15 @@ fn collect(criterion: &Path) -> Result<Vec<Row>> {
             let estimates = path.join("new/estimates.json");
             let info = path.join("new/benchmark.json");
             if estimates.is_file() && info.is_file() {
-                rows.push(row(&estimates, &info)?);
+                let fresh = match since {
+                    Some(since) => std::fs::metadata(&estimates)
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|t| t >= since),
+                    None => true,
+                };
+                if fresh {
+                    rows.push(row(&estimates, &info)?);
+                }
             } else if path.file_name().is_some_and(|n| n != "report") {
                 stack.push(path);
             }
