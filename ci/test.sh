@@ -22,5 +22,5 @@ else
 fi
 stage "cargo deny" ci/deny.sh
 stage "tests" cargo test --workspace --locked
-stage "fuzz wire decoder (bounded)" ci/fuzz.sh 60
+stage "fuzz wire decoder, trace reader" ci/fuzz.sh 30
 summary
