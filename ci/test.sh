@@ -21,6 +21,6 @@ else
     echo "note: bpf-linker is not installed, so the committed eBPF object is not rebuilt"
 fi
 stage "cargo deny" ci/deny.sh
-stage "tests" cargo test --workspace --locked
+stage "tests" cargo test --workspace --locked --no-fail-fast
 stage "fuzz wire decoder, trace reader" ci/fuzz.sh 30
 summary

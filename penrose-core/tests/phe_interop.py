@@ -1,7 +1,7 @@
 """Interoperability peer for tests/phe_interop.rs: python-paillier (phe) on the other side.
 
 Reads one JSON object on stdin:
-  private_key: hex of penrose's private key bytes (version 1: 01 | bits u16 | p | q | h_s)
+  private_key: hex of penrose's private key bytes (version 1: "PNSK" | 01 | bits u16 | p | q | h_s)
   slot_bits, slots_per_ciphertext: the packed layout
   ciphertexts: hex ciphertexts penrose made (one packed histogram)
   bins: a histogram for phe to pack and encrypt
@@ -26,13 +26,16 @@ except ImportError as error:
 
 
 def parse_private_key(data):
-    if data[0] != 1:
-        raise ValueError("unknown private key version %d" % data[0])
-    bits = int.from_bytes(data[1:3], "big")
+    if data[:4] != b"PNSK":
+        raise ValueError("not a penrose private key (tag %r)" % data[:4])
+    if data[4] != 1:
+        raise ValueError("unknown private key version %d" % data[4])
+    bits = int.from_bytes(data[5:7], "big")
     half = bits // 16
-    p = int.from_bytes(data[3 : 3 + half], "big")
-    q = int.from_bytes(data[3 + half : 3 + 2 * half], "big")
-    h_s = int.from_bytes(data[3 + 2 * half :], "big")
+    body = data[7:]
+    p = int.from_bytes(body[:half], "big")
+    q = int.from_bytes(body[half : 2 * half], "big")
+    h_s = int.from_bytes(body[2 * half :], "big")
     return bits, p, q, h_s
 
 
