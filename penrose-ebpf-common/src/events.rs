@@ -265,7 +265,10 @@ mod tests {
         }
         assert_eq!(EventKind::of_record(&[2, 0, 0]), None);
         assert_eq!(EventKind::of_record(&0u32.to_ne_bytes()), None);
-        assert_eq!(HandleKind::from_u32(HandleKind::Kernel as u32), Some(HandleKind::Kernel));
+        assert_eq!(
+            HandleKind::from_u32(HandleKind::Kernel as u32),
+            Some(HandleKind::Kernel)
+        );
         assert_eq!(HandleKind::from_u32(0), None);
     }
 
@@ -296,7 +299,10 @@ mod tests {
         assert_eq!(name, b"_Z3addPf");
         assert_eq!((header.pid, header.tid, header.timestamp_ns), (7, 9, 11));
         assert_eq!(header.handle, 0xdead_beef);
-        assert_eq!(HandleKind::from_u32(header.handle_kind), Some(HandleKind::Function));
+        assert_eq!(
+            HandleKind::from_u32(header.handle_kind),
+            Some(HandleKind::Function)
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@ pub mod probes;
 
 pub use entry_point::EntryPoint;
 pub use events::{
-    EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent, NAME_CAPACITY,
-    NameEvent, NameHeader, SampleConfig,
+    EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent, NAME_CAPACITY, NameEvent,
+    NameHeader, SampleConfig,
 };
-pub use probes::{PROCESS_EXIT, ProbeKind, ProbeRole, TracePoint, USER_PROBES, UserProbe, programs};
+pub use probes::{
+    PROCESS_EXIT, ProbeKind, ProbeRole, TracePoint, USER_PROBES, UserProbe, programs,
+};

@@ -173,7 +173,11 @@ mod tests {
 
     #[test]
     fn every_name_symbol_has_an_entry_and_a_return_probe() {
-        for symbol in ["cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction"] {
+        for symbol in [
+            "cuModuleGetFunction",
+            "cuLibraryGetKernel",
+            "cuKernelGetFunction",
+        ] {
             let kinds = |kind| {
                 USER_PROBES
                     .iter()

@@ -50,19 +50,31 @@ const _: () = assert!(core::mem::size_of::<LaunchConfigHead>() == 40);
 /// `cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ, sharedMem, stream, ...)`.
 #[uprobe]
 pub fn cu_launch_kernel(ctx: ProbeContext) -> u32 {
-    on_launch(&ctx, EntryPoint::LaunchKernel, read_launch_kernel_args(&ctx))
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchKernel,
+        read_launch_kernel_args(&ctx),
+    )
 }
 
 /// `cuLaunchKernel_ptsz`: the same arguments, on the per-thread default stream.
 #[uprobe]
 pub fn cu_launch_kernel_ptsz(ctx: ProbeContext) -> u32 {
-    on_launch(&ctx, EntryPoint::LaunchKernelPtsz, read_launch_kernel_args(&ctx))
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchKernelPtsz,
+        read_launch_kernel_args(&ctx),
+    )
 }
 
 /// `cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra)`.
 #[uprobe]
 pub fn cu_launch_kernel_ex(ctx: ProbeContext) -> u32 {
-    on_launch(&ctx, EntryPoint::LaunchKernelEx, read_launch_kernel_ex_args(&ctx))
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchKernelEx,
+        read_launch_kernel_ex_args(&ctx),
+    )
 }
 
 /// `cuLaunchKernelEx_ptsz`: the same arguments, on the per-thread default stream.
@@ -105,7 +117,11 @@ pub fn cu_graph_launch(ctx: ProbeContext) -> u32 {
 /// `cuGraphLaunch_ptsz`.
 #[uprobe]
 pub fn cu_graph_launch_ptsz(ctx: ProbeContext) -> u32 {
-    on_launch(&ctx, EntryPoint::GraphLaunchPtsz, read_graph_launch_args(&ctx))
+    on_launch(
+        &ctx,
+        EntryPoint::GraphLaunchPtsz,
+        read_graph_launch_args(&ctx),
+    )
 }
 
 #[inline(always)]
