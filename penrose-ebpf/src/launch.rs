@@ -10,11 +10,11 @@ use aya_log_ebpf::debug;
 use penrose_ebpf_common::{EntryPoint, EventKind, LaunchEvent};
 
 use crate::{
-    maps::{DROPS, EVENTS},
+    maps::{EVENTS, count_drop},
     sampling,
 };
 
-/// What a launch entry point passes, already decoded from registers and stack.
+/// What a launch entry point passes, already decoded from registers, stack or config.
 struct LaunchArgs {
     function: u64,
     grid: [u32; 3],
@@ -23,8 +23,9 @@ struct LaunchArgs {
     stream: u64,
 }
 
-/// The seventh to ninth arguments of `cuLaunchKernel` as the System V x86-64 ABI leaves them
-/// on the stack: one 8-byte slot each, starting just above the return address.
+/// The seventh to ninth arguments of `cuLaunchKernel` (and `cuLaunchCooperativeKernel`) as the
+/// System V x86-64 ABI leaves them on the stack: one 8-byte slot each, just above the return
+/// address.
 #[repr(C)]
 struct StackArgs {
     block_z: u64,
@@ -32,21 +33,100 @@ struct StackArgs {
     stream: u64,
 }
 
+/// The leading fields of CUDA's `CUlaunchConfig` (cuda.h, CUDA 11.8 and later): seven
+/// `unsigned int`s, padding to 8, then `CUstream hStream` at offset 32. The attribute list
+/// that follows is not read.
+#[repr(C)]
+struct LaunchConfigHead {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: u64,
+}
+
+const _: () = assert!(core::mem::offset_of!(LaunchConfigHead, stream) == 32);
+const _: () = assert!(core::mem::size_of::<LaunchConfigHead>() == 40);
+
 /// `cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ, sharedMem, stream, ...)`.
 #[uprobe]
 pub fn cu_launch_kernel(ctx: ProbeContext) -> u32 {
-    on_launch_kernel(&ctx, EntryPoint::LaunchKernel)
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchKernel,
+        read_launch_kernel_args(&ctx),
+    )
 }
 
 /// `cuLaunchKernel_ptsz`: the same arguments, on the per-thread default stream.
 #[uprobe]
 pub fn cu_launch_kernel_ptsz(ctx: ProbeContext) -> u32 {
-    on_launch_kernel(&ctx, EntryPoint::LaunchKernelPtsz)
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchKernelPtsz,
+        read_launch_kernel_args(&ctx),
+    )
+}
+
+/// `cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra)`.
+#[uprobe]
+pub fn cu_launch_kernel_ex(ctx: ProbeContext) -> u32 {
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchKernelEx,
+        read_launch_kernel_ex_args(&ctx),
+    )
+}
+
+/// `cuLaunchKernelEx_ptsz`: the same arguments, on the per-thread default stream.
+#[uprobe]
+pub fn cu_launch_kernel_ex_ptsz(ctx: ProbeContext) -> u32 {
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchKernelExPtsz,
+        read_launch_kernel_ex_args(&ctx),
+    )
+}
+
+/// `cuLaunchCooperativeKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ, sharedMem,
+/// stream, kernelParams)`: the first nine arguments are `cuLaunchKernel`'s.
+#[uprobe]
+pub fn cu_launch_cooperative_kernel(ctx: ProbeContext) -> u32 {
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchCooperativeKernel,
+        read_launch_kernel_args(&ctx),
+    )
+}
+
+/// `cuLaunchCooperativeKernel_ptsz`.
+#[uprobe]
+pub fn cu_launch_cooperative_kernel_ptsz(ctx: ProbeContext) -> u32 {
+    on_launch(
+        &ctx,
+        EntryPoint::LaunchCooperativeKernelPtsz,
+        read_launch_kernel_args(&ctx),
+    )
+}
+
+/// `cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)`: one event for the whole graph.
+#[uprobe]
+pub fn cu_graph_launch(ctx: ProbeContext) -> u32 {
+    on_launch(&ctx, EntryPoint::GraphLaunch, read_graph_launch_args(&ctx))
+}
+
+/// `cuGraphLaunch_ptsz`.
+#[uprobe]
+pub fn cu_graph_launch_ptsz(ctx: ProbeContext) -> u32 {
+    on_launch(
+        &ctx,
+        EntryPoint::GraphLaunchPtsz,
+        read_graph_launch_args(&ctx),
+    )
 }
 
 #[inline(always)]
-fn on_launch_kernel(ctx: &ProbeContext, entry: EntryPoint) -> u32 {
-    match read_launch_kernel_args(ctx) {
+fn on_launch(ctx: &ProbeContext, entry: EntryPoint, args: Option<LaunchArgs>) -> u32 {
+    match args {
         Some(args) => submit(entry, &args),
         None => debug!(ctx, "penrose: unreadable launch arguments"),
     }
@@ -69,6 +149,33 @@ fn read_launch_kernel_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
         block: [reg(4)? as u32, reg(5)? as u32, stack.block_z as u32],
         shared_mem_bytes: stack.shared_mem_bytes as u32,
         stream: stack.stream,
+    })
+}
+
+/// The function from a register, everything else from the caller's `CUlaunchConfig`.
+#[inline(always)]
+fn read_launch_kernel_ex_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
+    let config = ctx.arg::<u64>(0)? as *const LaunchConfigHead;
+    // SAFETY: `bpf_probe_read_user` checks the user address and fails instead of faulting.
+    let config = unsafe { bpf_probe_read_user(config) }.ok()?;
+    Some(LaunchArgs {
+        function: ctx.arg::<u64>(1)?,
+        grid: config.grid,
+        block: config.block,
+        shared_mem_bytes: config.shared_mem_bytes,
+        stream: config.stream,
+    })
+}
+
+/// A graph has no single grid: the graph handle stands in for the function.
+#[inline(always)]
+fn read_graph_launch_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
+    Some(LaunchArgs {
+        function: ctx.arg::<u64>(0)?,
+        grid: [0; 3],
+        block: [0; 3],
+        shared_mem_bytes: 0,
+        stream: ctx.arg::<u64>(1)?,
     })
 }
 
@@ -95,12 +202,4 @@ fn submit(entry: EntryPoint, args: &LaunchArgs) {
         entry_point: entry as u32,
     });
     slot.submit(u64::from(BPF_RB_NO_WAKEUP));
-}
-
-#[inline(always)]
-fn count_drop() {
-    if let Some(drops) = DROPS.get_ptr_mut(0) {
-        // SAFETY: a per-CPU array slot, touched only by this CPU while the program runs.
-        unsafe { *drops += 1 };
-    }
 }

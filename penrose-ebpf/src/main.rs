@@ -1,13 +1,17 @@
-//! Penrose eBPF programs: uprobes on the CUDA driver's launch entry points.
+//! Penrose eBPF programs: uprobes on the CUDA driver's launch and name entry points, and the
+//! process-exit tracepoint, all feeding one ring buffer.
 //!
-//! One program per entry point, because each has its own argument layout; they share
-//! [`launch::submit`], which stamps, samples and queues the event. The agent attaches and
-//! detaches these programs to open and close capture windows (DESIGN.md section 3).
+//! One program per launch entry point, because each has its own argument layout; they share
+//! [`launch`]'s `submit`, which stamps, samples and queues the event. The agent attaches and
+//! detaches those to open and close capture windows (DESIGN.md section 3). The name probes
+//! ([`names`]) and the exit tracepoint ([`exit`]) stay attached.
 #![no_std]
 #![no_main]
 
+mod exit;
 mod launch;
 mod maps;
+mod names;
 mod sampling;
 
 /// The verifier rejects any program that could reach a panic, so none can at run time; this

@@ -2,14 +2,20 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
-use penrose_ebpf_common::SampleConfig;
+use penrose_ebpf_common::{NameEvent, SampleConfig};
+
+use crate::names::{PendingCall, PendingKey};
 
 /// 1 MiB holds about 13,000 launch records (72 bytes plus an 8-byte header): more than one
 /// capture window of one process (L = 10,000), so a poll interval of seconds loses nothing
 /// in the common case. The loader may resize it.
 const EVENTS_BYTES: u32 = 1 << 20;
+
+/// Threads that may be inside a name function at once. LRU, so a call whose return probe
+/// never ran (the thread died inside it) is evicted instead of filling the map.
+const PENDING_ENTRIES: u32 = 4096;
 
 /// Every event, in order per CPU. Submitted without wake-up: the agent polls.
 #[map]
@@ -26,3 +32,21 @@ pub(crate) static SAMPLE_CONFIG: Array<SampleConfig> = Array::with_max_entries(1
 /// Index 0: launches left on this CPU until the next sampled one.
 #[map]
 pub(crate) static SAMPLE_COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// A name call's arguments, from its entry probe to its return probe on the same thread.
+#[map]
+pub(crate) static PENDING_CALLS: LruHashMap<PendingKey, PendingCall> =
+    LruHashMap::with_max_entries(PENDING_ENTRIES, 0);
+
+/// Index 0: where a name record is assembled; too large for the 512-byte BPF stack.
+#[map]
+pub(crate) static NAME_SCRATCH: PerCpuArray<NameEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Counts one event that found [`EVENTS`] full.
+#[inline(always)]
+pub(crate) fn count_drop() {
+    if let Some(drops) = DROPS.get_ptr_mut(0) {
+        // SAFETY: a per-CPU array slot, touched only by this CPU while the program runs.
+        unsafe { *drops += 1 };
+    }
+}

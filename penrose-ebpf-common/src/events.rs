@@ -1,0 +1,317 @@
+//! Records that cross the ring buffer. Every record starts with its [`EventKind`] as a `u32`,
+//! so the reader looks at four bytes before it knows the rest of the layout.
+
+use core::mem::size_of;
+
+/// Sampling settings the agent writes into [`crate::maps::SAMPLE_CONFIG`].
+///
+/// Counting happens in BPF so that user space sees which launch was sampled without having
+/// to receive (or count) every launch itself.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleConfig {
+    /// Sample one launch in `period` on each CPU; 0 disables sampling.
+    pub period: u64,
+}
+
+/// What a ring-buffer record describes; the first field of every record.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A [`LaunchEvent`]: a kernel (or graph) launch through one of the launch entry points.
+    Launch = 1,
+    /// A [`NameHeader`] and its name bytes: a function or kernel handle resolved to a name.
+    Name = 2,
+    /// An [`ExitEvent`]: a process exited; its per-process state can be dropped.
+    Exit = 3,
+    /// A [`KernelFunctionEvent`]: a `CUkernel` handle's `CUfunction` in the current context.
+    KernelFunction = 4,
+}
+
+impl EventKind {
+    /// Decodes a wire value; `None` for a kind this build does not know.
+    pub const fn from_u32(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(Self::Launch),
+            2 => Some(Self::Name),
+            3 => Some(Self::Exit),
+            4 => Some(Self::KernelFunction),
+            _ => None,
+        }
+    }
+
+    /// The kind of a raw ring-buffer record; `None` when it is shorter than four bytes or of
+    /// an unknown kind.
+    pub fn of_record(record: &[u8]) -> Option<Self> {
+        Self::from_u32(read_u32(record, 0)?)
+    }
+}
+
+/// One kernel launch as the uprobe saw it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchEvent {
+    /// Always [`EventKind::Launch`] as `u32`.
+    pub kind: u32,
+    /// Process id (tgid) of the launching process.
+    pub pid: u32,
+    /// Thread id of the launching thread.
+    pub tid: u32,
+    /// Non-zero when the BPF-side countdown marked this launch for sampling.
+    pub sampled: u32,
+    /// `bpf_ktime_get_ns` at the probe.
+    pub timestamp_ns: u64,
+    /// The `CUfunction` handle, or the `CUgraphExec` handle for graph launches
+    /// ([`crate::EntryPoint::is_graph`]).
+    pub function: u64,
+    /// The `CUstream` handle.
+    pub stream: u64,
+    /// Grid dimensions (zero for graph launches).
+    pub grid: [u32; 3],
+    /// Block dimensions (zero for graph launches).
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes (zero for graph launches).
+    pub shared_mem_bytes: u32,
+    /// Which entry point fired: a [`crate::EntryPoint`] wire value.
+    pub entry_point: u32,
+}
+
+/// Which kind of driver handle a [`NameHeader`] names.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandleKind {
+    /// A `CUfunction`, from `cuModuleGetFunction`; launch events carry these.
+    Function = 1,
+    /// A `CUkernel`, from `cuLibraryGetKernel`; a [`KernelFunctionEvent`] maps it to the
+    /// `CUfunction` that launches carry.
+    Kernel = 2,
+}
+
+impl HandleKind {
+    /// Decodes [`NameHeader::handle_kind`].
+    pub const fn from_u32(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(Self::Function),
+            2 => Some(Self::Kernel),
+            _ => None,
+        }
+    }
+}
+
+/// Longest name a [`NameEvent`] holds, including the terminating NUL the kernel writes.
+///
+/// Demangled PyTorch kernel names in the reference traces reach 1,956 bytes (the median is
+/// about 200, and 40% exceed 255), and a 256-byte bound would cut many templated names to a
+/// shared prefix. Names longer than `NAME_CAPACITY - 1` bytes are cut to that length and
+/// flagged [`NameHeader::truncated`]. Records carry only the bytes used, so the bound costs
+/// per-CPU scratch space, not ring-buffer space.
+pub const NAME_CAPACITY: usize = 2048;
+
+/// The fixed part of a name record; `name_len` name bytes (no NUL) follow it directly.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NameHeader {
+    /// Always [`EventKind::Name`] as `u32`.
+    pub kind: u32,
+    /// Process id (tgid): handles are per process.
+    pub pid: u32,
+    /// Thread id of the resolving thread.
+    pub tid: u32,
+    /// A [`HandleKind`] wire value.
+    pub handle_kind: u32,
+    /// `bpf_ktime_get_ns` at the function's return.
+    pub timestamp_ns: u64,
+    /// The handle the driver wrote to the caller's out-pointer.
+    pub handle: u64,
+    /// Name bytes that follow the header, without the NUL.
+    pub name_len: u32,
+    /// Non-zero when the name filled the buffer, so it may have been longer than
+    /// `NAME_CAPACITY - 1` bytes (a name of exactly that length is flagged too).
+    pub truncated: u32,
+}
+
+impl NameHeader {
+    /// Size of the header in a record; the name starts here.
+    pub const SIZE: usize = size_of::<Self>();
+
+    /// Splits a name record into its header and its name bytes. `None` when the record is
+    /// not a name record or is shorter than its header says.
+    pub fn parse(record: &[u8]) -> Option<(Self, &[u8])> {
+        let header = Self {
+            kind: read_u32(record, 0)?,
+            pid: read_u32(record, 4)?,
+            tid: read_u32(record, 8)?,
+            handle_kind: read_u32(record, 12)?,
+            timestamp_ns: read_u64(record, 16)?,
+            handle: read_u64(record, 24)?,
+            name_len: read_u32(record, 32)?,
+            truncated: read_u32(record, 36)?,
+        };
+        if header.kind != EventKind::Name as u32 {
+            return None;
+        }
+        let end = Self::SIZE.checked_add(usize::try_from(header.name_len).ok()?)?;
+        Some((header, record.get(Self::SIZE..end)?))
+    }
+}
+
+/// A name record at its largest: what the BPF side assembles in per-CPU scratch before it
+/// copies `NameHeader::SIZE + name_len` bytes into the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NameEvent {
+    /// The fixed part.
+    pub header: NameHeader,
+    /// Room for the name and its NUL.
+    pub name: [u8; NAME_CAPACITY],
+}
+
+/// `cuKernelGetFunction` returned: in this process, launches of `function` are launches of
+/// the library kernel `kernel`, whose name a [`NameHeader`] with [`HandleKind::Kernel`] gave.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelFunctionEvent {
+    /// Always [`EventKind::KernelFunction`] as `u32`.
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Zero; keeps the handles 8-byte aligned.
+    pub reserved: u32,
+    /// `bpf_ktime_get_ns` at the function's return.
+    pub timestamp_ns: u64,
+    /// The `CUkernel` handle passed in.
+    pub kernel: u64,
+    /// The `CUfunction` handle the driver wrote out.
+    pub function: u64,
+}
+
+/// A thread group leader exited (`sched:sched_process_exit` with pid == tgid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitEvent {
+    /// Always [`EventKind::Exit`] as `u32`.
+    pub kind: u32,
+    /// The process (tgid) that exited.
+    pub pid: u32,
+    /// `bpf_ktime_get_ns` at the tracepoint.
+    pub timestamp_ns: u64,
+}
+
+fn read_u32(record: &[u8], at: usize) -> Option<u32> {
+    let bytes = record.get(at..at.checked_add(4)?)?;
+    Some(u32::from_ne_bytes(bytes.try_into().ok()?))
+}
+
+fn read_u64(record: &[u8], at: usize) -> Option<u64> {
+    let bytes = record.get(at..at.checked_add(8)?)?;
+    Some(u64::from_ne_bytes(bytes.try_into().ok()?))
+}
+
+// Both sides read the records by size and offset; a change here must be deliberate.
+const _: () = {
+    use core::mem::{align_of, offset_of};
+    assert!(size_of::<LaunchEvent>() == 72);
+    assert!(align_of::<LaunchEvent>() == 8);
+    assert!(offset_of!(LaunchEvent, kind) == 0);
+    assert!(offset_of!(LaunchEvent, function) == 24);
+    assert!(offset_of!(LaunchEvent, entry_point) == 68);
+    assert!(size_of::<NameHeader>() == 40);
+    assert!(offset_of!(NameHeader, kind) == 0);
+    assert!(offset_of!(NameHeader, handle) == 24);
+    assert!(offset_of!(NameHeader, name_len) == 32);
+    assert!(offset_of!(NameHeader, truncated) == 36);
+    assert!(offset_of!(NameEvent, name) == NameHeader::SIZE);
+    assert!(size_of::<NameEvent>() == NameHeader::SIZE + NAME_CAPACITY);
+    assert!(NAME_CAPACITY.is_power_of_two());
+    assert!(size_of::<KernelFunctionEvent>() == 40);
+    assert!(offset_of!(KernelFunctionEvent, kind) == 0);
+    assert!(offset_of!(KernelFunctionEvent, kernel) == 24);
+    assert!(offset_of!(KernelFunctionEvent, function) == 32);
+    assert!(size_of::<ExitEvent>() == 16);
+    assert!(offset_of!(ExitEvent, kind) == 0);
+    assert!(offset_of!(ExitEvent, timestamp_ns) == 8);
+};
+
+#[cfg(test)]
+mod tests {
+    use core::mem::offset_of;
+
+    use super::*;
+
+    #[test]
+    fn launch_event_offsets_are_the_ones_the_object_was_built_with() {
+        assert_eq!(offset_of!(LaunchEvent, sampled), 12);
+        assert_eq!(offset_of!(LaunchEvent, timestamp_ns), 16);
+        assert_eq!(offset_of!(LaunchEvent, stream), 32);
+        assert_eq!(offset_of!(LaunchEvent, grid), 40);
+        assert_eq!(offset_of!(LaunchEvent, block), 52);
+        assert_eq!(offset_of!(LaunchEvent, shared_mem_bytes), 64);
+        assert_eq!(offset_of!(LaunchEvent, entry_point), 68);
+    }
+
+    #[test]
+    fn event_kinds_round_trip_and_lead_every_record() {
+        for kind in [
+            EventKind::Launch,
+            EventKind::Name,
+            EventKind::Exit,
+            EventKind::KernelFunction,
+        ] {
+            let mut record = [0u8; 16];
+            record[..4].copy_from_slice(&(kind as u32).to_ne_bytes());
+            assert_eq!(EventKind::of_record(&record), Some(kind));
+        }
+        assert_eq!(EventKind::of_record(&[2, 0, 0]), None);
+        assert_eq!(EventKind::of_record(&0u32.to_ne_bytes()), None);
+        assert_eq!(
+            HandleKind::from_u32(HandleKind::Kernel as u32),
+            Some(HandleKind::Kernel)
+        );
+        assert_eq!(HandleKind::from_u32(0), None);
+    }
+
+    /// A record laid out field by field as the BPF program writes it.
+    fn name_record(buf: &mut [u8; 64], name: &[u8], claimed_len: u32) -> usize {
+        let fields: [(usize, &[u8]); 8] = [
+            (0, &(EventKind::Name as u32).to_ne_bytes()),
+            (4, &7u32.to_ne_bytes()),
+            (8, &9u32.to_ne_bytes()),
+            (12, &(HandleKind::Function as u32).to_ne_bytes()),
+            (16, &11u64.to_ne_bytes()),
+            (24, &0xdead_beef_u64.to_ne_bytes()),
+            (32, &claimed_len.to_ne_bytes()),
+            (36, &0u32.to_ne_bytes()),
+        ];
+        for (at, bytes) in fields {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+        }
+        buf[NameHeader::SIZE..NameHeader::SIZE + name.len()].copy_from_slice(name);
+        NameHeader::SIZE + name.len()
+    }
+
+    #[test]
+    fn name_records_parse_into_header_and_exact_name() {
+        let mut buf = [0u8; 64];
+        let len = name_record(&mut buf, b"_Z3addPf", 8);
+        let (header, name) = NameHeader::parse(&buf[..len]).unwrap();
+        assert_eq!(name, b"_Z3addPf");
+        assert_eq!((header.pid, header.tid, header.timestamp_ns), (7, 9, 11));
+        assert_eq!(header.handle, 0xdead_beef);
+        assert_eq!(
+            HandleKind::from_u32(header.handle_kind),
+            Some(HandleKind::Function)
+        );
+    }
+
+    #[test]
+    fn name_records_shorter_than_their_length_are_rejected() {
+        let mut buf = [0u8; 64];
+        let len = name_record(&mut buf, b"_Z3addPf", 9);
+        assert_eq!(NameHeader::parse(&buf[..len]), None);
+        assert_eq!(NameHeader::parse(&buf[..NameHeader::SIZE - 1]), None);
+        buf[0] = EventKind::Launch as u8;
+        assert_eq!(NameHeader::parse(&buf), None);
+    }
+}

@@ -1,0 +1,17 @@
+//! Names of the maps in the compiled object, so the loader looks them up by the same spelling.
+
+/// The ring buffer every event goes through.
+pub const EVENTS: &str = "EVENTS";
+/// Per-CPU `u64`, index 0: events the ring buffer had no room for.
+pub const DROPS: &str = "DROPS";
+/// Array of one [`crate::SampleConfig`], written by the agent.
+pub const SAMPLE_CONFIG: &str = "SAMPLE_CONFIG";
+/// Per-CPU `u64`, index 0: launches left until the next sampled one on this CPU. The agent
+/// may seed it with a random offset; the programs reload it from [`crate::SampleConfig`].
+pub const SAMPLE_COUNTDOWN: &str = "SAMPLE_COUNTDOWN";
+/// LRU hash: a name call's out-pointer and argument, stashed by the entry probe for the return
+/// probe of the same thread. Internal to the object; named here so the loader can size it.
+pub const PENDING_CALLS: &str = "PENDING_CALLS";
+/// Per-CPU scratch of one [`crate::NameEvent`], where a name is assembled before it is copied
+/// into [`EVENTS`] with its actual length. Internal to the object.
+pub const NAME_SCRATCH: &str = "NAME_SCRATCH";
