@@ -21,6 +21,17 @@ else
     echo "note: bpf-linker is not installed, so the committed eBPF object is not rebuilt"
 fi
 stage "cargo deny" ci/deny.sh
+# The real traces (SOURCES.md) are read from $PENROSE_TRACES, ../shared/traces or
+# /work/shared/traces (penrose_traces::TraceFolder::default_dir); say which, loudly if none.
+traces=${PENROSE_TRACES:-}
+for dir in ../shared/traces /work/shared/traces; do
+    if [ -z "$traces" ] && [ -d "$dir" ]; then traces=$dir; fi
+done
+if [ -n "$traces" ]; then
+    echo "real traces: $traces ($(ls "$traces" | grep -c '\.json') files)"
+else
+    echo "WARNING: no trace folder found; the tests that read real traces will be skipped"
+fi
 stage "tests" cargo test --workspace --locked --no-fail-fast
 stage "fuzz wire decoder, trace reader" ci/fuzz.sh 30
 summary
