@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,10 +113,18 @@ struct entry {
     struct entry *next;
 };
 
+/*
+ * Handles live in fixed arrays, so that a handle can be validated by its address without
+ * dereferencing a pointer the caller made up (a real driver also refuses foreign handles).
+ */
+#define MAX_FUNCTIONS 65536
+#define MAX_OWNERS 4096
 #define TABLE_BUCKETS 4096
+static struct entry entries[MAX_FUNCTIONS];
+static struct owner owners[MAX_OWNERS];
 static struct entry *table[TABLE_BUCKETS];
-static uint64_t function_count;
-static uint64_t owner_count;
+static uint64_t function_count; /* entries[0..function_count) are in use */
+static uint64_t owner_count;    /* owners[0..owner_count) are in use */
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t hash_name(const struct owner *owner, const char *name) {
@@ -134,22 +143,19 @@ static struct entry *lookup(const struct owner *owner, const char *name) {
     struct entry *e = table[bucket];
     while (e && !(e->function.owner == owner && strcmp(e->function.name, name) == 0))
         e = e->next;
-    if (!e) {
-        e = calloc(1, sizeof *e);
-        char *copy = e ? strdup(name) : NULL;
-        if (!copy) {
-            free(e);
-            pthread_mutex_unlock(&table_lock);
-            return NULL;
+    if (!e && function_count < MAX_FUNCTIONS) {
+        char *copy = strdup(name);
+        if (copy) {
+            e = &entries[function_count];
+            e->function.owner = owner;
+            e->function.name = copy;
+            e->function.magic = FUNCTION_MAGIC;
+            e->kernel.function = &e->function;
+            e->kernel.magic = KERNEL_MAGIC;
+            e->next = table[bucket];
+            table[bucket] = e;
+            __atomic_store_n(&function_count, function_count + 1, __ATOMIC_RELEASE);
         }
-        e->function.magic = FUNCTION_MAGIC;
-        e->function.owner = owner;
-        e->function.name = copy;
-        e->kernel.magic = KERNEL_MAGIC;
-        e->kernel.function = &e->function;
-        e->next = table[bucket];
-        table[bucket] = e;
-        function_count++;
     }
     pthread_mutex_unlock(&table_lock);
     return e;
@@ -158,22 +164,39 @@ static struct entry *lookup(const struct owner *owner, const char *name) {
 static struct owner *new_owner(const void *image) {
     if (!image)
         return NULL;
-    struct owner *o = calloc(1, sizeof *o);
-    if (!o)
-        return NULL;
-    o->magic = OWNER_MAGIC;
+    struct owner *o = NULL;
     pthread_mutex_lock(&table_lock);
-    o->id = ++owner_count;
+    if (owner_count < MAX_OWNERS) {
+        o = &owners[owner_count];
+        o->id = owner_count + 1;
+        o->magic = OWNER_MAGIC;
+        __atomic_store_n(&owner_count, owner_count + 1, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&table_lock);
     return o;
 }
 
+/* Whether p is the address of member `offset` of a used element of an array. */
+static int in_array(const void *p, const void *array, size_t size, size_t offset,
+                    uint64_t *count) {
+    uintptr_t base = (uintptr_t)array + offset, a = (uintptr_t)p;
+    if (a < base || (a - base) % size != 0)
+        return 0;
+    return (a - base) / size < __atomic_load_n(count, __ATOMIC_ACQUIRE);
+}
+
 static int valid_owner(const void *p) {
-    return p && ((const struct owner *)p)->magic == OWNER_MAGIC;
+    return in_array(p, owners, sizeof owners[0], 0, &owner_count);
 }
 
 static int valid_function(const void *p) {
-    return p && ((const struct function *)p)->magic == FUNCTION_MAGIC;
+    return in_array(p, entries, sizeof entries[0], offsetof(struct entry, function),
+                    &function_count);
+}
+
+static int valid_kernel(const void *p) {
+    return in_array(p, entries, sizeof entries[0], offsetof(struct entry, kernel),
+                    &function_count);
 }
 
 /* ---- Counter ring (mirrored by ring.rs) ---- */
@@ -201,7 +224,7 @@ struct ring_header {            /* 64 bytes */
 
 struct ring_record {            /* 64 bytes */
     uint64_t seq;               /* index + 1 when complete; 0 while being written */
-    uint64_t function;          /* CUfunction */
+    uint64_t function;          /* CUfunction (CUgraphExec for a graph launch) */
     uint64_t stream;            /* CUstream */
     uint64_t duration_ns;
     double est_achieved_occupancy_pct;
@@ -411,9 +434,9 @@ PROBED CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pFunc)
         return CUDA_ERROR_INVALID_VALUE;
-    const struct kernel *k = (const struct kernel *)kernel;
-    if (!k || k->magic != KERNEL_MAGIC)
+    if (!valid_kernel(kernel))
         return CUDA_ERROR_INVALID_HANDLE;
+    const struct kernel *k = (const struct kernel *)kernel;
     *pFunc = (CUfunction)k->function;
     return CUDA_SUCCESS;
 }
@@ -504,14 +527,15 @@ PROBED CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDi
                   blockDimX, blockDimY, blockDimZ, hStream);
 }
 
-/* A graph launch is one event with no function handle; any non-null exec handle is accepted. */
+/* A graph launch is one event; its record carries the exec handle where others carry the
+   function. Any non-null exec handle is accepted. */
 static CUresult graph_launch(enum penrose_entry entry, CUgraphExec exec, CUstream stream) {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
     __atomic_fetch_add(&launch_counts[entry], 1, __ATOMIC_RELAXED);
-    ring_write(entry, NULL, stream);
+    ring_write(entry, exec, stream);
     return CUDA_SUCCESS;
 }
 
@@ -534,10 +558,7 @@ EXPORT uint64_t penrose_standin_launch_count(unsigned int entry) {
 
 /* Distinct function handles created so far (one per (module or library, name)). */
 EXPORT uint64_t penrose_standin_function_count(void) {
-    pthread_mutex_lock(&table_lock);
-    uint64_t n = function_count;
-    pthread_mutex_unlock(&table_lock);
-    return n;
+    return __atomic_load_n(&function_count, __ATOMIC_ACQUIRE);
 }
 
 /* The trace fields of the calling thread's next launch; consumed by that launch. */

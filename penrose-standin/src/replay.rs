@@ -464,7 +464,7 @@ mod tests {
         let plan = ReplayPlan::from_trace(&trace(), ProcessSelection::All).unwrap();
         assert_eq!(plan.len(), 4);
         assert_eq!(plan.names().len(), 3);
-        assert_eq!(plan.launches[1].name, 2, "c (ts 14) comes second");
+        assert_eq!(plan.launches[1].name, 1, "c (launched at 14) comes second");
         let err = ReplayPlan::from_trace(&trace(), ProcessSelection::Pid(9)).unwrap_err();
         assert!(err.to_string().contains("no process 9"), "{err}");
         assert_eq!("all".parse(), Ok(ProcessSelection::All));

@@ -58,7 +58,7 @@ pub struct RingHeader {
 pub struct CounterRecord {
     /// Position in the process's launch order, from 1.
     pub seq: u64,
-    /// `CUfunction` (0 for a graph launch).
+    /// `CUfunction` (the `CUgraphExec` for a graph launch).
     pub function: u64,
     /// `CUstream`.
     pub stream: u64,
