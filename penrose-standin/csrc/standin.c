@@ -254,6 +254,7 @@ static struct ring_record *ring_records;
 static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread struct penrose_standin_counters next_counters;
 
+/* One ring per process, named by pid: load one copy of the stand-in per process. */
 static int ring_open(void) {
     char name[64];
     snprintf(name, sizeof name, "/penrose-standin-%d", (int)getpid());

@@ -99,8 +99,7 @@ struct Symbols {
         *mut *mut c_void,
         c_uint,
     ) -> c_int,
-    library_get_kernel:
-        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> c_int,
+    library_get_kernel: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> c_int,
     kernel_get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void) -> c_int,
     launch_kernel: LaunchFn,
     launch_kernel_ptsz: LaunchFn,
@@ -129,8 +128,9 @@ pub struct Launch {
     pub stream: StreamHandle,
 }
 
-/// A loaded stand-in libcuda. Its state (handles, counters, ring) is per process: glibc loads a
-/// library of one soname once, so every `Driver` in a process shares it.
+/// A loaded stand-in libcuda. Its state (handles, counters) belongs to the loaded copy, and its
+/// ring is named after the process: load one copy per process. (`dlopen` of the same file
+/// returns the same copy, but two installed copies are two files, hence two libraries.)
 pub struct Driver {
     sym: Symbols,
     _library: Library,
@@ -266,7 +266,10 @@ impl Driver {
     }
 
     /// `cuKernelGetFunction`: the function handle behind a kernel handle.
-    pub fn kernel_get_function(&self, kernel: KernelHandle) -> Result<FunctionHandle, StandinError> {
+    pub fn kernel_get_function(
+        &self,
+        kernel: KernelHandle,
+    ) -> Result<FunctionHandle, StandinError> {
         let mut f: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the stand-in checks the kernel handle's tag.
         CuResult(unsafe { (self.sym.kernel_get_function)(&mut f, kernel.ptr()) })
@@ -391,13 +394,15 @@ mod tests {
     use super::*;
     use crate::ring::{CounterRing, ring_path};
 
-    fn driver() -> Driver {
-        let dir = tempfile::tempdir().unwrap();
-        let path = crate::install_libcuda(dir.path()).unwrap();
-        let d = Driver::load(&path).unwrap();
-        d.init().unwrap();
-        d.create_context(0).unwrap();
-        d
+    /// One copy of the stand-in for all tests of this process (see [`Driver`]).
+    fn driver() -> &'static Driver {
+        static DRIVER: std::sync::OnceLock<Driver> = std::sync::OnceLock::new();
+        DRIVER.get_or_init(|| {
+            let d = Driver::load(Path::new(crate::LIBCUDA_PATH)).unwrap();
+            d.init().unwrap();
+            d.create_context(0).unwrap();
+            d
+        })
     }
 
     fn launch_on(stream: usize) -> Launch {
@@ -435,21 +440,15 @@ mod tests {
         let err = d
             .launch(EntryPoint::LaunchKernel, FunctionHandle(8), &launch_on(0))
             .unwrap_err();
-        assert!(
-            matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_HANDLE)
-        );
+        assert!(matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_HANDLE));
         let m = d.module_load_data(c"image").unwrap();
         let f = d.module_get_function(m, c"zero_grid").unwrap();
         let mut l = launch_on(0);
         l.grid = [0, 1, 1];
         let err = d.launch(EntryPoint::LaunchKernelEx, f, &l).unwrap_err();
         assert!(matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_VALUE));
-        let err = d
-            .module_get_function(ModuleHandle(16), c"x")
-            .unwrap_err();
-        assert!(
-            matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_HANDLE)
-        );
+        let err = d.module_get_function(ModuleHandle(16), c"x").unwrap_err();
+        assert!(matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_HANDLE));
     }
 
     #[test]

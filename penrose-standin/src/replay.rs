@@ -155,8 +155,7 @@ impl ReplayPlan {
             }
             ProcessSelection::Pid(pid) => {
                 let seq = sequences.get(&ProcessId(pid)).ok_or_else(|| {
-                    let known: Vec<String> =
-                        sequences.keys().map(|p| p.0.to_string()).collect();
+                    let known: Vec<String> = sequences.keys().map(|p| p.0.to_string()).collect();
                     StandinError::NothingToReplay(format!(
                         "{}: no process {pid}; processes with kernels: {}",
                         trace.path().display(),
@@ -343,9 +342,7 @@ pub fn replay(
             }
             let entry = match options.via {
                 Via::Entry(e) => e,
-                Via::Rotate => {
-                    EntryPoint::KERNEL_LAUNCHES[(replayed % 6) as usize]
-                }
+                Via::Rotate => EntryPoint::KERNEL_LAUNCHES[(replayed % 6) as usize],
             };
             driver.set_next_counters(&l.counters);
             let launch = Launch {

@@ -178,7 +178,9 @@ impl CounterRing {
             lost: 0,
         };
         if ring.atomic(0).load(Ordering::Acquire) != RING_MAGIC {
-            return Err(layout("no ring magic (not a ring, or not initialised yet)".into()));
+            return Err(layout(
+                "no ring magic (not a ring, or not initialised yet)".into(),
+            ));
         }
         // SAFETY: at least 64 bytes are mapped and the magic (stored last, with release order)
         // says the header is complete; it does not change afterwards except `head`.
@@ -208,7 +210,7 @@ impl CounterRing {
 
     /// An atomic view of the 8 bytes at `offset` (8-aligned, inside the mapping).
     fn atomic(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: the mapping is page-aligned, so an 8-aligned offset is an aligned u64 that
         // lives as long as `self`; the writer updates it only with atomic stores.
         unsafe { &*self.base.add(offset).cast::<AtomicU64>() }
@@ -266,7 +268,8 @@ impl CounterRing {
     /// Copies record `index` if its slot still holds it, completely written.
     fn read_slot(&self, index: u64) -> Option<CounterRecord> {
         let slot = usize::try_from(index & (self.capacity - 1)).ok()?;
-        let offset = std::mem::size_of::<RingHeader>() + slot * std::mem::size_of::<CounterRecord>();
+        let offset =
+            std::mem::size_of::<RingHeader>() + slot * std::mem::size_of::<CounterRecord>();
         let seq = self.atomic(offset);
         if seq.load(Ordering::Acquire) != index + 1 {
             return None;
@@ -324,7 +327,12 @@ mod tests {
             }
             rec.extend_from_slice(&r.est_achieved_occupancy_pct.to_le_bytes());
             rec.extend_from_slice(&r.blocks_per_sm.to_le_bytes());
-            for v in [r.registers_per_thread, r.shared_memory_bytes, r.entry, r.present] {
+            for v in [
+                r.registers_per_thread,
+                r.shared_memory_bytes,
+                r.entry,
+                r.present,
+            ] {
                 rec.extend_from_slice(&v.to_le_bytes());
             }
             bytes[at..at + 64].copy_from_slice(&rec);
@@ -372,7 +380,11 @@ mod tests {
         let path = write_ring(dir.path(), 4, &records, 6);
         let mut ring = CounterRing::open_path(&path).unwrap();
         assert_eq!(ring.read_new(), records);
-        assert_eq!(ring.lost(), 0, "open starts at the oldest record still held");
+        assert_eq!(
+            ring.lost(),
+            0,
+            "open starts at the oldest record still held"
+        );
     }
 
     #[test]

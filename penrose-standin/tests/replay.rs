@@ -21,7 +21,10 @@ fn traces() -> Vec<PathBuf> {
     match TraceFolder::open(&dir) {
         Ok(folder) if !folder.files().is_empty() => folder.files().to_vec(),
         _ => {
-            eprintln!("skipped: no traces in {} (set PENROSE_TRACES)", dir.display());
+            eprintln!(
+                "skipped: no traces in {} (set PENROSE_TRACES)",
+                dir.display()
+            );
             Vec::new()
         }
     }
@@ -98,7 +101,11 @@ fn every_trace_replays_launch_for_launch() {
                 )
             })
             .collect();
-        assert_eq!(handle_to_name.len(), names.len(), "{what}: handles not distinct");
+        assert_eq!(
+            handle_to_name.len(),
+            names.len(),
+            "{what}: handles not distinct"
+        );
         let stream_handles: BTreeMap<i64, u64> = s["streams"]
             .as_array()
             .unwrap()
@@ -142,7 +149,15 @@ fn library_api_and_every_launch_variant_replay_too() {
     let out = replay_cmd(
         dir.path(),
         &path,
-        &["--json", "--resolve", "library", "--entry", "rotate", "--loop", "2"],
+        &[
+            "--json",
+            "--resolve",
+            "library",
+            "--entry",
+            "rotate",
+            "--loop",
+            "2",
+        ],
     )
     .output()
     .unwrap();
@@ -159,7 +174,10 @@ fn library_api_and_every_launch_variant_replay_too() {
             assert!(n.abs_diff(2 * seq_len / 6) <= 1, "{entry}: {n}");
         }
     }
-    assert!(!ring_path(s["pid"].as_u64().unwrap() as u32).exists(), "ring not removed");
+    assert!(
+        !ring_path(s["pid"].as_u64().unwrap() as u32).exists(),
+        "ring not removed"
+    );
 }
 
 #[test]
@@ -189,12 +207,22 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
     for (path, child) in children {
         let s = summary(&child.wait_with_output().unwrap());
         let expected = loops * largest_sequence(&read_trace(path).unwrap()).len() as u64;
-        assert_eq!(s["launches"]["cuLaunchKernel"], expected, "{}", path.display());
+        assert_eq!(
+            s["launches"]["cuLaunchKernel"],
+            expected,
+            "{}",
+            path.display()
+        );
         let pid = s["pid"].as_u64().unwrap() as u32;
         pids.insert(pid);
         let ring = CounterRing::open(pid).unwrap();
         assert_eq!(ring.pid(), pid);
-        assert_eq!(ring.head(), expected, "{}: ring of the other process?", path.display());
+        assert_eq!(
+            ring.head(),
+            expected,
+            "{}: ring of the other process?",
+            path.display()
+        );
         drop(ring);
         std::fs::remove_file(ring_path(pid)).unwrap();
     }
@@ -209,7 +237,10 @@ fn a_malformed_trace_is_a_clear_error() {
     let out = replay_cmd(dir.path(), &bad, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("broken.json") && err.contains("not valid JSON"), "{err}");
+    assert!(
+        err.contains("broken.json") && err.contains("not valid JSON"),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
 
     let empty = dir.path().join("empty.json");
@@ -231,9 +262,8 @@ fn trace_pace_takes_about_the_scaled_trace_duration() {
     let Some((path, period)) = traces()
         .into_iter()
         .map(|p| {
-            let plan =
-                ReplayPlan::from_trace(&read_trace(&p).unwrap(), ProcessSelection::Largest)
-                    .unwrap();
+            let plan = ReplayPlan::from_trace(&read_trace(&p).unwrap(), ProcessSelection::Largest)
+                .unwrap();
             (p, plan.period())
         })
         .filter(|(_, period)| *period > Duration::from_millis(50))
@@ -253,7 +283,10 @@ fn trace_pace_takes_about_the_scaled_trace_duration() {
     .unwrap();
     let s = summary(&out);
     let elapsed = s["elapsed_s"].as_f64().unwrap();
-    assert!(elapsed >= 0.5 * target, "{elapsed} s, expected about {target} s");
+    assert!(
+        elapsed >= 0.5 * target,
+        "{elapsed} s, expected about {target} s"
+    );
     // Full speed is orders of magnitude faster, so pacing really happened.
     let out = replay_cmd(dir.path(), &path, &["--json"]).output().unwrap();
     assert!(summary(&out)["elapsed_s"].as_f64().unwrap() < elapsed);

@@ -14,7 +14,10 @@ use penrose_standin::{
 };
 
 #[derive(Parser, Debug)]
-#[command(version, about = "Replays a PyTorch profiler trace through a stand-in libcuda")]
+#[command(
+    version,
+    about = "Replays a PyTorch profiler trace through a stand-in libcuda"
+)]
 struct Args {
     /// The stand-in library to dlopen (normally an installed libcuda.so.1); defaults to the
     /// one this crate built.
@@ -130,7 +133,10 @@ fn run(args: &Args) -> Result<(), Failure> {
         }
         other => Failure::Other(anyhow::Error::new(other)),
     })?;
-    let lib = args.lib.clone().unwrap_or_else(|| PathBuf::from(LIBCUDA_PATH));
+    let lib = args
+        .lib
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(LIBCUDA_PATH));
     let driver = Driver::load(&lib).with_context(|| format!("loading {}", lib.display()))?;
     let stop = if args.loop_forever {
         Some(signal::stop_on_signals().context("installing signal handlers")?)
