@@ -90,17 +90,7 @@ fn every_trace_replays_launch_for_launch() {
             .sum();
         assert_eq!(others, 0, "{what}");
         assert_eq!(s["distinct_functions"], names.len(), "{what}");
-        let handle_to_name: BTreeMap<u64, String> = s["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| {
-                (
-                    f["handle"].as_u64().unwrap(),
-                    f["name"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
+        let handle_to_name = function_names(&s);
         assert_eq!(
             handle_to_name.len(),
             names.len(),
@@ -180,6 +170,41 @@ fn library_api_and_every_launch_variant_replay_too() {
     );
 }
 
+/// The handle-to-name map of a `--json` summary.
+fn function_names(s: &Value) -> BTreeMap<u64, String> {
+    s["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["handle"].as_u64().unwrap(),
+                f["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until process `pid` has created its ring (it is launching), at most 30 s.
+fn wait_for_ring(pid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !ring_path(pid).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never started launching"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn terminate(pid: u32) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
 #[test]
 fn concurrent_replayers_keep_separate_counts_and_rings() {
     let files = traces();
@@ -187,14 +212,14 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let loops = 3;
+    // Two different traces, both looping until told to stop, so they surely overlap.
     let children: Vec<_> = files[..2]
         .iter()
         .map(|path| {
             let child = replay_cmd(
                 dir.path(),
                 path,
-                &["--json", "--keep-ring", "--loop", &loops.to_string()],
+                &["--json", "--keep-ring", "--loop-forever"],
             )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -203,30 +228,43 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
             (path, child)
         })
         .collect();
-    let mut pids = BTreeSet::new();
+    for (_, child) in &children {
+        wait_for_ring(child.id());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    for (_, child) in &children {
+        terminate(child.id());
+    }
+    let mut heads = BTreeSet::new();
     for (path, child) in children {
+        let pid = child.id();
         let s = summary(&child.wait_with_output().unwrap());
-        let expected = loops * largest_sequence(&read_trace(path).unwrap()).len() as u64;
-        assert_eq!(
-            s["launches"]["cuLaunchKernel"],
-            expected,
-            "{}",
-            path.display()
-        );
-        let pid = s["pid"].as_u64().unwrap() as u32;
-        pids.insert(pid);
-        let ring = CounterRing::open(pid).unwrap();
+        let what = path.display();
+        assert_eq!(s["pid"], pid);
+        let replayed = s["replayed"].as_u64().unwrap();
+        assert_eq!(s["launches"]["cuLaunchKernel"], replayed, "{what}");
+        let mut ring = CounterRing::open(pid).unwrap();
         assert_eq!(ring.pid(), pid);
         assert_eq!(
             ring.head(),
-            expected,
-            "{}: ring of the other process?",
-            path.display()
+            replayed,
+            "{what}: ring holds another process's launches?"
         );
+        heads.insert(replayed);
+        // The records still held follow this trace's own sequence, loop after loop.
+        let trace = read_trace(path).unwrap();
+        let seq = largest_sequence(&trace);
+        let names = function_names(&s);
+        let records = ring.read_new();
+        assert_eq!(records.len() as u64, replayed.min(ring.capacity()));
+        for r in &records {
+            let k = seq[((r.seq - 1) % seq.len() as u64) as usize];
+            assert_eq!(names[&r.function], *k.name, "{what}: launch {}", r.seq);
+        }
         drop(ring);
         std::fs::remove_file(ring_path(pid)).unwrap();
     }
-    assert_eq!(pids.len(), 2);
+    assert_eq!(heads.len(), 2, "both processes counted the same: {heads:?}");
 }
 
 #[test]
@@ -290,4 +328,30 @@ fn trace_pace_takes_about_the_scaled_trace_duration() {
     // Full speed is orders of magnitude faster, so pacing really happened.
     let out = replay_cmd(dir.path(), &path, &["--json"]).output().unwrap();
     assert!(summary(&out)["elapsed_s"].as_f64().unwrap() < elapsed);
+}
+
+#[test]
+fn loop_forever_stops_on_sigterm_with_a_summary() {
+    let Some(path) = traces().into_iter().next() else {
+        return;
+    };
+    let seq_len = largest_sequence(&read_trace(&path).unwrap()).len() as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let child = replay_cmd(dir.path(), &path, &["--json", "--loop-forever"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_for_ring(pid);
+    std::thread::sleep(Duration::from_millis(300));
+    terminate(pid);
+    let s = summary(&child.wait_with_output().unwrap());
+    let replayed = s["replayed"].as_u64().unwrap();
+    assert!(
+        replayed > seq_len,
+        "{replayed} launches: looped less than once"
+    );
+    assert_eq!(s["launches"]["cuLaunchKernel"], replayed);
+    assert!(!ring_path(pid).exists(), "ring not removed on SIGTERM");
 }

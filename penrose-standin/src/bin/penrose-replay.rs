@@ -30,7 +30,8 @@ struct Args {
     #[arg(long, default_value_t = 1.0)]
     speed: f64,
     /// Replay the sequence this many times.
-    #[arg(long = "loop", default_value_t = 1, conflicts_with = "loop_forever")]
+    #[arg(long = "loop", default_value_t = 1, conflicts_with = "loop_forever",
+          value_parser = clap::value_parser!(u64).range(1..))]
     loops: u64,
     /// Replay until SIGINT or SIGTERM, then print the summary.
     #[arg(long)]
@@ -108,14 +109,28 @@ fn main() -> ExitCode {
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BadInput(e)) => {
-            eprintln!("penrose-replay: error: {e:#}");
+            eprintln!("penrose-replay: error: {}", one_line(&e));
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
-            eprintln!("penrose-replay: error: {e:#}");
+            eprintln!("penrose-replay: error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the message already
+/// holds (the trace errors print their source themselves).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line.replace('\n', " ")
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
