@@ -31,7 +31,9 @@ pub mod signal;
 use std::path::{Path, PathBuf};
 
 pub use abi::{CuResult, EntryPoint, LaunchConfig, NextCounters, Present};
-pub use driver::{Driver, FunctionHandle, KernelHandle, LibraryHandle, ModuleHandle, StreamHandle};
+pub use driver::{
+    Driver, FunctionHandle, KernelHandle, Launch, LibraryHandle, ModuleHandle, StreamHandle,
+};
 pub use error::StandinError;
 pub use replay::{
     Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary, Resolve, Via, replay,
