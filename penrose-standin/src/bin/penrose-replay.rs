@@ -1,0 +1,199 @@
+//! `penrose-replay`: replays a profiler trace's kernel launches through a stand-in libcuda.
+//!
+//! Exit status: 0 on success, 2 when the trace (or the process selection) is unusable, 1 for
+//! anything else (library not loadable, a driver call failed).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use penrose_standin::{
+    Driver, EntryPoint, LIBCUDA_PATH, Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan,
+    Resolve, StandinError, Via, replay, ring_path, signal,
+};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Replays a PyTorch profiler trace through a stand-in libcuda"
+)]
+struct Args {
+    /// The stand-in library to dlopen (normally an installed libcuda.so.1); defaults to the
+    /// one this crate built.
+    #[arg(long)]
+    lib: Option<PathBuf>,
+    /// asap: back to back; trace: at the trace's own launch times divided by --speed.
+    #[arg(long, value_enum, default_value_t = PaceArg::Asap)]
+    pace: PaceArg,
+    /// Time compression for --pace trace (2 replays twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+    /// Replay the sequence this many times.
+    #[arg(long = "loop", default_value_t = 1, conflicts_with = "loop_forever",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    loops: u64,
+    /// Replay until SIGINT or SIGTERM, then print the summary.
+    #[arg(long)]
+    loop_forever: bool,
+    /// Which process's sequence: `largest`, `all` (merged by launch time) or a process id.
+    #[arg(long, default_value = "largest")]
+    process: ProcessSelection,
+    /// How names become function handles.
+    #[arg(long, value_enum, default_value_t = ResolveArg::Module)]
+    resolve: ResolveArg,
+    /// The launch entry point; `rotate` cycles through all six kernel launch variants.
+    #[arg(long, value_enum, default_value_t = EntryArg::LaunchKernel)]
+    entry: EntryArg,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Leave /dev/shm/penrose-standin-<pid> in place for a reader (removed by default).
+    #[arg(long)]
+    keep_ring: bool,
+    /// The trace (.json or .json.gz).
+    trace: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PaceArg {
+    Asap,
+    Trace,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ResolveArg {
+    Module,
+    Library,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EntryArg {
+    LaunchKernel,
+    LaunchKernelPtsz,
+    LaunchKernelEx,
+    LaunchKernelExPtsz,
+    Cooperative,
+    CooperativePtsz,
+    Rotate,
+}
+
+impl EntryArg {
+    fn via(self) -> Via {
+        match self {
+            Self::LaunchKernel => Via::Entry(EntryPoint::LaunchKernel),
+            Self::LaunchKernelPtsz => Via::Entry(EntryPoint::LaunchKernelPtsz),
+            Self::LaunchKernelEx => Via::Entry(EntryPoint::LaunchKernelEx),
+            Self::LaunchKernelExPtsz => Via::Entry(EntryPoint::LaunchKernelExPtsz),
+            Self::Cooperative => Via::Entry(EntryPoint::LaunchCooperativeKernel),
+            Self::CooperativePtsz => Via::Entry(EntryPoint::LaunchCooperativeKernelPtsz),
+            Self::Rotate => Via::Rotate,
+        }
+    }
+}
+
+/// An error the exit status should set apart from the others.
+enum Failure {
+    BadInput(anyhow::Error),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Other(e)
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::BadInput(e)) => {
+            eprintln!("penrose-replay: error: {}", one_line(&e));
+            ExitCode::from(2)
+        }
+        Err(Failure::Other(e)) => {
+            eprintln!("penrose-replay: error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the message already
+/// holds (the trace errors print their source themselves).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line.replace('\n', " ")
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    if !(args.speed.is_finite() && args.speed > 0.0) {
+        return Err(Failure::BadInput(anyhow::anyhow!(
+            "--speed must be a positive number, got {}",
+            args.speed
+        )));
+    }
+    let trace = penrose_traces::read_trace(&args.trace)
+        .map_err(|e| Failure::BadInput(anyhow::Error::new(e)))?;
+    let plan = ReplayPlan::from_trace(&trace, args.process).map_err(|e| match e {
+        StandinError::NameWithNul(_) | StandinError::NothingToReplay(_) => {
+            Failure::BadInput(anyhow::Error::new(e))
+        }
+        other => Failure::Other(anyhow::Error::new(other)),
+    })?;
+    let lib = args
+        .lib
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(LIBCUDA_PATH));
+    let driver = Driver::load(&lib).with_context(|| format!("loading {}", lib.display()))?;
+    let stop = if args.loop_forever {
+        Some(signal::stop_on_signals().context("installing signal handlers")?)
+    } else {
+        None
+    };
+    let options = ReplayOptions {
+        pace: match args.pace {
+            PaceArg::Asap => Pace::Asap,
+            PaceArg::Trace => Pace::Trace { speed: args.speed },
+        },
+        loops: if args.loop_forever {
+            Loops::Forever
+        } else {
+            Loops::Count(args.loops)
+        },
+        resolve: match args.resolve {
+            ResolveArg::Module => Resolve::Module,
+            ResolveArg::Library => Resolve::Library,
+        },
+        via: args.entry.via(),
+        stop,
+    };
+    let result = replay(&driver, &plan, &options);
+    if !args.keep_ring {
+        // Absent when cuInit failed; nothing else to clean up then.
+        let _ = std::fs::remove_file(ring_path(std::process::id()));
+    }
+    let summary = result.with_context(|| format!("replaying {}", args.trace.display()))?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&summary).context("encoding the summary")?;
+        println!("{json}");
+    } else {
+        println!(
+            "{}: replayed {} launches of {} distinct kernels ({} loops) in {:.3} s: {:.0} launches/s",
+            args.trace.display(),
+            summary.replayed,
+            plan.names().len(),
+            summary.loops,
+            summary.elapsed_s,
+            summary.launches_per_s
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,490 @@
+//! The stand-in loaded with `dlopen`, behind safe methods that check every result code.
+//!
+//! Function pointers are looked up once at load; calling them is as cheap as a call into a real
+//! driver, which matters because the replayer's full speed is the probes' worst case.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::path::Path;
+
+use libloading::Library;
+
+use crate::abi::{CuResult, EntryPoint, LaunchConfig, NextCounters};
+use crate::error::StandinError;
+use crate::ring::RING_VERSION;
+
+macro_rules! handle {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub usize);
+
+        impl $name {
+            fn ptr(self) -> *mut c_void {
+                self.0 as *mut c_void
+            }
+        }
+    };
+}
+
+handle!(
+    /// A `CUmodule`.
+    ModuleHandle
+);
+handle!(
+    /// A `CUfunction`: what launches name and what the agent maps to a kernel name.
+    FunctionHandle
+);
+handle!(
+    /// A `CUlibrary` (CUDA 12 library API).
+    LibraryHandle
+);
+handle!(
+    /// A `CUkernel` (CUDA 12 library API).
+    KernelHandle
+);
+handle!(
+    /// A `CUstream`; 0 is the legacy default stream.
+    StreamHandle
+);
+
+type LaunchFn = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> c_int;
+type LaunchExFn = unsafe extern "C" fn(
+    *const LaunchConfig,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> c_int;
+type LaunchCooperativeFn = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+) -> c_int;
+type GraphLaunchFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+
+/// The symbols of one loaded stand-in. Fields are plain function pointers copied out of
+/// `libloading::Symbol`s; they stay valid because `Driver` keeps the `Library` alive.
+struct Symbols {
+    init: unsafe extern "C" fn(c_uint) -> c_int,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> c_int,
+    ctx_create: unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int,
+    module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> c_int,
+    module_get_function:
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> c_int,
+    library_load_data: unsafe extern "C" fn(
+        *mut *mut c_void,
+        *const c_void,
+        *mut c_int,
+        *mut *mut c_void,
+        c_uint,
+        *mut c_int,
+        *mut *mut c_void,
+        c_uint,
+    ) -> c_int,
+    library_get_kernel: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> c_int,
+    kernel_get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void) -> c_int,
+    launch_kernel: LaunchFn,
+    launch_kernel_ptsz: LaunchFn,
+    launch_kernel_ex: LaunchExFn,
+    launch_kernel_ex_ptsz: LaunchExFn,
+    launch_cooperative: LaunchCooperativeFn,
+    launch_cooperative_ptsz: LaunchCooperativeFn,
+    graph_launch: GraphLaunchFn,
+    graph_launch_ptsz: GraphLaunchFn,
+    launch_count: unsafe extern "C" fn(c_uint) -> u64,
+    function_count: unsafe extern "C" fn() -> u64,
+    set_next_counters: unsafe extern "C" fn(*const NextCounters),
+    abi_version: unsafe extern "C" fn() -> u32,
+}
+
+/// Grid, block, shared memory and stream of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Grid dimensions, blocks.
+    pub grid: [u32; 3],
+    /// Block dimensions, threads.
+    pub block: [u32; 3],
+    /// Shared memory per block, bytes (`sharedMemBytes`).
+    pub shared_mem_bytes: u32,
+    /// The stream.
+    pub stream: StreamHandle,
+}
+
+/// A loaded stand-in libcuda. Its state (handles, counters) belongs to the loaded copy, and its
+/// ring is named after the process: load one copy per process. (`dlopen` of the same file
+/// returns the same copy, but two installed copies are two files, hence two libraries.)
+pub struct Driver {
+    sym: Symbols,
+    _library: Library,
+}
+
+/// Looks up `name` and copies the function pointer out.
+///
+/// # Safety
+/// `T` must be the symbol's true C type.
+unsafe fn symbol<T: Copy>(library: &Library, name: &[u8]) -> Result<T, StandinError> {
+    // SAFETY: the caller names the symbol's C type; the pointer is used only while the library
+    // stays loaded, which `Driver` guarantees by owning it.
+    let s = unsafe { library.get::<T>(name)? };
+    Ok(*s)
+}
+
+impl Driver {
+    /// Loads the library at `path` (normally an installed `libcuda.so.1`) and checks that it is
+    /// a stand-in of this crate's ABI version.
+    pub fn load(path: &Path) -> Result<Self, StandinError> {
+        // SAFETY: loading runs the library's initialisers; the stand-in has none beyond libc's.
+        let library = unsafe { Library::new(path)? };
+        // SAFETY (all lookups below): each type is the signature in csrc/standin.c, which
+        // follows cuda.h for the CUDA symbols.
+        let sym = unsafe {
+            Symbols {
+                init: symbol(&library, b"cuInit\0")?,
+                device_get: symbol(&library, b"cuDeviceGet\0")?,
+                ctx_create: symbol(&library, b"cuCtxCreate_v2\0")?,
+                module_load_data: symbol(&library, b"cuModuleLoadData\0")?,
+                module_get_function: symbol(&library, b"cuModuleGetFunction\0")?,
+                library_load_data: symbol(&library, b"cuLibraryLoadData\0")?,
+                library_get_kernel: symbol(&library, b"cuLibraryGetKernel\0")?,
+                kernel_get_function: symbol(&library, b"cuKernelGetFunction\0")?,
+                launch_kernel: symbol(&library, b"cuLaunchKernel\0")?,
+                launch_kernel_ptsz: symbol(&library, b"cuLaunchKernel_ptsz\0")?,
+                launch_kernel_ex: symbol(&library, b"cuLaunchKernelEx\0")?,
+                launch_kernel_ex_ptsz: symbol(&library, b"cuLaunchKernelEx_ptsz\0")?,
+                launch_cooperative: symbol(&library, b"cuLaunchCooperativeKernel\0")?,
+                launch_cooperative_ptsz: symbol(&library, b"cuLaunchCooperativeKernel_ptsz\0")?,
+                graph_launch: symbol(&library, b"cuGraphLaunch\0")?,
+                graph_launch_ptsz: symbol(&library, b"cuGraphLaunch_ptsz\0")?,
+                launch_count: symbol(&library, b"penrose_standin_launch_count\0")?,
+                function_count: symbol(&library, b"penrose_standin_function_count\0")?,
+                set_next_counters: symbol(&library, b"penrose_standin_set_next_counters\0")?,
+                abi_version: symbol(&library, b"penrose_standin_abi_version\0")?,
+            }
+        };
+        // SAFETY: takes no arguments, returns a constant.
+        let found = unsafe { (sym.abi_version)() };
+        if found != RING_VERSION {
+            return Err(StandinError::AbiMismatch {
+                found,
+                expected: RING_VERSION,
+            });
+        }
+        Ok(Self {
+            sym,
+            _library: library,
+        })
+    }
+
+    /// `cuInit(0)`; also creates this process's counter ring.
+    pub fn init(&self) -> Result<(), StandinError> {
+        // SAFETY: plain integer argument.
+        CuResult(unsafe { (self.sym.init)(0) }).check("cuInit")
+    }
+
+    /// `cuDeviceGet` then `cuCtxCreate_v2` for device `ordinal`, as an application starts.
+    pub fn create_context(&self, ordinal: i32) -> Result<(), StandinError> {
+        let mut device: c_int = -1;
+        // SAFETY: `device` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.device_get)(&mut device, ordinal) }).check("cuDeviceGet")?;
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.ctx_create)(&mut ctx, 0, device) }).check("cuCtxCreate_v2")
+    }
+
+    /// `cuModuleLoadData` with `image` (the stand-in accepts any non-empty image).
+    pub fn module_load_data(&self, image: &CStr) -> Result<ModuleHandle, StandinError> {
+        let mut module: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `image` outlives the call.
+        CuResult(unsafe { (self.sym.module_load_data)(&mut module, image.as_ptr().cast()) })
+            .check("cuModuleLoadData")?;
+        Ok(ModuleHandle(module as usize))
+    }
+
+    /// `cuModuleGetFunction`: the handle for `name` in `module`.
+    pub fn module_get_function(
+        &self,
+        module: ModuleHandle,
+        name: &CStr,
+    ) -> Result<FunctionHandle, StandinError> {
+        let mut f: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `name` is NUL-terminated and outlives the call; the
+        // stand-in checks the module handle itself.
+        CuResult(unsafe { (self.sym.module_get_function)(&mut f, module.ptr(), name.as_ptr()) })
+            .check("cuModuleGetFunction")?;
+        Ok(FunctionHandle(f as usize))
+    }
+
+    /// `cuLibraryLoadData` with no JIT or library options.
+    pub fn library_load_data(&self, code: &CStr) -> Result<LibraryHandle, StandinError> {
+        let mut library: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; zero option counts with null arrays, as cuda.h allows.
+        CuResult(unsafe {
+            (self.sym.library_load_data)(
+                &mut library,
+                code.as_ptr().cast(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        })
+        .check("cuLibraryLoadData")?;
+        Ok(LibraryHandle(library as usize))
+    }
+
+    /// `cuLibraryGetKernel`: the kernel handle for `name` in `library`.
+    pub fn library_get_kernel(
+        &self,
+        library: LibraryHandle,
+        name: &CStr,
+    ) -> Result<KernelHandle, StandinError> {
+        let mut k: *mut c_void = std::ptr::null_mut();
+        // SAFETY: as for `module_get_function`.
+        CuResult(unsafe { (self.sym.library_get_kernel)(&mut k, library.ptr(), name.as_ptr()) })
+            .check("cuLibraryGetKernel")?;
+        Ok(KernelHandle(k as usize))
+    }
+
+    /// `cuKernelGetFunction`: the function handle behind a kernel handle.
+    pub fn kernel_get_function(
+        &self,
+        kernel: KernelHandle,
+    ) -> Result<FunctionHandle, StandinError> {
+        let mut f: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the stand-in checks the kernel handle's tag.
+        CuResult(unsafe { (self.sym.kernel_get_function)(&mut f, kernel.ptr()) })
+            .check("cuKernelGetFunction")?;
+        Ok(FunctionHandle(f as usize))
+    }
+
+    /// Launches `f` through `entry` with no kernel parameters. For the graph entry points `f`
+    /// is passed as the `CUgraphExec` (the stand-in only checks that it is not null).
+    pub fn launch(
+        &self,
+        entry: EntryPoint,
+        f: FunctionHandle,
+        launch: &Launch,
+    ) -> Result<(), StandinError> {
+        let [gx, gy, gz] = launch.grid;
+        let [bx, by, bz] = launch.block;
+        let smem = launch.shared_mem_bytes;
+        let stream = launch.stream.ptr();
+        let null = std::ptr::null_mut();
+        let config = LaunchConfig {
+            grid_dim_x: gx,
+            grid_dim_y: gy,
+            grid_dim_z: gz,
+            block_dim_x: bx,
+            block_dim_y: by,
+            block_dim_z: bz,
+            shared_mem_bytes: smem,
+            h_stream: stream,
+            attrs: null,
+            num_attrs: 0,
+        };
+        let s = &self.sym;
+        // SAFETY: each call passes the arguments of its cuda.h signature; pointers are null or
+        // point at `config`, which outlives the call; the stand-in validates the handles.
+        let code = unsafe {
+            match entry {
+                EntryPoint::LaunchKernel => (s.launch_kernel)(
+                    f.ptr(),
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    smem,
+                    stream,
+                    null.cast(),
+                    null.cast(),
+                ),
+                EntryPoint::LaunchKernelPtsz => (s.launch_kernel_ptsz)(
+                    f.ptr(),
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    smem,
+                    stream,
+                    null.cast(),
+                    null.cast(),
+                ),
+                EntryPoint::LaunchKernelEx => {
+                    (s.launch_kernel_ex)(&config, f.ptr(), null.cast(), null.cast())
+                }
+                EntryPoint::LaunchKernelExPtsz => {
+                    (s.launch_kernel_ex_ptsz)(&config, f.ptr(), null.cast(), null.cast())
+                }
+                EntryPoint::LaunchCooperativeKernel => (s.launch_cooperative)(
+                    f.ptr(),
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    smem,
+                    stream,
+                    null.cast(),
+                ),
+                EntryPoint::LaunchCooperativeKernelPtsz => (s.launch_cooperative_ptsz)(
+                    f.ptr(),
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    smem,
+                    stream,
+                    null.cast(),
+                ),
+                EntryPoint::GraphLaunch => (s.graph_launch)(f.ptr(), stream),
+                EntryPoint::GraphLaunchPtsz => (s.graph_launch_ptsz)(f.ptr(), stream),
+            }
+        };
+        CuResult(code).check(entry.symbol())
+    }
+
+    /// Hands the trace fields of the calling thread's next launch to the stand-in.
+    pub fn set_next_counters(&self, counters: &NextCounters) {
+        // SAFETY: the pointer is valid for the call; the stand-in copies the struct.
+        unsafe { (self.sym.set_next_counters)(counters) }
+    }
+
+    /// Launches through `entry` in this process so far.
+    pub fn launch_count(&self, entry: EntryPoint) -> u64 {
+        // SAFETY: plain integer argument; out-of-range indices return 0.
+        unsafe { (self.sym.launch_count)(entry as c_uint) }
+    }
+
+    /// Distinct function handles the stand-in has made in this process.
+    pub fn function_count(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { (self.sym.function_count)() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::{CounterRing, ring_path};
+
+    /// One copy of the stand-in for all tests of this process (see [`Driver`]).
+    fn driver() -> &'static Driver {
+        static DRIVER: std::sync::OnceLock<Driver> = std::sync::OnceLock::new();
+        DRIVER.get_or_init(|| {
+            let d = Driver::load(Path::new(crate::LIBCUDA_PATH)).unwrap();
+            d.init().unwrap();
+            d.create_context(0).unwrap();
+            d
+        })
+    }
+
+    fn launch_on(stream: usize) -> Launch {
+        Launch {
+            grid: [4, 2, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 1024,
+            stream: StreamHandle(stream),
+        }
+    }
+
+    #[test]
+    fn handles_are_stable_per_name_and_distinct_across_names() {
+        let d = driver();
+        let m = d.module_load_data(c"image").unwrap();
+        let a = d.module_get_function(m, c"kernel_a").unwrap();
+        let b = d.module_get_function(m, c"kernel_b").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, d.module_get_function(m, c"kernel_a").unwrap());
+        // Another module's kernel of the same name is another function.
+        let m2 = d.module_load_data(c"image").unwrap();
+        assert_ne!(a, d.module_get_function(m2, c"kernel_a").unwrap());
+
+        let lib = d.library_load_data(c"image").unwrap();
+        let k = d.library_get_kernel(lib, c"kernel_a").unwrap();
+        assert_eq!(k, d.library_get_kernel(lib, c"kernel_a").unwrap());
+        let f = d.kernel_get_function(k).unwrap();
+        assert_ne!(f.0, k.0);
+        assert_eq!(f, d.kernel_get_function(k).unwrap());
+    }
+
+    #[test]
+    fn bad_handles_and_dimensions_are_refused() {
+        let d = driver();
+        let err = d
+            .launch(EntryPoint::LaunchKernel, FunctionHandle(8), &launch_on(0))
+            .unwrap_err();
+        assert!(matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_HANDLE));
+        let m = d.module_load_data(c"image").unwrap();
+        let f = d.module_get_function(m, c"zero_grid").unwrap();
+        let mut l = launch_on(0);
+        l.grid = [0, 1, 1];
+        let err = d.launch(EntryPoint::LaunchKernelEx, f, &l).unwrap_err();
+        assert!(matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_VALUE));
+        let err = d.module_get_function(ModuleHandle(16), c"x").unwrap_err();
+        assert!(matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_HANDLE));
+    }
+
+    #[test]
+    fn every_entry_point_counts_and_records_its_launches() {
+        let d = driver();
+        let m = d.module_load_data(c"image").unwrap();
+        let f = d
+            .module_get_function(m, c"every_entry_point_counts")
+            .unwrap();
+        let mut ring = CounterRing::open(std::process::id()).unwrap();
+        for (i, entry) in EntryPoint::ALL.into_iter().enumerate() {
+            let before = d.launch_count(entry);
+            let counters = NextCounters {
+                duration_ns: 1000 + i as u64,
+                registers_per_thread: 32,
+                present: crate::Present::DURATION | crate::Present::REGISTERS,
+                ..NextCounters::default()
+            };
+            d.set_next_counters(&counters);
+            d.launch(entry, f, &launch_on(0x1000 + i)).unwrap();
+            // Other tests launch in this process too, so compare by at least one.
+            assert!(d.launch_count(entry) > before, "{entry:?} not counted");
+        }
+        let ours: Vec<_> = ring
+            .read_new()
+            .into_iter()
+            .filter(|r| r.function == f.0 as u64)
+            .collect();
+        assert_eq!(ours.len(), EntryPoint::ALL.len());
+        for (i, r) in ours.iter().enumerate() {
+            assert_eq!(r.entry_point(), Some(EntryPoint::ALL[i]));
+            assert_eq!(r.stream, 0x1000 + i as u64);
+            assert_eq!(r.duration_ns(), Some(1000 + i as u64));
+            assert_eq!(r.registers_per_thread(), Some(32));
+            assert_eq!(r.est_achieved_occupancy_pct(), None);
+        }
+        let _ = std::fs::remove_file(ring_path(std::process::id()));
+    }
+}

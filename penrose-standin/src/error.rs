@@ -1,0 +1,64 @@
+//! Typed errors of the stand-in, its ring and the replayer.
+
+use std::path::PathBuf;
+
+use crate::abi::CuResult;
+
+/// What went wrong; each variant says where, so a failing test points at the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum StandinError {
+    /// The library could not be loaded or lacks a symbol the stand-in exports.
+    #[error("cannot load the stand-in libcuda: {0}")]
+    Load(#[from] libloading::Error),
+    /// The loaded library is a stand-in of another ABI version (a stale build).
+    #[error("stand-in ABI version {found}, this crate speaks {expected}")]
+    AbiMismatch {
+        /// What the library reports.
+        found: u32,
+        /// What this crate was built for.
+        expected: u32,
+    },
+    /// A driver call returned an error code.
+    #[error("{call} failed: {code}")]
+    Cuda {
+        /// The driver function.
+        call: &'static str,
+        /// Its result.
+        code: CuResult,
+    },
+    /// Copying the library into place failed.
+    #[error("cannot install the stand-in as {path}: {source}")]
+    Install {
+        /// The destination.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The counter ring could not be opened or mapped.
+    #[error("counter ring {path}: {source}")]
+    RingIo {
+        /// The ring's file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ring's file is not (yet) a ring of the layout this crate reads.
+    #[error("counter ring {path}: {reason}")]
+    RingLayout {
+        /// The ring's file.
+        path: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] penrose_traces::TraceError),
+    /// The selected process has no kernels in the trace.
+    #[error("{0}")]
+    NothingToReplay(String),
+    /// A kernel name holds a NUL byte, so it cannot be passed as a C string.
+    #[error("kernel name {0:?} contains a NUL byte")]
+    NameWithNul(String),
+}

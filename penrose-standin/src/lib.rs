@@ -1,0 +1,55 @@
+//! Test equipment for Penrose's capture path: a stand-in `libcuda` and a trace replayer.
+//!
+//! The agent's probes attach to a real driver library by symbol name and read launch arguments
+//! from registers and the stack. To test them without a GPU, this crate builds a small C shared
+//! library (`csrc/standin.c`) that exports the real CUDA driver symbols with their real C
+//! signatures, and a replayer (`penrose-replay`) that drives it with the kernel sequences of
+//! real profiler traces. It is never a dependency of the product crates.
+//!
+//! - [`abi`]: the C ABI both sides agree on: entry points, result codes, launch arguments.
+//! - [`driver`]: the stand-in loaded with `dlopen`, behind safe methods.
+//! - [`ring`]: the per-process shared-memory ring of counter records, and its reader.
+//! - [`replay`]: a trace turned into launches, and the loop that replays them.
+//! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM.
+//! - [`error`]: what can go wrong, as typed errors.
+//!
+//! The library itself is built by `build.rs`; [`LIBCUDA_PATH`] is where, and
+//! [`install_libcuda`] puts a copy in a directory of the caller's own.
+
+// FFI crate: calling into the dlopen'ed stand-in, mapping its shared-memory ring and installing
+// a signal handler need `unsafe`; every block says why it is sound.
+#![allow(unsafe_code)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod abi;
+pub mod driver;
+pub mod error;
+pub mod replay;
+pub mod ring;
+pub mod signal;
+
+use std::path::{Path, PathBuf};
+
+pub use abi::{CuResult, EntryPoint, LaunchConfig, NextCounters, Present};
+pub use driver::{
+    Driver, FunctionHandle, KernelHandle, Launch, LibraryHandle, ModuleHandle, StreamHandle,
+};
+pub use error::StandinError;
+pub use replay::{
+    Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary, Resolve, Via, replay,
+};
+pub use ring::{CounterRecord, CounterRing, RingHeader, ring_path};
+
+/// The stand-in library `build.rs` compiled (its file name is already `libcuda.so.1`).
+pub const LIBCUDA_PATH: &str = env!("PENROSE_STANDIN_LIBCUDA");
+
+/// Copies the stand-in into `dir` as `libcuda.so.1` and returns that path, so a test can point
+/// the agent (which finds libcuda by path) at a library in a directory the test owns.
+pub fn install_libcuda(dir: &Path) -> Result<PathBuf, StandinError> {
+    let target = dir.join("libcuda.so.1");
+    std::fs::copy(LIBCUDA_PATH, &target).map_err(|source| StandinError::Install {
+        path: target.clone(),
+        source,
+    })?;
+    Ok(target)
+}

@@ -1,0 +1,471 @@
+//! A trace turned into launches ([`ReplayPlan`]) and the loop that replays them ([`replay`]).
+//!
+//! The plan resolves everything a launch needs before the clock starts (names as C strings,
+//! stream handles, counter fields), so that at full speed the loop does nothing but call the
+//! driver: the replayer's launch rate is the workload the probes are measured against.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use penrose_traces::{Kernel, ProcessId, StreamId, Trace};
+use serde::Serialize;
+
+use crate::abi::{EntryPoint, NextCounters, saturate_u32};
+use crate::driver::{Driver, FunctionHandle, Launch, StreamHandle};
+use crate::error::StandinError;
+
+/// Which of a trace's processes to replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProcessSelection {
+    /// The process with the most kernels (a trace usually has one application process).
+    #[default]
+    Largest,
+    /// Every process, merged into one sequence by launch time.
+    All,
+    /// The process with this id.
+    Pid(i64),
+}
+
+impl FromStr for ProcessSelection {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "largest" => Ok(Self::Largest),
+            "all" => Ok(Self::All),
+            _ => s
+                .parse()
+                .map(Self::Pid)
+                .map_err(|_| format!("expected `largest`, `all` or a process id, got {s:?}")),
+        }
+    }
+}
+
+/// How launches are spaced in time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pace {
+    /// Back to back: the probes' worst case.
+    Asap,
+    /// At the trace's own launch times divided by `speed` (2.0 replays twice as fast).
+    Trace {
+        /// Time compression factor, > 0.
+        speed: f64,
+    },
+}
+
+/// How often the sequence is replayed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loops {
+    /// This many times.
+    Count(u64),
+    /// Until the stop flag is set.
+    Forever,
+}
+
+/// Which API resolves kernel names to function handles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Resolve {
+    /// `cuModuleLoadData` + `cuModuleGetFunction`.
+    #[default]
+    Module,
+    /// CUDA 12: `cuLibraryLoadData` + `cuLibraryGetKernel` + `cuKernelGetFunction`.
+    Library,
+}
+
+/// Which entry point launches go through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Always this one.
+    Entry(EntryPoint),
+    /// Launch i goes through the (i mod 6)-th kernel launch entry point, so one replay
+    /// exercises every variant a probe must cover.
+    Rotate,
+}
+
+impl Default for Via {
+    fn default() -> Self {
+        Self::Entry(EntryPoint::LaunchKernel)
+    }
+}
+
+/// Everything [`replay`] needs besides the plan.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayOptions<'a> {
+    /// Spacing.
+    pub pace: Pace,
+    /// Repetitions.
+    pub loops: Loops,
+    /// Name resolution API.
+    pub resolve: Resolve,
+    /// Launch entry point(s).
+    pub via: Via,
+    /// Polled between launches; set it to end a replay early (required for [`Loops::Forever`]
+    /// to end).
+    pub stop: Option<&'a AtomicBool>,
+}
+
+/// One launch, resolved ahead of time.
+#[derive(Clone, Debug)]
+struct PlannedLaunch {
+    name: usize,
+    stream: Option<usize>,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    /// µs after the sequence's first launch.
+    offset_us: f64,
+    counters: NextCounters,
+}
+
+/// A trace's chosen kernel sequence, ready to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayPlan {
+    names: Vec<CString>,
+    streams: Vec<StreamId>,
+    processes: Vec<ProcessId>,
+    launches: Vec<PlannedLaunch>,
+    period_us: f64,
+}
+
+/// A distinct, non-null fake `CUstream` per trace stream, recognisable in a debugger.
+fn stream_handle(index: usize) -> StreamHandle {
+    StreamHandle(0x5e_0000_0000 + 0x100 * (index + 1))
+}
+
+impl ReplayPlan {
+    /// The launches of `selection` in `trace`, in launch order.
+    pub fn from_trace(trace: &Trace, selection: ProcessSelection) -> Result<Self, StandinError> {
+        let sequences = trace.process_sequences();
+        let (processes, kernels): (Vec<ProcessId>, Vec<&Kernel>) = match selection {
+            ProcessSelection::Largest => {
+                let (pid, seq) = sequences
+                    .iter()
+                    // Ties go to the lowest id, so the choice is stable.
+                    .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
+                    .ok_or_else(|| {
+                        StandinError::NothingToReplay(format!(
+                            "{}: the trace has no kernels",
+                            trace.path().display()
+                        ))
+                    })?;
+                (vec![*pid], seq.clone())
+            }
+            ProcessSelection::Pid(pid) => {
+                let seq = sequences.get(&ProcessId(pid)).ok_or_else(|| {
+                    let known: Vec<String> = sequences.keys().map(|p| p.0.to_string()).collect();
+                    StandinError::NothingToReplay(format!(
+                        "{}: no process {pid}; processes with kernels: {}",
+                        trace.path().display(),
+                        known.join(", ")
+                    ))
+                })?;
+                (vec![ProcessId(pid)], seq.clone())
+            }
+            ProcessSelection::All => {
+                let mut all: Vec<&Kernel> = sequences.values().flatten().copied().collect();
+                all.sort_by(|a, b| a.launch_order_ts_us().total_cmp(&b.launch_order_ts_us()));
+                (sequences.keys().copied().collect(), all)
+            }
+        };
+        if kernels.is_empty() {
+            return Err(StandinError::NothingToReplay(format!(
+                "{}: the trace has no kernels",
+                trace.path().display()
+            )));
+        }
+        let first_ts = kernels[0].launch_order_ts_us();
+        let mut name_index: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut names = Vec::new();
+        let mut stream_index: BTreeMap<StreamId, usize> = BTreeMap::new();
+        let mut streams = Vec::new();
+        let mut launches = Vec::with_capacity(kernels.len());
+        for k in &kernels {
+            let name = match name_index.get(&*k.name) {
+                Some(&i) => i,
+                None => {
+                    let c = CString::new(k.name.as_bytes())
+                        .map_err(|_| StandinError::NameWithNul(k.name.to_string()))?;
+                    names.push(c);
+                    name_index.insert(&k.name, names.len() - 1);
+                    names.len() - 1
+                }
+            };
+            let stream = k.stream.map(|s| {
+                *stream_index.entry(s).or_insert_with(|| {
+                    streams.push(s);
+                    streams.len() - 1
+                })
+            });
+            // Profilers record 0 for an unknown dimension; a driver refuses 0, so use 1.
+            let dims = |d: Option<[u32; 3]>| d.unwrap_or([1, 1, 1]).map(|v| v.max(1));
+            launches.push(PlannedLaunch {
+                name,
+                stream,
+                grid: dims(k.grid),
+                block: dims(k.block),
+                shared_mem_bytes: saturate_u32(k.shared_memory_bytes.unwrap_or(0)),
+                offset_us: (k.launch_order_ts_us() - first_ts).max(0.0),
+                counters: NextCounters::from_kernel(k),
+            });
+        }
+        let last = kernels[kernels.len() - 1];
+        // One loop lasts until the last launch plus its kernel's run time.
+        let period_us = launches[launches.len() - 1].offset_us + last.dur_us.max(0.0);
+        Ok(Self {
+            names,
+            streams,
+            processes,
+            launches,
+            period_us,
+        })
+    }
+
+    /// Launches per loop.
+    pub fn len(&self) -> usize {
+        self.launches.len()
+    }
+
+    /// Whether there is nothing to launch (never, for a plan built from a trace).
+    pub fn is_empty(&self) -> bool {
+        self.launches.is_empty()
+    }
+
+    /// Distinct kernel names, in order of first launch.
+    pub fn names(&self) -> &[CString] {
+        &self.names
+    }
+
+    /// The trace streams used, in order of first launch.
+    pub fn streams(&self) -> &[StreamId] {
+        &self.streams
+    }
+
+    /// The processes replayed.
+    pub fn processes(&self) -> &[ProcessId] {
+        &self.processes
+    }
+
+    /// How long one loop lasts at the trace's own pace.
+    pub fn period(&self) -> Duration {
+        Duration::from_secs_f64(self.period_us / 1e6)
+    }
+}
+
+/// What a replay did, as `penrose-replay --json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplaySummary {
+    /// The replaying process (its ring is `/dev/shm/penrose-standin-<pid>`).
+    pub pid: u32,
+    /// Launches the replay made.
+    pub replayed: u64,
+    /// Loops completed (the last may be partial when stopped).
+    pub loops: u64,
+    /// Launches per entry point symbol, as the stand-in counted them.
+    pub launches: BTreeMap<&'static str, u64>,
+    /// Distinct function handles the stand-in made.
+    pub distinct_functions: u64,
+    /// Each resolved handle and its kernel name, in order of first launch.
+    pub functions: Vec<FunctionName>,
+    /// Each trace stream and the fake `CUstream` it was replayed on.
+    pub streams: Vec<StreamName>,
+    /// Wall time of the launch loop, seconds.
+    pub elapsed_s: f64,
+    /// `replayed / elapsed_s`.
+    pub launches_per_s: f64,
+}
+
+/// A function handle and the name it was resolved from.
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionName {
+    /// The `CUfunction` value.
+    pub handle: u64,
+    /// The kernel name, exactly as the trace has it.
+    pub name: String,
+}
+
+/// A trace stream id and its fake handle.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamName {
+    /// The stream id in the trace.
+    pub trace_stream: i64,
+    /// The `CUstream` value passed to launches.
+    pub handle: u64,
+}
+
+/// Initialises the driver, resolves every name, then launches the plan.
+pub fn replay(
+    driver: &Driver,
+    plan: &ReplayPlan,
+    options: &ReplayOptions<'_>,
+) -> Result<ReplaySummary, StandinError> {
+    driver.init()?;
+    driver.create_context(0)?;
+    let image = c"penrose-standin module image";
+    let functions: Vec<FunctionHandle> = match options.resolve {
+        Resolve::Module => {
+            let module = driver.module_load_data(image)?;
+            plan.names
+                .iter()
+                .map(|n| driver.module_get_function(module, n))
+                .collect::<Result<_, _>>()?
+        }
+        Resolve::Library => {
+            let library = driver.library_load_data(image)?;
+            plan.names
+                .iter()
+                .map(|n| driver.kernel_get_function(driver.library_get_kernel(library, n)?))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    let streams: Vec<StreamHandle> = (0..plan.streams.len()).map(stream_handle).collect();
+    let stopped = || options.stop.is_some_and(|s| s.load(Ordering::Relaxed));
+
+    let start = Instant::now();
+    let mut replayed = 0u64;
+    let mut loops = 0u64;
+    'outer: loop {
+        if let Loops::Count(n) = options.loops
+            && loops >= n
+        {
+            break;
+        }
+        let loop_offset_us = loops as f64 * plan.period_us;
+        for l in &plan.launches {
+            if stopped() {
+                break 'outer;
+            }
+            if let Pace::Trace { speed } = options.pace {
+                wait_until(start, (loop_offset_us + l.offset_us) / speed);
+            }
+            let entry = match options.via {
+                Via::Entry(e) => e,
+                Via::Rotate => EntryPoint::KERNEL_LAUNCHES[(replayed % 6) as usize],
+            };
+            driver.set_next_counters(&l.counters);
+            let launch = Launch {
+                grid: l.grid,
+                block: l.block,
+                shared_mem_bytes: l.shared_mem_bytes,
+                stream: l.stream.map_or(StreamHandle(0), |s| streams[s]),
+            };
+            driver.launch(entry, functions[l.name], &launch)?;
+            replayed += 1;
+        }
+        loops += 1;
+        if stopped() {
+            break;
+        }
+    }
+    let elapsed_s = start.elapsed().as_secs_f64();
+
+    Ok(ReplaySummary {
+        pid: std::process::id(),
+        replayed,
+        loops,
+        launches: EntryPoint::ALL
+            .into_iter()
+            .map(|e| (e.symbol(), driver.launch_count(e)))
+            .collect(),
+        distinct_functions: driver.function_count(),
+        functions: functions
+            .iter()
+            .zip(&plan.names)
+            .map(|(f, n)| FunctionName {
+                handle: f.0 as u64,
+                name: n.to_string_lossy().into_owned(),
+            })
+            .collect(),
+        streams: plan
+            .streams
+            .iter()
+            .zip(&streams)
+            .map(|(s, h)| StreamName {
+                trace_stream: s.0,
+                handle: h.0 as u64,
+            })
+            .collect(),
+        elapsed_s,
+        launches_per_s: if elapsed_s > 0.0 {
+            replayed as f64 / elapsed_s
+        } else {
+            0.0
+        },
+    })
+}
+
+/// Sleeps until `offset_us` after `start`; returns at once when already late (a late replay
+/// catches up rather than skipping launches).
+fn wait_until(start: Instant, offset_us: f64) {
+    let target = start + Duration::from_secs_f64(offset_us.max(0.0) / 1e6);
+    let now = Instant::now();
+    if target > now {
+        std::thread::sleep(target - now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn kernel(name: &str, pid: i64, ts: f64, stream: i64) -> Kernel {
+        Kernel {
+            name: Arc::from(name),
+            ts_us: ts,
+            dur_us: 2.5,
+            launch_ts_us: Some(ts - 1.0),
+            process: ProcessId(pid),
+            stream: Some(StreamId(stream)),
+            device: None,
+            correlation: None,
+            grid: Some([0, 2, 1]),
+            block: None,
+            registers_per_thread: Some(40),
+            shared_memory_bytes: None,
+            est_achieved_occupancy_pct: Some(12.5),
+            blocks_per_sm: None,
+        }
+    }
+
+    fn trace() -> Trace {
+        Trace::new(
+            "t.json".into(),
+            vec![
+                kernel("a", 1, 10.0, 7),
+                kernel("b", 1, 20.0, 8),
+                kernel("a", 1, 30.0, 7),
+                kernel("c", 2, 15.0, 7),
+            ],
+        )
+    }
+
+    #[test]
+    fn largest_process_is_planned_in_launch_order() {
+        let plan = ReplayPlan::from_trace(&trace(), ProcessSelection::Largest).unwrap();
+        assert_eq!(plan.len(), 3);
+        assert_eq!(plan.processes(), &[ProcessId(1)]);
+        assert_eq!(plan.names(), &[c"a".to_owned(), c"b".to_owned()]);
+        assert_eq!(plan.streams(), &[StreamId(7), StreamId(8)]);
+        assert_eq!(plan.launches[0].grid, [1, 2, 1], "0 dims become 1");
+        assert_eq!(plan.launches[0].block, [1, 1, 1]);
+        assert_eq!(plan.launches[2].offset_us, 20.0);
+        assert_eq!(plan.period(), Duration::from_secs_f64(22.5e-6));
+        assert_eq!(plan.launches[1].counters.duration_ns, 2500);
+    }
+
+    #[test]
+    fn all_merges_processes_and_a_missing_pid_is_an_error() {
+        let plan = ReplayPlan::from_trace(&trace(), ProcessSelection::All).unwrap();
+        assert_eq!(plan.len(), 4);
+        assert_eq!(plan.names().len(), 3);
+        assert_eq!(plan.launches[1].name, 1, "c (launched at 14) comes second");
+        let err = ReplayPlan::from_trace(&trace(), ProcessSelection::Pid(9)).unwrap_err();
+        assert!(err.to_string().contains("no process 9"), "{err}");
+        assert_eq!("all".parse(), Ok(ProcessSelection::All));
+        assert_eq!("42".parse(), Ok(ProcessSelection::Pid(42)));
+        assert!("x".parse::<ProcessSelection>().is_err());
+    }
+}
