@@ -46,71 +46,9 @@ impl fmt::Display for CuResult {
     }
 }
 
-/// The launch entry points a real driver exports and the stand-in counts separately. The
-/// discriminants are the indices `penrose_standin_launch_count` and the ring records use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
-pub enum EntryPoint {
-    /// `cuLaunchKernel`.
-    LaunchKernel = 0,
-    /// `cuLaunchKernel_ptsz` (per-thread default stream).
-    LaunchKernelPtsz = 1,
-    /// `cuLaunchKernelEx`.
-    LaunchKernelEx = 2,
-    /// `cuLaunchKernelEx_ptsz`.
-    LaunchKernelExPtsz = 3,
-    /// `cuLaunchCooperativeKernel`.
-    LaunchCooperativeKernel = 4,
-    /// `cuLaunchCooperativeKernel_ptsz`.
-    LaunchCooperativeKernelPtsz = 5,
-    /// `cuGraphLaunch`: one event for a whole graph, no function handle.
-    GraphLaunch = 6,
-    /// `cuGraphLaunch_ptsz`.
-    GraphLaunchPtsz = 7,
-}
-
-impl EntryPoint {
-    /// Every entry point, in discriminant order.
-    pub const ALL: [Self; 8] = [
-        Self::LaunchKernel,
-        Self::LaunchKernelPtsz,
-        Self::LaunchKernelEx,
-        Self::LaunchKernelExPtsz,
-        Self::LaunchCooperativeKernel,
-        Self::LaunchCooperativeKernelPtsz,
-        Self::GraphLaunch,
-        Self::GraphLaunchPtsz,
-    ];
-
-    /// The entry points that launch one kernel (all but the graph launches).
-    pub const KERNEL_LAUNCHES: [Self; 6] = [
-        Self::LaunchKernel,
-        Self::LaunchKernelPtsz,
-        Self::LaunchKernelEx,
-        Self::LaunchKernelExPtsz,
-        Self::LaunchCooperativeKernel,
-        Self::LaunchCooperativeKernelPtsz,
-    ];
-
-    /// The exported symbol, as probes attach to it.
-    pub fn symbol(self) -> &'static str {
-        match self {
-            Self::LaunchKernel => "cuLaunchKernel",
-            Self::LaunchKernelPtsz => "cuLaunchKernel_ptsz",
-            Self::LaunchKernelEx => "cuLaunchKernelEx",
-            Self::LaunchKernelExPtsz => "cuLaunchKernelEx_ptsz",
-            Self::LaunchCooperativeKernel => "cuLaunchCooperativeKernel",
-            Self::LaunchCooperativeKernelPtsz => "cuLaunchCooperativeKernel_ptsz",
-            Self::GraphLaunch => "cuGraphLaunch",
-            Self::GraphLaunchPtsz => "cuGraphLaunch_ptsz",
-        }
-    }
-
-    /// The entry point a ring record's `entry` field names.
-    pub fn from_index(index: u32) -> Option<Self> {
-        Self::ALL.get(usize::try_from(index).ok()?).copied()
-    }
-}
+/// The launch entry points, shared with the probes (the same wire values); the stand-in counts
+/// launches per entry point under these indices.
+pub use penrose_ebpf_common::EntryPoint;
 
 /// `CUlaunchConfig` as cuda.h declares it (CUDA 12), for `cuLaunchKernelEx`.
 #[derive(Clone, Copy, Debug)]
@@ -232,10 +170,10 @@ mod tests {
     #[test]
     fn entry_indices_round_trip() {
         for (i, e) in EntryPoint::ALL.iter().enumerate() {
-            assert_eq!(EntryPoint::from_index(i as u32), Some(*e));
+            assert_eq!(EntryPoint::from_u32(i as u32), Some(*e));
             assert_eq!(*e as u32, i as u32);
         }
-        assert_eq!(EntryPoint::from_index(8), None);
+        assert_eq!(EntryPoint::from_u32(8), None);
     }
 
     #[test]

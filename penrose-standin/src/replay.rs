@@ -15,6 +15,17 @@ use serde::Serialize;
 
 use crate::abi::{EntryPoint, NextCounters, saturate_u32};
 use crate::driver::{Driver, FunctionHandle, Launch, StreamHandle};
+
+/// The entry points that launch one kernel (all but the graph launches), rotated through by
+/// `Via::Rotate`.
+const KERNEL_LAUNCHES: [EntryPoint; 6] = [
+    EntryPoint::LaunchKernel,
+    EntryPoint::LaunchKernelPtsz,
+    EntryPoint::LaunchKernelEx,
+    EntryPoint::LaunchKernelExPtsz,
+    EntryPoint::LaunchCooperativeKernel,
+    EntryPoint::LaunchCooperativeKernelPtsz,
+];
 use crate::error::StandinError;
 
 /// Which of a trace's processes to replay.
@@ -342,7 +353,7 @@ pub fn replay(
             }
             let entry = match options.via {
                 Via::Entry(e) => e,
-                Via::Rotate => EntryPoint::KERNEL_LAUNCHES[(replayed % 6) as usize],
+                Via::Rotate => KERNEL_LAUNCHES[(replayed % KERNEL_LAUNCHES.len() as u64) as usize],
             };
             driver.set_next_counters(&l.counters);
             let launch = Launch {

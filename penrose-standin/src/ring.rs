@@ -88,7 +88,7 @@ impl CounterRecord {
 
     /// The entry point the launch came through.
     pub fn entry_point(&self) -> Option<EntryPoint> {
-        EntryPoint::from_index(self.entry)
+        EntryPoint::from_u32(self.entry)
     }
 
     /// Kernel duration, ns, when the replayer passed one.
