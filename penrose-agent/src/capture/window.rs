@@ -202,8 +202,8 @@ mod tests {
         w.record(&launch(1, 10, EntryPoint::LaunchKernel), Some(&a));
         w.record(&launch(2, 10, EntryPoint::LaunchKernel), None);
         w.record(&launch(2, 11, EntryPoint::GraphLaunch), None);
-        w.exit(1);
-        w.exit(99);
+        w.exit(Pid(1));
+        w.exit(Pid(99));
         let exited = w.take_finished();
         assert_eq!(exited.len(), 1);
         assert_eq!((exited[0].pid, exited[0].end), (Pid(1), SnippetEnd::Exit));
