@@ -2,16 +2,16 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use penrose_core::counters::Catalogue;
-use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 use penrose_agent::capture::locate::LibrarySources;
 use penrose_agent::capture::window::{DEFAULT_WINDOW_LAUNCHES, Schedule};
 use penrose_agent::capture::{Capture, CaptureConfig, CaptureError};
+use penrose_core::counters::Catalogue;
+use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 
 /// The Penrose agent: watches kernel launches on this machine's GPUs, fingerprints and samples
 /// them, and ships only encrypted histograms.

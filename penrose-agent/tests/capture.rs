@@ -65,7 +65,11 @@ fn main() {
     detached_probes_see_no_launches_but_names(&mut capture, &lib, &traces[0]);
     concurrent_replayers_are_attributed_to_their_pid(&mut capture, &lib, &traces);
     let counts = capture.counts();
-    assert_eq!(capture.drops().unwrap(), 0, "ring-buffer drops at full speed");
+    assert_eq!(
+        capture.drops().unwrap(),
+        0,
+        "ring-buffer drops at full speed"
+    );
     assert_eq!(counts.malformed, 0);
     assert_eq!(counts.launches_outside_window, 0);
     println!(
@@ -96,7 +100,10 @@ fn traces() -> Option<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_str().is_some_and(|s| s.ends_with(".json.gz") || s.ends_with(".json")))
+        .filter(|p| {
+            p.to_str()
+                .is_some_and(|s| s.ends_with(".json.gz") || s.ends_with(".json"))
+        })
         .collect();
     out.sort();
     (!out.is_empty()).then_some(out)
@@ -159,15 +166,14 @@ fn wait_all(capture: &mut Capture, replayers: Vec<Replayer>) -> Vec<(Pid, Value)
     let mut out = Vec::new();
     capture.poll_until(|_| {
         for slot in &mut pending {
-            if let Some(r) = slot {
-                if let Some(status) = r.child.try_wait().unwrap() {
-                    let r = slot.take().unwrap();
-                    assert!(status.success(), "replayer of {}", r.trace.display());
-                    let summary: Value =
-                        serde_json::from_slice(&std::fs::read(&r.out).unwrap()).unwrap();
-                    out.push((Pid(summary["pid"].as_u64().unwrap() as u32), summary));
-                }
-            }
+            let Some(r) = slot else { continue };
+            let Some(status) = r.child.try_wait().unwrap() else {
+                continue;
+            };
+            assert!(status.success(), "replayer of {}", r.trace.display());
+            let summary: Value = serde_json::from_slice(&std::fs::read(&r.out).unwrap()).unwrap();
+            out.push((Pid(summary["pid"].as_u64().unwrap() as u32), summary));
+            *slot = None;
         }
         pending.iter().all(Option::is_none)
     });
@@ -231,7 +237,11 @@ fn every_trace_every_launch_and_name(
         assert!(capture.take_snippets().is_empty(), "nothing left open");
         let (pid, summary) = &done[0];
         let snippet = snippet_of(&exited, *pid);
-        assert_eq!(snippet.end, SnippetEnd::Exit, "ended by the exit, mid-window");
+        assert_eq!(
+            snippet.end,
+            SnippetEnd::Exit,
+            "ended by the exit, mid-window"
+        );
         assert_complete(snippet, summary, &trace.display().to_string());
         println!(
             "  {}: {} launches, {} names ({resolve}, {via}), replayer {:.0} launches/s",
@@ -251,9 +261,16 @@ fn detached_probes_see_no_launches_but_names(capture: &mut Capture, lib: &Path, 
     let done = wait_all(capture, vec![spawn(lib, trace, "module", "rotate", 1)]);
     let after = capture.counts();
     assert!(!capture.window_open());
-    assert_eq!(after.launches, before.launches, "no launch probe outside windows");
+    assert_eq!(
+        after.launches, before.launches,
+        "no launch probe outside windows"
+    );
     let names = done[0].1["functions"].as_array().unwrap().len() as u64;
-    assert_eq!(after.names - before.names, names, "name probes stay attached");
+    assert_eq!(
+        after.names - before.names,
+        names,
+        "name probes stay attached"
+    );
     assert!(capture.take_snippets().is_empty());
     check("detached_probes_see_no_launches_but_names");
 }
@@ -269,7 +286,15 @@ fn concurrent_replayers_are_attributed_to_their_pid(
         .rev()
         .take(3)
         .enumerate()
-        .map(|(i, t)| spawn(lib, t, if i == 1 { "library" } else { "module" }, "launch", 2))
+        .map(|(i, t)| {
+            spawn(
+                lib,
+                t,
+                if i == 1 { "library" } else { "module" },
+                "launch",
+                2,
+            )
+        })
         .collect();
     let done = wait_all(capture, replayers);
     capture.close_window().unwrap();

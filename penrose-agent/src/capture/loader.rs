@@ -7,10 +7,10 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
+use aya::Ebpf;
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::uprobe::{UProbeLinkId, UProbeScope};
 use aya::programs::{ProgramError, TracePoint, UProbe};
-use aya::Ebpf;
 use penrose_ebpf_common::{PROCESS_EXIT, ProbeRole, USER_PROBES, UserProbe, maps};
 
 use super::error::CaptureError;
@@ -47,8 +47,7 @@ fn privileges() -> Option<(u32, u64)> {
 pub fn preflight() -> Result<(), CaptureError> {
     let (euid, caps) = privileges().unwrap_or((u32::MAX, 0));
     let has = |cap: u32| caps & (1u64 << cap) != 0;
-    let privileged =
-        euid == 0 || has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
+    let privileged = euid == 0 || has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
     if !privileged {
         return Err(CaptureError::NotPrivileged { euid });
     }
@@ -92,7 +91,8 @@ impl Probes {
             .ok_or(CaptureError::MissingProgram(PROCESS_EXIT.program))?
             .try_into()
             .map_err(|e| program_error(PROCESS_EXIT.program, e))?;
-        exit.load().map_err(|e| program_error(PROCESS_EXIT.program, e))?;
+        exit.load()
+            .map_err(|e| program_error(PROCESS_EXIT.program, e))?;
         exit.attach(PROCESS_EXIT.category, PROCESS_EXIT.name)
             .map_err(|e| program_error(PROCESS_EXIT.program, e))?;
         Ok(Self {
@@ -202,11 +202,7 @@ impl Probes {
         match program.attach(probe.symbol, &library.path, UProbeScope::AllProcesses) {
             Ok(link) => Ok(Some(link)),
             Err(e) => {
-                tracing::warn!(
-                    "{} on {}: {e}",
-                    probe.symbol,
-                    library.path.display()
-                );
+                tracing::warn!("{} on {}: {e}", probe.symbol, library.path.display());
                 Ok(None)
             }
         }

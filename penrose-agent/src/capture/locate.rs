@@ -131,7 +131,10 @@ pub fn locate(sources: &LibrarySources) -> Vec<LibraryFile> {
                 // Through the process's root so a container's copy is reachable from here.
                 let relative = path.strip_prefix("/").unwrap_or(&path);
                 found.add(
-                    &Path::new("/proc").join(pid.to_string()).join("root").join(relative),
+                    &Path::new("/proc")
+                        .join(pid.to_string())
+                        .join("root")
+                        .join(relative),
                     Origin::ProcMaps,
                 );
             }

@@ -204,7 +204,10 @@ impl Capture {
                 if truncated {
                     tracing::debug!("pid {}: kernel name cut at {} bytes", pid.0, name.len());
                 }
-                self.names.entry(pid).or_default().learn(kind, handle, &name);
+                self.names
+                    .entry(pid)
+                    .or_default()
+                    .learn(kind, handle, &name);
             }
             Event::KernelFunction {
                 pid,
