@@ -94,19 +94,12 @@ fn is_root() -> bool {
 }
 
 fn traces() -> Option<Vec<PathBuf>> {
-    let dir = std::env::var_os("PENROSE_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces"));
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+    let dir = penrose_traces::TraceFolder::default_dir();
+    let files = penrose_traces::TraceFolder::open(&dir)
         .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.to_str()
-                .is_some_and(|s| s.ends_with(".json.gz") || s.ends_with(".json"))
-        })
-        .collect();
-    out.sort();
-    (!out.is_empty()).then_some(out)
+        .files()
+        .to_vec();
+    (!files.is_empty()).then_some(files)
 }
 
 /// The replayer side: one trace, one process.
