@@ -67,6 +67,24 @@ pub fn preflight() -> Result<(), CaptureError> {
     Ok(())
 }
 
+/// Launch probes being detached on other threads.
+#[derive(Debug)]
+pub struct Detaching(std::thread::JoinHandle<()>);
+
+impl Detaching {
+    /// Every launch probe is gone: no launch record can follow.
+    pub fn is_done(&self) -> bool {
+        self.0.is_finished()
+    }
+
+    /// Waits for the detach to end.
+    pub fn wait(self) {
+        if self.0.join().is_err() {
+            tracing::warn!("a thread detaching launch probes panicked");
+        }
+    }
+}
+
 /// The loaded object and the links the agent holds.
 pub struct Probes {
     ebpf: Ebpf,
@@ -175,15 +193,30 @@ impl Probes {
         Ok(attached)
     }
 
-    /// Detaches every launch probe: the window closed.
-    pub fn detach_launch(&mut self) -> Result<(), CaptureError> {
+    /// Starts detaching every launch probe: the window closes.
+    ///
+    /// The kernel waits for grace periods when it unregisters a uprobe (measured here: about
+    /// 0.7-0.9 s for the eight launch probes), and launches keep trapping meanwhile, so the
+    /// links are dropped on other threads (one each, so the waits can overlap) while the
+    /// caller keeps draining the ring. The detach is complete when the handle has finished.
+    pub fn detach_launch(&mut self) -> Result<Detaching, CaptureError> {
         self.launch_attached = false;
+        let mut links = Vec::new();
         for (program, link) in std::mem::take(&mut self.launch_links) {
-            uprobe(&mut self.ebpf, program)?
-                .detach(link)
-                .map_err(|e| program_error(program, e))?;
+            links.push(
+                uprobe(&mut self.ebpf, program)?
+                    .take_link(link)
+                    .map_err(|e| program_error(program, e))?,
+            );
         }
-        Ok(())
+        let thread = std::thread::spawn(move || {
+            std::thread::scope(|scope| {
+                for link in links {
+                    scope.spawn(move || drop(link));
+                }
+            });
+        });
+        Ok(Detaching(thread))
     }
 
     /// Whether launch probes are attached.

@@ -139,7 +139,12 @@ impl Capture {
             self.config.window_launches,
         ));
         self.counts.windows += 1;
-        self.probes.attach_launch()?;
+        let started = Instant::now();
+        let attached = self.probes.attach_launch()?;
+        tracing::debug!(
+            "window opened: {attached} launch probes in {:?}",
+            started.elapsed()
+        );
         Ok(())
     }
 
@@ -149,7 +154,19 @@ impl Capture {
         if self.window.is_none() {
             return Ok(());
         }
-        self.probes.detach_launch()?;
+        let started = Instant::now();
+        let detaching = self.probes.detach_launch()?;
+        // Keep draining: launches trap until the kernel has unregistered every probe.
+        while !detaching.is_done() {
+            if self.drain() == 0 {
+                std::thread::sleep(self.config.poll_interval);
+            }
+        }
+        detaching.wait();
+        tracing::debug!(
+            "window closed: launch probes detached in {:?}",
+            started.elapsed()
+        );
         self.drain();
         if let Some(window) = self.window.take() {
             self.beyond_limit += window.beyond_limit();
