@@ -64,6 +64,7 @@ fn main() {
     let full = every_trace_every_launch_and_name(&mut capture, &lib, &traces);
     detached_probes_see_no_launches_but_names(&mut capture, &lib, &traces[0]);
     concurrent_replayers_are_attributed_to_their_pid(&mut capture, &lib, &traces);
+    a_window_closes_under_a_running_replay(&mut capture, &lib, &full);
     let counts = capture.counts();
     assert_eq!(
         capture.drops().unwrap(),
@@ -299,6 +300,36 @@ fn concurrent_replayers_are_attributed_to_their_pid(
         assert_complete(snippet, summary, &format!("concurrent pid {}", pid.0));
     }
     check("concurrent_replayers_are_attributed_to_their_pid");
+}
+
+/// A window closes while a process keeps launching: its snippet ends with the window, holds
+/// the replay's names in replay order, and nothing is lost or seen outside the window.
+fn a_window_closes_under_a_running_replay(
+    capture: &mut Capture,
+    lib: &Path,
+    full: &[(PathBuf, Snippet)],
+) {
+    let (trace, whole) = full.iter().min_by_key(|(_, s)| s.names.len()).unwrap();
+    capture.open_window().unwrap();
+    let before = capture.counts().launches;
+    // Long enough to outlast the detach (~0.7 s) at unprobed speed (~40 M launches/s).
+    let loops = 150_000_000 / whole.names.len() as u64;
+    let replayer = spawn(lib, trace, "module", "launch", loops);
+    capture.poll_until(|c| c.counts().launches >= before + 5_000);
+    capture.close_window().unwrap();
+    let in_window = capture.counts().launches - before;
+    let done = wait_all(capture, vec![replayer]);
+    let snippets = capture.take_snippets();
+    let snippet = snippet_of(&snippets, done[0].0);
+    assert_eq!(snippet.end, SnippetEnd::WindowEnd);
+    assert_eq!(snippet.names.len() as u64, in_window);
+    assert!(in_window < done[0].1["replayed"].as_u64().unwrap());
+    for (i, name) in snippet.names.iter().enumerate() {
+        assert_eq!(name, &whole.names[i % whole.names.len()], "launch {i}");
+    }
+    assert_eq!(capture.counts().launches_outside_window, 0);
+    assert_eq!(capture.drops().unwrap(), 0);
+    check("a_window_closes_under_a_running_replay");
 }
 
 /// With L smaller than a replay, the snippet is the replay's first L names and ends at L.
