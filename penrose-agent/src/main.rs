@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use penrose_agent::capture::loader::enable_run_stats;
 use penrose_agent::capture::locate::LibrarySources;
 use penrose_agent::capture::window::{DEFAULT_WINDOW_LAUNCHES, Schedule};
 use penrose_agent::capture::{Capture, CaptureConfig, CaptureError};
@@ -78,6 +79,10 @@ enum Command {
         /// Reader's sleep when the ring is empty, milliseconds.
         #[arg(long, default_value_t = 1)]
         poll_ms: u64,
+        /// Report each BPF program's runs and run time (turns on the kernel's BPF statistics
+        /// for the run).
+        #[arg(long)]
+        bpf_stats: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -124,6 +129,7 @@ fn run(cli: Cli) -> Result<()> {
             window_seconds,
             period_seconds,
             poll_ms,
+            bpf_stats,
             json,
         } => {
             let secs = |s: f64, what: &str| {
@@ -143,7 +149,7 @@ fn run(cli: Cli) -> Result<()> {
                 window_launches,
                 poll_interval: Duration::from_millis(poll_ms),
             };
-            capture(config, total, &schedule, json)
+            capture(config, total, &schedule, bpf_stats, json)
         }
     }
 }
@@ -215,9 +221,16 @@ fn fingerprint(path: &Path, window: usize, per_stream: bool, json: bool) -> Resu
     Ok(())
 }
 
-fn capture(config: CaptureConfig, total: Duration, schedule: &Schedule, json: bool) -> Result<()> {
+fn capture(
+    config: CaptureConfig,
+    total: Duration,
+    schedule: &Schedule,
+    bpf_stats: bool,
+    json: bool,
+) -> Result<()> {
     let fingerprinter = Fingerprinter::new(FingerprintParams::default())?;
     let mut capture = Capture::start(config)?;
+    let _stats = bpf_stats.then(enable_run_stats).transpose()?;
     tracing::info!(
         "capture: {} s, windows of {:?} every {:?} (duty cycle {:.1}%), {} libraries",
         total.as_secs_f64(),
@@ -253,8 +266,22 @@ fn capture(config: CaptureConfig, total: Duration, schedule: &Schedule, json: bo
         .iter()
         .map(|l| l.path.display().to_string())
         .collect();
+    let programs: Vec<_> = capture
+        .run_stats()
+        .into_iter()
+        .filter(|p| bpf_stats && p.runs > 0)
+        .map(|p| {
+            serde_json::json!({
+                "program": p.program,
+                "runs": p.runs,
+                "run_time_ns": p.run_time.as_nanos() as u64,
+                "ns_per_run": p.run_time.as_nanos() as f64 / p.runs as f64,
+            })
+        })
+        .collect();
     if json {
         let doc = serde_json::json!({
+            "bpf_stats": programs,
             "libraries": libraries,
             "elapsed_s": elapsed,
             "counts": counts,
@@ -271,6 +298,14 @@ fn capture(config: CaptureConfig, total: Duration, schedule: &Schedule, json: bo
         "{} events ({} launches, {} names, {} exits) in {elapsed:.1} s; {drops} dropped",
         counts.events, counts.launches, counts.names, counts.exits
     );
+    for p in &programs {
+        println!(
+            "{:<36} {:>9} runs, {:.0} ns per run",
+            p["program"].as_str().unwrap_or_default(),
+            p["runs"],
+            p["ns_per_run"].as_f64().unwrap_or_default()
+        );
+    }
     for s in &snippets {
         println!(
             "pid {:>7} window {:>3}: {:>6} launches, {:>4} names, ended by {}, {}",

@@ -43,6 +43,9 @@ pub enum CaptureError {
     /// The object lacks a map.
     #[error("the eBPF object has no map {0}")]
     MissingMap(&'static str),
+    /// BPF run-time statistics could not be enabled.
+    #[error("enabling BPF run-time statistics: {0}")]
+    Stats(String),
     /// A map operation failed.
     #[error("eBPF map: {0}")]
     Map(#[source] aya::maps::MapError),

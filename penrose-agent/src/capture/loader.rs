@@ -67,6 +67,23 @@ pub fn preflight() -> Result<(), CaptureError> {
     Ok(())
 }
 
+/// One program's run-time statistics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// Program name.
+    pub program: String,
+    /// Times it ran.
+    pub runs: u64,
+    /// Total time in the program (not counting the trap around it).
+    pub run_time: std::time::Duration,
+}
+
+/// Turns on the kernel's BPF run-time statistics for as long as the returned descriptor
+/// lives (they cost a clock read per program run, so they are off unless asked for).
+pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, CaptureError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| CaptureError::Stats(e.to_string()))
+}
+
 /// Launch probes being detached on other threads.
 #[derive(Debug)]
 pub struct Detaching(std::thread::JoinHandle<()>);
@@ -217,6 +234,22 @@ impl Probes {
             });
         });
         Ok(Detaching(thread))
+    }
+
+    /// Each program's kernel run-time statistics (counted only while
+    /// [`enable_run_stats`]'s descriptor is held): name, runs, total run time.
+    pub fn run_stats(&self) -> Vec<ProgramStats> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some(ProgramStats {
+                    program: name.to_string(),
+                    runs: info.run_count(),
+                    run_time: info.run_time(),
+                })
+            })
+            .collect()
     }
 
     /// Whether launch probes are attached.

@@ -294,6 +294,12 @@ impl Capture {
         Ok(values.iter().sum())
     }
 
+    /// Run-time statistics of every program (zero unless enabled with
+    /// [`loader::enable_run_stats`]).
+    pub fn run_stats(&self) -> Vec<loader::ProgramStats> {
+        self.probes.run_stats()
+    }
+
     /// Counts so far.
     pub fn counts(&self) -> Counts {
         self.counts
