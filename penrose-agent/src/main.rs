@@ -1,20 +1,27 @@
 //! `penrose-agent`: the agent's command line.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use penrose_agent::capture::loader::enable_run_stats;
+use penrose_agent::capture::locate::LibrarySources;
+use penrose_agent::capture::window::{DEFAULT_WINDOW_LAUNCHES, Schedule};
+use penrose_agent::capture::{Capture, CaptureConfig, CaptureError};
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 
 /// The Penrose agent: watches kernel launches on this machine's GPUs, fingerprints and samples
 /// them, and ships only encrypted histograms.
 ///
-/// The capture daemon arrives with the capture issue; today the agent can show, offline, the
-/// fingerprints it would compute and the counters it would sample.
+/// `capture` runs the eBPF probes for a while and prints what they saw; `fingerprint` and
+/// `catalogue` show, offline, the fingerprints it computes and the counters it samples.
 ///
-/// Exit codes: 0 success, 1 error, 2 usage.
+/// Exit codes: 0 success, 1 error, 2 usage, 3 a host prerequisite of capture is missing (not
+/// root / no CAP_BPF, no kernel BTF, no tracefs, or the kernel refused the eBPF object).
 #[derive(Parser)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -44,6 +51,42 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Capture kernel launches for a while and print the snippets (for debugging on the
+    /// operator's own machine; needs root).
+    ///
+    /// Launch probes are attached only inside windows of --window-seconds every
+    /// --period-seconds (by default one window covering the whole run). Example:
+    ///   penrose-agent capture --seconds 10 --json
+    Capture {
+        /// How long to run.
+        #[arg(long)]
+        seconds: f64,
+        /// L: launches per process per window.
+        #[arg(long, default_value_t = DEFAULT_WINDOW_LAUNCHES)]
+        window_launches: usize,
+        /// A libcuda to probe besides those ldconfig and running processes show (repeatable).
+        #[arg(long)]
+        lib: Vec<PathBuf>,
+        /// Probe only the --lib paths (no ldconfig, no /proc/*/maps scan).
+        #[arg(long)]
+        only_lib: bool,
+        /// Window length; defaults to --seconds.
+        #[arg(long)]
+        window_seconds: Option<f64>,
+        /// Time between window starts; defaults to --seconds.
+        #[arg(long)]
+        period_seconds: Option<f64>,
+        /// Reader's sleep when the ring is empty, milliseconds.
+        #[arg(long, default_value_t = 1)]
+        poll_ms: u64,
+        /// Report each BPF program's runs and run time (turns on the kernel's BPF statistics
+        /// for the run).
+        #[arg(long)]
+        bpf_stats: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the counters the agent samples, their units and binning.
     Catalogue {
         /// Print JSON.
@@ -54,14 +97,21 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            // The capture's start-up settings and warnings are worth seeing without RUST_LOG.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(1)
+            let missing = e
+                .downcast_ref::<CaptureError>()
+                .is_some_and(CaptureError::is_missing_prerequisite);
+            ExitCode::from(if missing { 3 } else { 1 })
         }
     }
 }
@@ -75,6 +125,36 @@ fn run(cli: Cli) -> Result<()> {
             json,
         } => fingerprint(&trace, window, per_stream, json),
         Command::Catalogue { json } => catalogue(json),
+        Command::Capture {
+            seconds,
+            window_launches,
+            lib,
+            only_lib,
+            window_seconds,
+            period_seconds,
+            poll_ms,
+            bpf_stats,
+            json,
+        } => {
+            let secs = |s: f64, what: &str| {
+                Duration::try_from_secs_f64(s).with_context(|| format!("--{what} {s}"))
+            };
+            let total = secs(seconds, "seconds")?;
+            let schedule = Schedule {
+                duration: secs(window_seconds.unwrap_or(seconds), "window-seconds")?,
+                period: secs(period_seconds.unwrap_or(seconds), "period-seconds")?,
+            };
+            let config = CaptureConfig {
+                sources: LibrarySources {
+                    explicit: lib,
+                    ldconfig: !only_lib,
+                    proc_maps: !only_lib,
+                },
+                window_launches,
+                poll_interval: Duration::from_millis(poll_ms),
+            };
+            capture(config, total, &schedule, bpf_stats, json)
+        }
     }
 }
 
@@ -140,6 +220,105 @@ fn fingerprint(path: &Path, window: usize, per_stream: bool, json: bool) -> Resu
             row["launches"],
             row["snippet_hash"].as_str().unwrap_or_default(),
             row["similarity_to_first"].as_f64().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+fn capture(
+    config: CaptureConfig,
+    total: Duration,
+    schedule: &Schedule,
+    bpf_stats: bool,
+    json: bool,
+) -> Result<()> {
+    let fingerprinter = Fingerprinter::new(FingerprintParams::default())?;
+    let mut capture = Capture::start(config)?;
+    let _stats = bpf_stats.then(enable_run_stats).transpose()?;
+    tracing::info!(
+        "capture: {} s, windows of {:?} every {:?} (duty cycle {:.1}%), {} libraries",
+        total.as_secs_f64(),
+        schedule.duration,
+        schedule.period,
+        100.0 * schedule.duty_cycle(),
+        capture.libraries().len()
+    );
+    let started = Instant::now();
+    capture.run_for(total, schedule)?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let snippets: Vec<_> = capture
+        .take_snippets()
+        .into_iter()
+        .map(|s| {
+            let distinct: HashSet<&str> = s.names.iter().map(|n| &**n).collect();
+            serde_json::json!({
+                "pid": s.pid.0,
+                "window": s.window,
+                "launches": s.names.len(),
+                "unnamed": s.unnamed,
+                "names": distinct.len(),
+                "end": s.end,
+                "snippet_hash": hex(&fingerprinter.snippet_hash(&s.names).0),
+                "first_names": s.names.iter().take(5).map(|n| &**n).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let counts = capture.counts();
+    let drops = capture.drops()?;
+    let libraries: Vec<_> = capture
+        .libraries()
+        .iter()
+        .map(|l| l.path.display().to_string())
+        .collect();
+    let programs: Vec<_> = capture
+        .run_stats()
+        .into_iter()
+        .filter(|p| bpf_stats && p.runs > 0)
+        .map(|p| {
+            serde_json::json!({
+                "program": p.program,
+                "runs": p.runs,
+                "run_time_ns": p.run_time.as_nanos() as u64,
+                "ns_per_run": p.run_time.as_nanos() as f64 / p.runs as f64,
+            })
+        })
+        .collect();
+    if json {
+        let doc = serde_json::json!({
+            "bpf_stats": programs,
+            "libraries": libraries,
+            "elapsed_s": elapsed,
+            "counts": counts,
+            "drops": drops,
+            "beyond_limit": capture.beyond_limit(),
+            "events_per_s": counts.events as f64 / elapsed.max(f64::MIN_POSITIVE),
+            "snippets": snippets,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!("libraries: {}", libraries.join(", "));
+    println!(
+        "{} events ({} launches, {} names, {} exits) in {elapsed:.1} s; {drops} dropped",
+        counts.events, counts.launches, counts.names, counts.exits
+    );
+    for p in &programs {
+        println!(
+            "{:<36} {:>9} runs, {:.0} ns per run",
+            p["program"].as_str().unwrap_or_default(),
+            p["runs"],
+            p["ns_per_run"].as_f64().unwrap_or_default()
+        );
+    }
+    for s in &snippets {
+        println!(
+            "pid {:>7} window {:>3}: {:>6} launches, {:>4} names, ended by {}, {}",
+            s["pid"],
+            s["window"],
+            s["launches"],
+            s["names"],
+            s["end"].as_str().unwrap_or_default(),
+            s["snippet_hash"].as_str().unwrap_or_default(),
         );
     }
     Ok(())
