@@ -86,6 +86,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// With --json, list every launch's kernel name in each snippet (to compare with a
+        /// profiler on the operator's own machine; nothing like it ever leaves the agent).
+        #[arg(long, requires = "json")]
+        all_names: bool,
     },
     /// List the counters the agent samples, their units and binning.
     Catalogue {
@@ -135,6 +139,7 @@ fn run(cli: Cli) -> Result<()> {
             poll_ms,
             bpf_stats,
             json,
+            all_names,
         } => {
             let secs = |s: f64, what: &str| {
                 Duration::try_from_secs_f64(s).with_context(|| format!("--{what} {s}"))
@@ -153,7 +158,7 @@ fn run(cli: Cli) -> Result<()> {
                 window_launches,
                 poll_interval: Duration::from_millis(poll_ms),
             };
-            capture(config, total, &schedule, bpf_stats, json)
+            capture(config, total, &schedule, bpf_stats, json, all_names)
         }
     }
 }
@@ -231,6 +236,7 @@ fn capture(
     schedule: &Schedule,
     bpf_stats: bool,
     json: bool,
+    all_names: bool,
 ) -> Result<()> {
     let fingerprinter = Fingerprinter::new(FingerprintParams::default())?;
     let mut capture = Capture::start(config)?;
@@ -260,6 +266,7 @@ fn capture(
                 "end": s.end,
                 "snippet_hash": hex(&fingerprinter.snippet_hash(&s.names).0),
                 "first_names": s.names.iter().take(5).map(|n| &**n).collect::<Vec<_>>(),
+                "all_names": all_names.then(|| s.names.iter().map(|n| &**n).collect::<Vec<_>>()),
             })
         })
         .collect();
