@@ -199,6 +199,67 @@ pub struct ExitEvent {
     pub timestamp_ns: u64,
 }
 
+impl LaunchEvent {
+    /// Reads a launch record without unsafe code. `None` when the record is not a launch
+    /// record or is too short.
+    pub fn parse(record: &[u8]) -> Option<Self> {
+        use core::mem::offset_of;
+        let u32_of = |at| read_u32(record, at);
+        let event = Self {
+            kind: u32_of(offset_of!(Self, kind))?,
+            pid: u32_of(offset_of!(Self, pid))?,
+            tid: u32_of(offset_of!(Self, tid))?,
+            sampled: u32_of(offset_of!(Self, sampled))?,
+            timestamp_ns: read_u64(record, offset_of!(Self, timestamp_ns))?,
+            function: read_u64(record, offset_of!(Self, function))?,
+            stream: read_u64(record, offset_of!(Self, stream))?,
+            grid: read_u32x3(record, offset_of!(Self, grid))?,
+            block: read_u32x3(record, offset_of!(Self, block))?,
+            shared_mem_bytes: u32_of(offset_of!(Self, shared_mem_bytes))?,
+            entry_point: u32_of(offset_of!(Self, entry_point))?,
+        };
+        (event.kind == EventKind::Launch as u32).then_some(event)
+    }
+}
+
+impl KernelFunctionEvent {
+    /// Reads a kernel-to-function record; `None` when it is not one or is too short.
+    pub fn parse(record: &[u8]) -> Option<Self> {
+        use core::mem::offset_of;
+        let event = Self {
+            kind: read_u32(record, offset_of!(Self, kind))?,
+            pid: read_u32(record, offset_of!(Self, pid))?,
+            tid: read_u32(record, offset_of!(Self, tid))?,
+            reserved: read_u32(record, offset_of!(Self, reserved))?,
+            timestamp_ns: read_u64(record, offset_of!(Self, timestamp_ns))?,
+            kernel: read_u64(record, offset_of!(Self, kernel))?,
+            function: read_u64(record, offset_of!(Self, function))?,
+        };
+        (event.kind == EventKind::KernelFunction as u32).then_some(event)
+    }
+}
+
+impl ExitEvent {
+    /// Reads an exit record; `None` when it is not one or is too short.
+    pub fn parse(record: &[u8]) -> Option<Self> {
+        use core::mem::offset_of;
+        let event = Self {
+            kind: read_u32(record, offset_of!(Self, kind))?,
+            pid: read_u32(record, offset_of!(Self, pid))?,
+            timestamp_ns: read_u64(record, offset_of!(Self, timestamp_ns))?,
+        };
+        (event.kind == EventKind::Exit as u32).then_some(event)
+    }
+}
+
+fn read_u32x3(record: &[u8], at: usize) -> Option<[u32; 3]> {
+    Some([
+        read_u32(record, at)?,
+        read_u32(record, at.checked_add(4)?)?,
+        read_u32(record, at.checked_add(8)?)?,
+    ])
+}
+
 fn read_u32(record: &[u8], at: usize) -> Option<u32> {
     let bytes = record.get(at..at.checked_add(4)?)?;
     Some(u32::from_ne_bytes(bytes.try_into().ok()?))

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use penrose_ebpf_common::{EntryPoint, EventKind, HandleKind, LaunchEvent, NameHeader};
+use penrose_ebpf_common::{
+    EntryPoint, EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent, NameHeader,
+};
 
 /// A process id (tgid), as the kernel reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -71,40 +73,22 @@ pub struct Launch {
     pub entry: EntryPoint,
 }
 
-fn u32_at(record: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(record.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn u64_at(record: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_ne_bytes(record.get(at..at + 8)?.try_into().ok()?))
-}
-
 /// Decodes one record; `None` for a short, malformed or unknown one.
 pub fn decode(record: &[u8]) -> Option<Event> {
     match EventKind::of_record(record)? {
         EventKind::Launch => {
-            if record.len() < size_of::<LaunchEvent>() {
-                return None;
-            }
+            let e = LaunchEvent::parse(record)?;
             Some(Event::Launch(Launch {
-                pid: Pid(u32_at(record, 4)?),
-                tid: u32_at(record, 8)?,
-                sampled: u32_at(record, 12)? != 0,
-                timestamp_ns: u64_at(record, 16)?,
-                function: u64_at(record, 24)?,
-                stream: u64_at(record, 32)?,
-                grid: [
-                    u32_at(record, 40)?,
-                    u32_at(record, 44)?,
-                    u32_at(record, 48)?,
-                ],
-                block: [
-                    u32_at(record, 52)?,
-                    u32_at(record, 56)?,
-                    u32_at(record, 60)?,
-                ],
-                shared_mem_bytes: u32_at(record, 64)?,
-                entry: EntryPoint::from_u32(u32_at(record, 68)?)?,
+                pid: Pid(e.pid),
+                tid: e.tid,
+                sampled: e.sampled != 0,
+                timestamp_ns: e.timestamp_ns,
+                function: e.function,
+                stream: e.stream,
+                grid: e.grid,
+                block: e.block,
+                shared_mem_bytes: e.shared_mem_bytes,
+                entry: EntryPoint::from_u32(e.entry_point)?,
             }))
         }
         EventKind::Name => {
@@ -117,13 +101,16 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 truncated: header.truncated != 0,
             })
         }
-        EventKind::KernelFunction => Some(Event::KernelFunction {
-            pid: Pid(u32_at(record, 4)?),
-            kernel: u64_at(record, 24)?,
-            function: u64_at(record, 32)?,
-        }),
+        EventKind::KernelFunction => {
+            let e = KernelFunctionEvent::parse(record)?;
+            Some(Event::KernelFunction {
+                pid: Pid(e.pid),
+                kernel: e.kernel,
+                function: e.function,
+            })
+        }
         EventKind::Exit => Some(Event::Exit {
-            pid: Pid(u32_at(record, 4)?),
+            pid: Pid(ExitEvent::parse(record)?.pid),
         }),
     }
 }
