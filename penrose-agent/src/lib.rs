@@ -1,6 +1,8 @@
 //! The Penrose agent as a library: what the `penrose-agent` binary runs, and what its tests
 //! drive directly.
 //!
-//! - [`capture`]: eBPF probes on libcuda, capture windows and snippets.
+//! - [`capture`]: eBPF probes on libcuda, capture windows, snippets and sampled launches.
+//! - [`counters`]: where a sampled launch's counter values come from (NVML, the stand-in).
 
 pub mod capture;
+pub mod counters;

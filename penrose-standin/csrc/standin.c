@@ -6,7 +6,8 @@
  * stack slots they would read on a real driver. It launches nothing: each launch entry point
  * checks its arguments like a driver would, counts the launch per entry point and appends a
  * counter record to a shared-memory ring (`/dev/shm/penrose-standin-<pid>`) that the agent's
- * stand-in counter source reads. The layout of that ring is mirrored by `src/ring.rs`; change
+ * stand-in counter source reads. The layout of that ring is mirrored by `penrose-agent/src/counters/ring.rs`
+ * (the agent reads it; this crate's tests read it through the agent); change
  * both together and bump PENROSE_RING_VERSION.
  *
  * Nothing here is part of the product; docs/standin.md describes the ABI.
@@ -21,6 +22,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -199,10 +202,10 @@ static int valid_kernel(const void *p) {
                     &function_count);
 }
 
-/* ---- Counter ring (mirrored by ring.rs) ---- */
+/* ---- Counter ring (mirrored by penrose-agent/src/counters/ring.rs) ---- */
 
 #define PENROSE_RING_MAGIC 0x31474e4952534e50ull /* "PNSRING1" little-endian */
-#define PENROSE_RING_VERSION 1u
+#define PENROSE_RING_VERSION 2u
 #define PENROSE_RING_CAPACITY 65536u /* records; a power of two */
 
 /* Bits of `present`: which trace fields the replayer passed for this launch. */
@@ -222,7 +225,7 @@ struct ring_header {            /* 64 bytes */
     uint64_t reserved[4];
 };
 
-struct ring_record {            /* 64 bytes */
+struct ring_record {            /* 80 bytes */
     uint64_t seq;               /* index + 1 when complete; 0 while being written */
     uint64_t function;          /* CUfunction (CUgraphExec for a graph launch) */
     uint64_t stream;            /* CUstream */
@@ -233,10 +236,13 @@ struct ring_record {            /* 64 bytes */
     uint32_t shared_memory_bytes;
     uint32_t entry;             /* enum penrose_entry */
     uint32_t present;           /* PRESENT_* bits */
+    uint64_t timestamp_ns;      /* CLOCK_MONOTONIC, read under ring_lock (never decreases) */
+    uint32_t tid;               /* the launching thread */
+    uint32_t reserved;
 };
 
 _Static_assert(sizeof(struct ring_header) == 64, "ring header layout");
-_Static_assert(sizeof(struct ring_record) == 64, "ring record layout");
+_Static_assert(sizeof(struct ring_record) == 80, "ring record layout");
 
 /* What the replayer passes before a launch (mirrored by NextCounters in abi.rs). */
 struct penrose_standin_counters {
@@ -305,6 +311,11 @@ static void ring_write(enum penrose_entry entry, const void *function, CUstream 
     r->shared_memory_bytes = c.shared_memory_bytes;
     r->entry = (uint32_t)entry;
     r->present = c.present;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    r->timestamp_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    r->tid = (uint32_t)syscall(SYS_gettid);
+    r->reserved = 0;
     __atomic_store_n(&r->seq, index + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&ring->head, index + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ring_lock);

@@ -77,26 +77,7 @@ pub struct LaunchConfig {
 }
 
 /// Which fields of [`NextCounters`] (and of a ring record) hold a value: traces omit some.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Present(pub u32);
-
-impl Present {
-    /// `duration_ns` holds the kernel's duration.
-    pub const DURATION: u32 = 1;
-    /// `est_achieved_occupancy_pct` holds a value.
-    pub const OCCUPANCY: u32 = 2;
-    /// `blocks_per_sm` holds a value.
-    pub const BLOCKS_PER_SM: u32 = 4;
-    /// `registers_per_thread` holds a value.
-    pub const REGISTERS: u32 = 8;
-    /// `shared_memory_bytes` holds a value.
-    pub const SHARED_MEMORY: u32 = 16;
-
-    /// Whether `bit` is set.
-    pub fn has(self, bit: u32) -> bool {
-        self.0 & bit != 0
-    }
-}
+pub use penrose_agent::counters::ring::Present;
 
 /// The trace fields of the next launch, passed through `penrose_standin_set_next_counters`
 /// because a real launch call has no place for them. Mirrors `struct penrose_standin_counters`.

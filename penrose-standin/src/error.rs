@@ -35,23 +35,9 @@ pub enum StandinError {
         #[source]
         source: std::io::Error,
     },
-    /// The counter ring could not be opened or mapped.
-    #[error("counter ring {path}: {source}")]
-    RingIo {
-        /// The ring's file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The ring's file is not (yet) a ring of the layout this crate reads.
-    #[error("counter ring {path}: {reason}")]
-    RingLayout {
-        /// The ring's file.
-        path: PathBuf,
-        /// What does not match.
-        reason: String,
-    },
+    /// The counter ring could not be read.
+    #[error(transparent)]
+    Ring(#[from] penrose_agent::counters::ring::RingError),
     /// The trace could not be read.
     #[error(transparent)]
     Trace(#[from] penrose_traces::TraceError),

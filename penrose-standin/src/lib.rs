@@ -8,7 +8,8 @@
 //!
 //! - [`abi`]: the C ABI both sides agree on: entry points, result codes, launch arguments.
 //! - [`driver`]: the stand-in loaded with `dlopen`, behind safe methods.
-//! - [`ring`]: the per-process shared-memory ring of counter records, and its reader.
+//! - [`ring`]: the per-process shared-memory ring of counter records; its layout and reader
+//!   belong to the agent (`penrose_agent::counters::ring`), which reads it in production code.
 //! - [`replay`]: a trace turned into launches, and the loop that replays them.
 //! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM.
 //! - [`error`]: what can go wrong, as typed errors.
@@ -25,7 +26,8 @@ pub mod abi;
 pub mod driver;
 pub mod error;
 pub mod replay;
-pub mod ring;
+/// The counter ring's layout and reader, owned by the agent that reads it.
+pub use penrose_agent::counters::ring;
 pub mod signal;
 
 use std::path::{Path, PathBuf};
@@ -38,7 +40,7 @@ pub use error::StandinError;
 pub use replay::{
     Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary, Resolve, Via, replay,
 };
-pub use ring::{CounterRecord, CounterRing, RingHeader, ring_path};
+pub use ring::{CounterRecord, CounterRing, RingError, RingHeader, ring_path};
 
 /// The stand-in library `build.rs` compiled (its file name is already `libcuda.so.1`).
 pub const LIBCUDA_PATH: &str = env!("PENROSE_STANDIN_LIBCUDA");

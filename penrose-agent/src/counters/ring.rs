@@ -1,34 +1,87 @@
-//! The per-process shared-memory ring of counter records, and its reader.
+//! The stand-in driver's per-process shared-memory ring of counter records, and its reader.
 //!
-//! The stand-in appends one [`CounterRecord`] per launch to `/dev/shm/penrose-standin-<pid>`
-//! (created by `cuInit`). Layout, little-endian, mirrored by `csrc/standin.c`:
+//! The stand-in libcuda (test equipment, `penrose-standin`) appends one [`CounterRecord`] per
+//! launch to `/dev/shm/penrose-standin-<pid>` (created by `cuInit`), carrying counter values
+//! derived from the replayed trace. The agent's stand-in counter source reads it here; the
+//! reader lives with the agent (the product) and the test equipment depends on it, never the
+//! other way round. Layout, little-endian, mirrored by `penrose-standin/csrc/standin.c`:
 //!
 //! ```text
 //! offset 0     RingHeader (64 bytes): magic, version, record_size, capacity, pid, head
-//! offset 64    capacity x CounterRecord (64 bytes each); record i lives in slot i % capacity
+//! offset 64    capacity x CounterRecord (80 bytes each); record i lives in slot i % capacity
 //! ```
 //!
 //! `head` counts records ever written and is stored with release order after each record.
 //! Each slot is a seqlock: the writer sets `seq` to 0, writes the fields, then stores
 //! `seq = i + 1`; a reader copies the record and accepts it only if `seq` read before and after
 //! the copy is `i + 1`. A reader that falls more than `capacity` records behind loses the
-//! oldest ones and counts them. The file outlives the process so that a reader can drain it
-//! after exit; whoever is done with it removes it (the replayer does unless `--keep-ring`).
+//! oldest ones and counts them. Records are written under one lock per process with the
+//! CLOCK_MONOTONIC time taken inside it, so their timestamps never decrease with `seq`; a
+//! probe's timestamp (also CLOCK_MONOTONIC, `bpf_ktime_get_ns`) is taken before its launch's
+//! record, which is how [`CounterRing::find_launch`] pairs the two exactly.
+
+// FFI: the ring is a shared-memory mapping (mmap) read with volatile copies and atomics; every
+// block says why it is sound.
+#![allow(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
-use crate::abi::{EntryPoint, Present};
-use crate::error::StandinError;
+use penrose_ebpf_common::EntryPoint;
 
 /// `"PNSRING1"` read as a little-endian `u64`; 0 until the writer has filled in the header.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"PNSRING1");
-/// The ring layout (and stand-in ABI) version.
-pub const RING_VERSION: u32 = 1;
+/// The ring layout (and stand-in ABI) version. 2 added `timestamp_ns` and `tid`.
+pub const RING_VERSION: u32 = 2;
 
 /// Where the ring of process `pid` lives.
 pub fn ring_path(pid: u32) -> PathBuf {
     PathBuf::from(format!("/dev/shm/penrose-standin-{pid}"))
+}
+
+/// Why a ring could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// The file could not be opened or mapped.
+    #[error("counter ring {path}: {source}")]
+    Io {
+        /// The ring's file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not (yet) a ring of the layout this reader knows.
+    #[error("counter ring {path}: {reason}")]
+    Layout {
+        /// The ring's file.
+        path: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+}
+
+/// Which fields of a record (and of the stand-in's `penrose_standin_counters`) hold a value:
+/// traces omit some.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Present(pub u32);
+
+impl Present {
+    /// `duration_ns` holds the kernel's duration.
+    pub const DURATION: u32 = 1;
+    /// `est_achieved_occupancy_pct` holds a value.
+    pub const OCCUPANCY: u32 = 2;
+    /// `blocks_per_sm` holds a value.
+    pub const BLOCKS_PER_SM: u32 = 4;
+    /// `registers_per_thread` holds a value.
+    pub const REGISTERS: u32 = 8;
+    /// `shared_memory_bytes` holds a value.
+    pub const SHARED_MEMORY: u32 = 16;
+
+    /// Whether `bit` is set.
+    pub fn has(self, bit: u32) -> bool {
+        self.0 & bit != 0
+    }
 }
 
 /// The ring's first 64 bytes. Mirrors `struct ring_header`.
@@ -76,10 +129,18 @@ pub struct CounterRecord {
     pub entry: u32,
     /// [`Present`] bits.
     pub present: u32,
+    /// CLOCK_MONOTONIC when the stand-in wrote the record, inside the launch call.
+    pub timestamp_ns: u64,
+    /// The launching thread.
+    pub tid: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<RingHeader>() == 64);
-const _: () = assert!(std::mem::size_of::<CounterRecord>() == 64);
+const HEADER_SIZE: usize = std::mem::size_of::<RingHeader>();
+const RECORD_SIZE: usize = std::mem::size_of::<CounterRecord>();
+const _: () = assert!(HEADER_SIZE == 64);
+const _: () = assert!(RECORD_SIZE == 80);
 
 impl CounterRecord {
     fn field<T>(&self, bit: u32, value: T) -> Option<T> {
@@ -117,6 +178,17 @@ impl CounterRecord {
     }
 }
 
+/// What [`CounterRing::find_launch`] concluded about one probed launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Lookup {
+    /// The launch's own record.
+    Found(CounterRecord),
+    /// Not written yet (the probe fires before the driver writes): ask again later.
+    NotYet,
+    /// The ring no longer holds it (the writer lapped the reader), or it never existed.
+    Gone,
+}
+
 /// A read-only mapping of one process's ring, with a cursor: the agent's stand-in counter
 /// source reads each launch's counters through it, tests check a replay with it.
 pub struct CounterRing {
@@ -134,24 +206,24 @@ unsafe impl Send for CounterRing {}
 
 impl CounterRing {
     /// Opens the ring of process `pid`, positioned at its oldest record still held.
-    pub fn open(pid: u32) -> Result<Self, StandinError> {
+    pub fn open(pid: u32) -> Result<Self, RingError> {
         Self::open_path(&ring_path(pid))
     }
 
     /// Opens a ring file by path, positioned at its oldest record still held.
-    pub fn open_path(path: &Path) -> Result<Self, StandinError> {
-        let io = |source| StandinError::RingIo {
+    pub fn open_path(path: &Path) -> Result<Self, RingError> {
+        let io = |source| RingError::Io {
             path: path.to_owned(),
             source,
         };
-        let layout = |reason: String| StandinError::RingLayout {
+        let layout = |reason: String| RingError::Layout {
             path: path.to_owned(),
             reason,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = usize::try_from(file.metadata().map_err(io)?.len())
             .map_err(|_| layout("larger than the address space".into()))?;
-        if len < std::mem::size_of::<RingHeader>() {
+        if len < HEADER_SIZE {
             return Err(layout(format!("{len} bytes, shorter than a header")));
         }
         // SAFETY: maps `len` bytes of a file we opened, read-only and shared; the mapping is
@@ -191,11 +263,11 @@ impl CounterRing {
                 header.version
             )));
         }
-        if header.record_size as usize != std::mem::size_of::<CounterRecord>() {
+        if header.record_size as usize != RECORD_SIZE {
             return Err(layout(format!("record size {}", header.record_size)));
         }
         let capacity = u64::from(header.capacity);
-        let needed = 64 + capacity * 64;
+        let needed = HEADER_SIZE as u64 + capacity * RECORD_SIZE as u64;
         if !header.capacity.is_power_of_two() || (len as u64) < needed {
             return Err(layout(format!(
                 "capacity {} does not fit {len} bytes",
@@ -265,11 +337,56 @@ impl CounterRing {
         out
     }
 
+    /// The record of the launch a probe saw on thread `tid` at `timestamp_ns` of function
+    /// `function`: the first record of that thread and function written at or after the
+    /// probe's time. A thread cannot make another launch between its probe firing and its
+    /// record being written, so this is that launch's own record.
+    ///
+    /// Launches are looked up in the order they happened; the search starts where the last
+    /// one was found, so records before it are never considered again.
+    pub fn find_launch(&mut self, tid: u32, function: u64, timestamp_ns: u64) -> Lookup {
+        let head = self.head();
+        let oldest = head.saturating_sub(self.capacity);
+        if self.next < oldest {
+            self.lost += oldest - self.next;
+            self.next = oldest;
+        }
+        // Records before the probe's time cannot be its launch's: skip them by binary search
+        // (timestamps never decrease with the index).
+        let (mut lo, mut hi) = (self.next, head);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.read_slot(mid) {
+                Some(r) if r.timestamp_ns < timestamp_ns => lo = mid + 1,
+                Some(_) => hi = mid,
+                // Lapped mid-search: everything up to here is gone.
+                None => lo = mid + 1,
+            }
+        }
+        for index in lo..head {
+            let Some(record) = self.read_slot(index) else {
+                continue;
+            };
+            if record.tid == tid && record.function == function {
+                self.next = index + 1;
+                return Lookup::Found(record);
+            }
+        }
+        if lo < head && self.records_of_thread_after(tid, lo, head) {
+            // The thread has launched again since, without this launch's record.
+            return Lookup::Gone;
+        }
+        Lookup::NotYet
+    }
+
+    fn records_of_thread_after(&self, tid: u32, from: u64, head: u64) -> bool {
+        (from..head).any(|i| self.read_slot(i).is_some_and(|r| r.tid == tid))
+    }
+
     /// Copies record `index` if its slot still holds it, completely written.
     fn read_slot(&self, index: u64) -> Option<CounterRecord> {
         let slot = usize::try_from(index & (self.capacity - 1)).ok()?;
-        let offset =
-            std::mem::size_of::<RingHeader>() + slot * std::mem::size_of::<CounterRecord>();
+        let offset = HEADER_SIZE + slot * RECORD_SIZE;
         let seq = self.atomic(offset);
         if seq.load(Ordering::Acquire) != index + 1 {
             return None;
@@ -313,14 +430,14 @@ mod tests {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&RING_MAGIC.to_le_bytes());
         bytes.extend_from_slice(&RING_VERSION.to_le_bytes());
-        bytes.extend_from_slice(&64u32.to_le_bytes());
+        bytes.extend_from_slice(&(RECORD_SIZE as u32).to_le_bytes());
         bytes.extend_from_slice(&capacity.to_le_bytes());
         bytes.extend_from_slice(&77u32.to_le_bytes());
         bytes.extend_from_slice(&head.to_le_bytes());
-        bytes.resize(64 + capacity as usize * 64, 0);
+        bytes.resize(HEADER_SIZE + capacity as usize * RECORD_SIZE, 0);
         for r in records {
             let slot = ((r.seq - 1) % u64::from(capacity)) as usize;
-            let at = 64 + slot * 64;
+            let at = HEADER_SIZE + slot * RECORD_SIZE;
             let mut rec = Vec::new();
             for v in [r.seq, r.function, r.stream, r.duration_ns] {
                 rec.extend_from_slice(&v.to_le_bytes());
@@ -335,7 +452,10 @@ mod tests {
             ] {
                 rec.extend_from_slice(&v.to_le_bytes());
             }
-            bytes[at..at + 64].copy_from_slice(&rec);
+            rec.extend_from_slice(&r.timestamp_ns.to_le_bytes());
+            rec.extend_from_slice(&r.tid.to_le_bytes());
+            rec.extend_from_slice(&r.reserved.to_le_bytes());
+            bytes[at..at + RECORD_SIZE].copy_from_slice(&rec);
         }
         std::fs::File::create(&path)
             .unwrap()
@@ -347,7 +467,7 @@ mod tests {
     fn record(seq: u64) -> CounterRecord {
         CounterRecord {
             seq,
-            function: 0xf00 + seq,
+            function: 0xf00 + seq % 3,
             stream: 7,
             duration_ns: seq * 10,
             est_achieved_occupancy_pct: 50.0,
@@ -356,6 +476,9 @@ mod tests {
             shared_memory_bytes: 0,
             entry: 0,
             present: Present::DURATION | Present::OCCUPANCY,
+            timestamp_ns: 1_000 * seq,
+            tid: 100 + (seq % 2) as u32,
+            reserved: 0,
         }
     }
 
@@ -373,18 +496,38 @@ mod tests {
     }
 
     #[test]
-    fn a_lapped_reader_counts_what_it_lost() {
+    fn a_lapped_reader_starts_at_the_oldest_record_still_held() {
         let dir = tempfile::tempdir().unwrap();
         // 6 written into 4 slots: records 3..=6 remain.
         let records: Vec<_> = (3..=6).map(record).collect();
         let path = write_ring(dir.path(), 4, &records, 6);
         let mut ring = CounterRing::open_path(&path).unwrap();
         assert_eq!(ring.read_new(), records);
+        assert_eq!(ring.lost(), 0);
+    }
+
+    #[test]
+    fn a_probed_launch_finds_its_own_record_by_thread_function_and_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<_> = (1..=16).map(record).collect();
+        let path = write_ring(dir.path(), 16, &records, 16);
+        let mut ring = CounterRing::open_path(&path).unwrap();
+        // Record 7: tid 101, function 0xf01, written at 7,000 ns; the probe fired a little
+        // earlier. Record 1 has the same thread and function but is older.
+        let r7 = records[6];
+        assert_eq!((r7.tid, r7.function), (101, 0xf01));
+        assert_eq!(ring.find_launch(101, 0xf01, 6_500), Lookup::Found(r7));
+        // The cursor moved past 7: the next launch of that pair is record 13.
         assert_eq!(
-            ring.lost(),
-            0,
-            "open starts at the oldest record still held"
+            ring.find_launch(101, 0xf01, 6_600),
+            Lookup::Found(records[12])
         );
+        // No record of thread 101 after 16,000 ns yet.
+        assert_eq!(ring.find_launch(101, 0xf01, 16_500), Lookup::NotYet);
+        // Thread 100 launched (record 14) after this probe time without a record of 0xf02:
+        // that launch's record is not coming.
+        let mut fresh = CounterRing::open_path(&path).unwrap();
+        assert_eq!(fresh.find_launch(100, 0xf09, 13_500), Lookup::Gone);
     }
 
     #[test]
