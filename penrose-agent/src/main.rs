@@ -9,10 +9,13 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use penrose_agent::capture::loader::enable_run_stats;
 use penrose_agent::capture::locate::LibrarySources;
-use penrose_agent::capture::window::{DEFAULT_WINDOW_LAUNCHES, Schedule};
+use penrose_agent::capture::schedule::{BudgetConfig, OverheadBudget, Schedule};
+use penrose_agent::capture::window::DEFAULT_WINDOW_LAUNCHES;
 use penrose_agent::capture::{Capture, CaptureConfig, CaptureError};
+use penrose_agent::counters::SourceKind;
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
+use penrose_core::sampling::{DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 
 /// The Penrose agent: watches kernel launches on this machine's GPUs, fingerprints and samples
 /// them, and ships only encrypted histograms.
@@ -51,12 +54,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Capture kernel launches for a while and print the snippets (for debugging on the
-    /// operator's own machine; needs root).
+    /// Capture kernel launches for a while and print the snippets and samples (for debugging
+    /// on the operator's own machine; needs root).
     ///
-    /// Launch probes are attached only inside windows of --window-seconds every
-    /// --period-seconds (by default one window covering the whole run). Example:
+    /// Launch probes are attached only inside windows. By default one window covers the whole
+    /// run; --window-seconds and --period-seconds give fixed windows; --budget spaces windows
+    /// so that the measured probe cost stays under that share of the probed processes' CPU
+    /// time (the daemon's default is 0.02%). The probe cost is measured at start unless
+    /// --no-calibrate. One launch in --sample-period is sampled and its counters read from
+    /// --counters. Examples:
     ///   penrose-agent capture --seconds 10 --json
+    ///   penrose-agent capture --seconds 600 --budget 0.02 --max-window-seconds 10
     Capture {
         /// How long to run.
         #[arg(long)]
@@ -76,6 +84,34 @@ enum Command {
         /// Time between window starts; defaults to --seconds.
         #[arg(long)]
         period_seconds: Option<f64>,
+        /// Space windows by this overhead budget, in percent of the probed processes' CPU
+        /// time (0.02 = 0.02%), instead of a fixed schedule.
+        #[arg(long, conflicts_with_all = ["window_seconds", "period_seconds"])]
+        budget: Option<f64>,
+        /// With --budget: the longest a window stays open.
+        #[arg(long, default_value_t = 10.0, requires = "budget")]
+        max_window_seconds: f64,
+        /// With --budget: the shortest gap between windows.
+        #[arg(long, default_value_t = 60.0, requires = "budget")]
+        min_gap_seconds: f64,
+        /// With --budget: the longest gap between windows.
+        #[arg(long, default_value_t = 21_600.0, requires = "budget")]
+        max_gap_seconds: f64,
+        /// S: sample one launch in this many (per CPU).
+        #[arg(long, default_value_t = DEFAULT_SAMPLE_PERIOD.get())]
+        sample_period: u32,
+        /// Where sampled launches' counters come from.
+        #[arg(long, value_enum, default_value_t = SourceKind::Auto)]
+        counters: SourceKind,
+        /// How long each counter group stays active, seconds.
+        #[arg(long, default_value_t = 600.0)]
+        group_seconds: f64,
+        /// Skip the start-up probe-cost measurement (assume 10 us per launch).
+        #[arg(long)]
+        no_calibrate: bool,
+        /// Seed of the sampling offsets (reproducible runs).
+        #[arg(long)]
+        seed: Option<u64>,
         /// Reader's sleep when the ring is empty, milliseconds.
         #[arg(long, default_value_t = 1)]
         poll_ms: u64,
@@ -136,6 +172,15 @@ fn run(cli: Cli) -> Result<()> {
             only_lib,
             window_seconds,
             period_seconds,
+            budget,
+            max_window_seconds,
+            min_gap_seconds,
+            max_gap_seconds,
+            sample_period,
+            counters,
+            group_seconds,
+            no_calibrate,
+            seed,
             poll_ms,
             bpf_stats,
             json,
@@ -145,10 +190,9 @@ fn run(cli: Cli) -> Result<()> {
                 Duration::try_from_secs_f64(s).with_context(|| format!("--{what} {s}"))
             };
             let total = secs(seconds, "seconds")?;
-            let schedule = Schedule {
-                duration: secs(window_seconds.unwrap_or(seconds), "window-seconds")?,
-                period: secs(period_seconds.unwrap_or(seconds), "period-seconds")?,
-            };
+            let sample_period = std::num::NonZeroU32::new(sample_period)
+                .map(SamplePeriod)
+                .context("--sample-period must be at least 1")?;
             let config = CaptureConfig {
                 sources: LibrarySources {
                     explicit: lib,
@@ -157,8 +201,32 @@ fn run(cli: Cli) -> Result<()> {
                 },
                 window_launches,
                 poll_interval: Duration::from_millis(poll_ms),
+                sample_period,
+                group_period: secs(group_seconds, "group-seconds")?,
+                counters,
+                calibrate: !no_calibrate,
+                seed,
+                ..CaptureConfig::default()
             };
-            capture(config, total, &schedule, bpf_stats, json, all_names)
+            let mut capture = Capture::start(config)?;
+            let schedule = match budget {
+                Some(percent) => Schedule::Budget {
+                    config: BudgetConfig {
+                        budget: OverheadBudget::new(percent / 100.0).with_context(|| {
+                            format!("--budget {percent}: must be above 0 and at most 100")
+                        })?,
+                        max_window: secs(max_window_seconds, "max-window-seconds")?,
+                        min_gap: secs(min_gap_seconds, "min-gap-seconds")?,
+                        max_gap: secs(max_gap_seconds, "max-gap-seconds")?,
+                    },
+                    cost: capture.probe_cost(),
+                },
+                None => Schedule::Fixed {
+                    duration: secs(window_seconds.unwrap_or(seconds), "window-seconds")?,
+                    period: secs(period_seconds.unwrap_or(seconds), "period-seconds")?,
+                },
+            };
+            run_capture(&mut capture, total, &schedule, bpf_stats, json, all_names)
         }
     }
 }
@@ -230,8 +298,8 @@ fn fingerprint(path: &Path, window: usize, per_stream: bool, json: bool) -> Resu
     Ok(())
 }
 
-fn capture(
-    config: CaptureConfig,
+fn run_capture(
+    capture: &mut Capture,
     total: Duration,
     schedule: &Schedule,
     bpf_stats: bool,
@@ -239,16 +307,26 @@ fn capture(
     all_names: bool,
 ) -> Result<()> {
     let fingerprinter = Fingerprinter::new(FingerprintParams::default())?;
-    let mut capture = Capture::start(config)?;
+    let catalogue = Catalogue::current();
     let _stats = bpf_stats.then(enable_run_stats).transpose()?;
-    tracing::info!(
-        "capture: {} s, windows of {:?} every {:?} (duty cycle {:.1}%), {} libraries",
-        total.as_secs_f64(),
-        schedule.duration,
-        schedule.period,
-        100.0 * schedule.duty_cycle(),
-        capture.libraries().len()
-    );
+    match schedule {
+        Schedule::Fixed { period, duration } => tracing::info!(
+            "capture: {} s, windows of {duration:?} every {period:?} (duty cycle at most {:.1}%), {} libraries",
+            total.as_secs_f64(),
+            100.0 * schedule.fixed_duty_cycle().unwrap_or(1.0),
+            capture.libraries().len()
+        ),
+        Schedule::Budget { config, cost } => tracing::info!(
+            "capture: {} s, windows spaced by an overhead budget of {}% of the probed processes' CPU time (probe cost {:?} per launch; windows at most {:?}, gaps {:?} to {:?}), {} libraries",
+            total.as_secs_f64(),
+            100.0 * config.budget.fraction(),
+            cost.per_launch,
+            config.max_window,
+            config.min_gap,
+            config.max_gap,
+            capture.libraries().len()
+        ),
+    }
     let started = Instant::now();
     capture.run_for(total, schedule)?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -267,6 +345,15 @@ fn capture(
                 "snippet_hash": hex(&fingerprinter.snippet_hash(&s.names).0),
                 "first_names": s.names.iter().take(5).map(|n| &**n).collect::<Vec<_>>(),
                 "all_names": all_names.then(|| s.names.iter().map(|n| &**n).collect::<Vec<_>>()),
+                "samples": s.samples.iter().map(|sample| serde_json::json!({
+                    "position": sample.position,
+                    "kernel": &*sample.kernel,
+                    "group": sample.group.0,
+                    "values": sample.values.iter().map(|v| {
+                        let name = catalogue.counter(v.counter).map_or("?", |c| c.name);
+                        (name.to_string(), serde_json::json!(v.value))
+                    }).collect::<serde_json::Map<_, _>>(),
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -298,6 +385,9 @@ fn capture(
             "counts": counts,
             "drops": drops,
             "beyond_limit": capture.beyond_limit(),
+            "counter_source": capture.counter_source(),
+            "probe_cost": capture.probe_cost(),
+            "windows": capture.history(),
             "events_per_s": counts.events as f64 / elapsed.max(f64::MIN_POSITIVE),
             "snippets": snippets,
         });
@@ -309,6 +399,30 @@ fn capture(
         "{} events ({} launches, {} names, {} exits) in {elapsed:.1} s; {drops} dropped",
         counts.events, counts.launches, counts.names, counts.exits
     );
+    println!(
+        "{} sampled launches, {} with counter values from {}; probe cost {:?} per launch",
+        counts.sampled,
+        counts.samples_with_values,
+        capture.counter_source(),
+        capture.probe_cost().per_launch
+    );
+    for w in capture.history() {
+        println!(
+            "window {:>3}: {:>7} launches in {:>8.3} s{}, probe time {:.3} s, processes' CPU {}, then {:.0} s closed",
+            w.index,
+            w.cost.launches,
+            w.cost.open_for.as_secs_f64(),
+            if w.closed_early { " (all at L)" } else { "" },
+            w.probe_time.as_secs_f64(),
+            w.cost
+                .process_cpu
+                .map_or("unknown".to_string(), |c| format!(
+                    "{:.3} s",
+                    c.as_secs_f64()
+                )),
+            w.gap.as_secs_f64()
+        );
+    }
     for p in &programs {
         println!(
             "{:<36} {:>9} runs, {:.0} ns per run",

@@ -11,16 +11,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::collections::HashSet;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use penrose_agent::capture::events::Pid;
 use penrose_agent::capture::locate::LibrarySources;
+use penrose_agent::capture::schedule::{BudgetConfig, OverheadBudget, Schedule};
 use penrose_agent::capture::window::{Snippet, SnippetEnd};
 use penrose_agent::capture::{Capture, CaptureConfig};
+use penrose_agent::counters::SourceKind;
+use penrose_core::counters::Catalogue;
+use penrose_core::sampling::SamplePeriod;
 use penrose_standin::{
-    Driver, EntryPoint, Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve, Via,
+    Driver, EntryPoint, Loops, NextCounters, Pace, ProcessSelection, ReplayOptions, ReplayPlan,
+    Resolve, Via,
 };
 use serde_json::Value;
 
@@ -33,6 +39,7 @@ fn main() {
     }
     let started = Instant::now();
     not_root_is_a_one_line_error();
+    no_btf_is_a_one_line_error();
     if !is_root() {
         println!("SKIPPED: live capture tests need root (CI runs them as root)");
         return;
@@ -57,6 +64,7 @@ fn main() {
     })
     .unwrap();
     assert_eq!(capture.libraries().len(), 2, "two copies are two files");
+    the_probe_cost_is_measured_at_start(&capture);
     // A library that disappears (a container gone) must not stop the agent.
     std::fs::remove_file(&doomed).unwrap();
     capture.rescan().unwrap();
@@ -81,6 +89,194 @@ fn main() {
     );
     drop(capture);
     snippets_end_at_the_limit(&lib, &full);
+    sampled_launches_carry_their_own_trace_values(&lib, &full);
+    a_budget_window_closes_when_every_process_reached_l(&lib, &full);
+}
+
+fn standin_capture(lib: &Path, window_launches: usize, sample_period: u32) -> Capture {
+    Capture::start(CaptureConfig {
+        sources: LibrarySources {
+            explicit: vec![lib.to_path_buf()],
+            ldconfig: false,
+            proc_maps: false,
+        },
+        window_launches,
+        sample_period: SamplePeriod(NonZeroU32::new(sample_period).unwrap()),
+        counters: SourceKind::Standin,
+        seed: Some(7),
+        ..CaptureConfig::default()
+    })
+    .unwrap()
+}
+
+/// The calibration measured a trap: more than a function call, and more than the BPF program
+/// alone, which the kernel's statistics also timed.
+fn the_probe_cost_is_measured_at_start(capture: &Capture) {
+    let cost = capture.probe_cost();
+    println!(
+        "  probe cost: {:?} per launch (call {:?} probed, {:?} unprobed), BPF program {:?}",
+        cost.per_launch, cost.probed_call, cost.unprobed_call, cost.bpf_run
+    );
+    assert!(cost.per_launch > Duration::from_nanos(100), "{cost:?}");
+    let bpf = cost.bpf_run.expect("BPF run-time statistics");
+    assert!(bpf > Duration::ZERO && bpf < cost.per_launch, "{cost:?}");
+    assert_eq!(
+        capture.counts().launches,
+        0,
+        "calibration calls are not launches"
+    );
+    check("the_probe_cost_is_measured_at_start");
+}
+
+/// The largest process's kernels in launch order, as the replayer chooses them.
+fn replayed_sequence(trace: &Path) -> Vec<penrose_traces::Kernel> {
+    let trace = penrose_traces::read_trace(trace).unwrap();
+    let seqs = trace.process_sequences();
+    let (_, seq) = seqs
+        .iter()
+        .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
+        .unwrap();
+    seq.iter().map(|k| (*k).clone()).collect()
+}
+
+/// With S = 97 the BPF countdown samples about one launch in 97, and each sample carries the
+/// counter values the replayer passed for that very launch (duration, occupancy, ... of the
+/// trace kernel at the sample's position).
+fn sampled_launches_carry_their_own_trace_values(lib: &Path, full: &[(PathBuf, Snippet)]) {
+    let (trace, whole) = full.iter().max_by_key(|(_, s)| s.names.len()).unwrap();
+    let period = 97u32;
+    let mut capture = standin_capture(lib, usize::MAX, period);
+    capture.open_window().unwrap();
+    wait_all(&mut capture, vec![spawn(lib, trace, "module", "launch", 1)]);
+    capture.close_window().unwrap();
+    let snippets = capture.take_snippets();
+    let snippet = &snippets[0];
+    let counts = capture.counts();
+    let launches = snippet.names.len() as f64;
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    assert!(
+        (counts.sampled as f64 - launches / f64::from(period)).abs() <= 2.0 + cpus,
+        "{} sampled of {launches}",
+        counts.sampled
+    );
+    assert_eq!(counts.samples_with_values, counts.sampled, "{counts:?}");
+    assert_eq!(snippet.samples.len() as u64, counts.sampled);
+    let seq = replayed_sequence(trace);
+    assert_eq!(seq.len(), whole.names.len());
+    let catalogue = Catalogue::current();
+    let id = |name: &str| catalogue.counter_by_name(name).unwrap().id;
+    for sample in &snippet.samples {
+        let kernel = &seq[sample.position];
+        assert_eq!(&*sample.kernel, &*kernel.name);
+        assert_eq!(sample.kernel, snippet.names[sample.position]);
+        let expected = NextCounters::from_kernel(kernel);
+        let value = |name: &str| {
+            sample
+                .values
+                .iter()
+                .find(|v| v.counter == id(name))
+                .map(|v| v.value)
+        };
+        assert_eq!(value("kernel_duration"), Some(expected.duration_ns as f64));
+        assert_eq!(
+            value("achieved_occupancy"),
+            kernel.est_achieved_occupancy_pct
+        );
+        assert_eq!(value("blocks_per_sm"), kernel.blocks_per_sm);
+        assert_eq!(
+            value("registers_per_thread"),
+            kernel.registers_per_thread.map(f64::from)
+        );
+        assert_eq!(
+            value("shared_memory"),
+            kernel
+                .shared_memory_bytes
+                .map(|b| f64::from(penrose_standin::abi::saturate_u32(b)))
+        );
+    }
+    println!(
+        "  {}: {} of {launches} launches sampled at S = {period}, all with the trace's values",
+        trace.file_name().unwrap().to_string_lossy(),
+        counts.sampled
+    );
+    check("sampled_launches_carry_their_own_trace_values");
+}
+
+/// Under the budget scheduler a window closes as soon as every process in it reached L, long
+/// before its maximum length, and the gap that follows is the budget's answer to its cost.
+fn a_budget_window_closes_when_every_process_reached_l(lib: &Path, full: &[(PathBuf, Snippet)]) {
+    let (trace, whole) = full.iter().min_by_key(|(_, s)| s.names.len()).unwrap();
+    let limit = 5_000;
+    let mut capture = standin_capture(lib, limit, 10_000);
+    let config = BudgetConfig {
+        budget: OverheadBudget::new(0.0002).unwrap(),
+        max_window: Duration::from_secs(20),
+        min_gap: Duration::from_secs(1),
+        max_gap: Duration::from_secs(3600),
+    };
+    let schedule = Schedule::Budget {
+        config,
+        cost: capture.probe_cost(),
+    };
+    // Enough loops to keep launching through the whole run at unprobed speed.
+    let loops = 400_000_000 / whole.names.len() as u64;
+    let mut replayer = spawn(lib, trace, "module", "launch", loops);
+    let started = Instant::now();
+    capture.run_for(Duration::from_secs(6), &schedule).unwrap();
+    let _ = replayer.child.kill();
+    let _ = replayer.child.wait();
+    let history = capture.history().to_vec();
+    assert_eq!(history.len(), 1, "one window, then the gap: {history:?}");
+    let w = history[0];
+    assert!(w.closed_early, "{w:?}");
+    assert!(w.cost.open_for < Duration::from_secs(5), "{w:?}");
+    assert!(w.cost.launches >= limit as u64);
+    let cpu = w.cost.process_cpu.expect("the replayer's CPU time");
+    assert!(cpu > Duration::ZERO);
+    assert_eq!(w.gap, schedule.gap_after(&w.cost));
+    assert!(w.gap > started.elapsed(), "no second window in the run");
+    let snippets = capture.take_snippets();
+    assert_eq!(snippets.len(), 1);
+    assert_eq!(snippets[0].end, SnippetEnd::Limit);
+    assert_eq!(snippets[0].names.len(), limit);
+    println!(
+        "  budget window: {} launches in {:.3} s, probe time {:.3} s, replayer CPU {:.3} s, next window in {:.0} s",
+        w.cost.launches,
+        w.cost.open_for.as_secs_f64(),
+        w.probe_time.as_secs_f64(),
+        cpu.as_secs_f64(),
+        w.gap.as_secs_f64()
+    );
+    check("a_budget_window_closes_when_every_process_reached_l");
+}
+
+/// Without kernel BTF the agent exits with status 3 and one line naming it. The BTF file is
+/// hidden in a mount namespace of the agent's own (needs root; skipped otherwise).
+fn no_btf_is_a_one_line_error() {
+    if !is_root() {
+        println!("SKIPPED: no_btf_is_a_one_line_error (needs root for a mount namespace)");
+        return;
+    }
+    let script = format!(
+        "mount -t tmpfs none /sys/kernel/btf && exec {} capture --seconds 1 --only-lib",
+        env!("CARGO_BIN_EXE_penrose-agent")
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output();
+    let Ok(out) = out else {
+        println!("SKIPPED: no_btf_is_a_one_line_error (unshare is missing)");
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("unshare failed") || stderr.contains("mount:") {
+        println!("SKIPPED: no_btf_is_a_one_line_error (no mount namespace here: {stderr})");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("kernel BTF is missing"), "{stderr}");
+    check("no_btf_is_a_one_line_error");
 }
 
 fn is_root() -> bool {

@@ -46,6 +46,12 @@ pub enum CaptureError {
     /// BPF run-time statistics could not be enabled.
     #[error("enabling BPF run-time statistics: {0}")]
     Stats(String),
+    /// The start-up measurement of the probe cost could not run.
+    #[error("probe-cost calibration: {0}")]
+    Calibration(String),
+    /// The sampling countdown could not be seeded.
+    #[error("seeding the sampling countdown: {0}")]
+    Sampling(String),
     /// A map operation failed.
     #[error("eBPF map: {0}")]
     Map(#[source] aya::maps::MapError),

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use aya::Ebpf;
-use aya::maps::{MapData, PerCpuArray, RingBuf};
-use aya::programs::uprobe::{UProbeLinkId, UProbeScope};
+use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope};
 use aya::programs::{ProgramError, TracePoint, UProbe};
 use penrose_ebpf_common::{PROCESS_EXIT, ProbeRole, USER_PROBES, UserProbe, maps};
 
@@ -154,6 +154,53 @@ impl Probes {
             RingBuf::try_from(events).map_err(CaptureError::Map)?,
             PerCpuArray::try_from(drops).map_err(CaptureError::Map)?,
         ))
+    }
+
+    /// The sampling period (an `Array` of one `u64`, the layout of `SampleConfig`) and the
+    /// per-CPU countdowns, handed to the capture (once).
+    pub fn take_sampling_maps(
+        &mut self,
+    ) -> Result<(Array<MapData, u64>, PerCpuArray<MapData, u64>), CaptureError> {
+        let config = self
+            .ebpf
+            .take_map(maps::SAMPLE_CONFIG)
+            .ok_or(CaptureError::MissingMap(maps::SAMPLE_CONFIG))?;
+        let countdown = self
+            .ebpf
+            .take_map(maps::SAMPLE_COUNTDOWN)
+            .ok_or(CaptureError::MissingMap(maps::SAMPLE_COUNTDOWN))?;
+        Ok((
+            Array::try_from(config).map_err(CaptureError::Map)?,
+            PerCpuArray::try_from(countdown).map_err(CaptureError::Map)?,
+        ))
+    }
+
+    /// Attaches the `cuLaunchKernel` program at `offset` in `path`, for this process only: the
+    /// start-up calibration measures what a probed launch costs on this machine by calling a
+    /// function of the agent's own through it.
+    pub fn attach_calibration(
+        &mut self,
+        path: &Path,
+        offset: u64,
+    ) -> Result<UProbeLinkId, CaptureError> {
+        let program = penrose_ebpf_common::programs::CU_LAUNCH_KERNEL;
+        let pid = std::num::NonZeroU32::new(std::process::id())
+            .ok_or(CaptureError::MissingProgram(program))?;
+        uprobe(&mut self.ebpf, program)?
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(offset),
+                path,
+                UProbeScope::OneProcess(pid),
+            )
+            .map_err(|e| program_error(program, e))
+    }
+
+    /// Detaches the calibration probe (waits for the kernel to unregister it).
+    pub fn detach_calibration(&mut self, link: UProbeLinkId) -> Result<(), CaptureError> {
+        let program = penrose_ebpf_common::programs::CU_LAUNCH_KERNEL;
+        uprobe(&mut self.ebpf, program)?
+            .detach(link)
+            .map_err(|e| program_error(program, e))
     }
 
     /// Libraries with name probes attached.

@@ -3,29 +3,42 @@
 //! - [`locate`]: which libcuda files exist (ldconfig, configuration, running processes).
 //! - [`loader`]: the committed eBPF object loaded, probes attached and detached.
 //! - [`events`]: ring-buffer records decoded; per-process handle names.
-//! - [`window`]: capture windows, snippets, the schedule.
+//! - [`window`]: capture windows, snippets and their sampled launches.
+//! - [`schedule`]: when windows open (fixed, or spaced by the overhead budget).
+//! - [`calibrate`]: the start-up measurement of what a probed launch costs.
+//! - [`cpu`]: the probed processes' CPU time, which the budget is a share of.
 //! - [`error`]: why a capture cannot run.
 //!
 //! [`Capture`] ties them together: it owns the probes and the ring buffer, opens and closes
-//! windows, and turns records into snippets.
+//! windows, sets the BPF sampling countdown, reads the counters of sampled launches and turns
+//! records into snippets.
 
+pub mod calibrate;
+pub mod cpu;
 pub mod error;
 pub mod events;
 pub mod loader;
 pub mod locate;
+pub mod schedule;
 pub mod window;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
+use penrose_core::counters::CounterGroup;
+use penrose_core::sampling::{DEFAULT_REOFFSET_INTERVAL, DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 use penrose_ebpf_common::HandleKind;
+use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use crate::counters::{self, CounterSource, MissingReason, Reading, SourceKind};
+pub use calibrate::ProbeCost;
 pub use error::CaptureError;
 use events::{Event, Pid, ProcessNames};
 use loader::Probes;
 use locate::{LibraryFile, LibrarySources};
-use window::{Schedule, Snippet, Window};
+use schedule::{Schedule, WindowCost};
+use window::{Snippet, Window};
 
 /// How a capture runs.
 #[derive(Clone, Debug)]
@@ -38,6 +51,18 @@ pub struct CaptureConfig {
     /// wake-up (a wake-up per launch would cost more than the probe), so this bounds the
     /// latency and, with the ring's size, the launch rate the agent keeps up with.
     pub poll_interval: Duration,
+    /// S: one launch in S is sampled (per CPU, counted in BPF).
+    pub sample_period: SamplePeriod,
+    /// O: the random offset of the sampling countdown is re-drawn this often.
+    pub reoffset_every: Duration,
+    /// How long each counter group stays active before the next one's turn.
+    pub group_period: Duration,
+    /// Where counter values come from.
+    pub counters: SourceKind,
+    /// Measure the probe cost at start (otherwise [`ProbeCost::ASSUMED`] is used).
+    pub calibrate: bool,
+    /// Seed of the sampling offsets; `None` draws one from the OS.
+    pub seed: Option<u64>,
 }
 
 impl Default for CaptureConfig {
@@ -46,8 +71,29 @@ impl Default for CaptureConfig {
             sources: LibrarySources::default(),
             window_launches: window::DEFAULT_WINDOW_LAUNCHES,
             poll_interval: Duration::from_millis(1),
+            sample_period: DEFAULT_SAMPLE_PERIOD,
+            reoffset_every: DEFAULT_REOFFSET_INTERVAL,
+            group_period: DEFAULT_REOFFSET_INTERVAL,
+            counters: SourceKind::Auto,
+            calibrate: true,
+            seed: None,
         }
     }
+}
+
+/// One window as it happened, for `status`, logs and the overhead figures.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct WindowRecord {
+    /// Its index.
+    pub index: u64,
+    /// What it cost and what the probed processes used.
+    pub cost: WindowCost,
+    /// Probe time: its launches times the calibrated cost.
+    pub probe_time: Duration,
+    /// The gap the schedule chose after it.
+    pub gap: Duration,
+    /// It closed early because every process had reached L.
+    pub closed_early: bool,
 }
 
 /// What the reader has seen so far.
@@ -67,6 +113,39 @@ pub struct Counts {
     pub malformed: u64,
     /// Windows opened.
     pub windows: u64,
+    /// Launches the BPF countdown marked as sampled, inside windows and below L.
+    pub sampled: u64,
+    /// Sampled launches that got counter values.
+    pub samples_with_values: u64,
+    /// Sampled launches without values, by reason.
+    pub samples_missing: MissingCounts,
+}
+
+/// Sampled launches without counter values, by [`MissingReason`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MissingCounts {
+    /// The source cannot read the active group.
+    pub group_not_supported: u64,
+    /// The process has no counter source.
+    pub no_source: u64,
+    /// The launch's record was not found.
+    pub not_found: u64,
+    /// An interval source's first reading.
+    pub warmup: u64,
+    /// The device returned an error.
+    pub device_error: u64,
+}
+
+impl MissingCounts {
+    fn count(&mut self, reason: MissingReason) {
+        match reason {
+            MissingReason::GroupNotSupported => self.group_not_supported += 1,
+            MissingReason::NoSource => self.no_source += 1,
+            MissingReason::NotFound => self.not_found += 1,
+            MissingReason::Warmup => self.warmup += 1,
+            MissingReason::DeviceError => self.device_error += 1,
+        }
+    }
 }
 
 /// A running capture.
@@ -75,11 +154,24 @@ pub struct Capture {
     probes: Probes,
     ring: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
+    sample_period_map: Array<MapData, u64>,
+    countdown: PerCpuArray<MapData, u64>,
+    rng: StdRng,
+    next_reoffset: Option<Instant>,
+    counters: Box<dyn CounterSource>,
+    groups: Vec<CounterGroup>,
+    started: Instant,
+    cost: ProbeCost,
     names: HashMap<Pid, ProcessNames>,
     window: Option<Window>,
+    window_opened: Instant,
+    window_launches: u64,
+    cpu: cpu::CpuTracker,
+    history: Vec<WindowRecord>,
     finished: Vec<Snippet>,
     counts: Counts,
     beyond_limit: u64,
+    own_pid: Pid,
 }
 
 impl Capture {
@@ -88,17 +180,59 @@ impl Capture {
     pub fn start(config: CaptureConfig) -> Result<Self, CaptureError> {
         let mut probes = Probes::load()?;
         let (ring, drops) = probes.take_maps()?;
+        let (sample_period_map, countdown) = probes.take_sampling_maps()?;
+        let counters = counters::open(config.counters);
+        let groups = counters.groups();
+        let rng = match config.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        let now = Instant::now();
         let mut capture = Self {
-            config,
             probes,
             ring,
             drops,
+            sample_period_map,
+            countdown,
+            rng,
+            next_reoffset: None,
+            counters,
+            groups,
+            started: now,
+            cost: ProbeCost::ASSUMED,
             names: HashMap::new(),
             window: None,
+            window_opened: now,
+            window_launches: 0,
+            cpu: cpu::CpuTracker::default(),
+            history: Vec::new(),
             finished: Vec::new(),
             counts: Counts::default(),
             beyond_limit: 0,
+            own_pid: Pid(std::process::id()),
+            config,
         };
+        capture
+            .sample_period_map
+            .set(0, u64::from(capture.config.sample_period.get()), 0)
+            .map_err(CaptureError::Map)?;
+        if capture.config.calibrate {
+            capture.cost = capture.calibrate()?;
+        }
+        tracing::info!(
+            "capture: L = {}, 1 in {} launches sampled (offset re-drawn every {:?}), counters from {} (groups {:?}), probe cost {:?} per launch{}",
+            capture.config.window_launches,
+            capture.config.sample_period.get(),
+            capture.config.reoffset_every,
+            capture.counters.name(),
+            capture.groups.iter().map(|g| g.0).collect::<Vec<_>>(),
+            capture.cost.per_launch,
+            if capture.config.calibrate {
+                " (measured)"
+            } else {
+                " (assumed)"
+            },
+        );
         capture.rescan()?;
         if capture.libraries().is_empty() {
             tracing::warn!("no libcuda found yet; looking again at each window");
@@ -128,16 +262,73 @@ impl Capture {
         self.window.is_some()
     }
 
+    /// Measures the probe cost on this machine (see [`calibrate`]), discarding the
+    /// calibration's own records.
+    fn calibrate(&mut self) -> Result<ProbeCost, CaptureError> {
+        let ring = &mut self.ring;
+        let cost = calibrate::calibrate(&mut self.probes, || while ring.next().is_some() {})?;
+        tracing::info!(
+            "calibration: a probed call costs {:?} more than an unprobed one ({:?} vs {:?}); BPF program {:?}",
+            cost.per_launch,
+            cost.probed_call,
+            cost.unprobed_call,
+            cost.bpf_run
+        );
+        Ok(cost)
+    }
+
+    /// The probe cost the scheduler uses.
+    pub fn probe_cost(&self) -> ProbeCost {
+        self.cost
+    }
+
+    /// Seeds each CPU's sampling countdown with a random offset in 1..=S when the last draw
+    /// is older than O (or there was none), so which launch is sampled cannot be predicted.
+    fn maybe_reoffset(&mut self) -> Result<(), CaptureError> {
+        let now = Instant::now();
+        if self.next_reoffset.is_some_and(|at| now < at) {
+            return Ok(());
+        }
+        let period = self.config.sample_period.get();
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(what, e)| CaptureError::Sampling(format!("{what}: {e}")))?;
+        let offsets: Vec<u64> = (0..cpus)
+            .map(|_| u64::from(self.rng.random_range(1..=period)))
+            .collect();
+        let values = aya::maps::PerCpuValues::try_from(offsets)
+            .map_err(|e| CaptureError::Sampling(e.to_string()))?;
+        self.countdown
+            .set(0, values, 0)
+            .map_err(CaptureError::Map)?;
+        self.next_reoffset = Some(now + self.config.reoffset_every);
+        Ok(())
+    }
+
+    /// The counter group active now; groups take turns of `group_period`.
+    pub fn active_group(&self) -> Option<CounterGroup> {
+        if self.groups.is_empty() {
+            return None;
+        }
+        let period = self.config.group_period.as_nanos().max(1);
+        let turn = self.started.elapsed().as_nanos() / period;
+        let index = usize::try_from(turn % self.groups.len() as u128).unwrap_or(0);
+        self.groups.get(index).copied()
+    }
+
     /// Opens a window: launch probes attached.
     pub fn open_window(&mut self) -> Result<(), CaptureError> {
         if self.window.is_some() {
             return Ok(());
         }
         self.drain();
+        self.maybe_reoffset()?;
         self.window = Some(Window::new(
             self.counts.windows,
             self.config.window_launches,
         ));
+        self.window_opened = Instant::now();
+        self.window_launches = 0;
+        self.cpu.clear();
         self.counts.windows += 1;
         let started = Instant::now();
         let attached = self.probes.attach_launch()?;
@@ -149,10 +340,10 @@ impl Capture {
     }
 
     /// Closes the window: launch probes detached, the ring drained of what they wrote, every
-    /// open snippet ended.
-    pub fn close_window(&mut self) -> Result<(), CaptureError> {
+    /// open snippet ended. Returns what it cost (`None` when no window was open).
+    pub fn close_window(&mut self) -> Result<Option<WindowCost>, CaptureError> {
         if self.window.is_none() {
-            return Ok(());
+            return Ok(None);
         }
         let started = Instant::now();
         let detaching = self.probes.detach_launch()?;
@@ -168,11 +359,16 @@ impl Capture {
             started.elapsed()
         );
         self.drain();
+        let cost = WindowCost {
+            open_for: self.window_opened.elapsed(),
+            launches: self.window_launches,
+            process_cpu: self.cpu.total(),
+        };
         if let Some(window) = self.window.take() {
             self.beyond_limit += window.beyond_limit();
             self.finished.extend(window.close());
         }
-        Ok(())
+        Ok(Some(cost))
     }
 
     /// Reads every record now in the ring; returns how many.
@@ -199,16 +395,49 @@ impl Capture {
     fn handle(&mut self, event: Event) {
         match event {
             Event::Launch(launch) => {
+                if launch.pid == self.own_pid {
+                    // The calibration's own calls.
+                    return;
+                }
                 self.counts.launches += 1;
+                let group = self.active_group();
                 let Some(window) = &mut self.window else {
                     self.counts.launches_outside_window += 1;
                     return;
+                };
+                self.window_launches += 1;
+                if self.cpu.watch(launch.pid) {
+                    self.counters.watch(launch.pid);
+                }
+                if window.is_at_limit(launch.pid) {
+                    window.record(&launch, None, None);
+                    return;
+                }
+                let sample = if launch.sampled {
+                    self.counts.sampled += 1;
+                    let reading = match group {
+                        Some(group) => self.counters.read(&launch, group),
+                        None => Reading::Missing(MissingReason::GroupNotSupported),
+                    };
+                    match (reading, group) {
+                        (Reading::Values(values), Some(group)) => {
+                            self.counts.samples_with_values += 1;
+                            Some((group, values))
+                        }
+                        (Reading::Missing(reason), _) => {
+                            self.counts.samples_missing.count(reason);
+                            None
+                        }
+                        (Reading::Values(_), None) => None,
+                    }
+                } else {
+                    None
                 };
                 let name = self
                     .names
                     .get(&launch.pid)
                     .and_then(|n| n.function(launch.function));
-                window.record(&launch, name);
+                window.record(&launch, name, sample);
             }
             Event::Name {
                 pid,
@@ -241,6 +470,8 @@ impl Capture {
             Event::Exit { pid } => {
                 self.counts.exits += 1;
                 self.names.remove(&pid);
+                self.cpu.exited(pid);
+                self.counters.forget(pid);
                 if let Some(window) = &mut self.window {
                     window.exit(pid);
                 }
@@ -261,26 +492,73 @@ impl Capture {
         }
     }
 
-    /// Runs windows on `schedule` for `total`, then closes any open window.
+    /// Runs windows on `schedule` for `total`, then closes any open window. A window closes at
+    /// the schedule's maximum length or as soon as every process in it reached L; the gap
+    /// before the next one is the schedule's answer to what the window cost.
     pub fn run_for(&mut self, total: Duration, schedule: &Schedule) -> Result<(), CaptureError> {
         let start = Instant::now();
-        loop {
-            let elapsed = start.elapsed();
-            if elapsed >= total {
-                break;
-            }
-            let open = schedule.is_open_at(elapsed);
-            if open && !self.window_open() {
+        let mut next_open = start;
+        while start.elapsed() < total {
+            let now = Instant::now();
+            if let Some(window) = &self.window {
+                let timed_out = self.window_opened.elapsed() >= schedule.max_window();
+                let early = window.all_at_limit();
+                if timed_out || early {
+                    let index = self.counts.windows.saturating_sub(1);
+                    if let Some(cost) = self.close_window()? {
+                        let gap = schedule.gap_after(&cost);
+                        next_open = Instant::now() + gap;
+                        self.record_window(index, cost, gap, early && !timed_out);
+                    }
+                }
+            } else if now >= next_open {
                 self.rescan()?;
                 self.open_window()?;
-            } else if !open && self.window_open() {
-                self.close_window()?;
             }
             if self.drain() == 0 {
                 std::thread::sleep(self.config.poll_interval);
             }
         }
-        self.close_window()
+        let index = self.counts.windows.saturating_sub(1);
+        if let Some(cost) = self.close_window()? {
+            let gap = schedule.gap_after(&cost);
+            self.record_window(index, cost, gap, false);
+        }
+        Ok(())
+    }
+
+    fn record_window(&mut self, index: u64, cost: WindowCost, gap: Duration, early: bool) {
+        let record = WindowRecord {
+            index,
+            cost,
+            probe_time: schedule::probe_time(&self.cost, cost.launches),
+            gap,
+            closed_early: early,
+        };
+        tracing::info!(
+            "window {index}: {} launches in {:?}{}, probe time {:?}, probed processes' CPU {:?}; next in {:?}",
+            cost.launches,
+            cost.open_for,
+            if early {
+                " (every process reached L)"
+            } else {
+                ""
+            },
+            record.probe_time,
+            cost.process_cpu,
+            gap
+        );
+        self.history.push(record);
+    }
+
+    /// Every window closed by [`Capture::run_for`] so far.
+    pub fn history(&self) -> &[WindowRecord] {
+        &self.history
+    }
+
+    /// The counter source's name.
+    pub fn counter_source(&self) -> &'static str {
+        self.counters.name()
     }
 
     /// Snippets that have ended since the last call.

@@ -5,14 +5,15 @@
 //! snippet: the kernel names it launched, up to L launches, ended early by the process's exit
 //! or by the window's end.
 //!
-//! The scheduler here is the simple one: windows of a fixed duration every fixed period. The
-//! overhead-budget scheduler (spacing windows from the measured probe cost) is not built yet.
+//! When windows open is [`super::schedule`]'s business.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+
+use penrose_core::counters::CounterGroup;
 
 use super::events::{Launch, Pid};
+use crate::counters::CounterValue;
 
 /// L of DESIGN.md: launches per process per window.
 pub const DEFAULT_WINDOW_LAUNCHES: usize = 10_000;
@@ -43,6 +44,21 @@ pub struct Snippet {
     pub unnamed: u64,
     /// Why it ended.
     pub end: SnippetEnd,
+    /// The launches among `names` that the BPF countdown sampled and that have counter values.
+    pub samples: Vec<Sample>,
+}
+
+/// A sampled launch and its counter values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// Its position in the snippet's `names`.
+    pub position: usize,
+    /// Its kernel name (as in `names`).
+    pub kernel: Arc<str>,
+    /// The counter group that was active.
+    pub group: CounterGroup,
+    /// The values the counter source read.
+    pub values: Vec<CounterValue>,
 }
 
 /// Stands for a launch of a handle the name probes never saw (resolved before the agent
@@ -75,8 +91,25 @@ impl Window {
         }
     }
 
-    /// Adds a launch to its process's snippet, named `name` (`None`: unnamed).
-    pub fn record(&mut self, launch: &Launch, name: Option<&Arc<str>>) {
+    /// Whether `pid` already has L launches in this window (later ones are not recorded).
+    pub fn is_at_limit(&self, pid: Pid) -> bool {
+        self.at_limit.contains(&pid)
+    }
+
+    /// Every process that launched in this window has reached L (and none is still open): the
+    /// window has nothing left to record and may close early.
+    pub fn all_at_limit(&self) -> bool {
+        self.open.is_empty() && !self.at_limit.is_empty()
+    }
+
+    /// Adds a launch to its process's snippet, named `name` (`None`: unnamed), with its
+    /// counter values when it was sampled.
+    pub fn record(
+        &mut self,
+        launch: &Launch,
+        name: Option<&Arc<str>>,
+        sample: Option<(CounterGroup, Vec<crate::counters::CounterValue>)>,
+    ) {
         if self.at_limit.contains(&launch.pid) {
             self.beyond_limit += 1;
             return;
@@ -88,6 +121,7 @@ impl Window {
             names: Vec::new(),
             unnamed: 0,
             end: SnippetEnd::WindowEnd,
+            samples: Vec::new(),
         });
         let name = match name {
             Some(n) => Arc::clone(n),
@@ -97,6 +131,14 @@ impl Window {
                 Arc::from(UNNAMED)
             }
         };
+        if let Some((group, values)) = sample {
+            snippet.samples.push(Sample {
+                position: snippet.names.len(),
+                kernel: Arc::clone(&name),
+                group,
+                values,
+            });
+        }
         snippet.names.push(name);
         if snippet.names.len() >= self.limit {
             self.finish(launch.pid, SnippetEnd::Limit);
@@ -137,28 +179,6 @@ impl Window {
     }
 }
 
-/// Fixed windows: `duration` out of every `period`, the first at start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Schedule {
-    /// Time from one window's start to the next one's.
-    pub period: Duration,
-    /// How long a window stays open at most.
-    pub duration: Duration,
-}
-
-impl Schedule {
-    /// Whether a window is open `elapsed` after the start.
-    pub fn is_open_at(&self, elapsed: Duration) -> bool {
-        let period = self.period.as_nanos().max(1);
-        elapsed.as_nanos() % period < self.duration.as_nanos()
-    }
-
-    /// The fraction of time with launch probes attached.
-    pub fn duty_cycle(&self) -> f64 {
-        (self.duration.as_secs_f64() / self.period.as_secs_f64().max(f64::MIN_POSITIVE)).min(1.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,7 +204,7 @@ mod tests {
         let mut w = Window::new(3, 2);
         let a: Arc<str> = Arc::from("a");
         for _ in 0..5 {
-            w.record(&launch(1, 10, EntryPoint::LaunchKernel), Some(&a));
+            w.record(&launch(1, 10, EntryPoint::LaunchKernel), Some(&a), None);
         }
         let done = w.take_finished();
         assert_eq!(done.len(), 1);
@@ -199,9 +219,9 @@ mod tests {
     fn exits_and_window_ends_close_snippets_per_process() {
         let mut w = Window::new(0, 100);
         let a: Arc<str> = Arc::from("a");
-        w.record(&launch(1, 10, EntryPoint::LaunchKernel), Some(&a));
-        w.record(&launch(2, 10, EntryPoint::LaunchKernel), None);
-        w.record(&launch(2, 11, EntryPoint::GraphLaunch), None);
+        w.record(&launch(1, 10, EntryPoint::LaunchKernel), Some(&a), None);
+        w.record(&launch(2, 10, EntryPoint::LaunchKernel), None, None);
+        w.record(&launch(2, 11, EntryPoint::GraphLaunch), None, None);
         w.exit(Pid(1));
         w.exit(Pid(99));
         let exited = w.take_finished();
@@ -216,15 +236,37 @@ mod tests {
     }
 
     #[test]
-    fn fixed_schedule_opens_the_first_part_of_each_period() {
-        let s = Schedule {
-            period: Duration::from_secs(10),
-            duration: Duration::from_secs(2),
+    fn samples_keep_their_position_and_the_window_knows_when_all_reached_the_limit() {
+        use penrose_core::counters::CounterId;
+        let mut w = Window::new(0, 3);
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        let value = CounterValue {
+            counter: CounterId(5),
+            value: 1234.0,
         };
-        assert!(s.is_open_at(Duration::ZERO));
-        assert!(s.is_open_at(Duration::from_millis(1999)));
-        assert!(!s.is_open_at(Duration::from_secs(2)));
-        assert!(s.is_open_at(Duration::from_secs(21)));
-        assert!((s.duty_cycle() - 0.2).abs() < 1e-12);
+        w.record(&launch(1, 10, EntryPoint::LaunchKernel), Some(&a), None);
+        w.record(
+            &launch(1, 11, EntryPoint::LaunchKernel),
+            Some(&b),
+            Some((CounterGroup(2), vec![value])),
+        );
+        assert!(!w.all_at_limit());
+        w.record(&launch(1, 10, EntryPoint::LaunchKernel), Some(&a), None);
+        assert!(w.is_at_limit(Pid(1)));
+        assert!(w.all_at_limit());
+        let done = w.take_finished();
+        assert_eq!(
+            done[0].samples,
+            vec![Sample {
+                position: 1,
+                kernel: Arc::clone(&b),
+                group: CounterGroup(2),
+                values: vec![value],
+            }]
+        );
+        // A second process still open keeps the window useful.
+        w.record(&launch(2, 10, EntryPoint::LaunchKernel), Some(&a), None);
+        assert!(!w.all_at_limit());
     }
 }
