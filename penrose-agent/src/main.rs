@@ -63,6 +63,7 @@ enum Command {
     /// time (the daemon's default is 0.02%). The probe cost is measured at start unless
     /// --no-calibrate. One launch in --sample-period is sampled and its counters read from
     /// --counters. Examples:
+    /// SIGINT or SIGTERM ends the run early; what was captured is still printed.
     ///   penrose-agent capture --seconds 10 --json
     ///   penrose-agent capture --seconds 600 --budget 0.02 --max-window-seconds 10
     Capture {
@@ -328,7 +329,8 @@ fn run_capture(
         ),
     }
     let started = Instant::now();
-    capture.run_for(total, schedule)?;
+    let stop = penrose_agent::signal::stop_on_signals().context("installing signal handlers")?;
+    capture.run_until(total, schedule, stop)?;
     let elapsed = started.elapsed().as_secs_f64();
     let snippets: Vec<_> = capture
         .take_snippets()

@@ -259,6 +259,9 @@ static struct ring_header *ring;
 static struct ring_record *ring_records;
 static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread struct penrose_standin_counters next_counters;
+/* The thread's id, looked up once per thread (a gettid syscall per launch would cost more
+ * than the launch). */
+static __thread uint32_t thread_id;
 
 /* One ring per process, named by pid: load one copy of the stand-in per process. */
 static int ring_open(void) {
@@ -314,7 +317,9 @@ static void ring_write(enum penrose_entry entry, const void *function, CUstream 
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     r->timestamp_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-    r->tid = (uint32_t)syscall(SYS_gettid);
+    if (thread_id == 0)
+        thread_id = (uint32_t)syscall(SYS_gettid);
+    r->tid = thread_id;
     r->reserved = 0;
     __atomic_store_n(&r->seq, index + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&ring->head, index + 1, __ATOMIC_RELEASE);

@@ -11,7 +11,7 @@
 //! - [`ring`]: the per-process shared-memory ring of counter records; its layout and reader
 //!   belong to the agent (`penrose_agent::counters::ring`), which reads it in production code.
 //! - [`replay`]: a trace turned into launches, and the loop that replays them.
-//! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM.
+//! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM (shared with the agent).
 //! - [`error`]: what can go wrong, as typed errors.
 //!
 //! The library itself is built by `build.rs`; [`LIBCUDA_PATH`] is where, and
@@ -28,7 +28,8 @@ pub mod error;
 pub mod replay;
 /// The counter ring's layout and reader, owned by the agent that reads it.
 pub use penrose_agent::counters::ring;
-pub mod signal;
+/// Stopping a looping replay on SIGINT/SIGTERM (the agent's own handlers).
+pub use penrose_agent::signal;
 
 use std::path::{Path, PathBuf};
 

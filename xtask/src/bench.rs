@@ -304,6 +304,10 @@ fn report(root: &Path, rows: &[Row], machine: &str, sizes: &str) -> String {
     let _ = writeln!(s, "Machine: {machine}\n");
     s.push_str(&table(rows));
     let _ = writeln!(s, "\n{sizes}");
+    // Capture is measured by `cargo xtask bench-capture` (root, eBPF), kept in its own file.
+    if let Ok(capture) = std::fs::read_to_string(root.join("docs/benchmarks-capture.md")) {
+        let _ = writeln!(s, "\n{capture}");
+    }
     let notes = root.join("docs/benchmarks-notes.md");
     if let Ok(extra) = std::fs::read_to_string(&notes) {
         let _ = writeln!(s, "\n{extra}");
@@ -311,7 +315,7 @@ fn report(root: &Path, rows: &[Row], machine: &str, sizes: &str) -> String {
     s
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -352,7 +356,7 @@ pub fn workspace_root() -> Result<PathBuf> {
         .context("xtask has no parent directory")
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))

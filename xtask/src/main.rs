@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_capture;
 mod build_ebpf;
 mod demo;
 mod eval;
@@ -23,6 +24,8 @@ enum Command {
     EvalFingerprints(eval::Args),
     /// Run the criterion benchmarks and write docs/benchmarks.md.
     Bench(bench::Args),
+    /// Measure what capture costs (as root) and write docs/benchmarks-capture.md.
+    BenchCapture(bench_capture::Args),
     /// Run the system end to end on this machine.
     Demo(demo::Args),
 }
@@ -32,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         Command::BuildEbpf(args) => build_ebpf::run(args),
         Command::EvalFingerprints(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::BenchCapture(args) => bench_capture::run(args),
         Command::Demo(args) => demo::run(args),
     }
 }

@@ -496,9 +496,19 @@ impl Capture {
     /// the schedule's maximum length or as soon as every process in it reached L; the gap
     /// before the next one is the schedule's answer to what the window cost.
     pub fn run_for(&mut self, total: Duration, schedule: &Schedule) -> Result<(), CaptureError> {
+        self.run_until(total, schedule, &std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// [`Capture::run_for`], ending early once `stop` is set (a signal handler's flag).
+    pub fn run_until(
+        &mut self,
+        total: Duration,
+        schedule: &Schedule,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), CaptureError> {
         let start = Instant::now();
         let mut next_open = start;
-        while start.elapsed() < total {
+        while start.elapsed() < total && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let now = Instant::now();
             if let Some(window) = &self.window {
                 let timed_out = self.window_opened.elapsed() >= schedule.max_window();
