@@ -31,11 +31,15 @@ pub struct ClientConfig {
     /// Longest wait from opening a report's stream to having its ack (includes waiting for
     /// stream credit when the server is pacing this connection).
     pub ack_timeout: Duration,
+    /// A connection that hears nothing from the server for this long is given up (the server
+    /// may hold it for less). It is also how long a client takes to notice a server that
+    /// vanished without closing, such as one that was killed.
+    pub idle_timeout: Duration,
 }
 
 impl ClientConfig {
     /// A configuration with the default retry policy and timeouts (5 s to connect, 10 s for
-    /// an ack).
+    /// an ack, 30 s idle).
     pub fn new(server: SocketAddr, server_name: impl Into<String>, trust: Trust) -> ClientConfig {
         ClientConfig {
             server,
@@ -44,6 +48,7 @@ impl ClientConfig {
             retry: RetryPolicy::default(),
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -120,7 +125,7 @@ impl Client {
     /// local UDP socket is bound to loopback when the server is on loopback, so tests never
     /// open a socket on another interface.
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
-        let quic = crate::tls::client_config(&config.trust, ALPN)?;
+        let quic = crate::tls::client_config(&config.trust, ALPN, config.idle_timeout)?;
         let bind = match config.server.ip() {
             IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -181,6 +186,11 @@ impl Client {
                     });
                 }
                 Err(e) => {
+                    if matches!(e, ClientError::AckTimeout(_)) {
+                        // The server may be gone without a word (killed, or the path lost);
+                        // dial afresh rather than wait out the idle timeout.
+                        self.forget_connection().await;
+                    }
                     let delay = policy.delay(attempt - 1, &mut rand::rng());
                     warn!(attempt, error = %e, ?delay, "report not delivered; retrying");
                     tokio::time::sleep(delay).await;
@@ -217,6 +227,11 @@ impl Client {
             conn.close(0u32.into(), b"client done");
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+
+    /// Makes the next send dial a new connection; streams still open on the old one carry on.
+    async fn forget_connection(&self) {
+        self.inner.connection.lock().await.take();
     }
 
     async fn dial(&self) -> Result<quinn::Connection, ClientError> {

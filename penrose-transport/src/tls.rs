@@ -23,10 +23,6 @@ use crate::limits::Limits;
 const STREAM_WINDOW: u32 = 12 * 1024;
 const _: () = assert!(STREAM_WINDOW as usize >= LENGTH_PREFIX + MAX_FRAME_BODY);
 
-/// How long a client connection may sit unused before either side drops it; the next report
-/// dials again.
-pub(crate) const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -81,6 +77,7 @@ pub(crate) fn server_config(
 pub(crate) fn client_config(
     trust: &Trust,
     alpn: &[u8],
+    idle_timeout: Duration,
 ) -> Result<quinn::ClientConfig, TransportError> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
@@ -110,7 +107,7 @@ pub(crate) fn client_config(
         // The server never opens streams towards an agent.
         .max_concurrent_bidi_streams(VarInt::from_u32(0))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
-        .max_idle_timeout(Some(idle(CLIENT_IDLE_TIMEOUT)?))
+        .max_idle_timeout(Some(idle(idle_timeout)?))
         .datagram_receive_buffer_size(None);
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(Arc::new(transport));

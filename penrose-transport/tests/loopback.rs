@@ -31,6 +31,7 @@ struct Recorder {
     reports: Mutex<HashMap<ReportId, Report>>,
     calls: AtomicUsize,
     slow_first: Option<Duration>,
+    hang_first: bool,
     reject: Option<RejectReason>,
 }
 
@@ -47,6 +48,10 @@ fn ack(report_id: ReportId, status: AckStatus) -> Ack {
 impl ReportHandler for Recorder {
     async fn handle(&self, body: Vec<u8>) -> Ack {
         let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if call == 0 && self.hang_first {
+            // A server that took the report and then went silent, like one that was killed.
+            std::future::pending::<()>().await;
+        }
         let report = match Message::decode_body(&body) {
             Ok(Message::Report(report)) => report,
             Ok(Message::Ack(_)) => {
@@ -635,6 +640,32 @@ async fn a_lost_ack_is_retried_and_the_report_is_stored_once() {
     assert_eq!(ack.status, AckStatus::Duplicate);
     assert_eq!(fx.handler.stored(), 1);
     assert!(fx.handler.calls() >= 2);
+    fx.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_ack_timeout_the_retry_dials_a_new_connection() {
+    let fx = start(
+        Limits {
+            shutdown_grace: Duration::from_millis(100),
+            ..Limits::default()
+        },
+        Recorder {
+            hang_first: true,
+            ..Recorder::default()
+        },
+    )
+    .await;
+    let mut config = fx.client_config();
+    config.ack_timeout = Duration::from_millis(300);
+    config.retry = quick_retries(5);
+    let client = Client::connect(config).await.unwrap();
+    let sent = report(21);
+    let ack = client.send_with_retry(&sent).await.unwrap();
+    assert_eq!(ack.status, AckStatus::Accepted);
+    assert_eq!(fx.handler.stored(), 1);
+    // The silent connection was not trusted again: the retry came on a second one.
+    assert_eq!(fx.server.stats().connections_accepted, 2);
     fx.server.shutdown().await;
 }
 
