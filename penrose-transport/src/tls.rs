@@ -36,9 +36,9 @@ pub(crate) fn server_config(
     identity: &Identity,
     limits: &Limits,
 ) -> Result<quinn::ServerConfig, TransportError> {
-    if limits.max_connections == 0 {
+    if limits.max_connections == 0 || limits.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
         return Err(TransportError::InvalidLimits(
-            "max_connections must be positive",
+            "max_connections must be positive and below tokio's semaphore limit",
         ));
     }
     if limits.max_concurrent_streams == 0 {

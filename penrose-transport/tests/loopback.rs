@@ -804,6 +804,10 @@ async fn limits_that_cannot_work_are_refused() {
             ..Limits::default()
         },
         Limits {
+            max_connections: usize::MAX,
+            ..Limits::default()
+        },
+        Limits {
             max_concurrent_streams: 0,
             ..Limits::default()
         },
