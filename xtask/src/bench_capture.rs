@@ -362,7 +362,7 @@ fn overhead_for(trace: &Path, cost: &ProbeCost) -> Result<TraceOverhead> {
         .map(|k| k.ts_us + k.dur_us)
         .fold(f64::NEG_INFINITY, f64::max);
     let span_s = (last - first) * 1e-6;
-    if !(span_s > 0.0) {
+    if span_s.is_nan() || span_s <= 0.0 {
         bail!("no time span");
     }
     let rate = seq.len() as f64 / span_s;

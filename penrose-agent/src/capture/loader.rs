@@ -102,6 +102,9 @@ impl Detaching {
     }
 }
 
+/// `SAMPLE_CONFIG` (one `u64`, the layout of `SampleConfig`) and `SAMPLE_COUNTDOWN`.
+pub type SamplingMaps = (Array<MapData, u64>, PerCpuArray<MapData, u64>);
+
 /// The loaded object and the links the agent holds.
 pub struct Probes {
     ebpf: Ebpf,
@@ -158,9 +161,7 @@ impl Probes {
 
     /// The sampling period (an `Array` of one `u64`, the layout of `SampleConfig`) and the
     /// per-CPU countdowns, handed to the capture (once).
-    pub fn take_sampling_maps(
-        &mut self,
-    ) -> Result<(Array<MapData, u64>, PerCpuArray<MapData, u64>), CaptureError> {
+    pub fn take_sampling_maps(&mut self) -> Result<SamplingMaps, CaptureError> {
         let config = self
             .ebpf
             .take_map(maps::SAMPLE_CONFIG)

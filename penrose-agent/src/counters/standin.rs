@@ -18,8 +18,11 @@ use crate::capture::events::{Launch, Pid};
 /// (the probe fires at the call's entry; the record follows within microseconds).
 const RECORD_WAIT: Duration = Duration::from_millis(2);
 
+/// Reads one counter's value out of a record, when the trace had it.
+type Field = fn(&CounterRecord) -> Option<f64>;
+
 /// The catalogue counters this source fills, by name, with the record field each comes from.
-const FIELDS: [(&str, fn(&CounterRecord) -> Option<f64>); 5] = [
+const FIELDS: [(&str, Field); 5] = [
     ("kernel_duration", |r| r.duration_ns().map(|v| v as f64)),
     ("achieved_occupancy", |r| r.est_achieved_occupancy_pct()),
     ("blocks_per_sm", |r| r.blocks_per_sm()),
@@ -33,7 +36,7 @@ const FIELDS: [(&str, fn(&CounterRecord) -> Option<f64>); 5] = [
 #[derive(Debug)]
 pub struct StandinSource {
     rings: HashMap<Pid, Option<CounterRing>>,
-    counters: Vec<(CounterId, CounterGroup, fn(&CounterRecord) -> Option<f64>)>,
+    counters: Vec<(CounterId, CounterGroup, Field)>,
 }
 
 impl Default for StandinSource {
