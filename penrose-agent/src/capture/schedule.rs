@@ -213,10 +213,11 @@ mod tests {
             process_cpu: Some(Duration::ZERO),
         };
         assert_eq!(schedule.gap_after(&idle), config.min_gap);
+        // 0.16 s of probe time against 0.1 ms of CPU: the budget asks for 80,000 s.
         let heavy = WindowCost {
             open_for: Duration::from_millis(10),
             launches: 10_000,
-            process_cpu: Some(Duration::from_millis(1)),
+            process_cpu: Some(Duration::from_micros(100)),
         };
         assert_eq!(schedule.gap_after(&heavy), config.max_gap);
     }
