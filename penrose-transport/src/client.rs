@@ -1,0 +1,337 @@
+//! The sending side: one QUIC connection shared by every task that sends, one stream per
+//! report, and retries with exponential backoff and jitter for uploads that must get through.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use penrose_core::wire::{Ack, AckStatus, LENGTH_PREFIX, MAX_FRAME_BODY, Message, Report};
+use rand::Rng;
+use tokio::sync::Mutex;
+use tracing::{debug, warn};
+
+use crate::error::{ClientError, TransportError};
+use crate::identity::Trust;
+use crate::{ALPN, UNREAD_REPORT_ID};
+
+/// Where to send and whom to trust.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The aggregator's UDP address.
+    pub server: SocketAddr,
+    /// The name the server's certificate must carry (checked with [`Trust::Ca`]; a pinned
+    /// certificate is matched whatever its names).
+    pub server_name: String,
+    /// What certificate to accept.
+    pub trust: Trust,
+    /// How [`Client::send_with_retry`] retries.
+    pub retry: RetryPolicy,
+    /// Longest wait for a handshake before the attempt counts as failed.
+    pub connect_timeout: Duration,
+    /// Longest wait from opening a report's stream to having its ack (includes waiting for
+    /// stream credit when the server is pacing this connection).
+    pub ack_timeout: Duration,
+    /// A connection that hears nothing from the server for this long is given up (the server
+    /// may hold it for less). It is also how long a client takes to notice a server that
+    /// vanished without closing, such as one that was killed.
+    pub idle_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// A configuration with the default retry policy and timeouts (5 s to connect, 10 s for
+    /// an ack, 30 s idle).
+    pub fn new(server: SocketAddr, server_name: impl Into<String>, trust: Trust) -> ClientConfig {
+        ClientConfig {
+            server,
+            server_name: server_name.into(),
+            trust,
+            retry: RetryPolicy::default(),
+            connect_timeout: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Exponential backoff with jitter: retry `k` (from 0) waits `min(max_delay, base_delay *
+/// 2^k)`, less a random share of up to `jitter` of it, so that a fleet cut off by the same
+/// outage does not come back in step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included; at least 1.
+    pub attempts: u32,
+    /// The wait before the first retry, before jitter.
+    pub base_delay: Duration,
+    /// No wait is longer than this.
+    pub max_delay: Duration,
+    /// Fraction (0 to 1) of each wait that is drawn at random.
+    pub jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        RetryPolicy {
+            attempts: 8,
+            base_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(30),
+            jitter: 0.5,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, no retries.
+    pub fn none() -> RetryPolicy {
+        RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// The wait before retry `retry` (0 for the first retry), jittered with `rng`.
+    pub fn delay(&self, retry: u32, rng: &mut impl Rng) -> Duration {
+        let full = self
+            .base_delay
+            .saturating_mul(2u32.saturating_pow(retry.min(31)))
+            .min(self.max_delay);
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        if jitter == 0.0 {
+            return full;
+        }
+        full.mul_f64(1.0 - jitter * rng.random::<f64>())
+    }
+}
+
+/// A client of one aggregator. Cheap to clone; clones share the connection, so many tasks
+/// can send at once, each report on its own stream. A lost connection is dialled again by the
+/// next send.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoint: quinn::Endpoint,
+    quic: quinn::ClientConfig,
+    config: ClientConfig,
+    connection: Mutex<Option<quinn::Connection>>,
+}
+
+/// Largest reply a client reads on a stream; an ack is 24 bytes.
+const REPLY_LIMIT: usize = LENGTH_PREFIX + MAX_FRAME_BODY;
+
+impl Client {
+    /// A client that dials on its first send; must be called inside a tokio runtime. The
+    /// local UDP socket is bound to loopback when the server is on loopback, so tests never
+    /// open a socket on another interface.
+    pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
+        let quic = crate::tls::client_config(&config.trust, ALPN, config.idle_timeout)?;
+        let bind = match config.server.ip() {
+            IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(ip) if ip.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let bind = SocketAddr::new(bind, 0);
+        let endpoint = quinn::Endpoint::client(bind)
+            .map_err(|source| TransportError::Bind { addr: bind, source })?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                endpoint,
+                quic,
+                config,
+                connection: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// A client with its connection already open, so that a wrong pin or an absent server
+    /// shows up here rather than at the first report.
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let client = Client::new(config)?;
+        client.connection().await?;
+        Ok(client)
+    }
+
+    /// The configuration this client was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// Sends one report on its own stream and waits for its ack. Whatever the ack says is
+    /// returned as `Ok`: Rejected is the server's answer, not a transport failure.
+    pub async fn send(&self, report: &Report) -> Result<Ack, ClientError> {
+        let frame = encode(report)?;
+        self.exchange_checked(&frame, report).await
+    }
+
+    /// Sends one report until it is delivered: an ack of Accepted or Duplicate (the server
+    /// had it already, from an attempt whose ack was lost) ends it, and so does Rejected,
+    /// which a retry would only repeat. Lost connections, timeouts and resets are retried,
+    /// on a new connection when the old one is gone, after [`RetryPolicy::delay`].
+    pub async fn send_with_retry(&self, report: &Report) -> Result<Ack, ClientError> {
+        let frame = encode(report)?;
+        let policy = &self.inner.config.retry;
+        let attempts = policy.attempts.max(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.exchange_checked(&frame, report).await {
+                Ok(ack) => return Ok(ack),
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e) if attempt >= attempts => {
+                    return Err(ClientError::RetriesExhausted {
+                        attempts: attempt,
+                        last: Box::new(e),
+                    });
+                }
+                Err(e) => {
+                    if matches!(e, ClientError::AckTimeout(_)) {
+                        // The server may be gone without a word (killed, or the path lost);
+                        // dial afresh rather than wait out the idle timeout.
+                        self.forget_connection().await;
+                    }
+                    let delay = policy.delay(attempt - 1, &mut rand::rng());
+                    warn!(attempt, error = %e, ?delay, "report not delivered; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Writes `bytes` as they are on a fresh stream, finishes it and reads the reply as an
+    /// ack: for tests and for the load generator's invalid reports. No check that the ack
+    /// names any report.
+    pub async fn send_raw(&self, bytes: &[u8]) -> Result<Ack, ClientError> {
+        self.exchange(bytes).await
+    }
+
+    /// The current connection, dialled if there is none or it was lost; for tools that need
+    /// streams of their own (a peer that trickles bytes, for instance).
+    pub async fn connection(&self) -> Result<quinn::Connection, ClientError> {
+        let mut current = self.inner.connection.lock().await;
+        if let Some(conn) = current.as_ref() {
+            if conn.close_reason().is_none() {
+                return Ok(conn.clone());
+            }
+            debug!(reason = ?conn.close_reason(), "connection lost; dialling again");
+        }
+        let conn = self.dial().await?;
+        *current = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Closes the connection politely and waits (briefly) for the server to hear it.
+    pub async fn close(&self) {
+        if let Some(conn) = self.inner.connection.lock().await.take() {
+            conn.close(0u32.into(), b"client done");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+
+    /// Makes the next send dial a new connection; streams still open on the old one carry on.
+    async fn forget_connection(&self) {
+        self.inner.connection.lock().await.take();
+    }
+
+    async fn dial(&self) -> Result<quinn::Connection, ClientError> {
+        let config = &self.inner.config;
+        let connecting = self.inner.endpoint.connect_with(
+            self.inner.quic.clone(),
+            config.server,
+            &config.server_name,
+        )?;
+        match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(conn) => Ok(conn?),
+            Err(_) => Err(ClientError::ConnectTimeout(config.connect_timeout)),
+        }
+    }
+
+    async fn exchange_checked(&self, frame: &[u8], report: &Report) -> Result<Ack, ClientError> {
+        let ack = self.exchange(frame).await?;
+        let transport_refusal =
+            ack.report_id == UNREAD_REPORT_ID && matches!(ack.status, AckStatus::Rejected(_));
+        if ack.report_id != report.report_id && !transport_refusal {
+            return Err(ClientError::AckMismatch);
+        }
+        Ok(ack)
+    }
+
+    async fn exchange(&self, frame: &[u8]) -> Result<Ack, ClientError> {
+        let conn = self.connection().await?;
+        let timeout = self.inner.config.ack_timeout;
+        let exchange = async {
+            let (mut send, mut recv) = conn.open_bi().await?;
+            match send.write_all(frame).await {
+                Ok(()) => {}
+                // The server refused the frame and stopped reading; its ack says why.
+                Err(quinn::WriteError::Stopped(_)) => {}
+                Err(e) => return Err(ClientError::Write(e)),
+            }
+            // Fails only if the stream is already stopped or reset, which the read reports.
+            let _ = send.finish();
+            let reply = recv.read_to_end(REPLY_LIMIT).await?;
+            decode_ack(&reply)
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(ClientError::AckTimeout(timeout)),
+        }
+    }
+}
+
+fn encode(report: &Report) -> Result<Vec<u8>, ClientError> {
+    Message::Report(report.clone())
+        .to_frame()
+        .map_err(ClientError::Encode)
+}
+
+fn decode_ack(reply: &[u8]) -> Result<Ack, ClientError> {
+    let (message, used) = Message::decode(reply).map_err(ClientError::BadAck)?;
+    if used != reply.len() {
+        return Err(ClientError::BadAck(
+            penrose_core::wire::WireError::TrailingBytes(reply.len() - used),
+        ));
+    }
+    match message {
+        Message::Ack(ack) => Ok(ack),
+        Message::Report(_) => Err(ClientError::NotAnAck),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_jitter_only_shortens() {
+        let policy = RetryPolicy {
+            attempts: 10,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+            jitter: 0.0,
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let waits: Vec<_> = (0..6).map(|k| policy.delay(k, &mut rng)).collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800, 1000, 1000].map(Duration::from_millis)
+        );
+        let jittered = RetryPolicy {
+            jitter: 0.5,
+            ..policy
+        };
+        let draws: Vec<_> = (0..200).map(|_| jittered.delay(2, &mut rng)).collect();
+        assert!(
+            draws
+                .iter()
+                .all(|d| *d >= Duration::from_millis(200) && *d <= Duration::from_millis(400))
+        );
+        assert!(
+            draws.iter().any(|d| *d != draws[0]),
+            "jitter varies the waits"
+        );
+        assert_eq!(policy.delay(u32::MAX, &mut rng), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,36 @@
+//! The transport that carries Penrose reports from agents to the aggregation server: QUIC
+//! (quinn) with TLS 1.3 (rustls, ring provider) and ALPN [`ALPN`] (DESIGN.md section 5).
+//!
+//! One bidirectional stream carries one report: the client writes one frame of
+//! [`penrose_core::wire`] and finishes its side; the server checks the announced length before
+//! it allocates, reads the body under a deadline, hands it to a [`ReportHandler`], and answers
+//! with one ack frame. The handler decides what the ack says; the transport only refuses
+//! frames it cannot read (too large, cut short, too slow), with a zero report id.
+//!
+//! - [`server`]: [`serve`] an endpoint with [`Limits`] against slow or abusive peers.
+//! - [`client`]: a [`Client`] shared by many tasks, with retries and backoff.
+//! - [`identity`]: the server's certificate and key, and how the client trusts them.
+//! - [`limits`]: the per-endpoint and per-connection bounds.
+//! - [`error`]: what can go wrong, typed.
+
+pub mod client;
+pub mod error;
+mod frame;
+pub mod identity;
+pub mod limits;
+pub mod server;
+mod tls;
+
+pub use client::{Client, ClientConfig, RetryPolicy};
+pub use error::{ClientError, IdentityError, TransportError};
+pub use identity::{Encoding, Identity, Trust, load_certificates};
+pub use limits::Limits;
+pub use server::{ReportHandler, Server, ServerConfig, ServerStats, serve};
+
+/// The only application protocol an endpoint speaks; a peer that offers anything else fails
+/// the handshake. The version in it changes only with an incompatible change of framing.
+pub const ALPN: &[u8] = b"penrose/1";
+
+/// The report id an ack carries when the transport refused a frame before anyone read its
+/// report id (too large, cut short, or sent too slowly).
+pub const UNREAD_REPORT_ID: penrose_core::wire::ReportId = penrose_core::wire::ReportId([0; 16]);

@@ -1,0 +1,449 @@
+//! The ingest endpoint: accepts connections and report streams within [`Limits`], reads each
+//! frame safely, and answers with the ack its [`ReportHandler`] returns.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use penrose_core::wire::{Ack, AckStatus, Message, RejectReason, ThrottleHint};
+use quinn::{Connection, Incoming, RecvStream, SendStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, info, warn};
+
+use crate::error::TransportError;
+use crate::frame::{self, FrameRead};
+use crate::identity::Identity;
+use crate::limits::Limits;
+use crate::{ALPN, UNREAD_REPORT_ID};
+
+/// QUIC application error codes this server closes connections and resets streams with.
+pub mod codes {
+    use quinn::VarInt;
+
+    /// Normal close: the server is shutting down.
+    pub const SHUTDOWN: VarInt = VarInt::from_u32(0);
+    /// The peer did not negotiate ALPN `penrose/1`.
+    pub const WRONG_ALPN: VarInt = VarInt::from_u32(1);
+    /// The frame did not arrive within the per-stream read timeout.
+    pub const READ_TIMEOUT: VarInt = VarInt::from_u32(2);
+    /// The server stopped reading a stream whose frame it refused.
+    pub const REFUSED: VarInt = VarInt::from_u32(3);
+    /// The stream failed on the server's side.
+    pub const INTERNAL: VarInt = VarInt::from_u32(4);
+}
+
+/// What the ingest does with each frame body the transport has read. The aggregator's
+/// implementation validates, deduplicates and stores the report; the transport only
+/// guarantees the body is at most [`penrose_core::wire::MAX_FRAME_BODY`] bytes and arrived
+/// whole, in time, on a stream of its own.
+pub trait ReportHandler: Send + Sync + 'static {
+    /// One frame body (length already checked). Returns the ack; it must say Accepted only
+    /// once the report is durable.
+    fn handle(&self, body: Vec<u8>) -> impl Future<Output = Ack> + Send;
+
+    /// The throttle hint on acks the transport writes itself (frames it refused before the
+    /// handler saw them), so those carry the server's current rate too.
+    fn throttle(&self) -> ThrottleHint {
+        ThrottleHint::FULL_RATE
+    }
+}
+
+/// Where to listen, as whom, within which limits.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The UDP address to bind; port 0 picks a free one ([`Server::local_addr`] tells which).
+    pub listen: SocketAddr,
+    /// The certificate and key the server proves itself with.
+    pub identity: Identity,
+    /// Bounds against slow or abusive peers.
+    pub limits: Limits,
+}
+
+/// Counters since the server started, for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections that completed the handshake with ALPN `penrose/1`.
+    pub connections_accepted: u64,
+    /// Connections refused because [`Limits::max_connections`] were open.
+    pub connections_refused: u64,
+    /// Handshakes that failed (bad TLS, wrong ALPN, timeouts).
+    pub handshakes_failed: u64,
+    /// Connections open now.
+    pub connections_open: u64,
+    /// Report streams accepted.
+    pub streams: u64,
+    /// Frame bodies handed to the handler.
+    pub frames_handled: u64,
+    /// Frames refused as too large from their length prefix alone.
+    pub frames_too_large: u64,
+    /// Frames cut short or followed by extra bytes.
+    pub frames_malformed: u64,
+    /// Streams reset because the frame did not arrive in time.
+    pub read_timeouts: u64,
+    /// Streams that failed otherwise (reset by the peer, connection lost).
+    pub stream_errors: u64,
+    /// Times a connection was made to wait because it opened streams faster than
+    /// [`Limits::reports_per_second`].
+    pub streams_paced: u64,
+    /// Acks written and finished (the peer may still lose them with its connection).
+    pub acks_sent: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections_accepted: AtomicU64,
+    connections_refused: AtomicU64,
+    handshakes_failed: AtomicU64,
+    connections_open: AtomicU64,
+    streams: AtomicU64,
+    frames_handled: AtomicU64,
+    frames_too_large: AtomicU64,
+    frames_malformed: AtomicU64,
+    read_timeouts: AtomicU64,
+    stream_errors: AtomicU64,
+    streams_paced: AtomicU64,
+    acks_sent: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn snapshot(&self) -> ServerStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServerStats {
+            connections_accepted: get(&self.connections_accepted),
+            connections_refused: get(&self.connections_refused),
+            handshakes_failed: get(&self.handshakes_failed),
+            connections_open: get(&self.connections_open),
+            streams: get(&self.streams),
+            frames_handled: get(&self.frames_handled),
+            frames_too_large: get(&self.frames_too_large),
+            frames_malformed: get(&self.frames_malformed),
+            read_timeouts: get(&self.read_timeouts),
+            stream_errors: get(&self.stream_errors),
+            streams_paced: get(&self.streams_paced),
+            acks_sent: get(&self.acks_sent),
+        }
+    }
+}
+
+struct Shared<H> {
+    handler: Arc<H>,
+    limits: Limits,
+    counters: Arc<Counters>,
+}
+
+/// A running endpoint. Dropping it also stops the server (in the background, with the same
+/// grace as [`Server::shutdown`]); `shutdown` waits for that to finish.
+pub struct Server {
+    endpoint: quinn::Endpoint,
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    counters: Arc<Counters>,
+}
+
+/// Binds the endpoint and starts accepting connections; must run inside a tokio runtime.
+pub async fn serve<H: ReportHandler>(
+    config: ServerConfig,
+    handler: Arc<H>,
+) -> Result<Server, TransportError> {
+    let quic = crate::tls::server_config(&config.identity, &config.limits)?;
+    let endpoint =
+        quinn::Endpoint::server(quic, config.listen).map_err(|source| TransportError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = endpoint
+        .local_addr()
+        .map_err(|source| TransportError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let counters = Arc::new(Counters::default());
+    let shared = Arc::new(Shared {
+        handler,
+        limits: config.limits,
+        counters: counters.clone(),
+    });
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(accept_loop(endpoint.clone(), shared, stopped));
+    info!(%local_addr, "penrose transport listening");
+    Ok(Server {
+        endpoint,
+        local_addr,
+        stop,
+        task,
+        counters,
+    })
+}
+
+impl Server {
+    /// The address the endpoint is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ServerStats {
+        self.counters.snapshot()
+    }
+
+    /// Stops taking connections and streams, lets the reports in flight be handled and acked
+    /// (for at most [`Limits::shutdown_grace`]), then closes every connection. Clients see
+    /// the close and retry elsewhere or later; a report whose ack did not go out is simply
+    /// sent again, and the handler's deduplication counts it once.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.task.await {
+            warn!(error = %e, "accept loop ended abnormally");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+}
+
+async fn accept_loop<H: ReportHandler>(
+    endpoint: quinn::Endpoint,
+    shared: Arc<Shared<H>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
+    let mut connections = JoinSet::new();
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => match incoming {
+                Some(incoming) => incoming,
+                None => break,
+            },
+            _ = stop.changed() => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            bump(&shared.counters.connections_refused);
+            debug!(remote = %incoming.remote_address(), "connection refused: at the connection limit");
+            incoming.refuse();
+            continue;
+        };
+        let shared = shared.clone();
+        let stop = stop.clone();
+        connections.spawn(async move {
+            connection(incoming, shared, stop).await;
+            drop(slot);
+        });
+    }
+    let drained = tokio::time::timeout(shared.limits.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!("shutdown grace over; abandoning reports still in flight");
+        connections.abort_all();
+    }
+    endpoint.close(codes::SHUTDOWN, b"server shutting down");
+}
+
+/// Decrements the open-connection gauge however the connection task ends.
+struct OpenGuard(Arc<Counters>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn connection<H: ReportHandler>(
+    incoming: Incoming,
+    shared: Arc<Shared<H>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let remote = incoming.remote_address();
+    let conn = match incoming.await {
+        Ok(conn) => conn,
+        Err(e) => {
+            bump(&shared.counters.handshakes_failed);
+            debug!(%remote, error = %e, "handshake failed");
+            return;
+        }
+    };
+    if negotiated_alpn(&conn).as_deref() != Some(ALPN) {
+        // rustls already refuses a mismatching offer; this catches a client that offered none.
+        bump(&shared.counters.handshakes_failed);
+        debug!(%remote, "closing connection without ALPN penrose/1");
+        conn.close(codes::WRONG_ALPN, b"ALPN penrose/1 required");
+        return;
+    }
+    bump(&shared.counters.connections_accepted);
+    shared
+        .counters
+        .connections_open
+        .fetch_add(1, Ordering::Relaxed);
+    let _open = OpenGuard(shared.counters.clone());
+    debug!(%remote, "connection accepted");
+
+    let mut pace = shared.limits.reports_per_second.map(Pace::new);
+    let mut streams = JoinSet::new();
+    let mut stopping = false;
+    loop {
+        let (send, recv) = tokio::select! {
+            accepted = conn.accept_bi() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    debug!(%remote, reason = %e, "connection ended");
+                    break;
+                }
+            },
+            _ = stop.changed() => {
+                stopping = true;
+                break;
+            }
+        };
+        while streams.try_join_next().is_some() {}
+        bump(&shared.counters.streams);
+        streams.spawn(report_stream(send, recv, shared.clone()));
+        if let Some(wait) = pace.as_mut().and_then(Pace::take) {
+            bump(&shared.counters.streams_paced);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => {
+                    stopping = true;
+                    break;
+                }
+            }
+        }
+    }
+    while streams.join_next().await.is_some() {}
+    if stopping {
+        conn.close(codes::SHUTDOWN, b"server shutting down");
+    }
+}
+
+fn negotiated_alpn(conn: &Connection) -> Option<Vec<u8>> {
+    conn.handshake_data()?
+        .downcast::<quinn::crypto::rustls::HandshakeData>()
+        .ok()?
+        .protocol
+}
+
+async fn report_stream<H: ReportHandler>(
+    mut send: SendStream,
+    mut recv: RecvStream,
+    shared: Arc<Shared<H>>,
+) {
+    let counters = &shared.counters;
+    let deadline = shared.limits.stream_read_timeout;
+    let refused = |reason| Ack {
+        report_id: UNREAD_REPORT_ID,
+        status: AckStatus::Rejected(reason),
+        throttle: shared.handler.throttle(),
+    };
+    let ack = match tokio::time::timeout(deadline, frame::read_frame(&mut recv)).await {
+        Err(_) => {
+            bump(&counters.read_timeouts);
+            debug!(stream = %recv.id(), "frame not complete within {deadline:?}; resetting");
+            let _ = recv.stop(codes::READ_TIMEOUT);
+            let _ = send.reset(codes::READ_TIMEOUT);
+            return;
+        }
+        Ok(Err(e)) => {
+            bump(&counters.stream_errors);
+            debug!(stream = %recv.id(), error = %e, "report stream failed");
+            let _ = send.reset(codes::INTERNAL);
+            return;
+        }
+        Ok(Ok(FrameRead::TooLarge(announced))) => {
+            bump(&counters.frames_too_large);
+            debug!(stream = %recv.id(), announced, "frame too large");
+            let _ = recv.stop(codes::REFUSED);
+            refused(RejectReason::TooLarge)
+        }
+        Ok(Ok(FrameRead::Truncated | FrameRead::Trailing)) => {
+            bump(&counters.frames_malformed);
+            debug!(stream = %recv.id(), "frame cut short or followed by extra bytes");
+            let _ = recv.stop(codes::REFUSED);
+            refused(RejectReason::Malformed)
+        }
+        Ok(Ok(FrameRead::Body(body))) => {
+            bump(&counters.frames_handled);
+            shared.handler.handle(body).await
+        }
+    };
+    let frame = match Message::Ack(ack).to_frame() {
+        Ok(frame) => frame,
+        Err(e) => {
+            // An ack is a fixed 24 bytes; this cannot happen, but a stream is no reason to panic.
+            warn!(error = %e, "cannot encode an ack");
+            let _ = send.reset(codes::INTERNAL);
+            return;
+        }
+    };
+    let written = tokio::time::timeout(deadline, async {
+        send.write_all(&frame).await?;
+        send.finish()?;
+        bump(&counters.acks_sent);
+        // Wait until the peer has the ack, so a shutdown does not close the connection under it.
+        send.stopped().await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            bump(&counters.stream_errors);
+            debug!(error = %e, "ack not delivered");
+        }
+        Err(_) => {
+            bump(&counters.stream_errors);
+            debug!("ack not acknowledged within {deadline:?}");
+        }
+    }
+}
+
+/// A token bucket of new streams per connection: `rate` per second, bursts of up to `rate`.
+struct Pace {
+    rate: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Pace {
+    fn new(rate: NonZeroU32) -> Pace {
+        let rate = f64::from(rate.get());
+        Pace {
+            rate,
+            tokens: rate,
+            last: Instant::now(),
+        }
+    }
+
+    /// Takes one token; returns how long to wait first if the bucket is in debt.
+    fn take(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.rate) - 1.0;
+        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / self.rate))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pace_allows_a_burst_then_spaces_streams() {
+        let mut pace = Pace::new(NonZeroU32::new(10).unwrap());
+        for _ in 0..10 {
+            assert_eq!(pace.take(), None);
+        }
+        let wait = pace
+            .take()
+            .expect("the eleventh stream in a burst of ten waits");
+        assert!(wait > Duration::from_millis(50) && wait <= Duration::from_millis(100));
+    }
+}
