@@ -24,7 +24,7 @@ use tracing::{debug, error};
 
 use crate::metrics::Metrics;
 use crate::state::{Outcome, State, StateError, store_throttle};
-use crate::validate::{ValidReport, validate_frame};
+use crate::validate::{ValidReport, validate_body};
 
 /// How the pipeline batches.
 #[derive(Clone, Copy, Debug)]
@@ -119,15 +119,16 @@ impl Ingest {
         Ok((Ingest { inner }, Writer { thread }))
     }
 
-    /// Handles one received frame (length prefix included) and returns the ack to send. The
-    /// ack of an accepted or duplicate report is returned only once the report is durable.
-    pub async fn handle(&self, frame: Vec<u8>) -> Ack {
+    /// Handles one received frame body (the bytes after its length prefix) and returns the ack
+    /// to send. The ack of an accepted or duplicate report is returned only once the report is
+    /// durable.
+    pub async fn handle(&self, body: Vec<u8>) -> Ack {
         let arrived = Instant::now();
         let metrics = &self.inner.shared.metrics;
         metrics
             .bytes
-            .fetch_add(frame.len() as u64, Ordering::Relaxed);
-        let status = match validate_frame(&frame, &self.inner.key) {
+            .fetch_add((body.len() + LENGTH_PREFIX) as u64, Ordering::Relaxed);
+        let status = match validate_body(&body, &self.inner.key) {
             Err(rejection) => {
                 debug!(%rejection, "report rejected");
                 AckStatus::Rejected(rejection.reason())
@@ -145,7 +146,7 @@ impl Ingest {
         }
         metrics.observe_latency(arrived.elapsed());
         Ack {
-            report_id: peek_report_id(&frame),
+            report_id: peek_report_id(&body),
             status,
             throttle: self.throttle(),
         }
@@ -275,13 +276,22 @@ pub fn today() -> Day {
     Day(u32::try_from(secs / 86_400).unwrap_or(u32::MAX))
 }
 
-/// The report id at its fixed place in a report frame, so that even a rejection names the
+/// The report id at its fixed place in a report body, so that even a rejection names the
 /// report it answers when the bytes get that far; zeros otherwise.
-pub fn peek_report_id(frame: &[u8]) -> ReportId {
-    // Length prefix, kind, version, key id, then the report id.
-    const AT: usize = LENGTH_PREFIX + 1 + 2 + 32;
-    frame
-        .get(AT..AT + 16)
+pub fn peek_report_id(body: &[u8]) -> ReportId {
+    // Kind, version, key id, then the report id.
+    const AT: usize = 1 + 2 + 32;
+    body.get(AT..AT + 16)
         .and_then(|b| <[u8; 16]>::try_from(b).ok())
         .map_or(ReportId([0; 16]), ReportId)
+}
+
+impl penrose_transport::ReportHandler for Ingest {
+    fn handle(&self, body: Vec<u8>) -> impl std::future::Future<Output = Ack> + Send {
+        Ingest::handle(self, body)
+    }
+
+    fn throttle(&self) -> ThrottleHint {
+        Ingest::throttle(self)
+    }
 }

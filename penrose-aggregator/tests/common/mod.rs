@@ -16,7 +16,7 @@ use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, KeySize, Keypair};
-use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId};
+use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -28,6 +28,7 @@ pub static KEYS: LazyLock<Keypair> = LazyLock::new(|| {
 /// A report with the plaintext it carries.
 #[derive(Clone)]
 pub struct Sent {
+    /// The frame body, as a transport hands it to the handler.
     pub frame: Vec<u8>,
     pub report_id: ReportId,
     pub snippet: SnippetHash,
@@ -88,7 +89,7 @@ pub fn report_with(
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
     };
     Sent {
-        frame: Message::Report(report).to_frame().unwrap(),
+        frame: Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec(),
         report_id: ReportId(id),
         snippet,
         counter,
