@@ -21,9 +21,13 @@
 //! - [`loadgen`]: the load generator.
 
 pub mod aggregate;
+pub mod config;
+pub mod control;
 pub mod export;
 pub mod ingest;
+pub mod loadgen;
 pub mod metrics;
+pub mod serve;
 pub mod state;
 pub mod store;
 pub mod tables;

@@ -31,6 +31,9 @@ pub mod meta {
     pub const CURSOR: &[u8] = b"cursor";
     /// The Paillier key id the sums are under ([u8; 32]).
     pub const KEY_ID: &[u8] = b"key_id";
+    /// The Paillier public key itself, so that admin tools can open the store without the
+    /// key file.
+    pub const PUBLIC_KEY: &[u8] = b"public_key";
     /// The throttle hint in permille (u16).
     pub const THROTTLE: &[u8] = b"throttle";
     /// Reports accepted over the life of the store (u64).
@@ -111,6 +114,7 @@ impl State {
             None => {
                 let mut set = WriteSet::new();
                 set.put(Table::Meta, meta::KEY_ID, key.key_id().0.to_vec());
+                set.put(Table::Meta, meta::PUBLIC_KEY, key.to_bytes());
                 store.write(set)?;
             }
         }
@@ -242,6 +246,16 @@ impl State {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+}
+
+/// The public key a store aggregates for, if it has been opened for one.
+pub fn stored_public_key(store: &dyn Store) -> Result<Option<PublicKey>, StateError> {
+    match store.get(Table::Meta, meta::PUBLIC_KEY)? {
+        None => Ok(None),
+        Some(bytes) => PublicKey::from_bytes(&bytes)
+            .map(Some)
+            .map_err(|_| StateError::Meta("public_key")),
     }
 }
 
