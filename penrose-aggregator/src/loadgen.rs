@@ -60,8 +60,8 @@ pub struct Args {
     /// Capture windows per trace, each a distinct snippet hash.
     #[arg(long, default_value_t = 8)]
     pub windows: usize,
-    /// Launches per capture window.
-    #[arg(long, default_value_t = 2_000)]
+    /// Launches per capture window (L).
+    #[arg(long, default_value_t = 10_000)]
     pub window_len: usize,
     /// Folder of traces [default: $PENROSE_TRACES, else ../shared/traces].
     #[arg(long)]
@@ -75,7 +75,8 @@ pub struct Args {
 }
 
 /// Snippet hashes of `windows` capture windows at random offsets of each trace's main
-/// process, labelled with the trace's job (application) name.
+/// process (looped, as a long run repeats its iterations), labelled with the trace's file
+/// name.
 pub fn trace_snippets(
     dir: &Path,
     windows: usize,
@@ -101,7 +102,10 @@ pub fn trace_snippets(
             let window: Vec<&str> = (0..window_len.min(names.len()))
                 .map(|i| names[(offset + i) % names.len()])
                 .collect();
-            out.push((job_name(path), f.snippet_hash(&window)));
+            let label = path
+                .file_name()
+                .map_or_else(|| job_name(path), |n| n.to_string_lossy().into_owned());
+            out.push((label, f.snippet_hash(&window)));
         }
     }
     Ok(out)
@@ -169,10 +173,10 @@ pub struct Outcome {
     pub accepted_per_second: f64,
     /// Latency from send to ack, milliseconds.
     pub latency_ms: BTreeMap<&'static str, f64>,
-    /// Distinct snippet hashes used, and the applications they came from.
+    /// Distinct snippet hashes used.
     pub snippets: usize,
-    /// Applications (trace jobs).
-    pub applications: usize,
+    /// Traces they came from.
+    pub traces: usize,
 }
 
 fn invalid_frame(kind: u64, mut report: Report) -> Vec<u8> {
@@ -259,7 +263,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         args.window_len,
         args.seed,
     )?);
-    let applications = snippets
+    let traces = snippets
         .iter()
         .map(|(a, _)| a.as_str())
         .collect::<std::collections::BTreeSet<_>>()
@@ -429,6 +433,6 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         .into_iter()
         .collect(),
         snippets: snippets.len(),
-        applications,
+        traces,
     })
 }

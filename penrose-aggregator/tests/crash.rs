@@ -114,7 +114,11 @@ async fn send_pending(
                     Ok(ack) => {
                         assert_eq!(ack.report_id, sent[i].report_id);
                         if resend {
-                            assert_eq!(ack.status, AckStatus::Duplicate, "an acked report was lost");
+                            assert_eq!(
+                                ack.status,
+                                AckStatus::Duplicate,
+                                "an acked report was lost"
+                            );
                         } else {
                             assert!(
                                 matches!(ack.status, AckStatus::Accepted | AckStatus::Duplicate),
