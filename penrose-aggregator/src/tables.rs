@@ -27,6 +27,9 @@ pub const MAX_REPRESENTATIVES: usize = 8;
 /// `tau + NOVELTY * (1 - tau)` becomes a representative (while there is room).
 pub const NOVELTY: f64 = 0.5;
 
+/// A store record: key and value bytes.
+pub type Record = (Vec<u8>, Vec<u8>);
+
 /// One SST row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnippetEntry {
@@ -227,7 +230,7 @@ impl Tables {
     }
 
     /// The rows changed since the last call, as store records: (SST rows, EST rows).
-    pub fn take_dirty(&mut self) -> (Vec<(Vec<u8>, Vec<u8>)>, Vec<(Vec<u8>, Vec<u8>)>) {
+    pub fn take_dirty(&mut self) -> (Vec<Record>, Vec<Record>) {
         let snippets = std::mem::take(&mut self.dirty_snippets)
             .into_iter()
             .filter_map(|hash| {
@@ -248,8 +251,8 @@ impl Tables {
     /// Rebuilds the tables from their records (any order).
     pub fn load(
         params: FingerprintParams,
-        snippets: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
-        classes: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+        snippets: impl IntoIterator<Item = Record>,
+        classes: impl IntoIterator<Item = Record>,
     ) -> Result<Self, RecordError> {
         let mut tables = Self::new(params);
         let mut loaded: Vec<(ClassId, ClassEntry)> = classes

@@ -59,7 +59,7 @@ impl Rejection {
 }
 
 /// A report that passed every check, with its ciphertexts parsed.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ValidReport {
     /// The decoded report.
     pub report: Report,
