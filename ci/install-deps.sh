@@ -4,11 +4,12 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-# Main workspace: C toolchain, GMP (big integers for Paillier), clang for rocksdb's bindgen.
+# Main workspace: C toolchain, GMP (big integers for Paillier), RocksDB 7.8 (linked, not
+# built: .cargo/config.toml), clang for its bindgen.
 # eBPF: Debian's rustc-web/cargo-web 1.96 (LLVM 22) and its library sources for build-std;
 # llvm-22-dev (+ the libraries its llvm-config names) to build bpf-linker.
 packages=(
-    build-essential pkg-config libgmp-dev
+    build-essential pkg-config libgmp-dev librocksdb-dev
     clang libclang-dev
     rustc-web cargo-web rust-web-src
     llvm-22-dev libpolly-22-dev zlib1g-dev libzstd-dev

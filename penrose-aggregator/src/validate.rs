@@ -59,7 +59,7 @@ impl Rejection {
 }
 
 /// A report that passed every check, with its ciphertexts parsed.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ValidReport {
     /// The decoded report.
     pub report: Report,
@@ -75,6 +75,15 @@ pub fn validate_frame(frame: &[u8], key: &PublicKey) -> Result<ValidReport, Reje
         return Err(WireError::TrailingBytes(frame.len() - used).into());
     }
     match message {
+        Message::Report(report) => validate_report(report, key),
+        Message::Ack(_) => Err(Rejection::NotAReport),
+    }
+}
+
+/// Decodes one frame body (the bytes after the length prefix, as a transport that already
+/// checked the prefix hands them over) and checks it like [`validate_frame`].
+pub fn validate_body(body: &[u8], key: &PublicKey) -> Result<ValidReport, Rejection> {
+    match Message::decode_body(body)? {
         Message::Report(report) => validate_report(report, key),
         Message::Ack(_) => Err(Rejection::NotAReport),
     }

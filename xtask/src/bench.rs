@@ -43,6 +43,11 @@ enum Bound {
 
 const TARGETS: &[Target] = &[
     Target {
+        id_contains: "ingest_2048/writer_apply_batch",
+        bound: Bound::AtLeastPerSecond(60_000.0),
+        paper: "8,075 /s/core",
+    },
+    Target {
         id_contains: "encrypt_histogram_2048/djn_fixed_base",
         bound: Bound::AtMostSeconds(3e-3),
         paper: "105 ms",

@@ -1,0 +1,108 @@
+//! In-process aggregation at the deployed key size: the writer's whole per-batch work
+//! (deduplication lookups, SST/EST, one multiplication per ciphertext, the RocksDB write batch
+//! with its WAL sync) per report, and the validation each report costs before it (which runs
+//! on the runtime's threads, beside the writer).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::Arc;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use penrose_aggregator::state::State;
+use penrose_aggregator::store::{RocksStore, Store};
+use penrose_aggregator::validate::{ValidReport, validate_body};
+use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
+use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
+use penrose_core::histogram::SampleCount;
+use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Keypair};
+use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+const BATCH: usize = 1024;
+
+fn bench(c: &mut Criterion) {
+    let mut rng = ChaCha20Rng::seed_from_u64(1);
+    let keys = Keypair::generate(&mut rng);
+    let key = keys.public_key().clone();
+    let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+    // 50 applications, 4 snippets each: the mix of known and new snippets a busy server sees.
+    let snippets: Vec<_> = (0..200)
+        .map(|i| {
+            let names: Vec<String> = (0..2_000)
+                .map(|j| format!("app{}_k{}", i / 4, ((i % 4) * 37 + j) % 300 % 40))
+                .collect();
+            f.snippet_hash(&names)
+        })
+        .collect();
+    let pool: Vec<(Vec<u8>, u32)> = (0..32)
+        .map(|_| {
+            let mut bins = [0u32; BIN_COUNT];
+            for _ in 0..20 {
+                bins[rng.random_range(0..BIN_COUNT)] += rng.random_range(1..100);
+            }
+            (
+                key.encrypt_packed(&bins, &mut rng).unwrap().to_bytes(),
+                bins.iter().sum(),
+            )
+        })
+        .collect();
+    let body = |rng: &mut ChaCha20Rng| {
+        let (ct, samples) = &pool[rng.random_range(0..pool.len())];
+        let mut id = [0u8; 16];
+        rng.fill_bytes(&mut id);
+        let report = Report {
+            key_id: key.key_id(),
+            report_id: ReportId(id),
+            snippet: snippets[rng.random_range(0..snippets.len())],
+            counter: CounterId(rng.random_range(0..9)),
+            catalogue: CatalogueVersion(1),
+            day: Day(20_000),
+            samples: SampleCount(*samples),
+            ciphertexts: PackedBytes::new(ct.clone(), 2).unwrap(),
+        };
+        Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
+    };
+    let template: Vec<ValidReport> = (0..BATCH)
+        .map(|_| validate_body(&body(&mut rng), &key).unwrap())
+        .collect();
+
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let mut state = State::open(
+        store,
+        &key,
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+    )
+    .unwrap();
+
+    let mut group = c.benchmark_group("ingest_2048");
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function("writer_apply_batch_of_1024_synced", |b| {
+        b.iter_batched(
+            || {
+                // Fresh report ids, so that every report is new to the deduplication record.
+                let mut batch = template.clone();
+                for r in &mut batch {
+                    rng.fill_bytes(&mut r.report.report_id.0);
+                }
+                batch
+            },
+            |batch| state.apply(&batch, Day(20_000)).unwrap(),
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("ingest_2048");
+    group.throughput(Throughput::Elements(1));
+    let one = body(&mut rng);
+    group.bench_function("validate_body_one_report", |b| {
+        b.iter(|| validate_body(&one, &key).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,165 @@
+//! The admin CLI against a running server (through the control socket) and against a stopped
+//! one (opening the data directory): status, top, throttle, export, verify, backup, and the
+//! metrics page.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use penrose_core::counters::CounterId;
+use penrose_core::wire::AckStatus;
+use penrose_transport::{Client, ClientConfig, Trust};
+use serde_json::Value;
+
+fn cli(data: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+fn json(data: &Path, args: &[&str]) -> Value {
+    let (code, out) = cli(data, args);
+    assert_eq!(code, 0, "{args:?}: {out}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands_work_serving_and_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = dir.path().join("public.key");
+    std::fs::write(&key, KEYS.public_key().to_bytes()).unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--public-key")
+        .arg(&key)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let started: Value = serde_json::from_str(&line).unwrap();
+    let addr = started["listening"].as_str().unwrap().parse().unwrap();
+
+    let trust = Trust::load_pinned(&data.join("tls").join("cert.pem")).unwrap();
+    let client = Client::connect(ClientConfig::new(addr, "localhost", trust))
+        .await
+        .unwrap();
+    let snippets = snippets(2, 1);
+    let mut rng = rng(11);
+    for i in 0..12 {
+        let s = report(snippets[i % 2].1, CounterId(4), &mut rng);
+        let mut frame = (s.frame.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&s.frame);
+        assert_eq!(
+            client.send_raw(&frame).await.unwrap().status,
+            AckStatus::Accepted
+        );
+    }
+
+    let status = json(&data, &["status", "--json"]);
+    assert_eq!(status["serving"], true);
+    assert_eq!(status["reports_accepted_total"], 12);
+    assert_eq!(status["classes"], 2);
+    let top = json(&data, &["top", "--limit", "1", "--json"]);
+    assert_eq!(top["top"].as_array().unwrap().len(), 1);
+    assert_eq!(top["top"][0]["reports"], 6);
+
+    let (code, _) = cli(&data, &["throttle", "--rate", "80%"]);
+    assert_eq!(code, 0);
+    let s = report(snippets[0].1, CounterId(5), &mut rng);
+    let mut frame = (s.frame.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&s.frame);
+    assert_eq!(
+        client.send_raw(&frame).await.unwrap().throttle.permille(),
+        800
+    );
+    let (code, _) = cli(&data, &["throttle", "--rate", "120%"]);
+    assert_ne!(code, 0, "a rate above 100% is refused");
+
+    let bundle = dir.path().join("sums.bundle");
+    let exported = json(
+        &data,
+        &["export", "--out", bundle.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(exported["reports"], 13);
+    let signer = data.join("server.key.pub");
+    let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args(["verify", "--json", "--signer"])
+        .arg(&signer)
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let verified: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (verified["valid"].clone(), verified["reports"].clone()),
+        (Value::Bool(true), Value::from(13))
+    );
+    // A damaged bundle fails verification with exit code 4.
+    let mut bytes = std::fs::read(&bundle).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&bundle, &bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .arg("verify")
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4));
+
+    // Metrics over HTTP on the local port.
+    let metrics_addr = started["metrics"].as_str().unwrap().to_string();
+    let mut stream = std::net::TcpStream::connect(&metrics_addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).unwrap();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("penrose_reports_accepted_total 13"), "{page}");
+    assert!(page.contains("penrose_classes 2"), "{page}");
+
+    let backup = dir.path().join("backup");
+    let (code, _) = cli(&data, &["backup", backup.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    client.close().await;
+
+    // Stopped: the same commands open the data directory (and the backup) themselves.
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let status = json(&data, &["status", "--json"]);
+    assert_eq!(status["serving"], false);
+    assert_eq!(status["reports_accepted_total"], 13);
+    assert_eq!(status["throttle_permille"], 800);
+    let restored = json(&backup, &["status", "--json"]);
+    assert_eq!(restored["reports_accepted_total"], 13);
+}

@@ -1,0 +1,245 @@
+//! Crash safety: the real server binary under load over QUIC on loopback, killed with SIGKILL
+//! at random moments (10 times) and restarted, while clients keep sending and retrying. After
+//! the last restart every report must have been counted exactly once: each one that was ever
+//! acked is answered as a duplicate, and the decrypted sums equal the sum of all reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use penrose_aggregator::state::State;
+use penrose_aggregator::store::{RocksStore, Store};
+use penrose_core::counters::CounterId;
+use penrose_core::fingerprint::FingerprintParams;
+use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
+use penrose_core::wire::{AckStatus, ReportId};
+use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
+use rand::Rng;
+
+const KILLS: usize = 10;
+/// New reports the clients get each round, on top of the ones not yet acked.
+const CHUNK: usize = 300;
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_server(data: &Path, key: &Path, addr: SocketAddr) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args(["serve", "--data-dir"])
+        .arg(data)
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--public-key")
+        .arg(key)
+        .args(["--max-batch", "64", "--reports-per-second", "0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The server prints one line once it listens.
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening"), "server did not start: {line:?}");
+    child
+}
+
+async fn client(data: &Path, addr: SocketAddr) -> Client {
+    let trust = Trust::load_pinned(&data.join("tls").join("cert.pem")).unwrap();
+    let mut config = ClientConfig::new(addr, "localhost", trust);
+    config.retry = RetryPolicy::none();
+    config.connect_timeout = Duration::from_secs(2);
+    config.ack_timeout = Duration::from_secs(3);
+    config.idle_timeout = Duration::from_secs(3);
+    Client::connect(config).await.unwrap()
+}
+
+fn full_frame(body: &[u8]) -> Vec<u8> {
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(body);
+    frame
+}
+
+/// Sends every pending report (each client task takes the next), putting back those that got
+/// no ack. With `keep_going`, once the queue is empty the tasks resend reports already acked
+/// (which must come back as duplicates), so that the server is under load whenever it is
+/// killed; they stop when the server is gone. Without, they stop when the queue is empty.
+async fn send_pending(
+    client: Arc<Client>,
+    sent: Arc<Vec<Sent>>,
+    pending: Arc<Mutex<Vec<usize>>>,
+    acked: Arc<Mutex<HashSet<ReportId>>>,
+    tasks: usize,
+    keep_going: bool,
+) {
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (client, sent, pending, acked) = (
+            Arc::clone(&client),
+            Arc::clone(&sent),
+            Arc::clone(&pending),
+            Arc::clone(&acked),
+        );
+        handles.push(tokio::spawn(async move {
+            let mut rng = rng(rand::random());
+            loop {
+                let next = pending.lock().unwrap().pop();
+                let (i, resend) = match next {
+                    Some(i) => (i, false),
+                    None if keep_going => {
+                        let i = rng.random_range(0..sent.len());
+                        if !acked.lock().unwrap().contains(&sent[i].report_id) {
+                            continue;
+                        }
+                        (i, true)
+                    }
+                    None => return,
+                };
+                match client.send_raw(&full_frame(&sent[i].frame)).await {
+                    Ok(ack) => {
+                        assert_eq!(ack.report_id, sent[i].report_id);
+                        if resend {
+                            assert_eq!(
+                                ack.status,
+                                AckStatus::Duplicate,
+                                "an acked report was lost"
+                            );
+                        } else {
+                            assert!(
+                                matches!(ack.status, AckStatus::Accepted | AckStatus::Duplicate),
+                                "{:?}",
+                                ack.status
+                            );
+                        }
+                        acked.lock().unwrap().insert(sent[i].report_id);
+                    }
+                    Err(_) => {
+                        // Not acked: the client retries it in a later round.
+                        if !resend {
+                            pending.lock().unwrap().push(i);
+                        }
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_load_loses_no_acked_report_and_counts_none_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = dir.path().join("public.key");
+    std::fs::write(&key, KEYS.public_key().to_bytes()).unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
+
+    let snippets = snippets(3, 2);
+    let mut rng = rng(9);
+    let sent: Arc<Vec<Sent>> = Arc::new(
+        (0..CHUNK * (KILLS + 1))
+            .map(|i| {
+                report(
+                    snippets[i % snippets.len()].1,
+                    CounterId(4 + (i % 5) as u16),
+                    &mut rng,
+                )
+            })
+            .collect(),
+    );
+    let pending = Arc::new(Mutex::new(Vec::new()));
+    let acked = Arc::new(Mutex::new(HashSet::new()));
+    let mut acked_before_kill = Vec::new();
+
+    for round in 0..KILLS {
+        pending
+            .lock()
+            .unwrap()
+            .extend((round * CHUNK..(round + 1) * CHUNK).rev());
+        let mut server = start_server(&data, &key, addr);
+        let client = Arc::new(client(&data, addr).await);
+        let sender = tokio::spawn(send_pending(
+            Arc::clone(&client),
+            Arc::clone(&sent),
+            Arc::clone(&pending),
+            Arc::clone(&acked),
+            24,
+            true,
+        ));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..400))).await;
+        server.kill().unwrap();
+        server.wait().unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(20), sender).await;
+        client.close().await;
+        acked_before_kill.push(acked.lock().unwrap().len());
+        eprintln!(
+            "round {round}: killed with {} of {} acked, {} pending",
+            acked_before_kill[round],
+            sent.len(),
+            pending.lock().unwrap().len()
+        );
+    }
+    assert!(
+        acked_before_kill.windows(2).any(|w| w[1] > w[0]),
+        "reports must have been acked between kills: {acked_before_kill:?}"
+    );
+
+    // Restart once more; the clients deliver the rest, then resend everything: every report,
+    // acked before a crash or not, is now known to the server.
+    pending
+        .lock()
+        .unwrap()
+        .extend((KILLS * CHUNK..sent.len()).rev());
+    let mut server = start_server(&data, &key, addr);
+    let client = Arc::new(client(&data, addr).await);
+    while !pending.lock().unwrap().is_empty() {
+        send_pending(
+            Arc::clone(&client),
+            Arc::clone(&sent),
+            Arc::clone(&pending),
+            Arc::clone(&acked),
+            24,
+            false,
+        )
+        .await;
+    }
+    assert_eq!(acked.lock().unwrap().len(), sent.len());
+    for s in sent.iter() {
+        let ack = client.send_raw(&full_frame(&s.frame)).await.unwrap();
+        assert_eq!(ack.status, AckStatus::Duplicate, "an acked report was lost");
+    }
+    client.close().await;
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    // Exactly once: the decrypted sums are those of every report once, and the counts agree.
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(&data.join("db")).unwrap());
+    let state = State::open(
+        Arc::clone(&store),
+        KEYS.public_key(),
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+    )
+    .unwrap();
+    assert_eq!(state.accepted(), sent.len() as u64);
+    let want = expected(&sent, |s| state.tables().snippet(s).unwrap().class);
+    assert_eq!(decrypt_store(store.as_ref()), want);
+}
