@@ -557,14 +557,11 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// The section a byte offset lies in (the last `[header]` above it).
 fn section_at(text: &str, offset: usize) -> Option<String> {
     let offset = offset.min(text.len());
-    text[..offset]
-        .lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            (l.starts_with('[') && l.ends_with(']') && !l.starts_with("[["))
-                .then(|| l.trim_matches(['[', ']']).trim().to_string())
-        })
-        .last()
+    text[..offset].lines().rev().find_map(|l| {
+        let l = l.trim();
+        (l.starts_with('[') && l.ends_with(']') && !l.starts_with("[["))
+            .then(|| l.trim_matches(['[', ']']).trim().to_string())
+    })
 }
 
 /// The dotted key whose line holds byte `offset`; `None` when that line is not `key = value`.

@@ -95,7 +95,7 @@ pub fn load_public_key(path: &Path) -> Result<PublicKey, DaemonError> {
 }
 
 fn is_root() -> bool {
-    // SAFETY-free: geteuid through /proc to keep this module free of FFI.
+    // The effective uid from /proc, which keeps this module free of FFI.
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -689,14 +689,11 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
         penrose_agent::spool::list_ids(&penrose_agent::daemon::spool_dir(&config.state_dir))?
             .into_iter()
             .collect();
-    let records: Vec<_> = read_records(
-        &penrose_agent::record::RecordLog::in_state_dir(&config.state_dir)
-            .path()
-            .to_owned(),
-    )?
-    .into_iter()
-    .filter(|r| r.id().is_some_and(|id| spooled.contains(&id)))
-    .collect();
+    let records: Vec<_> =
+        read_records(penrose_agent::record::RecordLog::in_state_dir(&config.state_dir).path())?
+            .into_iter()
+            .filter(|r| r.id().is_some_and(|id| spooled.contains(&id)))
+            .collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(());

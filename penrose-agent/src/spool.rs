@@ -336,7 +336,7 @@ pub fn parse_hex16(s: &str) -> Option<[u8; 16]> {
 
 /// Parses an even number of hex digits.
 pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.is_ascii() {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }
     (0..s.len())

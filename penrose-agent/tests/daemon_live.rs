@@ -94,6 +94,7 @@ calibrate = false
         .collect();
     let log = fx.dir.path().join("agent.log");
     let mut agent = spawn_agent(&config, &log);
+    let agent_pid = agent.id() as i32;
     wait_until(
         Duration::from_secs(120),
         || handler.ids().len() >= 4,
@@ -106,7 +107,27 @@ calibrate = false
             )
         },
     );
-    assert!(terminate(&mut agent).success());
+    // SAFETY: signalling our own child.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(agent.id() as i32, libc::SIGTERM);
+    }
+    wait_until(
+        Duration::from_secs(60),
+        || agent.try_wait().unwrap().is_some(),
+        || {
+            // SAFETY: our own child.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(agent_pid, libc::SIGKILL);
+            }
+            format!(
+                "agent did not stop; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        },
+    );
+    assert!(agent.wait().unwrap().success());
     for r in &mut replayers {
         let _ = r.kill();
         let _ = r.wait();

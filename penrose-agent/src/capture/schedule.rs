@@ -213,9 +213,11 @@ mod tests {
             process_cpu: Some(Duration::ZERO),
         };
         assert_eq!(schedule.gap_after(&idle), config.min_gap);
+        // 100,000 launches at 16 us in a 10 ms window of 1 ms CPU: the unclamped gap would be
+        // about 80,000 s, beyond the 6 h maximum.
         let heavy = WindowCost {
             open_for: Duration::from_millis(10),
-            launches: 10_000,
+            launches: 100_000,
             process_cpu: Some(Duration::from_millis(1)),
         };
         assert_eq!(schedule.gap_after(&heavy), config.max_gap);
