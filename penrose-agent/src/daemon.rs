@@ -223,6 +223,10 @@ pub async fn run_with_source(
         running: true,
         source: info,
         budget_percent: config.capture.budget_percent,
+        uploads: crate::status::UploadCounts {
+            throttle_permille: 1000,
+            ..Default::default()
+        },
         ..AgentStatus::default()
     }));
     let spool = Arc::new(Mutex::new(spool));
