@@ -1,10 +1,26 @@
 //! The Penrose agent as a library: what the `penrose-agent` binary runs, and what its tests
-//! drive directly.
+//! and the demo drive directly.
 //!
+//! - [`config`]: the TOML configuration file, its defaults and its errors.
 //! - [`capture`]: eBPF probes on libcuda, capture windows, snippets and sampled launches.
 //! - [`counters`]: where a sampled launch's counter values come from (NVML, the stand-in).
+//! - [`source`]: snippet sources: the live capture, or traces replayed as if captured.
+//! - [`pipeline`]: snippets -> local applications -> histograms -> sealed, encrypted reports.
+//! - [`record`]: the agent's own plaintext record of what it sealed (for `inspect`).
+//! - [`spool`]: the durable, bounded directory of reports waiting to be sent.
+//! - [`upload`]: spooled reports to the aggregator, with delays, retries and throttling.
+//! - [`status`]: the status file `penrose-agent status` reads.
+//! - [`daemon`]: `penrose-agent run`, which ties them together.
 //! - [`signal`]: SIGINT/SIGTERM end long work cleanly.
 
 pub mod capture;
+pub mod config;
 pub mod counters;
+pub mod daemon;
+pub mod pipeline;
+pub mod record;
 pub mod signal;
+pub mod source;
+pub mod spool;
+pub mod status;
+pub mod upload;

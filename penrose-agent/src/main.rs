@@ -12,7 +12,11 @@ use penrose_agent::capture::locate::LibrarySources;
 use penrose_agent::capture::schedule::{BudgetConfig, OverheadBudget, Schedule};
 use penrose_agent::capture::window::DEFAULT_WINDOW_LAUNCHES;
 use penrose_agent::capture::{Capture, CaptureConfig, CaptureError};
+use penrose_agent::config::{self, AgentConfig, ConfigError};
 use penrose_agent::counters::SourceKind;
+use penrose_agent::daemon::{DaemonError, RunOutcome};
+use penrose_agent::record::read_records;
+use penrose_agent::status::AgentStatus;
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 use penrose_core::sampling::{DEFAULT_SAMPLE_PERIOD, SamplePeriod};
@@ -20,11 +24,14 @@ use penrose_core::sampling::{DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 /// The Penrose agent: watches kernel launches on this machine's GPUs, fingerprints and samples
 /// them, and ships only encrypted histograms.
 ///
+/// `run` is the daemon (configured by /etc/penrose/agent.toml; `config --print-default` shows
+/// every key); `status` and `inspect` show what it does and exactly what it will send;
 /// `capture` runs the eBPF probes for a while and prints what they saw; `fingerprint` and
 /// `catalogue` show, offline, the fingerprints it computes and the counters it samples.
 ///
 /// Exit codes: 0 success, 1 error, 2 usage, 3 a host prerequisite of capture is missing (not
-/// root / no CAP_BPF, no kernel BTF, no tracefs, or the kernel refused the eBPF object).
+/// root / no CAP_BPF, no kernel BTF, no tracefs, or the kernel refused the eBPF object),
+/// 4 the configuration file is invalid.
 #[derive(Parser)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -34,6 +41,50 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the agent: capture windows, local applications, sealed and encrypted histograms,
+    /// the spool and uploads, until SIGINT or SIGTERM.
+    ///
+    /// With `enabled = false` in the configuration it logs one line and exits 0 without
+    /// capturing or sending. Without root, `capture.source = "auto"` replays the traces in
+    /// `[replay] traces` instead of probing (eBPF needs root). Example:
+    ///   penrose-agent run --config /etc/penrose/agent.toml
+    Run {
+        /// The configuration file.
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Show what the running (or last) daemon is doing: windows, probe overhead, spool,
+    /// uploads (read from the status file in its state directory).
+    Status {
+        /// The configuration file (for the state directory).
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show exactly what will leave this machine: for every report still in the spool, its
+    /// plaintext histogram (before encryption), counter and snippet hash.
+    Inspect {
+        /// The configuration file (for the state directory).
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the commented default configuration, or check a configuration file.
+    ///
+    ///   penrose-agent config --print-default > /etc/penrose/agent.toml
+    ///   penrose-agent config --check /etc/penrose/agent.toml
+    Config {
+        /// Print the default file, every key with its default and what it does.
+        #[arg(long, conflicts_with = "check")]
+        print_default: bool,
+        /// Check this file; errors name the key and the line.
+        #[arg(long)]
+        check: Option<PathBuf>,
+    },
     /// Fingerprint a PyTorch profiler trace offline, as the agent would fingerprint the same
     /// launches captured live.
     ///
@@ -151,14 +202,51 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             let missing = e
                 .downcast_ref::<CaptureError>()
-                .is_some_and(CaptureError::is_missing_prerequisite);
-            ExitCode::from(if missing { 3 } else { 1 })
+                .is_some_and(CaptureError::is_missing_prerequisite)
+                || e.downcast_ref::<DaemonError>()
+                    .is_some_and(DaemonError::is_missing_prerequisite);
+            let bad_config = e.downcast_ref::<ConfigError>().is_some();
+            ExitCode::from(if missing {
+                3
+            } else if bad_config {
+                4
+            } else {
+                1
+            })
         }
     }
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Run { config } => daemon_run(&config),
+        Command::Status { config, json } => status(&config, json),
+        Command::Inspect { config, json } => inspect(&config, json),
+        Command::Config {
+            print_default,
+            check,
+        } => match (print_default, check) {
+            (_, Some(path)) => {
+                let config = AgentConfig::load(&path)?;
+                println!(
+                    "{}: valid (state directory {}, aggregator {}, {})",
+                    path.display(),
+                    config.state_dir.display(),
+                    config.aggregator.address,
+                    if config.enabled {
+                        "enabled"
+                    } else {
+                        "disabled"
+                    }
+                );
+                Ok(())
+            }
+            (true, None) => {
+                print!("{}", config::DEFAULT_FILE);
+                Ok(())
+            }
+            (false, None) => anyhow::bail!("give --print-default or --check FILE"),
+        },
         Command::Fingerprint {
             trace,
             window,
@@ -485,4 +573,160 @@ fn catalogue(json: bool) -> Result<()> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn daemon_run(path: &Path) -> Result<()> {
+    let config = AgentConfig::load(path)?;
+    if !config.enabled {
+        tracing::info!(
+            "penrose-agent is disabled by {} (enabled = false): nothing is captured or sent",
+            path.display()
+        );
+        return Ok(());
+    }
+    let signals = penrose_agent::signal::stop_on_signals().context("installing signal handlers")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let outcome = runtime.block_on(async {
+        let watcher = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                while !signals.load(std::sync::atomic::Ordering::Relaxed)
+                    && !stop.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            })
+        };
+        let r = penrose_agent::daemon::run(config, stop.clone()).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = watcher.await;
+        r
+    })?;
+    if let RunOutcome::Stopped(status) = outcome {
+        tracing::info!(
+            "stopped: {} windows, {} histograms sealed, {} delivered, {} still spooled",
+            status.windows,
+            status.pipeline.sealed,
+            status.uploads.accepted + status.uploads.duplicate,
+            status.spool.reports
+        );
+    }
+    Ok(())
+}
+
+fn status(path: &Path, json: bool) -> Result<()> {
+    let config = AgentConfig::load(path)?;
+    let s = AgentStatus::read(&config.state_dir).map_err(anyhow::Error::msg)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    println!(
+        "agent pid {} ({}), source {} (counters: {})",
+        s.pid,
+        if s.running { "running" } else { "stopped" },
+        s.source.kind,
+        s.source.counters
+    );
+    println!(
+        "windows: {} ({} launches), probe time {:.3} s, probe overhead {} (budget {}%)",
+        s.windows,
+        s.launches,
+        s.probe_s,
+        s.probe_overhead_percent
+            .map_or("unknown".into(), |p| format!("{p:.4}%")),
+        s.budget_percent
+    );
+    println!(
+        "pipeline: {} snippets, {} samples, {} local applications, {} open histograms, {} sealed",
+        s.pipeline.snippets,
+        s.pipeline.samples,
+        s.pipeline.local_apps,
+        s.pipeline.open_histograms,
+        s.pipeline.sealed
+    );
+    println!(
+        "spool: {} reports, {} of {} bytes; {} dropped when full, {} write failures",
+        s.spool.reports,
+        s.spool.bytes,
+        s.spool.max_bytes,
+        s.spool.counts.dropped,
+        s.spool.counts.write_failures
+    );
+    println!(
+        "uploads: {} accepted, {} duplicate, {} rejected, {} overloaded, {} failed; server {}, throttle {}/1000{}",
+        s.uploads.accepted,
+        s.uploads.duplicate,
+        s.uploads.rejected,
+        s.uploads.overloaded,
+        s.uploads.failed,
+        if s.uploads.server_reachable {
+            "reachable"
+        } else {
+            "not reached"
+        },
+        s.uploads.throttle_permille,
+        s.uploads
+            .last_error
+            .as_ref()
+            .map_or(String::new(), |e| format!("; last error: {e}"))
+    );
+    if let Some(e) = &s.last_error {
+        println!("last error: {e}");
+    }
+    Ok(())
+}
+
+fn inspect(path: &Path, json: bool) -> Result<()> {
+    let config = AgentConfig::load(path)?;
+    let spooled: HashSet<_> =
+        penrose_agent::spool::list_ids(&penrose_agent::daemon::spool_dir(&config.state_dir))?
+            .into_iter()
+            .collect();
+    let records: Vec<_> =
+        read_records(penrose_agent::record::RecordLog::in_state_dir(&config.state_dir).path())?
+            .into_iter()
+            .filter(|r| r.id().is_some_and(|id| spooled.contains(&id)))
+            .collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&records)?);
+        return Ok(());
+    }
+    let catalogue = Catalogue::current();
+    println!(
+        "{} reports waiting to be sent; each carries only what is shown here, encrypted \
+         (the bins), plus the snippet hash, counter, sample count and day in clear.",
+        records.len()
+    );
+    for r in &records {
+        println!(
+            "\nreport {}  snippet {}  {} ({} samples, day {}, sealed by {:?})",
+            r.report_id, r.snippet, r.counter_name, r.samples, r.day, r.reason
+        );
+        let binning = catalogue
+            .counter(penrose_core::counters::CounterId(r.counter))
+            .map(|c| (c.binning, c.unit.suffix()));
+        for (i, &count) in r.bins.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let range = binning
+                .as_ref()
+                .and_then(|(b, unit)| {
+                    penrose_core::counters::Bin::new(i).map(|bin| {
+                        let (lo, hi) = b.edges(bin);
+                        format!("[{lo:.3}, {hi:.3}) {unit}")
+                    })
+                })
+                .unwrap_or_default();
+            println!("  bin {i:>3} {range:<32} {count}");
+        }
+    }
+    Ok(())
 }

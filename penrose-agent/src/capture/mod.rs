@@ -40,6 +40,9 @@ use locate::{LibraryFile, LibrarySources};
 use schedule::{Schedule, WindowCost};
 use window::{Snippet, Window};
 
+/// How often [`Capture::run_observed`] calls its observer between windows, at the most.
+pub const OBSERVE_EVERY: Duration = Duration::from_secs(1);
+
 /// How a capture runs.
 #[derive(Clone, Debug)]
 pub struct CaptureConfig {
@@ -506,7 +509,22 @@ impl Capture {
         schedule: &Schedule,
         stop: &std::sync::atomic::AtomicBool,
     ) -> Result<(), CaptureError> {
+        self.run_observed(total, schedule, stop, OBSERVE_EVERY, &mut |_| {})
+    }
+
+    /// [`Capture::run_until`], calling `observe` after every window closes and at least every
+    /// `every` otherwise, so that a daemon can take finished snippets and window records as
+    /// they come (it must be quick: the ring is not drained meanwhile).
+    pub fn run_observed(
+        &mut self,
+        total: Duration,
+        schedule: &Schedule,
+        stop: &std::sync::atomic::AtomicBool,
+        every: Duration,
+        observe: &mut dyn FnMut(&mut Self),
+    ) -> Result<(), CaptureError> {
         let start = Instant::now();
+        let mut observed = start;
         let mut next_open = start;
         while start.elapsed() < total && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let now = Instant::now();
@@ -519,6 +537,8 @@ impl Capture {
                         let gap = schedule.gap_after(&cost);
                         next_open = Instant::now() + gap;
                         self.record_window(index, cost, gap, early && !timed_out);
+                        observe(self);
+                        observed = Instant::now();
                     }
                 }
             } else if now >= next_open {
@@ -528,12 +548,17 @@ impl Capture {
             if self.drain() == 0 {
                 std::thread::sleep(self.config.poll_interval);
             }
+            if observed.elapsed() >= every {
+                observe(self);
+                observed = Instant::now();
+            }
         }
         let index = self.counts.windows.saturating_sub(1);
         if let Some(cost) = self.close_window()? {
             let gap = schedule.gap_after(&cost);
             self.record_window(index, cost, gap, false);
         }
+        observe(self);
         Ok(())
     }
 

@@ -123,3 +123,45 @@ impl CounterSource for StandinSource {
         Reading::Values(values)
     }
 }
+
+/// The values this source would read for a launch of `kernel` replayed through the stand-in,
+/// computed from the trace directly: what the trace-replay snippet source samples. Same fields
+/// and conversions as the stand-in's record (duration in whole nanoseconds, shared memory
+/// saturated to 32 bits), restricted to `group`.
+pub fn trace_values(kernel: &penrose_traces::Kernel, group: CounterGroup) -> Vec<CounterValue> {
+    let catalogue = Catalogue::current();
+    let duration_ns = {
+        let ns = (kernel.dur_us * 1000.0).round();
+        if ns.is_finite() && ns > 0.0 { ns } else { 0.0 }
+    };
+    let fields: [(&str, Option<f64>); 5] = [
+        ("kernel_duration", Some(duration_ns)),
+        ("achieved_occupancy", kernel.est_achieved_occupancy_pct),
+        ("blocks_per_sm", kernel.blocks_per_sm),
+        (
+            "registers_per_thread",
+            kernel.registers_per_thread.map(f64::from),
+        ),
+        (
+            "shared_memory",
+            kernel
+                .shared_memory_bytes
+                .map(|b| f64::from(u32::try_from(b).unwrap_or(u32::MAX))),
+        ),
+    ];
+    fields
+        .iter()
+        .filter_map(|&(name, value)| {
+            let c = catalogue.counter_by_name(name)?;
+            (c.group == group).then_some(CounterValue {
+                counter: c.id,
+                value: value?,
+            })
+        })
+        .collect()
+}
+
+/// The groups [`trace_values`] fills.
+pub fn trace_groups() -> Vec<CounterGroup> {
+    StandinSource::new().groups()
+}

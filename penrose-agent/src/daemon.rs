@@ -1,0 +1,387 @@
+//! `penrose-agent run`: source -> pipeline -> record and spool -> uploader, until stopped.
+//!
+//! Three strands: the snippet source in a thread of its own (the live capture blocks on its
+//! ring buffer), the pipeline in another (fingerprinting and Paillier encryption are CPU work
+//! that must not delay the ring's reader), and the uploader as a tokio task. A sealed histogram
+//! is appended to the sealed record and written to the spool before any network I/O. Stopping
+//! (the `stop` flag: SIGINT/SIGTERM in the binary) ends the source, seals what the pipeline
+//! holds into the spool, stops the uploader (a report in flight stays spooled), and writes the
+//! final status. A SIGKILL loses only the histograms not yet sealed: everything spooled is
+//! delivered after the restart, exactly once thanks to the server's deduplication.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use penrose_core::paillier::PublicKey;
+use penrose_core::sampling::SamplePeriod;
+use penrose_transport::{ClientConfig, RetryPolicy, Trust};
+use thiserror::Error;
+use tokio::sync::Notify;
+
+use crate::config::{AgentConfig, SourceChoice, seconds};
+use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed};
+use crate::record::RecordLog;
+use crate::source::replay::ReplayConfig;
+use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
+use crate::spool::{Spool, SpoolError, create_private_dir};
+use crate::status::AgentStatus;
+use crate::upload::{self, UploadConfig};
+
+/// The spool's folder inside the state directory.
+pub const SPOOL_DIR: &str = "spool";
+/// Largest public key file read.
+const MAX_KEY_FILE: u64 = 64 * 1024;
+
+/// Why the daemon could not start or had to stop.
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    /// A file the configuration names is missing or invalid.
+    #[error("{0}")]
+    Setup(String),
+    /// The snippet source failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The spool could not be opened.
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    /// The pipeline could not be built.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+}
+
+impl DaemonError {
+    /// A host prerequisite of the live capture is missing (not root, no BTF, ...).
+    pub fn is_missing_prerequisite(&self) -> bool {
+        matches!(self, DaemonError::Source(SourceError::Capture(e)) if e.is_missing_prerequisite())
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunOutcome {
+    /// `enabled = false`: nothing captured or sent.
+    Disabled,
+    /// Stopped; the final status.
+    Stopped(Box<AgentStatus>),
+}
+
+/// Paths inside a state directory.
+pub fn spool_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join(SPOOL_DIR)
+}
+
+/// Reads the design server's public key file.
+pub fn load_public_key(path: &Path) -> Result<PublicKey, DaemonError> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?
+        .len();
+    if len > MAX_KEY_FILE {
+        return Err(DaemonError::Setup(format!(
+            "design.public_key {}: too large to be a key",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::read(path)
+        .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?;
+    PublicKey::from_bytes(&bytes).map_err(|e| {
+        DaemonError::Setup(format!(
+            "design.public_key {}: not a public key: {e}",
+            path.display()
+        ))
+    })
+}
+
+fn is_root() -> bool {
+    // The effective uid from /proc, which keeps this module free of FFI.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|f| f.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The source the configuration asks for. `auto` without root says once why it replays.
+pub fn open_source(config: &AgentConfig) -> Result<Box<dyn SnippetSource>, DaemonError> {
+    let choice = match config.capture.source {
+        SourceChoice::Auto if is_root() => SourceChoice::Ebpf,
+        SourceChoice::Auto => {
+            tracing::info!(
+                "not root: eBPF probes need root (or CAP_BPF and CAP_PERFMON), so snippets come from the trace replay of {}",
+                config.replay.traces.display()
+            );
+            SourceChoice::Replay
+        }
+        other => other,
+    };
+    Ok(match choice {
+        SourceChoice::Ebpf | SourceChoice::Auto => Box::new(EbpfSource::start(config)?),
+        SourceChoice::Replay => {
+            let c = &config.capture;
+            let period = std::num::NonZeroU32::new(c.sample_period)
+                .map(SamplePeriod)
+                .ok_or_else(|| DaemonError::Setup("capture.sample_period is 0".into()))?;
+            Box::new(ReplaySource::open(
+                &config.replay.traces,
+                ReplayConfig {
+                    window_launches: c.window_launches,
+                    sample_period: period,
+                    reoffset_every: seconds(c.reoffset_seconds),
+                    group_period: seconds(c.group_seconds),
+                    window_every: seconds(config.replay.window_seconds),
+                    windows: (config.replay.windows > 0).then_some(config.replay.windows),
+                    counters: c.counters,
+                    seed: None,
+                },
+            )?)
+        }
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs the agent with the source its configuration names until `stop` is set.
+pub async fn run(config: AgentConfig, stop: Arc<AtomicBool>) -> Result<RunOutcome, DaemonError> {
+    if !config.enabled {
+        tracing::info!(
+            "penrose-agent is disabled by its configuration (enabled = false): nothing is captured or sent"
+        );
+        return Ok(RunOutcome::Disabled);
+    }
+    let for_source = config.clone();
+    let source = tokio::task::spawn_blocking(move || open_source(&for_source))
+        .await
+        .map_err(|e| DaemonError::Setup(format!("starting the source: {e}")))??;
+    run_with_source(config, source, stop).await
+}
+
+/// Runs the agent with a source of the caller's (the demo's in-process agents, tests).
+pub async fn run_with_source(
+    config: AgentConfig,
+    mut source: Box<dyn SnippetSource>,
+    stop: Arc<AtomicBool>,
+) -> Result<RunOutcome, DaemonError> {
+    if !config.enabled {
+        tracing::info!("penrose-agent is disabled by its configuration (enabled = false)");
+        return Ok(RunOutcome::Disabled);
+    }
+    let state_dir = config.state_dir.clone();
+    create_private_dir(&state_dir)?;
+    let key = load_public_key(&config.design.public_key)?;
+    let trust = Trust::load_pinned(&config.aggregator.certificate).map_err(|e| {
+        DaemonError::Setup(format!(
+            "aggregator.certificate {}: {e}",
+            config.aggregator.certificate.display()
+        ))
+    })?;
+    let server = config.aggregator_addr().map_err(DaemonError::Setup)?;
+    let u = &config.upload;
+    let mut client = ClientConfig::new(server, config.aggregator.server_name.clone(), trust);
+    client.retry = RetryPolicy {
+        attempts: u.attempts,
+        base_delay: seconds(u.backoff_base_seconds),
+        max_delay: seconds(u.backoff_max_seconds),
+        jitter: 0.5,
+    };
+    client.connect_timeout = seconds(u.connect_timeout_seconds);
+    client.ack_timeout = seconds(u.ack_timeout_seconds);
+    let upload_config = UploadConfig {
+        client,
+        delay_max: seconds(u.delay_max_seconds),
+        backoff_base: seconds(u.backoff_base_seconds),
+        backoff_max: seconds(u.backoff_max_seconds),
+    };
+    let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?;
+    let pipeline = Pipeline::new(
+        PipelineConfig {
+            tau: config.classes.tau,
+            max_local_apps: config.classes.max_local_apps,
+            seal_samples: config.seal.samples,
+            max_age: seconds(config.seal.max_age_seconds),
+        },
+        key,
+    )?;
+    let info = source.info();
+    tracing::info!(
+        "penrose-agent running: source {} (counters: {}), {} spooled reports, sending to {server} ({}), seal at {} samples or {:?}",
+        info.kind,
+        info.counters,
+        spool.entries().len(),
+        config.aggregator.server_name,
+        config.seal.samples,
+        seconds(config.seal.max_age_seconds),
+    );
+    let status = Arc::new(Mutex::new(AgentStatus {
+        pid: std::process::id(),
+        running: true,
+        source: info,
+        budget_percent: config.capture.budget_percent,
+        uploads: crate::status::UploadCounts {
+            throttle_permille: 1000,
+            ..Default::default()
+        },
+        ..AgentStatus::default()
+    }));
+    let spool = Arc::new(Mutex::new(spool));
+    let wake = Arc::new(Notify::new());
+    let shared = upload::Shared {
+        spool: Arc::clone(&spool),
+        status: Arc::clone(&status),
+        wake: Arc::clone(&wake),
+        stop: Arc::clone(&stop),
+    };
+    refresh(&status, &spool, &state_dir);
+
+    // Source thread -> channel -> pipeline thread.
+    let (tx, rx) = mpsc::channel::<SourceBatch>();
+    let source_stop = Arc::clone(&stop);
+    let source_thread = std::thread::Builder::new()
+        .name("penrose-source".into())
+        .spawn(move || {
+            let r = source.run(&source_stop, &mut |batch| {
+                let _ = tx.send(batch);
+            });
+            if let Err(e) = &r {
+                tracing::error!("snippet source failed: {e}");
+            } else {
+                tracing::info!("snippet source ended");
+            }
+            r
+        })
+        .map_err(|e| DaemonError::Setup(format!("starting the source thread: {e}")))?;
+    let record = RecordLog::in_state_dir(&state_dir);
+    let pipe = PipelineThread {
+        pipeline,
+        record,
+        spool: Arc::clone(&spool),
+        status: Arc::clone(&status),
+        wake: Arc::clone(&wake),
+    };
+    let pipeline_thread = std::thread::Builder::new()
+        .name("penrose-pipeline".into())
+        .spawn(move || pipe.run(rx))
+        .map_err(|e| DaemonError::Setup(format!("starting the pipeline thread: {e}")))?;
+    let uploader = tokio::spawn(upload::run(upload_config, shared));
+
+    // Until stopped: write the status twice a second.
+    let mut source_error = None;
+    let mut source_thread = Some(source_thread);
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        refresh(&status, &spool, &state_dir);
+        if source_thread.as_ref().is_some_and(|t| t.is_finished())
+            && let Some(t) = source_thread.take()
+            && let Ok(Err(e)) = t.join()
+        {
+            // The capture failed: stop, keeping what was spooled.
+            lock(&status).last_error = Some(e.to_string());
+            source_error = Some(e);
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+    tracing::info!("stopping: sealing what is held, uploads stop (the spool keeps the rest)");
+    if let Some(t) = source_thread.take() {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    let _ = tokio::task::spawn_blocking(move || pipeline_thread.join()).await;
+    let _ = uploader.await;
+    lock(&status).running = false;
+    refresh(&status, &spool, &state_dir);
+    if let Some(e) = source_error {
+        return Err(DaemonError::Source(e));
+    }
+    let last = lock(&status).clone();
+    Ok(RunOutcome::Stopped(Box::new(last)))
+}
+
+fn refresh(status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, state_dir: &Path) {
+    let snapshot = {
+        let spool = lock(spool);
+        let mut s = lock(status);
+        s.spool.reports = spool.entries().len() as u64;
+        s.spool.bytes = spool.bytes();
+        s.spool.max_bytes = spool.max_bytes();
+        s.spool.counts = spool.counts();
+        s.clone()
+    };
+    if let Err(e) = snapshot.write(state_dir) {
+        tracing::warn!("writing the status file: {e}");
+    }
+}
+
+struct PipelineThread {
+    pipeline: Pipeline,
+    record: RecordLog,
+    spool: Arc<Mutex<Spool>>,
+    status: Arc<Mutex<AgentStatus>>,
+    wake: Arc<Notify>,
+}
+
+impl PipelineThread {
+    fn run(mut self, rx: mpsc::Receiver<SourceBatch>) {
+        loop {
+            let sealed = match rx.recv_timeout(Duration::from_millis(250)) {
+                Ok(batch) => {
+                    lock(&self.status).add_windows(&batch.windows);
+                    let now = Instant::now();
+                    let mut out = Vec::new();
+                    for snippet in &batch.snippets {
+                        match self.pipeline.ingest(snippet, now) {
+                            Ok(s) => out.extend(s),
+                            Err(e) => self.error(format!("pipeline: {e}")),
+                        }
+                    }
+                    out
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.pipeline.tick(Instant::now()).unwrap_or_else(|e| {
+                        self.error(format!("pipeline: {e}"));
+                        Vec::new()
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // The source ended (stop, or it has nothing more): seal what is held.
+                    let rest = self.pipeline.flush().unwrap_or_else(|e| {
+                        self.error(format!("pipeline: {e}"));
+                        Vec::new()
+                    });
+                    self.store(rest);
+                    return;
+                }
+            };
+            self.store(sealed);
+        }
+    }
+
+    fn error(&self, message: String) {
+        tracing::warn!("{message}");
+        lock(&self.status).last_error = Some(message);
+    }
+
+    /// Records, then spools, each sealed report; then tells the uploader.
+    fn store(&mut self, sealed: Vec<Sealed>) {
+        if sealed.is_empty() {
+            lock(&self.status).pipeline = self.pipeline.counts();
+            return;
+        }
+        for s in sealed {
+            if let Err(e) = self.record.append(&s.record) {
+                self.error(format!("sealed record: {e}; report not spooled"));
+                continue;
+            }
+            let pushed = lock(&self.spool).push(s.report.report_id, &s.frame);
+            if let Err(e) = pushed {
+                self.error(format!("spool: {e}; report lost"));
+            }
+        }
+        lock(&self.status).pipeline = self.pipeline.counts();
+        self.wake.notify_one();
+    }
+}

@@ -1,0 +1,97 @@
+//! Where the pipeline's snippets come from.
+//!
+//! - [`ebpf`]: [`EbpfSource`], the live capture (eBPF uprobes on libcuda; needs root).
+//! - [`replay`]: [`ReplaySource`], profiler traces replayed as if captured (no root, no
+//!   probes): the same snippets and sampled counter values an agent would see if those traces
+//!   ran through the stand-in driver, used without root and in fast tests.
+//!
+//! A source runs in a thread of its own (the capture blocks, polling its ring buffer) and hands
+//! its output to a sink as it comes.
+
+pub mod ebpf;
+pub mod replay;
+
+use std::sync::atomic::AtomicBool;
+
+use thiserror::Error;
+
+use crate::capture::window::Snippet;
+use crate::capture::{CaptureError, WindowRecord};
+pub use ebpf::EbpfSource;
+pub use replay::ReplaySource;
+
+/// Why a source stopped or could not start.
+#[derive(Debug, Error)]
+pub enum SourceError {
+    /// The live capture failed.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The traces could not be read.
+    #[error("trace replay: {0}")]
+    Traces(String),
+}
+
+/// One closed window, for `status` and the overhead figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WindowStat {
+    /// The window's index.
+    pub index: u64,
+    /// Launches the probes saw.
+    pub launches: u64,
+    /// How long it was open, seconds.
+    pub open_s: f64,
+    /// Probe time (launches times the calibrated per-launch cost), seconds.
+    pub probe_s: f64,
+    /// CPU time of the probed processes while it was open, seconds, when known.
+    pub process_cpu_s: Option<f64>,
+    /// The gap the schedule chose after it, seconds.
+    pub gap_s: f64,
+}
+
+impl From<&WindowRecord> for WindowStat {
+    fn from(w: &WindowRecord) -> Self {
+        Self {
+            index: w.index,
+            launches: w.cost.launches,
+            open_s: w.cost.open_for.as_secs_f64(),
+            probe_s: w.probe_time.as_secs_f64(),
+            process_cpu_s: w.cost.process_cpu.map(|d| d.as_secs_f64()),
+            gap_s: w.gap.as_secs_f64(),
+        }
+    }
+}
+
+/// What a source hands over at a time.
+#[derive(Debug, Default)]
+pub struct SourceBatch {
+    /// Snippets that ended.
+    pub snippets: Vec<Snippet>,
+    /// Windows that closed.
+    pub windows: Vec<WindowStat>,
+}
+
+/// What a source says about itself in `status`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SourceInfo {
+    /// `ebpf` or `replay`.
+    pub kind: String,
+    /// Where counter values come from.
+    pub counters: String,
+    /// Per-launch probe cost the schedule uses, nanoseconds (0 for the replay).
+    pub probe_cost_ns: u64,
+    /// libcuda files probed, or traces replayed.
+    pub inputs: Vec<String>,
+}
+
+/// A producer of snippets.
+pub trait SnippetSource: Send {
+    /// What it is, for `status`.
+    fn info(&self) -> SourceInfo;
+
+    /// Runs until `stop` is set or the source has nothing more, handing output to `sink`.
+    fn run(
+        &mut self,
+        stop: &AtomicBool,
+        sink: &mut dyn FnMut(SourceBatch),
+    ) -> Result<(), SourceError>;
+}

@@ -1,0 +1,434 @@
+//! The spool: encrypted reports on disk between sealing and the server's ack.
+//!
+//! One file per report, named `<sequence>-<report id>.report` (the sequence orders them, oldest
+//! first), holding the report's wire frame. A report is written to a temporary file, synced,
+//! renamed into place and the directory synced, so after a crash (SIGKILL, power loss) a report
+//! is either whole in the spool or absent, never half there; temporary files left by a crash
+//! are removed at open. The spool is bounded in bytes: a report that would exceed the bound
+//! first pushes out the oldest ones (counted and warned about, never an error), so an agent cut
+//! off from its server for weeks keeps the newest data and a bounded disk footprint. A write
+//! that fails (a full disk) removes its temporary file and leaves the spool as it was.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use penrose_core::wire::ReportId;
+use thiserror::Error;
+
+const SUFFIX: &str = ".report";
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// Why the spool refused an operation.
+#[derive(Debug, Error)]
+pub enum SpoolError {
+    /// The file system refused (a full disk, permissions); nothing was changed.
+    #[error("spool {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// One report is larger than the whole spool may be.
+    #[error("a report of {size} bytes does not fit a spool of {max} bytes")]
+    TooLarge {
+        /// The report's size.
+        size: u64,
+        /// The bound.
+        max: u64,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
+    move |source| SpoolError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// One spooled report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpoolEntry {
+    /// Its place in the order (higher is newer).
+    pub sequence: u64,
+    /// The report's id.
+    pub report_id: ReportId,
+    /// Its frame's size.
+    pub bytes: u64,
+    /// Its file.
+    pub path: PathBuf,
+}
+
+/// Counts since the spool was opened, for `status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SpoolCounts {
+    /// Reports written.
+    pub written: u64,
+    /// Oldest reports dropped to stay under the bound.
+    pub dropped: u64,
+    /// Writes that failed (the spool unchanged).
+    pub write_failures: u64,
+    /// Reports removed after the server had them.
+    pub delivered: u64,
+    /// Reports moved aside because the server rejected them.
+    pub rejected: u64,
+}
+
+/// The spool directory.
+#[derive(Debug)]
+pub struct Spool {
+    dir: PathBuf,
+    rejected_dir: PathBuf,
+    max_bytes: u64,
+    entries: Vec<SpoolEntry>,
+    next_sequence: u64,
+    counts: SpoolCounts,
+}
+
+impl Spool {
+    /// Opens (creating) `dir`, removes temporary files a crash left, and lists what is there.
+    /// Rejected reports go to `dir/../rejected`.
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, SpoolError> {
+        create_private_dir(dir)?;
+        let rejected_dir = dir
+            .parent()
+            .map_or_else(|| dir.join("rejected"), |p| p.join("rejected"));
+        let mut entries = Vec::new();
+        for item in fs::read_dir(dir).map_err(io(dir))? {
+            let item = item.map_err(io(dir))?;
+            let name = item.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let path = item.path();
+            if name.starts_with(TEMP_PREFIX) {
+                tracing::info!("spool: removing {name}, left by an interrupted write");
+                fs::remove_file(&path).map_err(io(&path))?;
+                continue;
+            }
+            let Some((sequence, report_id)) = parse_name(name) else {
+                tracing::warn!("spool: ignoring {name}, not a report file");
+                continue;
+            };
+            let bytes = item.metadata().map_err(io(&path))?.len();
+            entries.push(SpoolEntry {
+                sequence,
+                report_id,
+                bytes,
+                path,
+            });
+        }
+        entries.sort_by_key(|e| e.sequence);
+        let next_sequence = entries.last().map_or(0, |e| e.sequence + 1);
+        Ok(Self {
+            dir: dir.to_owned(),
+            rejected_dir,
+            max_bytes,
+            entries,
+            next_sequence,
+            counts: SpoolCounts::default(),
+        })
+    }
+
+    /// Writes one report's frame durably, first dropping the oldest reports if it would not
+    /// fit. Returns how many were dropped.
+    pub fn push(&mut self, report_id: ReportId, frame: &[u8]) -> Result<u64, SpoolError> {
+        let size = frame.len() as u64;
+        if size > self.max_bytes {
+            self.counts.write_failures += 1;
+            return Err(SpoolError::TooLarge {
+                size,
+                max: self.max_bytes,
+            });
+        }
+        let sequence = self.next_sequence;
+        let name = format!("{sequence:020}-{}{SUFFIX}", hex(&report_id.0));
+        let path = self.dir.join(&name);
+        let temp = self.dir.join(format!("{TEMP_PREFIX}{name}"));
+        if let Err(e) = write_synced(&temp, frame) {
+            let _ = fs::remove_file(&temp);
+            self.counts.write_failures += 1;
+            return Err(e);
+        }
+        // Room is made only once the new report is safely written, so that a failed write
+        // (a full disk) costs no old report.
+        let mut dropped = 0;
+        while self.bytes() + size > self.max_bytes {
+            let Some(oldest) = self.entries.first().cloned() else {
+                break;
+            };
+            match fs::remove_file(&oldest.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    let _ = fs::remove_file(&temp);
+                    self.counts.write_failures += 1;
+                    return Err(SpoolError::Io {
+                        path: oldest.path,
+                        source: e,
+                    });
+                }
+            }
+            self.entries.remove(0);
+            dropped += 1;
+        }
+        if let Err(e) = fs::rename(&temp, &path).map_err(io(&path)) {
+            let _ = fs::remove_file(&temp);
+            self.counts.write_failures += 1;
+            return Err(e);
+        }
+        sync_dir(&self.dir)?;
+        if dropped > 0 {
+            self.counts.dropped += dropped;
+            tracing::warn!(
+                "spool full ({} bytes): dropped the {dropped} oldest reports ({} dropped since start)",
+                self.max_bytes,
+                self.counts.dropped
+            );
+        }
+        self.next_sequence += 1;
+        self.counts.written += 1;
+        self.entries.push(SpoolEntry {
+            sequence,
+            report_id,
+            bytes: size,
+            path,
+        });
+        Ok(dropped)
+    }
+
+    /// The reports, oldest first.
+    pub fn entries(&self) -> &[SpoolEntry] {
+        &self.entries
+    }
+
+    /// The oldest report.
+    pub fn oldest(&self) -> Option<&SpoolEntry> {
+        self.entries.first()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.bytes).sum()
+    }
+
+    /// The bound.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Counts since open.
+    pub fn counts(&self) -> SpoolCounts {
+        self.counts
+    }
+
+    /// Whether `entry` is still spooled (it may have been dropped meanwhile).
+    pub fn contains(&self, entry: &SpoolEntry) -> bool {
+        self.entries.iter().any(|e| e.sequence == entry.sequence)
+    }
+
+    /// The server has the report: forget it.
+    pub fn remove_delivered(&mut self, entry: &SpoolEntry) -> Result<(), SpoolError> {
+        self.forget(entry)?;
+        self.counts.delivered += 1;
+        Ok(())
+    }
+
+    /// The server refused the report: move it to the rejected folder with a note of why.
+    pub fn move_rejected(&mut self, entry: &SpoolEntry, reason: &str) -> Result<(), SpoolError> {
+        create_private_dir(&self.rejected_dir)?;
+        let Some(name) = entry.path.file_name() else {
+            return self.forget(entry);
+        };
+        let target = self.rejected_dir.join(name);
+        match fs::rename(&entry.path, &target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&target)(e)),
+        }
+        let note = target.with_extension("reason");
+        write_synced(&note, format!("{reason}\n").as_bytes())?;
+        sync_dir(&self.rejected_dir)?;
+        sync_dir(&self.dir)?;
+        self.entries.retain(|e| e.sequence != entry.sequence);
+        self.counts.rejected += 1;
+        Ok(())
+    }
+
+    fn forget(&mut self, entry: &SpoolEntry) -> Result<(), SpoolError> {
+        match fs::remove_file(&entry.path) {
+            Ok(()) => sync_dir(&self.dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&entry.path)(e)),
+        }
+        self.entries.retain(|e| e.sequence != entry.sequence);
+        Ok(())
+    }
+}
+
+/// Reads a spooled report's frame.
+pub fn read_frame(entry: &SpoolEntry) -> Result<Vec<u8>, SpoolError> {
+    fs::read(&entry.path).map_err(io(&entry.path))
+}
+
+/// The report ids of the files in a spool directory (for `inspect`, which must not take the
+/// daemon's spool).
+pub fn list_ids(dir: &Path) -> Result<Vec<ReportId>, SpoolError> {
+    let mut out = Vec::new();
+    let items = match fs::read_dir(dir) {
+        Ok(items) => items,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    for item in items {
+        let item = item.map_err(io(dir))?;
+        if let Some((_, id)) = item.file_name().to_str().and_then(parse_name) {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+fn parse_name(name: &str) -> Option<(u64, ReportId)> {
+    let stem = name.strip_suffix(SUFFIX)?;
+    let (sequence, id) = stem.split_once('-')?;
+    let sequence = sequence.parse().ok()?;
+    Some((sequence, ReportId(parse_hex16(id)?)))
+}
+
+/// Creates `dir` (and parents) readable by the owner only.
+pub fn create_private_dir(dir: &Path) -> Result<(), SpoolError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io(dir))
+}
+
+/// Writes `bytes` to a new file `path` (mode 0600) and syncs it.
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SpoolError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(path))?;
+    file.write_all(bytes).map_err(io(path))?;
+    file.sync_all().map_err(io(path))
+}
+
+/// Syncs a directory, so that a rename or removal in it survives a crash.
+pub fn sync_dir(dir: &Path) -> Result<(), SpoolError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parses 32 hex digits.
+pub fn parse_hex16(s: &str) -> Option<[u8; 16]> {
+    let v = parse_hex(s)?;
+    v.try_into().ok()
+}
+
+/// Parses an even number of hex digits.
+pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn id(n: u8) -> ReportId {
+        ReportId([n; 16])
+    }
+
+    #[test]
+    fn reports_survive_reopening_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool_dir = dir.path().join("spool");
+        let mut spool = Spool::open(&spool_dir, 1 << 20).unwrap();
+        for n in 0..5 {
+            spool.push(id(n), &[n; 100]).unwrap();
+        }
+        // A crash mid-write leaves a temporary file; it is not a report.
+        fs::write(
+            spool_dir.join(".tmp-00000000000000000009-xx.report"),
+            b"half",
+        )
+        .unwrap();
+        drop(spool);
+        let mut spool = Spool::open(&spool_dir, 1 << 20).unwrap();
+        let ids: Vec<_> = spool.entries().iter().map(|e| e.report_id).collect();
+        assert_eq!(ids, (0..5).map(id).collect::<Vec<_>>());
+        assert_eq!(spool.bytes(), 500);
+        assert_eq!(read_frame(spool.oldest().unwrap()).unwrap(), vec![0u8; 100]);
+        assert_eq!(
+            fs::read_dir(&spool_dir).unwrap().count(),
+            5,
+            "temp file removed"
+        );
+        // New reports continue the order.
+        spool.push(id(9), &[9; 10]).unwrap();
+        assert_eq!(spool.entries().last().unwrap().sequence, 5);
+        let oldest = spool.oldest().unwrap().clone();
+        spool.remove_delivered(&oldest).unwrap();
+        spool
+            .move_rejected(&spool.oldest().unwrap().clone(), "Rejected(UnknownKey)")
+            .unwrap();
+        assert_eq!(spool.entries().len(), 4);
+        let rejected = dir.path().join("rejected");
+        let notes: Vec<_> = fs::read_dir(&rejected).unwrap().collect();
+        assert_eq!(notes.len(), 2, "the report and its reason");
+        assert_eq!(list_ids(&spool_dir).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn a_full_spool_drops_the_oldest_and_counts_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1000).unwrap();
+        for n in 0..10 {
+            spool.push(id(n), &[n; 300]).unwrap();
+            assert!(spool.bytes() <= 1000);
+        }
+        let ids: Vec<_> = spool.entries().iter().map(|e| e.report_id).collect();
+        assert_eq!(ids, vec![id(7), id(8), id(9)], "the newest three kept");
+        assert_eq!(spool.counts().dropped, 7);
+        assert_eq!(spool.counts().written, 10);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 3);
+        let e = spool.push(id(20), &[0; 1001]).unwrap_err();
+        assert!(matches!(e, SpoolError::TooLarge { .. }));
+        assert_eq!(spool.entries().len(), 3, "a refused report changes nothing");
+    }
+
+    #[test]
+    fn a_failed_write_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool_dir = dir.path().join("spool");
+        let mut spool = Spool::open(&spool_dir, 1000).unwrap();
+        for n in 0..3 {
+            spool.push(id(n), &[n; 300]).unwrap();
+        }
+        // The directory vanishes under the spool (as good as a full disk for the write).
+        fs::rename(&spool_dir, dir.path().join("elsewhere")).unwrap();
+        assert!(spool.push(id(7), &[7; 300]).is_err());
+        assert_eq!(spool.entries().len(), 3);
+        assert_eq!(
+            spool.counts().dropped,
+            0,
+            "no old report lost for a failed write"
+        );
+        assert_eq!(spool.counts().write_failures, 1);
+    }
+}

@@ -1,0 +1,136 @@
+//! What the daemon is doing, in `<state_dir>/status.json`, for `penrose-agent status`.
+//!
+//! The daemon rewrites the file (atomically: temporary file, rename) twice a second and when
+//! it stops, so `status` works without talking to the daemon and shows the last state of a
+//! daemon that is gone.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::pipeline::PipelineCounts;
+use crate::source::{SourceInfo, WindowStat};
+use crate::spool::{SpoolCounts, SpoolError, write_synced};
+
+/// File name inside the state directory.
+pub const STATUS_FILE: &str = "status.json";
+
+/// Windows kept in the status file.
+const RECENT_WINDOWS: usize = 10;
+
+/// The spool now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpoolStatus {
+    /// Reports waiting.
+    pub reports: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The bound.
+    pub max_bytes: u64,
+    /// Counts since start.
+    pub counts: SpoolCounts,
+}
+
+/// Uploads since start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UploadCounts {
+    /// Reports sent (each with its retries).
+    pub attempts: u64,
+    /// Acked Accepted.
+    pub accepted: u64,
+    /// Acked Duplicate (an earlier attempt had got through).
+    pub duplicate: u64,
+    /// Acked Rejected and moved aside.
+    pub rejected: u64,
+    /// Acked Rejected(Overloaded): kept, retried later.
+    pub overloaded: u64,
+    /// Uploads that got no ack after all retries (server down or unreachable).
+    pub failed: u64,
+    /// The server's last throttle hint, thousandths of the normal rate.
+    pub throttle_permille: u16,
+    /// Whether the last upload got an ack.
+    pub server_reachable: bool,
+    /// The last failure.
+    pub last_error: Option<String>,
+}
+
+/// The status file's contents.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    /// The daemon's process id.
+    pub pid: u32,
+    /// Whether it is running (false once it stopped cleanly).
+    pub running: bool,
+    /// The snippet source.
+    pub source: SourceInfo,
+    /// The configured overhead budget, percent.
+    pub budget_percent: f64,
+    /// Windows closed.
+    pub windows: u64,
+    /// Launches seen in them.
+    pub launches: u64,
+    /// Probe time in them, seconds.
+    pub probe_s: f64,
+    /// Probed processes' CPU time over windows and the gaps after them (extrapolated from
+    /// what they used inside the windows), seconds.
+    pub process_cpu_s: f64,
+    /// Probe time as a share of that CPU time, percent (the quantity the budget bounds).
+    pub probe_overhead_percent: Option<f64>,
+    /// The last windows.
+    pub recent_windows: Vec<WindowStat>,
+    /// Snippets, samples, local applications, sealed histograms.
+    pub pipeline: PipelineCounts,
+    /// The spool.
+    pub spool: SpoolStatus,
+    /// Uploads.
+    pub uploads: UploadCounts,
+    /// The last error outside uploads (sealing, spooling).
+    pub last_error: Option<String>,
+}
+
+impl AgentStatus {
+    /// Takes closed windows into the totals.
+    pub fn add_windows(&mut self, windows: &[WindowStat]) {
+        for w in windows {
+            self.windows += 1;
+            self.launches += w.launches;
+            self.probe_s += w.probe_s;
+            if let Some(cpu) = w.process_cpu_s
+                && w.open_s > 0.0
+            {
+                self.process_cpu_s += cpu * (w.open_s + w.gap_s) / w.open_s;
+            }
+            self.recent_windows.push(*w);
+        }
+        let excess = self.recent_windows.len().saturating_sub(RECENT_WINDOWS);
+        self.recent_windows.drain(..excess);
+        self.probe_overhead_percent =
+            (self.process_cpu_s > 0.0).then(|| 100.0 * self.probe_s / self.process_cpu_s);
+    }
+
+    /// Writes the file atomically.
+    pub fn write(&self, state_dir: &Path) -> Result<(), SpoolError> {
+        let path = status_path(state_dir);
+        let temp = state_dir.join(".status.json.tmp");
+        let bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
+        write_synced(&temp, &bytes)?;
+        std::fs::rename(&temp, &path).map_err(|source| SpoolError::Io { path, source })
+    }
+
+    /// Reads the file.
+    pub fn read(state_dir: &Path) -> Result<Self, String> {
+        let path = status_path(state_dir);
+        let bytes = std::fs::read(&path).map_err(|e| {
+            format!(
+                "{}: {e} (has `penrose-agent run` started with this state directory?)",
+                path.display()
+            )
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// Where the status file of `state_dir` is.
+pub fn status_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(STATUS_FILE)
+}

@@ -1,0 +1,225 @@
+//! The uploader: spooled reports to the aggregator, oldest first, one at a time.
+//!
+//! Before each upload it waits a random time (up to `delay_max`, stretched by the inverse of
+//! the server's throttle hint), so that reports do not leave in step with the captures that
+//! made them and a throttled fleet slows down. The transport client retries lost connections
+//! and timeouts with backoff; an upload that still gets no ack leaves the report spooled, and
+//! the uploader backs off (doubling up to `backoff_max`) and tries again, so a server that is
+//! down simply means the spool grows until it returns. Accepted and Duplicate acks remove the
+//! report; Rejected moves it aside with its reason (resending would be refused again), except
+//! Overloaded, which keeps it for later.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use penrose_core::wire::{AckStatus, Message, RejectReason};
+use penrose_transport::{Client, ClientConfig};
+use rand::Rng;
+use tokio::sync::Notify;
+
+use crate::spool::{Spool, read_frame};
+use crate::status::AgentStatus;
+
+/// Upload timing.
+#[derive(Clone, Debug)]
+pub struct UploadConfig {
+    /// The client (address, pinned certificate, retries, timeouts).
+    pub client: ClientConfig,
+    /// Longest random wait before an upload, at full rate.
+    pub delay_max: Duration,
+    /// First wait after an upload that got no ack.
+    pub backoff_base: Duration,
+    /// Longest wait.
+    pub backoff_max: Duration,
+}
+
+/// Everything the uploader shares with the rest of the daemon.
+#[derive(Clone)]
+pub struct Shared {
+    /// The spool.
+    pub spool: Arc<Mutex<Spool>>,
+    /// The status the daemon writes out.
+    pub status: Arc<Mutex<AgentStatus>>,
+    /// Notified when a report is spooled.
+    pub wake: Arc<Notify>,
+    /// Set to stop.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Sleeps `d`, or less if `stop` is set meanwhile; returns whether to go on.
+async fn pause(d: Duration, stop: &AtomicBool) -> bool {
+    let end = tokio::time::Instant::now() + d;
+    while tokio::time::Instant::now() < end {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        tokio::time::sleep(left.min(Duration::from_millis(50))).await;
+    }
+    !stop.load(Ordering::Relaxed)
+}
+
+/// Returns once `stop` is set.
+pub async fn stopped(stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs until `shared.stop` is set. A report in flight at that moment stays spooled (if it
+/// did arrive, the next start gets Duplicate for it and removes it).
+pub async fn run(config: UploadConfig, shared: Shared) {
+    let client = match Client::new(config.client.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("uploader: cannot create the QUIC client: {e}");
+            lock(&shared.status).uploads.last_error = Some(e.to_string());
+            return;
+        }
+    };
+    let stop = &*shared.stop;
+    let mut throttle_permille: u16 = 1000;
+    let mut failures: u32 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(entry) = lock(&shared.spool).oldest().cloned() else {
+            tokio::select! {
+                _ = shared.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+            continue;
+        };
+        // The random delay, stretched by the throttle hint (0: wait the longest backoff).
+        let stretch = if throttle_permille == 0 {
+            None
+        } else {
+            Some(1000.0 / f64::from(throttle_permille))
+        };
+        let delay = match stretch {
+            Some(s) => config
+                .delay_max
+                .mul_f64(rand::rng().random::<f64>())
+                .mul_f64(s)
+                .min(config.backoff_max.max(config.delay_max)),
+            None => config.backoff_max,
+        };
+        if !pause(delay, stop).await {
+            break;
+        }
+        if !lock(&shared.spool).contains(&entry) {
+            continue; // dropped to make room meanwhile
+        }
+        let report =
+            match read_frame(&entry)
+                .map_err(|e| e.to_string())
+                .and_then(|f| match Message::decode(&f) {
+                    Ok((Message::Report(r), used)) if used == f.len() => Ok(r),
+                    Ok(_) => Err("not one report frame".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }) {
+                Ok(r) => r,
+                Err(why) => {
+                    tracing::warn!(
+                        "spooled report {} unreadable ({why}); moved aside",
+                        entry.path.display()
+                    );
+                    let _ =
+                        lock(&shared.spool).move_rejected(&entry, &format!("unreadable: {why}"));
+                    continue;
+                }
+            };
+        lock(&shared.status).uploads.attempts += 1;
+        let outcome = tokio::select! {
+            r = client.send_with_retry(&report) => Some(r),
+            () = stopped(stop) => None,
+        };
+        let Some(outcome) = outcome else { break };
+        match outcome {
+            Ok(ack) => {
+                failures = 0;
+                throttle_permille = ack.throttle.permille();
+                let overloaded = settle(&shared, &entry, ack.status, throttle_permille);
+                if overloaded {
+                    failures += 1;
+                    if !pause(backoff(&config, failures), stop).await {
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                let wait = backoff(&config, failures);
+                {
+                    let mut status = lock(&shared.status);
+                    status.uploads.failed += 1;
+                    status.uploads.server_reachable = false;
+                    status.uploads.last_error = Some(e.to_string());
+                }
+                let kept = lock(&shared.spool).entries().len();
+                tracing::warn!(
+                    "upload failed ({e}); {kept} reports kept in the spool, next try in {wait:?}"
+                );
+                if !pause(wait, stop).await {
+                    break;
+                }
+            }
+        }
+    }
+    client.close().await;
+}
+
+/// Applies an ack to the spool and the counts; returns whether the server was overloaded
+/// (the report stays for later).
+fn settle(
+    shared: &Shared,
+    entry: &crate::spool::SpoolEntry,
+    ack: AckStatus,
+    throttle_permille: u16,
+) -> bool {
+    let mut spool = lock(&shared.spool);
+    let mut status = lock(&shared.status);
+    status.uploads.server_reachable = true;
+    status.uploads.throttle_permille = throttle_permille;
+    match ack {
+        AckStatus::Accepted | AckStatus::Duplicate => {
+            if ack == AckStatus::Accepted {
+                status.uploads.accepted += 1;
+            } else {
+                status.uploads.duplicate += 1;
+            }
+            if let Err(e) = spool.remove_delivered(entry) {
+                tracing::warn!("removing a delivered report: {e}");
+                status.last_error = Some(e.to_string());
+            }
+            false
+        }
+        AckStatus::Rejected(RejectReason::Overloaded) => {
+            status.uploads.overloaded += 1;
+            true
+        }
+        AckStatus::Rejected(reason) => {
+            status.uploads.rejected += 1;
+            tracing::warn!(
+                "report {} rejected by the server ({reason:?}); moved aside",
+                crate::spool::hex(&entry.report_id.0)
+            );
+            if let Err(e) = spool.move_rejected(entry, &format!("{reason:?}")) {
+                status.last_error = Some(e.to_string());
+            }
+            false
+        }
+    }
+}
+
+/// `min(backoff_max, backoff_base * 2^(failures-1))`, less up to half at random.
+fn backoff(config: &UploadConfig, failures: u32) -> Duration {
+    let full = config
+        .backoff_base
+        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(31)))
+        .min(config.backoff_max);
+    full.mul_f64(1.0 - 0.5 * rand::rng().random::<f64>())
+}

@@ -1,0 +1,431 @@
+//! `penrose-agent run` as a child process against a loopback stand-in aggregator (a
+//! penrose-transport server whose handler decodes reports and deduplicates by report id), with
+//! the trace-replay source (no root needed, fast). The live eBPF path has its own test
+//! (`daemon_live.rs`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use penrose_core::wire::{Message, ReportId};
+use tokio::net::UdpSocket;
+
+const LONG: Duration = Duration::from_secs(90);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A UDP relay on loopback that keeps every datagram in either direction: the raw bytes the
+/// agent puts on the wire.
+async fn relay(server: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    back.connect(server).await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let client: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+    {
+        let (front, back, seen, client) =
+            (front.clone(), back.clone(), seen.clone(), client.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65_536];
+            while let Ok((n, from)) = front.recv_from(&mut buf).await {
+                *client.lock().unwrap() = Some(from);
+                seen.lock().unwrap().push(buf[..n].to_vec());
+                let _ = back.send(&buf[..n]).await;
+            }
+        });
+    }
+    {
+        let (front, seen) = (front.clone(), seen.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65_536];
+            while let Ok(n) = back.recv(&mut buf).await {
+                seen.lock().unwrap().push(buf[..n].to_vec());
+                let to = *client.lock().unwrap();
+                if let Some(to) = to {
+                    let _ = front.send_to(&buf[..n], to).await;
+                }
+            }
+        });
+    }
+    (front.local_addr().unwrap(), seen)
+}
+
+/// (a) Nothing in plaintext leaves the agent: not a kernel name, not a counter value or a
+/// plaintext histogram, not the host name, not the machine id; checked on every frame body the
+/// server received and on every raw UDP datagram between agent and server.
+#[test]
+fn no_plaintext_leaves_the_agent() {
+    let rt = runtime();
+    let fx = Fixture::new();
+    let (server, handler) = rt.block_on(start_server(&fx.identity, "127.0.0.1:0".parse().unwrap()));
+    let (front, datagrams) = rt.block_on(relay(server.local_addr()));
+    let config = fx.config(front, "", "");
+    let log = fx.dir.path().join("agent.log");
+    // As root the agent runs in a UTS namespace with a long, recognisable host name (this
+    // machine's may be two letters, which random ciphertext bytes contain by chance).
+    let host = if is_root() {
+        "penrose-host-name-canary-7f3a".to_string()
+    } else {
+        nix_hostname()
+    };
+    let mut child = if is_root() {
+        let mut c = Command::new("unshare");
+        c.args([
+            "--uts",
+            "sh",
+            "-c",
+            &format!("hostname {host} && exec \"$0\" \"$@\""),
+            agent_binary(),
+        ]);
+        spawn_agent_with(c, &config, &log)
+    } else {
+        spawn_agent(&config, &log)
+    };
+    wait_until(
+        LONG,
+        || handler.ids().len() >= 12,
+        || {
+            format!(
+                "{} reports stored; log:\n{}",
+                handler.ids().len(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        },
+    );
+    assert!(terminate(&mut child).success());
+    rt.block_on(server.shutdown());
+
+    let bodies = handler.bodies.lock().unwrap().clone();
+    let datagrams = datagrams.lock().unwrap().clone();
+    assert!(!bodies.is_empty() && !datagrams.is_empty());
+    // Every body is a report under the design server's key, and the record knows it.
+    let records = fx.records();
+    let recorded: HashSet<String> = records.iter().map(|r| r.report_id.clone()).collect();
+    for body in &bodies {
+        let Message::Report(r) = Message::decode_body(body).unwrap() else {
+            panic!("not a report")
+        };
+        assert_eq!(r.key_id, public_key().key_id());
+        assert!(recorded.contains(&penrose_agent::spool::hex(&r.report_id.0)));
+    }
+
+    // What must not appear: kernel names and counter values of the replayed traces ...
+    let mut needles: Vec<(String, Vec<u8>)> = Vec::new();
+    for trace in penrose_traces::TraceFolder::open(&fx.traces)
+        .unwrap()
+        .read_all()
+        .unwrap()
+    {
+        let mut names = HashSet::new();
+        for k in trace.kernels() {
+            if k.name.len() >= 8 && names.insert(k.name.clone()) {
+                needles.push((
+                    format!("kernel name {}", k.name),
+                    k.name.as_bytes().to_vec(),
+                ));
+            }
+        }
+        for k in trace.kernels().iter().take(300) {
+            let ns = (k.dur_us * 1000.0).round();
+            needles.push((format!("duration {ns} as f64"), ns.to_le_bytes().to_vec()));
+            needles.push((
+                format!("duration {ns} as f64 BE"),
+                ns.to_be_bytes().to_vec(),
+            ));
+            if let Some(o) = k.est_achieved_occupancy_pct.filter(|o| *o != 0.0) {
+                needles.push((format!("occupancy {o}"), o.to_le_bytes().to_vec()));
+            }
+        }
+    }
+    // ... the plaintext histograms (bins as 32- and 16-bit integers, either byte order) ...
+    for r in &records {
+        let first = r.bins.iter().position(|&b| b != 0).unwrap();
+        let last = r.bins.iter().rposition(|&b| b != 0).unwrap();
+        let span = &r.bins[first..=last];
+        if span.len() >= 3 {
+            let be32: Vec<u8> = span.iter().flat_map(|b| b.to_be_bytes()).collect();
+            let le32: Vec<u8> = span.iter().flat_map(|b| b.to_le_bytes()).collect();
+            let be16: Vec<u8> = span
+                .iter()
+                .flat_map(|&b| (b as u16).to_be_bytes())
+                .collect();
+            let le16: Vec<u8> = span
+                .iter()
+                .flat_map(|&b| (b as u16).to_le_bytes())
+                .collect();
+            for (what, bytes) in [
+                ("u32 BE", be32),
+                ("u32 LE", le32),
+                ("u16 BE", be16),
+                ("u16 LE", le16),
+            ] {
+                needles.push((format!("histogram {} bins as {what}", r.report_id), bytes));
+            }
+        }
+    }
+    // ... the host name and the machine id (as text and as its 16 bytes).
+    if host.len() >= 6 {
+        needles.push(("host name".into(), host.as_bytes().to_vec()));
+    }
+    if let Ok(id) = std::fs::read_to_string("/etc/machine-id") {
+        let id = id.trim().to_string();
+        needles.push(("machine id".into(), id.as_bytes().to_vec()));
+        if let Some(raw) = penrose_agent::spool::parse_hex(&id) {
+            needles.push(("machine id bytes".into(), raw));
+        }
+    }
+    assert!(needles.len() > 100, "enough to look for: {}", needles.len());
+    for (what, needle) in &needles {
+        for body in &bodies {
+            assert!(!contains(body, needle), "{what} in a frame body");
+        }
+        for d in &datagrams {
+            assert!(!contains(d, needle), "{what} in a UDP datagram");
+        }
+    }
+}
+
+fn nix_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// (b) SIGKILL while reports are spooled, restart: every spooled report arrives, and the server
+/// stores each exactly once.
+#[test]
+fn killed_agent_delivers_every_spooled_report_exactly_once_after_restart() {
+    let rt = runtime();
+    let fx = Fixture::new();
+    let addr = free_addr();
+    let config = fx.config(addr, "", "");
+    let log = fx.dir.path().join("agent.log");
+    // The server is not up yet: reports pile up in the spool.
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        LONG,
+        || fx.spool_ids().len() >= 8,
+        || format!("{} spooled", fx.spool_ids().len()),
+    );
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let spooled: HashSet<ReportId> = fx.spool_ids().into_iter().collect();
+    assert!(spooled.len() >= 8);
+    let (server, handler) = rt.block_on(start_server(&fx.identity, addr));
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        LONG,
+        || {
+            let ids: HashSet<_> = handler.ids().into_iter().collect();
+            spooled.is_subset(&ids)
+        },
+        || {
+            format!(
+                "{} of {} delivered",
+                spooled.iter().filter(|i| handler.ids().contains(i)).count(),
+                spooled.len()
+            )
+        },
+    );
+    assert!(terminate(&mut child).success());
+    rt.block_on(server.shutdown());
+    let stored = handler.stored.lock().unwrap();
+    for id in &spooled {
+        assert_eq!(stored[id].0, 1, "stored exactly once");
+    }
+    // Everything the server holds was sealed by the agent, and each stored once.
+    let recorded: HashSet<String> = fx.records().iter().map(|r| r.report_id.clone()).collect();
+    for (id, (accepted, _)) in stored.iter() {
+        assert_eq!(*accepted, 1);
+        assert!(recorded.contains(&penrose_agent::spool::hex(&id.0)));
+    }
+}
+
+/// (c) Server down: the agent keeps capturing and spooling, then delivers everything when the
+/// server comes up.
+#[test]
+fn server_down_then_up_delivers_everything() {
+    let rt = runtime();
+    let fx = Fixture::new();
+    let addr = free_addr();
+    let config = fx.config(addr, "", "");
+    let log = fx.dir.path().join("agent.log");
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        LONG,
+        || {
+            fx.status()
+                .is_some_and(|s| s.windows >= 5 && s.uploads.failed >= 1 && s.spool.reports >= 5)
+        },
+        || format!("{:?}", fx.status()),
+    );
+    let before: HashSet<ReportId> = fx.spool_ids().into_iter().collect();
+    let windows_before = fx.status().unwrap().windows;
+    let (server, handler) = rt.block_on(start_server(&fx.identity, addr));
+    wait_until(
+        LONG,
+        || before.is_subset(&handler.ids().into_iter().collect()),
+        || format!("{} stored, status {:?}", handler.ids().len(), fx.status()),
+    );
+    assert!(
+        fx.status().unwrap().windows > windows_before,
+        "capture went on meanwhile"
+    );
+    assert!(terminate(&mut child).success());
+    rt.block_on(server.shutdown());
+    // Every sealed report was delivered or is still spooled (sealed at stop), none lost.
+    let stored: HashSet<ReportId> = handler.ids().into_iter().collect();
+    let spooled: HashSet<ReportId> = fx.spool_ids().into_iter().collect();
+    for r in fx.records() {
+        let id = r.id().unwrap();
+        assert!(
+            stored.contains(&id) || spooled.contains(&id),
+            "report {} lost",
+            r.report_id
+        );
+    }
+    let status = fx.status().unwrap();
+    assert!(!status.running);
+    assert!(status.uploads.accepted as usize >= before.len());
+}
+
+/// (c) A full spool drops the oldest reports with a counted warning and the agent runs on;
+/// `status` and `inspect` show it.
+#[test]
+fn a_full_spool_drops_the_oldest_and_the_agent_runs_on() {
+    let fx = Fixture::new();
+    let config = fx.config(free_addr(), "", "[spool]\nmax_bytes = 4096\n");
+    let log = fx.dir.path().join("agent.log");
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        LONG,
+        || fx.status().is_some_and(|s| s.spool.counts.dropped >= 5),
+        || format!("{:?}", fx.status()),
+    );
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    let status = fx.status().unwrap();
+    assert!(status.spool.bytes <= 4096);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("spool full"), "warning logged:\n{text}");
+
+    // `status` reads the status file; `inspect` shows exactly the spooled reports.
+    let out = Command::new(agent_binary())
+        .args(["status", "--json", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(s["spool"]["counts"]["dropped"].as_u64().unwrap() >= 5);
+    assert!(terminate(&mut child).success());
+    let out = Command::new(agent_binary())
+        .args(["inspect", "--json", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let shown: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: HashSet<String> = shown
+        .iter()
+        .map(|r| r["report_id"].as_str().unwrap().to_string())
+        .collect();
+    let spooled: HashSet<String> = fx
+        .spool_ids()
+        .iter()
+        .map(|i| penrose_agent::spool::hex(&i.0))
+        .collect();
+    assert_eq!(shown, spooled);
+    assert!(!spooled.is_empty());
+    let text = Command::new(agent_binary())
+        .args(["inspect", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("bin "));
+}
+
+/// (d) Invalid configuration files: the error names the key and the line; exit code 4.
+#[test]
+fn invalid_configuration_names_the_key_and_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "enabled = true\n\n[capture]\nbudget_percent = \"low\"\n",
+            "bad.toml:4: key `capture.budget_percent`",
+        ),
+        (
+            "[upload]\ndelay_max_secs = 3\n",
+            "bad.toml:2: key `upload.delay_max_secs`",
+        ),
+        ("[seal]\nsamples = 0\n", "bad.toml:2: key `seal.samples`"),
+        (
+            "[spool]\n\nmax_bytes = -1\n",
+            "bad.toml:3: key `spool.max_bytes`",
+        ),
+    ];
+    for (text, expected) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        for args in [&["config", "--check"][..], &["run", "--config"][..]] {
+            let out = Command::new(agent_binary())
+                .args(args)
+                .arg(&path)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(4), "{args:?} {text:?}: {err}");
+            assert!(err.contains(expected), "{args:?} {text:?}: {err}");
+        }
+    }
+    // The printed default passes the check.
+    let out = Command::new(agent_binary())
+        .args(["config", "--print-default"])
+        .output()
+        .unwrap();
+    let path = dir.path().join("default.toml");
+    std::fs::write(&path, &out.stdout).unwrap();
+    let out = Command::new(agent_binary())
+        .args(["config", "--check"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The opt-out: `enabled = false` logs one line and exits 0 at once, capturing and sending
+/// nothing (not even creating its state directory).
+#[test]
+fn opted_out_agent_does_nothing() {
+    let fx = Fixture::new();
+    let config = fx.config(free_addr(), "enabled = false", "");
+    let log = fx.dir.path().join("agent.log");
+    let mut child = spawn_agent(&config, &log);
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    assert!(status.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains("disabled"), "{text}");
+    assert!(!fx.state_dir().exists());
+}
