@@ -1,9 +1,34 @@
 //! The Penrose aggregation server: it receives encrypted reports, groups similar snippets into
 //! application classes and adds ciphertexts, without ever holding a private key.
 //!
-//! - [`validate`]: the checks every report passes before it may touch a sum.
+//! A report's way through the server, module by module:
 //!
-//! Ingest over QUIC, the SST/EST tables, RocksDB storage and export arrive with the
-//! aggregation-server issue.
+//! - [`validate`]: the checks every report passes before it may touch a sum.
+//! - [`ingest`]: the pipeline a transport calls: validate, queue, batch, durable write, ack.
+//! - [`state`]: applying a batch: deduplication, classes, sums, all in one synced write.
+//! - [`tables`]: the SST and EST, snippet hash -> application class, with the LSH index.
+//! - [`aggregate`]: per (class, counter) the homomorphic sums, in generations that never
+//!   overflow a slot.
+//! - [`store`]: durable storage behind a trait; RocksDB.
+//!
+//! And around it:
+//!
+//! - [`export`]: signed bundles of the sums for the design server, taken while serving.
+//! - [`metrics`]: Prometheus counters and the HTTP responder that serves them.
+//! - [`control`]: the admin channel (a Unix socket in the data directory) the CLI talks to.
+//! - [`config`]: the data directory and the server's configuration file.
+//! - [`serve`]: the server process: transport, writer, control channel, metrics.
+//! - [`loadgen`]: the load generator.
 
+pub mod aggregate;
+pub mod config;
+pub mod control;
+pub mod export;
+pub mod ingest;
+pub mod loadgen;
+pub mod metrics;
+pub mod serve;
+pub mod state;
+pub mod store;
+pub mod tables;
 pub mod validate;

@@ -1,18 +1,32 @@
 //! `penrose-aggregator`: the aggregation server's command line.
 
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use penrose_aggregator::config::{DataDir, FileConfig};
+use penrose_aggregator::control::{self, Request, Response};
+use penrose_aggregator::export;
+use penrose_aggregator::ingest::IngestConfig;
+use penrose_aggregator::serve::{self, ServeOptions};
 use penrose_aggregator::validate::validate_frame;
+use penrose_core::bundle::Bundle;
 use penrose_core::paillier::PublicKey;
 use penrose_core::wire;
+use penrose_transport::Limits;
 
 /// The Penrose aggregation server: validates encrypted reports and adds them up per
 /// application class, without ever holding a private key.
 ///
-/// Exit codes: 0 success, 1 error, 2 usage, 3 some input was rejected.
+/// Start it with `serve`; the other commands administer it. Admin commands talk to a running
+/// server through the control socket in its data directory (DATA/control.sock); when no
+/// server runs they open the data directory themselves, so they work the same either way.
+///
+/// Exit codes: 0 success, 1 error, 2 usage, 3 some input was rejected (check-report) or
+/// some reports were refused (loadgen), 4 a bundle failed verification.
 #[derive(Parser)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -20,8 +34,143 @@ struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args, Clone)]
+struct DataArg {
+    /// The data directory [default: from --config, else ./penrose-data].
+    #[arg(long, short = 'd')]
+    data_dir: Option<PathBuf>,
+    /// Configuration file (TOML; see `serve --help`).
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+}
+
+impl DataArg {
+    fn resolve(&self) -> Result<(DataDir, FileConfig)> {
+        let file = match &self.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let dir = self
+            .data_dir
+            .clone()
+            .or_else(|| file.data_dir.clone())
+            .unwrap_or_else(|| PathBuf::from("penrose-data"));
+        Ok((DataDir(dir), file))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
+    ///
+    /// Flags override the configuration file, whose keys are: data_dir, listen, public_key,
+    /// metrics, tls_cert, tls_key, max_batch, queue, max_connections, reports_per_second.
+    /// On first start it needs the design server's public key, creates the data directory
+    /// (0700), a signing key for bundles (server.key, 0600) and, unless given one, a
+    /// self-signed TLS certificate (tls/cert.pem) for agents to pin. It prints one JSON line
+    /// with its addresses, then logs to stderr. SIGINT/SIGTERM stop it after the reports in
+    /// flight are acked. Example:
+    ///   penrose-aggregator serve -d /var/lib/penrose --public-key public.key --metrics 127.0.0.1:9464
+    Serve {
+        #[command(flatten)]
+        data: DataArg,
+        /// QUIC listen address (UDP) [default: 127.0.0.1:4433].
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// The design server's public key file (`penrose-design keygen` writes it).
+        #[arg(long)]
+        public_key: Option<PathBuf>,
+        /// Prometheus metrics address (HTTP); none by default.
+        #[arg(long)]
+        metrics: Option<SocketAddr>,
+        /// Most reports per durable write [default: 4096].
+        #[arg(long)]
+        max_batch: Option<usize>,
+        /// New report streams per connection per second; 0 for no limit [default: 5000].
+        #[arg(long)]
+        reports_per_second: Option<u32>,
+    },
+    /// Counters, classes, accumulators, throttle and store sizes.
+    Status {
+        #[command(flatten)]
+        data: DataArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The application classes with the most reports: the operator's everyday query.
+    Top {
+        #[command(flatten)]
+        data: DataArg,
+        /// How many classes.
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask agents to upload at a share of their normal rate (every ack carries it).
+    ///
+    /// Example: `penrose-aggregator throttle --rate 80%` (also 0.8 or 800permille).
+    Throttle {
+        #[command(flatten)]
+        data: DataArg,
+        /// The rate: a percentage (80%), a fraction (0.8) or permille (800permille).
+        #[arg(long)]
+        rate: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compact the store (reclaims space after many updates of the same sums).
+    Compact {
+        #[command(flatten)]
+        data: DataArg,
+    },
+    /// Write a consistent copy of the store to DIR while the server keeps serving.
+    ///
+    /// DIR must not exist. The signing key is copied with it (0600). Restore by pointing
+    /// `serve --data-dir` at a directory holding DIR as `db` and the key as `server.key`.
+    Backup {
+        #[command(flatten)]
+        data: DataArg,
+        /// Target directory.
+        dir: PathBuf,
+    },
+    /// Write a signed bundle of the sums changed since CURSOR, while the server keeps serving.
+    ///
+    /// The bundle holds, per accumulator, the encrypted sums and the contributor counts; the
+    /// design server imports it (`penrose-design import`). The next export's --since is the
+    /// cursor this one prints. Example:
+    ///   penrose-aggregator export -d /var/lib/penrose --out sums.bundle --since 0
+    Export {
+        #[command(flatten)]
+        data: DataArg,
+        /// Where to write the bundle.
+        #[arg(long)]
+        out: PathBuf,
+        /// Only accumulators changed after this cursor [default: 0, everything].
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a bundle's signature and structure, and summarise it.
+    Verify {
+        /// The bundle file.
+        bundle: PathBuf,
+        /// The aggregation server's public signing key (hex, as in DATA/server.key.pub);
+        /// without it, only the bundle's own signer is checked.
+        #[arg(long)]
+        signer: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load generator: many concurrent clients sending valid encrypted reports built from
+    /// the real traces' fingerprints, plus a share of invalid ones.
+    Loadgen(penrose_aggregator::loadgen::Args),
     /// Check report frames saved to files, exactly as the server checks what it receives.
     ///
     /// Each file holds one or more length-delimited frames back to back. Every frame is
@@ -43,10 +192,23 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(Cli::parse())) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -55,9 +217,265 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<ExitCode> {
+async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::CheckReport { key, files, json } => check_reports(&key, &files, json),
+        Command::Serve {
+            data,
+            listen,
+            public_key,
+            metrics,
+            max_batch,
+            reports_per_second,
+        } => {
+            let (dir, file) = data.resolve()?;
+            let mut limits = Limits::default();
+            if let Some(max) = file.max_connections {
+                limits.max_connections = max;
+            }
+            if let Some(rate) = reports_per_second.or(file.reports_per_second) {
+                limits.reports_per_second = NonZeroU32::new(rate);
+            }
+            let defaults = IngestConfig::default();
+            let tls = match (file.tls_cert, file.tls_key) {
+                (Some(c), Some(k)) => Some((c, k)),
+                (None, None) => None,
+                _ => bail!("tls_cert and tls_key go together"),
+            };
+            let options = ServeOptions {
+                data: dir,
+                listen: listen
+                    .or(file.listen)
+                    .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 4433))),
+                public_key: public_key.or(file.public_key),
+                metrics: metrics.or(file.metrics),
+                tls,
+                ingest: IngestConfig {
+                    max_batch: max_batch.or(file.max_batch).unwrap_or(defaults.max_batch),
+                    queue: file.queue.unwrap_or(defaults.queue),
+                },
+                limits,
+            };
+            serve::run(options).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { data, json } => {
+            let r = admin(&data, Request::Status).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r.json)?);
+            } else {
+                print_status(&r.json);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Top { data, limit, json } => {
+            let r = admin(&data, Request::Top { limit }).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r.json)?);
+            } else {
+                println!(
+                    "{:>7} {:>10} {:>9} {:>6} {:>10}",
+                    "class", "reports", "snippets", "reps", "first day"
+                );
+                for row in r.json["top"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:>7} {:>10} {:>9} {:>6} {:>10}",
+                        row["class"],
+                        row["reports"],
+                        row["snippets"],
+                        row["representatives"],
+                        row["first_seen_day"]
+                    );
+                }
+                println!("({} classes in all)", r.json["classes"]);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Throttle { data, rate, json } => {
+            let permille = parse_rate(&rate)?;
+            let r = admin(&data, Request::Throttle { permille }).await?;
+            if json {
+                println!("{}", r.json);
+            } else {
+                println!(
+                    "agents are asked for {:.1}% of their normal rate",
+                    f64::from(permille) / 10.0
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compact { data } => {
+            admin(&data, Request::Compact).await?;
+            println!("compacted");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup { data, dir } => {
+            let target = std::path::absolute(&dir)?;
+            if target.exists() {
+                bail!("{} exists; backups go to a new directory", target.display());
+            }
+            let (data_dir, _) = data.resolve()?;
+            std::fs::create_dir_all(&target)?;
+            let db = target.join("db");
+            admin(&data, Request::Backup { dir: db }).await?;
+            let key = data_dir.signing_key();
+            let copy = target.join("server.key");
+            std::fs::copy(&key, &copy).with_context(|| format!("copying {}", key.display()))?;
+            std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            println!("backup written to {}", target.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export {
+            data,
+            out,
+            since,
+            json,
+        } => {
+            let r = admin(&data, Request::Export { since }).await?;
+            let bytes = r.payload.context("the server sent no bundle")?;
+            let tmp = out.with_extension("partial");
+            std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+            if json {
+                println!("{}", r.json);
+            } else {
+                println!(
+                    "{}: {} accumulators, {} reports, {} bytes; next export: --since {}",
+                    out.display(),
+                    r.json["entries"],
+                    r.json["reports"],
+                    r.json["bytes"],
+                    r.json["cursor"]
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify {
+            bundle,
+            signer,
+            json,
+        } => verify(&bundle, signer.as_deref(), json),
+        Command::Loadgen(args) => penrose_aggregator::loadgen::run(args).await,
+    }
+}
+
+/// Runs an admin request on the running server, or on the data directory when none runs.
+async fn admin(data: &DataArg, request: Request) -> Result<Response> {
+    let (dir, _) = data.resolve()?;
+    if let Some(response) = control::request(&dir.control_socket(), &request).await? {
+        return Ok(response);
+    }
+    if !dir.db().exists() {
+        bail!("{} holds no store (wrong --data-dir?)", dir.0.display());
+    }
+    let (admin, writer) = serve::open(&dir, None, IngestConfig::default())?;
+    let response = tokio::task::spawn_blocking(move || {
+        let response = control::execute(&admin, &request);
+        drop(admin);
+        (response, writer.join())
+    })
+    .await?;
+    response.1?;
+    Ok(response.0?)
+}
+
+fn parse_rate(text: &str) -> Result<u16> {
+    let text = text.trim();
+    let permille = if let Some(p) = text.strip_suffix("permille") {
+        p.trim().parse::<f64>()?
+    } else if let Some(p) = text.strip_suffix('%') {
+        p.trim().parse::<f64>()? * 10.0
+    } else {
+        text.parse::<f64>()? * 1000.0
+    };
+    if !(0.0..=1000.0).contains(&permille) {
+        bail!("rate {text} is outside 0% to 100%");
+    }
+    Ok(permille.round() as u16)
+}
+
+fn print_status(s: &serde_json::Value) {
+    println!("serving:              {}", s["serving"]);
+    println!("healthy:              {}", s["healthy"]);
+    println!(
+        "key id:               {}",
+        s["key_id"].as_str().unwrap_or("?")
+    );
+    println!("reports accepted:     {}", s["reports_accepted_total"]);
+    println!("classes:              {}", s["classes"]);
+    println!("snippets:             {}", s["snippets"]);
+    println!("open accumulators:    {}", s["open_accumulators"]);
+    println!("throttle:             {} permille", s["throttle_permille"]);
+    println!("cursor:               {}", s["cursor"]);
+    println!("table memory (est.):  {} bytes", s["table_heap_bytes"]);
+    println!("since start:          {}", s["since_start"]);
+    for t in s["store"].as_array().into_iter().flatten() {
+        println!(
+            "store {:<6}          {} keys, {} bytes on disk, {} in memtables",
+            t["table"].as_str().unwrap_or("?"),
+            t["keys"],
+            t["sst_bytes"],
+            t["memtable_bytes"]
+        );
+    }
+}
+
+fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let trusted = match signer {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Some(
+                export::parse_public_key(&text)
+                    .with_context(|| format!("{} is not a signing key", p.display()))?,
+            )
+        }
+        None => None,
+    };
+    match Bundle::verify(&bytes, trusted.as_ref()) {
+        Ok(b) => {
+            let reports: u64 = b.entries.iter().map(|e| e.reports).sum();
+            let classes: std::collections::BTreeSet<u32> =
+                b.entries.iter().map(|e| e.class.0).collect();
+            let summary = serde_json::json!({
+                "valid": true, "signer": export::hex(&b.signer), "key_id": b.key_id.to_string(),
+                "since": b.since.0, "cursor": b.cursor.0, "day": b.day.0,
+                "entries": b.entries.len(), "classes": classes.len(), "reports": reports,
+                "pinned": trusted.is_some(),
+            });
+            if json {
+                println!("{summary}");
+            } else {
+                println!(
+                    "{}: valid, signed by {}{}; {} accumulators over {} classes, {} reports, cursor {} -> {}",
+                    path.display(),
+                    export::hex(&b.signer),
+                    if trusted.is_some() {
+                        " (pinned)"
+                    } else {
+                        " (not pinned: pass --signer)"
+                    },
+                    b.entries.len(),
+                    classes.len(),
+                    reports,
+                    b.since.0,
+                    b.cursor.0
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "valid": false, "error": e.to_string() })
+                );
+            } else {
+                println!("{}: INVALID: {e}", path.display());
+            }
+            Ok(ExitCode::from(4))
+        }
     }
 }
 

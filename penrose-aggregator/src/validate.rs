@@ -80,6 +80,15 @@ pub fn validate_frame(frame: &[u8], key: &PublicKey) -> Result<ValidReport, Reje
     }
 }
 
+/// Decodes one frame body (the bytes after the length prefix, as a transport that already
+/// checked the prefix hands them over) and checks it like [`validate_frame`].
+pub fn validate_body(body: &[u8], key: &PublicKey) -> Result<ValidReport, Rejection> {
+    match Message::decode_body(body)? {
+        Message::Report(report) => validate_report(report, key),
+        Message::Ack(_) => Err(Rejection::NotAReport),
+    }
+}
+
 /// Checks a decoded report: key, catalogue, counter, sample count, then the ciphertexts (the
 /// one expensive check, last).
 pub fn validate_report(report: Report, key: &PublicKey) -> Result<ValidReport, Rejection> {

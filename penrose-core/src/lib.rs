@@ -10,7 +10,11 @@
 //! - [`histogram`]: 128-bin histograms of sampled counter values.
 //! - [`paillier`]: packed Paillier encryption of histograms, homomorphic sums, decryption.
 //! - [`wire`]: the versioned, length-delimited report and ack messages.
+//! - `bundle` (feature `bundle`): the signed export bundle of encrypted sums that the
+//!   aggregation server writes and the design server imports.
 
+#[cfg(feature = "bundle")]
+pub mod bundle;
 pub mod counters;
 pub mod fingerprint;
 pub mod histogram;

@@ -437,3 +437,70 @@ fn private_key_debug_shows_no_secret() {
     assert!(!debug.contains(&p.to_string_radix(16)));
     assert!(debug.contains("PrivateKey"));
 }
+
+#[test]
+fn accumulator_state_restores_and_keeps_summing() {
+    let public = KEY_512.public_key();
+    let mut rng = ChaCha20Rng::seed_from_u64(8);
+    let mut bins = [0u32; BIN_COUNT];
+    bins[3] = 5;
+    bins[127] = 2;
+    let one = public.encrypt_packed(&bins, &mut rng).unwrap();
+    let mut accumulator = Accumulator::new(public);
+    accumulator.absorb(&one, 7).unwrap();
+    let state = accumulator.state_bytes();
+    let mut restored =
+        Accumulator::restore(public, ACCUMULATOR_REPORT_BOUND, &state, 1, 7).unwrap();
+    restored.absorb(&one, 7).unwrap();
+    assert_eq!((restored.reports(), restored.samples()), (2, 14));
+    let sums = KEY_512
+        .private_key()
+        .decrypt_packed(&restored.sum().unwrap())
+        .unwrap();
+    assert_eq!((sums[3], sums[127], sums.iter().sum::<u64>()), (10, 4, 14));
+
+    assert!(matches!(
+        Accumulator::restore(public, ACCUMULATOR_REPORT_BOUND, &state[1..], 1, 7),
+        Err(PaillierError::Length { .. })
+    ));
+    assert!(matches!(
+        Accumulator::restore(
+            public,
+            ACCUMULATOR_REPORT_BOUND,
+            &vec![0; state.len()],
+            1,
+            7
+        ),
+        Err(PaillierError::CiphertextZero)
+    ));
+    assert!(matches!(
+        Accumulator::restore(
+            public,
+            ACCUMULATOR_REPORT_BOUND,
+            &vec![0xff; state.len()],
+            1,
+            7
+        ),
+        Err(PaillierError::CiphertextTooLarge)
+    ));
+    assert!(matches!(
+        Accumulator::restore(
+            public,
+            ACCUMULATOR_REPORT_BOUND,
+            &state,
+            1,
+            MAX_BIN_VALUE + 1
+        ),
+        Err(PaillierError::TooManySamples { .. })
+    ));
+    assert!(matches!(
+        Accumulator::restore(
+            public,
+            ACCUMULATOR_REPORT_BOUND,
+            &state,
+            ACCUMULATOR_REPORT_BOUND + 1,
+            1
+        ),
+        Err(PaillierError::AccumulatorFull { .. })
+    ));
+}

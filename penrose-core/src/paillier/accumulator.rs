@@ -10,7 +10,7 @@ use rug::Integer;
 
 use super::ciphertext::{Ciphertext, PackedCiphertexts, assign_be};
 use super::error::PaillierError;
-use super::keys::{KeyId, PublicKey};
+use super::keys::{KeyId, PublicKey, push_fixed};
 use super::params::{ACCUMULATOR_REPORT_BOUND, MAX_REPORT_SAMPLES};
 
 /// Encrypted bin sums of up to [`ACCUMULATOR_REPORT_BOUND`] reports under one key. When it is
@@ -126,6 +126,65 @@ impl Accumulator {
         }
         self.count(samples);
         Ok(())
+    }
+
+    /// The running sums as stored between batches: the ciphertexts, fixed length, big-endian,
+    /// concatenated. Unlike [`sum`](Self::sum) it skips the unit check (two gcds), which the
+    /// aggregator cannot afford after every write batch; [`restore`](Self::restore) reads it.
+    pub fn state_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.sums.len() * self.ciphertext_bytes);
+        for sum in &self.sums {
+            push_fixed(&mut out, sum, self.ciphertext_bytes);
+        }
+        out
+    }
+
+    /// An accumulator of at most `bound` reports continuing from
+    /// [`state_bytes`](Self::state_bytes) and its counts, as after a restart. Refuses sums of
+    /// the wrong length, zero or not below n^2, and counts that the bound or
+    /// [`MAX_REPORT_SAMPLES`] rule out, so that a damaged record cannot turn into a sum that
+    /// silently carries.
+    pub fn restore(
+        key: &PublicKey,
+        bound: u64,
+        bytes: &[u8],
+        reports: u64,
+        samples: u64,
+    ) -> Result<Self, PaillierError> {
+        let mut acc = Self::with_bound(key, bound)?;
+        let expected = acc.ciphertext_bytes * acc.sums.len();
+        if bytes.len() != expected {
+            return Err(PaillierError::Length {
+                expected,
+                actual: bytes.len(),
+            });
+        }
+        if reports > acc.bound {
+            return Err(PaillierError::AccumulatorFull { bound: acc.bound });
+        }
+        if samples > reports.saturating_mul(MAX_REPORT_SAMPLES) {
+            return Err(PaillierError::TooManySamples {
+                samples,
+                max: reports.saturating_mul(MAX_REPORT_SAMPLES),
+            });
+        }
+        let mut limbs = Vec::new();
+        for (sum, chunk) in acc
+            .sums
+            .iter_mut()
+            .zip(bytes.chunks_exact(acc.ciphertext_bytes))
+        {
+            assign_be(sum, chunk, &mut limbs);
+            if *sum == 0 {
+                return Err(PaillierError::CiphertextZero);
+            }
+            if *sum >= acc.modulus_sq {
+                return Err(PaillierError::CiphertextTooLarge);
+            }
+        }
+        acc.reports = reports;
+        acc.samples = samples;
+        Ok(acc)
     }
 
     fn check_room(&self, samples: u64) -> Result<(), PaillierError> {

@@ -1,0 +1,151 @@
+//! The data directory's layout and the server's configuration file.
+//!
+//! ```text
+//! DATA/db/            RocksDB (every table)
+//! DATA/server.key     ed25519 signing key for export bundles (0600), created on first use
+//! DATA/server.key.pub its public half, hex, for the design server to pin
+//! DATA/tls/cert.pem   the QUIC certificate agents pin (self-signed on first serve unless
+//! DATA/tls/key.pem    tls_cert/tls_key name others), key 0600
+//! DATA/control.sock   the admin channel while `serve` runs
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// The configuration file (TOML); every key is optional and a command-line flag overrides it.
+///
+/// ```toml
+/// data_dir = "/var/lib/penrose-aggregator"
+/// listen = "127.0.0.1:4433"          # UDP, QUIC
+/// public_key = "/etc/penrose/public.key"
+/// metrics = "127.0.0.1:9464"         # HTTP, Prometheus; omit to disable
+/// tls_cert = "/etc/penrose/cert.pem" # default: DATA/tls/cert.pem, self-signed on first start
+/// tls_key = "/etc/penrose/key.pem"
+/// max_batch = 4096                   # reports per durable write
+/// queue = 32768                      # valid reports waiting before `Overloaded`
+/// max_connections = 10000
+/// reports_per_second = 5000          # per connection; 0 for no limit
+/// ```
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// The data directory.
+    pub data_dir: Option<PathBuf>,
+    /// The QUIC listen address.
+    pub listen: Option<SocketAddr>,
+    /// The design server's Paillier public key file.
+    pub public_key: Option<PathBuf>,
+    /// The metrics listen address.
+    pub metrics: Option<SocketAddr>,
+    /// The TLS certificate file.
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS key file.
+    pub tls_key: Option<PathBuf>,
+    /// Most reports per durable write.
+    pub max_batch: Option<usize>,
+    /// Valid reports waiting for the writer before new ones are answered `Overloaded`.
+    pub queue: Option<usize>,
+    /// Connections open at once.
+    pub max_connections: Option<usize>,
+    /// New report streams per connection per second; 0 for no limit.
+    pub reports_per_second: Option<u32>,
+}
+
+/// Why the configuration could not be read.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this configuration (the message names key and line).
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What and where.
+        source: Box<toml::de::Error>,
+    },
+}
+
+impl FileConfig {
+    /// Reads a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })
+    }
+}
+
+/// Paths inside a data directory.
+#[derive(Clone, Debug)]
+pub struct DataDir(pub PathBuf);
+
+impl DataDir {
+    /// The RocksDB directory.
+    pub fn db(&self) -> PathBuf {
+        self.0.join("db")
+    }
+
+    /// The export signing key.
+    pub fn signing_key(&self) -> PathBuf {
+        self.0.join("server.key")
+    }
+
+    /// The default TLS certificate.
+    pub fn tls_cert(&self) -> PathBuf {
+        self.0.join("tls").join("cert.pem")
+    }
+
+    /// The default TLS key.
+    pub fn tls_key(&self) -> PathBuf {
+        self.0.join("tls").join("key.pem")
+    }
+
+    /// The admin socket.
+    pub fn control_socket(&self) -> PathBuf {
+        self.0.join("control.sock")
+    }
+
+    /// Creates the directory (0700: it holds the signing key) if it does not exist.
+    pub fn create(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.0)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:1\"\nmax_batch = 8\n").unwrap();
+        let config = FileConfig::load(&path).unwrap();
+        assert_eq!(config.max_batch, Some(8));
+        std::fs::write(&path, "listen = \"127.0.0.1:1\"\nmax_bach = 8\n").unwrap();
+        let err = FileConfig::load(&path).unwrap_err().to_string();
+        assert!(err.contains("max_bach") && err.contains("line 2"), "{err}");
+        std::fs::write(&path, "listen = \"not an address\"\n").unwrap();
+        let err = FileConfig::load(&path).unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+    }
+}

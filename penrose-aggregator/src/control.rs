@@ -1,0 +1,312 @@
+//! The admin channel: requests from the CLI (`status`, `top`, `throttle`, `compact`,
+//! `backup`, `export`) executed against a running server over a Unix socket in its data
+//! directory, or, when no server runs, against the data directory opened directly.
+//!
+//! Both paths run the same [`execute`] on the same [`Admin`] context, so an admin command
+//! behaves the same whether the server is up or not. The socket is created 0600 inside the
+//! 0700 data directory: whoever may read the data directory may administer the server, and
+//! nobody else. Protocol: one JSON request line; one JSON response line; for `export`, the
+//! response line is followed by the bundle's bytes (its length is in the line).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ed25519_dalek::SigningKey;
+use penrose_core::bundle::Cursor;
+use penrose_core::wire::ThrottleHint;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use thiserror::Error;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::warn;
+
+use crate::export;
+use crate::ingest::Ingest;
+use crate::metrics::reason_label;
+use crate::store::Store;
+
+/// One admin request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    /// Counters, tables, store sizes.
+    Status,
+    /// The classes with the most reports.
+    Top {
+        /// How many.
+        limit: usize,
+    },
+    /// Sets the rate every ack asks agents for.
+    Throttle {
+        /// Thousandths of the normal rate.
+        permille: u16,
+    },
+    /// Compacts the store.
+    Compact,
+    /// A consistent copy of the store into `dir`.
+    Backup {
+        /// Target directory (must not exist).
+        dir: PathBuf,
+    },
+    /// A signed bundle of the sums changed after `since`.
+    Export {
+        /// The cursor of the previous export (0: everything).
+        since: u64,
+    },
+}
+
+/// Why an admin request failed.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// The request's own failure, in words.
+    #[error("{0}")]
+    Failed(String),
+    /// The socket failed.
+    #[error("control socket {path}: {source}")]
+    Io {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The peer sent something that is not a response.
+    #[error("control protocol: {0}")]
+    Protocol(String),
+}
+
+/// What admin requests run against.
+#[derive(Clone)]
+pub struct Admin {
+    /// The ingest pipeline (and through it the state and metrics).
+    pub ingest: Ingest,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The export signing key.
+    pub signing: SigningKey,
+    /// Whether a server is serving (false when the CLI opened the data directory itself).
+    pub serving: bool,
+}
+
+/// A response: the JSON line, and for `export` the bundle.
+pub struct Response {
+    /// The JSON answer.
+    pub json: Value,
+    /// The bundle bytes (export only).
+    pub payload: Option<Vec<u8>>,
+}
+
+/// Runs one request. Blocking (store scans, compaction): call it off the async threads.
+pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlError> {
+    let fail = |e: &dyn std::fmt::Display| ControlError::Failed(e.to_string());
+    let json = match request {
+        Request::Status => status(admin),
+        Request::Top { limit } => {
+            let state = admin.ingest.state();
+            let rows: Vec<Value> = state
+                .tables()
+                .top(*limit)
+                .into_iter()
+                .map(|(class, entry)| {
+                    json!({
+                        "class": class.0,
+                        "reports": entry.reports,
+                        "snippets": entry.snippets,
+                        "representatives": entry.representatives.len(),
+                        "first_seen_day": entry.first_seen.0,
+                    })
+                })
+                .collect();
+            json!({ "classes": state.tables().class_count(), "top": rows })
+        }
+        Request::Throttle { permille } => {
+            let hint = ThrottleHint::from_permille(*permille).ok_or_else(|| {
+                ControlError::Failed(format!("{permille} permille is above 1000"))
+            })?;
+            admin.ingest.set_throttle(hint).map_err(|e| fail(&e))?;
+            json!({ "throttle_permille": hint.permille() })
+        }
+        Request::Compact => {
+            admin.store.compact().map_err(|e| fail(&e))?;
+            json!({ "compacted": true, "store": admin.store.sizes() })
+        }
+        Request::Backup { dir } => {
+            admin.store.backup(dir).map_err(|e| fail(&e))?;
+            json!({ "backup": dir })
+        }
+        Request::Export { since } => {
+            let key = admin.ingest.state().key().clone();
+            let (bundle, bytes) =
+                export::export(admin.store.as_ref(), &key, Cursor(*since), &admin.signing)
+                    .map_err(|e| fail(&e))?;
+            return Ok(Response {
+                json: json!({
+                    "bytes": bytes.len(),
+                    "entries": bundle.entries.len(),
+                    "since": bundle.since.0,
+                    "cursor": bundle.cursor.0,
+                    "reports": bundle.entries.iter().map(|e| e.reports).sum::<u64>(),
+                    "signer": export::hex(&bundle.signer),
+                }),
+                payload: Some(bytes),
+            });
+        }
+    };
+    Ok(Response {
+        json,
+        payload: None,
+    })
+}
+
+fn status(admin: &Admin) -> Value {
+    use penrose_core::wire::RejectReason as R;
+    use std::sync::atomic::Ordering::Relaxed;
+    let state = admin.ingest.state();
+    let metrics = admin.ingest.metrics();
+    let rejected: serde_json::Map<String, Value> = [
+        R::UnsupportedVersion,
+        R::Malformed,
+        R::TooLarge,
+        R::UnknownKey,
+        R::UnknownCounter,
+        R::InvalidCiphertext,
+        R::SampleCountOutOfRange,
+        R::Overloaded,
+    ]
+    .into_iter()
+    .map(|r| {
+        (
+            reason_label(r).to_string(),
+            json!(metrics.rejected_count(r)),
+        )
+    })
+    .collect();
+    json!({
+        "serving": admin.serving,
+        "healthy": admin.ingest.is_healthy(),
+        "key_id": state.key().key_id().to_string(),
+        "cursor": state.cursor().0,
+        "reports_accepted_total": state.accepted(),
+        "classes": state.tables().class_count(),
+        "snippets": state.tables().snippet_count(),
+        "open_accumulators": state.sums().open_count(),
+        "table_heap_bytes": state.tables().heap_bytes(),
+        "throttle_permille": admin.ingest.throttle().permille(),
+        "since_start": {
+            "accepted": metrics.accepted.load(Relaxed),
+            "duplicates": metrics.duplicates.load(Relaxed),
+            "rejected": rejected,
+            "batches": metrics.batches.load(Relaxed),
+        },
+        "store": admin.store.sizes(),
+    })
+}
+
+/// Serves admin requests on `path` until the task is dropped.
+pub async fn serve_socket(path: &Path, admin: Admin) -> Result<(), ControlError> {
+    let io = |source| ControlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // A socket left by a server that was killed.
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(io)?;
+    loop {
+        let (stream, _) = listener.accept().await.map_err(io)?;
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, admin).await {
+                warn!(error = %e, "admin request failed");
+            }
+        });
+    }
+}
+
+async fn answer(stream: UnixStream, admin: Admin) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    // One request line of at most 64 KiB.
+    BufReader::new(read.take(64 * 1024))
+        .read_line(&mut line)
+        .await?;
+    let response = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Err(ControlError::Failed(format!("bad request: {e}"))),
+        Ok(request) => tokio::task::spawn_blocking(move || execute(&admin, &request))
+            .await
+            .unwrap_or_else(|e| Err(ControlError::Failed(e.to_string()))),
+    };
+    let (json, payload) = match response {
+        Ok(r) => (json!({ "ok": true, "result": r.json }), r.payload),
+        Err(e) => (json!({ "ok": false, "error": e.to_string() }), None),
+    };
+    let mut out = json.to_string();
+    out.push('\n');
+    write.write_all(out.as_bytes()).await?;
+    if let Some(bytes) = payload {
+        write.write_all(&bytes).await?;
+    }
+    write.shutdown().await
+}
+
+/// Sends one request to the server listening on `path`. `Ok(None)` when no server listens
+/// there (no socket, or a stale one).
+pub async fn request(path: &Path, request: &Request) -> Result<Option<Response>, ControlError> {
+    let io = |source| ControlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut stream = match UnixStream::connect(path).await {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(io(e)),
+    };
+    let mut line =
+        serde_json::to_string(request).map_err(|e| ControlError::Protocol(e.to_string()))?;
+    line.push('\n');
+    stream.write_all(line.as_bytes()).await.map_err(io)?;
+    let mut reader = BufReader::new(stream);
+    let mut head = String::new();
+    reader.read_line(&mut head).await.map_err(io)?;
+    let value: Value =
+        serde_json::from_str(&head).map_err(|e| ControlError::Protocol(e.to_string()))?;
+    if value["ok"] != json!(true) {
+        return Err(ControlError::Failed(
+            value["error"]
+                .as_str()
+                .unwrap_or("unknown error")
+                .to_string(),
+        ));
+    }
+    let result = value["result"].clone();
+    let payload = match request {
+        Request::Export { .. } => {
+            let len = result["bytes"]
+                .as_u64()
+                .ok_or_else(|| ControlError::Protocol("export without a length".into()))?;
+            let mut bytes = Vec::new();
+            reader.read_to_end(&mut bytes).await.map_err(io)?;
+            if bytes.len() as u64 != len {
+                return Err(ControlError::Protocol(format!(
+                    "bundle of {} bytes announced, {} received",
+                    len,
+                    bytes.len()
+                )));
+            }
+            Some(bytes)
+        }
+        _ => None,
+    };
+    Ok(Some(Response {
+        json: result,
+        payload,
+    }))
+}

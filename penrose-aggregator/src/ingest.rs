@@ -1,0 +1,297 @@
+//! The ingest pipeline a transport calls with each received frame: validate, queue, batch,
+//! durable write, and only then the ack.
+//!
+//! Validation (decoding and the ciphertext checks, the expensive part) runs on the caller's
+//! task, so it spreads over the runtime's threads. Valid reports go to one writer thread
+//! through a bounded queue; the writer takes whatever has queued up (up to `max_batch`),
+//! applies it as one synced write ([`State::apply`]) and answers each report. While one batch
+//! syncs the next one queues, so the batch size grows with the load (group commit) and the
+//! sync cost is shared. A full queue answers `Overloaded` at once, which tells agents to
+//! retry later; so does a writer that stopped after a failed write (and the server then
+//! exits, to be restarted on the durable state).
+
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use penrose_core::paillier::PublicKey;
+use penrose_core::wire::{
+    Ack, AckStatus, Day, LENGTH_PREFIX, RejectReason, ReportId, ThrottleHint,
+};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error};
+
+use crate::metrics::Metrics;
+use crate::state::{Outcome, State, StateError, store_throttle};
+use crate::validate::{ValidReport, validate_body};
+
+/// How the pipeline batches.
+#[derive(Clone, Copy, Debug)]
+pub struct IngestConfig {
+    /// Most reports in one durable write.
+    pub max_batch: usize,
+    /// Most valid reports waiting for the writer before new ones are answered `Overloaded`.
+    pub queue: usize,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 4096,
+            queue: 32_768,
+        }
+    }
+}
+
+struct Job {
+    report: ValidReport,
+    arrived: Instant,
+    reply: oneshot::Sender<AckStatus>,
+}
+
+struct Inner {
+    key: PublicKey,
+    queue: mpsc::Sender<Job>,
+    throttle: AtomicU16,
+    shared: Arc<Shared>,
+}
+
+/// What the writer thread shares with the handles (not the queue's sender, so that dropping
+/// every handle closes the queue and ends the writer).
+struct Shared {
+    healthy: AtomicBool,
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+}
+
+/// The handle transports and admin tools hold; cheap to clone.
+#[derive(Clone)]
+pub struct Ingest {
+    inner: Arc<Inner>,
+}
+
+/// The writer thread; joining it returns the error that stopped it, if any.
+pub struct Writer {
+    thread: JoinHandle<Result<(), StateError>>,
+}
+
+impl Writer {
+    /// Waits for the writer to finish (all [`Ingest`] handles dropped, or a failed write).
+    pub fn join(self) -> Result<(), StateError> {
+        self.thread
+            .join()
+            .unwrap_or(Err(StateError::WriterPanicked))
+    }
+
+    /// Whether the writer has stopped.
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+}
+
+impl Ingest {
+    /// Starts the writer thread over `state`.
+    pub fn start(
+        state: State,
+        throttle: ThrottleHint,
+        config: IngestConfig,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<(Ingest, Writer)> {
+        let (tx, rx) = mpsc::channel(config.queue.max(1));
+        metrics.set_state(&state);
+        let key = state.key().clone();
+        let shared = Arc::new(Shared {
+            healthy: AtomicBool::new(true),
+            metrics,
+            state: Mutex::new(state),
+        });
+        let writer_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("penrose-writer".into())
+            .spawn(move || write_loop(rx, &writer_shared, config.max_batch.max(1)))?;
+        let inner = Arc::new(Inner {
+            key,
+            queue: tx,
+            throttle: AtomicU16::new(throttle.permille()),
+            shared,
+        });
+        Ok((Ingest { inner }, Writer { thread }))
+    }
+
+    /// Handles one received frame body (the bytes after its length prefix) and returns the ack
+    /// to send. The ack of an accepted or duplicate report is returned only once the report is
+    /// durable.
+    pub async fn handle(&self, body: Vec<u8>) -> Ack {
+        let arrived = Instant::now();
+        let metrics = &self.inner.shared.metrics;
+        metrics
+            .bytes
+            .fetch_add((body.len() + LENGTH_PREFIX) as u64, Ordering::Relaxed);
+        let status = match validate_body(&body, &self.inner.key) {
+            Err(rejection) => {
+                debug!(%rejection, "report rejected");
+                AckStatus::Rejected(rejection.reason())
+            }
+            Ok(report) => self.enqueue(report, arrived).await,
+        };
+        match status {
+            AckStatus::Accepted => {
+                metrics.accepted.fetch_add(1, Ordering::Relaxed);
+            }
+            AckStatus::Duplicate => {
+                metrics.duplicates.fetch_add(1, Ordering::Relaxed);
+            }
+            AckStatus::Rejected(reason) => metrics.rejected(reason),
+        }
+        metrics.observe_latency(arrived.elapsed());
+        Ack {
+            report_id: peek_report_id(&body),
+            status,
+            throttle: self.throttle(),
+        }
+    }
+
+    async fn enqueue(&self, report: ValidReport, arrived: Instant) -> AckStatus {
+        if !self.inner.shared.healthy.load(Ordering::Relaxed) {
+            return AckStatus::Rejected(RejectReason::Overloaded);
+        }
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            report,
+            arrived,
+            reply,
+        };
+        if self.inner.queue.try_send(job).is_err() {
+            return AckStatus::Rejected(RejectReason::Overloaded);
+        }
+        // A dropped reply means the writer stopped before the report was durable.
+        answer
+            .await
+            .unwrap_or(AckStatus::Rejected(RejectReason::Overloaded))
+    }
+
+    /// The hint every ack carries.
+    pub fn throttle(&self) -> ThrottleHint {
+        ThrottleHint::from_permille(self.inner.throttle.load(Ordering::Relaxed))
+            .unwrap_or(ThrottleHint::FULL_RATE)
+    }
+
+    /// Stores a new throttle hint durably, then puts it in every following ack.
+    pub fn set_throttle(&self, hint: ThrottleHint) -> Result<(), StateError> {
+        let store = Arc::clone(self.state().store());
+        store_throttle(store.as_ref(), hint)?;
+        self.inner
+            .throttle
+            .store(hint.permille(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the writer is still committing batches.
+    pub fn is_healthy(&self) -> bool {
+        self.inner.shared.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The aggregation state, for status queries. Holding the guard pauses ingest.
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.shared.metrics
+    }
+}
+
+fn write_loop(
+    mut rx: mpsc::Receiver<Job>,
+    inner: &Shared,
+    max_batch: usize,
+) -> Result<(), StateError> {
+    let mut jobs: Vec<Job> = Vec::with_capacity(max_batch);
+    let mut reports: Vec<ValidReport> = Vec::with_capacity(max_batch);
+    let mut replies = Vec::with_capacity(max_batch);
+    while let Some(first) = rx.blocking_recv() {
+        jobs.push(first);
+        while jobs.len() < max_batch {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        for job in jobs.drain(..) {
+            reports.push(job.report);
+            replies.push((job.reply, job.arrived));
+        }
+        let started = Instant::now();
+        let result = {
+            let mut state = inner
+                .state
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let result = state.apply(&reports, today());
+            inner.metrics.set_state(&state);
+            result
+        };
+        reports.clear();
+        match result {
+            Ok(outcomes) => {
+                let metrics = &inner.metrics;
+                metrics.batches.fetch_add(1, Ordering::Relaxed);
+                metrics.write_micros.fetch_add(
+                    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
+                for ((reply, _), outcome) in replies.drain(..).zip(outcomes) {
+                    let status = match outcome {
+                        Outcome::Accepted => AckStatus::Accepted,
+                        Outcome::Duplicate => AckStatus::Duplicate,
+                    };
+                    // The caller may have gone away; the report is counted regardless.
+                    let _ = reply.send(status);
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "durable write failed; no further reports are accepted");
+                inner.healthy.store(false, Ordering::Relaxed);
+                // Dropping the replies answers every waiting report `Overloaded`.
+                replies.clear();
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The server's day (days since the Unix epoch), for "first seen".
+pub fn today() -> Day {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Day(u32::try_from(secs / 86_400).unwrap_or(u32::MAX))
+}
+
+/// The report id at its fixed place in a report body, so that even a rejection names the
+/// report it answers when the bytes get that far; zeros otherwise.
+pub fn peek_report_id(body: &[u8]) -> ReportId {
+    // Kind, version, key id, then the report id.
+    const AT: usize = 1 + 2 + 32;
+    body.get(AT..AT + 16)
+        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        .map_or(ReportId([0; 16]), ReportId)
+}
+
+impl penrose_transport::ReportHandler for Ingest {
+    fn handle(&self, body: Vec<u8>) -> impl std::future::Future<Output = Ack> + Send {
+        Ingest::handle(self, body)
+    }
+
+    fn throttle(&self) -> ThrottleHint {
+        Ingest::throttle(self)
+    }
+}

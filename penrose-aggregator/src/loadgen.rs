@@ -1,0 +1,434 @@
+//! The load generator: many concurrent clients sending valid encrypted reports built from the
+//! real traces' fingerprints, plus a share of invalid ones, over the real QUIC transport.
+//!
+//! Snippet hashes come from capture windows at random offsets of each trace's main process
+//! (as an agent would see them). Encrypting a histogram costs an agent about 2 ms, which a
+//! generator sending tens of thousands of reports a second cannot pay per report, so the
+//! ciphertexts come from a pool of `--pool` histograms encrypted up front; every report still
+//! has its own random report id, snippet and counter, and the server does the full work for
+//! each (validation with the unit checks, deduplication, classes, multiplication, write).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use indicatif::{ProgressBar, ProgressStyle};
+use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
+use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
+use penrose_core::histogram::SampleCount;
+use penrose_core::paillier::{KeyId, PublicKey};
+use penrose_core::wire::{AckStatus, Day, Message, PackedBytes, Report, ReportId};
+use penrose_traces::{TraceFolder, job_name};
+use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
+use rand::{Rng, RngCore, SeedableRng};
+
+use crate::metrics::reason_label;
+
+/// Arguments of `penrose-aggregator loadgen`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// The server's QUIC address.
+    #[arg(long, default_value = "127.0.0.1:4433")]
+    pub server: SocketAddr,
+    /// The server's certificate to pin (DATA/tls/cert.pem).
+    #[arg(long)]
+    pub cert: PathBuf,
+    /// The design server's public key, to encrypt with.
+    #[arg(long)]
+    pub public_key: PathBuf,
+    /// Reports to send in all.
+    #[arg(long, default_value_t = 20_000)]
+    pub reports: u64,
+    /// Concurrent clients (tasks, each with one report in flight at a time).
+    #[arg(long, default_value_t = 256)]
+    pub clients: usize,
+    /// QUIC connections the clients share.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Share of reports made invalid (wrong key, unknown counter, bad sample count, bad
+    /// ciphertext, garbage), in turn.
+    #[arg(long, default_value_t = 0.05)]
+    pub invalid_share: f64,
+    /// Distinct encrypted histograms to draw ciphertexts from.
+    #[arg(long, default_value_t = 64)]
+    pub pool: usize,
+    /// Capture windows per trace, each a distinct snippet hash.
+    #[arg(long, default_value_t = 8)]
+    pub windows: usize,
+    /// Launches per capture window.
+    #[arg(long, default_value_t = 2_000)]
+    pub window_len: usize,
+    /// Folder of traces [default: $PENROSE_TRACES, else ../shared/traces].
+    #[arg(long)]
+    pub traces: Option<PathBuf>,
+    /// Seed of the workload's choices (report ids always come from the OS generator).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Snippet hashes of `windows` capture windows at random offsets of each trace's main
+/// process, labelled with the trace's job (application) name.
+pub fn trace_snippets(
+    dir: &Path,
+    windows: usize,
+    window_len: usize,
+    seed: u64,
+) -> Result<Vec<(String, SnippetHash)>> {
+    let folder = TraceFolder::open(dir).with_context(|| format!("listing {}", dir.display()))?;
+    ensure!(!folder.files().is_empty(), "no traces in {}", dir.display());
+    let f = Fingerprinter::new(FingerprintParams::default())?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for path in folder.files() {
+        let trace = penrose_traces::read_trace(path)?;
+        let Some(longest) = trace.process_sequences().into_values().max_by_key(Vec::len) else {
+            continue;
+        };
+        if longest.is_empty() {
+            continue;
+        }
+        let names: Vec<&str> = longest.iter().map(|k| &*k.name).collect();
+        for _ in 0..windows {
+            let offset = rng.random_range(0..names.len());
+            let window: Vec<&str> = (0..window_len.min(names.len()))
+                .map(|i| names[(offset + i) % names.len()])
+                .collect();
+            out.push((job_name(path), f.snippet_hash(&window)));
+        }
+    }
+    Ok(out)
+}
+
+struct Pool {
+    ciphertexts: Vec<(PackedBytes, SampleCount)>,
+}
+
+fn encrypt_pool(key: &PublicKey, size: usize, seed: u64) -> Result<Pool> {
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
+    let mut ciphertexts = Vec::with_capacity(size);
+    for _ in 0..size.max(1) {
+        let mut bins = [0u32; BIN_COUNT];
+        for _ in 0..rng.random_range(1..40) {
+            bins[rng.random_range(0..BIN_COUNT)] += rng.random_range(1..100);
+        }
+        let packed = key.encrypt_packed(&bins, &mut rng)?;
+        ciphertexts.push((
+            PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
+            SampleCount(bins.iter().sum()),
+        ));
+    }
+    Ok(Pool { ciphertexts })
+}
+
+#[derive(Default)]
+struct Tally {
+    accepted: AtomicU64,
+    duplicate: AtomicU64,
+    rejected_valid: AtomicU64,
+    rejected_invalid: AtomicU64,
+    invalid_accepted: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// What a run measured.
+#[derive(serde::Serialize)]
+pub struct Outcome {
+    /// Reports sent.
+    pub reports: u64,
+    /// Valid reports sent.
+    pub valid: u64,
+    /// Invalid reports sent.
+    pub invalid: u64,
+    /// Valid reports acked Accepted.
+    pub accepted: u64,
+    /// Valid reports acked Duplicate.
+    pub duplicate: u64,
+    /// Valid reports refused (Overloaded, for instance).
+    pub rejected_valid: u64,
+    /// Invalid reports refused, as they must be.
+    pub rejected_invalid: u64,
+    /// Invalid reports the server accepted (must be 0).
+    pub invalid_accepted: u64,
+    /// Transport failures (no ack).
+    pub errors: u64,
+    /// Reject reasons seen, with counts.
+    pub reasons: BTreeMap<String, u64>,
+    /// Wall time of the sending phase.
+    pub seconds: f64,
+    /// Acked reports (all kinds) per second.
+    pub reports_per_second: f64,
+    /// Accepted reports per second.
+    pub accepted_per_second: f64,
+    /// Latency from send to ack, milliseconds.
+    pub latency_ms: BTreeMap<&'static str, f64>,
+    /// Distinct snippet hashes used, and the applications they came from.
+    pub snippets: usize,
+    /// Applications (trace jobs).
+    pub applications: usize,
+}
+
+fn invalid_frame(kind: u64, mut report: Report) -> Vec<u8> {
+    match kind % 5 {
+        0 => report.key_id = KeyId([0xee; 32]),
+        1 => report.counter = CounterId(60_000),
+        2 => report.samples = SampleCount(0),
+        3 => {
+            let mut bytes = report.ciphertexts.as_bytes().to_vec();
+            let len = report.ciphertexts.ciphertext_len();
+            bytes[..len].fill(0);
+            if let Ok(p) = PackedBytes::new(bytes, report.ciphertexts.count()) {
+                report.ciphertexts = p;
+            }
+        }
+        _ => return b"\x00\x00\x00\x08not a report".to_vec(),
+    }
+    Message::Report(report).to_frame().unwrap_or_default()
+}
+
+/// Runs the load generator; exit code 3 when a valid report was not accepted or an invalid
+/// one was.
+pub async fn run(args: Args) -> Result<ExitCode> {
+    let outcome = generate(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    } else {
+        println!(
+            "{} reports ({} valid, {} invalid) from {} clients over {} connections in {:.2} s",
+            outcome.reports,
+            outcome.valid,
+            outcome.invalid,
+            args.clients,
+            args.connections,
+            outcome.seconds
+        );
+        println!(
+            "throughput: {:.0} reports/s acked, {:.0} accepted/s",
+            outcome.reports_per_second, outcome.accepted_per_second
+        );
+        println!(
+            "latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+            outcome.latency_ms["p50"],
+            outcome.latency_ms["p90"],
+            outcome.latency_ms["p99"],
+            outcome.latency_ms["max"]
+        );
+        println!(
+            "valid: {} accepted, {} duplicate, {} refused; invalid: {} refused, {} accepted; {} transport errors",
+            outcome.accepted,
+            outcome.duplicate,
+            outcome.rejected_valid,
+            outcome.rejected_invalid,
+            outcome.invalid_accepted,
+            outcome.errors
+        );
+        println!("reject reasons: {:?}", outcome.reasons);
+    }
+    let ok = outcome.accepted == outcome.valid
+        && outcome.invalid_accepted == 0
+        && outcome.rejected_invalid == outcome.invalid;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
+/// Sends the load and measures it.
+pub async fn generate(args: &Args) -> Result<Outcome> {
+    ensure!(
+        args.clients > 0 && args.connections > 0,
+        "need at least one client and connection"
+    );
+    let key_bytes = std::fs::read(&args.public_key)
+        .with_context(|| format!("reading {}", args.public_key.display()))?;
+    let key = PublicKey::from_bytes(&key_bytes)
+        .with_context(|| format!("{} is not a Penrose public key", args.public_key.display()))?;
+    let trust = Trust::load_pinned(&args.cert).context("loading the server certificate")?;
+    let dir = args.traces.clone().unwrap_or_else(TraceFolder::default_dir);
+    let snippets = Arc::new(trace_snippets(
+        &dir,
+        args.windows,
+        args.window_len,
+        args.seed,
+    )?);
+    let applications = snippets
+        .iter()
+        .map(|(a, _)| a.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let pool = Arc::new(encrypt_pool(&key, args.pool, args.seed)?);
+    let counters: Arc<Vec<CounterId>> =
+        Arc::new(Catalogue::current().counters.iter().map(|c| c.id).collect());
+    let mut clients = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        let mut config = ClientConfig::new(args.server, "localhost", trust.clone());
+        config.retry = RetryPolicy::none();
+        clients.push(
+            Client::connect(config)
+                .await
+                .context("connecting to the server")?,
+        );
+    }
+    let clients = Arc::new(clients);
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(args.reports);
+        if let Ok(style) =
+            ProgressStyle::with_template("reports [{bar:30}] {pos}/{len} {per_sec} {msg}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    };
+    let tally = Arc::new(Tally::default());
+    let reasons = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
+    let next = Arc::new(AtomicU64::new(0));
+    let invalid_every = if args.invalid_share > 0.0 {
+        (1.0 / args.invalid_share).round().max(1.0) as u64
+    } else {
+        u64::MAX
+    };
+    let day = crate::ingest::today();
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(args.clients);
+    for task in 0..args.clients {
+        let (clients, snippets, pool, counters, tally, reasons, next, bar) = (
+            Arc::clone(&clients),
+            Arc::clone(&snippets),
+            Arc::clone(&pool),
+            Arc::clone(&counters),
+            Arc::clone(&tally),
+            Arc::clone(&reasons),
+            Arc::clone(&next),
+            bar.clone(),
+        );
+        let total = args.reports;
+        let key_id = key.key_id();
+        let seed = args.seed ^ ((task as u64) << 20);
+        tasks.push(tokio::spawn(async move {
+            let client = &clients[task % clients.len()];
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let (_, snippet) = snippets[rng.random_range(0..snippets.len())];
+                let (ciphertexts, samples) =
+                    pool.ciphertexts[rng.random_range(0..pool.ciphertexts.len())].clone();
+                let mut id = [0u8; 16];
+                rand::rng().fill_bytes(&mut id);
+                let report = Report {
+                    key_id,
+                    report_id: ReportId(id),
+                    snippet,
+                    counter: counters[rng.random_range(0..counters.len())],
+                    catalogue: Catalogue::current().version,
+                    day: Day(day.0),
+                    samples,
+                    ciphertexts,
+                };
+                let invalid = i % invalid_every == invalid_every - 1;
+                let sent = Instant::now();
+                let ack = if invalid {
+                    client
+                        .send_raw(&invalid_frame(i / invalid_every, report))
+                        .await
+                } else {
+                    client.send(&report).await
+                };
+                latencies.push(sent.elapsed());
+                match (ack.map(|a| a.status), invalid) {
+                    (Ok(AckStatus::Accepted), false) => {
+                        tally.accepted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (Ok(AckStatus::Duplicate), false) => {
+                        tally.duplicate.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (Ok(AckStatus::Rejected(r)), invalid) => {
+                        let counter = if invalid {
+                            &tally.rejected_invalid
+                        } else {
+                            &tally.rejected_valid
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut reasons) = reasons.lock() {
+                            *reasons.entry(reason_label(r).to_string()).or_default() += 1;
+                        }
+                    }
+                    (Ok(_), true) => {
+                        tally.invalid_accepted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (Err(_), _) => {
+                        tally.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                bar.inc(1);
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::with_capacity(args.reports as usize);
+    for task in tasks {
+        latencies.extend(task.await?);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    for client in clients.iter() {
+        client.close().await;
+    }
+    latencies.sort_unstable();
+    let quantile = |q: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() - 1) as f64 * q).round() as usize;
+        latencies[i].as_secs_f64() * 1e3
+    };
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let invalid = if invalid_every == u64::MAX {
+        0
+    } else {
+        args.reports / invalid_every
+    };
+    let acked = get(&tally.accepted)
+        + get(&tally.duplicate)
+        + get(&tally.rejected_valid)
+        + get(&tally.rejected_invalid)
+        + get(&tally.invalid_accepted);
+    Ok(Outcome {
+        reports: args.reports,
+        valid: args.reports - invalid,
+        invalid,
+        accepted: get(&tally.accepted),
+        duplicate: get(&tally.duplicate),
+        rejected_valid: get(&tally.rejected_valid),
+        rejected_invalid: get(&tally.rejected_invalid),
+        invalid_accepted: get(&tally.invalid_accepted),
+        errors: get(&tally.errors),
+        reasons: reasons.lock().map(|r| r.clone()).unwrap_or_default(),
+        seconds,
+        reports_per_second: acked as f64 / seconds.max(1e-9),
+        accepted_per_second: get(&tally.accepted) as f64 / seconds.max(1e-9),
+        latency_ms: [
+            ("p50", quantile(0.5)),
+            ("p90", quantile(0.9)),
+            ("p99", quantile(0.99)),
+            ("max", quantile(1.0)),
+        ]
+        .into_iter()
+        .collect(),
+        snippets: snippets.len(),
+        applications,
+    })
+}

@@ -1,0 +1,309 @@
+//! Prometheus metrics: counters the ingest path bumps with relaxed atomics, rendered in the
+//! Prometheus text format by a minimal HTTP/1.1 responder on a local port.
+//!
+//! The responder answers every request with the metrics page and closes the connection; it
+//! reads at most one request head of 8 KiB, with a timeout, so a slow or hostile scraper
+//! costs one small task.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use penrose_core::wire::RejectReason;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::store::TableSize;
+
+/// Upper edges of the ingest latency histogram, in seconds.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0,
+];
+
+/// Every reject reason a build knows, in code order (index = code - 1).
+const REASONS: [RejectReason; 8] = [
+    RejectReason::UnsupportedVersion,
+    RejectReason::Malformed,
+    RejectReason::TooLarge,
+    RejectReason::UnknownKey,
+    RejectReason::UnknownCounter,
+    RejectReason::InvalidCiphertext,
+    RejectReason::SampleCountOutOfRange,
+    RejectReason::Overloaded,
+];
+
+/// The server's counters and gauges.
+#[derive(Default)]
+pub struct Metrics {
+    /// Reports stored and counted.
+    pub accepted: AtomicU64,
+    /// Reports answered as duplicates.
+    pub duplicates: AtomicU64,
+    rejected: [AtomicU64; 9],
+    /// Frame bytes received by ingest.
+    pub bytes: AtomicU64,
+    /// Durable write batches committed.
+    pub batches: AtomicU64,
+    /// Microseconds spent in durable writes (WAL sync included).
+    pub write_micros: AtomicU64,
+    latency: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    latency_micros: AtomicU64,
+    /// Classes in the EST.
+    pub classes: AtomicU64,
+    /// Distinct snippet hashes in the SST.
+    pub snippets: AtomicU64,
+    /// Open accumulators.
+    pub accumulators: AtomicU64,
+}
+
+impl Metrics {
+    /// Updates the gauges that describe the aggregation state.
+    pub fn set_state(&self, state: &crate::state::State) {
+        let tables = state.tables();
+        self.classes
+            .store(tables.class_count() as u64, Ordering::Relaxed);
+        self.snippets
+            .store(tables.snippet_count() as u64, Ordering::Relaxed);
+        self.accumulators
+            .store(state.sums().open_count() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one rejection.
+    pub fn rejected(&self, reason: RejectReason) {
+        let index = REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(REASONS.len());
+        self.rejected[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Rejections so far for `reason` (reasons this build does not know count together).
+    pub fn rejected_count(&self, reason: RejectReason) -> u64 {
+        let index = REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(REASONS.len());
+        self.rejected[index].load(Ordering::Relaxed)
+    }
+
+    /// Records one report's time from arrival to ack.
+    pub fn observe_latency(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|&edge| secs <= edge)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.latency[bucket].fetch_add(1, Ordering::Relaxed);
+        self.latency_micros.fetch_add(
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The Prometheus text exposition of every metric, with the store's table sizes.
+    pub fn render(&self, sizes: &[TableSize]) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, u64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, value) in lines {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        metric(
+            "penrose_reports_accepted_total",
+            "counter",
+            "Reports stored durably and counted.",
+            &[(String::new(), get(&self.accepted))],
+        );
+        metric(
+            "penrose_reports_duplicate_total",
+            "counter",
+            "Reports answered as duplicates of one already counted.",
+            &[(String::new(), get(&self.duplicates))],
+        );
+        let mut rejected: Vec<(String, u64)> = REASONS
+            .iter()
+            .zip(&self.rejected)
+            .map(|(r, c)| (format!("{{reason=\"{}\"}}", reason_label(*r)), get(c)))
+            .collect();
+        rejected.push((
+            "{reason=\"other\"}".into(),
+            get(&self.rejected[REASONS.len()]),
+        ));
+        metric(
+            "penrose_reports_rejected_total",
+            "counter",
+            "Reports refused, by reason.",
+            &rejected,
+        );
+        metric(
+            "penrose_ingest_bytes_total",
+            "counter",
+            "Frame bytes received.",
+            &[(String::new(), get(&self.bytes))],
+        );
+        metric(
+            "penrose_write_batches_total",
+            "counter",
+            "Durable write batches committed.",
+            &[(String::new(), get(&self.batches))],
+        );
+        metric(
+            "penrose_write_seconds_micros_total",
+            "counter",
+            "Microseconds spent in durable writes, WAL sync included.",
+            &[(String::new(), get(&self.write_micros))],
+        );
+        let _ = writeln!(
+            out,
+            "# HELP penrose_ingest_latency_seconds Time from a report's arrival to its ack."
+        );
+        let _ = writeln!(out, "# TYPE penrose_ingest_latency_seconds histogram");
+        let mut cumulative = 0;
+        for (edge, count) in LATENCY_BUCKETS.iter().zip(&self.latency) {
+            cumulative += get(count);
+            let _ = writeln!(
+                out,
+                "penrose_ingest_latency_seconds_bucket{{le=\"{edge}\"}} {cumulative}"
+            );
+        }
+        cumulative += get(&self.latency[LATENCY_BUCKETS.len()]);
+        let _ = writeln!(
+            out,
+            "penrose_ingest_latency_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+        );
+        let _ = writeln!(
+            out,
+            "penrose_ingest_latency_seconds_sum {}",
+            get(&self.latency_micros) as f64 / 1e6
+        );
+        let _ = writeln!(out, "penrose_ingest_latency_seconds_count {cumulative}");
+        let mut gauge = |name: &str, help: &str, value: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            let _ = writeln!(out, "{name} {value}");
+        };
+        gauge(
+            "penrose_classes",
+            "Application classes.",
+            get(&self.classes),
+        );
+        gauge(
+            "penrose_snippets",
+            "Distinct snippet hashes.",
+            get(&self.snippets),
+        );
+        gauge(
+            "penrose_open_accumulators",
+            "Open accumulators (one per class and counter).",
+            get(&self.accumulators),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP penrose_store_bytes Bytes of each store table on disk and in memtables."
+        );
+        let _ = writeln!(out, "# TYPE penrose_store_bytes gauge");
+        for size in sizes {
+            let _ = writeln!(
+                out,
+                "penrose_store_bytes{{table=\"{}\",kind=\"sst\"}} {}",
+                size.table, size.sst_bytes
+            );
+            let _ = writeln!(
+                out,
+                "penrose_store_bytes{{table=\"{}\",kind=\"memtable\"}} {}",
+                size.table, size.memtable_bytes
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP penrose_store_keys Estimated keys in each store table."
+        );
+        let _ = writeln!(out, "# TYPE penrose_store_keys gauge");
+        for size in sizes {
+            let _ = writeln!(
+                out,
+                "penrose_store_keys{{table=\"{}\"}} {}",
+                size.table, size.keys
+            );
+        }
+        out
+    }
+}
+
+/// The label of a reject reason in metrics and JSON.
+pub fn reason_label(reason: RejectReason) -> &'static str {
+    match reason {
+        RejectReason::UnsupportedVersion => "unsupported_version",
+        RejectReason::Malformed => "malformed",
+        RejectReason::TooLarge => "too_large",
+        RejectReason::UnknownKey => "unknown_key",
+        RejectReason::UnknownCounter => "unknown_counter",
+        RejectReason::InvalidCiphertext => "invalid_ciphertext",
+        RejectReason::SampleCountOutOfRange => "sample_count_out_of_range",
+        RejectReason::Overloaded => "overloaded",
+        RejectReason::Other(_) => "other",
+    }
+}
+
+/// Serves `page()` to every HTTP request on `listener` until the task is dropped.
+pub async fn serve_http<F>(listener: TcpListener, page: F)
+where
+    F: Fn() -> String + Send + Sync + Clone + 'static,
+{
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let page = page.clone();
+        tokio::spawn(async move {
+            let mut head = vec![0u8; 8 * 1024];
+            let mut read = 0;
+            // Read until the end of the request head, the buffer is full, or 5 s pass.
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                while read < head.len() {
+                    match stream.read(&mut head[read..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => read += n,
+                    }
+                    if head[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            })
+            .await;
+            let body = page();
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_counts_reasons_and_latency() {
+        let m = Metrics::default();
+        m.accepted.fetch_add(3, Ordering::Relaxed);
+        m.rejected(RejectReason::InvalidCiphertext);
+        m.rejected(RejectReason::Other(99));
+        m.observe_latency(Duration::from_millis(3));
+        let text = m.render(&[]);
+        assert!(text.contains("penrose_reports_accepted_total 3"));
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"invalid_ciphertext\"} 1"));
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"other\"} 1"));
+        assert!(text.contains("penrose_ingest_latency_seconds_bucket{le=\"0.002\"} 0"));
+        assert!(text.contains("penrose_ingest_latency_seconds_bucket{le=\"0.005\"} 1"));
+        assert_eq!(m.rejected_count(RejectReason::InvalidCiphertext), 1);
+    }
+}

@@ -1,0 +1,195 @@
+//! The server process: opens the data directory, rebuilds the state, and runs the QUIC
+//! transport, the writer, the admin socket and the metrics responder until it is told to stop
+//! (SIGINT/SIGTERM) or a durable write fails.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use penrose_core::fingerprint::FingerprintParams;
+use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
+use penrose_transport::{Encoding, Identity, Limits, ServerConfig};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info};
+
+use crate::config::DataDir;
+use crate::control::{self, Admin};
+use crate::export::load_or_create_signing_key;
+use crate::ingest::{Ingest, IngestConfig, Writer};
+
+use crate::metrics::{Metrics, serve_http};
+use crate::state::{State, stored_public_key, stored_throttle};
+use crate::store::{RocksStore, Store};
+
+/// Everything `serve` needs, after the configuration file and flags are merged.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The data directory.
+    pub data: DataDir,
+    /// QUIC listen address (UDP).
+    pub listen: SocketAddr,
+    /// The Paillier public key (required on first start; later the stored one is used and a
+    /// different one refused).
+    pub public_key: Option<PathBuf>,
+    /// Prometheus listen address.
+    pub metrics: Option<SocketAddr>,
+    /// TLS certificate and key; default: DATA/tls/, self-signed on first start.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Batching.
+    pub ingest: IngestConfig,
+    /// Transport limits.
+    pub limits: Limits,
+}
+
+/// Opens a data directory and starts ingest over it (no transport): what `serve` runs on, and
+/// what admin commands use when no server is running.
+pub fn open(
+    data: &DataDir,
+    key_file: Option<&PathBuf>,
+    config: IngestConfig,
+) -> Result<(Admin, Writer)> {
+    data.create()
+        .with_context(|| format!("creating {}", data.0.display()))?;
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(&data.db()).with_context(|| {
+        format!(
+            "opening the store in {} (is a server running?)",
+            data.db().display()
+        )
+    })?);
+    let key = match key_file {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            PublicKey::from_bytes(&bytes)
+                .with_context(|| format!("{} is not a Penrose public key", path.display()))?
+        }
+        None => match stored_public_key(store.as_ref())? {
+            Some(key) => key,
+            None => bail!(
+                "{} has never been served; give the design server's public key (--public-key)",
+                data.0.display()
+            ),
+        },
+    };
+    let state = State::open(
+        Arc::clone(&store),
+        &key,
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+    )?;
+    let throttle = stored_throttle(store.as_ref())?;
+    let (ingest, writer) = Ingest::start(state, throttle, config, Arc::new(Metrics::default()))
+        .context("starting the writer thread")?;
+    let signing = load_or_create_signing_key(&data.signing_key())?;
+    Ok((
+        Admin {
+            ingest,
+            store,
+            signing,
+            serving: false,
+        },
+        writer,
+    ))
+}
+
+fn identity(options: &ServeOptions) -> Result<Identity> {
+    let (cert, key) = options
+        .tls
+        .clone()
+        .unwrap_or_else(|| (options.data.tls_cert(), options.data.tls_key()));
+    if cert.exists() {
+        return Identity::load(&cert, &key).context("loading the TLS identity");
+    }
+    if options.tls.is_some() {
+        bail!("TLS certificate {} does not exist", cert.display());
+    }
+    let names = vec!["localhost".to_string(), options.listen.ip().to_string()];
+    let identity = Identity::self_signed(names).context("creating a self-signed certificate")?;
+    if let Some(dir) = cert.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    identity
+        .save(&cert, &key, Encoding::Pem)
+        .context("saving the TLS identity")?;
+    info!(cert = %cert.display(), "created a self-signed certificate; agents pin it");
+    Ok(identity)
+}
+
+/// Runs the server until SIGINT/SIGTERM (Ok) or a failed durable write (Err).
+pub async fn run(options: ServeOptions) -> Result<()> {
+    let (mut admin, writer) = open(&options.data, options.public_key.as_ref(), options.ingest)?;
+    admin.serving = true;
+    let identity = identity(&options)?;
+    let server = penrose_transport::serve(
+        ServerConfig {
+            listen: options.listen,
+            identity,
+            limits: options.limits.clone(),
+        },
+        Arc::new(admin.ingest.clone()),
+    )
+    .await
+    .context("starting the QUIC endpoint")?;
+    let socket = options.data.control_socket();
+    let control = {
+        let admin = admin.clone();
+        let socket = socket.clone();
+        tokio::spawn(async move { control::serve_socket(&socket, admin).await })
+    };
+    let metrics_addr = match options.metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics address {addr}"))?;
+            let local = listener.local_addr()?;
+            let page = {
+                let metrics = Arc::clone(admin.ingest.metrics());
+                let store = Arc::clone(&admin.store);
+                move || metrics.render(&store.sizes())
+            };
+            tokio::spawn(serve_http(listener, page));
+            Some(local)
+        }
+        None => None,
+    };
+    // One line on stdout for whoever started the server (scripts, tests).
+    println!(
+        "{}",
+        serde_json::json!({
+            "listening": server.local_addr().to_string(),
+            "metrics": metrics_addr.map(|a| a.to_string()),
+            "control": socket,
+            "signer": crate::export::hex(admin.signing.verifying_key().as_bytes()),
+        })
+    );
+    info!(listen = %server.local_addr(), "serving");
+    let mut term = signal(SignalKind::terminate())?;
+    let mut health = tokio::time::interval(Duration::from_millis(200));
+    let failed = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break false,
+            _ = term.recv() => break false,
+            _ = health.tick() => {
+                if !admin.ingest.is_healthy() {
+                    break true;
+                }
+            }
+        }
+    };
+    info!("shutting down");
+    server.shutdown().await;
+    control.abort();
+    let _ = std::fs::remove_file(&socket);
+    drop(admin);
+    let result = tokio::task::spawn_blocking(move || writer.join()).await?;
+    if let Err(e) = result {
+        error!(error = %e, "the writer stopped");
+        bail!("a durable write failed: {e}");
+    }
+    if failed {
+        bail!("the writer stopped");
+    }
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! Durable storage behind a small trait, so that a larger fleet can run the same server on a
+//! distributed store (DESIGN.md section 6); [`RocksStore`] is the one implementation.
+//!
+//! The contract the rest of the server relies on: [`Store::write`] applies a [`WriteSet`]
+//! atomically and returns only once it is durable (RocksDB: one `WriteBatch`, WAL synced),
+//! so that an ack sent after it can never be lost; and [`Store::scan`] reads several tables at
+//! one consistent point in time, which is what lets export run while ingest keeps writing.
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::checkpoint::Checkpoint;
+use rocksdb::{
+    BlockBasedOptions, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, WriteBatch,
+    WriteOptions,
+};
+use thiserror::Error;
+
+/// The tables (RocksDB column families) the server keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Table {
+    /// Report ids already counted: the deduplication record.
+    Seen,
+    /// Snippet hash -> class, first seen day, reports.
+    Sst,
+    /// Class -> representative snippet hashes, first seen day, reports.
+    Est,
+    /// (class, catalogue, counter, generation) -> encrypted sums and counts.
+    Ash,
+    /// Counters and settings of the server itself (cursor, throttle, key ids).
+    Meta,
+}
+
+impl Table {
+    /// Every table, in a fixed order.
+    pub const ALL: [Table; 5] = [Table::Seen, Table::Sst, Table::Est, Table::Ash, Table::Meta];
+
+    /// The column family name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Seen => "seen",
+            Table::Sst => "sst",
+            Table::Est => "est",
+            Table::Ash => "ash",
+            Table::Meta => "meta",
+        }
+    }
+}
+
+/// Writes that must become durable together or not at all.
+#[derive(Debug, Default)]
+pub struct WriteSet {
+    puts: Vec<(Table, Vec<u8>, Vec<u8>)>,
+}
+
+impl WriteSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a put; a later put of the same key in the same set wins.
+    pub fn put(&mut self, table: Table, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
+        self.puts.push((table, key.into(), value.into()));
+    }
+
+    /// Number of puts.
+    pub fn len(&self) -> usize {
+        self.puts.len()
+    }
+
+    /// Whether the set holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.puts.is_empty()
+    }
+
+    /// Bytes of keys and values, for metrics.
+    pub fn bytes(&self) -> usize {
+        self.puts.iter().map(|(_, k, v)| k.len() + v.len()).sum()
+    }
+}
+
+/// The size of one table on disk, as the store estimates it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TableSize {
+    /// The table's name.
+    pub table: &'static str,
+    /// Estimated number of keys.
+    pub keys: u64,
+    /// Bytes in SST files.
+    pub sst_bytes: u64,
+    /// Bytes in memtables not yet flushed.
+    pub memtable_bytes: u64,
+}
+
+/// Why the store failed. A failed write means nothing of it may be acknowledged.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// RocksDB refused.
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// A column family is missing from an opened database.
+    #[error("column family {0} missing")]
+    MissingTable(&'static str),
+    /// A caller's visitor failed while scanning.
+    #[error("{0}")]
+    Visit(String),
+    /// The file system refused.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A visitor over (table, key, value) rows; returning an error stops the scan.
+pub type Visitor<'a> = dyn FnMut(Table, &[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
+/// What the server needs from durable storage.
+pub trait Store: Send + Sync + 'static {
+    /// One value.
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Which of `keys` exist in `table`, in order (one round trip for a whole batch).
+    fn contains_many(&self, table: Table, keys: &[&[u8]]) -> Result<Vec<bool>, StoreError>;
+    /// Applies every put atomically and returns once they are durable.
+    fn write(&self, set: WriteSet) -> Result<(), StoreError>;
+    /// Visits every row of `tables`, all read at one consistent point in time.
+    fn scan(&self, tables: &[Table], visit: &mut Visitor<'_>) -> Result<(), StoreError>;
+    /// Compacts every table.
+    fn compact(&self) -> Result<(), StoreError>;
+    /// Writes a consistent copy of the whole store into `dir` (which must not exist).
+    fn backup(&self, dir: &Path) -> Result<(), StoreError>;
+    /// Size estimates per table.
+    fn sizes(&self) -> Vec<TableSize>;
+}
+
+/// The RocksDB store: one column family per [`Table`].
+pub struct RocksStore {
+    db: DB,
+    path: PathBuf,
+}
+
+impl RocksStore {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        // Every write is synced anyway; a larger WAL only delays flushes.
+        options.set_max_total_wal_size(256 << 20);
+        options.set_keep_log_file_num(4);
+        let families = Table::ALL.map(|table| {
+            let mut cf = Options::default();
+            let mut block = BlockBasedOptions::default();
+            // Dedupe looks up mostly absent report ids: a bloom filter answers those without
+            // reading a block.
+            block.set_bloom_filter(10.0, false);
+            cf.set_block_based_table_factory(&block);
+            if table == Table::Seen {
+                // Random 128-bit ids: point lookups only.
+                cf.optimize_for_point_lookup(64);
+            }
+            ColumnFamilyDescriptor::new(table.name(), cf)
+        });
+        let db = DB::open_cf_descriptors(&options, path, families)?;
+        Ok(Self {
+            db,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Where the database lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn cf(&self, table: Table) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.db
+            .cf_handle(table.name())
+            .ok_or(StoreError::MissingTable(table.name()))
+    }
+}
+
+impl Store for RocksStore {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get_cf(self.cf(table)?, key)?)
+    }
+
+    fn contains_many(&self, table: Table, keys: &[&[u8]]) -> Result<Vec<bool>, StoreError> {
+        let cf = self.cf(table)?;
+        self.db
+            .batched_multi_get_cf(cf, keys, false)
+            .into_iter()
+            .map(|r| Ok(r?.is_some()))
+            .collect()
+    }
+
+    fn write(&self, set: WriteSet) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        for (table, key, value) in &set.puts {
+            batch.put_cf(self.cf(*table)?, key, value);
+        }
+        let mut options = WriteOptions::default();
+        options.set_sync(true);
+        self.db.write_opt(batch, &options)?;
+        Ok(())
+    }
+
+    fn scan(&self, tables: &[Table], visit: &mut Visitor<'_>) -> Result<(), StoreError> {
+        let snapshot = self.db.snapshot();
+        for &table in tables {
+            let mut read = ReadOptions::default();
+            read.set_snapshot(&snapshot);
+            // A scan reads everything once; keep it out of the block cache.
+            read.fill_cache(false);
+            for row in self
+                .db
+                .iterator_cf_opt(self.cf(table)?, read, IteratorMode::Start)
+            {
+                let (key, value) = row?;
+                visit(table, &key, &value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn compact(&self) -> Result<(), StoreError> {
+        for table in Table::ALL {
+            self.db
+                .compact_range_cf(self.cf(table)?, None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
+    }
+
+    fn backup(&self, dir: &Path) -> Result<(), StoreError> {
+        // A checkpoint is a consistent copy made of hard links where it can be (same file
+        // system) and copies elsewhere, taken while writes continue.
+        self.db.flush_wal(true)?;
+        Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
+        Ok(())
+    }
+
+    fn sizes(&self) -> Vec<TableSize> {
+        Table::ALL
+            .iter()
+            .filter_map(|&table| {
+                let cf = self.cf(table).ok()?;
+                let int = |name: &str| {
+                    self.db
+                        .property_int_value_cf(cf, name)
+                        .ok()
+                        .flatten()
+                        .unwrap_or(0)
+                };
+                Some(TableSize {
+                    table: table.name(),
+                    keys: int("rocksdb.estimate-num-keys"),
+                    sst_bytes: int("rocksdb.total-sst-files-size"),
+                    memtable_bytes: int("rocksdb.cur-size-all-mem-tables"),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_atomic_visible_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let store = RocksStore::open(&path).unwrap();
+            let mut set = WriteSet::new();
+            set.put(Table::Seen, b"id-1".to_vec(), b"".to_vec());
+            set.put(Table::Ash, b"a".to_vec(), b"1".to_vec());
+            set.put(Table::Ash, b"a".to_vec(), b"2".to_vec());
+            store.write(set).unwrap();
+            assert_eq!(
+                store
+                    .contains_many(Table::Seen, &[b"id-1", b"id-2"])
+                    .unwrap(),
+                [true, false]
+            );
+        }
+        let store = RocksStore::open(&path).unwrap();
+        assert_eq!(
+            store.get(Table::Ash, b"a").unwrap().as_deref(),
+            Some(&b"2"[..])
+        );
+        let mut rows = Vec::new();
+        store
+            .scan(&[Table::Ash, Table::Seen], &mut |t, k, v| {
+                rows.push((t, k.to_vec(), v.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                (Table::Ash, b"a".to_vec(), b"2".to_vec()),
+                (Table::Seen, b"id-1".to_vec(), vec![])
+            ]
+        );
+        let backup = dir.path().join("backup");
+        store.backup(&backup).unwrap();
+        drop(store);
+        let copy = RocksStore::open(&backup).unwrap();
+        assert_eq!(
+            copy.get(Table::Ash, b"a").unwrap().as_deref(),
+            Some(&b"2"[..])
+        );
+        assert_eq!(copy.sizes().len(), Table::ALL.len());
+    }
+}
