@@ -14,9 +14,12 @@ use super::ring::{CounterRecord, CounterRing, Lookup};
 use super::{CounterSource, CounterValue, MissingReason, Reading};
 use crate::capture::events::{Launch, Pid};
 
-/// How long a read waits for the stand-in to write a record the probe has already announced
-/// (the probe fires at the call's entry; the record follows within microseconds).
-const RECORD_WAIT: Duration = Duration::from_millis(2);
+/// How long a read waits for the stand-in to write a record the probe has already announced.
+/// The probe fires at the call's entry and the record follows within microseconds, unless the
+/// launching thread is preempted in between: on a loaded 2-core machine that was seen to take
+/// more than 2 ms, so the wait is generous (it ends as soon as the record is there, and only a
+/// process that dies inside a launch call makes the agent wait it out).
+const RECORD_WAIT: Duration = Duration::from_millis(250);
 
 /// Reads one counter's value out of a record, when the trace had it.
 type Field = fn(&CounterRecord) -> Option<f64>;
@@ -108,7 +111,12 @@ impl CounterSource for StandinSource {
             match ring.find_launch(launch.tid, launch.function, launch.timestamp_ns) {
                 Lookup::Found(record) => break record,
                 Lookup::Gone => return Reading::Missing(MissingReason::NotFound),
-                Lookup::NotYet if started.elapsed() < RECORD_WAIT => std::thread::yield_now(),
+                Lookup::NotYet if started.elapsed() < Duration::from_micros(200) => {
+                    std::thread::yield_now()
+                }
+                Lookup::NotYet if started.elapsed() < RECORD_WAIT => {
+                    std::thread::sleep(Duration::from_micros(100))
+                }
                 Lookup::NotYet => return Reading::Missing(MissingReason::NotFound),
             }
         };
