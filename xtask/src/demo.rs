@@ -1,614 +1,767 @@
-//! `cargo xtask demo`: the system end to end on this machine, with what exists today.
+//! `cargo xtask demo`: the whole system on this machine, as the separate processes it is.
 //!
-//! Stand-in GPUs run the real traces (each GPU runs one application: one trace job); each GPU's
-//! agent logic captures windows at random offsets of its looped launch sequence, fingerprints
-//! them, samples launches, bins counter values derived from the trace's per-kernel fields,
-//! seals and encrypts the histograms and encodes them as wire reports. The aggregator logic
-//! decodes and validates every report, groups snippets into classes by estimated similarity
-//! and adds ciphertexts per (class, counter). The design server logic decrypts the classes
-//! with enough reports, and the demo checks every decrypted histogram, bin for bin, against
-//! the plaintext histograms the agents sealed. All of it runs in one process: the network
-//! services, the probes and the storage come with later issues.
+//! 1. The design server makes a key pair (`penrose-design keygen`).
+//! 2. The aggregation server starts on loopback with its RocksDB under a temporary directory
+//!    (`penrose-aggregator serve`).
+//! 3. One agent starts (`penrose-agent run`). As root it probes a stand-in libcuda with eBPF,
+//!    and one `penrose-replay` process per trace replays the real traces in
+//!    `../shared/traces/` through it at the traces' own pace; without root (eBPF needs it) the
+//!    agent replays the traces itself in place of the probes. Without a trace folder a small
+//!    synthetic workload is written and used.
+//! 4. Time is compressed (L, S, the seal size, the windows and the upload delay are scaled
+//!    down and said so on screen) so that the run takes about half a minute.
+//! 5. The aggregation server exports a signed bundle while it serves; the design server
+//!    imports it and decrypts every aggregate with at least k reports.
+//! 6. The demo checks the result: every decrypted (class, counter) histogram must equal, bin
+//!    for bin, the sum of the histograms the agent sealed (read from its own record) for the
+//!    reports the aggregator counted in that class; nothing under k may be decrypted.
+//!
+//! `run_demo` is also what the end-to-end test runs (see the tests below).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
-use penrose_core::counters::{BIN_COUNT, Catalogue, Counter, CounterGroup, CounterId};
-use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
-use penrose_core::histogram::{Histogram, SampleCount};
-use penrose_core::paillier::{Accumulator, Keypair, MAX_REPORT_SAMPLES, PrivateKey, PublicKey};
-use penrose_core::sampling::{Decision, SamplePeriod, SamplingSchedule};
-use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId};
-use penrose_traces::{Kernel, TraceFolder, job_name};
+use penrose_aggregator::config::DataDir;
+use penrose_aggregator::state::State;
+use penrose_aggregator::store::{RocksStore, Store, Table};
+use penrose_core::counters::BIN_COUNT;
+use penrose_core::fingerprint::{FingerprintParams, SnippetHash};
+use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
+
+use crate::bench::{target_dir, workspace_root};
 
 /// Arguments of `cargo xtask demo`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Folder of profiler traces [default: $PENROSE_TRACES, else ../shared/traces next to the
-    /// workspace]; a synthetic workload is used when it does not exist.
+    /// workspace, else /work/shared/traces]; a synthetic workload is used when none exists.
     #[arg(long)]
     traces: Option<PathBuf>,
-    /// Stand-in GPUs per application.
-    #[arg(long, default_value_t = 12)]
-    gpus_per_app: usize,
-    /// Capture windows per GPU.
-    #[arg(long, default_value_t = 4)]
-    windows: usize,
-    /// Launches per capture window (L; the design's default is 10,000).
-    #[arg(long, default_value_t = 2_500)]
-    window_len: usize,
-    /// Sample one launch in this many (S; compressed from the design's 10,000 so that a short
-    /// run has samples to show).
-    #[arg(long, default_value_t = 16)]
-    sample_period: u32,
-    /// Classes with fewer reports than this are not decrypted (the contributor threshold k).
+    /// How long the agent captures.
+    #[arg(long, default_value_t = 30.0)]
+    seconds: f64,
+    /// The contributor threshold k of the design server.
     #[arg(long, default_value_t = 10)]
-    min_reports: u64,
-    /// Seed of the workload's random choices (window offsets, sampling offsets). Keys and
-    /// report ids always come from the operating system's generator.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    threshold: u64,
+    /// Keep the temporary directory (keys, stores, the agent's record) and print its path.
+    #[arg(long)]
+    keep: bool,
+    /// Use the trace-replay source even as root (no eBPF).
+    #[arg(long)]
+    no_ebpf: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
 }
 
-/// One application of the workload: the launch sequences of its processes (ranks).
-struct App {
-    name: String,
-    sequences: Vec<Vec<Kernel>>,
+/// How one demo run is set up.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Where the release (or test) binaries are.
+    pub bins: PathBuf,
+    /// The trace folder, if any.
+    pub traces: Option<PathBuf>,
+    /// Capture time.
+    pub capture: Duration,
+    /// k.
+    pub threshold: u64,
+    /// Probe with eBPF (needs root).
+    pub ebpf: bool,
+    /// No progress output.
+    pub quiet: bool,
 }
 
-/// A sealed, encrypted report and, beside it, the plaintext the agent sealed: the record the
-/// exactness check compares against (it never leaves the agent in the real system).
-struct Sealed {
-    frame: Vec<u8>,
-    report_id: ReportId,
-    plaintext: Histogram,
-    app: usize,
+/// What a run produced.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    /// "ebpf" or "replay".
+    pub source: String,
+    /// What was replayed.
+    pub workload: String,
+    /// Replayer processes (eBPF mode).
+    pub replayers: usize,
+    /// Capture windows the agent ran.
+    pub windows: u64,
+    /// Launches it captured.
+    pub launches: u64,
+    /// Samples it took.
+    pub samples: u64,
+    /// Histograms it sealed.
+    pub sealed: usize,
+    /// Reports the aggregator counted (all of them sealed by the agent).
+    pub counted: usize,
+    /// Bytes of one report frame.
+    pub report_bytes: usize,
+    /// Classes the aggregator formed.
+    pub classes: usize,
+    /// (class, counter) aggregates decrypted.
+    pub decrypted: usize,
+    /// (class, counter) aggregates held back under k.
+    pub held_back: usize,
+    /// Every decrypted aggregate equals the sealed histograms, and nothing under k decrypted.
+    pub exact: bool,
+    /// The decrypted aggregates.
+    pub rows: Vec<Row>,
+    /// Seconds per stage.
+    pub seconds: BTreeMap<String, f64>,
 }
 
-#[derive(Serialize)]
-struct ClassRow {
-    class: usize,
-    /// Ground truth the aggregator does not know: which applications' reports landed here.
-    applications: Vec<String>,
-    counter: &'static str,
-    reports: u64,
-    samples: u64,
-    decrypted: bool,
-    mean: Option<f64>,
-    p50: Option<f64>,
-    p90: Option<f64>,
-    unit: &'static str,
-    exact: Option<bool>,
+/// One decrypted (class, counter).
+#[derive(Debug, Serialize)]
+pub struct Row {
+    /// Class.
+    pub class: u32,
+    /// Counter name.
+    pub counter: String,
+    /// Unit suffix.
+    pub unit: String,
+    /// Reports.
+    pub reports: u64,
+    /// Samples.
+    pub samples: u64,
+    /// Mean, p50, p90 at bin resolution.
+    pub mean: Option<f64>,
+    /// Median.
+    pub p50: Option<f64>,
+    /// 90th percentile.
+    pub p90: Option<f64>,
+    /// Equal to the agent's sealed histograms, bin for bin.
+    pub exact: bool,
 }
 
-#[derive(Serialize)]
-struct Outcome {
-    workload: String,
-    applications: usize,
-    gpus: usize,
-    reports: usize,
-    report_bytes: usize,
-    classes: usize,
-    mixed_classes: usize,
-    split_applications: usize,
-    decrypted_histograms: usize,
-    withheld_histograms: usize,
-    all_exact: bool,
-    seconds: BTreeMap<&'static str, f64>,
-    rows: Vec<ClassRow>,
-}
-
-/// Runs the demo.
+/// Runs the task.
 pub fn run(args: Args) -> Result<()> {
-    ensure!(args.sample_period > 0, "--sample-period must be at least 1");
-    ensure!(args.window_len > 0, "--window-len must be at least 1");
-    let mut seconds = BTreeMap::new();
+    ensure!(
+        args.seconds.is_finite() && args.seconds > 0.0,
+        "--seconds must be positive"
+    );
+    let root = workspace_root()?;
     let say = |msg: &str| {
         if !args.json {
             eprintln!("{msg}");
         }
     };
-    say("Penrose demo: stand-in GPUs -> agent logic -> aggregator logic -> design server logic");
-    say(&format!(
-        "compressed time: 1 launch in {} sampled (design: 10,000), windows of {} launches \
-         (design: 10,000), {} windows per GPU",
-        args.sample_period, args.window_len, args.windows
-    ));
-
-    let t = Instant::now();
-    let (workload, apps) = load_workload(&args)?;
-    seconds.insert("load workload", t.elapsed().as_secs_f64());
-    say(&format!(
-        "workload: {workload}: {} applications, {} GPUs each",
-        apps.len(),
-        args.gpus_per_app
-    ));
-
-    let t = Instant::now();
-    say("design server: generating a 2048-bit Paillier key pair");
-    let keys = Keypair::generate(&mut rand::rng());
-    let public = keys.public_key().clone();
-    let private = keys.into_private_key();
-    seconds.insert("key generation", t.elapsed().as_secs_f64());
-    say(&format!("  key id {}", public.key_id()));
-
-    let fingerprinter = Fingerprinter::new(FingerprintParams::default())
-        .context("default fingerprint parameters")?;
-    let t = Instant::now();
-    let sealed = run_agents(&args, &apps, &public, &fingerprinter)?;
-    seconds.insert(
-        "agents (capture, sample, encrypt)",
-        t.elapsed().as_secs_f64(),
-    );
-
-    let t = Instant::now();
-    let aggregate = aggregate(&sealed, &public, &fingerprinter)?;
-    seconds.insert(
-        "aggregator (decode, validate, add)",
-        t.elapsed().as_secs_f64(),
-    );
-
-    let t = Instant::now();
-    let rows = decrypt_and_check(&args, &apps, &sealed, &aggregate, &private)?;
-    seconds.insert("design server (decrypt, check)", t.elapsed().as_secs_f64());
-
-    let classes = aggregate.class_members.len();
-    let mixed_classes = aggregate
-        .class_members
-        .values()
-        .filter(|members| apps_of(members, &sealed).len() > 1)
-        .count();
-    let mut classes_of_app: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (&class, members) in &aggregate.class_members {
-        for app in apps_of(members, &sealed) {
-            classes_of_app.entry(app).or_default().push(class);
-        }
+    say("building the release binaries (agent, aggregator, design server, replayer)");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--release", "--bins"])
+        .args(["-p", "penrose-agent", "-p", "penrose-aggregator"])
+        .args(["-p", "penrose-design", "-p", "penrose-standin"])
+        .status()
+        .context("running cargo build")?;
+    ensure!(status.success(), "cargo build failed: {status}");
+    let root_user = is_root();
+    if !root_user {
+        say("note: eBPF needs root, so the agent replays the traces itself in place of the probes");
     }
-    let outcome = Outcome {
-        workload,
-        applications: apps.len(),
-        gpus: apps.len() * args.gpus_per_app,
-        reports: sealed.len(),
-        report_bytes: sealed.first().map_or(0, |s| s.frame.len()),
-        classes,
-        mixed_classes,
-        split_applications: classes_of_app.values().filter(|c| c.len() > 1).count(),
-        decrypted_histograms: rows.iter().filter(|r| r.decrypted).count(),
-        withheld_histograms: rows.iter().filter(|r| !r.decrypted).count(),
-        all_exact: rows.iter().all(|r| r.exact != Some(false)),
-        seconds,
-        rows,
+    let options = Options {
+        bins: target_dir(&root).join("release"),
+        traces: args.traces.clone().or_else(default_traces),
+        capture: Duration::from_secs_f64(args.seconds),
+        threshold: args.threshold,
+        ebpf: root_user && !args.no_ebpf,
+        quiet: args.json,
     };
+    let dir = tempfile::Builder::new().prefix("penrose-demo-").tempdir()?;
+    let outcome = run_demo(&options, dir.path())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else {
-        print_outcome(&outcome);
+        print_outcome(&outcome, options.threshold);
     }
-    if !outcome.all_exact {
-        bail!("a decrypted histogram differs from what the agents sealed");
+    if args.keep {
+        let kept = dir.keep();
+        say(&format!("kept {}", kept.display()));
+    }
+    if !outcome.exact {
+        bail!("a decrypted aggregate differs from what the agent sealed");
+    }
+    if outcome.decrypted == 0 {
+        bail!(
+            "no aggregate reached the threshold of {} reports",
+            options.threshold
+        );
     }
     Ok(())
 }
 
-fn load_workload(args: &Args) -> Result<(String, Vec<App>)> {
-    let dir = args.traces.clone().unwrap_or_else(TraceFolder::default_dir);
-    if !dir.is_dir() {
-        eprintln!(
-            "note: {} does not exist; using a synthetic workload instead",
-            dir.display()
-        );
-        return Ok(("synthetic".into(), synthetic_apps(args.seed)));
-    }
-    let folder = TraceFolder::open(&dir).with_context(|| format!("listing {}", dir.display()))?;
-    ensure!(
-        !folder.files().is_empty(),
-        "no .json or .json.gz traces in {}",
-        dir.display()
-    );
-    let bar = progress(folder.files().len() as u64, "reading traces", args.json);
-    let mut by_job: BTreeMap<String, Vec<Vec<Kernel>>> = BTreeMap::new();
-    for path in folder.files() {
-        bar.set_message(
-            path.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        );
-        let trace = penrose_traces::read_trace(path)?;
-        // The process that launched the most kernels is the application's main process.
-        let longest = trace
-            .process_sequences()
-            .into_values()
-            .max_by_key(Vec::len)
-            .unwrap_or_default();
-        if !longest.is_empty() {
-            by_job
-                .entry(job_name(path))
-                .or_default()
-                .push(longest.into_iter().cloned().collect());
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let apps = by_job
-        .into_iter()
-        .map(|(name, sequences)| App { name, sequences })
-        .collect();
-    Ok((format!("traces in {}", dir.display()), apps))
+fn default_traces() -> Option<PathBuf> {
+    let dir = penrose_traces::TraceFolder::default_dir();
+    dir.is_dir().then_some(dir)
 }
 
-/// Three made-up applications, each repeating an iteration of kernels from its own alphabet,
-/// so that the demo runs where the real traces are absent.
-fn synthetic_apps(seed: u64) -> Vec<App> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
-    (0..3)
-        .map(|a| {
-            let names: Vec<Arc<str>> = (0..40)
-                .map(|k| Arc::from(format!("synthetic_app{a}_kernel_{k}")))
-                .collect();
-            let iteration: Vec<Kernel> = (0..300)
-                .map(|i| {
-                    let name = names[rng.random_range(0..names.len())].clone();
-                    synthetic_kernel(name, i as f64 * 10.0, &mut rng)
-                })
-                .collect();
-            App {
-                name: format!("synthetic-{a}"),
-                sequences: vec![iteration],
-            }
-        })
-        .collect()
-}
-
-fn synthetic_kernel(name: Arc<str>, ts_us: f64, rng: &mut impl Rng) -> Kernel {
-    Kernel {
-        name,
-        ts_us,
-        dur_us: rng.random_range(2.0..2_000.0),
-        launch_ts_us: None,
-        process: penrose_traces::ProcessId(1),
-        stream: Some(penrose_traces::StreamId(7)),
-        device: Some(penrose_traces::DeviceId(0)),
-        correlation: None,
-        grid: Some([rng.random_range(1..1024), 1, 1]),
-        block: Some([128, 1, 1]),
-        registers_per_thread: Some(rng.random_range(16..128)),
-        shared_memory_bytes: Some(rng.random_range(0..49_152)),
-        est_achieved_occupancy_pct: Some(rng.random_range(5.0..100.0)),
-        blocks_per_sm: Some(rng.random_range(0.1..64.0)),
-    }
-}
-
-/// The counter value a stand-in source derives from a kernel's trace fields, for the counters
-/// of group 2 (what the launch itself tells); `None` when the trace lacks the field.
-fn counter_value(counter: &Counter, kernel: &Kernel) -> Option<f64> {
-    match counter.name {
-        "achieved_occupancy" => kernel.est_achieved_occupancy_pct,
-        "kernel_duration" => (kernel.dur_us > 0.0).then_some(kernel.dur_us * 1_000.0),
-        "blocks_per_sm" => kernel.blocks_per_sm,
-        "registers_per_thread" => kernel.registers_per_thread.map(f64::from),
-        "shared_memory" => kernel.shared_memory_bytes.map(|b| b as f64),
-        _ => None,
-    }
-}
-
-/// One local application of one agent: its first snippet and its open histograms.
-struct LocalApp {
-    snippet: SnippetHash,
-    histograms: BTreeMap<CounterId, Histogram>,
-}
-
-fn run_agents(
-    args: &Args,
-    apps: &[App],
-    public: &PublicKey,
-    fingerprinter: &Fingerprinter,
-) -> Result<Vec<Sealed>> {
-    let catalogue = Catalogue::current();
-    let counters: Vec<&Counter> = catalogue.group(CounterGroup(2)).collect();
-    let period = SamplePeriod(
-        std::num::NonZeroU32::new(args.sample_period).context("sample period is zero")?,
-    );
-    let day = Day((SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-        / 86_400) as u32);
-    let gpus = apps.len() * args.gpus_per_app;
-    let bar = progress(gpus as u64, "stand-in GPUs", args.json);
-    let mut sealed = Vec::new();
-    let mut os_rng = rand::rng();
-    for (app_index, app) in apps.iter().enumerate() {
-        for gpu in 0..args.gpus_per_app {
-            let mut rng =
-                ChaCha8Rng::seed_from_u64(args.seed ^ ((app_index as u64) << 32) ^ gpu as u64);
-            let sequence = &app.sequences[gpu % app.sequences.len()];
-            let mut schedule = SamplingSchedule::new(
-                period,
-                Duration::from_secs(600),
-                rng.clone(),
-                Duration::ZERO,
-            );
-            let mut local: Vec<LocalApp> = Vec::new();
-            for _ in 0..args.windows {
-                let offset = rng.random_range(0..sequence.len());
-                let window: Vec<&Kernel> = (0..args.window_len)
-                    .map(|i| &sequence[(offset + i) % sequence.len()])
-                    .collect();
-                let names: Vec<&str> = window.iter().map(|k| &*k.name).collect();
-                let snippet = fingerprinter.snippet_hash(&names);
-                // The agent's own clustering: a window joins the local application it matches.
-                let index = match local
-                    .iter()
-                    .position(|l| fingerprinter.same_application(&l.snippet, &snippet))
-                {
-                    Some(i) => i,
-                    None => {
-                        local.push(LocalApp {
-                            snippet,
-                            histograms: BTreeMap::new(),
-                        });
-                        local.len() - 1
-                    }
-                };
-                for (i, kernel) in window.iter().enumerate() {
-                    let now = Duration::from_micros(i as u64);
-                    if schedule.on_launch(now) != Decision::Sample {
-                        continue;
-                    }
-                    for counter in &counters {
-                        let Some(value) = counter_value(counter, kernel) else {
-                            continue;
-                        };
-                        let bin = counter.binning.bin(value)?;
-                        let histograms = &mut local[index].histograms;
-                        let h = histograms.entry(counter.id).or_default();
-                        if u64::from(h.samples().0) >= MAX_REPORT_SAMPLES {
-                            // Seal a full histogram before it could exceed a report's bound.
-                            let full = std::mem::take(h);
-                            sealed.push(seal(
-                                full,
-                                counter,
-                                local[index].snippet,
-                                app_index,
-                                day,
-                                public,
-                                &mut os_rng,
-                            )?);
-                        }
-                        local[index]
-                            .histograms
-                            .entry(counter.id)
-                            .or_default()
-                            .record(bin)?;
-                    }
-                }
-            }
-            for l in local {
-                for (id, histogram) in l.histograms {
-                    if histogram.samples().0 == 0 {
-                        continue;
-                    }
-                    let counter = catalogue
-                        .counter(id)
-                        .context("counter vanished from the catalogue")?;
-                    sealed.push(seal(
-                        histogram,
-                        counter,
-                        l.snippet,
-                        app_index,
-                        day,
-                        public,
-                        &mut os_rng,
-                    )?);
-                }
-            }
-            bar.inc(1);
-        }
-    }
-    bar.finish_and_clear();
-    Ok(sealed)
-}
-
-fn seal(
-    histogram: Histogram,
-    counter: &Counter,
-    snippet: SnippetHash,
-    app: usize,
-    day: Day,
-    public: &PublicKey,
-    rng: &mut impl rand::CryptoRng,
-) -> Result<Sealed> {
-    let packed = public.encrypt_packed(histogram.bins(), rng)?;
-    let mut id = [0u8; 16];
-    rng.fill_bytes(&mut id);
-    let report_id = ReportId(id);
-    let report = Report {
-        key_id: public.key_id(),
-        report_id,
-        snippet,
-        counter: counter.id,
-        catalogue: Catalogue::current().version,
-        day,
-        samples: histogram.samples(),
-        ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
-    };
-    Ok(Sealed {
-        frame: Message::Report(report).to_frame()?,
-        report_id,
-        plaintext: histogram,
-        app,
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
     })
 }
 
-struct Aggregate {
-    /// Per (class, counter): the running ciphertext sum.
-    sums: BTreeMap<(usize, CounterId), Accumulator>,
-    /// Per class: the reports it holds (for the demo's check only).
-    class_members: BTreeMap<usize, Vec<ReportId>>,
-    /// Per (class, counter): the reports added into the sum.
-    summed: BTreeMap<(usize, CounterId), Vec<ReportId>>,
-}
+/// Child processes, killed when dropped (an error never leaves servers behind).
+#[derive(Default)]
+struct Children(Vec<(&'static str, Child)>);
 
-/// What the aggregation server will do per report: decode, validate, classify, add.
-fn aggregate(
-    sealed: &[Sealed],
-    public: &PublicKey,
-    fingerprinter: &Fingerprinter,
-) -> Result<Aggregate> {
-    let mut representatives: Vec<SnippetHash> = Vec::new();
-    let mut out = Aggregate {
-        sums: BTreeMap::new(),
-        class_members: BTreeMap::new(),
-        summed: BTreeMap::new(),
-    };
-    for s in sealed {
-        let (message, used) = Message::decode(&s.frame)?;
-        ensure!(used == s.frame.len(), "frame has trailing bytes");
-        let Message::Report(report) = message else {
-            bail!("expected a report");
-        };
-        ensure!(
-            report.key_id == public.key_id(),
-            "report for an unknown key"
-        );
-        let catalogue = Catalogue::by_version(report.catalogue).context("unknown catalogue")?;
-        catalogue
-            .counter(report.counter)
-            .context("counter not in the catalogue")?;
-        let samples = u64::from(report.samples.0);
-        ensure!(
-            (1..=MAX_REPORT_SAMPLES).contains(&samples),
-            "sample count out of range"
-        );
-        // Best matching class at or above tau, else a new class.
-        let best = representatives
-            .iter()
-            .enumerate()
-            .map(|(i, rep)| (i, fingerprinter.similarity(rep, &report.snippet)))
-            .filter(|(_, sim)| *sim >= fingerprinter.params().tau)
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(i, _)| i);
-        let class = match best {
-            Some(class) => class,
-            None => {
-                representatives.push(report.snippet);
-                representatives.len() - 1
-            }
-        };
-        let key = (class, report.counter);
-        let accumulator = out
-            .sums
-            .entry(key)
-            .or_insert_with(|| Accumulator::new(public));
-        accumulator.absorb_bytes(report.ciphertexts.as_bytes(), samples)?;
-        out.summed.entry(key).or_default().push(report.report_id);
-        out.class_members
-            .entry(class)
-            .or_default()
-            .push(report.report_id);
+impl Children {
+    fn push(&mut self, name: &'static str, child: Child) -> usize {
+        self.0.push((name, child));
+        self.0.len() - 1
     }
-    Ok(out)
-}
 
-fn decrypt_and_check(
-    args: &Args,
-    apps: &[App],
-    sealed: &[Sealed],
-    aggregate: &Aggregate,
-    private: &PrivateKey,
-) -> Result<Vec<ClassRow>> {
-    let by_id: HashMap<ReportId, &Sealed> = sealed.iter().map(|s| (s.report_id, s)).collect();
-    let catalogue = Catalogue::current();
-    let mut rows = Vec::new();
-    for (&(class, counter_id), accumulator) in &aggregate.sums {
-        let counter = catalogue
-            .counter(counter_id)
-            .context("counter vanished from the catalogue")?;
-        let members = aggregate
-            .summed
-            .get(&(class, counter_id))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let applications = apps_of(members, sealed)
-            .into_iter()
-            .map(|a| apps[a].name.clone())
-            .collect();
-        let mut row = ClassRow {
-            class,
-            applications,
-            counter: counter.name,
-            reports: accumulator.reports(),
-            samples: accumulator.samples(),
-            decrypted: false,
-            mean: None,
-            p50: None,
-            p90: None,
-            unit: counter.unit.suffix(),
-            exact: None,
-        };
-        if accumulator.reports() >= args.min_reports {
-            let sums = private.decrypt_packed(&accumulator.sum()?)?;
-            let mut expected = [0u64; BIN_COUNT];
-            for id in members {
-                let s = by_id
-                    .get(id)
-                    .context("report missing from the agents' record")?;
-                for (e, &b) in expected.iter_mut().zip(s.plaintext.bins()) {
-                    *e += u64::from(b);
-                }
+    /// SIGTERM, then waits up to `grace` before SIGKILL.
+    fn stop(&mut self, index: usize, grace: Duration) -> Result<std::process::ExitStatus> {
+        let (name, child) = &mut self.0[index];
+        terminate(child.id());
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
             }
-            let bins: Vec<u32> = sums
-                .iter()
-                .map(|&v| u32::try_from(v))
-                .collect::<Result<_, _>>()
-                .context("decrypted bin does not fit 32 bits")?;
-            let histogram = Histogram::from_bins(&bins)?;
-            row.decrypted = true;
-            row.exact = Some(sums == expected && histogram.samples() == sample_count(accumulator));
-            row.mean = histogram.mean(&counter.binning);
-            row.p50 = histogram.quantile(&counter.binning, 0.5);
-            row.p90 = histogram.quantile(&counter.binning, 0.9);
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("{name} did not stop within {grace:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        rows.push(row);
     }
-    Ok(rows)
 }
 
-fn sample_count(accumulator: &Accumulator) -> SampleCount {
-    SampleCount(u32::try_from(accumulator.samples()).unwrap_or(u32::MAX))
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
 }
 
-fn apps_of(members: &[ReportId], sealed: &[Sealed]) -> Vec<usize> {
-    let mut apps: Vec<usize> = sealed
+fn terminate(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: sends SIGTERM to a child of ours that has not been waited for.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
+fn output(cmd: &mut Command, what: &str) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    ensure!(
+        out.status.success(),
+        "{what} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn spinner(quiet: bool, prefix: &'static str) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {prefix:<12} {elapsed:>4} {msg}") {
+        bar.set_style(style);
+    }
+    bar.set_prefix(prefix);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+/// The compressed-time agent configuration.
+fn agent_config(
+    dir: &Path,
+    listen: &str,
+    agg: &DataDir,
+    key: &Path,
+    source: &str,
+    lib: Option<&Path>,
+    traces: &Path,
+) -> String {
+    let libraries = lib.map_or(String::new(), |l| format!("{:?}", l.display().to_string()));
+    format!(
+        r#"# Written by cargo xtask demo: the design's settings compressed in time.
+state_dir = {state:?}
+
+[aggregator]
+address = {listen:?}
+server_name = "localhost"
+certificate = {cert:?}
+
+[design]
+public_key = {key:?}
+
+[capture]
+source = {source:?}
+window_launches = 2000
+budget_percent = 100.0
+max_window_seconds = 2.0
+min_gap_seconds = 0.3
+max_gap_seconds = 2.0
+sample_period = 20
+group_seconds = 600.0
+counters = "standin"
+libraries = [{libraries}]
+scan_system = false
+
+[replay]
+traces = {traces:?}
+window_seconds = 1.0
+
+[seal]
+samples = 40
+max_age_seconds = 2.0
+
+[upload]
+delay_max_seconds = 0.005
+backoff_base_seconds = 0.05
+backoff_max_seconds = 1.0
+"#,
+        state = dir.join("agent").display().to_string(),
+        cert = agg.tls_cert().display().to_string(),
+        key = key.display().to_string(),
+        traces = traces.display().to_string(),
+    )
+}
+
+/// Runs the whole system once in `dir` and checks it.
+pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
+    let bin = |name: &str| options.bins.join(name);
+    for name in [
+        "penrose-agent",
+        "penrose-aggregator",
+        "penrose-design",
+        "penrose-replay",
+    ] {
+        ensure!(
+            bin(name).exists(),
+            "{} is missing (build the workspace's binaries first)",
+            bin(name).display()
+        );
+    }
+    let say = |msg: &str| {
+        if !options.quiet {
+            eprintln!("{msg}");
+        }
+    };
+    let mut seconds = BTreeMap::new();
+    let mut children = Children::default();
+
+    // The workload.
+    let (workload, traces) = match &options.traces {
+        Some(folder) => {
+            let files = penrose_traces::TraceFolder::open(folder)?.files().to_vec();
+            ensure!(!files.is_empty(), "no traces in {}", folder.display());
+            (
+                format!("{} real traces in {}", files.len(), folder.display()),
+                folder.clone(),
+            )
+        }
+        None => {
+            let folder = dir.join("synthetic-traces");
+            write_synthetic_traces(&folder)?;
+            (
+                "3 synthetic applications (no trace folder found)".to_string(),
+                folder,
+            )
+        }
+    };
+    say(&format!("workload: {workload}"));
+    say(
+        "compressed time: L = 2,000 launches per window (design: 10,000), 1 launch in 20 sampled \
+         (10,000), histograms sealed at 40 samples or 2 s (10,000 or 1 h), windows of at most 2 s \
+         at least 0.3 s apart under a 100% budget (0.02%), uploads after a random delay of at most 5 ms (60 s)",
+    );
+
+    // 1. Keys.
+    let t = Instant::now();
+    let keys = dir.join("keys");
+    output(
+        Command::new(bin("penrose-design"))
+            .arg("keygen")
+            .arg("--out")
+            .arg(&keys),
+        "penrose-design keygen",
+    )?;
+    let public_key = keys.join("public.key");
+    let public = PublicKey::from_bytes(&std::fs::read(&public_key)?)?;
+    seconds.insert(
+        "design server: keygen".to_string(),
+        t.elapsed().as_secs_f64(),
+    );
+    say(&format!("design server: key {}", public.key_id()));
+
+    // 2. The aggregation server.
+    let agg = DataDir(dir.join("aggregator"));
+    let mut server = Command::new(bin("penrose-aggregator"))
+        .arg("serve")
+        .arg("-d")
+        .arg(&agg.0)
+        .args(["--listen", "127.0.0.1:0", "--public-key"])
+        .arg(&public_key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting penrose-aggregator serve")?;
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().context("server stdout")?).read_line(&mut line)?;
+    let server_index = children.push("penrose-aggregator", server);
+    let ready: serde_json::Value = serde_json::from_str(&line)
+        .with_context(|| format!("the aggregator's first line: {line:?}"))?;
+    let listen = ready["listening"]
+        .as_str()
+        .context("listening address")?
+        .to_string();
+    say(&format!(
+        "aggregation server: listening on {listen} (QUIC), data in {}",
+        agg.0.display()
+    ));
+
+    // 3. The agent, and the replayers in eBPF mode.
+    let (source, lib) = if options.ebpf {
+        let lib_dir = dir.join("lib");
+        std::fs::create_dir_all(&lib_dir)?;
+        let lib = lib_dir.join("libcuda.so.1");
+        std::fs::copy(newest_standin(&options.bins)?, &lib).context("installing the stand-in")?;
+        ("ebpf", Some(lib))
+    } else {
+        ("replay", None)
+    };
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        agent_config(
+            dir,
+            &listen,
+            &agg,
+            &public_key,
+            source,
+            lib.as_deref(),
+            &traces,
+        ),
+    )?;
+    let agent_log = std::fs::File::create(dir.join("agent.log"))?;
+    let agent = Command::new(bin("penrose-agent"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(agent_log)
+        .spawn()
+        .context("starting penrose-agent run")?;
+    let agent_index = children.push("penrose-agent", agent);
+    let state_dir = dir.join("agent");
+    let mut replayers = Vec::new();
+    if let Some(lib) = &lib {
+        // The agent attaches its name probes before the replayers resolve their kernels.
+        wait_for(Duration::from_secs(60), || {
+            Ok(read_status(&state_dir).is_some())
+        })
+        .context("the agent did not start (see agent.log)")?;
+        for trace in penrose_traces::TraceFolder::open(&traces)?.files() {
+            let child = Command::new(bin("penrose-replay"))
+                .arg("--lib")
+                .arg(lib)
+                .args(["--pace", "trace", "--speed", "2", "--loop-forever"])
+                .arg(trace)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting penrose-replay")?;
+            replayers.push(children.push("penrose-replay", child));
+        }
+        say(&format!(
+            "agent: probing {} with eBPF; {} replayer processes launch the traces' kernels through it",
+            lib.display(),
+            replayers.len()
+        ));
+    } else {
+        say("agent: replaying the traces as if captured (trace-replay source)");
+    }
+
+    // 4. Capture for the chosen time, with progress.
+    let t = Instant::now();
+    let bar = spinner(options.quiet, "capturing");
+    while t.elapsed() < options.capture {
+        std::thread::sleep(Duration::from_millis(250));
+        if let Some(s) = read_status(&state_dir) {
+            bar.set_message(format!(
+                "{} windows, {} launches, {} samples, {} sealed, {} accepted, {} spooled",
+                s["windows"],
+                s["launches"],
+                s["pipeline"]["samples"],
+                s["pipeline"]["sealed"],
+                s["uploads"]["accepted"],
+                s["spool"]["reports"]
+            ));
+        }
+        if let Some(status) = children.0[agent_index].1.try_wait()? {
+            bail!(
+                "the agent exited early ({status}); see {}",
+                dir.join("agent.log").display()
+            );
+        }
+    }
+    for index in replayers.iter().copied() {
+        children.stop(index, Duration::from_secs(10))?;
+    }
+    // Let the spool drain before stopping the agent (what it seals on stop stays spooled).
+    let _ = wait_for(Duration::from_secs(20), || {
+        Ok(read_status(&state_dir).is_some_and(|s| s["spool"]["reports"] == 0))
+    });
+    children.stop(agent_index, Duration::from_secs(60))?;
+    bar.finish_and_clear();
+    seconds.insert(
+        "agent: capture and upload".to_string(),
+        t.elapsed().as_secs_f64(),
+    );
+    let status = read_status(&state_dir).context("the agent's last status")?;
+
+    // 5. Export while serving, import, decrypt.
+    let t = Instant::now();
+    let bundle = dir.join("sums.bundle");
+    output(
+        Command::new(bin("penrose-aggregator"))
+            .arg("export")
+            .arg("-d")
+            .arg(&agg.0)
+            .arg("--out")
+            .arg(&bundle),
+        "penrose-aggregator export",
+    )?;
+    children.stop(server_index, Duration::from_secs(30))?;
+    seconds.insert("aggregator: export".to_string(), t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    let archive = dir.join("design");
+    output(
+        Command::new(bin("penrose-design"))
+            .arg("import")
+            .arg("--archive")
+            .arg(&archive)
+            .arg("--signer")
+            .arg(agg.signing_key().with_extension("key.pub"))
+            .arg(&bundle),
+        "penrose-design import",
+    )?;
+    let report: serde_json::Value = serde_json::from_str(&output(
+        Command::new(bin("penrose-design"))
+            .arg("report")
+            .arg("--archive")
+            .arg(&archive)
+            .arg("--key")
+            .arg(keys.join("private.key"))
+            .arg("--threshold")
+            .arg(options.threshold.to_string())
+            .arg("--json"),
+        "penrose-design report",
+    )?)?;
+    seconds.insert(
+        "design server: import and decrypt".to_string(),
+        t.elapsed().as_secs_f64(),
+    );
+
+    // 6. The check: the agent's own record against what the aggregator counted and the design
+    // server decrypted.
+    let records = penrose_agent::record::read_records(&state_dir.join("sealed.jsonl"))?;
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(&agg.db())?);
+    let state = State::open(
+        Arc::clone(&store),
+        &public,
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+    )?;
+    let ids: Vec<[u8; 16]> = records
         .iter()
-        .filter(|s| members.contains(&s.report_id))
-        .map(|s| s.app)
-        .collect();
-    apps.sort_unstable();
-    apps.dedup();
-    apps
+        .map(|r| r.id().map(|id| id.0).context("a record's report id"))
+        .collect::<Result<_>>()?;
+    let keys_of: Vec<&[u8]> = ids.iter().map(|id| id.as_slice()).collect();
+    let counted = store.contains_many(Table::Seen, &keys_of)?;
+    let mut expected: HashMap<(u32, u16), ([u64; BIN_COUNT], u64)> = HashMap::new();
+    for (record, counted) in records.iter().zip(&counted) {
+        if !counted {
+            continue;
+        }
+        let snippet = parse_hash(&record.snippet).context("a record's snippet hash")?;
+        let class = state
+            .tables()
+            .snippet(&snippet)
+            .map(|s| s.class.0)
+            .context("a counted report's snippet has no class")?;
+        let entry = expected
+            .entry((class, record.counter))
+            .or_insert(([0; BIN_COUNT], 0));
+        for (sum, bin) in entry.0.iter_mut().zip(&record.bins) {
+            *sum += u64::from(*bin);
+        }
+        entry.1 += 1;
+    }
+    let mut exact = true;
+    let mut rows = Vec::new();
+    let decrypted = report["decrypted"].as_array().cloned().unwrap_or_default();
+    for d in &decrypted {
+        let class = d["class"].as_u64().unwrap_or(u64::MAX) as u32;
+        let counter = d["counter"].as_u64().unwrap_or(u64::MAX) as u16;
+        let bins: Vec<u64> = d["bins"]
+            .as_array()
+            .map(|b| b.iter().filter_map(|v| v.as_u64()).collect())
+            .unwrap_or_default();
+        let reports = d["reports"].as_u64().unwrap_or(0);
+        let ok = expected.get(&(class, counter)).is_some_and(|(sum, n)| {
+            *n == reports && sum.as_slice() == bins.as_slice() && *n >= options.threshold
+        });
+        exact &= ok;
+        rows.push(Row {
+            class,
+            counter: d["name"].as_str().unwrap_or("?").to_string(),
+            unit: d["unit"].as_str().unwrap_or("").to_string(),
+            reports,
+            samples: d["samples"].as_u64().unwrap_or(0),
+            mean: d["mean"].as_f64(),
+            p50: d["p50"].as_f64(),
+            p90: d["p90"].as_f64(),
+            exact: ok,
+        });
+    }
+    // Everything at or above k was decrypted, everything below was not.
+    let above = expected
+        .values()
+        .filter(|(_, n)| *n >= options.threshold)
+        .count();
+    exact &= above == decrypted.len();
+    let held_back = report["held_back"].as_array().map_or(0, Vec::len);
+    exact &= held_back == expected.len() - above;
+    Ok(Outcome {
+        source: source.to_string(),
+        workload,
+        replayers: replayers.len(),
+        windows: status["windows"].as_u64().unwrap_or(0),
+        launches: status["launches"].as_u64().unwrap_or(0),
+        samples: status["pipeline"]["samples"].as_u64().unwrap_or(0),
+        sealed: records.len(),
+        counted: counted.iter().filter(|c| **c).count(),
+        report_bytes: penrose_core::wire::LENGTH_PREFIX + frame_body_len(&public),
+        classes: state.tables().class_count(),
+        decrypted: decrypted.len(),
+        held_back,
+        exact,
+        rows,
+        seconds,
+    })
 }
 
-fn print_outcome(o: &Outcome) {
+/// Bytes of a report body under `key` (fixed by the format and the key size).
+fn frame_body_len(key: &PublicKey) -> usize {
+    let ciphertext = key.size().modulus_bits() as usize / 4;
+    1 + 2 + 32 + 16 + 32 + 2 + 2 + 4 + 4 + 1 + 2 + 2 * ciphertext
+}
+
+fn parse_hash(hex: &str) -> Option<SnippetHash> {
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(SnippetHash(out))
+}
+
+fn read_status(state_dir: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(state_dir.join("status.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn wait_for(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    while !done()? {
+        ensure!(Instant::now() < deadline, "timed out after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The stand-in library the build compiled (build scripts put it under `build/*/out`).
+fn newest_standin(bins: &Path) -> Result<PathBuf> {
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for entry in std::fs::read_dir(bins.join("build"))? {
+        let path = entry?.path().join("out/libcuda.so.1");
+        if let Ok(meta) = std::fs::metadata(&path) {
+            let modified = meta.modified()?;
+            if best.as_ref().is_none_or(|(t, _)| modified > *t) {
+                best = Some((modified, path));
+            }
+        }
+    }
+    best.map(|(_, p)| p)
+        .with_context(|| format!("no stand-in libcuda.so.1 under {}/build", bins.display()))
+}
+
+/// Three synthetic applications as profiler traces, each a loop over its own kernels with
+/// trace-like per-kernel fields, for machines without the real traces.
+fn write_synthetic_traces(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed);
+    for app in 0..3 {
+        let vocabulary: Vec<String> = (0..40)
+            .map(|k| format!("synthetic_app{app}_kernel_{k}"))
+            .collect();
+        let iteration: Vec<usize> = (0..300)
+            .map(|_| rng.random_range(0..vocabulary.len()))
+            .collect();
+        let mut events = Vec::new();
+        let mut ts = 0.0f64;
+        for (correlation, &k) in iteration.iter().cycle().take(6_000).enumerate() {
+            let dur = rng.random_range(2.0..2_000.0f64);
+            events.push(serde_json::json!({
+                "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                "pid": 100 + app, "tid": 1, "ts": ts, "dur": 3.0,
+                "args": {"correlation": correlation},
+            }));
+            events.push(serde_json::json!({
+                "ph": "X", "cat": "kernel", "name": vocabulary[k],
+                "pid": 0, "tid": 7, "ts": ts + 5.0, "dur": dur,
+                "args": {
+                    "correlation": correlation, "stream": 7, "device": 0,
+                    "grid": [rng.random_range(1..1024u32), 1, 1], "block": [128, 1, 1],
+                    "registers per thread": rng.random_range(16..128u32),
+                    "shared memory": rng.random_range(0..49_152u32),
+                    "est. achieved occupancy %": rng.random_range(5.0..100.0f64),
+                    "blocks per SM": rng.random_range(0.1..64.0f64),
+                },
+            }));
+            ts += 50.0;
+        }
+        let doc = serde_json::json!({ "traceEvents": events });
+        std::fs::write(
+            dir.join(format!("synthetic-app{app}.json")),
+            doc.to_string(),
+        )?;
+    }
+    Ok(())
+}
+
+fn print_outcome(o: &Outcome, threshold: u64) {
     println!();
     println!(
-        "{:>5}  {:<22} {:>7} {:>8}  {:>12} {:>12} {:>12}  {:<6} application (ground truth)",
-        "class", "counter", "reports", "samples", "mean", "p50", "p90", "exact"
+        "{:>5}  {:<22} {:>7} {:>8}  {:>12} {:>12} {:>12}  exact",
+        "class", "counter", "reports", "samples", "mean", "p50", "p90"
     );
     for r in &o.rows {
-        let value = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| with_unit(v, r.unit));
+        let value = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| with_unit(v, &r.unit));
         println!(
-            "{:>5}  {:<22} {:>7} {:>8}  {:>12} {:>12} {:>12}  {:<6} {}",
+            "{:>5}  {:<22} {:>7} {:>8}  {:>12} {:>12} {:>12}  {}",
             r.class,
             r.counter,
             r.reports,
@@ -616,30 +769,39 @@ fn print_outcome(o: &Outcome) {
             value(r.mean),
             value(r.p50),
             value(r.p90),
-            match r.exact {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "held",
-            },
-            r.applications.join(", ")
+            if r.exact { "yes" } else { "NO" }
         );
     }
     println!();
+    println!("workload: {}", o.workload);
     println!(
-        "{} applications on {} stand-in GPUs sent {} reports of {} bytes each.",
-        o.applications, o.gpus, o.reports, o.report_bytes
+        "agent ({} source{}): {} windows, {} launches, {} samples; {} histograms sealed and \
+         encrypted, {} counted by the aggregation server; a report is {} bytes on the wire.",
+        o.source,
+        if o.replayers > 0 {
+            format!(
+                ", {} replayer processes on the stand-in libcuda",
+                o.replayers
+            )
+        } else {
+            String::new()
+        },
+        o.windows,
+        o.launches,
+        o.samples,
+        o.sealed,
+        o.counted,
+        o.report_bytes
     );
     println!(
-        "The aggregator formed {} classes ({} mixing applications; {} applications split \
-         over several classes).",
-        o.classes, o.mixed_classes, o.split_applications
+        "aggregation server: {} classes. design server: {} (class, counter) aggregates decrypted, \
+         {} held back under k = {threshold}.",
+        o.classes, o.decrypted, o.held_back
     );
     println!(
-        "The design server decrypted {} histograms ({} held back below the threshold); \
-         every decrypted histogram equals the agents' sealed histograms bin for bin: {}.",
-        o.decrypted_histograms,
-        o.withheld_histograms,
-        if o.all_exact { "yes" } else { "NO" }
+        "every decrypted aggregate equals the agent's sealed histograms bin for bin, and nothing \
+         under k was decrypted: {}",
+        if o.exact { "yes" } else { "NO" }
     );
     for (stage, s) in &o.seconds {
         println!("  {stage:<38} {s:>7.2} s");
@@ -662,14 +824,78 @@ fn with_unit(v: f64, unit: &str) -> String {
     format!("{:.1} {name}", v / div)
 }
 
-fn progress(len: u64, what: &'static str, hidden: bool) -> ProgressBar {
-    if hidden {
-        return ProgressBar::hidden();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The binaries `cargo test --workspace` built next to this test.
+    fn test_bins() -> Option<PathBuf> {
+        let exe = std::env::current_exe().ok()?;
+        let dir = exe.parent()?.parent()?.to_path_buf();
+        dir.join("penrose-agent").exists().then_some(dir)
     }
-    let bar = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}") {
-        bar.set_style(style.progress_chars("=> "));
+
+    /// The whole system as processes: agent -> aggregation server -> export -> design server,
+    /// and every decrypted aggregate equals the agent's sealed histograms bin for bin. As root
+    /// the agent probes the stand-in with eBPF under replayer processes.
+    #[test]
+    fn end_to_end_the_decrypted_aggregates_are_exactly_what_the_agent_sealed() {
+        end_to_end(is_root());
     }
-    bar.set_prefix(what);
-    bar
+
+    /// The same with the trace-replay source, the path a plain user's demo takes.
+    #[test]
+    fn end_to_end_with_the_trace_replay_source() {
+        end_to_end(false);
+    }
+
+    fn end_to_end(ebpf: bool) {
+        let Some(bins) = test_bins() else {
+            eprintln!(
+                "SKIPPED: the workspace's binaries are not built next to this test \
+                 (cargo test --workspace builds them)"
+            );
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            bins,
+            traces: default_traces(),
+            capture: Duration::from_secs(12),
+            threshold: 10,
+            ebpf,
+            quiet: true,
+        };
+        let outcome = run_demo(&options, dir.path()).unwrap();
+        eprintln!(
+            "end to end ({}): {} sealed, {} counted, {} classes, {} decrypted, {} held back",
+            outcome.source,
+            outcome.sealed,
+            outcome.counted,
+            outcome.classes,
+            outcome.decrypted,
+            outcome.held_back
+        );
+        assert!(outcome.counted > 0, "{outcome:?}");
+        assert!(outcome.decrypted > 0, "{outcome:?}");
+        assert!(outcome.exact, "{outcome:?}");
+    }
+
+    #[test]
+    fn synthetic_traces_read_back_as_three_applications() {
+        let dir = tempfile::tempdir().unwrap();
+        write_synthetic_traces(dir.path()).unwrap();
+        let folder = penrose_traces::TraceFolder::open(dir.path()).unwrap();
+        assert_eq!(folder.files().len(), 3);
+        for file in folder.files() {
+            let trace = penrose_traces::read_trace(file).unwrap();
+            assert_eq!(trace.kernels().len(), 6_000);
+            assert!(
+                trace
+                    .kernels()
+                    .iter()
+                    .all(|k| k.est_achieved_occupancy_pct.is_some())
+            );
+        }
+    }
 }
