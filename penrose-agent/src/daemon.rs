@@ -21,6 +21,7 @@ use penrose_transport::{ClientConfig, RetryPolicy, Trust};
 use thiserror::Error;
 use tokio::sync::Notify;
 
+use crate::capture::loader::is_root;
 use crate::config::{AgentConfig, SourceChoice, seconds};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed};
 use crate::record::RecordLog;
@@ -92,18 +93,6 @@ pub fn load_public_key(path: &Path) -> Result<PublicKey, DaemonError> {
             path.display()
         ))
     })
-}
-
-fn is_root() -> bool {
-    // The effective uid from /proc, which keeps this module free of FFI.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|f| f.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }
 
 /// The source the configuration asks for. `auto` without root says once why it replays.

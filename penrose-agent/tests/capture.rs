@@ -17,6 +17,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use penrose_agent::capture::events::Pid;
+use penrose_agent::capture::loader::is_root;
 use penrose_agent::capture::locate::LibrarySources;
 use penrose_agent::capture::schedule::{BudgetConfig, OverheadBudget, Schedule};
 use penrose_agent::capture::window::{Snippet, SnippetEnd};
@@ -277,17 +278,6 @@ fn no_btf_is_a_one_line_error() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("kernel BTF is missing"), "{stderr}");
     check("no_btf_is_a_one_line_error");
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|f| f.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }
 
 fn traces() -> Option<Vec<PathBuf>> {

@@ -75,9 +75,7 @@ struct TraceOverhead {
 /// Runs the task.
 pub fn run(args: Args) -> Result<()> {
     ensure!(
-        std::fs::read_to_string("/proc/self/status")?
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")),
+        penrose_agent::capture::loader::is_root(),
         "bench-capture loads eBPF programs: run it as root"
     );
     let root = workspace_root()?;
@@ -224,8 +222,9 @@ fn tempfile_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The stand-in the release build compiled (build scripts put it under `build/*/out`).
-fn newest_standin(release: &Path) -> Result<PathBuf> {
+/// The stand-in library a build compiled into `bins` (build scripts put it under
+/// `build/*/out`); the newest, when several builds left one.
+pub(crate) fn newest_standin(release: &Path) -> Result<PathBuf> {
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
     for entry in std::fs::read_dir(release.join("build"))? {
         let path = entry?.path().join("out/libcuda.so.1");
@@ -237,7 +236,7 @@ fn newest_standin(release: &Path) -> Result<PathBuf> {
         }
     }
     best.map(|(_, p)| p)
-        .context("no stand-in libcuda.so.1 under target/release/build")
+        .with_context(|| format!("no stand-in libcuda.so.1 under {}/build", release.display()))
 }
 
 /// One replay; returns (launches, ns per launch).

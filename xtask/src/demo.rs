@@ -38,6 +38,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::bench::{target_dir, workspace_root};
+use crate::bench_capture::newest_standin;
+use penrose_agent::capture::loader::is_root;
 
 /// Arguments of `cargo xtask demo`.
 #[derive(clap::Args)]
@@ -197,13 +199,6 @@ pub fn run(args: Args) -> Result<()> {
 fn default_traces() -> Option<PathBuf> {
     let dir = penrose_traces::TraceFolder::default_dir();
     dir.is_dir().then_some(dir)
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    })
 }
 
 /// Child processes, killed when dropped (an error never leaves servers behind).
@@ -690,22 +685,6 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<(
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
-}
-
-/// The stand-in library the build compiled (build scripts put it under `build/*/out`).
-fn newest_standin(bins: &Path) -> Result<PathBuf> {
-    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for entry in std::fs::read_dir(bins.join("build"))? {
-        let path = entry?.path().join("out/libcuda.so.1");
-        if let Ok(meta) = std::fs::metadata(&path) {
-            let modified = meta.modified()?;
-            if best.as_ref().is_none_or(|(t, _)| modified > *t) {
-                best = Some((modified, path));
-            }
-        }
-    }
-    best.map(|(_, p)| p)
-        .with_context(|| format!("no stand-in libcuda.so.1 under {}/build", bins.display()))
 }
 
 /// Three synthetic applications as profiler traces, each a loop over its own kernels with

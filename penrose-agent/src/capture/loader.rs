@@ -42,6 +42,12 @@ fn privileges() -> Option<(u32, u64)> {
     Some((euid, caps))
 }
 
+/// Whether this process runs as root (effective uid 0): what decides, for the daemon and the
+/// tools, between probing with eBPF and replaying traces.
+pub fn is_root() -> bool {
+    privileges().is_some_and(|(euid, _)| euid == 0)
+}
+
 /// Checks what loading needs before trying, so the error names the missing piece instead of
 /// a bare `EPERM` from the kernel.
 pub fn preflight() -> Result<(), CaptureError> {

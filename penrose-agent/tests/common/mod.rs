@@ -266,13 +266,4 @@ pub fn wait_until(limit: Duration, mut what: impl FnMut() -> bool, describe: imp
     }
 }
 
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|f| f.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
+pub use penrose_agent::capture::loader::is_root;
