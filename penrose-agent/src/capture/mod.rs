@@ -43,6 +43,10 @@ use window::{Snippet, Window};
 /// How often [`Capture::run_observed`] calls its observer between windows, at the most.
 pub const OBSERVE_EVERY: Duration = Duration::from_secs(1);
 
+/// Most records one [`Capture::drain`] reads: a full ring buffer (1 MiB of 80-byte records
+/// holds about 13,000) and then some.
+pub const MAX_DRAIN: u64 = 65_536;
+
 /// How a capture runs.
 #[derive(Clone, Debug)]
 pub struct CaptureConfig {
@@ -374,10 +378,14 @@ impl Capture {
         Ok(Some(cost))
     }
 
-    /// Reads every record now in the ring; returns how many.
+    /// Reads the records now in the ring; returns how many.
+    ///
+    /// At most [`MAX_DRAIN`] records are read per call, so that probed processes launching
+    /// faster than the agent reads cannot keep it inside one call: the loops around it check
+    /// the stop flag and the window's deadline between calls.
     pub fn drain(&mut self) -> u64 {
         let mut read = 0u64;
-        loop {
+        while read < MAX_DRAIN {
             let event = match self.ring.next() {
                 Some(item) => events::decode(&item),
                 None => break,
