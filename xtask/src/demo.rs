@@ -63,6 +63,10 @@ pub struct Args {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+    /// Use the binaries already built in this directory instead of building them (for
+    /// example to run the demo as another user than the one who built it).
+    #[arg(long)]
+    bins: Option<PathBuf>,
 }
 
 /// How one demo run is set up.
@@ -152,21 +156,27 @@ pub fn run(args: Args) -> Result<()> {
             eprintln!("{msg}");
         }
     };
-    say("building the release binaries (agent, aggregator, design server, replayer)");
-    let status = Command::new(env!("CARGO"))
-        .current_dir(&root)
-        .args(["build", "--release", "--bins"])
-        .args(["-p", "penrose-agent", "-p", "penrose-aggregator"])
-        .args(["-p", "penrose-design", "-p", "penrose-standin"])
-        .status()
-        .context("running cargo build")?;
-    ensure!(status.success(), "cargo build failed: {status}");
+    let bins = match &args.bins {
+        Some(bins) => bins.clone(),
+        None => {
+            say("building the release binaries (agent, aggregator, design server, replayer)");
+            let status = Command::new(env!("CARGO"))
+                .current_dir(&root)
+                .args(["build", "--release", "--bins"])
+                .args(["-p", "penrose-agent", "-p", "penrose-aggregator"])
+                .args(["-p", "penrose-design", "-p", "penrose-standin"])
+                .status()
+                .context("running cargo build")?;
+            ensure!(status.success(), "cargo build failed: {status}");
+            target_dir(&root).join("release")
+        }
+    };
     let root_user = is_root();
     if !root_user {
         say("note: eBPF needs root, so the agent replays the traces itself in place of the probes");
     }
     let options = Options {
-        bins: target_dir(&root).join("release"),
+        bins,
         traces: args.traces.clone().or_else(default_traces),
         capture: Duration::from_secs_f64(args.seconds),
         threshold: args.threshold,
