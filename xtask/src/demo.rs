@@ -60,6 +60,10 @@ pub struct Args {
     /// Use the trace-replay source even as root (no eBPF).
     #[arg(long)]
     no_ebpf: bool,
+    /// Kill the agent (a third of the way in) and the aggregation server (two thirds in) with
+    /// SIGKILL and restart them; the result must still be exact.
+    #[arg(long)]
+    faults: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -84,6 +88,8 @@ pub struct Options {
     pub ebpf: bool,
     /// No progress output.
     pub quiet: bool,
+    /// SIGKILL and restart the agent, then the aggregation server, mid-run.
+    pub faults: bool,
 }
 
 /// What a run produced.
@@ -117,6 +123,8 @@ pub struct Outcome {
     pub exact: bool,
     /// The decrypted aggregates.
     pub rows: Vec<Row>,
+    /// Processes killed with SIGKILL and restarted mid-run.
+    pub killed: Vec<String>,
     /// Seconds per stage.
     pub seconds: BTreeMap<String, f64>,
 }
@@ -182,6 +190,7 @@ pub fn run(args: Args) -> Result<()> {
         threshold: args.threshold,
         ebpf: root_user && !args.no_ebpf,
         quiet: args.json,
+        faults: args.faults,
     };
     let dir = tempfile::Builder::new().prefix("penrose-demo-").tempdir()?;
     let outcome = run_demo(&options, dir.path())?;
@@ -409,25 +418,9 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
 
     // 2. The aggregation server.
     let agg = DataDir(dir.join("aggregator"));
-    let mut server = Command::new(bin("penrose-aggregator"))
-        .arg("serve")
-        .arg("-d")
-        .arg(&agg.0)
-        .args(["--listen", "127.0.0.1:0", "--public-key"])
-        .arg(&public_key)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting penrose-aggregator serve")?;
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().context("server stdout")?).read_line(&mut line)?;
+    let (server, listen) =
+        start_server(&bin("penrose-aggregator"), &agg, "127.0.0.1:0", &public_key)?;
     let server_index = children.push("penrose-aggregator", server);
-    let ready: serde_json::Value = serde_json::from_str(&line)
-        .with_context(|| format!("the aggregator's first line: {line:?}"))?;
-    let listen = ready["listening"]
-        .as_str()
-        .context("listening address")?
-        .to_string();
     say(&format!(
         "aggregation server: listening on {listen} (QUIC), data in {}",
         agg.0.display()
@@ -456,16 +449,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             &traces,
         ),
     )?;
-    let agent_log = std::fs::File::create(dir.join("agent.log"))?;
-    let agent = Command::new(bin("penrose-agent"))
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(agent_log)
-        .spawn()
-        .context("starting penrose-agent run")?;
+    let agent = start_agent(&bin("penrose-agent"), &config, &dir.join("agent.log"))?;
     let agent_index = children.push("penrose-agent", agent);
     let state_dir = dir.join("agent");
     let mut replayers = Vec::new();
@@ -499,8 +483,40 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     // 4. Capture for the chosen time, with progress.
     let t = Instant::now();
     let bar = spinner(options.quiet, "capturing");
-    while t.elapsed() < options.capture {
+    let mut killed = Vec::new();
+    // Faults strike once the current agent has delivered something (its counts restart with
+    // it), so that each one lands mid-stream rather than during a start-up.
+    let delivered = |state_dir: &Path| {
+        read_status(state_dir).map_or(0, |s| s["uploads"]["accepted"].as_u64().unwrap_or(0))
+    };
+    let hard_stop = options.capture + Duration::from_secs(120);
+    while t.elapsed() < options.capture || (options.faults && killed.len() < 2) {
+        ensure!(
+            t.elapsed() < hard_stop,
+            "the faults did not all strike within {hard_stop:?}; see {}",
+            dir.join("agent.log").display()
+        );
         std::thread::sleep(Duration::from_millis(250));
+        if options.faults && killed.is_empty() && delivered(&state_dir) >= 20 {
+            let (_, agent) = &mut children.0[agent_index];
+            agent.kill()?;
+            agent.wait()?;
+            bar.println("fault: the agent was killed with SIGKILL; restarting it on its state");
+            // Its last status is gone with it: the next one is the new agent's.
+            let _ = std::fs::remove_file(state_dir.join("status.json"));
+            children.0[agent_index].1 =
+                start_agent(&bin("penrose-agent"), &config, &dir.join("agent.log"))?;
+            killed.push("penrose-agent".to_string());
+        } else if options.faults && killed.len() == 1 && delivered(&state_dir) >= 20 {
+            let (_, server) = &mut children.0[server_index];
+            server.kill()?;
+            server.wait()?;
+            bar.println("fault: the aggregation server was killed with SIGKILL; down for 2 s");
+            std::thread::sleep(Duration::from_secs(2));
+            let (server, _) = start_server(&bin("penrose-aggregator"), &agg, &listen, &public_key)?;
+            children.0[server_index].1 = server;
+            killed.push("penrose-aggregator".to_string());
+        }
         if let Some(s) = read_status(&state_dir) {
             bar.set_message(format!(
                 "{} windows, {} launches, {} samples, {} sealed, {} accepted, {} spooled",
@@ -522,9 +538,14 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     for index in replayers.iter().copied() {
         children.stop(index, Duration::from_secs(10))?;
     }
-    // Let the spool drain before stopping the agent (what it seals on stop stays spooled).
-    let _ = wait_for(Duration::from_secs(20), || {
-        Ok(read_status(&state_dir).is_some_and(|s| s["spool"]["reports"] == 0))
+    // Let the spool drain before stopping the agent (what it seals on stop stays spooled):
+    // an empty spool in a status written after the replayers stopped.
+    let stopped = std::time::SystemTime::now();
+    let _ = wait_for(Duration::from_secs(30), || {
+        let fresh = std::fs::metadata(state_dir.join("status.json"))
+            .and_then(|m| m.modified())
+            .is_ok_and(|m| m > stopped + Duration::from_millis(600));
+        Ok(fresh && read_status(&state_dir).is_some_and(|s| s["spool"]["reports"] == 0))
     });
     children.stop(agent_index, Duration::from_secs(60))?;
     bar.finish_and_clear();
@@ -662,8 +683,49 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         held_back,
         exact,
         rows,
+        killed,
         seconds,
     })
+}
+
+/// Starts `penrose-aggregator serve` on `listen` and returns it with the address it printed.
+fn start_server(bin: &Path, agg: &DataDir, listen: &str, key: &Path) -> Result<(Child, String)> {
+    let mut server = Command::new(bin)
+        .arg("serve")
+        .arg("-d")
+        .arg(&agg.0)
+        .args(["--listen", listen, "--public-key"])
+        .arg(key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting penrose-aggregator serve")?;
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().context("server stdout")?).read_line(&mut line)?;
+    let ready: serde_json::Value = serde_json::from_str(&line)
+        .with_context(|| format!("the aggregator's first line: {line:?}"))?;
+    let listen = ready["listening"]
+        .as_str()
+        .context("listening address")?
+        .to_string();
+    Ok((server, listen))
+}
+
+/// Starts `penrose-agent run`, its log appended to `log`.
+fn start_agent(bin: &Path, config: &Path, log: &Path) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    Command::new(bin)
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting penrose-agent run")
 }
 
 /// Bytes of a report body under `key` (fixed by the format and the key size).
@@ -829,16 +891,25 @@ mod tests {
     /// the agent probes the stand-in with eBPF under replayer processes.
     #[test]
     fn end_to_end_the_decrypted_aggregates_are_exactly_what_the_agent_sealed() {
-        end_to_end(is_root());
+        end_to_end(is_root(), false);
     }
 
     /// The same with the trace-replay source, the path a plain user's demo takes.
     #[test]
     fn end_to_end_with_the_trace_replay_source() {
-        end_to_end(false);
+        end_to_end(false, false);
     }
 
-    fn end_to_end(ebpf: bool) {
+    /// The agent and then the aggregation server are killed with SIGKILL mid-run and
+    /// restarted: the agent resends what it had spooled, the aggregator counts each report
+    /// once, and the decrypted sums are still exactly what the agent sealed and the aggregator
+    /// acknowledged.
+    #[test]
+    fn end_to_end_survives_killing_the_agent_and_the_aggregator() {
+        end_to_end(false, true);
+    }
+
+    fn end_to_end(ebpf: bool, faults: bool) {
         let Some(bins) = test_bins() else {
             eprintln!(
                 "SKIPPED: the workspace's binaries are not built next to this test \
@@ -854,6 +925,7 @@ mod tests {
             threshold: 10,
             ebpf,
             quiet: true,
+            faults,
         };
         let outcome = run_demo(&options, dir.path()).unwrap();
         eprintln!(
@@ -868,6 +940,9 @@ mod tests {
         assert!(outcome.counted > 0, "{outcome:?}");
         assert!(outcome.decrypted > 0, "{outcome:?}");
         assert!(outcome.exact, "{outcome:?}");
+        if faults {
+            assert_eq!(outcome.killed, ["penrose-agent", "penrose-aggregator"]);
+        }
     }
 
     #[test]
