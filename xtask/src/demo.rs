@@ -453,12 +453,19 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let agent_index = children.push("penrose-agent", agent);
     let state_dir = dir.join("agent");
     let mut replayers = Vec::new();
+    // The agent is running once it writes its first status (after loading its probes, or the
+    // traces it replays); capture time counts from there, and in eBPF mode the name probes are
+    // attached before the replayers resolve their kernels.
+    wait_for(Duration::from_secs(120), || {
+        Ok(read_status(&state_dir).is_some())
+    })
+    .with_context(|| {
+        format!(
+            "the agent did not start; see {}",
+            dir.join("agent.log").display()
+        )
+    })?;
     if let Some(lib) = &lib {
-        // The agent attaches its name probes before the replayers resolve their kernels.
-        wait_for(Duration::from_secs(60), || {
-            Ok(read_status(&state_dir).is_some())
-        })
-        .context("the agent did not start (see agent.log)")?;
         for trace in penrose_traces::TraceFolder::open(&traces)?.files() {
             let child = Command::new(bin("penrose-replay"))
                 .arg("--lib")
@@ -909,7 +916,14 @@ mod tests {
         end_to_end(false, true);
     }
 
+    /// One end-to-end run at a time: each starts a server, an agent and replayers, and on a
+    /// 2-core machine three at once would measure the scheduler rather than the system.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn end_to_end(ebpf: bool, faults: bool) {
+        let _turn = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(bins) = test_bins() else {
             eprintln!(
                 "SKIPPED: the workspace's binaries are not built next to this test \
