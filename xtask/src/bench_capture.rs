@@ -112,14 +112,17 @@ pub fn run(args: Args) -> Result<()> {
     let per_loop = replay_once(&replay, &installed, &trace, 1)?.0;
     let loops = |launches: u64| (launches / per_loop.max(1)).max(1);
 
+    let unprobed_replays = || {
+        median_ns(
+            &replay,
+            &installed,
+            &trace,
+            loops(args.unprobed_launches),
+            args.rounds,
+        )
+    };
     eprintln!("unprobed replays of {}", trace.display());
-    let unprobed = median_ns(
-        &replay,
-        &installed,
-        &trace,
-        loops(args.unprobed_launches),
-        args.rounds,
-    )?;
+    let unprobed = unprobed_replays()?;
 
     eprintln!("agent idle (baseline)");
     let idle = run_agent(&agent, &installed, || {
@@ -139,13 +142,7 @@ pub fn run(args: Args) -> Result<()> {
         )
     })?;
     eprintln!("unprobed replays after the agent left");
-    let detached = median_ns(
-        &replay,
-        &installed,
-        &trace,
-        loops(args.unprobed_launches),
-        args.rounds,
-    )?;
+    let detached = unprobed_replays()?;
 
     let doc = &loaded.json;
     let captured = doc["counts"]["launches"].as_u64().unwrap_or(0);

@@ -73,6 +73,14 @@ pub trait CounterSource: Send {
     fn read(&mut self, launch: &Launch, group: CounterGroup) -> Reading;
 }
 
+/// The groups among `groups`, each once, in catalogue order: what a source offers to rotate.
+pub fn distinct_groups(groups: impl IntoIterator<Item = CounterGroup>) -> Vec<CounterGroup> {
+    let mut groups: Vec<CounterGroup> = groups.into_iter().collect();
+    groups.sort();
+    groups.dedup();
+    groups
+}
+
 /// A source that reads nothing: the operator turned counters off, or no source is present.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoCounters;

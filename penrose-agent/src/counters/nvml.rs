@@ -96,10 +96,7 @@ impl CounterSource for NvmlSource {
     }
 
     fn groups(&self) -> Vec<CounterGroup> {
-        let mut groups: Vec<CounterGroup> = self.counters.iter().map(|c| c.1).collect();
-        groups.sort();
-        groups.dedup();
-        groups
+        super::distinct_groups(self.counters.iter().map(|c| c.1))
     }
 
     fn read(&mut self, _launch: &Launch, group: CounterGroup) -> Reading {

@@ -85,10 +85,7 @@ impl CounterSource for StandinSource {
     }
 
     fn groups(&self) -> Vec<CounterGroup> {
-        let mut groups: Vec<CounterGroup> = self.counters.iter().map(|c| c.1).collect();
-        groups.sort();
-        groups.dedup();
-        groups
+        super::distinct_groups(self.counters.iter().map(|c| c.1))
     }
 
     fn watch(&mut self, pid: Pid) {
