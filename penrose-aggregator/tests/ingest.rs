@@ -277,11 +277,15 @@ async fn a_non_unit_in_a_batch_is_refused_alone() {
     let mut tasks = Vec::new();
     for (i, frame) in good.iter().map(|s| s.frame.clone()).enumerate() {
         let handle = ingest.clone();
-        tasks.push(tokio::spawn(async move { (false, handle.handle(frame).await) }));
+        tasks.push(tokio::spawn(
+            async move { (false, handle.handle(frame).await) },
+        ));
         if i % 16 == 7 {
             let handle = ingest.clone();
             let frame = bad[i / 16].clone();
-            tasks.push(tokio::spawn(async move { (true, handle.handle(frame).await) }));
+            tasks.push(tokio::spawn(
+                async move { (true, handle.handle(frame).await) },
+            ));
         }
     }
     for task in tasks {
@@ -294,7 +298,9 @@ async fn a_non_unit_in_a_batch_is_refused_alone() {
         assert_eq!(ack.status, want);
     }
     assert_eq!(
-        ingest.metrics().rejected_count(RejectReason::InvalidCiphertext),
+        ingest
+            .metrics()
+            .rejected_count(RejectReason::InvalidCiphertext),
         3
     );
     assert_eq!(ingest.state().accepted(), good.len() as u64);
