@@ -1,17 +1,23 @@
 //! The ingest pipeline a transport calls with each received frame: validate, queue, batch,
 //! durable write, and only then the ack.
 //!
-//! Validation (decoding and the ciphertext checks, the expensive part) runs on the caller's
-//! task, so it spreads over the runtime's threads. Valid reports go to one writer thread
-//! through a bounded queue; the writer takes whatever has queued up (up to `max_batch`),
-//! applies it as one synced write ([`State::apply`]) and answers each report. While one batch
-//! syncs the next one queues, so the batch size grows with the load (group commit) and the
-//! sync cost is shared. A full queue answers `Overloaded` at once, which tells agents to
-//! retry later; so does a writer that stopped after a failed write (and the server then
-//! exits, to be restarted on the durable state).
+//! Validation (decoding and the ciphertext range checks) runs on the caller's task, so it
+//! spreads over the runtime's threads. Valid reports go to one writer thread through a bounded
+//! queue; the writer takes whatever has queued up (up to `max_batch`) and prepares it
+//! ([`State::prepare`]: the batch's unit check, deduplication, classes, sums, the write set).
+//! A second thread, the committer, makes each prepared batch durable in order
+//! ([`Prepared::commit`], one synced write) and only then answers its reports. So the writer
+//! aggregates batch n+1 while batch n syncs, and while both work the next batch queues: the
+//! batch size grows with the load (group commit) and the sync cost is shared. At most one
+//! prepared batch waits for the committer.
+//!
+//! A full queue answers `Overloaded` at once, which tells agents to retry later; so does a
+//! server whose write failed: the committer then commits nothing more (a later batch's sums
+//! include the failed one's), every waiting report is answered `Overloaded`, and the server
+//! exits, to be restarted on the durable state.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc as sync_mpsc};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,7 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
 use crate::metrics::Metrics;
-use crate::state::{Outcome, State, StateError, store_throttle};
+use crate::state::{Outcome, Prepared, State, StateError, store_throttle};
 use crate::validate::{ValidReport, validate_body};
 
 /// How the pipeline batches.
@@ -46,7 +52,6 @@ impl Default for IngestConfig {
 
 struct Job {
     report: ValidReport,
-    arrived: Instant,
     reply: oneshot::Sender<AckStatus>,
 }
 
@@ -106,10 +111,23 @@ impl Ingest {
             metrics,
             state: Mutex::new(state),
         });
+        let (to_commit, commits) = sync_mpsc::sync_channel(1);
+        let committer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("penrose-commit".into())
+                .spawn(move || commit_loop(&commits, &shared))?
+        };
         let writer_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("penrose-writer".into())
-            .spawn(move || write_loop(rx, &writer_shared, config.max_batch.max(1)))?;
+            .spawn(move || {
+                let written = write_loop(rx, &writer_shared, config.max_batch.max(1), to_commit);
+                // The committer ends once the writer dropped its sender, after the batches
+                // already handed to it; its failure is the one that stopped the writer.
+                let committed = committer.join().unwrap_or(Err(StateError::WriterPanicked));
+                committed.and(written)
+            })?;
         let inner = Arc::new(Inner {
             key,
             queue: tx,
@@ -133,7 +151,7 @@ impl Ingest {
                 debug!(%rejection, "report rejected");
                 AckStatus::Rejected(rejection.reason())
             }
-            Ok(report) => self.enqueue(report, arrived).await,
+            Ok(report) => self.enqueue(report).await,
         };
         match status {
             AckStatus::Accepted => {
@@ -152,16 +170,12 @@ impl Ingest {
         }
     }
 
-    async fn enqueue(&self, report: ValidReport, arrived: Instant) -> AckStatus {
+    async fn enqueue(&self, report: ValidReport) -> AckStatus {
         if !self.inner.shared.healthy.load(Ordering::Relaxed) {
             return AckStatus::Rejected(RejectReason::Overloaded);
         }
         let (reply, answer) = oneshot::channel();
-        let job = Job {
-            report,
-            arrived,
-            reply,
-        };
+        let job = Job { report, reply };
         if self.inner.queue.try_send(job).is_err() {
             return AckStatus::Rejected(RejectReason::Overloaded);
         }
@@ -207,14 +221,20 @@ impl Ingest {
     }
 }
 
+/// A prepared batch on its way to the committer, with the replies it owes.
+struct Pending {
+    prepared: Prepared,
+    replies: Vec<oneshot::Sender<AckStatus>>,
+}
+
 fn write_loop(
     mut rx: mpsc::Receiver<Job>,
     inner: &Shared,
     max_batch: usize,
+    to_commit: sync_mpsc::SyncSender<Pending>,
 ) -> Result<(), StateError> {
     let mut jobs: Vec<Job> = Vec::with_capacity(max_batch);
     let mut reports: Vec<ValidReport> = Vec::with_capacity(max_batch);
-    let mut replies = Vec::with_capacity(max_batch);
     while let Some(first) = rx.blocking_recv() {
         jobs.push(first);
         while jobs.len() < max_batch {
@@ -223,9 +243,16 @@ fn write_loop(
                 Err(_) => break,
             }
         }
+        if !inner.healthy.load(Ordering::Relaxed) {
+            // A write failed: nothing more may be counted. Dropping the replies answers
+            // `Overloaded`.
+            jobs.clear();
+            continue;
+        }
+        let mut replies = Vec::with_capacity(jobs.len());
         for job in jobs.drain(..) {
             reports.push(job.report);
-            replies.push((job.reply, job.arrived));
+            replies.push(job.reply);
         }
         let started = Instant::now();
         let result = {
@@ -233,12 +260,37 @@ fn write_loop(
                 .state
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let result = state.apply(&reports, today());
+            let result = state.prepare(&reports, today());
             inner.metrics.set_state(&state);
             result
         };
         reports.clear();
+        inner.metrics.aggregate_micros.fetch_add(
+            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         match result {
+            Ok(prepared) => {
+                if to_commit.send(Pending { prepared, replies }).is_err() {
+                    // The committer stopped on a failed write (its error is the one
+                    // reported); the replies of this batch were dropped with it.
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "aggregating a batch failed; no further reports are accepted");
+                inner.healthy.store(false, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result<(), StateError> {
+    while let Ok(Pending { prepared, replies }) = batches.recv() {
+        let started = Instant::now();
+        match prepared.commit() {
             Ok(outcomes) => {
                 let metrics = &inner.metrics;
                 metrics.batches.fetch_add(1, Ordering::Relaxed);
@@ -246,10 +298,11 @@ fn write_loop(
                     u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
                     Ordering::Relaxed,
                 );
-                for ((reply, _), outcome) in replies.drain(..).zip(outcomes) {
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let status = match outcome {
                         Outcome::Accepted => AckStatus::Accepted,
                         Outcome::Duplicate => AckStatus::Duplicate,
+                        Outcome::NotUnit => AckStatus::Rejected(RejectReason::InvalidCiphertext),
                     };
                     // The caller may have gone away; the report is counted regardless.
                     let _ = reply.send(status);
@@ -258,8 +311,8 @@ fn write_loop(
             Err(e) => {
                 error!(error = %e, "durable write failed; no further reports are accepted");
                 inner.healthy.store(false, Ordering::Relaxed);
-                // Dropping the replies answers every waiting report `Overloaded`.
-                replies.clear();
+                // Returning drops the receiver, and with it every batch prepared after this
+                // one, uncommitted; their dropped replies answer `Overloaded`.
                 return Err(e);
             }
         }

@@ -44,8 +44,10 @@ pub struct Metrics {
     pub bytes: AtomicU64,
     /// Durable write batches committed.
     pub batches: AtomicU64,
-    /// Microseconds spent in durable writes (WAL sync included).
+    /// Microseconds spent in durable writes (WAL sync included), on the committer thread.
     pub write_micros: AtomicU64,
+    /// Microseconds the writer spent preparing batches (unit check, dedupe, classes, sums).
+    pub aggregate_micros: AtomicU64,
     latency: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     latency_micros: AtomicU64,
     /// Classes in the EST.
@@ -155,6 +157,13 @@ impl Metrics {
             "counter",
             "Microseconds spent in durable writes, WAL sync included.",
             &[(String::new(), get(&self.write_micros))],
+        );
+        metric(
+            "penrose_aggregate_seconds_micros_total",
+            "counter",
+            "Microseconds the writer spent aggregating batches (unit check, deduplication, \
+             classes, sums), overlapping the previous batch's write.",
+            &[(String::new(), get(&self.aggregate_micros))],
         );
         let _ = writeln!(
             out,

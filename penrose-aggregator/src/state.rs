@@ -3,16 +3,27 @@
 //!
 //! Crash consistency rests on one rule: a report's deduplication record (Seen), its SST/EST
 //! rows, the ASH rows it changed and the new cursor go into the *same* write batch, synced
-//! before [`State::apply`] returns, and acks are sent only after that. So after a crash a
-//! report is either fully counted and remembered as seen, or absent and not acked; a retry
-//! of an acked report finds its Seen record and is answered as a duplicate.
+//! before the batch's acks are sent. So after a crash a report is either fully counted and
+//! remembered as seen, or absent and not acked; a retry of an acked report finds its Seen
+//! record and is answered as a duplicate.
 //!
-//! The in-memory tables and sums are updated before the write. If the write fails they are
-//! ahead of the store, so the caller must stop using this state (the server stops; the next
-//! start rebuilds from the store), the way a database stops on a failed WAL sync.
+//! Applying a batch has two halves, so that the writer can aggregate one batch while the
+//! previous one syncs: [`State::prepare`] deduplicates, classifies and sums in memory and
+//! builds the write; [`Prepared::commit`] makes it durable. Prepared batches must be committed
+//! in the order they were prepared, each only after the one before it succeeded (a batch's
+//! ASH rows hold the sums of every earlier batch), and a batch's acks, duplicates included,
+//! go out only after its commit: a duplicate of a report whose batch is still syncing is only
+//! as durable as that batch. Reports of prepared but not yet durable batches are remembered in
+//! memory, so that a retry arriving meanwhile is still recognised as a duplicate.
+//!
+//! The in-memory tables and sums are updated before the write. If a write fails they are
+//! ahead of the store, so the caller must stop using this state and commit nothing after it
+//! (the server stops; the next start rebuilds from the store), the way a database stops on a
+//! failed WAL sync.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use penrose_core::bundle::Cursor;
 use penrose_core::fingerprint::FingerprintParams;
@@ -47,6 +58,8 @@ pub enum Outcome {
     Accepted,
     /// Already counted (in an earlier batch, or earlier in this one).
     Duplicate,
+    /// A ciphertext is not a unit (the batch's unit check); not counted, not remembered.
+    NotUnit,
 }
 
 /// Why the state could not be opened or a batch applied.
@@ -86,8 +99,50 @@ pub struct State {
     key: PublicKey,
     tables: Tables,
     sums: Sums,
+    /// The cursor and total of the last prepared batch (ahead of `durable` while it syncs).
     cursor: Cursor,
     accepted: u64,
+    durable: Arc<Durable>,
+    /// Accepted report ids of prepared batches, by cursor, until they are durable.
+    in_flight: VecDeque<(Cursor, Vec<ReportId>)>,
+    in_flight_ids: HashSet<ReportId>,
+}
+
+/// What the last committed batch made durable, published by whoever commits.
+#[derive(Debug, Default)]
+struct Durable {
+    cursor: AtomicU64,
+    accepted: AtomicU64,
+}
+
+/// A batch applied to the in-memory state whose write is not yet durable (module docs).
+#[must_use = "a prepared batch must be committed before its acks are sent"]
+pub struct Prepared {
+    outcomes: Vec<Outcome>,
+    write: Option<(WriteSet, Cursor, u64)>,
+    store: Arc<dyn Store>,
+    durable: Arc<Durable>,
+}
+
+impl Prepared {
+    /// Makes the batch durable (one synced write; nothing to write when no report of it was
+    /// accepted) and returns its outcomes, in the batch's order: only now may they be acked.
+    pub fn commit(self) -> Result<Vec<Outcome>, StateError> {
+        if let Some((set, cursor, accepted)) = self.write {
+            self.store.write(set)?;
+            self.durable.accepted.store(accepted, Ordering::Release);
+            self.durable.cursor.store(cursor.0, Ordering::Release);
+        }
+        Ok(self.outcomes)
+    }
+
+    /// Reports of the batch that will be counted once it is committed.
+    pub fn accepted(&self) -> usize {
+        self.outcomes
+            .iter()
+            .filter(|o| **o == Outcome::Accepted)
+            .count()
+    }
 }
 
 impl State {
@@ -154,22 +209,59 @@ impl State {
             sums,
             cursor,
             accepted,
+            durable: Arc::new(Durable {
+                cursor: AtomicU64::new(cursor.0),
+                accepted: AtomicU64::new(accepted),
+            }),
+            in_flight: VecDeque::new(),
+            in_flight_ids: HashSet::new(),
         })
     }
 
-    /// Deduplicates, classifies and sums a batch, and makes it durable in one synced write.
-    /// Outcomes are in the batch's order. On an error nothing may be acknowledged and this
-    /// state must be dropped (module docs).
+    /// Deduplicates, classifies and sums a batch, and makes it durable in one synced write:
+    /// [`prepare`](Self::prepare) then [`Prepared::commit`]. Outcomes are in the batch's
+    /// order. On an error nothing may be acknowledged and this state must be dropped (module
+    /// docs).
     pub fn apply(&mut self, batch: &[ValidReport], today: Day) -> Result<Vec<Outcome>, StateError> {
+        self.prepare(batch, today)?.commit()
+    }
+
+    /// The in-memory half of [`apply`](Self::apply): the unit check of the batch's
+    /// ciphertexts (one gcd), deduplication against the store and the batches still syncing,
+    /// classes, one multiplication per ciphertext, and the write that records it all. On an
+    /// error nothing of this batch may be committed or acknowledged and this state must be
+    /// dropped; batches prepared before it may still be committed.
+    pub fn prepare(&mut self, batch: &[ValidReport], today: Day) -> Result<Prepared, StateError> {
+        // Batches committed since the last call are visible in the store now.
+        let durable = self.durable.cursor.load(Ordering::Acquire);
+        while let Some((cursor, _)) = self.in_flight.front() {
+            if cursor.0 > durable {
+                break;
+            }
+            if let Some((_, ids)) = self.in_flight.pop_front() {
+                for id in ids {
+                    self.in_flight_ids.remove(&id);
+                }
+            }
+        }
+        let units = self.key.check_units(batch.iter().map(|r| &r.ciphertexts));
         let ids: Vec<&[u8]> = batch.iter().map(|r| &r.report.report_id.0[..]).collect();
         let seen = self.store.contains_many(Table::Seen, &ids)?;
         let next = Cursor(self.cursor.0 + 1);
         let mut set = WriteSet::new();
         let mut in_batch: HashSet<ReportId> = HashSet::with_capacity(batch.len());
         let mut outcomes = Vec::with_capacity(batch.len());
-        for (valid, seen) in batch.iter().zip(seen) {
+        let mut accepted_ids = Vec::with_capacity(batch.len());
+        for ((valid, seen), unit) in batch.iter().zip(seen).zip(units) {
             let report = &valid.report;
-            if seen || !in_batch.insert(report.report_id) {
+            let Ok(ciphertexts) = unit else {
+                outcomes.push(Outcome::NotUnit);
+                continue;
+            };
+            if seen
+                || self.in_flight_ids.contains(&report.report_id)
+                || !in_batch.insert(report.report_id)
+            {
                 outcomes.push(Outcome::Duplicate);
                 continue;
             }
@@ -180,17 +272,25 @@ impl State {
                 counter: report.counter,
             };
             self.sums
-                .absorb(key, &valid.ciphertexts, u64::from(report.samples.0))?;
-            set.put(
-                Table::Seen,
-                report.report_id.0.to_vec(),
-                next.0.to_be_bytes().to_vec(),
-            );
+                .absorb(key, ciphertexts, u64::from(report.samples.0))?;
+            accepted_ids.push(report.report_id);
             outcomes.push(Outcome::Accepted);
         }
-        let accepted = outcomes.iter().filter(|o| **o == Outcome::Accepted).count() as u64;
+        let accepted = accepted_ids.len() as u64;
+        let mut prepared = Prepared {
+            outcomes,
+            write: None,
+            store: Arc::clone(&self.store),
+            durable: Arc::clone(&self.durable),
+        };
         if accepted == 0 {
-            return Ok(outcomes);
+            return Ok(prepared);
+        }
+        // In key order: RocksDB's memtable insert starts from where the previous key went,
+        // which saves most of each skip-list search when the keys come sorted.
+        accepted_ids.sort_unstable();
+        for id in &accepted_ids {
+            set.put(Table::Seen, id.0.to_vec(), next.0.to_be_bytes().to_vec());
         }
         let (snippets, classes) = self.tables.take_dirty();
         for (k, v) in snippets {
@@ -206,16 +306,15 @@ impl State {
                 record.store_value(),
             );
         }
+        let total = self.accepted + accepted;
         set.put(Table::Meta, meta::CURSOR, next.0.to_be_bytes().to_vec());
-        set.put(
-            Table::Meta,
-            meta::ACCEPTED,
-            (self.accepted + accepted).to_be_bytes().to_vec(),
-        );
-        self.store.write(set)?;
+        set.put(Table::Meta, meta::ACCEPTED, total.to_be_bytes().to_vec());
         self.cursor = next;
-        self.accepted += accepted;
-        Ok(outcomes)
+        self.accepted = total;
+        self.in_flight_ids.extend(accepted_ids.iter().copied());
+        self.in_flight.push_back((next, accepted_ids));
+        prepared.write = Some((set, next, total));
+        Ok(prepared)
     }
 
     /// The tables.
@@ -228,14 +327,14 @@ impl State {
         &self.sums
     }
 
-    /// The cursor of the last committed batch.
+    /// The cursor of the last committed (durable) batch.
     pub fn cursor(&self) -> Cursor {
-        self.cursor
+        Cursor(self.durable.cursor.load(Ordering::Acquire))
     }
 
-    /// Reports accepted over the life of the store.
+    /// Reports accepted over the life of the store and durable.
     pub fn accepted(&self) -> u64 {
-        self.accepted
+        self.durable.accepted.load(Ordering::Acquire)
     }
 
     /// The key the sums are under.

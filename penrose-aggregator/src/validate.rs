@@ -1,8 +1,13 @@
 //! The checks a report passes before it may touch a sum. Everything a client controls is
 //! checked here, cheapest first, so that a bad report costs little and changes nothing.
+//!
+//! All but one: whether each ciphertext is a unit (gcd(c, n) = 1) is checked by the writer
+//! for a whole batch with one gcd ([`penrose_core::paillier::units`]), because a gcd per
+//! ciphertext was the largest single cost of the server. A report that fails it is answered
+//! `InvalidCiphertext` like any other invalid one and changes nothing.
 
 use penrose_core::counters::Catalogue;
-use penrose_core::paillier::{MAX_REPORT_SAMPLES, PackedCiphertexts, PaillierError, PublicKey};
+use penrose_core::paillier::{MAX_REPORT_SAMPLES, PaillierError, PublicKey, UnitPending};
 use penrose_core::wire::{Message, RejectReason, Report, WireError};
 use thiserror::Error;
 
@@ -63,8 +68,10 @@ impl Rejection {
 pub struct ValidReport {
     /// The decoded report.
     pub report: Report,
-    /// Its ciphertexts, checked against the key (non-zero, below n^2, units).
-    pub ciphertexts: PackedCiphertexts,
+    /// Its ciphertexts, checked against the key (length, non-zero, below n^2, not a multiple
+    /// of n); the unit check is the writer's, per batch
+    /// ([`PublicKey::check_units`](penrose_core::paillier::PublicKey::check_units)).
+    pub ciphertexts: UnitPending,
 }
 
 /// Decodes one whole frame and checks it against the server's key and the catalogues this
@@ -90,7 +97,7 @@ pub fn validate_body(body: &[u8], key: &PublicKey) -> Result<ValidReport, Reject
 }
 
 /// Checks a decoded report: key, catalogue, counter, sample count, then the ciphertexts (the
-/// one expensive check, last).
+/// one expensive check, last; its gcd is deferred to the batch, module docs).
 pub fn validate_report(report: Report, key: &PublicKey) -> Result<ValidReport, Rejection> {
     if report.key_id != key.key_id() {
         return Err(Rejection::UnknownKey {
@@ -110,7 +117,7 @@ pub fn validate_report(report: Report, key: &PublicKey) -> Result<ValidReport, R
     if samples == 0 || u64::from(samples) > MAX_REPORT_SAMPLES {
         return Err(Rejection::SampleCount(samples));
     }
-    let ciphertexts = key.validate_packed(report.ciphertexts.as_bytes())?;
+    let ciphertexts = key.validate_packed_deferring_units(report.ciphertexts.as_bytes())?;
     Ok(ValidReport {
         report,
         ciphertexts,
@@ -167,9 +174,10 @@ mod tests {
         let frame = Message::Report(report.clone()).to_frame().unwrap();
         let valid = validate_frame(&frame, keys.public_key()).unwrap();
         assert_eq!(valid.report, report);
+        let checked = keys.public_key().check_units([&valid.ciphertexts]);
         let bins = keys
             .private_key()
-            .decrypt_packed(&valid.ciphertexts)
+            .decrypt_packed(checked[0].as_ref().unwrap())
             .unwrap();
         assert_eq!((bins[5], bins[100], bins.iter().sum::<u64>()), (7, 3, 10));
     }

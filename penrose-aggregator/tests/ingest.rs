@@ -245,6 +245,78 @@ async fn every_invalid_report_is_rejected_with_its_code_and_changes_nothing() {
     writer.join().unwrap();
 }
 
+/// The unit check runs per batch (one gcd for all): a ciphertext that is a multiple of p (only
+/// the key holder can make one) sent among many valid reports at once is refused with its
+/// code, and only it; the valid reports of the same batches are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_unit_in_a_batch_is_refused_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ingest, writer, store) = start_default(dir.path());
+    let snippets = snippets(2, 1);
+    let mut rng = rng(11);
+    let good: Vec<Sent> = (0..48)
+        .map(|i| report(snippets[i % 2].1, CounterId(4 + (i % 3) as u16), &mut rng))
+        .collect();
+    // p from the private key's encoding (7-byte header, then p), right-aligned in the second
+    // ciphertext: non-zero, below n^2, not a multiple of n, but not a unit.
+    let size = KeySize::Bits1024;
+    let secret = KEYS.private_key().to_bytes();
+    let p = &secret[7..7 + size.prime_bytes()];
+    let bad: Vec<Vec<u8>> = (0..3)
+        .map(|i| {
+            let mut r = decode(&report(snippets[0].1, CounterId(4), &mut rng).frame);
+            let ct = r.ciphertexts.ciphertext_len();
+            let mut bytes = r.ciphertexts.as_bytes().to_vec();
+            bytes[ct..2 * ct].fill(0);
+            bytes[2 * ct - p.len()..2 * ct].copy_from_slice(p);
+            r.report_id.0[0] = 0xb0 + i;
+            r.ciphertexts = PackedBytes::new(bytes, r.ciphertexts.count()).unwrap();
+            frame(r)
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, frame) in good.iter().map(|s| s.frame.clone()).enumerate() {
+        let handle = ingest.clone();
+        tasks.push(tokio::spawn(
+            async move { (false, handle.handle(frame).await) },
+        ));
+        if i % 16 == 7 {
+            let handle = ingest.clone();
+            let frame = bad[i / 16].clone();
+            tasks.push(tokio::spawn(
+                async move { (true, handle.handle(frame).await) },
+            ));
+        }
+    }
+    for task in tasks {
+        let (is_bad, ack) = task.await.unwrap();
+        let want = if is_bad {
+            AckStatus::Rejected(RejectReason::InvalidCiphertext)
+        } else {
+            AckStatus::Accepted
+        };
+        assert_eq!(ack.status, want);
+    }
+    assert_eq!(
+        ingest
+            .metrics()
+            .rejected_count(RejectReason::InvalidCiphertext),
+        3
+    );
+    assert_eq!(ingest.state().accepted(), good.len() as u64);
+    let want = expected(&good, |s| ingest.state().tables().snippet(s).unwrap().class);
+    assert_eq!(decrypt_store(store.as_ref()), want);
+    // Refused reports are not remembered: nothing of them is in the deduplication record.
+    let ids: Vec<Vec<u8>> = bad.iter().map(|f| decode(f).report_id.0.to_vec()).collect();
+    let ids: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        store.contains_many(Table::Seen, &ids).unwrap(),
+        [false, false, false]
+    );
+    drop(ingest);
+    writer.join().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_rebuilds_tables_and_sums_and_still_deduplicates() {
     let dir = tempfile::tempdir().unwrap();

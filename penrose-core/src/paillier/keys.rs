@@ -161,7 +161,7 @@ impl PublicKey {
 #[derive(Clone)]
 pub struct PrivateKey {
     public: PublicKey,
-    p: Integer,
+    pub(crate) p: Integer,
     q: Integer,
     crt: CrtKey,
 }

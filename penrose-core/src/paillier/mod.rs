@@ -9,6 +9,7 @@
 //! - `encrypt`: Damgard-Jurik-Nielsen encryption with a fixed-base table, and the plain form.
 //! - `decrypt`: CRT decryption with constants computed once at key load.
 //! - [`accumulator`]: the aggregator's homomorphic running sum, refusing to overflow a slot.
+//! - [`units`]: the unit check of a whole batch of reports with one gcd.
 //!
 //! The scheme is Paillier with g = n + 1 on a 2048-bit modulus; the crate works on GMP through
 //! `rug` directly (why not `kzen-paillier`: `docs/crypto.md`).
@@ -22,6 +23,7 @@ pub mod keys;
 mod packing;
 pub mod params;
 mod random;
+pub mod units;
 
 pub use accumulator::Accumulator;
 pub use ciphertext::{Ciphertext, PackedCiphertexts};
@@ -30,3 +32,4 @@ pub use keys::{KeyId, Keypair, PrivateKey, PublicKey};
 pub use params::{
     ACCUMULATOR_REPORT_BOUND, BIN_COUNT, KeySize, MAX_BIN_VALUE, MAX_REPORT_SAMPLES, SLOT_BITS,
 };
+pub use units::UnitPending;
