@@ -10,10 +10,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use cpu_time::ThreadTime;
-use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use penrose_aggregator::state::State;
 use penrose_aggregator::store::{RocksStore, Store};
@@ -28,39 +26,9 @@ use rand_chacha::ChaCha20Rng;
 
 const BATCH: usize = 1024;
 
-/// CPU time of the calling thread, in nanoseconds like [`WallTime`] (whose formatter it uses).
-struct ThreadCpuTime;
-
-static WALL: WallTime = WallTime;
-
-impl Measurement for ThreadCpuTime {
-    type Intermediate = ThreadTime;
-    type Value = Duration;
-
-    fn start(&self) -> ThreadTime {
-        ThreadTime::now()
-    }
-
-    fn end(&self, start: ThreadTime) -> Duration {
-        start.elapsed()
-    }
-
-    fn add(&self, v1: &Duration, v2: &Duration) -> Duration {
-        *v1 + *v2
-    }
-
-    fn zero(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn to_f64(&self, value: &Duration) -> f64 {
-        value.as_nanos() as f64
-    }
-
-    fn formatter(&self) -> &dyn ValueFormatter {
-        WALL.formatter()
-    }
-}
+#[path = "../../penrose-core/benches/support/thread_cpu.rs"]
+mod thread_cpu;
+use thread_cpu::ThreadCpuTime;
 
 fn wall(c: &mut Criterion) {
     bench(c, "ingest_2048", true);

@@ -30,9 +30,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use penrose_aggregator::config::DataDir;
 use penrose_aggregator::state::State;
 use penrose_aggregator::store::{RocksStore, Store, Table};
-use penrose_core::counters::BIN_COUNT;
+use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, SnippetHash};
+use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
+use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -684,7 +686,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         samples: status["pipeline"]["samples"].as_u64().unwrap_or(0),
         sealed: records.len(),
         counted: counted.iter().filter(|c| **c).count(),
-        report_bytes: penrose_core::wire::LENGTH_PREFIX + frame_body_len(&public),
+        report_bytes: report_frame_len(&public)?,
         classes: state.tables().class_count(),
         decrypted: decrypted.len(),
         held_back,
@@ -735,10 +737,22 @@ fn start_agent(bin: &Path, config: &Path, log: &Path) -> Result<Child> {
         .context("starting penrose-agent run")
 }
 
-/// Bytes of a report body under `key` (fixed by the format and the key size).
-fn frame_body_len(key: &PublicKey) -> usize {
-    let ciphertext = key.size().modulus_bits() as usize / 4;
-    1 + 2 + 32 + 16 + 32 + 2 + 2 + 4 + 4 + 1 + 2 + 2 * ciphertext
+/// Bytes of one report frame under `key`, as the wire encoder writes it (every report has the
+/// same size: the format and the key size fix it).
+fn report_frame_len(key: &PublicKey) -> Result<usize> {
+    let packed = key.encrypt_packed(&[0u32; BIN_COUNT], &mut rand::rng())?;
+    let count = packed.ciphertexts().len();
+    let report = Report {
+        key_id: key.key_id(),
+        report_id: ReportId([0; 16]),
+        snippet: SnippetHash([0; 32]),
+        counter: CounterId(0),
+        catalogue: CatalogueVersion(1),
+        day: Day(0),
+        samples: SampleCount(1),
+        ciphertexts: PackedBytes::new(packed.to_bytes(), count)?,
+    };
+    Ok(Message::Report(report).to_frame()?.len())
 }
 
 fn parse_hash(hex: &str) -> Option<SnippetHash> {

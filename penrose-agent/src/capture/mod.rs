@@ -411,36 +411,20 @@ impl Capture {
                     return;
                 }
                 self.counts.launches += 1;
-                let group = self.active_group();
-                let Some(window) = &mut self.window else {
+                if self.window.is_none() {
                     self.counts.launches_outside_window += 1;
                     return;
-                };
+                }
                 self.window_launches += 1;
                 if self.cpu.watch(launch.pid) {
                     self.counters.watch(launch.pid);
                 }
-                if window.is_at_limit(launch.pid) {
-                    window.record(&launch, None, None);
-                    return;
-                }
-                let sample = if launch.sampled {
-                    self.counts.sampled += 1;
-                    let reading = match group {
-                        Some(group) => self.counters.read(&launch, group),
-                        None => Reading::Missing(MissingReason::GroupNotSupported),
-                    };
-                    match (reading, group) {
-                        (Reading::Values(values), Some(group)) => {
-                            self.counts.samples_with_values += 1;
-                            Some((group, values))
-                        }
-                        (Reading::Missing(reason), _) => {
-                            self.counts.samples_missing.count(reason);
-                            None
-                        }
-                        (Reading::Values(_), None) => None,
-                    }
+                let at_limit = self
+                    .window
+                    .as_ref()
+                    .is_some_and(|w| w.is_at_limit(launch.pid));
+                let sample = if launch.sampled && !at_limit {
+                    self.read_sample(&launch)
                 } else {
                     None
                 };
@@ -448,7 +432,9 @@ impl Capture {
                     .names
                     .get(&launch.pid)
                     .and_then(|n| n.function(launch.function));
-                window.record(&launch, name, sample);
+                if let Some(window) = &mut self.window {
+                    window.record(&launch, name, sample);
+                }
             }
             Event::Name {
                 pid,
@@ -486,6 +472,31 @@ impl Capture {
                 if let Some(window) = &mut self.window {
                     window.exit(pid);
                 }
+            }
+        }
+    }
+
+    /// The counter values of a sampled launch for the group active now; a launch without
+    /// values is counted by reason.
+    fn read_sample(
+        &mut self,
+        launch: &events::Launch,
+    ) -> Option<(CounterGroup, Vec<crate::counters::CounterValue>)> {
+        self.counts.sampled += 1;
+        let Some(group) = self.active_group() else {
+            self.counts
+                .samples_missing
+                .count(MissingReason::GroupNotSupported);
+            return None;
+        };
+        match self.counters.read(launch, group) {
+            Reading::Values(values) => {
+                self.counts.samples_with_values += 1;
+                Some((group, values))
+            }
+            Reading::Missing(reason) => {
+                self.counts.samples_missing.count(reason);
+                None
             }
         }
     }
