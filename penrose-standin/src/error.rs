@@ -35,9 +35,6 @@ pub enum StandinError {
         #[source]
         source: std::io::Error,
     },
-    /// The counter ring could not be read.
-    #[error(transparent)]
-    Ring(#[from] penrose_agent::counters::ring::RingError),
     /// The trace could not be read.
     #[error(transparent)]
     Trace(#[from] penrose_traces::TraceError),
