@@ -12,6 +12,7 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "note: not root, so no packages are installed; the eBPF tests need root and are skipped"
 fi
+stage "disk space" ci/disk.sh
 stage "rustfmt" cargo fmt --all -- --check
 stage "build (tests, all targets)" cargo build --workspace --all-targets --locked
 stage "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
