@@ -12,14 +12,14 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use penrose_core::bundle::{Bundle, BundleEntry, BundleError, Cursor};
-use penrose_core::paillier::PublicKey;
+use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PublicKey};
 use penrose_core::wire::{PackedBytes, WireError};
 use rand::RngCore;
 use thiserror::Error;
 
 use crate::aggregate::AshRecord;
 use crate::ingest::today;
-use crate::state::meta;
+use crate::state::{StateError, check_format, meta};
 use crate::store::{Store, StoreError, Table};
 
 const KEY_TAG: &[u8; 5] = b"PNSG\x01";
@@ -30,6 +30,9 @@ pub enum ExportError {
     /// Reading the store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store cannot be read by this build (its format) or is damaged.
+    #[error(transparent)]
+    State(#[from] StateError),
     /// A stored sum does not parse.
     #[error("stored sum: {0}")]
     Record(String),
@@ -141,7 +144,12 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Every sum changed after `since`, with the store's cursor, from one snapshot.
+///
+/// The store holds accumulator states (`STORE_FORMAT`); each is turned back into the sum it
+/// stands for here, one exponentiation per record, so that the bundle carries sums a design
+/// server can decrypt.
 pub fn collect(store: &dyn Store, key: &PublicKey, since: Cursor) -> Result<Bundle, ExportError> {
+    check_format(store)?;
     let count = key.size().ciphertexts_per_histogram();
     let mut entries = Vec::new();
     let mut cursor = Cursor(0);
@@ -168,6 +176,16 @@ pub fn collect(store: &dyn Store, key: &PublicKey, since: Cursor) -> Result<Bund
     let entries = entries
         .into_iter()
         .map(|r| {
+            let sums =
+                Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
+                    .and_then(|state| state.sum())
+                    .map_err(|e| {
+                        ExportError::Record(format!(
+                            "class {} catalogue {} counter {} generation {}: {e}",
+                            r.key.class.0, r.key.catalogue.0, r.key.counter.0, r.generation.0
+                        ))
+                    })?
+                    .to_bytes();
             Ok(BundleEntry {
                 class: r.key.class,
                 catalogue: r.key.catalogue,
@@ -175,7 +193,7 @@ pub fn collect(store: &dyn Store, key: &PublicKey, since: Cursor) -> Result<Bund
                 generation: r.generation,
                 reports: r.reports,
                 samples: r.samples,
-                sums: PackedBytes::new(r.sums, count)?,
+                sums: PackedBytes::new(sums, count)?,
             })
         })
         .collect::<Result<_, ExportError>>()?;

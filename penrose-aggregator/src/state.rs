@@ -49,7 +49,15 @@ pub mod meta {
     pub const THROTTLE: &[u8] = b"throttle";
     /// Reports accepted over the life of the store (u64).
     pub const ACCEPTED: &[u8] = b"accepted";
+    /// How the records are laid out (u32, [`STORE_FORMAT`](super::STORE_FORMAT)); absent in
+    /// stores written before it existed, which are format 1.
+    pub const FORMAT: &[u8] = b"format";
 }
+
+/// The layout this build reads and writes. 2: ASH sums are accumulator states (each sum times
+/// R^-reports, `Accumulator::state_bytes`); 1 stored the sums themselves. Opening a store of
+/// another format is refused rather than misread.
+pub const STORE_FORMAT: u32 = 2;
 
 /// What happened to one report of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +99,17 @@ pub enum StateError {
     /// A meta value has the wrong length.
     #[error("damaged meta record {0}")]
     Meta(&'static str),
+    /// The store was written by a build with another record layout.
+    #[error(
+        "this data directory has store format {found}, but this aggregator reads format \
+         {expected}; export it with the aggregator that wrote it, then use a new data directory"
+    )]
+    Format {
+        /// The store's format.
+        found: u32,
+        /// This build's.
+        expected: u32,
+    },
 }
 
 /// Tables, sums and counters, rebuilt from the store on open.
@@ -165,11 +184,17 @@ impl State {
                         given: key.key_id(),
                     });
                 }
+                check_format(store.as_ref())?;
             }
             None => {
                 let mut set = WriteSet::new();
                 set.put(Table::Meta, meta::KEY_ID, key.key_id().0.to_vec());
                 set.put(Table::Meta, meta::PUBLIC_KEY, key.to_bytes());
+                set.put(
+                    Table::Meta,
+                    meta::FORMAT,
+                    STORE_FORMAT.to_be_bytes().to_vec(),
+                );
                 store.write(set)?;
             }
         }
@@ -387,4 +412,25 @@ pub fn store_throttle(store: &dyn Store, hint: ThrottleHint) -> Result<(), State
 
 fn read_u64(v: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(v.try_into().ok()?))
+}
+
+/// Refuses a store whose records this build would misread (see [`STORE_FORMAT`]).
+pub fn check_format(store: &dyn Store) -> Result<(), StateError> {
+    let found = match store.get(Table::Meta, meta::FORMAT)? {
+        None => 1,
+        Some(v) => {
+            let bytes: [u8; 4] = v
+                .as_slice()
+                .try_into()
+                .map_err(|_| StateError::Meta("format"))?;
+            u32::from_be_bytes(bytes)
+        }
+    };
+    if found != STORE_FORMAT {
+        return Err(StateError::Format {
+            found,
+            expected: STORE_FORMAT,
+        });
+    }
+    Ok(())
 }

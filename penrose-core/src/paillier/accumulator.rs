@@ -5,13 +5,23 @@
 //! non-unit (p | c implies p | c x mod n^2). So whether every absorbed ciphertext was a unit is
 //! known exactly from the sum alone, which is what lets [`Accumulator::absorb_bytes`] skip the
 //! per-ciphertext gcd (see its docs).
+//!
+//! The sums are kept in the form Montgomery multiplication leaves them in (`montgomery`
+//! module): after k reports each is `S R^-k mod n^2`, which [`Accumulator::sum`] turns back
+//! into S with one exponentiation. That form is also what [`Accumulator::state_bytes`]
+//! stores, so the factor never has to be removed on the hot path.
+
+use std::sync::Arc;
 
 use rug::Integer;
 
 use super::ciphertext::{Ciphertext, PackedCiphertexts, assign_be};
 use super::error::PaillierError;
-use super::keys::{KeyId, PublicKey, push_fixed};
+use super::keys::{KeyId, PublicKey};
+use super::montgomery::{Limb, Montgomery, Scratch, from_limbs, to_limbs};
 use super::params::{ACCUMULATOR_REPORT_BOUND, MAX_REPORT_SAMPLES};
+
+const LIMB_BYTES: usize = Limb::BITS as usize / 8;
 
 /// Encrypted bin sums of up to [`ACCUMULATOR_REPORT_BOUND`] reports under one key. When it is
 /// full, the aggregator starts a fresh one; the design server decrypts each and adds the
@@ -21,11 +31,17 @@ pub struct Accumulator {
     key_id: KeyId,
     modulus: Integer,
     modulus_sq: Integer,
+    mont: Arc<Montgomery>,
     ciphertext_bytes: usize,
-    sums: Vec<Integer>,
-    /// Parsed ciphertexts of the report being absorbed, kept to avoid allocating per report.
-    scratch: Vec<Integer>,
-    scratch_limbs: Vec<u64>,
+    /// Ciphertexts per histogram.
+    count: usize,
+    /// `count` runs of `mont.limbs()` limbs each: sum_i * R^-reports mod n^2.
+    states: Vec<Limb>,
+    /// The report being absorbed, as limbs, checked in full before any state changes.
+    incoming: Vec<Limb>,
+    parsed: Integer,
+    byte_limbs: Vec<u64>,
+    scratch: Scratch,
     bound: u64,
     reports: u64,
     samples: u64,
@@ -35,14 +51,25 @@ impl Accumulator {
     /// An empty sum (every ciphertext 1, an encryption of zero) for `key`.
     pub fn new(key: &PublicKey) -> Self {
         let count = key.size().ciphertexts_per_histogram();
+        let mont = Arc::clone(key.mont_nn());
+        let limbs = mont.limbs();
+        let mut states = vec![0; count * limbs];
+        // The empty product, 1 (R^-0 = 1, so no scaling yet).
+        for state in states.chunks_exact_mut(limbs) {
+            state[0] = 1;
+        }
         Self {
             key_id: key.key_id(),
             modulus: key.n().clone(),
             modulus_sq: key.nn().clone(),
             ciphertext_bytes: key.size().ciphertext_bytes(),
-            sums: vec![Integer::from(1); count],
-            scratch: vec![Integer::new(); count],
-            scratch_limbs: Vec::new(),
+            count,
+            states,
+            incoming: vec![0; count * limbs],
+            parsed: Integer::new(),
+            byte_limbs: Vec::new(),
+            scratch: mont.scratch(),
+            mont,
             bound: ACCUMULATOR_REPORT_BOUND,
             reports: 0,
             samples: 0,
@@ -79,11 +106,41 @@ impl Accumulator {
             });
         }
         self.check_room(samples)?;
-        for (sum, ciphertext) in self.sums.iter_mut().zip(&report.ciphertexts) {
-            *sum *= &ciphertext.0;
-            *sum %= &self.modulus_sq;
+        if report.ciphertexts.len() != self.count {
+            return Err(PaillierError::Length {
+                expected: self.count * self.ciphertext_bytes,
+                actual: report.ciphertexts.len() * self.ciphertext_bytes,
+            });
         }
+        let limbs = self.mont.limbs();
+        for (incoming, ciphertext) in self
+            .incoming
+            .chunks_exact_mut(limbs)
+            .zip(&report.ciphertexts)
+        {
+            to_limbs(&ciphertext.0, incoming);
+        }
+        self.multiply_incoming()?;
         self.count(samples);
+        Ok(())
+    }
+
+    /// Multiplies every state by its incoming ciphertext (already checked).
+    fn multiply_incoming(&mut self) -> Result<(), PaillierError> {
+        let limbs = self.mont.limbs();
+        for (state, incoming) in self
+            .states
+            .chunks_exact_mut(limbs)
+            .zip(self.incoming.chunks_exact(limbs))
+        {
+            // Every buffer was sized from this modulus in `new`, so the lengths always match.
+            if !self.mont.mul_assign(state, incoming, &mut self.scratch) {
+                return Err(PaillierError::Length {
+                    expected: limbs * LIMB_BYTES,
+                    actual: state.len() * LIMB_BYTES,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -96,7 +153,7 @@ impl Accumulator {
     /// the multiplication itself. It is not lost: [`sum`](Self::sum) refuses a sum that
     /// is not a unit, which is exact (module docs). On any error the sum is unchanged.
     pub fn absorb_bytes(&mut self, bytes: &[u8], samples: u64) -> Result<(), PaillierError> {
-        let expected = self.ciphertext_bytes * self.sums.len();
+        let expected = self.ciphertext_bytes * self.count;
         if bytes.len() != expected {
             return Err(PaillierError::Length {
                 expected,
@@ -104,37 +161,51 @@ impl Accumulator {
             });
         }
         self.check_room(samples)?;
-        for (parsed, chunk) in self
-            .scratch
-            .iter_mut()
+        let limbs = self.mont.limbs();
+        for (incoming, chunk) in self
+            .incoming
+            .chunks_exact_mut(limbs)
             .zip(bytes.chunks_exact(self.ciphertext_bytes))
         {
-            assign_be(parsed, chunk, &mut self.scratch_limbs);
-            if *parsed == 0 {
+            assign_be(&mut self.parsed, chunk, &mut self.byte_limbs);
+            if self.parsed == 0 {
                 return Err(PaillierError::CiphertextZero);
             }
-            if *parsed >= self.modulus_sq {
+            if self.parsed >= self.modulus_sq {
                 return Err(PaillierError::CiphertextTooLarge);
             }
-            if parsed.is_divisible(&self.modulus) {
+            if self.parsed.is_divisible(&self.modulus) {
                 return Err(PaillierError::CiphertextNotUnit);
             }
+            to_limbs(&self.parsed, incoming);
         }
-        for (sum, parsed) in self.sums.iter_mut().zip(&self.scratch) {
-            *sum *= parsed;
-            *sum %= &self.modulus_sq;
-        }
+        self.multiply_incoming()?;
         self.count(samples);
         Ok(())
     }
 
-    /// The running sums as stored between batches: the ciphertexts, fixed length, big-endian,
-    /// concatenated. Unlike [`sum`](Self::sum) it skips the unit check (two gcds), which the
-    /// aggregator cannot afford after every write batch; [`restore`](Self::restore) reads it.
+    /// The running state as stored between batches: per ciphertext `S R^-reports mod n^2`
+    /// (module docs), fixed length, big-endian, concatenated. It is not a sum a design server
+    /// could decrypt, and unlike [`sum`](Self::sum) it costs neither the exponentiation that
+    /// removes R^-reports nor the unit check, which the aggregator cannot afford after every
+    /// write batch; [`restore`](Self::restore) reads it back.
     pub fn state_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.sums.len() * self.ciphertext_bytes);
-        for sum in &self.sums {
-            push_fixed(&mut out, sum, self.ciphertext_bytes);
+        let limbs = self.mont.limbs();
+        let mut out = Vec::with_capacity(self.count * self.ciphertext_bytes);
+        let mut wide = Vec::with_capacity(limbs * LIMB_BYTES);
+        for state in self.states.chunks_exact(limbs) {
+            wide.clear();
+            for limb in state.iter().rev() {
+                wide.extend_from_slice(&limb.to_be_bytes());
+            }
+            // A state is below n^2, which fits the ciphertext length; R may have more limbs,
+            // whose bytes are then leading zeros.
+            let skip = wide.len().saturating_sub(self.ciphertext_bytes);
+            out.resize(
+                out.len() + self.ciphertext_bytes.saturating_sub(wide.len()),
+                0,
+            );
+            out.extend_from_slice(&wide[skip..]);
         }
         out
     }
@@ -152,7 +223,7 @@ impl Accumulator {
         samples: u64,
     ) -> Result<Self, PaillierError> {
         let mut acc = Self::with_bound(key, bound)?;
-        let expected = acc.ciphertext_bytes * acc.sums.len();
+        let expected = acc.ciphertext_bytes * acc.count;
         if bytes.len() != expected {
             return Err(PaillierError::Length {
                 expected,
@@ -168,19 +239,20 @@ impl Accumulator {
                 max: reports.saturating_mul(MAX_REPORT_SAMPLES),
             });
         }
-        let mut limbs = Vec::new();
-        for (sum, chunk) in acc
-            .sums
-            .iter_mut()
+        let limbs = acc.mont.limbs();
+        for (state, chunk) in acc
+            .states
+            .chunks_exact_mut(limbs)
             .zip(bytes.chunks_exact(acc.ciphertext_bytes))
         {
-            assign_be(sum, chunk, &mut limbs);
-            if *sum == 0 {
+            assign_be(&mut acc.parsed, chunk, &mut acc.byte_limbs);
+            if acc.parsed == 0 {
                 return Err(PaillierError::CiphertextZero);
             }
-            if *sum >= acc.modulus_sq {
+            if acc.parsed >= acc.modulus_sq {
                 return Err(PaillierError::CiphertextTooLarge);
             }
+            to_limbs(&acc.parsed, state);
         }
         acc.reports = reports;
         acc.samples = samples;
@@ -233,17 +305,25 @@ impl Accumulator {
     /// The encrypted sums, in the same form (and wire encoding) as one report's. Fails with
     /// [`PaillierError::CiphertextNotUnit`] if some absorbed ciphertext was not a unit: the sum
     /// would not decrypt to anything meaningful.
+    ///
+    /// Costs one exponentiation mod n^2 (removing the Montgomery factor of every absorbed
+    /// report, module docs) and a gcd per ciphertext: for export, not for every batch.
     pub fn sum(&self) -> Result<PackedCiphertexts, PaillierError> {
-        if self
-            .sums
-            .iter()
-            .any(|sum| Integer::from(sum.gcd_ref(&self.modulus)) != 1)
-        {
-            return Err(PaillierError::CiphertextNotUnit);
-        }
+        let factor = self.mont.r_power(self.reports);
+        let ciphertexts = self
+            .states
+            .chunks_exact(self.mont.limbs())
+            .map(|state| {
+                let sum = Integer::from(&factor * &from_limbs(state)) % &self.modulus_sq;
+                if Integer::from(sum.gcd_ref(&self.modulus)) != 1 {
+                    return Err(PaillierError::CiphertextNotUnit);
+                }
+                Ok(Ciphertext(sum))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(PackedCiphertexts {
             key_id: self.key_id,
-            ciphertexts: self.sums.iter().cloned().map(Ciphertext).collect(),
+            ciphertexts,
             ciphertext_bytes: self.ciphertext_bytes,
         })
     }

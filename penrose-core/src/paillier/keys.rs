@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use super::decrypt::CrtKey;
 use super::encrypt::FixedBaseTable;
 use super::error::PaillierError;
+use super::montgomery::Montgomery;
 use super::params::KeySize;
 use super::random::{random_bits, random_unit};
 
@@ -60,6 +61,9 @@ pub struct PublicKey {
     /// Built on first encryption: the aggregator, which never encrypts, never pays for it.
     /// Shared between clones, being several MiB.
     table: OnceLock<Arc<FixedBaseTable>>,
+    /// Multiplication mod n^2 (the accumulator) and mod n (the batch unit check).
+    mont_nn: Arc<Montgomery>,
+    mont_n: Arc<Montgomery>,
 }
 
 impl fmt::Debug for PublicKey {
@@ -80,8 +84,11 @@ impl PartialEq for PublicKey {
 impl Eq for PublicKey {}
 
 impl PublicKey {
-    fn new(size: KeySize, n: Integer, hs: Integer) -> Self {
+    fn new(size: KeySize, n: Integer, hs: Integer) -> Result<Self, PaillierError> {
         let nn = Integer::from(n.square_ref());
+        let (Some(mont_n), Some(mont_nn)) = (Montgomery::new(&n), Montgomery::new(&nn)) else {
+            return Err(PaillierError::InvalidKey("modulus is even"));
+        };
         let mut key = Self {
             size,
             n,
@@ -89,9 +96,11 @@ impl PublicKey {
             hs,
             id: KeyId([0; 32]),
             table: OnceLock::new(),
+            mont_nn: Arc::new(mont_nn),
+            mont_n: Arc::new(mont_n),
         };
         key.id = KeyId(Sha256::digest(key.to_bytes()).into());
-        key
+        Ok(key)
     }
 
     /// The modulus size.
@@ -110,6 +119,14 @@ impl PublicKey {
 
     pub(crate) fn nn(&self) -> &Integer {
         &self.nn
+    }
+
+    pub(crate) fn mont_nn(&self) -> &Arc<Montgomery> {
+        &self.mont_nn
+    }
+
+    pub(crate) fn mont_n(&self) -> &Montgomery {
+        &self.mont_n
     }
 
     pub(crate) fn table(&self) -> &FixedBaseTable {
@@ -144,7 +161,7 @@ impl PublicKey {
                 "modulus has the wrong size or is even",
             ));
         }
-        let key = Self::new(size, n, hs);
+        let key = Self::new(size, n, hs)?;
         key.check_hs()?;
         Ok(key)
     }
@@ -176,11 +193,16 @@ impl fmt::Debug for PrivateKey {
 }
 
 impl PrivateKey {
-    fn from_parts(size: KeySize, p: Integer, q: Integer, hs: Integer) -> Self {
+    fn from_parts(
+        size: KeySize,
+        p: Integer,
+        q: Integer,
+        hs: Integer,
+    ) -> Result<Self, PaillierError> {
         let n = Integer::from(&p * &q);
-        let public = PublicKey::new(size, n, hs);
+        let public = PublicKey::new(size, n, hs)?;
         let crt = CrtKey::new(&p, &q, public.n());
-        Self { public, p, q, crt }
+        Ok(Self { public, p, q, crt })
     }
 
     /// The matching public key.
@@ -236,7 +258,7 @@ impl PrivateKey {
         if Integer::from(n.gcd_ref(&phi)) != 1 {
             return Err(PaillierError::InvalidKey("gcd(n, phi(n)) is not 1"));
         }
-        let key = Self::from_parts(size, p, q, hs);
+        let key = Self::from_parts(size, p, q, hs)?;
         key.public.check_hs()?;
         if key.crt.decrypt(&key.public.hs) != 0 {
             return Err(PaillierError::InvalidKey("h_s is not an n-th residue"));
@@ -281,9 +303,11 @@ impl Keypair {
             let Ok(hs) = h.pow_mod(&n, &nn) else {
                 continue;
             };
-            return Self {
-                private: PrivateKey::from_parts(size, p, q, hs),
+            // n = p q is odd, so this cannot fail; a failure would only mean another try.
+            let Ok(private) = PrivateKey::from_parts(size, p, q, hs) else {
+                continue;
             };
+            return Self { private };
         }
     }
 

@@ -9,6 +9,7 @@
 //! - `encrypt`: Damgard-Jurik-Nielsen encryption with a fixed-base table, and the plain form.
 //! - `decrypt`: CRT decryption with constants computed once at key load.
 //! - [`accumulator`]: the aggregator's homomorphic running sum, refusing to overflow a slot.
+//! - `montgomery`: multiplication mod n^2 without a division (the accumulator's hot loop).
 //! - [`units`]: the unit check of a whole batch of reports with one gcd.
 //!
 //! The scheme is Paillier with g = n + 1 on a 2048-bit modulus; the crate works on GMP through
@@ -20,6 +21,7 @@ mod decrypt;
 mod encrypt;
 mod error;
 pub mod keys;
+mod montgomery;
 mod packing;
 pub mod params;
 mod random;

@@ -9,12 +9,17 @@
 //! validation). Only when the batch fails (someone who knows the factorisation made a
 //! non-unit on purpose) is each report checked on its own, which costs what the per-report
 //! check always cost.
+//!
+//! The products are Montgomery products (`montgomery` module), which carry a factor R^-1 per
+//! multiplication. R is a power of two and n is odd, so the factor is a unit and leaves the
+//! answer to "is this coprime to n" unchanged: it never needs removing.
 
 use rug::{Assign, Integer};
 
 use super::ciphertext::{Ciphertext, PackedCiphertexts, assign_be};
 use super::error::PaillierError;
 use super::keys::PublicKey;
+use super::montgomery::{Limb, from_limbs, to_limbs};
 
 /// A report's ciphertexts that passed every check but the unit check, with the product of
 /// their residues mod n, which is all that check needs. The ciphertexts are reachable only
@@ -22,7 +27,8 @@ use super::keys::PublicKey;
 #[derive(Clone, Debug)]
 pub struct UnitPending {
     packed: PackedCiphertexts,
-    residue: Integer,
+    /// The ciphertexts' residues mod n multiplied together (Montgomery products), as limbs.
+    residue: Vec<Limb>,
 }
 
 impl PublicKey {
@@ -41,7 +47,11 @@ impl PublicKey {
             });
         }
         let mut limbs = Vec::new();
-        let mut residue = Integer::from(1);
+        let mont = self.mont_n();
+        let mut scratch = mont.scratch();
+        let mut residue: Vec<Limb> = vec![0; mont.limbs()];
+        residue[0] = 1;
+        let mut reduced_limbs: Vec<Limb> = vec![0; mont.limbs()];
         let mut reduced = Integer::new();
         let mut ciphertexts = Vec::with_capacity(size.ciphertexts_per_histogram());
         for chunk in bytes.chunks_exact(size.ciphertext_bytes()) {
@@ -57,8 +67,14 @@ impl PublicKey {
             if reduced == 0 {
                 return Err(PaillierError::CiphertextNotUnit);
             }
-            residue *= &reduced;
-            residue %= self.n();
+            to_limbs(&reduced, &mut reduced_limbs);
+            // Both are mont.limbs() long, as made above.
+            if !mont.mul_assign(&mut residue, &reduced_limbs, &mut scratch) {
+                return Err(PaillierError::Length {
+                    expected: residue.len(),
+                    actual: reduced_limbs.len(),
+                });
+            }
             ciphertexts.push(Ciphertext(value));
         }
         Ok(UnitPending {
@@ -75,16 +91,19 @@ impl PublicKey {
         batch: impl IntoIterator<Item = &'a UnitPending>,
     ) -> Vec<Result<&'a PackedCiphertexts, PaillierError>> {
         let batch: Vec<&UnitPending> = batch.into_iter().collect();
-        let mut product = Integer::from(1);
-        for pending in &batch {
-            product *= &pending.residue;
-            product %= self.n();
-        }
-        let all_units = Integer::from(product.gcd_ref(self.n())) == 1;
+        let mont = self.mont_n();
+        let mut scratch = mont.scratch();
+        let mut product: Vec<Limb> = vec![0; mont.limbs()];
+        product[0] = 1;
+        // A residue of the wrong length (impossible: this key made it) fails the fast path.
+        let mut all_units = batch
+            .iter()
+            .all(|pending| mont.mul_assign(&mut product, &pending.residue, &mut scratch));
+        all_units = all_units && Integer::from(from_limbs(&product).gcd_ref(self.n())) == 1;
         batch
             .into_iter()
             .map(|pending| {
-                if all_units || Integer::from(pending.residue.gcd_ref(self.n())) == 1 {
+                if all_units || Integer::from(from_limbs(&pending.residue).gcd_ref(self.n())) == 1 {
                     Ok(&pending.packed)
                 } else {
                     Err(PaillierError::CiphertextNotUnit)
