@@ -434,3 +434,70 @@ pub fn check_format(store: &dyn Store) -> Result<(), StateError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use penrose_core::paillier::{KeySize, Keypair};
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+
+    use super::*;
+    use crate::store::RocksStore;
+
+    fn open(store: &Arc<dyn Store>, key: &PublicKey) -> Result<State, StateError> {
+        State::open(Arc::clone(store), key, FingerprintParams::default(), 1_000)
+    }
+
+    #[test]
+    fn stores_of_another_format_are_refused_and_left_alone() {
+        let keys =
+            Keypair::generate_with_size(KeySize::Bits1024, &mut ChaCha20Rng::seed_from_u64(3));
+        let key = keys.public_key();
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+        // A new store is stamped with this build's format and opens again.
+        drop(open(&store, key).unwrap());
+        assert_eq!(
+            store.get(Table::Meta, meta::FORMAT).unwrap(),
+            Some(STORE_FORMAT.to_be_bytes().to_vec())
+        );
+        drop(open(&store, key).unwrap());
+
+        // A store written before the stamp existed (format 1: plain sums).
+        let old_dir = tempfile::tempdir().unwrap();
+        let old: Arc<dyn Store> = Arc::new(RocksStore::open(old_dir.path()).unwrap());
+        let mut set = WriteSet::new();
+        set.put(Table::Meta, meta::KEY_ID, key.key_id().0.to_vec());
+        set.put(Table::Meta, meta::PUBLIC_KEY, key.to_bytes());
+        old.write(set).unwrap();
+        assert!(matches!(
+            open(&old, key),
+            Err(StateError::Format {
+                found: 1,
+                expected: STORE_FORMAT
+            })
+        ));
+        assert!(matches!(
+            crate::export::collect(old.as_ref(), key, Cursor(0)),
+            Err(crate::export::ExportError::State(StateError::Format {
+                found: 1,
+                ..
+            }))
+        ));
+        assert_eq!(old.get(Table::Meta, meta::FORMAT).unwrap(), None);
+
+        for (value, damaged) in [(3u32.to_be_bytes().to_vec(), false), (vec![0, 2], true)] {
+            let mut set = WriteSet::new();
+            set.put(Table::Meta, meta::FORMAT, value.clone());
+            store.write(set).unwrap();
+            let result = open(&store, key);
+            if damaged {
+                assert!(matches!(result, Err(StateError::Meta("format"))));
+            } else {
+                assert!(matches!(result, Err(StateError::Format { found: 3, .. })));
+            }
+            assert_eq!(store.get(Table::Meta, meta::FORMAT).unwrap(), Some(value));
+        }
+    }
+}

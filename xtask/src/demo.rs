@@ -698,7 +698,12 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
 }
 
 /// Starts `penrose-aggregator serve` on `listen` and returns it with the address it printed.
-fn start_server(bin: &Path, agg: &DataDir, listen: &str, key: &Path) -> Result<(Child, String)> {
+pub(crate) fn start_server(
+    bin: &Path,
+    agg: &DataDir,
+    listen: &str,
+    key: &Path,
+) -> Result<(Child, String)> {
     let mut server = Command::new(bin)
         .arg("serve")
         .arg("-d")

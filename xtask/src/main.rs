@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod bench_capture;
+mod bench_ingest;
 mod build_ebpf;
 mod demo;
 mod eval;
@@ -26,6 +27,9 @@ enum Command {
     Bench(bench::Args),
     /// Measure what capture costs (as root) and write docs/benchmarks-capture.md.
     BenchCapture(bench_capture::Args),
+    /// Measure the aggregation server end to end under the load generator (A/B with
+    /// `--binary LABEL=PATH` twice).
+    BenchIngest(bench_ingest::Args),
     /// Run the system end to end on this machine.
     Demo(demo::Args),
 }
@@ -36,6 +40,7 @@ fn main() -> anyhow::Result<()> {
         Command::EvalFingerprints(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchCapture(args) => bench_capture::run(args),
+        Command::BenchIngest(args) => bench_ingest::run(args),
         Command::Demo(args) => demo::run(args),
     }
 }

@@ -1,0 +1,333 @@
+//! `cargo xtask bench-ingest`: the aggregation server end to end (QUIC, validation, RocksDB,
+//! aggregation) under the load generator on the same machine, with the server's CPU per
+//! thread, for one binary or alternately for several (an A/B comparison on a machine whose
+//! other load changes from minute to minute: alternating keeps both sides under the same
+//! conditions, and CPU per report is a figure that load moves far less than the rate).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use penrose_aggregator::config::DataDir;
+use penrose_core::paillier::Keypair;
+use serde::Serialize;
+
+use crate::bench::{target_dir, workspace_root};
+use crate::demo::start_server;
+
+/// Arguments of `cargo xtask bench-ingest`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// An aggregator binary to measure, as LABEL=PATH; repeat it to compare binaries run in
+    /// turn [default: this tree's release build, built first, labelled "this"].
+    #[arg(long = "binary", value_name = "LABEL=PATH")]
+    binaries: Vec<String>,
+    /// Rounds; each round runs every binary once, with a fresh data directory.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Reports per run.
+    #[arg(long, default_value_t = 60_000)]
+    reports: u64,
+    /// Concurrent load generator clients.
+    #[arg(long, default_value_t = 512)]
+    clients: usize,
+    /// QUIC connections they share.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Write the result as Markdown here as well (for example docs/benchmarks-ingest.md).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One run of one binary.
+#[derive(Serialize)]
+struct Run {
+    label: String,
+    round: usize,
+    /// The 1-minute load average when the run started (other work on the machine).
+    load_before: f64,
+    accepted: u64,
+    rejected_invalid: u64,
+    invalid_accepted: u64,
+    errors: u64,
+    reports_per_second: f64,
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    /// The server's CPU seconds by thread group (tokio runtime, writer, committer, RocksDB,
+    /// other), and in all.
+    cpu_seconds: Vec<(String, f64)>,
+    server_cpu_seconds: f64,
+    /// Server CPU per accepted report.
+    cpu_us_per_report: f64,
+}
+
+/// Runs the task.
+pub fn run(args: Args) -> Result<()> {
+    ensure!(args.rounds > 0, "--rounds must be at least 1");
+    let root = workspace_root()?;
+    let binaries: Vec<(String, PathBuf)> = if args.binaries.is_empty() {
+        if !args.json {
+            eprintln!("building the release aggregator");
+        }
+        let status = Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args(["build", "--release", "-p", "penrose-aggregator", "--bins"])
+            .status()
+            .context("running cargo build")?;
+        ensure!(status.success(), "cargo build failed: {status}");
+        vec![(
+            "this".to_string(),
+            target_dir(&root).join("release/penrose-aggregator"),
+        )]
+    } else {
+        args.binaries
+            .iter()
+            .map(|spec| {
+                let (label, path) = spec
+                    .split_once('=')
+                    .with_context(|| format!("--binary {spec:?}: expected LABEL=PATH"))?;
+                let path = PathBuf::from(path);
+                ensure!(
+                    path.is_file(),
+                    "--binary {label}: {} is not a file",
+                    path.display()
+                );
+                Ok((label.to_string(), path))
+            })
+            .collect::<Result<_>>()?
+    };
+    // One load generator for every run, so that its own CPU is the same on both sides.
+    let loadgen = binaries
+        .last()
+        .map(|(_, path)| path.clone())
+        .context("no binary")?;
+    let dir = tempfile::Builder::new()
+        .prefix("penrose-bench-ingest-")
+        .tempdir()?;
+    let key_path = dir.path().join("public.key");
+    let keys = Keypair::generate(&mut rand::rng());
+    std::fs::write(&key_path, keys.public_key().to_bytes())?;
+
+    let mut runs = Vec::new();
+    for round in 1..=args.rounds {
+        for (label, binary) in &binaries {
+            let data = DataDir(dir.path().join(format!("data-{round}-{label}")));
+            let run = run_once(&args, label, round, binary, &loadgen, &data, &key_path)?;
+            if !args.json {
+                eprintln!(
+                    "round {round} {label}: {:.0} reports/s, p50 {:.1} ms, p99 {:.1} ms, server \
+                     {:.1} us CPU per report (load {:.1})",
+                    run.reports_per_second,
+                    run.p50_ms.unwrap_or(f64::NAN),
+                    run.p99_ms.unwrap_or(f64::NAN),
+                    run.cpu_us_per_report,
+                    run.load_before
+                );
+            }
+            std::fs::remove_dir_all(&data.0).ok();
+            runs.push(run);
+        }
+    }
+    let text = markdown(&args, &binaries, &runs);
+    if let Some(out) = &args.out {
+        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&runs)?);
+    } else {
+        println!("{text}");
+    }
+    Ok(())
+}
+
+fn run_once(
+    args: &Args,
+    label: &str,
+    round: usize,
+    binary: &Path,
+    loadgen: &Path,
+    data: &DataDir,
+    key: &Path,
+) -> Result<Run> {
+    let load_before = load_average();
+    let (mut server, listen) = start_server(binary, data, "127.0.0.1:0", key)?;
+    let result = (|| -> Result<Run> {
+        let out = Command::new(loadgen)
+            .arg("loadgen")
+            .args(["--server", &listen, "--public-key"])
+            .arg(key)
+            .arg("--cert")
+            .arg(data.0.join("tls/cert.pem"))
+            .args(["--reports", &args.reports.to_string()])
+            .args(["--clients", &args.clients.to_string()])
+            .args(["--connections", &args.connections.to_string()])
+            .arg("--json")
+            .stderr(Stdio::null())
+            .output()
+            .context("running the load generator")?;
+        ensure!(out.status.success(), "loadgen failed: {}", out.status);
+        let outcome: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("loadgen's JSON")?;
+        // The last batch's commit may still be running; its CPU belongs to this run.
+        std::thread::sleep(Duration::from_millis(300));
+        let cpu = thread_cpu(server.id())?;
+        let total: f64 = cpu.iter().map(|(_, s)| s).sum();
+        let number = |k: &str| outcome[k].as_u64().unwrap_or(0);
+        let accepted = number("accepted");
+        Ok(Run {
+            label: label.to_string(),
+            round,
+            load_before,
+            accepted,
+            rejected_invalid: number("rejected_invalid"),
+            invalid_accepted: number("invalid_accepted"),
+            errors: number("errors"),
+            reports_per_second: outcome["reports_per_second"].as_f64().unwrap_or(0.0),
+            p50_ms: outcome["latency_ms"]["p50"].as_f64(),
+            p99_ms: outcome["latency_ms"]["p99"].as_f64(),
+            cpu_seconds: cpu,
+            server_cpu_seconds: total,
+            cpu_us_per_report: if accepted > 0 {
+                total / accepted as f64 * 1e6
+            } else {
+                f64::NAN
+            },
+        })
+    })();
+    server.kill().ok();
+    server.wait().ok();
+    result
+}
+
+/// CPU seconds of each of the process's thread groups, from /proc/PID/task/*/stat.
+fn thread_cpu(pid: u32) -> Result<Vec<(String, f64)>> {
+    // utime and stime are in USER_HZ ticks, which Linux fixes at 100 for user space.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let mut groups: Vec<(String, f64)> = Vec::new();
+    let tasks =
+        std::fs::read_dir(format!("/proc/{pid}/task")).context("reading the server's threads")?;
+    for task in tasks {
+        let Ok(stat) = std::fs::read_to_string(task?.path().join("stat")) else {
+            continue; // the thread ended
+        };
+        // comm is in parentheses and may hold spaces; the fields after it are fixed.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // After the comm: state is field 3 (index 0 here), utime 14 and stime 15.
+        let ticks: f64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+            .sum();
+        let group = if comm.starts_with("tokio") {
+            "tokio"
+        } else if comm == "penrose-writer" {
+            "writer"
+        } else if comm == "penrose-commit" {
+            "commit"
+        } else if comm.starts_with("rocksdb") {
+            "rocksdb"
+        } else {
+            "other"
+        };
+        match groups.iter_mut().find(|(g, _)| g == group) {
+            Some((_, s)) => *s += ticks / TICKS_PER_SECOND,
+            None => groups.push((group.to_string(), ticks / TICKS_PER_SECOND)),
+        }
+    }
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(groups)
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "End to end: `cargo xtask bench-ingest --rounds {} --reports {} --clients {} \
+         --connections {}` ({} cores, {}).\n",
+        args.rounds,
+        args.reports,
+        args.clients,
+        args.connections,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| {
+                c.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown CPU".into()),
+    );
+    let _ = writeln!(
+        s,
+        "| binary | round | load before | reports/s | p50 ms | p99 ms | accepted | invalid refused | invalid accepted | errors | server CPU us/report | CPU s by thread |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        let threads: Vec<String> = r
+            .cpu_seconds
+            .iter()
+            .map(|(g, t)| format!("{g} {t:.2}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {:.1} | {} |",
+            r.label,
+            r.round,
+            r.load_before,
+            r.reports_per_second,
+            r.p50_ms.unwrap_or(f64::NAN),
+            r.p99_ms.unwrap_or(f64::NAN),
+            r.accepted,
+            r.rejected_invalid,
+            r.invalid_accepted,
+            r.errors,
+            r.cpu_us_per_report,
+            threads.join(", ")
+        );
+    }
+    let _ = writeln!(s);
+    for (label, _) in binaries {
+        let mine = || runs.iter().filter(|r| &r.label == label);
+        let _ = writeln!(
+            s,
+            "- {label}: median {:.0} reports/s, {:.1} us server CPU per report, p50 {:.1} ms, \
+             p99 {:.1} ms",
+            median(mine().map(|r| r.reports_per_second).collect()),
+            median(mine().map(|r| r.cpu_us_per_report).collect()),
+            median(mine().filter_map(|r| r.p50_ms).collect()),
+            median(mine().filter_map(|r| r.p99_ms).collect()),
+        );
+    }
+    s
+}
