@@ -34,5 +34,5 @@ else
     echo "WARNING: no trace folder found; the tests that read real traces will be skipped"
 fi
 stage "tests" cargo test --workspace --locked --no-fail-fast
-stage "fuzz wire decoder, trace reader" ci/fuzz.sh 30
+stage "fuzz wire, ciphertexts, traces" ci/fuzz.sh 30
 summary

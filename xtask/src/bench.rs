@@ -314,6 +314,11 @@ fn report(root: &Path, rows: &[Row], machine: &str, sizes: &str) -> String {
     if let Ok(capture) = std::fs::read_to_string(root.join("docs/benchmarks-capture.md")) {
         let _ = writeln!(s, "\n{capture}");
     }
+    // The aggregation server end to end: `cargo xtask bench-ingest --out
+    // docs/benchmarks-ingest.md` (processes and QUIC, not criterion), also its own file.
+    if let Ok(ingest) = std::fs::read_to_string(root.join("docs/benchmarks-ingest.md")) {
+        let _ = writeln!(s, "\n## Aggregation server end to end\n\n{ingest}");
+    }
     let notes = root.join("docs/benchmarks-notes.md");
     if let Ok(extra) = std::fs::read_to_string(&notes) {
         let _ = writeln!(s, "\n{extra}");

@@ -269,10 +269,20 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String {
     let mut s = String::new();
+    let binaries_arg: String = if args.binaries.is_empty() {
+        String::new()
+    } else {
+        args.binaries
+            .iter()
+            .map(|b| format!(" --binary {b}"))
+            .collect()
+    };
     let _ = writeln!(
         s,
-        "End to end: `cargo xtask bench-ingest --rounds {} --reports {} --clients {} \
-         --connections {}` ({} cores, {}).\n",
+        "`cargo xtask bench-ingest{binaries_arg} --rounds {} --reports {} --clients {} \
+         --connections {}` on {} cores ({}), {}: each run a fresh data directory, `serve` on \
+         127.0.0.1 and `loadgen` (5% invalid reports) as separate processes; the binaries in \
+         turn, round after round. Server CPU is read from /proc per thread after the run.\n",
         args.rounds,
         args.reports,
         args.clients,
@@ -287,6 +297,7 @@ fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String
                     .map(|m| m.trim().to_string())
             })
             .unwrap_or_else(|| "unknown CPU".into()),
+        today_utc(),
     );
     let _ = writeln!(
         s,
@@ -330,4 +341,22 @@ fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String
         );
     }
     s
+}
+
+/// Today's date (UTC) as YYYY-MM-DD, from the system clock (no time-zone database needed).
+fn today_utc() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
 }
