@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -42,28 +42,11 @@ async fn admin_commands_work_serving_and_stopped() {
     let data = dir.path().join("data");
     let key = dir.path().join("public.key");
     std::fs::write(&key, KEYS.public_key().to_bytes()).unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--public-key")
-        .arg(&key)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let started: Value = serde_json::from_str(&line).unwrap();
+    let (mut server, started) = spawn_serve(
+        &data,
+        &key,
+        &["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
+    );
     let addr = started["listening"].as_str().unwrap().parse().unwrap();
 
     let trust = Trust::load_pinned(&data.join("tls").join("cert.pem")).unwrap();

@@ -13,10 +13,9 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,25 +42,23 @@ fn free_udp_port() -> u16 {
 }
 
 fn start_server(data: &Path, key: &Path, addr: SocketAddr) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
-        .args(["serve", "--data-dir"])
-        .arg(data)
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--public-key")
-        .arg(key)
-        .args(["--max-batch", "64", "--reports-per-second", "0"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The server prints one line once it listens.
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("listening"), "server did not start: {line:?}");
+    let addr = addr.to_string();
+    let (child, started) = spawn_serve(
+        data,
+        key,
+        &[
+            "--listen",
+            &addr,
+            "--max-batch",
+            "64",
+            "--reports-per-second",
+            "0",
+        ],
+    );
+    assert!(
+        started["listening"].is_string(),
+        "server did not start: {started}"
+    );
     child
 }
 

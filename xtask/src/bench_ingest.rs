@@ -14,7 +14,7 @@ use penrose_aggregator::config::DataDir;
 use penrose_core::paillier::Keypair;
 use serde::Serialize;
 
-use crate::bench::{target_dir, workspace_root};
+use crate::bench::{machine, target_dir, workspace_root};
 use crate::demo::start_server;
 
 /// Arguments of `cargo xtask bench-ingest`.
@@ -280,23 +280,14 @@ fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String
     let _ = writeln!(
         s,
         "`cargo xtask bench-ingest{binaries_arg} --rounds {} --reports {} --clients {} \
-         --connections {}` on {} cores ({}), {}: each run a fresh data directory, `serve` on \
-         127.0.0.1 and `loadgen` (5% invalid reports) as separate processes; the binaries in \
-         turn, round after round. Server CPU is read from /proc per thread after the run.\n",
+         --connections {}` on {}, {}: each run a fresh data directory, `serve` on 127.0.0.1 \
+         and `loadgen` (5% invalid reports) as separate processes; the binaries in turn, round \
+         after round. Server CPU is read from /proc per thread after the run.\n",
         args.rounds,
         args.reports,
         args.clients,
         args.connections,
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|c| {
-                c.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
-            })
-            .unwrap_or_else(|| "unknown CPU".into()),
+        machine(),
         today_utc(),
     );
     let _ = writeln!(

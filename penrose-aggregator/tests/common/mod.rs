@@ -3,7 +3,9 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
 
 use penrose_aggregator::export;
@@ -114,6 +116,29 @@ pub fn start(dir: &Path, bound: u64, config: IngestConfig) -> (Ingest, Writer, A
 }
 
 /// Ingest with the default accumulator bound and batching.
+/// Starts the `penrose-aggregator serve` binary on `data` with `key` and `args`, and waits for
+/// the JSON line it prints once it listens (returned, with the child).
+pub fn spawn_serve(data: &Path, key: &Path, args: &[&str]) -> (Child, serde_json::Value) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args(["serve", "--data-dir"])
+        .arg(data)
+        .arg("--public-key")
+        .arg(key)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let started = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("server did not start ({e}): {line:?}"));
+    (child, started)
+}
+
 pub fn start_default(dir: &Path) -> (Ingest, Writer, Arc<dyn Store>) {
     start(dir, ACCUMULATOR_REPORT_BOUND, IngestConfig::default())
 }

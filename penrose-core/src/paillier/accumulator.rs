@@ -17,7 +17,7 @@ use rug::Integer;
 
 use super::ciphertext::{Ciphertext, PackedCiphertexts, assign_be};
 use super::error::PaillierError;
-use super::keys::{KeyId, PublicKey};
+use super::keys::{KeyId, PublicKey, push_fixed};
 use super::montgomery::{Limb, Montgomery, Scratch, from_limbs, to_limbs};
 use super::params::{ACCUMULATOR_REPORT_BOUND, MAX_REPORT_SAMPLES};
 
@@ -190,22 +190,10 @@ impl Accumulator {
     /// removes R^-reports nor the unit check, which the aggregator cannot afford after every
     /// write batch; [`restore`](Self::restore) reads it back.
     pub fn state_bytes(&self) -> Vec<u8> {
-        let limbs = self.mont.limbs();
         let mut out = Vec::with_capacity(self.count * self.ciphertext_bytes);
-        let mut wide = Vec::with_capacity(limbs * LIMB_BYTES);
-        for state in self.states.chunks_exact(limbs) {
-            wide.clear();
-            for limb in state.iter().rev() {
-                wide.extend_from_slice(&limb.to_be_bytes());
-            }
-            // A state is below n^2, which fits the ciphertext length; R may have more limbs,
-            // whose bytes are then leading zeros.
-            let skip = wide.len().saturating_sub(self.ciphertext_bytes);
-            out.resize(
-                out.len() + self.ciphertext_bytes.saturating_sub(wide.len()),
-                0,
-            );
-            out.extend_from_slice(&wide[skip..]);
+        // A state is below n^2, so it fits the ciphertext length (R may have more limbs).
+        for state in self.states.chunks_exact(self.mont.limbs()) {
+            push_fixed(&mut out, &from_limbs(state), self.ciphertext_bytes);
         }
         out
     }

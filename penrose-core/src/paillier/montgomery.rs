@@ -7,11 +7,13 @@
 //!
 //! R is 2^(832 k), the smallest such power above 4N: a whole number of 64-bit limbs (13 k)
 //! and of 52-bit digits (16 k), so that a kernel on 52-bit digits (AVX-512 IFMA) can use the
-//! same R as GMP's 64-bit limbs, and a stored state means the same whichever kernel wrote it. The accumulator does not convert in and out of Montgomery
-//! form per report; it lets the factors pile up and removes them once, when the sum is read:
-//! after k reports its state is `S R^-k`, and `S = state * R^k mod N` (see
-//! [`Montgomery::unscale`]). Because R is a unit mod N, a state is a unit exactly when its
-//! sum is, so unit checks can run on states directly.
+//! same R as GMP's 64-bit limbs, and a stored state means the same whichever kernel wrote it.
+//!
+//! The accumulator does not convert in and out of Montgomery form per report; it lets the
+//! factors pile up and removes them once, when the sum is read: after k reports its state is
+//! `S R^-k`, and `S = state * R^k mod N` (see [`Montgomery::r_power`]). Because R is a unit
+//! mod N, a state is a unit exactly when its sum is, so unit checks can run on states
+//! directly.
 //!
 //! Two kernels compute the same function, limb for limb:
 //!
@@ -26,8 +28,8 @@
 //! rule the IFMA kernel out); it is read when a context is built (that is, when a key is
 //! loaded), and any other value, or none, means the automatic choice.
 //!
-//! This is the crate's only `unsafe`: calls into GMP through `gmp-mpfr-sys` and into the IFMA
-//! kernel, with lengths fixed when the context is built.
+//! This module and `ifma` hold the crate's only `unsafe`: calls into GMP through
+//! `gmp-mpfr-sys` and into the IFMA kernel, with lengths checked before each call.
 #![allow(unsafe_code)]
 
 mod ifma;
@@ -151,13 +153,16 @@ impl Montgomery {
     #[must_use]
     pub(crate) fn mul_assign(&self, acc: &mut [Limb], x: &[Limb], scratch: &mut Scratch) -> bool {
         let n = self.limbs();
-        if acc.len() != n || x.len() != n || scratch.product.len() != 2 * n {
+        if acc.len() != n
+            || x.len() != n
+            || scratch.product.len() != 2 * n
+            || scratch.carries.len() != n
+        {
             return false;
         }
         if let Some(kernel) = &self.ifma {
             return kernel.mul_assign(acc, x);
         }
-        scratch.carries.resize(n, 0);
         let size = n as gmp::size_t;
         let product = scratch.product.as_mut_ptr();
         // SAFETY: `product` holds 2n limbs and overlaps neither operand; `acc` and `x` hold n
