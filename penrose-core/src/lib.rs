@@ -10,6 +10,8 @@
 //! - [`histogram`]: 128-bin histograms of sampled counter values.
 //! - [`paillier`]: packed Paillier encryption of histograms, homomorphic sums, decryption.
 //! - [`wire`]: the versioned, length-delimited report and ack messages.
+//! - [`release`]: what must hold before a sum reaches the key holder (epochs, contributor
+//!   bound, floors on k, T and key size, the day tolerance).
 //! - `bundle` (feature `bundle`): the signed export bundle of encrypted sums that the
 //!   aggregation server writes and the design server imports.
 
@@ -19,5 +21,6 @@ pub mod counters;
 pub mod fingerprint;
 pub mod histogram;
 pub mod paillier;
+pub mod release;
 pub mod sampling;
 pub mod wire;
