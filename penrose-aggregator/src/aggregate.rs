@@ -1,15 +1,16 @@
-//! The aggregated sums (ASH): per (class, catalogue, counter) the homomorphic product of every
-//! report's packed ciphertexts mod n^2, with the number of reports and samples in it.
+//! The aggregated sums (ASH): per (class, catalogue, counter, epoch) the homomorphic product of
+//! every report's packed ciphertexts mod n^2, with the number of reports and samples in it.
 //!
 //! Each report costs one multiplication per ciphertext. A sum holds at most the accumulator
 //! bound of reports (214,748 at 31-bit slots), after which the next report starts a fresh
 //! accumulator, the next [`Generation`]; full generations stay in the store unchanged and the
 //! design server decrypts each and adds the plaintexts. Only the open generation of each
-//! (class, counter) is held in memory.
+//! (class, counter) of an open epoch is held in memory; closing an epoch drops its
+//! accumulators, whose last states are in the store and never change again.
 
 use std::collections::{HashMap, HashSet};
 
-use penrose_core::bundle::{Cursor, Generation};
+use penrose_core::bundle::{Cursor, EpochId, Generation};
 use penrose_core::counters::{CatalogueVersion, CounterId};
 use penrose_core::paillier::{Accumulator, PackedCiphertexts, PaillierError, PublicKey};
 use thiserror::Error;
@@ -25,6 +26,8 @@ pub struct SumKey {
     pub catalogue: CatalogueVersion,
     /// The counter.
     pub counter: CounterId,
+    /// The epoch the reports belong to: sums of different epochs are released separately.
+    pub epoch: EpochId,
 }
 
 /// One ASH record, as stored and exported.
@@ -45,18 +48,19 @@ pub struct AshRecord {
 }
 
 /// Bytes of an ASH record key.
-pub const ASH_KEY_BYTES: usize = 12;
+pub const ASH_KEY_BYTES: usize = 16;
 const ASH_VALUE_FIXED: usize = 24;
 
 impl AshRecord {
-    /// The store key: class, catalogue, counter, generation, big-endian, so that one class's
-    /// records are adjacent (the partitioning key DESIGN.md section 6 names).
+    /// The store key: class, catalogue, counter, epoch, generation, big-endian, so that one
+    /// class's records are adjacent (the partitioning key DESIGN.md section 6 names).
     pub fn store_key(key: SumKey, generation: Generation) -> [u8; ASH_KEY_BYTES] {
         let mut out = [0u8; ASH_KEY_BYTES];
         out[..4].copy_from_slice(&key.class.0.to_be_bytes());
         out[4..6].copy_from_slice(&key.catalogue.0.to_be_bytes());
         out[6..8].copy_from_slice(&key.counter.0.to_be_bytes());
-        out[8..].copy_from_slice(&generation.0.to_be_bytes());
+        out[8..12].copy_from_slice(&key.epoch.0.to_be_bytes());
+        out[12..].copy_from_slice(&generation.0.to_be_bytes());
         out
     }
 
@@ -90,8 +94,9 @@ impl AshRecord {
                 class: ClassId(u32_at(0)),
                 catalogue: CatalogueVersion(u16_at(4)),
                 counter: CounterId(u16_at(6)),
+                epoch: EpochId(u32_at(8)),
             },
-            generation: Generation(u32_at(8)),
+            generation: Generation(u32_at(12)),
             changed: Cursor(u64_at(fixed, 0)),
             reports: u64_at(fixed, 8),
             samples: u64_at(fixed, 16),
@@ -184,16 +189,20 @@ impl Sums {
     }
 
     /// Rebuilds the open accumulators from stored records (the highest generation of each key
-    /// is the open one).
+    /// is the open one); records of epochs that `is_open` says are closed stay in the store.
     pub fn load(
         key: &PublicKey,
         bound: u64,
         records: impl IntoIterator<Item = AshRecord>,
+        is_open: impl Fn(EpochId) -> bool,
     ) -> Result<Self, AggregateError> {
         let mut sums = Self::new(key, bound)?;
         let mut latest: HashMap<SumKey, AshRecord> = HashMap::new();
         for record in records {
             sums.reports += record.reports;
+            if !is_open(record.key.epoch) {
+                continue;
+            }
             match latest.get(&record.key) {
                 Some(have) if have.generation >= record.generation => {}
                 _ => {
@@ -213,6 +222,12 @@ impl Sums {
             );
         }
         Ok(sums)
+    }
+
+    /// Forgets the accumulators of `epoch`, which is closed: its sums are final in the store.
+    /// Must follow a [`take_dirty`](Self::take_dirty), so that no change of it is unwritten.
+    pub fn close(&mut self, epoch: EpochId) {
+        self.open.retain(|k, _| k.epoch != epoch);
     }
 
     /// Open accumulators (one per key).

@@ -28,6 +28,9 @@ use thiserror::Error;
 /// queue = 32768                      # valid reports waiting before `Overloaded`
 /// max_connections = 10000
 /// reports_per_second = 5000          # per connection; 0 for no limit
+/// epochs = "day"                     # or "reports:N"
+/// threshold = 10                     # k contributors per released sum (at least 10)
+/// reports_per_contributor = 24       # T, agents' reports per counter and day (at least 24)
 /// ```
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +55,12 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     /// New report streams per connection per second; 0 for no limit.
     pub reports_per_second: Option<u32>,
+    /// How epochs are cut: `day` or `reports:N`.
+    pub epochs: Option<String>,
+    /// k contributors.
+    pub threshold: Option<u64>,
+    /// T reports per contributor per (counter, day).
+    pub reports_per_contributor: Option<u32>,
 }
 
 /// Why the configuration could not be read.

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ed25519_dalek::SigningKey;
-use penrose_core::bundle::Cursor;
 use penrose_core::wire::ThrottleHint;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -21,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
-use crate::export;
+use crate::export::{self, ReleaseConfig};
 use crate::ingest::Ingest;
 use crate::metrics::reason_label;
 use crate::store::Store;
@@ -44,15 +43,19 @@ pub enum Request {
     },
     /// Compacts the store.
     Compact,
-    /// A consistent copy of the store into `dir`.
+    /// A consistent copy of the store into `dir`, made a new instance (a restore from it is
+    /// a new bundle chain).
     Backup {
         /// Target directory (must not exist).
         dir: PathBuf,
     },
-    /// A signed bundle of the sums changed after `since`.
+    /// Closes every open epoch that holds reports now.
+    CloseEpochs,
+    /// The next bundle of the chain (epochs closed since the last export), or with `seq`
+    /// that bundle again.
     Export {
-        /// The cursor of the previous export (0: everything).
-        since: u64,
+        /// Write bundle `seq` again instead of the next one.
+        seq: Option<u64>,
     },
 }
 
@@ -84,6 +87,8 @@ pub struct Admin {
     pub store: Arc<dyn Store>,
     /// The export signing key.
     pub signing: SigningKey,
+    /// The release rule exports apply.
+    pub release: ReleaseConfig,
     /// Whether a server is serving (false when the CLI opened the data directory itself).
     pub serving: bool,
 }
@@ -132,20 +137,48 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
         }
         Request::Backup { dir } => {
             admin.store.backup(dir).map_err(|e| fail(&e))?;
-            json!({ "backup": dir })
+            let instance = admin.ingest.state().instance();
+            let copy = crate::store::RocksStore::open(dir).map_err(|e| fail(&e))?;
+            let new = export::make_new_instance(&copy, instance).map_err(|e| fail(&e))?;
+            json!({ "backup": dir, "instance": new.to_string(), "parent": instance.to_string() })
         }
-        Request::Export { since } => {
+        Request::CloseEpochs => {
+            let closed = admin.ingest.close_epochs(true).map_err(|e| fail(&e))?;
+            let epochs: Vec<Value> = closed
+                .iter()
+                .map(|e| json!({ "epoch": e.id.0, "reports": e.reports, "days": e.days() }))
+                .collect();
+            json!({ "closed": epochs })
+        }
+        Request::Export { seq } => {
             let key = admin.ingest.state().key().clone();
-            let (bundle, bytes) =
-                export::export(admin.store.as_ref(), &key, Cursor(*since), &admin.signing)
-                    .map_err(|e| fail(&e))?;
+            let made = match seq {
+                Some(seq) => {
+                    Some(export::reexport(admin.store.as_ref(), &key, *seq, &admin.signing))
+                        .transpose()
+                }
+                None => export::export(admin.store.as_ref(), &key, admin.release, &admin.signing),
+            }
+            .map_err(|e| fail(&e))?;
+            let Some((bundle, bytes)) = made else {
+                return Ok(Response {
+                    json: json!({ "exported": false, "bytes": 0 }),
+                    payload: None,
+                });
+            };
             return Ok(Response {
                 json: json!({
+                    "exported": true,
                     "bytes": bytes.len(),
+                    "seq": bundle.link.seq,
+                    "instance": bundle.link.instance.to_string(),
+                    "epochs": bundle.epochs.iter().map(|e| e.id.0).collect::<Vec<_>>(),
                     "entries": bundle.entries.len(),
-                    "since": bundle.since.0,
-                    "cursor": bundle.cursor.0,
                     "reports": bundle.entries.iter().map(|e| e.reports).sum::<u64>(),
+                    "withheld_sums": bundle.epochs.iter().map(|e| u64::from(e.withheld_sums)).sum::<u64>(),
+                    "withheld_reports": bundle.epochs.iter().map(|e| e.withheld_reports).sum::<u64>(),
+                    "threshold": bundle.rule.threshold,
+                    "cap": bundle.rule.cap,
                     "signer": export::hex(&bundle.signer),
                 }),
                 payload: Some(bytes),
@@ -159,21 +192,11 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
 }
 
 fn status(admin: &Admin) -> Value {
-    use penrose_core::wire::RejectReason as R;
     use std::sync::atomic::Ordering::Relaxed;
     let state = admin.ingest.state();
     let metrics = admin.ingest.metrics();
-    let rejected: serde_json::Map<String, Value> = [
-        R::UnsupportedVersion,
-        R::Malformed,
-        R::TooLarge,
-        R::UnknownKey,
-        R::UnknownCounter,
-        R::InvalidCiphertext,
-        R::SampleCountOutOfRange,
-        R::Overloaded,
-    ]
-    .into_iter()
+    let rejected: serde_json::Map<String, Value> = crate::metrics::REASONS
+        .into_iter()
     .map(|r| {
         (
             reason_label(r).to_string(),
@@ -190,6 +213,16 @@ fn status(admin: &Admin) -> Value {
         "classes": state.tables().class_count(),
         "snippets": state.tables().snippet_count(),
         "open_accumulators": state.sums().open_count(),
+        "instance": state.instance().to_string(),
+        "epoch_policy": state.epochs().policy().to_string(),
+        "open_epochs": state.epochs().open().map(|e| json!({
+            "epoch": e.id.0, "reports": e.reports, "days": e.days(),
+        })).collect::<Vec<_>>(),
+        "closed_through": state.epochs().closed_through().map(|e| e.0),
+        "release": {
+            "threshold": admin.release.threshold.get(),
+            "reports_per_contributor": admin.release.cap.get(),
+        },
         "table_heap_bytes": state.tables().heap_bytes(),
         "throttle_permille": admin.ingest.throttle().permille(),
         "since_start": {
@@ -288,7 +321,7 @@ pub async fn request(path: &Path, request: &Request) -> Result<Option<Response>,
     }
     let result = value["result"].clone();
     let payload = match request {
-        Request::Export { .. } => {
+        Request::Export { .. } if result["exported"] == json!(true) => {
             let len = result["bytes"]
                 .as_u64()
                 .ok_or_else(|| ControlError::Protocol("export without a length".into()))?;

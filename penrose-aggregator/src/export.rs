@@ -1,5 +1,16 @@
-//! Export: a signed bundle ([`penrose_core::bundle`]) of every sum changed since a cursor, read
-//! from one consistent snapshot of the store while ingest keeps writing.
+//! Export: the next bundle ([`penrose_core::bundle`]) of the store's chain: the sums of every
+//! epoch closed since the last export that reach the contributor threshold, read from one
+//! consistent snapshot of the store while ingest keeps writing.
+//!
+//! Release happens here, on the aggregation server, before any sum reaches the key holder: a
+//! sum of a closed epoch is put in the bundle only when `penrose_core::release` counts at
+//! least k contributors behind it (reports / (T x days the epoch spans), rounded up); the
+//! others are counted in the bundle's epoch summaries and never exported. Open epochs are never
+//! exported. Each export is recorded in the store (the bundle's sequence number, hash, day,
+//! rule and epochs, in the meta table), so that the next one chains onto it, and a lost bundle
+//! file can be written again byte for byte (`export --seq N`: the sums of closed epochs never
+//! change and ed25519 signatures are deterministic). Exports are serialised in the process, and
+//! a store is open in one process at a time, so two exports can never fork the chain.
 //!
 //! The server's signing key (ed25519) lives in its data directory, created on first use with
 //! mode 0600 and refused when group or others may read it; its public half is written next to
@@ -10,17 +21,25 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
 use ed25519_dalek::{SigningKey, VerifyingKey};
-use penrose_core::bundle::{Bundle, BundleEntry, BundleError, Cursor};
+use penrose_core::bundle::{
+    Bundle, BundleEntry, BundleError, BundleHash, ChainLink, EpochId, EpochKind, EpochSummary,
+    InstanceId, ReleaseRule,
+};
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PublicKey};
-use penrose_core::wire::{PackedBytes, WireError};
+use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
+use penrose_core::wire::{Day, PackedBytes, WireError};
 use rand::RngCore;
 use thiserror::Error;
 
 use crate::aggregate::AshRecord;
+use crate::epochs::{self, EpochRecord};
 use crate::ingest::today;
 use crate::state::{StateError, check_format, meta};
-use crate::store::{Store, StoreError, Table};
+use crate::store::{Store, StoreError, Table, WriteSet};
 
 const KEY_TAG: &[u8; 5] = b"PNSG\x01";
 
@@ -61,6 +80,14 @@ pub enum ExportError {
     /// The key file is not a signing key.
     #[error("{0} is not a Penrose signing key")]
     NotAKey(PathBuf),
+    /// `export --seq` of a bundle that was never exported.
+    #[error("bundle {seq} was never exported (the chain has {last})")]
+    NoSuchBundle {
+        /// Asked for.
+        seq: u64,
+        /// The last one exported.
+        last: u64,
+    },
 }
 
 /// Reads the signing key at `path`, creating it (0600) and `path.pub` if it does not exist.
@@ -143,27 +170,167 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Every sum changed after `since`, with the store's cursor, from one snapshot.
-///
-/// The store holds accumulator states (`STORE_FORMAT`); each is turned back into the sum it
-/// stands for here, one exponentiation per record, so that the bundle carries sums a design
-/// server can decrypt.
-pub fn collect(store: &dyn Store, key: &PublicKey, since: Cursor) -> Result<Bundle, ExportError> {
+/// Meta-table keys of the export chain.
+pub mod chain_keys {
+    /// The last bundle's sequence number (u64; absent: none yet).
+    pub const SEQ: &[u8] = b"chain/seq";
+    /// Prefix of one record per bundle: `chain/link/` + seq (u64be) -> hash [32], day u32,
+    /// threshold u64, cap u32, then the epoch ids (u32 each).
+    pub const LINK: &[u8] = b"chain/link/";
+    /// Prefix of one record per exported epoch: `exported/` + id (u32be) -> seq (u64).
+    pub const EXPORTED: &[u8] = b"exported/";
+}
+
+/// The release rule the server applies at export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReleaseConfig {
+    /// k contributors.
+    pub threshold: Threshold,
+    /// T reports per contributor per (counter, day).
+    pub cap: ReportsPerContributor,
+}
+
+impl Default for ReleaseConfig {
+    fn default() -> Self {
+        Self {
+            threshold: Threshold::DEFAULT,
+            cap: ReportsPerContributor::DEFAULT,
+        }
+    }
+}
+
+/// One exported bundle as the store remembers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct LinkRecord {
+    hash: BundleHash,
+    day: Day,
+    threshold: u64,
+    cap: u32,
+    epochs: Vec<EpochId>,
+}
+
+impl LinkRecord {
+    fn key(seq: u64) -> Vec<u8> {
+        let mut k = chain_keys::LINK.to_vec();
+        k.extend_from_slice(&seq.to_be_bytes());
+        k
+    }
+
+    fn value(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(48 + 4 * self.epochs.len());
+        v.extend_from_slice(&self.hash.0);
+        v.extend_from_slice(&self.day.0.to_be_bytes());
+        v.extend_from_slice(&self.threshold.to_be_bytes());
+        v.extend_from_slice(&self.cap.to_be_bytes());
+        for e in &self.epochs {
+            v.extend_from_slice(&e.0.to_be_bytes());
+        }
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<Self> {
+        let (hash, rest) = v.split_first_chunk::<32>()?;
+        let (day, rest) = rest.split_first_chunk::<4>()?;
+        let (threshold, rest) = rest.split_first_chunk::<8>()?;
+        let (cap, rest) = rest.split_first_chunk::<4>()?;
+        if rest.len() % 4 != 0 {
+            return None;
+        }
+        Some(Self {
+            hash: BundleHash(*hash),
+            day: Day(u32::from_be_bytes(*day)),
+            threshold: u64::from_be_bytes(*threshold),
+            cap: u32::from_be_bytes(*cap),
+            epochs: rest
+                .chunks_exact(4)
+                .map(|c| EpochId(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+                .collect(),
+        })
+    }
+}
+
+/// What one snapshot of the store says about release and the chain.
+struct Snapshot {
+    instance: InstanceId,
+    parent: Option<InstanceId>,
+    kind: EpochKind,
+    seq: u64,
+    links: BTreeMap<u64, LinkRecord>,
+    closed: BTreeMap<EpochId, EpochRecord>,
+    exported: BTreeMap<EpochId, u64>,
+    ash: Vec<AshRecord>,
+}
+
+fn snapshot(store: &dyn Store, epochs_wanted: Option<&[EpochId]>) -> Result<Snapshot, ExportError> {
     check_format(store)?;
-    let count = key.size().ciphertexts_per_histogram();
-    let mut entries = Vec::new();
-    let mut cursor = Cursor(0);
+    let mut snap = Snapshot {
+        instance: InstanceId::default(),
+        parent: None,
+        kind: EpochKind::Day,
+        seq: 0,
+        links: BTreeMap::new(),
+        closed: BTreeMap::new(),
+        exported: BTreeMap::new(),
+        ash: Vec::new(),
+    };
     let mut bad: Option<ExportError> = None;
+    let mut instance = None;
+    let mut kind = None;
     store.scan(&[Table::Meta, Table::Ash], &mut |table, k, v| {
+        let damaged = |what: &str| ExportError::Record(format!("damaged meta record {what}"));
         match table {
-            Table::Meta if k == meta::CURSOR => {
-                if let Ok(b) = <[u8; 8]>::try_from(v) {
-                    cursor = Cursor(u64::from_be_bytes(b));
+            Table::Meta if k == meta::INSTANCE => match <[u8; 16]>::try_from(v) {
+                Ok(b) => instance = Some(InstanceId(b)),
+                Err(_) => bad = Some(damaged("chain/instance")),
+            },
+            Table::Meta if k == meta::PARENT => match <[u8; 16]>::try_from(v) {
+                Ok(b) => snap.parent = Some(InstanceId(b)),
+                Err(_) => bad = Some(damaged("chain/parent")),
+            },
+            Table::Meta if k == epochs::keys::KIND => {
+                kind = v.first().copied().and_then(EpochKind::from_code);
+            }
+            Table::Meta if k == chain_keys::SEQ => match <[u8; 8]>::try_from(v) {
+                Ok(b) => snap.seq = u64::from_be_bytes(b),
+                Err(_) => bad = Some(damaged("chain/seq")),
+            },
+            Table::Meta if k.starts_with(chain_keys::LINK) => {
+                let seq = k[chain_keys::LINK.len()..]
+                    .try_into()
+                    .ok()
+                    .map(u64::from_be_bytes);
+                match (seq, LinkRecord::decode(v)) {
+                    (Some(seq), Some(link)) => {
+                        snap.links.insert(seq, link);
+                    }
+                    _ => bad = Some(damaged("chain/link")),
                 }
             }
+            Table::Meta if k.starts_with(chain_keys::EXPORTED) => {
+                let id = k[chain_keys::EXPORTED.len()..]
+                    .try_into()
+                    .ok()
+                    .map(u32::from_be_bytes);
+                match (id, <[u8; 8]>::try_from(v)) {
+                    (Some(id), Ok(seq)) => {
+                        snap.exported.insert(EpochId(id), u64::from_be_bytes(seq));
+                    }
+                    _ => bad = Some(damaged("exported")),
+                }
+            }
+            Table::Meta if k.starts_with(epochs::keys::RECORD) => match EpochRecord::decode(k, v) {
+                Some(r) if r.closed => {
+                    snap.closed.insert(r.id, r);
+                }
+                Some(_) => {}
+                None => bad = Some(damaged("epoch record")),
+            },
             Table::Ash => match AshRecord::decode(k, v) {
-                Ok(record) if record.changed > since => entries.push(record),
-                Ok(_) => {}
+                Ok(record) => {
+                    if epochs_wanted.is_none_or(|w| w.contains(&record.key.epoch)) {
+                        snap.ash.push(record);
+                    }
+                }
                 Err(e) => bad = Some(ExportError::Record(e.to_string())),
             },
             _ => {}
@@ -173,20 +340,233 @@ pub fn collect(store: &dyn Store, key: &PublicKey, since: Cursor) -> Result<Bund
     if let Some(e) = bad {
         return Err(e);
     }
-    let entries = entries
-        .into_iter()
+    snap.instance = instance.ok_or_else(|| ExportError::Record("no instance id".into()))?;
+    snap.kind = kind.ok_or_else(|| ExportError::Record("no epoch kind".into()))?;
+    Ok(snap)
+}
+
+/// Builds the bundle of `epochs` (closed ones) under `rule`, as link `seq` after `prev`.
+fn build(
+    snap: &Snapshot,
+    key: &PublicKey,
+    epochs: &[EpochId],
+    rule: ReleaseRule,
+    seq: u64,
+    prev: BundleHash,
+    day: Day,
+) -> Result<Bundle, ExportError> {
+    let count = key.size().ciphertexts_per_histogram();
+    let threshold = Threshold::new(rule.threshold).map_err(|e| ExportError::Record(e.to_string()))?;
+    let cap = ReportsPerContributor::for_servers(rule.cap)
+        .map_err(|e| ExportError::Record(e.to_string()))?;
+    let mut summaries: BTreeMap<EpochId, EpochSummary> = BTreeMap::new();
+    for id in epochs {
+        let record = snap
+            .closed
+            .get(id)
+            .ok_or_else(|| ExportError::Record(format!("epoch {} is not closed", id.0)))?;
+        summaries.insert(
+            *id,
+            EpochSummary {
+                id: *id,
+                first_day: record.first_day,
+                last_day: record.last_day,
+                reports: record.reports,
+                withheld_sums: 0,
+                withheld_reports: 0,
+            },
+        );
+    }
+    let mut entries = Vec::new();
+    for r in &snap.ash {
+        let Some(summary) = summaries.get_mut(&r.key.epoch) else {
+            continue;
+        };
+        if !releasable(r.reports, summary.days(), threshold, cap) {
+            summary.withheld_sums += 1;
+            summary.withheld_reports += r.reports;
+            continue;
+        }
+        let sums =
+            Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
+                .and_then(|state| state.sum())
+                .map_err(|e| {
+                    ExportError::Record(format!(
+                        "class {} catalogue {} counter {} epoch {} generation {}: {e}",
+                        r.key.class.0,
+                        r.key.catalogue.0,
+                        r.key.counter.0,
+                        r.key.epoch.0,
+                        r.generation.0
+                    ))
+                })?
+                .to_bytes();
+        entries.push(BundleEntry {
+            epoch: r.key.epoch,
+            class: r.key.class,
+            catalogue: r.key.catalogue,
+            counter: r.key.counter,
+            generation: r.generation,
+            reports: r.reports,
+            samples: r.samples,
+            sums: PackedBytes::new(sums, count)?,
+        });
+    }
+    entries.sort_by_key(BundleEntry::key);
+    Ok(Bundle {
+        signer: [0; 32],
+        key_id: key.key_id(),
+        link: ChainLink {
+            instance: snap.instance,
+            parent: snap.parent,
+            seq,
+            prev,
+        },
+        day,
+        rule,
+        epochs: summaries.into_values().collect(),
+        entries,
+    })
+}
+
+/// Serialises exports in this process (a store is open in one process at a time).
+static EXPORTING: Mutex<()> = Mutex::new(());
+
+/// The next bundle of the chain: every epoch closed and not yet exported, its sums at or above
+/// the threshold, signed and recorded as exported. `None` when no epoch closed since the last
+/// export (nothing is recorded then).
+pub fn export(
+    store: &dyn Store,
+    key: &PublicKey,
+    release: ReleaseConfig,
+    signing: &SigningKey,
+) -> Result<Option<(Bundle, Vec<u8>)>, ExportError> {
+    let _one_at_a_time = EXPORTING.lock().unwrap_or_else(|p| p.into_inner());
+    let snap = snapshot(store, None)?;
+    let epochs: Vec<EpochId> = snap
+        .closed
+        .keys()
+        .filter(|id| !snap.exported.contains_key(id))
+        .copied()
+        .collect();
+    if epochs.is_empty() {
+        return Ok(None);
+    }
+    let seq = snap.seq + 1;
+    let prev = match snap.seq {
+        0 => BundleHash::default(),
+        last => {
+            snap.links
+                .get(&last)
+                .ok_or_else(|| ExportError::Record(format!("no record of bundle {last}")))?
+                .hash
+        }
+    };
+    let rule = ReleaseRule {
+        epochs: snap.kind,
+        threshold: release.threshold.get(),
+        cap: release.cap.get(),
+    };
+    let mut bundle = build(&snap, key, &epochs, rule, seq, prev, today())?;
+    let bytes = bundle.sign(signing)?;
+    bundle.signer = *signing.verifying_key().as_bytes();
+    let link = LinkRecord {
+        hash: BundleHash::of(&bytes),
+        day: bundle.day,
+        threshold: rule.threshold,
+        cap: rule.cap,
+        epochs: epochs.clone(),
+    };
+    let mut set = WriteSet::new();
+    set.put(Table::Meta, chain_keys::SEQ, seq.to_be_bytes().to_vec());
+    set.put(Table::Meta, LinkRecord::key(seq), link.value());
+    for id in &epochs {
+        let mut k = chain_keys::EXPORTED.to_vec();
+        k.extend_from_slice(&id.0.to_be_bytes());
+        set.put(Table::Meta, k, seq.to_be_bytes().to_vec());
+    }
+    store.write(set)?;
+    Ok(Some((bundle, bytes)))
+}
+
+/// Bundle `seq` of the chain again, byte for byte (for a bundle file that was lost), checked
+/// against the hash recorded when it was first exported.
+pub fn reexport(
+    store: &dyn Store,
+    key: &PublicKey,
+    seq: u64,
+    signing: &SigningKey,
+) -> Result<(Bundle, Vec<u8>), ExportError> {
+    let snap = snapshot(store, None)?;
+    let link = snap
+        .links
+        .get(&seq)
+        .filter(|_| seq >= 1 && seq <= snap.seq)
+        .ok_or(ExportError::NoSuchBundle {
+            seq,
+            last: snap.seq,
+        })?;
+    let prev = match seq {
+        1 => BundleHash::default(),
+        n => {
+            snap.links
+                .get(&(n - 1))
+                .ok_or_else(|| ExportError::Record(format!("no record of bundle {}", n - 1)))?
+                .hash
+        }
+    };
+    let rule = ReleaseRule {
+        epochs: snap.kind,
+        threshold: link.threshold,
+        cap: link.cap,
+    };
+    let mut bundle = build(&snap, key, &link.epochs, rule, seq, prev, link.day)?;
+    let bytes = bundle.sign(signing)?;
+    bundle.signer = *signing.verifying_key().as_bytes();
+    if BundleHash::of(&bytes) != link.hash {
+        return Err(ExportError::Record(format!(
+            "bundle {seq} no longer rebuilds to the bytes first exported (the store changed \
+             under a released epoch, or the signing key did)"
+        )));
+    }
+    Ok((bundle, bytes))
+}
+
+/// Makes a backup copy a new instance: a fresh instance id, `parent` recording the one it was
+/// copied from, and an empty chain. Epochs the parent already exported stay marked exported,
+/// so the new chain never releases them again. Returns the new id.
+pub fn make_new_instance(copy: &dyn Store, parent: InstanceId) -> Result<InstanceId, ExportError> {
+    let mut id = [0u8; 16];
+    rand::rng().fill_bytes(&mut id);
+    let mut set = WriteSet::new();
+    set.put(Table::Meta, meta::INSTANCE, id.to_vec());
+    set.put(Table::Meta, meta::PARENT, parent.0.to_vec());
+    set.put(Table::Meta, chain_keys::SEQ, 0u64.to_be_bytes().to_vec());
+    copy.write(set)?;
+    Ok(InstanceId(id))
+}
+
+/// Every sum of the store, open epochs included, summed by the same code export uses, for
+/// tests and offline checks that compare the store with what was sent. Never signed, never
+/// released.
+pub fn all_sums(store: &dyn Store, key: &PublicKey) -> Result<Vec<BundleEntry>, ExportError> {
+    let snap = snapshot(store, None)?;
+    let count = key.size().ciphertexts_per_histogram();
+    snap.ash
+        .iter()
         .map(|r| {
-            let sums =
-                Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
-                    .and_then(|state| state.sum())
-                    .map_err(|e| {
-                        ExportError::Record(format!(
-                            "class {} catalogue {} counter {} generation {}: {e}",
-                            r.key.class.0, r.key.catalogue.0, r.key.counter.0, r.generation.0
-                        ))
-                    })?
-                    .to_bytes();
+            let sums = Accumulator::restore(
+                key,
+                ACCUMULATOR_REPORT_BOUND,
+                &r.sums,
+                r.reports,
+                r.samples,
+            )
+            .and_then(|state| state.sum())
+            .map_err(|e| ExportError::Record(e.to_string()))?
+            .to_bytes();
             Ok(BundleEntry {
+                epoch: r.key.epoch,
                 class: r.key.class,
                 catalogue: r.key.catalogue,
                 counter: r.key.counter,
@@ -196,28 +576,7 @@ pub fn collect(store: &dyn Store, key: &PublicKey, since: Cursor) -> Result<Bund
                 sums: PackedBytes::new(sums, count)?,
             })
         })
-        .collect::<Result<_, ExportError>>()?;
-    Ok(Bundle {
-        signer: [0; 32],
-        key_id: key.key_id(),
-        since,
-        cursor,
-        day: today(),
-        entries,
-    })
-}
-
-/// [`collect`], then signed.
-pub fn export(
-    store: &dyn Store,
-    key: &PublicKey,
-    since: Cursor,
-    signing: &SigningKey,
-) -> Result<(Bundle, Vec<u8>), ExportError> {
-    let mut bundle = collect(store, key, since)?;
-    let bytes = bundle.sign(signing)?;
-    bundle.signer = *signing.verifying_key().as_bytes();
-    Ok((bundle, bytes))
+        .collect()
 }
 
 #[cfg(test)]

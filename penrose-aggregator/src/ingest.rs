@@ -26,8 +26,9 @@ use penrose_core::wire::{
     Ack, AckStatus, Day, LENGTH_PREFIX, RejectReason, ReportId, ThrottleHint,
 };
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, error};
+use tracing::{debug, error, info};
 
+use crate::epochs::EpochRecord;
 use crate::metrics::Metrics;
 use crate::state::{Outcome, Prepared, State, StateError, store_throttle};
 use crate::validate::{ValidReport, validate_body};
@@ -50,9 +51,18 @@ impl Default for IngestConfig {
     }
 }
 
-struct Job {
-    report: ValidReport,
-    reply: oneshot::Sender<AckStatus>,
+enum Job {
+    /// A valid report, answered once durable.
+    Report {
+        report: ValidReport,
+        reply: oneshot::Sender<AckStatus>,
+    },
+    /// Close epochs (all open ones, or those due), in order with the reports before it;
+    /// answered with the epochs closed once the closing is durable.
+    Close {
+        all: bool,
+        reply: oneshot::Sender<Vec<EpochRecord>>,
+    },
 }
 
 struct Inner {
@@ -146,7 +156,7 @@ impl Ingest {
         metrics
             .bytes
             .fetch_add((body.len() + LENGTH_PREFIX) as u64, Ordering::Relaxed);
-        let status = match validate_body(&body, &self.inner.key) {
+        let status = match validate_body(&body, &self.inner.key, today()) {
             Err(rejection) => {
                 debug!(%rejection, "report rejected");
                 AckStatus::Rejected(rejection.reason())
@@ -175,7 +185,7 @@ impl Ingest {
             return AckStatus::Rejected(RejectReason::Overloaded);
         }
         let (reply, answer) = oneshot::channel();
-        let job = Job { report, reply };
+        let job = Job::Report { report, reply };
         if self.inner.queue.try_send(job).is_err() {
             return AckStatus::Rejected(RejectReason::Overloaded);
         }
@@ -183,6 +193,31 @@ impl Ingest {
         answer
             .await
             .unwrap_or(AckStatus::Rejected(RejectReason::Overloaded))
+    }
+
+    /// Closes epochs on the writer thread, after the reports queued before this call: every
+    /// open epoch with reports (`all`, an operator's close), or those the policy says are due.
+    /// Returns the epochs closed once their closing is durable; an error if the writer stopped.
+    /// Blocking: call it off the async threads.
+    pub fn close_epochs(&self, all: bool) -> Result<Vec<EpochRecord>, StateError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .queue
+            .blocking_send(Job::Close { all, reply })
+            .map_err(|_| StateError::WriterStopped)?;
+        answer.blocking_recv().map_err(|_| StateError::WriterStopped)
+    }
+
+    /// [`close_epochs`](Self::close_epochs) of the epochs due, from async code (the
+    /// server's periodic tick, so that epochs close on time when no report arrives).
+    pub async fn close_due(&self) -> Result<Vec<EpochRecord>, StateError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .queue
+            .send(Job::Close { all: false, reply })
+            .await
+            .map_err(|_| StateError::WriterStopped)?;
+        answer.await.map_err(|_| StateError::WriterStopped)
     }
 
     /// The hint every ack carries.
@@ -224,7 +259,12 @@ impl Ingest {
 /// A prepared batch on its way to the committer, with the replies it owes.
 struct Pending {
     prepared: Prepared,
-    replies: Vec<oneshot::Sender<AckStatus>>,
+    replies: Replies,
+}
+
+enum Replies {
+    Reports(Vec<oneshot::Sender<AckStatus>>),
+    Close(oneshot::Sender<Vec<EpochRecord>>),
 }
 
 fn write_loop(
@@ -235,6 +275,7 @@ fn write_loop(
 ) -> Result<(), StateError> {
     let mut jobs: Vec<Job> = Vec::with_capacity(max_batch);
     let mut reports: Vec<ValidReport> = Vec::with_capacity(max_batch);
+    let mut replies: Vec<oneshot::Sender<AckStatus>> = Vec::with_capacity(max_batch);
     while let Some(first) = rx.blocking_recv() {
         jobs.push(first);
         while jobs.len() < max_batch {
@@ -249,47 +290,88 @@ fn write_loop(
             jobs.clear();
             continue;
         }
-        let mut replies = Vec::with_capacity(jobs.len());
+        // Reports go in batches; a close request ends the batch before it and is prepared on
+        // its own, so that it sees exactly the reports queued before it.
         for job in jobs.drain(..) {
-            reports.push(job.report);
-            replies.push(job.reply);
-        }
-        let started = Instant::now();
-        let result = {
-            let mut state = inner
-                .state
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let result = state.prepare(&reports, today());
-            inner.metrics.set_state(&state);
-            result
-        };
-        reports.clear();
-        inner.metrics.aggregate_micros.fetch_add(
-            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        match result {
-            Ok(prepared) => {
-                if to_commit.send(Pending { prepared, replies }).is_err() {
-                    // The committer stopped on a failed write (its error is the one
-                    // reported); the replies of this batch were dropped with it.
-                    return Ok(());
+            match job {
+                Job::Report { report, reply } => {
+                    reports.push(report);
+                    replies.push(reply);
+                }
+                Job::Close { all, reply } => {
+                    if !reports.is_empty()
+                        && !prepare_batch(inner, &mut reports, &mut replies, &to_commit)?
+                    {
+                        return Ok(());
+                    }
+                    let prepared = lock(inner).prepare_close(today(), all);
+                    let pending = Pending {
+                        prepared,
+                        replies: Replies::Close(reply),
+                    };
+                    if to_commit.send(pending).is_err() {
+                        return Ok(());
+                    }
                 }
             }
-            Err(e) => {
-                error!(error = %e, "aggregating a batch failed; no further reports are accepted");
-                inner.healthy.store(false, Ordering::Relaxed);
-                return Err(e);
-            }
+        }
+        if !reports.is_empty() && !prepare_batch(inner, &mut reports, &mut replies, &to_commit)? {
+            return Ok(());
         }
     }
     Ok(())
 }
 
+fn lock(inner: &Shared) -> MutexGuard<'_, State> {
+    inner
+        .state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Prepares the reports gathered so far as one batch and hands it to the committer; false
+/// when the committer has stopped (its error is the one reported).
+fn prepare_batch(
+    inner: &Shared,
+    reports: &mut Vec<ValidReport>,
+    replies: &mut Vec<oneshot::Sender<AckStatus>>,
+    to_commit: &sync_mpsc::SyncSender<Pending>,
+) -> Result<bool, StateError> {
+    let started = Instant::now();
+    let result = {
+        let mut state = lock(inner);
+        let result = state.prepare(reports, today());
+        inner.metrics.set_state(&state);
+        result
+    };
+    reports.clear();
+    inner.metrics.aggregate_micros.fetch_add(
+        u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    match result {
+        Ok(prepared) => {
+            let pending = Pending {
+                prepared,
+                replies: Replies::Reports(std::mem::take(replies)),
+            };
+            // A failed send means the committer stopped on a failed write; the replies of
+            // this batch were dropped with it.
+            Ok(to_commit.send(pending).is_ok())
+        }
+        Err(e) => {
+            error!(error = %e, "aggregating a batch failed; no further reports are accepted");
+            inner.healthy.store(false, Ordering::Relaxed);
+            replies.clear();
+            Err(e)
+        }
+    }
+}
+
 fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result<(), StateError> {
     while let Ok(Pending { prepared, replies }) = batches.recv() {
         let started = Instant::now();
+        let closed = prepared.closed().to_vec();
         match prepared.commit() {
             Ok(outcomes) => {
                 let metrics = &inner.metrics;
@@ -298,14 +380,34 @@ fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result
                     u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
                     Ordering::Relaxed,
                 );
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    let status = match outcome {
-                        Outcome::Accepted => AckStatus::Accepted,
-                        Outcome::Duplicate => AckStatus::Duplicate,
-                        Outcome::NotUnit => AckStatus::Rejected(RejectReason::InvalidCiphertext),
-                    };
-                    // The caller may have gone away; the report is counted regardless.
-                    let _ = reply.send(status);
+                for epoch in &closed {
+                    info!(
+                        epoch = epoch.id.0,
+                        reports = epoch.reports,
+                        days = epoch.days(),
+                        "epoch closed"
+                    );
+                }
+                match replies {
+                    Replies::Reports(replies) => {
+                        for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                            let status = match outcome {
+                                Outcome::Accepted => AckStatus::Accepted,
+                                Outcome::Duplicate => AckStatus::Duplicate,
+                                Outcome::NotUnit => {
+                                    AckStatus::Rejected(RejectReason::InvalidCiphertext)
+                                }
+                                Outcome::DayOutOfRange => {
+                                    AckStatus::Rejected(RejectReason::DayOutOfRange)
+                                }
+                            };
+                            // The caller may have gone away; the report is counted regardless.
+                            let _ = reply.send(status);
+                        }
+                    }
+                    Replies::Close(reply) => {
+                        let _ = reply.send(closed);
+                    }
                 }
             }
             Err(e) => {
@@ -320,7 +422,7 @@ fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result
     Ok(())
 }
 
-/// The server's day (days since the Unix epoch), for "first seen".
+/// The server's day (days since the Unix epoch): "first seen", the day check and epochs.
 pub fn today() -> Day {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)

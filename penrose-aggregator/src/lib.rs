@@ -6,14 +6,16 @@
 //! - [`validate`]: the checks every report passes before it may touch a sum.
 //! - [`ingest`]: the pipeline a transport calls: validate, queue, batch, durable write, ack.
 //! - [`state`]: applying a batch: deduplication, classes, sums, all in one synced write.
+//! - [`epochs`]: which released sum each report joins, and when a sum is final.
 //! - [`tables`]: the SST and EST, snippet hash -> application class, with the LSH index.
-//! - [`aggregate`]: per (class, counter) the homomorphic sums, in generations that never
-//!   overflow a slot.
+//! - [`aggregate`]: per (class, counter, epoch) the homomorphic sums, in generations that
+//!   never overflow a slot.
 //! - [`store`]: durable storage behind a trait; RocksDB.
 //!
 //! And around it:
 //!
-//! - [`export`]: signed bundles of the sums for the design server, taken while serving.
+//! - [`export`]: the chain of signed bundles of released sums (closed epochs, at or above the
+//!   contributor threshold) for the design server, taken while serving.
 //! - [`metrics`]: Prometheus counters and the HTTP responder that serves them.
 //! - [`control`]: the admin channel (a Unix socket in the data directory) the CLI talks to.
 //! - [`config`]: the data directory and the server's configuration file.
@@ -23,6 +25,7 @@
 pub mod aggregate;
 pub mod config;
 pub mod control;
+pub mod epochs;
 pub mod export;
 pub mod ingest;
 pub mod loadgen;

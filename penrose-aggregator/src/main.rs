@@ -9,12 +9,14 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use penrose_aggregator::config::{DataDir, FileConfig};
 use penrose_aggregator::control::{self, Request, Response};
-use penrose_aggregator::export;
+use penrose_aggregator::epochs::EpochPolicy;
+use penrose_aggregator::export::{self, ReleaseConfig};
 use penrose_aggregator::ingest::IngestConfig;
 use penrose_aggregator::serve::{self, ServeOptions};
 use penrose_aggregator::validate::validate_frame;
 use penrose_core::bundle::Bundle;
 use penrose_core::paillier::PublicKey;
+use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire;
 use penrose_transport::Limits;
 
@@ -59,12 +61,56 @@ impl DataArg {
     }
 }
 
+/// The release rule's flags (`serve`, and `export` when no server runs).
+#[derive(clap::Args, Clone, Default)]
+struct ReleaseArgs {
+    /// How epochs are cut: `day` or `reports:N` [default: as the store says; a new store: day].
+    #[arg(long)]
+    epochs: Option<EpochPolicy>,
+    /// k, the fewest contributors a released sum has [default and floor: 10].
+    #[arg(long)]
+    threshold: Option<u64>,
+    /// T, the most reports one agent sends per counter and day [default and floor: 24].
+    #[arg(long)]
+    reports_per_contributor: Option<u32>,
+}
+
+impl ReleaseArgs {
+    fn resolve(&self, file: &FileConfig) -> Result<(Option<EpochPolicy>, ReleaseConfig)> {
+        let epochs = match (&self.epochs, &file.epochs) {
+            (Some(p), _) => Some(*p),
+            (None, Some(text)) => Some(
+                text.parse::<EpochPolicy>()
+                    .map_err(|e| anyhow::anyhow!("configuration key epochs: {e}"))?,
+            ),
+            (None, None) => None,
+        };
+        let defaults = ReleaseConfig::default();
+        let threshold = match self.threshold.or(file.threshold) {
+            Some(k) => Threshold::new(k)?,
+            None => defaults.threshold,
+        };
+        let cap = match self.reports_per_contributor.or(file.reports_per_contributor) {
+            Some(t) => ReportsPerContributor::for_servers(t)?,
+            None => defaults.cap,
+        };
+        Ok((epochs, ReleaseConfig { threshold, cap }))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
     ///
     /// Flags override the configuration file, whose keys are: data_dir, listen, public_key,
-    /// metrics, tls_cert, tls_key, max_batch, queue, max_connections, reports_per_second.
+    /// metrics, tls_cert, tls_key, max_batch, queue, max_connections, reports_per_second,
+    /// epochs, threshold, reports_per_contributor.
+    ///
+    /// Release: every report joins one epoch (`--epochs day`, the default: its own day;
+    /// `reports:N`: epochs of N reports). Only closed epochs are exported, and of them only the
+    /// sums with at least --threshold contributors, counted as reports / (T x days) rounded
+    /// up with T = --reports-per-contributor (agents send at most T per counter and day). k is
+    /// at least 10 and T at least 24: both can only be raised.
     /// On first start it needs the design server's public key, creates the data directory
     /// (0700), a signing key for bundles (server.key, 0600) and, unless given one, a
     /// self-signed TLS certificate (tls/cert.pem) for agents to pin. It prints one JSON line
@@ -89,6 +135,8 @@ enum Command {
         /// New report streams per connection per second; 0 for no limit [default: 5000].
         #[arg(long)]
         reports_per_second: Option<u32>,
+        #[command(flatten)]
+        release: ReleaseArgs,
     },
     /// Counters, classes, accumulators, throttle and store sizes.
     Status {
@@ -137,21 +185,41 @@ enum Command {
         /// Target directory.
         dir: PathBuf,
     },
-    /// Write a signed bundle of the sums changed since CURSOR, while the server keeps serving.
+    /// Close every open epoch that holds reports now, instead of waiting for its day to pass
+    /// or its count to fill.
     ///
-    /// The bundle holds, per accumulator, the encrypted sums and the contributor counts; the
-    /// design server imports it (`penrose-design import`). The next export's --since is the
-    /// cursor this one prints. Example:
-    ///   penrose-aggregator export -d /var/lib/penrose --out sums.bundle --since 0
+    /// Reports of a closed day that still arrive join the next open epoch (whose span then
+    /// covers both days, which halves its contributor bound). Use it before a planned
+    /// shutdown of a count-cut store, or in tests and demos. Example:
+    ///   penrose-aggregator close-epoch -d /var/lib/penrose
+    CloseEpoch {
+        #[command(flatten)]
+        data: DataArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the next signed bundle of the chain, while the server keeps serving.
+    ///
+    /// The bundle releases every epoch closed since the last export: per (class, counter,
+    /// epoch) the encrypted sums whose contributor bound reaches the threshold, and per epoch
+    /// how many sums and reports were withheld under it. Open epochs are never exported. The
+    /// design server imports bundles in order (`penrose-design import`); when no epoch closed
+    /// since the last export nothing is written (exit 0, `"exported": false` with --json).
+    /// A lost bundle file can be written again, byte for byte, with --seq. Examples:
+    ///   penrose-aggregator export -d /var/lib/penrose --out 0007.bundle
+    ///   penrose-aggregator export -d /var/lib/penrose --out 0003.bundle --seq 3
     Export {
         #[command(flatten)]
         data: DataArg,
         /// Where to write the bundle.
         #[arg(long)]
         out: PathBuf,
-        /// Only accumulators changed after this cursor [default: 0, everything].
-        #[arg(long, default_value_t = 0)]
-        since: u64,
+        /// Write bundle SEQ of the chain again instead of the next one.
+        #[arg(long)]
+        seq: Option<u64>,
+        #[command(flatten)]
+        release: ReleaseArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -227,8 +295,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             metrics,
             max_batch,
             reports_per_second,
+            release,
         } => {
             let (dir, file) = data.resolve()?;
+            let (epochs, release) = release.resolve(&file)?;
             let mut limits = Limits::default();
             if let Some(max) = file.max_connections {
                 limits.max_connections = max;
@@ -255,6 +325,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     queue: file.queue.unwrap_or(defaults.queue),
                 },
                 limits,
+                epochs,
+                release,
             };
             serve::run(options).await?;
             Ok(ExitCode::SUCCESS)
@@ -325,27 +397,58 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             println!("backup written to {}", target.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Export {
-            data,
-            out,
-            since,
-            json,
-        } => {
-            let r = admin(&data, Request::Export { since }).await?;
-            let bytes = r.payload.context("the server sent no bundle")?;
-            let tmp = out.with_extension("partial");
-            std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+        Command::CloseEpoch { data, json } => {
+            let r = admin_with(&data, Request::CloseEpochs, &ReleaseArgs::default()).await?;
             if json {
                 println!("{}", r.json);
             } else {
+                let closed = r.json["closed"].as_array().cloned().unwrap_or_default();
+                if closed.is_empty() {
+                    println!("no open epoch holds reports");
+                }
+                for e in closed {
+                    println!(
+                        "closed epoch {}: {} reports over {} day(s)",
+                        e["epoch"], e["reports"], e["days"]
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export {
+            data,
+            out,
+            seq,
+            release,
+            json,
+        } => {
+            let r = admin_with(&data, Request::Export { seq }, &release).await?;
+            if json {
+                println!("{}", r.json);
+            }
+            let Some(bytes) = r.payload else {
+                if !json {
+                    println!("no epoch closed since the last export; nothing written");
+                }
+                return Ok(ExitCode::SUCCESS);
+            };
+            let tmp = out.with_extension("partial");
+            std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+            if !json {
                 println!(
-                    "{}: {} accumulators, {} reports, {} bytes; next export: --since {}",
+                    "{}: bundle {} of chain {}: epochs {}, {} sums released ({} reports), {} sums \
+                     withheld under {} contributors ({} reports), {} bytes",
                     out.display(),
+                    r.json["seq"],
+                    r.json["instance"].as_str().unwrap_or("?"),
+                    r.json["epochs"],
                     r.json["entries"],
                     r.json["reports"],
+                    r.json["withheld_sums"],
+                    r.json["threshold"],
+                    r.json["withheld_reports"],
                     r.json["bytes"],
-                    r.json["cursor"]
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -361,14 +464,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 
 /// Runs an admin request on the running server, or on the data directory when none runs.
 async fn admin(data: &DataArg, request: Request) -> Result<Response> {
-    let (dir, _) = data.resolve()?;
+    admin_with(data, request, &ReleaseArgs::default()).await
+}
+
+/// [`admin`], with the release rule to apply when no server runs (a running server applies
+/// its own).
+async fn admin_with(data: &DataArg, request: Request, release: &ReleaseArgs) -> Result<Response> {
+    let (dir, file) = data.resolve()?;
     if let Some(response) = control::request(&dir.control_socket(), &request).await? {
         return Ok(response);
     }
     if !dir.db().exists() {
         bail!("{} holds no store (wrong --data-dir?)", dir.0.display());
     }
-    let (admin, writer) = serve::open(&dir, None, IngestConfig::default())?;
+    let (epochs, release) = release.resolve(&file)?;
+    let (admin, writer) = serve::open(&dir, None, IngestConfig::default(), epochs, release)?;
     let response = tokio::task::spawn_blocking(move || {
         let response = control::execute(&admin, &request);
         drop(admin);
@@ -440,7 +550,10 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
                 b.entries.iter().map(|e| e.class.0).collect();
             let summary = serde_json::json!({
                 "valid": true, "signer": export::hex(&b.signer), "key_id": b.key_id.to_string(),
-                "since": b.since.0, "cursor": b.cursor.0, "day": b.day.0,
+                "instance": b.link.instance.to_string(), "seq": b.link.seq,
+                "parent": b.link.parent.map(|p| p.to_string()),
+                "epochs": b.epochs.iter().map(|e| e.id.0).collect::<Vec<_>>(), "day": b.day.0,
+                "threshold": b.rule.threshold, "cap": b.rule.cap,
                 "entries": b.entries.len(), "classes": classes.len(), "reports": reports,
                 "pinned": trusted.is_some(),
             });
@@ -448,7 +561,8 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
                 println!("{summary}");
             } else {
                 println!(
-                    "{}: valid, signed by {}{}; {} accumulators over {} classes, {} reports, cursor {} -> {}",
+                    "{}: valid, signed by {}{}; bundle {} of chain {}, {} epochs, {} sums over {} \
+                     classes, {} reports",
                     path.display(),
                     export::hex(&b.signer),
                     if trusted.is_some() {
@@ -456,11 +570,12 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
                     } else {
                         " (not pinned: pass --signer)"
                     },
+                    b.link.seq,
+                    b.link.instance,
+                    b.epochs.len(),
                     b.entries.len(),
                     classes.len(),
                     reports,
-                    b.since.0,
-                    b.cursor.0
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -483,6 +598,7 @@ fn check_reports(key: &Path, files: &[PathBuf], json: bool) -> Result<ExitCode> 
     let bytes = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
     let key = PublicKey::from_bytes(&bytes)
         .with_context(|| format!("{} is not a Penrose public key", key.display()))?;
+    let today = penrose_aggregator::ingest::today();
     let mut rejected = 0usize;
     for file in files {
         let data = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
@@ -495,7 +611,7 @@ fn check_reports(key: &Path, files: &[PathBuf], json: bool) -> Result<ExitCode> 
                 Ok(body) => (wire::LENGTH_PREFIX + body).min(rest.len()),
                 Err(_) => rest.len(),
             };
-            let verdict = validate_frame(&rest[..len], &key);
+            let verdict = validate_frame(&rest[..len], &key, today);
             if verdict.is_err() {
                 rejected += 1;
             }

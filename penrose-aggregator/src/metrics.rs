@@ -21,7 +21,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Every reject reason a build knows, in code order (index = code - 1).
-const REASONS: [RejectReason; 8] = [
+pub const REASONS: [RejectReason; 9] = [
     RejectReason::UnsupportedVersion,
     RejectReason::Malformed,
     RejectReason::TooLarge,
@@ -30,6 +30,7 @@ const REASONS: [RejectReason; 8] = [
     RejectReason::InvalidCiphertext,
     RejectReason::SampleCountOutOfRange,
     RejectReason::Overloaded,
+    RejectReason::DayOutOfRange,
 ];
 
 /// The server's counters and gauges.
@@ -253,6 +254,7 @@ pub fn reason_label(reason: RejectReason) -> &'static str {
         RejectReason::InvalidCiphertext => "invalid_ciphertext",
         RejectReason::SampleCountOutOfRange => "sample_count_out_of_range",
         RejectReason::Overloaded => "overloaded",
+        RejectReason::DayOutOfRange => "day_out_of_range",
         RejectReason::Other(_) => "other",
     }
 }

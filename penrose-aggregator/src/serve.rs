@@ -10,18 +10,23 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
+use penrose_core::release::check_key_bits;
 use penrose_transport::{Encoding, Identity, Limits, ServerConfig};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info};
 
 use crate::config::DataDir;
 use crate::control::{self, Admin};
-use crate::export::load_or_create_signing_key;
+use crate::epochs::EpochPolicy;
+use crate::export::{ReleaseConfig, load_or_create_signing_key};
 use crate::ingest::{Ingest, IngestConfig, Writer};
 
 use crate::metrics::{Metrics, serve_http};
 use crate::state::{State, stored_public_key, stored_throttle};
 use crate::store::{RocksStore, Store};
+
+/// How often the server checks whether an epoch is due to close without a report arriving.
+const EPOCH_TICK: Duration = Duration::from_secs(30);
 
 /// Everything `serve` needs, after the configuration file and flags are merged.
 #[derive(Clone, Debug)]
@@ -41,6 +46,10 @@ pub struct ServeOptions {
     pub ingest: IngestConfig,
     /// Transport limits.
     pub limits: Limits,
+    /// How epochs are cut (`None`: as the store says; a new store: by day).
+    pub epochs: Option<EpochPolicy>,
+    /// The release rule exports apply.
+    pub release: ReleaseConfig,
 }
 
 /// Opens a data directory and starts ingest over it (no transport): what `serve` runs on, and
@@ -49,6 +58,8 @@ pub fn open(
     data: &DataDir,
     key_file: Option<&PathBuf>,
     config: IngestConfig,
+    epochs: Option<EpochPolicy>,
+    release: ReleaseConfig,
 ) -> Result<(Admin, Writer)> {
     data.create()
         .with_context(|| format!("creating {}", data.0.display()))?;
@@ -62,8 +73,11 @@ pub fn open(
         Some(path) => {
             let bytes =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            PublicKey::from_bytes(&bytes)
-                .with_context(|| format!("{} is not a Penrose public key", path.display()))?
+            let key = PublicKey::from_bytes(&bytes)
+                .with_context(|| format!("{} is not a Penrose public key", path.display()))?;
+            check_key_bits(key.size().modulus_bits())
+                .with_context(|| format!("{}", path.display()))?;
+            key
         }
         None => match stored_public_key(store.as_ref())? {
             Some(key) => key,
@@ -78,6 +92,7 @@ pub fn open(
         &key,
         FingerprintParams::default(),
         ACCUMULATOR_REPORT_BOUND,
+        epochs,
     )?;
     let throttle = stored_throttle(store.as_ref())?;
     let (ingest, writer) = Ingest::start(state, throttle, config, Arc::new(Metrics::default()))
@@ -88,6 +103,7 @@ pub fn open(
             ingest,
             store,
             signing,
+            release,
             serving: false,
         },
         writer,
@@ -119,7 +135,13 @@ fn identity(options: &ServeOptions) -> Result<Identity> {
 
 /// Runs the server until SIGINT/SIGTERM (Ok) or a failed durable write (Err).
 pub async fn run(options: ServeOptions) -> Result<()> {
-    let (mut admin, writer) = open(&options.data, options.public_key.as_ref(), options.ingest)?;
+    let (mut admin, writer) = open(
+        &options.data,
+        options.public_key.as_ref(),
+        options.ingest,
+        options.epochs,
+        options.release,
+    )?;
     admin.serving = true;
     let identity = identity(&options)?;
     let server = penrose_transport::serve(
@@ -167,6 +189,8 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     info!(listen = %server.local_addr(), "serving");
     let mut term = signal(SignalKind::terminate())?;
     let mut health = tokio::time::interval(Duration::from_millis(200));
+    // Epochs close by the clock even when no report arrives to trigger it.
+    let mut epochs = tokio::time::interval(EPOCH_TICK);
     let failed = loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break false,
@@ -174,6 +198,11 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             _ = health.tick() => {
                 if !admin.ingest.is_healthy() {
                     break true;
+                }
+            }
+            _ = epochs.tick() => {
+                if let Err(e) = admin.ingest.close_due().await {
+                    error!(error = %e, "closing due epochs failed");
                 }
             }
         }

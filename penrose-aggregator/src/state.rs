@@ -25,16 +25,19 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use penrose_core::bundle::Cursor;
+use penrose_core::bundle::{Cursor, EpochId, EpochKind, InstanceId};
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::paillier::{KeyId, PublicKey};
+use penrose_core::release::day_acceptable;
 use penrose_core::wire::{Day, ReportId, ThrottleHint};
+use rand::RngCore;
 use thiserror::Error;
 
 use crate::aggregate::{AggregateError, AshRecord, SumKey, Sums};
+use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::store::{Store, StoreError, Table, WriteSet};
 use crate::tables::{RecordError, Tables};
-use crate::validate::ValidReport;
+use crate::validate::{CiphertextDigest, ValidReport};
 
 /// Keys of the meta table.
 pub mod meta {
@@ -52,12 +55,19 @@ pub mod meta {
     /// How the records are laid out (u32, [`STORE_FORMAT`](super::STORE_FORMAT)); absent in
     /// stores written before it existed, which are format 1.
     pub const FORMAT: &[u8] = b"format";
+    /// The store's random instance id ([u8; 16]): the name of its bundle chain. A backup copy
+    /// is given a new one (a restored store is a new chain).
+    pub const INSTANCE: &[u8] = b"chain/instance";
+    /// The instance a backup copy was taken from ([u8; 16]; absent for an original store).
+    pub const PARENT: &[u8] = b"chain/parent";
 }
 
-/// The layout this build reads and writes. 2: ASH sums are accumulator states (each sum times
-/// R^-reports, `Accumulator::state_bytes`); 1 stored the sums themselves. Opening a store of
-/// another format is refused rather than misread.
-pub const STORE_FORMAT: u32 = 2;
+/// The layout this build reads and writes. 3: sums per epoch (the ASH key holds the epoch),
+/// epoch records, the instance id and the export chain; 2 kept one running sum per
+/// (class, counter), which could be differenced, and stored accumulator states as 3 does; 1
+/// stored the sums themselves. Opening a store of another format is refused rather than
+/// misread.
+pub const STORE_FORMAT: u32 = 3;
 
 /// What happened to one report of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +78,8 @@ pub enum Outcome {
     Duplicate,
     /// A ciphertext is not a unit (the batch's unit check); not counted, not remembered.
     NotUnit,
+    /// The report's day is no longer acceptable (the server's day turned since validation).
+    DayOutOfRange,
 }
 
 /// Why the state could not be opened or a batch applied.
@@ -96,9 +108,23 @@ pub enum StateError {
     /// The writer thread panicked (a bug); the state it held is not trusted.
     #[error("the ingest writer panicked")]
     WriterPanicked,
+    /// The writer has stopped (a failed write, or shutdown); nothing more is applied.
+    #[error("the ingest writer has stopped")]
+    WriterStopped,
     /// A meta value has the wrong length.
     #[error("damaged meta record {0}")]
     Meta(&'static str),
+    /// The store cuts epochs another way than the server was asked to.
+    #[error(
+        "this data directory cuts epochs by {stored:?}, but the server was started with {given}; \
+         epochs of one store are all of one kind"
+    )]
+    EpochKindMismatch {
+        /// The store's kind.
+        stored: EpochKind,
+        /// The policy given.
+        given: EpochPolicy,
+    },
     /// The store was written by a build with another record layout.
     #[error(
         "this data directory has store format {found}, but this aggregator reads format \
@@ -118,13 +144,16 @@ pub struct State {
     key: PublicKey,
     tables: Tables,
     sums: Sums,
+    epochs: Epochs,
+    instance: InstanceId,
     /// The cursor and total of the last prepared batch (ahead of `durable` while it syncs).
     cursor: Cursor,
     accepted: u64,
     durable: Arc<Durable>,
     /// Accepted report ids of prepared batches, by cursor, until they are durable.
-    in_flight: VecDeque<(Cursor, Vec<ReportId>)>,
+    in_flight: VecDeque<(Cursor, Vec<ReportId>, Vec<CiphertextDigest>)>,
     in_flight_ids: HashSet<ReportId>,
+    in_flight_digests: HashSet<CiphertextDigest>,
 }
 
 /// What the last committed batch made durable, published by whoever commits.
@@ -139,6 +168,7 @@ struct Durable {
 pub struct Prepared {
     outcomes: Vec<Outcome>,
     write: Option<(WriteSet, Cursor, u64)>,
+    closed: Vec<EpochRecord>,
     store: Arc<dyn Store>,
     durable: Arc<Durable>,
 }
@@ -155,6 +185,11 @@ impl Prepared {
         Ok(self.outcomes)
     }
 
+    /// The epochs this batch closes, final once it is committed.
+    pub fn closed(&self) -> &[EpochRecord] {
+        &self.closed
+    }
+
     /// Reports of the batch that will be counted once it is committed.
     pub fn accepted(&self) -> usize {
         self.outcomes
@@ -165,12 +200,15 @@ impl Prepared {
 }
 
 impl State {
-    /// Rebuilds the state from `store` (empty for a new store) for `key`.
+    /// Rebuilds the state from `store` (empty for a new store) for `key`. Epochs are cut by
+    /// `policy` when given (its kind must be the store's; a count may change), else as the
+    /// store says (a new store: by day).
     pub fn open(
         store: Arc<dyn Store>,
         key: &PublicKey,
         params: FingerprintParams,
         bound: u64,
+        policy: Option<EpochPolicy>,
     ) -> Result<Self, StateError> {
         match store.get(Table::Meta, meta::KEY_ID)? {
             Some(stored) => {
@@ -195,12 +233,20 @@ impl State {
                     meta::FORMAT,
                     STORE_FORMAT.to_be_bytes().to_vec(),
                 );
+                let mut instance = [0u8; 16];
+                rand::rng().fill_bytes(&mut instance);
+                set.put(Table::Meta, meta::INSTANCE, instance.to_vec());
+                epochs::write_policy(&mut set, policy.unwrap_or_default());
                 store.write(set)?;
             }
         }
         let (mut sst, mut est, mut ash) = (Vec::new(), Vec::new(), Vec::new());
         let mut cursor = Cursor(0);
         let mut accepted = 0;
+        let (mut instance, mut kind, mut count) = (None, None, None);
+        let (mut closed_through, mut current) = (None, None);
+        let mut epoch_records = Vec::new();
+        let damaged = |what: &str| StoreError::Visit(format!("damaged meta record {what}"));
         store.scan(
             &[Table::Sst, Table::Est, Table::Ash, Table::Meta],
             &mut |table, k, v| {
@@ -220,18 +266,75 @@ impl State {
                         accepted = read_u64(v)
                             .ok_or(StoreError::Visit("damaged meta record accepted".into()))?;
                     }
+                    Table::Meta if k == meta::INSTANCE => {
+                        instance = Some(InstanceId(
+                            v.try_into().map_err(|_| damaged("chain/instance"))?,
+                        ));
+                    }
+                    Table::Meta if k == epochs::keys::KIND => {
+                        kind = Some(
+                            v.first()
+                                .copied()
+                                .and_then(EpochKind::from_code)
+                                .ok_or_else(|| damaged("epoch/kind"))?,
+                        );
+                    }
+                    Table::Meta if k == epochs::keys::COUNT => {
+                        count = Some(read_u64(v).ok_or_else(|| damaged("epoch/count"))?);
+                    }
+                    Table::Meta if k == epochs::keys::CLOSED_THROUGH => {
+                        closed_through =
+                            Some(EpochId(read_u32(v).ok_or_else(|| damaged("closed_through"))?));
+                    }
+                    Table::Meta if k == epochs::keys::CURRENT => {
+                        current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
+                    }
+                    Table::Meta if k.starts_with(epochs::keys::RECORD) => {
+                        epoch_records.push(
+                            EpochRecord::decode(k, v).ok_or_else(|| damaged("epoch record"))?,
+                        );
+                    }
                     _ => {}
                 }
                 Ok(())
             },
         )?;
+        let instance = instance.ok_or(StateError::Meta("chain/instance"))?;
+        let stored = match kind.ok_or(StateError::Meta("epoch/kind"))? {
+            EpochKind::Day => EpochPolicy::Day,
+            EpochKind::Count => EpochPolicy::Count(
+                count
+                    .and_then(std::num::NonZeroU64::new)
+                    .ok_or(StateError::Meta("epoch/count"))?,
+            ),
+        };
+        let policy = match policy {
+            None => stored,
+            Some(given) if given.kind() != stored.kind() => {
+                return Err(StateError::EpochKindMismatch {
+                    stored: stored.kind(),
+                    given,
+                });
+            }
+            Some(given) => {
+                if given != stored {
+                    let mut set = WriteSet::new();
+                    epochs::write_policy(&mut set, given);
+                    store.write(set)?;
+                }
+                given
+            }
+        };
+        let epochs = Epochs::load(policy, closed_through, current, epoch_records);
         let tables = Tables::load(params, sst, est)?;
-        let sums = Sums::load(key, bound, ash)?;
+        let sums = Sums::load(key, bound, ash, |e| epochs.is_open(e))?;
         Ok(Self {
             store,
             key: key.clone(),
             tables,
             sums,
+            epochs,
+            instance,
             cursor,
             accepted,
             durable: Arc::new(Durable {
@@ -240,6 +343,7 @@ impl State {
             }),
             in_flight: VecDeque::new(),
             in_flight_ids: HashSet::new(),
+            in_flight_digests: HashSet::new(),
         })
     }
 
@@ -251,79 +355,145 @@ impl State {
         self.prepare(batch, today)?.commit()
     }
 
-    /// The in-memory half of [`apply`](Self::apply): the unit check of the batch's
-    /// ciphertexts (one gcd), deduplication against the store and the batches still syncing,
-    /// classes, one multiplication per ciphertext, and the write that records it all. On an
-    /// error nothing of this batch may be committed or acknowledged and this state must be
-    /// dropped; batches prepared before it may still be committed.
+    /// The in-memory half of [`apply`](Self::apply): epochs due by `today` are closed, then
+    /// the unit check of the batch's ciphertexts (one gcd), deduplication by report id and by
+    /// ciphertext digest against the store and the batches still syncing, the day check,
+    /// epochs, classes, one multiplication per ciphertext, and the write that records it all;
+    /// an epoch the batch fills (count policy) is closed with it. On an error nothing of this
+    /// batch may be committed or acknowledged and this state must be dropped; batches prepared
+    /// before it may still be committed.
     pub fn prepare(&mut self, batch: &[ValidReport], today: Day) -> Result<Prepared, StateError> {
-        // Batches committed since the last call are visible in the store now.
-        let durable = self.durable.cursor.load(Ordering::Acquire);
-        while let Some((cursor, _)) = self.in_flight.front() {
-            if cursor.0 > durable {
-                break;
-            }
-            if let Some((_, ids)) = self.in_flight.pop_front() {
-                for id in ids {
-                    self.in_flight_ids.remove(&id);
-                }
-            }
-        }
-        let units = self.key.check_units(batch.iter().map(|r| &r.ciphertexts));
-        let ids: Vec<&[u8]> = batch.iter().map(|r| &r.report.report_id.0[..]).collect();
-        let seen = self.store.contains_many(Table::Seen, &ids)?;
-        let next = Cursor(self.cursor.0 + 1);
+        self.forget_durable();
         let mut set = WriteSet::new();
+        let mut closed = self.close_epochs(&self.epochs.due(today));
+        let units = self.key.check_units(batch.iter().map(|r| &r.ciphertexts));
+        let mut keys: Vec<&[u8]> = batch.iter().map(|r| &r.report.report_id.0[..]).collect();
+        keys.extend(batch.iter().map(|r| &r.digest.0[..]));
+        let seen = self.store.contains_many(Table::Seen, &keys)?;
+        let (seen_ids, seen_digests) = seen.split_at(batch.len());
+        let next = Cursor(self.cursor.0 + 1);
         let mut in_batch: HashSet<ReportId> = HashSet::with_capacity(batch.len());
+        let mut in_batch_digests: HashSet<CiphertextDigest> = HashSet::with_capacity(batch.len());
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut accepted_ids = Vec::with_capacity(batch.len());
-        for ((valid, seen), unit) in batch.iter().zip(seen).zip(units) {
+        let mut accepted_digests = Vec::with_capacity(batch.len());
+        for (((valid, &seen_id), &seen_digest), unit) in
+            batch.iter().zip(seen_ids).zip(seen_digests).zip(units)
+        {
             let report = &valid.report;
             let Ok(ciphertexts) = unit else {
                 outcomes.push(Outcome::NotUnit);
                 continue;
             };
-            if seen
+            if seen_id
+                || seen_digest
                 || self.in_flight_ids.contains(&report.report_id)
+                || self.in_flight_digests.contains(&valid.digest)
                 || !in_batch.insert(report.report_id)
+                || !in_batch_digests.insert(valid.digest)
             {
                 outcomes.push(Outcome::Duplicate);
                 continue;
             }
+            if !day_acceptable(report.day, today) {
+                outcomes.push(Outcome::DayOutOfRange);
+                continue;
+            }
+            let epoch = self.epochs.admit(report.day);
             let placement = self.tables.record(report.snippet, today);
             let key = SumKey {
                 class: placement.class,
                 catalogue: report.catalogue,
                 counter: report.counter,
+                epoch,
             };
             self.sums
                 .absorb(key, ciphertexts, u64::from(report.samples.0))?;
             accepted_ids.push(report.report_id);
+            accepted_digests.push(valid.digest);
             outcomes.push(Outcome::Accepted);
         }
         let accepted = accepted_ids.len() as u64;
-        let mut prepared = Prepared {
-            outcomes,
-            write: None,
-            store: Arc::clone(&self.store),
-            durable: Arc::clone(&self.durable),
+        if accepted > 0 {
+            // In key order: RocksDB's memtable insert starts from where the previous key went,
+            // which saves most of each skip-list search when the keys come sorted.
+            accepted_ids.sort_unstable();
+            accepted_digests.sort_unstable();
+            for id in &accepted_ids {
+                set.put(Table::Seen, id.0.to_vec(), next.0.to_be_bytes().to_vec());
+            }
+            for digest in &accepted_digests {
+                set.put(Table::Seen, digest.0.to_vec(), next.0.to_be_bytes().to_vec());
+            }
+            let (snippets, classes) = self.tables.take_dirty();
+            for (k, v) in snippets {
+                set.put(Table::Sst, k, v);
+            }
+            for (k, v) in classes {
+                set.put(Table::Est, k, v);
+            }
+            self.write_sums(&mut set, next);
+            // The count policy closes the epoch this batch filled, with the batch.
+            closed.extend(self.close_epochs(&self.epochs.due(today)));
+        }
+        Ok(self.finish(set, outcomes, accepted_ids, accepted_digests, closed, next))
+    }
+
+    /// Closes open epochs now, in order with the batches: those due by `today`, or with
+    /// `all`, every open epoch that holds reports (an operator's close). The returned batch
+    /// holds only the closing write; commit it like any other.
+    pub fn prepare_close(&mut self, today: Day, all: bool) -> Prepared {
+        self.forget_durable();
+        let ids = if all {
+            self.epochs.all_open()
+        } else {
+            self.epochs.due(today)
         };
-        if accepted == 0 {
-            return Ok(prepared);
+        let closed = self.close_epochs(&ids);
+        let next = Cursor(self.cursor.0 + 1);
+        self.finish(
+            WriteSet::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            closed,
+            next,
+        )
+    }
+
+    /// Forgets the in-flight ids of batches committed since the last call: they are visible in
+    /// the store now.
+    fn forget_durable(&mut self) {
+        let durable = self.durable.cursor.load(Ordering::Acquire);
+        while let Some((cursor, _, _)) = self.in_flight.front() {
+            if cursor.0 > durable {
+                break;
+            }
+            if let Some((_, ids, digests)) = self.in_flight.pop_front() {
+                for id in ids {
+                    self.in_flight_ids.remove(&id);
+                }
+                for digest in digests {
+                    self.in_flight_digests.remove(&digest);
+                }
+            }
         }
-        // In key order: RocksDB's memtable insert starts from where the previous key went,
-        // which saves most of each skip-list search when the keys come sorted.
-        accepted_ids.sort_unstable();
-        for id in &accepted_ids {
-            set.put(Table::Seen, id.0.to_vec(), next.0.to_be_bytes().to_vec());
+    }
+
+    /// Closes `ids`: their sums' last states are written by the caller's batch before the
+    /// accumulators are dropped from memory.
+    fn close_epochs(&mut self, ids: &[EpochId]) -> Vec<EpochRecord> {
+        if ids.is_empty() {
+            return Vec::new();
         }
-        let (snippets, classes) = self.tables.take_dirty();
-        for (k, v) in snippets {
-            set.put(Table::Sst, k, v);
+        let closed = self.epochs.close(ids);
+        for record in &closed {
+            self.sums.close(record.id);
         }
-        for (k, v) in classes {
-            set.put(Table::Est, k, v);
-        }
+        closed
+    }
+
+    fn write_sums(&mut self, set: &mut WriteSet, next: Cursor) {
         for record in self.sums.take_dirty(next) {
             set.put(
                 Table::Ash,
@@ -331,15 +501,40 @@ impl State {
                 record.store_value(),
             );
         }
+    }
+
+    fn finish(
+        &mut self,
+        mut set: WriteSet,
+        outcomes: Vec<Outcome>,
+        accepted_ids: Vec<ReportId>,
+        accepted_digests: Vec<CiphertextDigest>,
+        closed: Vec<EpochRecord>,
+        next: Cursor,
+    ) -> Prepared {
+        let accepted = accepted_ids.len() as u64;
+        self.epochs.write_dirty(&mut set);
+        let mut prepared = Prepared {
+            outcomes,
+            write: None,
+            closed,
+            store: Arc::clone(&self.store),
+            durable: Arc::clone(&self.durable),
+        };
+        if set.is_empty() {
+            return prepared;
+        }
         let total = self.accepted + accepted;
         set.put(Table::Meta, meta::CURSOR, next.0.to_be_bytes().to_vec());
         set.put(Table::Meta, meta::ACCEPTED, total.to_be_bytes().to_vec());
         self.cursor = next;
         self.accepted = total;
         self.in_flight_ids.extend(accepted_ids.iter().copied());
-        self.in_flight.push_back((next, accepted_ids));
+        self.in_flight_digests
+            .extend(accepted_digests.iter().copied());
+        self.in_flight.push_back((next, accepted_ids, accepted_digests));
         prepared.write = Some((set, next, total));
-        Ok(prepared)
+        prepared
     }
 
     /// The tables.
@@ -350,6 +545,16 @@ impl State {
     /// The sums.
     pub fn sums(&self) -> &Sums {
         &self.sums
+    }
+
+    /// The epochs.
+    pub fn epochs(&self) -> &Epochs {
+        &self.epochs
+    }
+
+    /// The store's instance id (its bundle chain's name).
+    pub fn instance(&self) -> InstanceId {
+        self.instance
     }
 
     /// The cursor of the last committed (durable) batch.
@@ -414,6 +619,10 @@ fn read_u64(v: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(v.try_into().ok()?))
 }
 
+fn read_u32(v: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(v.try_into().ok()?))
+}
+
 /// Refuses a store whose records this build would misread (see [`STORE_FORMAT`]).
 pub fn check_format(store: &dyn Store) -> Result<(), StateError> {
     let found = match store.get(Table::Meta, meta::FORMAT)? {
@@ -446,7 +655,13 @@ mod tests {
     use crate::store::RocksStore;
 
     fn open(store: &Arc<dyn Store>, key: &PublicKey) -> Result<State, StateError> {
-        State::open(Arc::clone(store), key, FingerprintParams::default(), 1_000)
+        State::open(
+            Arc::clone(store),
+            key,
+            FingerprintParams::default(),
+            1_000,
+            None,
+        )
     }
 
     #[test]

@@ -8,7 +8,9 @@
 
 use penrose_core::counters::Catalogue;
 use penrose_core::paillier::{MAX_REPORT_SAMPLES, PaillierError, PublicKey, UnitPending};
-use penrose_core::wire::{Message, RejectReason, Report, WireError};
+use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
+use penrose_core::wire::{Day, Message, RejectReason, Report, WireError};
+use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 /// Why a report was refused: the code the ack carries and the reason in words for the log.
@@ -39,6 +41,14 @@ pub enum Rejection {
         /// The catalogue version.
         catalogue: u16,
     },
+    /// The report's day is too far from the server's: a report may not choose its epoch.
+    #[error("report day {day} is more than {DAY_TOLERANCE} day(s) from the server's day {today}")]
+    Day {
+        /// The report's day.
+        day: u32,
+        /// The server's.
+        today: u32,
+    },
     /// Zero samples, or more than one report may hold.
     #[error("sample count {0} outside 1..={MAX_REPORT_SAMPLES}")]
     SampleCount(u32),
@@ -58,6 +68,7 @@ impl Rejection {
                 RejectReason::UnknownCounter
             }
             Rejection::SampleCount(_) => RejectReason::SampleCountOutOfRange,
+            Rejection::Day { .. } => RejectReason::DayOutOfRange,
             Rejection::Ciphertext(_) => RejectReason::InvalidCiphertext,
         }
     }
@@ -72,33 +83,44 @@ pub struct ValidReport {
     /// of n); the unit check is the writer's, per batch
     /// ([`PublicKey::check_units`](penrose_core::paillier::PublicKey::check_units)).
     pub ciphertexts: UnitPending,
+    /// SHA-256 of the ciphertext bytes: an exact copy of a counted report under a fresh report
+    /// id is folded by it, so resending the same histogram does not count twice.
+    pub digest: CiphertextDigest,
 }
 
-/// Decodes one whole frame and checks it against the server's key and the catalogues this
-/// build knows.
-pub fn validate_frame(frame: &[u8], key: &PublicKey) -> Result<ValidReport, Rejection> {
+/// The SHA-256 of a report's ciphertexts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CiphertextDigest(pub [u8; 32]);
+
+/// Decodes one whole frame and checks it against the server's key, the catalogues this
+/// build knows and the server's day.
+pub fn validate_frame(frame: &[u8], key: &PublicKey, today: Day) -> Result<ValidReport, Rejection> {
     let (message, used) = Message::decode(frame)?;
     if used != frame.len() {
         return Err(WireError::TrailingBytes(frame.len() - used).into());
     }
     match message {
-        Message::Report(report) => validate_report(report, key),
+        Message::Report(report) => validate_report(report, key, today),
         Message::Ack(_) => Err(Rejection::NotAReport),
     }
 }
 
 /// Decodes one frame body (the bytes after the length prefix, as a transport that already
 /// checked the prefix hands them over) and checks it like [`validate_frame`].
-pub fn validate_body(body: &[u8], key: &PublicKey) -> Result<ValidReport, Rejection> {
+pub fn validate_body(body: &[u8], key: &PublicKey, today: Day) -> Result<ValidReport, Rejection> {
     match Message::decode_body(body)? {
-        Message::Report(report) => validate_report(report, key),
+        Message::Report(report) => validate_report(report, key, today),
         Message::Ack(_) => Err(Rejection::NotAReport),
     }
 }
 
-/// Checks a decoded report: key, catalogue, counter, sample count, then the ciphertexts (the
-/// one expensive check, last; its gcd is deferred to the batch, module docs).
-pub fn validate_report(report: Report, key: &PublicKey) -> Result<ValidReport, Rejection> {
+/// Checks a decoded report: key, catalogue, counter, sample count, day, then the ciphertexts
+/// (the one expensive check, last; its gcd is deferred to the batch, module docs).
+pub fn validate_report(
+    report: Report,
+    key: &PublicKey,
+    today: Day,
+) -> Result<ValidReport, Rejection> {
     if report.key_id != key.key_id() {
         return Err(Rejection::UnknownKey {
             expected: key.key_id(),
@@ -117,10 +139,19 @@ pub fn validate_report(report: Report, key: &PublicKey) -> Result<ValidReport, R
     if samples == 0 || u64::from(samples) > MAX_REPORT_SAMPLES {
         return Err(Rejection::SampleCount(samples));
     }
-    let ciphertexts = key.validate_packed_deferring_units(report.ciphertexts.as_bytes())?;
+    if !day_acceptable(report.day, today) {
+        return Err(Rejection::Day {
+            day: report.day.0,
+            today: today.0,
+        });
+    }
+    let bytes = report.ciphertexts.as_bytes();
+    let ciphertexts = key.validate_packed_deferring_units(bytes)?;
+    let digest = CiphertextDigest(Sha256::digest(bytes).into());
     Ok(ValidReport {
         report,
         ciphertexts,
+        digest,
     })
 }
 
@@ -135,6 +166,8 @@ mod tests {
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
+    const TODAY: Day = Day(20_000);
+
     fn setup() -> (Keypair, Report) {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let keys = Keypair::generate_with_size(KeySize::Bits1024, &mut rng);
@@ -148,7 +181,7 @@ mod tests {
             snippet: SnippetHash([2; 32]),
             counter: CounterId(4),
             catalogue: CatalogueVersion(1),
-            day: Day(20_000),
+            day: TODAY,
             samples: SampleCount(10),
             ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
         };
@@ -157,7 +190,7 @@ mod tests {
 
     fn reason(report: Report, keys: &Keypair) -> RejectReason {
         let frame = Message::Report(report).to_frame().unwrap();
-        validate_frame(&frame, keys.public_key())
+        validate_frame(&frame, keys.public_key(), TODAY)
             .unwrap_err()
             .reason()
     }
@@ -172,7 +205,7 @@ mod tests {
     fn a_valid_report_passes_and_decrypts() {
         let (keys, report) = setup();
         let frame = Message::Report(report.clone()).to_frame().unwrap();
-        let valid = validate_frame(&frame, keys.public_key()).unwrap();
+        let valid = validate_frame(&frame, keys.public_key(), TODAY).unwrap();
         assert_eq!(valid.report, report);
         let checked = keys.public_key().check_units([&valid.ciphertexts]);
         let bins = keys
@@ -201,6 +234,18 @@ mod tests {
             let mut r = report.clone();
             r.samples = SampleCount(samples);
             assert_eq!(reason(r, &keys), RejectReason::SampleCountOutOfRange);
+        }
+
+        for day in [Day(TODAY.0 - 2), Day(TODAY.0 + 2), Day(0), Day(u32::MAX)] {
+            let mut r = report.clone();
+            r.day = day;
+            assert_eq!(reason(r, &keys), RejectReason::DayOutOfRange);
+        }
+        for day in [Day(TODAY.0 - 1), Day(TODAY.0 + 1)] {
+            let mut r = report.clone();
+            r.day = day;
+            let frame = Message::Report(r).to_frame().unwrap();
+            assert!(validate_frame(&frame, keys.public_key(), TODAY).is_ok());
         }
 
         let len = report.ciphertexts.as_bytes().len();
@@ -235,32 +280,32 @@ mod tests {
         let (keys, report) = setup();
         let frame = Message::Report(report).to_frame().unwrap();
         let key = keys.public_key();
-        let truncated = validate_frame(&frame[..frame.len() - 1], key).unwrap_err();
+        let truncated = validate_frame(&frame[..frame.len() - 1], key, TODAY).unwrap_err();
         assert_eq!(truncated.reason(), RejectReason::Malformed);
         let mut trailing = frame.clone();
         trailing.push(0);
         assert_eq!(
-            validate_frame(&trailing, key).unwrap_err().reason(),
+            validate_frame(&trailing, key, TODAY).unwrap_err().reason(),
             RejectReason::Malformed
         );
         let huge = u32::MAX.to_be_bytes();
         assert_eq!(
-            validate_frame(&huge, key).unwrap_err().reason(),
+            validate_frame(&huge, key, TODAY).unwrap_err().reason(),
             RejectReason::TooLarge
         );
         let mut version = frame.clone();
         version[6] = 2;
         assert_eq!(
-            validate_frame(&version, key).unwrap_err().reason(),
+            validate_frame(&version, key, TODAY).unwrap_err().reason(),
             RejectReason::UnsupportedVersion
         );
         // Garbage announcing a huge frame is refused on its length, other garbage as malformed.
         assert_eq!(
-            validate_frame(b"garbage bytes!", key).unwrap_err().reason(),
+            validate_frame(b"garbage bytes!", key, TODAY).unwrap_err().reason(),
             RejectReason::TooLarge
         );
         assert_eq!(
-            validate_frame(&[0, 0, 0, 3, 9, 0, 1], key)
+            validate_frame(&[0, 0, 0, 3, 9, 0, 1], key, TODAY)
                 .unwrap_err()
                 .reason(),
             RejectReason::Malformed

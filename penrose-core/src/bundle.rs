@@ -1,71 +1,226 @@
-//! Export bundles: the encrypted sums the aggregation server hands to the design server, signed
-//! by the aggregation server so that the design server imports only what its own aggregator
-//! produced.
+//! Export bundles: the released sums the aggregation server hands to the design server, signed
+//! by the aggregation server and chained, so that the design server imports only what its own
+//! aggregator released, each sum once, in order.
 //!
 //! ```text
 //! bundle  = "PNBD"  version:u8  body  signature:[64]      (ed25519 over everything before it)
-//! body    = signer:[32]  key_id:[32]  since:u64be  cursor:u64be  day:u32be  count:u32be
-//!           entry * count
-//! entry   = class:u32be  catalogue:u16be  counter:u16be  generation:u32be
+//! body    = signer:[32]  key_id:[32]  instance:[16]  parent:[16]  seq:u64be  prev:[32]
+//!           day:u32be  epoch_kind:u8  threshold:u64be  cap:u32be
+//!           epoch_count:u32be  epoch * epoch_count  entry_count:u32be  entry * entry_count
+//! epoch   = id:u32be  first_day:u32be  last_day:u32be  reports:u64be
+//!           withheld_sums:u32be  withheld_reports:u64be
+//! entry   = epoch:u32be  class:u32be  catalogue:u16be  counter:u16be  generation:u32be
 //!           reports:u64be  samples:u64be  n:u8  ct_len:u16be  sums:[n * ct_len]
 //! ```
 //!
-//! An entry is the *current* value of one accumulator (class, catalogue, counter, generation),
-//! not a delta: a bundle exported `since` an older cursor carries every accumulator that changed
-//! after it, so importing keeps, per accumulator, the entry of the bundle with the highest
-//! cursor, and importing a bundle twice changes nothing. `reports` is the contributor count the
-//! design server's threshold reads.
+//! **Release.** A bundle carries only *closed* epochs, and of each only the sums whose
+//! contributor bound (`crate::release`) reaches the threshold; the rest are counted in the
+//! epoch's `withheld_*` fields and never leave the aggregator. A closed epoch's sums never
+//! change and every report is in exactly one of them, so no two released sums can be
+//! differenced down to a few reports.
+//!
+//! **Chain.** Each aggregator store has a random `instance` id; its bundles are numbered
+//! `seq` = 1, 2, ... and each names the SHA-256 of the whole previous bundle (`prev`; zeros
+//! for the first). The design server accepts bundle n + 1 of the chain it follows only after
+//! bundle n, so a forked, gapped or replayed history is refused. A store restored from a backup
+//! is a new instance whose `parent` is the instance it was copied from (zeros otherwise).
 //!
 //! This module lives in the I/O-free core (behind the `bundle` feature) so that the design
 //! server can decode and verify bundles without linking the aggregator's storage.
 
+use std::collections::HashSet;
+use std::fmt;
+
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use crate::counters::{CatalogueVersion, CounterId};
 use crate::paillier::KeyId;
 use crate::wire::{Day, MAX_CIPHERTEXTS, PackedBytes, WireError};
 
-/// The bundle format version this build writes and reads.
-pub const BUNDLE_VERSION: u8 = 1;
+/// The bundle format version this build writes and reads. 2: epochs, release threshold and the
+/// chain; 1 carried running totals, which could be differenced, and is refused.
+pub const BUNDLE_VERSION: u8 = 2;
 
 const MAGIC: [u8; 4] = *b"PNBD";
-const HEADER_BYTES: usize = 4 + 1 + 32 + 32 + 8 + 8 + 4 + 4;
-const ENTRY_FIXED_BYTES: usize = 4 + 2 + 2 + 4 + 8 + 8 + 1 + 2;
+const HEADER_BYTES: usize = 4 + 1 + 32 + 32 + 16 + 16 + 8 + 32 + 4 + 1 + 8 + 4 + 4;
+const EPOCH_BYTES: usize = 4 + 4 + 4 + 8 + 4 + 8;
+const ENTRY_FIXED_BYTES: usize = 4 + 4 + 2 + 2 + 4 + 8 + 8 + 1 + 2;
 const SIGNATURE_BYTES: usize = 64;
 
 /// An application class: the aggregator's name for a group of similar snippets. Numbered from
-/// 0 in the order classes were founded; stable for the life of an aggregator's data directory.
+/// 0 in the order classes were founded; stable for the life of an aggregator's data directory
+/// (and of stores restored from its backups).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClassId(pub u32);
 
-/// Which accumulator of a (class, counter) this is: a fresh one starts whenever the previous
-/// one reached its report bound, so every generation decrypts on its own.
+/// Which accumulator of a (class, counter, epoch) this is: a fresh one starts whenever the
+/// previous one reached its report bound, so every generation decrypts on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Generation(pub u32);
 
-/// A point in the aggregator's history (its count of committed write batches): a bundle holds
-/// every accumulator changed after `since` up to and including `cursor`.
+/// A point in the aggregator's history (its count of committed write batches). Internal to the
+/// aggregator's store; bundles are ordered by their chain instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Cursor(pub u64);
 
-/// One accumulator's encrypted sums and contributor counts.
+/// An epoch: the unit of release. Under [`EpochKind::Day`] its id is the reports' day number;
+/// under [`EpochKind::Count`] a counter from 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EpochId(pub u32);
+
+/// How an aggregator cuts epochs; ids of different kinds are not comparable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EpochKind {
+    /// One epoch per report day, closed once no report of that day can still be accepted.
+    Day,
+    /// Epochs of a set number of reports (or closed by the operator).
+    Count,
+}
+
+impl EpochKind {
+    /// Its byte in bundles and stores.
+    pub fn code(self) -> u8 {
+        match self {
+            EpochKind::Day => 1,
+            EpochKind::Count => 2,
+        }
+    }
+
+    /// The kind of a byte.
+    pub fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(EpochKind::Day),
+            2 => Some(EpochKind::Count),
+            _ => None,
+        }
+    }
+}
+
+/// A store's random identity: the name of its bundle chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct InstanceId(pub [u8; 16]);
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// The SHA-256 of a whole bundle file: what the next bundle of the chain names as `prev`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BundleHash(pub [u8; 32]);
+
+impl BundleHash {
+    /// The hash of a bundle's bytes.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
+    }
+}
+
+impl fmt::Display for BundleHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0[..8].iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Where a bundle sits in its aggregator's history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainLink {
+    /// The store that wrote it.
+    pub instance: InstanceId,
+    /// The store it was restored from, if it was.
+    pub parent: Option<InstanceId>,
+    /// 1 for the first bundle of the chain.
+    pub seq: u64,
+    /// The hash of bundle `seq - 1` (zeros for the first).
+    pub prev: BundleHash,
+}
+
+/// The release rule the aggregator applied, so that the design server can check it applies at
+/// least as strict a one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReleaseRule {
+    /// How epochs are cut.
+    pub epochs: EpochKind,
+    /// k, contributors.
+    pub threshold: u64,
+    /// T, reports per contributor per (counter, day).
+    pub cap: u32,
+}
+
+/// One closed epoch as released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochSummary {
+    /// Which epoch.
+    pub id: EpochId,
+    /// The earliest report day in it.
+    pub first_day: Day,
+    /// The latest report day in it.
+    pub last_day: Day,
+    /// Reports in it, released or withheld.
+    pub reports: u64,
+    /// Sums below the threshold, not in the bundle.
+    pub withheld_sums: u32,
+    /// Reports in those sums.
+    pub withheld_reports: u64,
+}
+
+impl EpochSummary {
+    /// Days its reports span (at least 1): an agent's cap applies per day.
+    pub fn days(&self) -> u32 {
+        self.last_day.0.saturating_sub(self.first_day.0) + 1
+    }
+}
+
+/// One released sum: its encrypted bins and contributor counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BundleEntry {
+    /// The closed epoch its reports belong to.
+    pub epoch: EpochId,
     /// The class the reports were assigned to.
     pub class: ClassId,
     /// The catalogue the counter belongs to.
     pub catalogue: CatalogueVersion,
     /// The counter.
     pub counter: CounterId,
-    /// Which accumulator of this (class, counter).
+    /// Which accumulator of this (class, counter, epoch).
     pub generation: Generation,
-    /// Distinct reports multiplied into the sums: the contributor count.
+    /// Distinct reports multiplied into the sums.
     pub reports: u64,
-    /// Samples those reports claimed, summed.
+    /// Samples those reports claimed, summed: what the decrypted bins must add up to.
     pub samples: u64,
     /// The packed ciphertext sums, in a report's encoding.
     pub sums: PackedBytes,
+}
+
+impl BundleEntry {
+    /// The key of the sum: unique in a chain.
+    pub fn key(&self) -> SumId {
+        SumId {
+            epoch: self.epoch,
+            class: self.class,
+            catalogue: self.catalogue,
+            counter: self.counter,
+            generation: self.generation,
+        }
+    }
+}
+
+/// Names one released sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SumId {
+    /// Epoch.
+    pub epoch: EpochId,
+    /// Class.
+    pub class: ClassId,
+    /// Catalogue version.
+    pub catalogue: CatalogueVersion,
+    /// Counter.
+    pub counter: CounterId,
+    /// Generation.
+    pub generation: Generation,
 }
 
 /// A decoded bundle.
@@ -75,13 +230,15 @@ pub struct Bundle {
     pub signer: [u8; 32],
     /// The Paillier key the sums are under.
     pub key_id: KeyId,
-    /// The bundle holds accumulators changed after this cursor (0: everything).
-    pub since: Cursor,
-    /// The aggregator's cursor when the bundle was taken; pass it as the next `since`.
-    pub cursor: Cursor,
+    /// Its place in the store's chain.
+    pub link: ChainLink,
     /// The day the bundle was written.
     pub day: Day,
-    /// The accumulators.
+    /// The release rule applied.
+    pub rule: ReleaseRule,
+    /// The epochs it releases, by increasing id.
+    pub epochs: Vec<EpochSummary>,
+    /// The released sums.
     pub entries: Vec<BundleEntry>,
 }
 
@@ -97,12 +254,14 @@ pub enum BundleError {
     /// The bytes end before a field.
     #[error("bundle truncated while reading {0}")]
     Truncated(&'static str),
-    /// The entry count cannot fit in the bytes present.
-    #[error("bundle announces {announced} entries, but only {room} could fit")]
-    TooManyEntries {
-        /// Entries announced.
+    /// A count cannot fit in the bytes present.
+    #[error("bundle announces {announced} {what}, but only {room} could fit")]
+    TooMany {
+        /// Epochs or entries.
+        what: &'static str,
+        /// Announced.
         announced: u32,
-        /// Entries the remaining bytes could hold at most.
+        /// The most the remaining bytes could hold.
         room: usize,
     },
     /// An entry's ciphertexts are malformed.
@@ -113,6 +272,10 @@ pub enum BundleError {
         /// What is wrong.
         source: WireError,
     },
+    /// The bundle contradicts itself (epochs out of order, an entry of an epoch it does not
+    /// release, a sum twice, an unknown epoch kind, a first bundle with a predecessor).
+    #[error("inconsistent bundle: {0}")]
+    Inconsistent(&'static str),
     /// Bytes between the last entry and the signature.
     #[error("{0} unexpected bytes after the entries")]
     TrailingBytes(usize),
@@ -126,16 +289,18 @@ pub enum BundleError {
     #[error("signed by an aggregation server this design server does not trust")]
     UntrustedSigner,
     /// The bundle is too large to encode.
-    #[error("more than u32::MAX entries")]
+    #[error("more than u32::MAX epochs or entries")]
     TooLarge,
 }
 
 impl Bundle {
     /// Encodes the bundle and signs it with `key`; the signer field is set from `key`.
     pub fn sign(&self, key: &SigningKey) -> Result<Vec<u8>, BundleError> {
+        let epochs = u32::try_from(self.epochs.len()).map_err(|_| BundleError::TooLarge)?;
         let count = u32::try_from(self.entries.len()).map_err(|_| BundleError::TooLarge)?;
         let mut out = Vec::with_capacity(
             HEADER_BYTES
+                + self.epochs.len() * EPOCH_BYTES
                 + self
                     .entries
                     .iter()
@@ -147,11 +312,26 @@ impl Bundle {
         out.push(BUNDLE_VERSION);
         out.extend_from_slice(key.verifying_key().as_bytes());
         out.extend_from_slice(&self.key_id.0);
-        out.extend_from_slice(&self.since.0.to_be_bytes());
-        out.extend_from_slice(&self.cursor.0.to_be_bytes());
+        out.extend_from_slice(&self.link.instance.0);
+        out.extend_from_slice(&self.link.parent.unwrap_or_default().0);
+        out.extend_from_slice(&self.link.seq.to_be_bytes());
+        out.extend_from_slice(&self.link.prev.0);
         out.extend_from_slice(&self.day.0.to_be_bytes());
+        out.push(self.rule.epochs.code());
+        out.extend_from_slice(&self.rule.threshold.to_be_bytes());
+        out.extend_from_slice(&self.rule.cap.to_be_bytes());
+        out.extend_from_slice(&epochs.to_be_bytes());
+        for e in &self.epochs {
+            out.extend_from_slice(&e.id.0.to_be_bytes());
+            out.extend_from_slice(&e.first_day.0.to_be_bytes());
+            out.extend_from_slice(&e.last_day.0.to_be_bytes());
+            out.extend_from_slice(&e.reports.to_be_bytes());
+            out.extend_from_slice(&e.withheld_sums.to_be_bytes());
+            out.extend_from_slice(&e.withheld_reports.to_be_bytes());
+        }
         out.extend_from_slice(&count.to_be_bytes());
         for e in &self.entries {
+            out.extend_from_slice(&e.epoch.0.to_be_bytes());
             out.extend_from_slice(&e.class.0.to_be_bytes());
             out.extend_from_slice(&e.catalogue.0.to_be_bytes());
             out.extend_from_slice(&e.counter.0.to_be_bytes());
@@ -169,8 +349,8 @@ impl Bundle {
     }
 
     /// Decodes a bundle and checks its signature (strict ed25519 verification) under the key it
-    /// names; with `trusted`, also that this key is the trusted one. Nothing is returned from a
-    /// bundle that fails any check.
+    /// names; with `trusted`, also that this key is the trusted one; and that it is consistent
+    /// (module docs). Nothing is returned from a bundle that fails any check.
     pub fn verify(bytes: &[u8], trusted: Option<&VerifyingKey>) -> Result<Bundle, BundleError> {
         if bytes.len() < 5 {
             return Err(BundleError::Truncated("header"));
@@ -199,20 +379,70 @@ impl Bundle {
             return Err(BundleError::UntrustedSigner);
         }
         let key_id = KeyId(r.array("key id")?);
-        let since = Cursor(u64::from_be_bytes(r.array("since")?));
-        let cursor = Cursor(u64::from_be_bytes(r.array("cursor")?));
+        let instance = InstanceId(r.array("instance")?);
+        let parent = InstanceId(r.array("parent")?);
+        let seq = u64::from_be_bytes(r.array("seq")?);
+        let prev = BundleHash(r.array("prev")?);
         let day = Day(u32::from_be_bytes(r.array("day")?));
+        let [kind] = r.array::<1>("epoch kind")?;
+        let epochs_kind =
+            EpochKind::from_code(kind).ok_or(BundleError::Inconsistent("unknown epoch kind"))?;
+        let threshold = u64::from_be_bytes(r.array("threshold")?);
+        let cap = u32::from_be_bytes(r.array("cap")?);
+        if seq == 0 || (seq == 1) != (prev == BundleHash::default()) {
+            return Err(BundleError::Inconsistent(
+                "the first bundle of a chain, and only it, has no predecessor",
+            ));
+        }
+        let epoch_count = u32::from_be_bytes(r.array("epoch count")?);
+        let room = r.0.len() / EPOCH_BYTES;
+        if epoch_count as usize > room {
+            return Err(BundleError::TooMany {
+                what: "epochs",
+                announced: epoch_count,
+                room,
+            });
+        }
+        let mut epochs: Vec<EpochSummary> = Vec::with_capacity(epoch_count as usize);
+        for _ in 0..epoch_count {
+            let e = EpochSummary {
+                id: EpochId(u32::from_be_bytes(r.array("epoch id")?)),
+                first_day: Day(u32::from_be_bytes(r.array("epoch first day")?)),
+                last_day: Day(u32::from_be_bytes(r.array("epoch last day")?)),
+                reports: u64::from_be_bytes(r.array("epoch reports")?),
+                withheld_sums: u32::from_be_bytes(r.array("epoch withheld sums")?),
+                withheld_reports: u64::from_be_bytes(r.array("epoch withheld reports")?),
+            };
+            if epochs.last().is_some_and(|last| last.id >= e.id) {
+                return Err(BundleError::Inconsistent("epochs not in increasing order"));
+            }
+            if e.last_day < e.first_day {
+                return Err(BundleError::Inconsistent("an epoch ends before it starts"));
+            }
+            epochs.push(e);
+        }
         let count = u32::from_be_bytes(r.array("entry count")?);
         let room = r.0.len() / ENTRY_FIXED_BYTES;
         if count as usize > room {
-            return Err(BundleError::TooManyEntries {
+            return Err(BundleError::TooMany {
+                what: "entries",
                 announced: count,
                 room,
             });
         }
         let mut entries = Vec::with_capacity(count as usize);
+        let mut keys = HashSet::with_capacity(count as usize);
         for index in 0..count as usize {
-            entries.push(decode_entry(&mut r, index)?);
+            let entry = decode_entry(&mut r, index)?;
+            if epochs.binary_search_by_key(&entry.epoch, |e| e.id).is_err() {
+                return Err(BundleError::Inconsistent(
+                    "an entry of an epoch the bundle does not release",
+                ));
+            }
+            if !keys.insert(entry.key()) {
+                return Err(BundleError::Inconsistent("the same sum twice"));
+            }
+            entries.push(entry);
         }
         if !r.0.is_empty() {
             return Err(BundleError::TrailingBytes(r.0.len()));
@@ -220,25 +450,34 @@ impl Bundle {
         Ok(Bundle {
             signer,
             key_id,
-            since,
-            cursor,
+            link: ChainLink {
+                instance,
+                parent: (parent != InstanceId::default()).then_some(parent),
+                seq,
+                prev,
+            },
             day,
+            rule: ReleaseRule {
+                epochs: epochs_kind,
+                threshold,
+                cap,
+            },
+            epochs,
             entries,
         })
     }
 
-    /// Reports in all of one class's entries (every counter and generation). A report is one
-    /// counter's histogram, so this counts reports, not agents.
-    pub fn reports_of(&self, class: ClassId) -> u64 {
-        self.entries
-            .iter()
-            .filter(|e| e.class == class)
-            .map(|e| e.reports)
-            .sum()
+    /// The summary of one of the bundle's epochs.
+    pub fn epoch(&self, id: EpochId) -> Option<&EpochSummary> {
+        self.epochs
+            .binary_search_by_key(&id, |e| e.id)
+            .ok()
+            .map(|i| &self.epochs[i])
     }
 }
 
 fn decode_entry(r: &mut Reader<'_>, index: usize) -> Result<BundleEntry, BundleError> {
+    let epoch = EpochId(u32::from_be_bytes(r.array("epoch")?));
     let class = ClassId(u32::from_be_bytes(r.array("class")?));
     let catalogue = CatalogueVersion(u16::from_be_bytes(r.array("catalogue")?));
     let counter = CounterId(u16::from_be_bytes(r.array("counter")?));
@@ -258,6 +497,7 @@ fn decode_entry(r: &mut Reader<'_>, index: usize) -> Result<BundleEntry, BundleE
     let sums = PackedBytes::new(bytes.to_vec(), n)
         .map_err(|source| BundleError::Entry { index, source })?;
     Ok(BundleEntry {
+        epoch,
         class,
         catalogue,
         counter,
@@ -299,16 +539,44 @@ mod tests {
         Bundle {
             signer: [0; 32],
             key_id: KeyId([7; 32]),
-            since: Cursor(3),
-            cursor: Cursor(9),
+            link: ChainLink {
+                instance: InstanceId([5; 16]),
+                parent: None,
+                seq: 2,
+                prev: BundleHash([9; 32]),
+            },
             day: Day(20_000),
+            rule: ReleaseRule {
+                epochs: EpochKind::Day,
+                threshold: 10,
+                cap: 24,
+            },
+            epochs: vec![
+                EpochSummary {
+                    id: EpochId(19_998),
+                    first_day: Day(19_998),
+                    last_day: Day(19_998),
+                    reports: 500,
+                    withheld_sums: 1,
+                    withheld_reports: 3,
+                },
+                EpochSummary {
+                    id: EpochId(19_999),
+                    first_day: Day(19_999),
+                    last_day: Day(19_999),
+                    reports: 400,
+                    withheld_sums: 0,
+                    withheld_reports: 0,
+                },
+            ],
             entries: (0..3)
                 .map(|i| BundleEntry {
+                    epoch: EpochId(19_998 + i % 2),
                     class: ClassId(i),
                     catalogue: CatalogueVersion(1),
                     counter: CounterId(i as u16 + 4),
                     generation: Generation(0),
-                    reports: 10 + u64::from(i),
+                    reports: 300 + u64::from(i),
                     samples: 1000,
                     sums: PackedBytes::new(vec![i as u8 + 1; 64], 2).unwrap(),
                 })
@@ -328,7 +596,8 @@ mod tests {
         let mut expected = bundle();
         expected.signer = *key.verifying_key().as_bytes();
         assert_eq!(decoded, expected);
-        assert_eq!(decoded.reports_of(ClassId(2)), 12);
+        assert_eq!(decoded.epoch(EpochId(19_999)).map(|e| e.reports), Some(400));
+        assert_eq!(decoded.epoch(EpochId(1)), None);
     }
 
     #[test]
@@ -364,6 +633,43 @@ mod tests {
         assert_eq!(
             Bundle::verify(&bytes, Some(&key(1).verifying_key())),
             Err(BundleError::UntrustedSigner)
+        );
+    }
+
+    #[test]
+    fn self_contradicting_bundles_are_refused_even_when_signed() {
+        let key = key(1);
+        let refused = |b: Bundle| {
+            let bytes = b.sign(&key).unwrap();
+            matches!(
+                Bundle::verify(&bytes, None),
+                Err(BundleError::Inconsistent(_))
+            )
+        };
+        let mut b = bundle();
+        b.entries[1] = b.entries[0].clone();
+        assert!(refused(b), "a sum twice");
+        let mut b = bundle();
+        b.entries[0].epoch = EpochId(7);
+        assert!(refused(b), "an entry outside the released epochs");
+        let mut b = bundle();
+        b.epochs.swap(0, 1);
+        assert!(refused(b), "epochs out of order");
+        let mut b = bundle();
+        b.link.seq = 1;
+        assert!(refused(b), "a first bundle with a predecessor");
+        let mut b = bundle();
+        b.link.prev = BundleHash::default();
+        assert!(refused(b), "a later bundle without one");
+    }
+
+    #[test]
+    fn version_1_bundles_are_refused_by_version() {
+        let mut bytes = bundle().sign(&key(1)).unwrap();
+        bytes[4] = 1;
+        assert_eq!(
+            Bundle::verify(&bytes, None),
+            Err(BundleError::UnsupportedVersion(1))
         );
     }
 }

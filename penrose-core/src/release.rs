@@ -26,6 +26,9 @@ pub const MIN_CONTRIBUTORS: u64 = 10;
 /// The smallest Paillier modulus any tier accepts.
 pub const MIN_KEY_BITS: u32 = 2048;
 
+/// What agents cap their reports at per (counter, day): [`ReportsPerContributor::DEFAULT`].
+pub const DEFAULT_CAP: u32 = 24;
+
 /// How many days a report's day may differ from the receiving server's, either way.
 pub const DAY_TOLERANCE: u32 = 1;
 
@@ -59,7 +62,7 @@ pub struct ReportsPerContributor(u32);
 impl ReportsPerContributor {
     /// What agents ship with: one sealed histogram per hour of the day per counter (the seal's
     /// maximum age), shared by all of the host's applications.
-    pub const DEFAULT: Self = Self(24);
+    pub const DEFAULT: Self = Self(DEFAULT_CAP);
 
     /// A cap of `t` reports per (counter, day). Servers refuse values under the default,
     /// since a smaller T would count each report as more owners.
@@ -93,16 +96,12 @@ pub enum PolicyError {
     ThresholdBelowFloor(u64),
     /// T below the floor.
     #[error(
-        "reports per contributor {0} is below the agents' cap of {}: each report would count as \
-         more owners than it can be",
-        ReportsPerContributor::DEFAULT.0
+        "reports per contributor {0} is below the agents' cap of {DEFAULT_CAP}: each report would \
+         count as more owners than it can be"
     )]
     CapBelowFloor(u32),
     /// An agent cap outside 1..=default.
-    #[error(
-        "an agent's report cap must be 1..={} per counter and day, not {0}",
-        ReportsPerContributor::DEFAULT.0
-    )]
+    #[error("an agent's report cap must be 1..={DEFAULT_CAP} per counter and day, not {0}")]
     AgentCap(u32),
     /// A key under the minimum size.
     #[error("a {0}-bit Paillier key is too weak; every tier requires at least {MIN_KEY_BITS} bits")]

@@ -145,6 +145,9 @@ pub enum RejectReason {
     SampleCountOutOfRange,
     /// The server is over capacity; retry later at the throttled rate.
     Overloaded,
+    /// The report's day is too far from the server's, or its epoch is already closed and
+    /// released: counting it would change a released sum.
+    DayOutOfRange,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -161,6 +164,7 @@ impl RejectReason {
             RejectReason::InvalidCiphertext => 6,
             RejectReason::SampleCountOutOfRange => 7,
             RejectReason::Overloaded => 8,
+            RejectReason::DayOutOfRange => 9,
             RejectReason::Other(code) => code,
         }
     }
@@ -176,6 +180,7 @@ impl RejectReason {
             6 => RejectReason::InvalidCiphertext,
             7 => RejectReason::SampleCountOutOfRange,
             8 => RejectReason::Overloaded,
+            9 => RejectReason::DayOutOfRange,
             other => RejectReason::Other(other),
         }
     }
