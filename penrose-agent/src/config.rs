@@ -386,6 +386,9 @@ max_age_seconds = 3600.0
 max_bytes = 67108864
 
 [upload]
+# Every attempt of every upload has a QUIC connection of its own, from a new UDP port, with a
+# full handshake (no TLS resumption, no address token), closed after the ack: the server
+# cannot link this machine's reports by their connection. There is no setting to share one.
 # Each upload first waits a random time up to this (breaks timing correlation).
 delay_max_seconds = 60.0
 # Attempts per upload, and the backoff between them.

@@ -44,6 +44,11 @@ enum Command {
     /// Run the agent: capture windows, local applications, sealed and encrypted histograms,
     /// the spool and uploads, until SIGINT or SIGTERM.
     ///
+    /// Each report (and each retry of it) is uploaded on a QUIC connection of its own, from a
+    /// new UDP source port, with a full TLS handshake (no session resumption, no address
+    /// token), closed after the ack, so that the aggregator cannot link this machine's reports
+    /// by their connection.
+    ///
     /// With `enabled = false` in the configuration it logs one line and exits 0 without
     /// capturing or sending. Without root, `capture.source = "auto"` replays the traces in
     /// `[replay] traces` instead of probing (eBPF needs root). Example:

@@ -8,13 +8,19 @@
 //! down simply means the spool grows until it returns. Accepted and Duplicate acks remove the
 //! report; Rejected moves it aside with its reason (resending would be refused again), except
 //! Overloaded, which keeps it for later.
+//!
+//! Every upload, and every retry of it, goes out on a QUIC connection of its own from a UDP
+//! socket of its own ([`Reuse::FreshPerReport`]): a new source port, new connection ids, a full
+//! handshake without TLS resumption or address-validation token, closed after the ack. Nothing
+//! at the transport layer links two reports of this machine; the uploader refuses a client
+//! configuration that would share a connection (docs/transport.md).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use penrose_core::wire::{AckStatus, Message, RejectReason};
-use penrose_transport::{Client, ClientConfig};
+use penrose_transport::{Client, ClientConfig, Reuse};
 use rand::Rng;
 use tokio::sync::Notify;
 
@@ -74,6 +80,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Runs until `shared.stop` is set. A report in flight at that moment stays spooled (if it
 /// did arrive, the next start gets Duplicate for it and removes it).
 pub async fn run(config: UploadConfig, shared: Shared) {
+    if config.client.reuse() != Reuse::FreshPerReport {
+        // Only a tool can ask for a shared connection; it would link this machine's reports.
+        let why = "refusing a shared QUIC connection: agent uploads use a fresh connection each";
+        tracing::error!("uploader: {why}");
+        lock(&shared.status).uploads.last_error = Some(why.to_string());
+        return;
+    }
     let client = match Client::new(config.client.clone()) {
         Ok(c) => c,
         Err(e) => {

@@ -64,7 +64,9 @@ fn start_server(data: &Path, key: &Path, addr: SocketAddr) -> Child {
 
 async fn client(data: &Path, addr: SocketAddr) -> Client {
     let trust = Trust::load_pinned(&data.join("tls").join("cert.pem")).unwrap();
-    let mut config = ClientConfig::new(addr, "localhost", trust);
+    // Many tasks keep the server under load: the load generator's shared connection.
+    let mut config =
+        ClientConfig::new(addr, "localhost", trust).shared_connection_for_load_testing();
     config.retry = RetryPolicy::none();
     config.connect_timeout = Duration::from_secs(2);
     config.ack_timeout = Duration::from_secs(3);

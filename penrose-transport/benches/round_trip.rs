@@ -83,7 +83,9 @@ fn bench(c: &mut Criterion) {
             Arc::new(AckAll),
         ))
         .unwrap();
-    let config = ClientConfig::new(server.local_addr(), "localhost", Trust::pin(&identity));
+    let fresh = ClientConfig::new(server.local_addr(), "localhost", Trust::pin(&identity));
+    // The throughput cases measure streams over long-lived connections: the load-testing mode.
+    let config = fresh.clone().shared_connection_for_load_testing();
     let connect = |n: usize| -> Vec<Client> {
         rt.block_on(async {
             let mut clients = Vec::new();
@@ -103,6 +105,15 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             next += 1;
             let ack = rt.block_on(one.send(&report(next))).unwrap();
+            assert_eq!(ack.status, AckStatus::Accepted);
+        })
+    });
+    // What an agent does: a new socket, a full handshake and a close for every report.
+    let agent = Client::new(fresh).unwrap();
+    group.bench_function("sequential_fresh", |b| {
+        b.iter(|| {
+            next += 1;
+            let ack = rt.block_on(agent.send(&report(next))).unwrap();
             assert_eq!(ack.status, AckStatus::Accepted);
         })
     });

@@ -1,5 +1,13 @@
-//! The sending side: one QUIC connection shared by every task that sends, one stream per
-//! report, and retries with exponential backoff and jitter for uploads that must get through.
+//! The sending side: one stream per report, retries with exponential backoff and jitter for
+//! uploads that must get through, and a choice of how reports share connections ([`Reuse`]).
+//!
+//! By default ([`Reuse::FreshPerReport`]) every report, and every retry of it, travels on a
+//! connection of its own, dialled from a UDP socket of its own (a new ephemeral source port),
+//! with a full handshake (no TLS resumption, no QUIC address-validation token) and new random
+//! connection ids, and closed once its ack is in: the server cannot tell from the transport
+//! whether two reports came from one agent. That is what agents use. Load generators that need
+//! tens of thousands of reports a second opt into
+//! [`ClientConfig::shared_connection_for_load_testing`], which links every upload of a client.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -13,6 +21,35 @@ use tracing::{debug, warn};
 use crate::error::{ClientError, TransportError};
 use crate::identity::Trust;
 use crate::{ALPN, UNREAD_REPORT_ID};
+
+/// Application error codes the client closes its connections with.
+pub mod codes {
+    use quinn::VarInt;
+
+    /// The client has the acks of every report it sent on this connection.
+    pub const DONE: VarInt = VarInt::from_u32(0);
+    /// The client gives up on the connection (an ack timed out, a stream failed).
+    pub const ABANDONED: VarInt = VarInt::from_u32(1);
+}
+
+/// How a client's reports use QUIC connections. An enum rather than a flag so that the mode
+/// that links uploads has to be named where it is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reuse {
+    /// Every report, and every retry of it, on a fresh connection from a fresh UDP socket
+    /// (new ephemeral source port, new random connection ids, full handshake without TLS
+    /// resumption or address-validation token), closed once the ack is in. Nothing at the
+    /// transport layer links two uploads of the same client. The default, and the only mode
+    /// the agent accepts.
+    #[default]
+    FreshPerReport,
+    /// **Links every upload of the client**: one connection (one source port, one set of
+    /// connection ids, one TLS session) carries all the reports of the client and its clones,
+    /// each on a stream of its own, so the server sees at once which reports came together.
+    /// For load generators and benchmarks on test data only, never for agents; chosen with
+    /// [`ClientConfig::shared_connection_for_load_testing`].
+    SharedConnectionLinksUploads,
+}
 
 /// Where to send and whom to trust.
 #[derive(Clone, Debug)]
@@ -35,11 +72,15 @@ pub struct ClientConfig {
     /// may hold it for less). It is also how long a client takes to notice a server that
     /// vanished without closing, such as one that was killed.
     pub idle_timeout: Duration,
+    /// Fresh connection per report unless a tool asked otherwise (read with
+    /// [`ClientConfig::reuse`]); private so that only
+    /// [`ClientConfig::shared_connection_for_load_testing`] can change it.
+    reuse: Reuse,
 }
 
 impl ClientConfig {
     /// A configuration with the default retry policy and timeouts (5 s to connect, 10 s for
-    /// an ack, 30 s idle).
+    /// an ack, 30 s idle) and a fresh connection per report ([`Reuse::FreshPerReport`]).
     pub fn new(server: SocketAddr, server_name: impl Into<String>, trust: Trust) -> ClientConfig {
         ClientConfig {
             server,
@@ -49,7 +90,22 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
+            reuse: Reuse::FreshPerReport,
         }
+    }
+
+    /// **Links uploads.** This configuration with one connection shared by every report of
+    /// the client ([`Reuse::SharedConnectionLinksUploads`]), for load generators and
+    /// benchmarks that need many thousands of reports a second. The server then sees which
+    /// reports came from the same client; an agent must never use it (its uploader refuses).
+    pub fn shared_connection_for_load_testing(mut self) -> ClientConfig {
+        self.reuse = Reuse::SharedConnectionLinksUploads;
+        self
+    }
+
+    /// How reports use connections.
+    pub fn reuse(&self) -> Reuse {
+        self.reuse
     }
 }
 
@@ -102,18 +158,26 @@ impl RetryPolicy {
     }
 }
 
-/// A client of one aggregator. Cheap to clone; clones share the connection, so many tasks
-/// can send at once, each report on its own stream. A lost connection is dialled again by the
-/// next send.
+/// A client of one aggregator. Cheap to clone. With [`Reuse::FreshPerReport`] (the default)
+/// each report dials its own connection from its own UDP socket and closes it after the ack;
+/// with [`Reuse::SharedConnectionLinksUploads`] clones share one connection, each report on
+/// its own stream, and a lost connection is dialled again by the next send.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    endpoint: quinn::Endpoint,
     quic: quinn::ClientConfig,
     config: ClientConfig,
+    /// Where each new endpoint binds (port 0: the system picks a new ephemeral port).
+    bind: SocketAddr,
+    /// The one connection and its endpoint, in shared mode only.
+    shared: Option<SharedConnection>,
+}
+
+struct SharedConnection {
+    endpoint: quinn::Endpoint,
     connection: Mutex<Option<quinn::Connection>>,
 }
 
@@ -121,9 +185,9 @@ struct Inner {
 const REPLY_LIMIT: usize = LENGTH_PREFIX + MAX_FRAME_BODY;
 
 impl Client {
-    /// A client that dials on its first send; must be called inside a tokio runtime. The
-    /// local UDP socket is bound to loopback when the server is on loopback, so tests never
-    /// open a socket on another interface.
+    /// A client that dials on its first send; must be called inside a tokio runtime. Local
+    /// UDP sockets are bound to loopback when the server is on loopback, so tests never open
+    /// a socket on another interface. In fresh mode nothing is bound until a report is sent.
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
         let quic = crate::tls::client_config(&config.trust, ALPN, config.idle_timeout)?;
         let bind = match config.server.ip() {
@@ -133,23 +197,33 @@ impl Client {
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
         };
         let bind = SocketAddr::new(bind, 0);
-        let endpoint = quinn::Endpoint::client(bind)
-            .map_err(|source| TransportError::Bind { addr: bind, source })?;
+        let shared = match config.reuse {
+            Reuse::FreshPerReport => None,
+            Reuse::SharedConnectionLinksUploads => Some(SharedConnection {
+                endpoint: bind_endpoint(bind)?,
+                connection: Mutex::new(None),
+            }),
+        };
         Ok(Client {
             inner: Arc::new(Inner {
-                endpoint,
                 quic,
                 config,
-                connection: Mutex::new(None),
+                bind,
+                shared,
             }),
         })
     }
 
-    /// A client with its connection already open, so that a wrong pin or an absent server
-    /// shows up here rather than at the first report.
+    /// A client that has already shaken hands with the server, so that a wrong pin or an
+    /// absent server shows up here rather than at the first report. In shared mode that
+    /// connection is kept for the reports; in fresh mode it was a connection of its own,
+    /// closed at once, that carries no report.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         let client = Client::new(config)?;
-        client.connection().await?;
+        let conn = client.connection().await?;
+        if client.inner.shared.is_none() {
+            conn.close(codes::DONE, b"");
+        }
         Ok(client)
     }
 
@@ -167,8 +241,9 @@ impl Client {
 
     /// Sends one report until it is delivered: an ack of Accepted or Duplicate (the server
     /// had it already, from an attempt whose ack was lost) ends it, and so does Rejected,
-    /// which a retry would only repeat. Lost connections, timeouts and resets are retried,
-    /// on a new connection when the old one is gone, after [`RetryPolicy::delay`].
+    /// which a retry would only repeat. Lost connections, timeouts and resets are retried
+    /// after [`RetryPolicy::delay`]; in fresh mode each attempt dials a fresh connection from
+    /// a fresh socket, in shared mode a new connection when the old one is gone.
     pub async fn send_with_retry(&self, report: &Report) -> Result<Ack, ClientError> {
         let frame = encode(report)?;
         let policy = &self.inner.config.retry;
@@ -206,41 +281,59 @@ impl Client {
         self.exchange(bytes).await
     }
 
-    /// The current connection, dialled if there is none or it was lost; for tools that need
-    /// streams of their own (a peer that trickles bytes, for instance).
+    /// A connection for tools that need streams of their own (a peer that trickles bytes,
+    /// for instance). In shared mode the client's connection, dialled if there is none or it
+    /// was lost; in fresh mode a new connection from a new socket, which the caller owns and
+    /// should close.
     pub async fn connection(&self) -> Result<quinn::Connection, ClientError> {
-        let mut current = self.inner.connection.lock().await;
+        let Some(shared) = &self.inner.shared else {
+            return self.dial_fresh().await;
+        };
+        let mut current = shared.connection.lock().await;
         if let Some(conn) = current.as_ref() {
             if conn.close_reason().is_none() {
                 return Ok(conn.clone());
             }
             debug!(reason = ?conn.close_reason(), "connection lost; dialling again");
         }
-        let conn = self.dial().await?;
+        let conn = self.dial(&shared.endpoint).await?;
         *current = Some(conn.clone());
         Ok(conn)
     }
 
-    /// Closes the connection politely and waits (briefly) for the server to hear it.
+    /// Closes the shared connection politely and waits (briefly) for the server to hear it.
+    /// In fresh mode every report's connection was closed after its ack, so there is nothing
+    /// left to do.
     pub async fn close(&self) {
-        if let Some(conn) = self.inner.connection.lock().await.take() {
-            conn.close(0u32.into(), b"client done");
+        let Some(shared) = &self.inner.shared else {
+            return;
+        };
+        if let Some(conn) = shared.connection.lock().await.take() {
+            conn.close(codes::DONE, b"client done");
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), shared.endpoint.wait_idle()).await;
     }
 
-    /// Makes the next send dial a new connection; streams still open on the old one carry on.
+    /// In shared mode, makes the next send dial a new connection; streams still open on the
+    /// old one carry on. (In fresh mode every send dials anyway.)
     async fn forget_connection(&self) {
-        self.inner.connection.lock().await.take();
+        if let Some(shared) = &self.inner.shared {
+            shared.connection.lock().await.take();
+        }
     }
 
-    async fn dial(&self) -> Result<quinn::Connection, ClientError> {
+    /// A new endpoint on a new UDP socket (a new ephemeral port) and a connection from it.
+    /// The endpoint handle is dropped here: quinn keeps its socket and driver alive for as
+    /// long as the connection lives, including the draining period after it is closed.
+    async fn dial_fresh(&self) -> Result<quinn::Connection, ClientError> {
+        let endpoint = bind_endpoint(self.inner.bind)?;
+        self.dial(&endpoint).await
+    }
+
+    async fn dial(&self, endpoint: &quinn::Endpoint) -> Result<quinn::Connection, ClientError> {
         let config = &self.inner.config;
-        let connecting = self.inner.endpoint.connect_with(
-            self.inner.quic.clone(),
-            config.server,
-            &config.server_name,
-        )?;
+        let connecting =
+            endpoint.connect_with(self.inner.quic.clone(), config.server, &config.server_name)?;
         match tokio::time::timeout(config.connect_timeout, connecting).await {
             Ok(conn) => Ok(conn?),
             Err(_) => Err(ClientError::ConnectTimeout(config.connect_timeout)),
@@ -258,25 +351,52 @@ impl Client {
     }
 
     async fn exchange(&self, frame: &[u8]) -> Result<Ack, ClientError> {
-        let conn = self.connection().await?;
         let timeout = self.inner.config.ack_timeout;
-        let exchange = async {
-            let (mut send, mut recv) = conn.open_bi().await?;
-            match send.write_all(frame).await {
-                Ok(()) => {}
-                // The server refused the frame and stopped reading; its ack says why.
-                Err(quinn::WriteError::Stopped(_)) => {}
-                Err(e) => return Err(ClientError::Write(e)),
-            }
-            // Fails only if the stream is already stopped or reset, which the read reports.
-            let _ = send.finish();
-            let reply = recv.read_to_end(REPLY_LIMIT).await?;
-            decode_ack(&reply)
-        };
-        match tokio::time::timeout(timeout, exchange).await {
-            Ok(result) => result,
-            Err(_) => Err(ClientError::AckTimeout(timeout)),
+        if self.inner.shared.is_some() {
+            let conn = self.connection().await?;
+            return exchange_on(&conn, frame, timeout).await;
         }
+        // Fresh mode: this report's own connection, closed whatever the outcome, so that a
+        // retry cannot reuse it.
+        let conn = self.dial_fresh().await?;
+        let result = exchange_on(&conn, frame, timeout).await;
+        let code = if result.is_ok() {
+            codes::DONE
+        } else {
+            codes::ABANDONED
+        };
+        conn.close(code, b"");
+        result
+    }
+}
+
+fn bind_endpoint(bind: SocketAddr) -> Result<quinn::Endpoint, ClientError> {
+    quinn::Endpoint::client(bind)
+        .map_err(|source| ClientError::Setup(TransportError::Bind { addr: bind, source }))
+}
+
+/// One report's stream on `conn`: write the frame, finish, read the ack, within `timeout`.
+async fn exchange_on(
+    conn: &quinn::Connection,
+    frame: &[u8],
+    timeout: Duration,
+) -> Result<Ack, ClientError> {
+    let exchange = async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        match send.write_all(frame).await {
+            Ok(()) => {}
+            // The server refused the frame and stopped reading; its ack says why.
+            Err(quinn::WriteError::Stopped(_)) => {}
+            Err(e) => return Err(ClientError::Write(e)),
+        }
+        // Fails only if the stream is already stopped or reset, which the read reports.
+        let _ = send.finish();
+        let reply = recv.read_to_end(REPLY_LIMIT).await?;
+        decode_ack(&reply)
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(ClientError::AckTimeout(timeout)),
     }
 }
 

@@ -129,6 +129,9 @@ impl ClientError {
                 // out, or closed here.
                 _ => true,
             },
+            // A fresh connection's socket could not be bound (ports exhausted, say): later,
+            // one may be free.
+            ClientError::Setup(TransportError::Bind { .. }) => true,
             ClientError::ConnectTimeout(_)
             | ClientError::Write(_)
             | ClientError::Read(_)

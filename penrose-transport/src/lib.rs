@@ -8,7 +8,8 @@
 //! frames it cannot read (too large, cut short, too slow), with a zero report id.
 //!
 //! - [`server`]: [`serve`] an endpoint with [`Limits`] against slow or abusive peers.
-//! - [`client`]: a [`Client`] shared by many tasks, with retries and backoff.
+//! - [`client`]: a [`Client`] shared by many tasks, with retries and backoff; by default a
+//!   fresh connection from a fresh UDP socket per report, so that uploads are unlinkable.
 //! - [`identity`]: the server's certificate and key, and how the client trusts them.
 //! - [`limits`]: the per-endpoint and per-connection bounds.
 //! - [`error`]: what can go wrong, typed.
@@ -21,11 +22,11 @@ pub mod limits;
 pub mod server;
 mod tls;
 
-pub use client::{Client, ClientConfig, RetryPolicy};
+pub use client::{Client, ClientConfig, RetryPolicy, Reuse};
 pub use error::{ClientError, IdentityError, TransportError};
 pub use identity::{Encoding, Identity, Trust, load_certificates};
 pub use limits::Limits;
-pub use server::{ReportHandler, Server, ServerConfig, ServerStats, serve};
+pub use server::{Origin, ReportHandler, Server, ServerConfig, ServerStats, serve};
 
 /// The only application protocol an endpoint speaks; a peer that offers anything else fails
 /// the handshake. The version in it changes only with an incompatible change of framing.

@@ -45,11 +45,28 @@ pub trait ReportHandler: Send + Sync + 'static {
     /// once the report is durable.
     fn handle(&self, body: Vec<u8>) -> impl Future<Output = Ack> + Send;
 
+    /// Told, just before [`ReportHandler::handle`], where the body came from. The default
+    /// ignores it, and the aggregator leaves it so: it never sees peer addresses. Tests use it
+    /// to check that an agent's uploads arrive from different ports on different connections.
+    fn arrived_from(&self, origin: Origin) {
+        let _ = origin;
+    }
+
     /// The throttle hint on acks the transport writes itself (frames it refused before the
     /// handler saw them), so those carry the server's current rate too.
     fn throttle(&self) -> ThrottleHint {
         ThrottleHint::FULL_RATE
     }
+}
+
+/// Where a frame body came from, as the transport saw it ([`ReportHandler::arrived_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// The peer's UDP address (source address and port) when its stream was accepted.
+    pub remote: SocketAddr,
+    /// The connection, numbered by this server from 1 in the order connections were
+    /// accepted; meaningful within one server only.
+    pub connection: u64,
 }
 
 /// Where to listen, as whom, within which limits.
@@ -278,7 +295,11 @@ async fn connection<H: ReportHandler>(
         conn.close(codes::WRONG_ALPN, b"ALPN penrose/1 required");
         return;
     }
-    bump(&shared.counters.connections_accepted);
+    let number = shared
+        .counters
+        .connections_accepted
+        .fetch_add(1, Ordering::Relaxed)
+        + 1;
     shared
         .counters
         .connections_open
@@ -305,7 +326,11 @@ async fn connection<H: ReportHandler>(
         };
         while streams.try_join_next().is_some() {}
         bump(&shared.counters.streams);
-        streams.spawn(report_stream(send, recv, shared.clone()));
+        let origin = Origin {
+            remote: conn.remote_address(),
+            connection: number,
+        };
+        streams.spawn(report_stream(send, recv, origin, shared.clone()));
         if let Some(wait) = pace.as_mut().and_then(Pace::take) {
             bump(&shared.counters.streams_paced);
             tokio::select! {
@@ -333,6 +358,7 @@ fn negotiated_alpn(conn: &Connection) -> Option<Vec<u8>> {
 async fn report_stream<H: ReportHandler>(
     mut send: SendStream,
     mut recv: RecvStream,
+    origin: Origin,
     shared: Arc<Shared<H>>,
 ) {
     let counters = &shared.counters;
@@ -370,6 +396,7 @@ async fn report_stream<H: ReportHandler>(
         }
         Ok(Ok(FrameRead::Body(body))) => {
             bump(&counters.frames_handled);
+            shared.handler.arrived_from(origin);
             shared.handler.handle(body).await
         }
     };
@@ -387,8 +414,15 @@ async fn report_stream<H: ReportHandler>(
         send.finish()?;
         bump(&counters.acks_sent);
         // Wait until the peer has the ack, so a shutdown does not close the connection under it.
-        send.stopped().await?;
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        match send.stopped().await {
+            Ok(_) => Ok::<_, Box<dyn std::error::Error + Send + Sync>>(()),
+            // A client closes its connection with DONE once it has read its acks, possibly
+            // before its acknowledgement of the last ack bytes left: that ack was delivered.
+            Err(quinn::StoppedError::ConnectionLost(
+                quinn::ConnectionError::ApplicationClosed(close),
+            )) if close.error_code == crate::client::codes::DONE => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     })
     .await;
     match written {

@@ -1,13 +1,23 @@
 //! rustls and quinn settings shared by both ends: TLS 1.3 only, the ring provider, ALPN
 //! `penrose/1`, no 0-RTT (a replayed report would only be deduplicated, but there is no reason
 //! to accept one), and transport windows sized for one frame per stream.
+//!
+//! Nothing a handshake leaves behind can link it to a later one (docs/transport.md, "What
+//! one upload looks like on the wire"): the server keeps no TLS sessions and issues no session
+//! tickets (`NoServerSessionStorage`, `send_tls13_tickets = 0`, the builder's ticketer that
+//! never produces tickets, no early data) and sends no QUIC address-validation tokens
+//! (`NEW_TOKEN` frames: `ValidationTokenConfig::sent(0)`, and it ignores any it is shown);
+//! the client stores neither (`Resumption::disabled()`, `NoneTokenStore`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use penrose_core::wire::{LENGTH_PREFIX, MAX_FRAME_BODY};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use quinn::{IdleTimeout, TransportConfig, VarInt};
+use quinn::{
+    IdleTimeout, NoneTokenLog, NoneTokenStore, TransportConfig, ValidationTokenConfig, VarInt,
+};
+use rustls::client::Resumption;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
@@ -49,14 +59,8 @@ pub(crate) fn server_config(
     if limits.stream_read_timeout.is_zero() || limits.idle_timeout.is_zero() {
         return Err(TransportError::InvalidLimits("timeouts must be positive"));
     }
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_no_client_auth()
-        .with_single_cert(identity.chain().to_vec(), identity.key().clone_key())?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    tls.max_early_data_size = 0;
-    let crypto =
-        QuicServerConfig::try_from(tls).map_err(|e| TransportError::QuicTls(e.to_string()))?;
+    let crypto = QuicServerConfig::try_from(server_tls(identity)?)
+        .map_err(|e| TransportError::QuicTls(e.to_string()))?;
 
     let mut transport = TransportConfig::default();
     transport
@@ -71,7 +75,28 @@ pub(crate) fn server_config(
         .datagram_receive_buffer_size(None);
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(Arc::new(transport));
+    // No address-validation tokens: a token handed out on one connection and shown on the next
+    // would link the two. The server sends none and accepts none.
+    let mut tokens = ValidationTokenConfig::default();
+    tokens.sent(0).log(Arc::new(NoneTokenLog));
+    config.validation_token_config(tokens);
     Ok(config)
+}
+
+/// The server's rustls configuration: TLS 1.3, ALPN `penrose/1`, and no resumption of any
+/// kind (no session cache, no tickets, no early data).
+fn server_tls(identity: &Identity) -> Result<rustls::ServerConfig, TransportError> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(identity.chain().to_vec(), identity.key().clone_key())?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    // A TLS 1.3 server resumes only with a ticket it issued: it issues none, keeps no
+    // sessions, and the builder's ticketer (kept as it is) never produces one.
+    tls.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    tls.send_tls13_tickets = 0;
+    tls.max_early_data_size = 0;
+    Ok(tls)
 }
 
 pub(crate) fn client_config(
@@ -79,6 +104,27 @@ pub(crate) fn client_config(
     alpn: &[u8],
     idle_timeout: Duration,
 ) -> Result<quinn::ClientConfig, TransportError> {
+    let crypto = QuicClientConfig::try_from(client_tls(trust, alpn)?)
+        .map_err(|e| TransportError::QuicTls(e.to_string()))?;
+
+    let mut transport = TransportConfig::default();
+    transport
+        // The server never opens streams towards an agent.
+        .max_concurrent_bidi_streams(VarInt::from_u32(0))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .max_idle_timeout(Some(idle(idle_timeout)?))
+        .datagram_receive_buffer_size(None);
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(Arc::new(transport));
+    // Keep no address-validation token a server might send (ours sends none): showing it on
+    // the next connection would link the two.
+    config.token_store(Arc::new(NoneTokenStore));
+    Ok(config)
+}
+
+/// The client's rustls configuration: TLS 1.3, the given ALPN, the trust anchor, and no
+/// resumption (no session store, so no ticket is kept or offered, and no early data).
+fn client_tls(trust: &Trust, alpn: &[u8]) -> Result<rustls::ClientConfig, TransportError> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
     let mut tls = match trust {
@@ -98,20 +144,11 @@ pub(crate) fn client_config(
         }
     };
     tls.alpn_protocols = vec![alpn.to_vec()];
+    // Resumption would show the server a ticket it issued on an earlier connection; the
+    // disabled store also keeps no key-exchange hint, so every ClientHello starts the same.
+    tls.resumption = Resumption::disabled();
     tls.enable_early_data = false;
-    let crypto =
-        QuicClientConfig::try_from(tls).map_err(|e| TransportError::QuicTls(e.to_string()))?;
-
-    let mut transport = TransportConfig::default();
-    transport
-        // The server never opens streams towards an agent.
-        .max_concurrent_bidi_streams(VarInt::from_u32(0))
-        .max_concurrent_uni_streams(VarInt::from_u32(0))
-        .max_idle_timeout(Some(idle(idle_timeout)?))
-        .datagram_receive_buffer_size(None);
-    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-    config.transport_config(Arc::new(transport));
-    Ok(config)
+    Ok(tls)
 }
 
 /// Accepts exactly one certificate, byte for byte. The handshake signature is still checked
@@ -162,5 +199,40 @@ impl ServerCertVerifier for PinnedVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn neither_side_can_resume_a_session() {
+        let identity = Identity::self_signed(["localhost"]).unwrap();
+        let server = server_tls(&identity).unwrap();
+        assert_eq!(server.send_tls13_tickets, 0);
+        assert!(
+            !server.ticketer.enabled(),
+            "a ticketer that produces tickets"
+        );
+        assert!(
+            !server.session_storage.can_cache(),
+            "a server session cache"
+        );
+        assert_eq!(server.max_early_data_size, 0);
+        for trust in [
+            Trust::pin(&identity),
+            Trust::Ca(vec![identity.certificate().clone()]),
+        ] {
+            let client = client_tls(&trust, ALPN).unwrap();
+            assert!(!client.enable_early_data);
+            // `Resumption` has no accessors; its Debug names the store and the TLS 1.2 mode.
+            let resumption = format!("{:?}", client.resumption);
+            assert!(
+                resumption.contains("NoClientSessionStorage") && resumption.contains("Disabled"),
+                "{resumption}"
+            );
+        }
     }
 }

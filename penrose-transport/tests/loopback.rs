@@ -151,8 +151,17 @@ impl Fixture {
         config
     }
 
+    /// An agent's client: a fresh connection per report.
     async fn client(&self) -> Client {
         Client::connect(self.client_config()).await.unwrap()
+    }
+
+    /// A tool's client: one connection for all its reports (links them; tests of streams,
+    /// pacing and connection limits need it).
+    async fn shared_client(&self) -> Client {
+        Client::connect(self.client_config().shared_connection_for_load_testing())
+            .await
+            .unwrap()
     }
 }
 
@@ -176,7 +185,7 @@ fn rejected(ack: &Ack, reason: RejectReason) {
 #[tokio::test]
 async fn a_paillier_report_round_trips_to_the_handler() {
     let fx = start(Limits::default(), Recorder::default()).await;
-    let client = fx.client().await;
+    let client = Client::new(fx.client_config()).unwrap();
     let pair = Keypair::generate_with_size(KeySize::Bits1024, &mut ChaCha20Rng::seed_from_u64(1));
     let bins: Vec<u32> = (0..BIN_COUNT as u32).collect();
     let packed = pair
@@ -195,8 +204,10 @@ async fn a_paillier_report_round_trips_to_the_handler() {
     );
     let again = client.send(&sent).await.unwrap();
     assert_eq!(again.status, AckStatus::Duplicate);
-    let stats = fx.server.stats();
-    assert_eq!((stats.frames_handled, stats.connections_accepted), (2, 1));
+    // An agent's client: each report came on a connection of its own.
+    let stats = eventually(&fx.server, |s| s.connections_open == 0).await;
+    assert_eq!((stats.frames_handled, stats.connections_accepted), (2, 2));
+    assert_eq!(stats.stream_errors, 0, "{stats:?}");
     client.close().await;
     fx.server.shutdown().await;
 }
@@ -206,7 +217,7 @@ async fn many_clients_with_many_streams_are_all_acked() {
     let fx = start(Limits::default(), Recorder::default()).await;
     let mut tasks = Vec::new();
     for c in 0..8u64 {
-        let client = fx.client().await;
+        let client = fx.shared_client().await;
         for r in 0..50u64 {
             let client = client.clone();
             tasks.push(tokio::spawn(async move {
@@ -269,7 +280,7 @@ async fn an_oversized_announcement_is_refused_from_the_prefix_alone() {
 #[tokio::test]
 async fn truncated_and_overlong_frames_are_malformed_without_a_handler_call() {
     let fx = start(Limits::default(), Recorder::default()).await;
-    let client = fx.client().await;
+    let client = fx.shared_client().await;
     let frame = Message::Report(report(5)).to_frame().unwrap();
     let cases: Vec<Vec<u8>> = vec![
         Vec::new(),                              // finished at once
@@ -296,7 +307,7 @@ async fn truncated_and_overlong_frames_are_malformed_without_a_handler_call() {
 #[tokio::test]
 async fn garbage_is_rejected_and_changes_nothing() {
     let fx = start(Limits::default(), Recorder::default()).await;
-    let client = fx.client().await;
+    let client = fx.shared_client().await;
     let mut rng = ChaCha20Rng::seed_from_u64(99);
     for i in 0..60 {
         let len = rng.random_range(0..3000);
@@ -395,7 +406,7 @@ async fn a_slow_client_times_out_and_others_are_served_meanwhile() {
         ..Limits::default()
     };
     let fx = start(limits, Recorder::default()).await;
-    let slow = fx.client().await;
+    let slow = fx.shared_client().await;
     let conn = slow.connection().await.unwrap();
     let frame = Message::Report(report(9)).to_frame().unwrap();
     let trickle = tokio::spawn(async move {
@@ -409,6 +420,7 @@ async fn a_slow_client_times_out_and_others_are_served_meanwhile() {
         let _ = send.finish();
         recv.read_to_end(64).await
     });
+    // An agent's client: 40 connections, one after the other.
     let fast = fx.client().await;
     for seed in 100..140 {
         let r = report(seed);
@@ -444,9 +456,9 @@ async fn connections_over_the_limit_are_refused_until_one_closes() {
         ..Limits::default()
     };
     let fx = start(limits, Recorder::default()).await;
-    let a = fx.client().await;
-    let b = fx.client().await;
-    let third = Client::connect(fx.client_config()).await;
+    let a = fx.shared_client().await;
+    let b = fx.shared_client().await;
+    let third = Client::connect(fx.client_config().shared_connection_for_load_testing()).await;
     assert!(
         matches!(
             third,
@@ -466,7 +478,9 @@ async fn connections_over_the_limit_are_refused_until_one_closes() {
     // The slot frees once the server has seen the close.
     let mut fourth = None;
     for _ in 0..50 {
-        if let Ok(c) = Client::connect(fx.client_config()).await {
+        if let Ok(c) =
+            Client::connect(fx.client_config().shared_connection_for_load_testing()).await
+        {
             fourth = Some(c);
             break;
         }
@@ -659,7 +673,11 @@ async fn after_an_ack_timeout_the_retry_dials_a_new_connection() {
     let mut config = fx.client_config();
     config.ack_timeout = Duration::from_millis(300);
     config.retry = quick_retries(5);
-    let client = Client::connect(config).await.unwrap();
+    // The shared connection is the one that could be trusted again (a fresh-per-report client
+    // dials every attempt anyway: tests/unlinkable.rs).
+    let client = Client::connect(config.shared_connection_for_load_testing())
+        .await
+        .unwrap();
     let sent = report(21);
     let ack = client.send_with_retry(&sent).await.unwrap();
     assert_eq!(ack.status, AckStatus::Accepted);
@@ -697,7 +715,7 @@ async fn a_connection_faster_than_its_rate_is_paced_not_refused() {
         ..Limits::default()
     };
     let fx = start(limits, Recorder::default()).await;
-    let client = fx.client().await;
+    let client = fx.shared_client().await;
     let tasks: Vec<_> = (0..40)
         .map(|seed| {
             let client = client.clone();
@@ -719,7 +737,9 @@ async fn shutdown_closes_connections_and_a_retrying_client_reaches_the_next_serv
     let mut config = fx.client_config();
     config.connect_timeout = Duration::from_millis(200);
     config.retry = quick_retries(40);
-    let client = Client::connect(config).await.unwrap();
+    let client = Client::connect(config.shared_connection_for_load_testing())
+        .await
+        .unwrap();
     assert_eq!(
         client.send(&report(18)).await.unwrap().status,
         AckStatus::Accepted

@@ -33,7 +33,8 @@ pub struct Args {
     /// Concurrent load generator clients.
     #[arg(long, default_value_t = 512)]
     clients: usize,
-    /// QUIC connections they share.
+    /// QUIC connections they share (the load generator's shared-connection mode, which links
+    /// the reports on a connection; agents always use a fresh connection per report).
     #[arg(long, default_value_t = 16)]
     connections: usize,
     /// Write the result as Markdown here as well (for example docs/benchmarks-ingest.md).
