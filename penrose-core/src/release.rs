@@ -93,15 +93,15 @@ pub enum PolicyError {
     ThresholdBelowFloor(u64),
     /// T below the floor.
     #[error(
-        "reports per contributor {0} is below the agents' cap of {}: each report would count as \
-         more owners than it can be",
-        ReportsPerContributor::DEFAULT.0
+        "reports per contributor {0} is below the agents' cap of {floor}: each report would \
+         count as more owners than it can be",
+        floor = ReportsPerContributor::DEFAULT.0
     )]
     CapBelowFloor(u32),
     /// An agent cap outside 1..=default.
     #[error(
-        "an agent's report cap must be 1..={} per counter and day, not {0}",
-        ReportsPerContributor::DEFAULT.0
+        "an agent's report cap must be 1..={most} per counter and day, not {0}",
+        most = ReportsPerContributor::DEFAULT.0
     )]
     AgentCap(u32),
     /// A key under the minimum size.
