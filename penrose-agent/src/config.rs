@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::paillier::MAX_REPORT_SAMPLES;
+use penrose_core::release::ReportsPerContributor;
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -175,6 +176,9 @@ pub struct SealSection {
     pub samples: u32,
     /// ... or when it is this old, whichever comes first.
     pub max_age_seconds: f64,
+    /// T: the most reports sealed per (counter, day) across all local applications, 1 to
+    /// [`ReportsPerContributor::DEFAULT`] (servers count contributors with the default).
+    pub max_reports_per_counter_per_day: u32,
 }
 
 /// `[spool]`.
@@ -282,6 +286,7 @@ impl Default for SealSection {
         Self {
             samples: 10_000,
             max_age_seconds: 3600.0,
+            max_reports_per_counter_per_day: ReportsPerContributor::DEFAULT.get(),
         }
     }
 }
@@ -379,6 +384,11 @@ max_local_apps = 1024
 samples = 10000
 # ... or at this age, whichever comes first.
 max_age_seconds = 3600.0
+# At most this many reports per counter and day, all local applications together (1 to 24;
+# servers count one contributor per 24). A histogram due beyond it is held until the next
+# day; once full, its counter's further samples are dropped and counted (`status`); at stop,
+# what is held beyond it is discarded.
+max_reports_per_counter_per_day = 24
 
 [spool]
 # Bytes of encrypted reports kept while the server is unreachable; the oldest are dropped
@@ -502,6 +512,8 @@ impl AgentConfig {
             ));
         }
         secs("seal.max_age_seconds", self.seal.max_age_seconds, false)?;
+        ReportsPerContributor::for_agent(self.seal.max_reports_per_counter_per_day)
+            .map_err(|e| ("seal.max_reports_per_counter_per_day", e.to_string()))?;
         if self.spool.max_bytes < 4096 {
             return Err((
                 "spool.max_bytes",
@@ -647,6 +659,21 @@ mod tests {
         assert!(
             e.to_string().contains("agent.toml:2: key `seal.samples`"),
             "{e}"
+        );
+        let e = parse("[seal]\nmax_reports_per_counter_per_day = 25\n").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("agent.toml:2: key `seal.max_reports_per_counter_per_day`"),
+            "{msg}"
+        );
+        assert!(msg.contains("1..=24"), "{msg}");
+        assert!(parse("[seal]\nmax_reports_per_counter_per_day = 0\n").is_err());
+        assert_eq!(
+            parse("[seal]\nmax_reports_per_counter_per_day = 6\n")
+                .unwrap()
+                .seal
+                .max_reports_per_counter_per_day,
+            6
         );
         let e = parse("[capture]\nsource = \"bpf\"\n").unwrap_err();
         assert!(

@@ -6,7 +6,9 @@
 //! is appended to the sealed record and written to the spool before any network I/O. Stopping
 //! (the `stop` flag: SIGINT/SIGTERM in the binary) ends the source, seals what the pipeline
 //! holds into the spool, stops the uploader (a report in flight stays spooled), and writes the
-//! final status. A SIGKILL loses only the histograms not yet sealed: everything spooled is
+//! final status. Histograms that would exceed the per-(counter, day) report cap are not sealed
+//! at stop: they are lost, counted in `status` (`histograms_over_cap`, `samples_over_cap`). A
+//! SIGKILL loses only the histograms not yet sealed: everything spooled is
 //! delivered after the restart, exactly once thanks to the server's deduplication.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use penrose_core::paillier::PublicKey;
+use penrose_core::release::{ReportsPerContributor, check_key_bits};
 use penrose_core::sampling::SamplePeriod;
 use penrose_transport::{ClientConfig, RetryPolicy, Trust};
 use thiserror::Error;
@@ -23,8 +26,8 @@ use tokio::sync::Notify;
 
 use crate::capture::loader::is_root;
 use crate::config::{AgentConfig, SourceChoice, seconds};
-use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed};
-use crate::record::RecordLog;
+use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed, today};
+use crate::record::{RecordLog, sealed_per_day};
 use crate::source::replay::ReplayConfig;
 use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
 use crate::spool::{Spool, SpoolError, create_private_dir};
@@ -74,7 +77,8 @@ pub fn spool_dir(state_dir: &Path) -> PathBuf {
     state_dir.join(SPOOL_DIR)
 }
 
-/// Reads the design server's public key file.
+/// Reads the design server's public key file; refuses a key under
+/// [`penrose_core::release::MIN_KEY_BITS`] bits.
 pub fn load_public_key(path: &Path) -> Result<PublicKey, DaemonError> {
     let len = std::fs::metadata(path)
         .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?
@@ -87,12 +91,15 @@ pub fn load_public_key(path: &Path) -> Result<PublicKey, DaemonError> {
     }
     let bytes = std::fs::read(path)
         .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?;
-    PublicKey::from_bytes(&bytes).map_err(|e| {
+    let key = PublicKey::from_bytes(&bytes).map_err(|e| {
         DaemonError::Setup(format!(
             "design.public_key {}: not a public key: {e}",
             path.display()
         ))
-    })
+    })?;
+    check_key_bits(key.size().modulus_bits())
+        .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?;
+    Ok(key)
 }
 
 /// The source the configuration asks for. `auto` without root says once why it replays.
@@ -188,24 +195,46 @@ pub async fn run_with_source(
         backoff_max: seconds(u.backoff_max_seconds),
     };
     let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?;
-    let pipeline = Pipeline::new(
+    let mut pipeline = Pipeline::new(
         PipelineConfig {
             tau: config.classes.tau,
             max_local_apps: config.classes.max_local_apps,
             seal_samples: config.seal.samples,
             max_age: seconds(config.seal.max_age_seconds),
+            reports_per_counter_per_day: ReportsPerContributor::for_agent(
+                config.seal.max_reports_per_counter_per_day,
+            )
+            .map_err(|e| {
+                DaemonError::Setup(format!("seal.max_reports_per_counter_per_day: {e}"))
+            })?,
         },
         key,
     )?;
+    // The report cap counts what earlier runs sealed (the sealed record) so that a restart
+    // does not reopen a day's cap.
+    let record_path = RecordLog::in_state_dir(&state_dir).path().to_owned();
+    match sealed_per_day(&record_path, Pipeline::oldest_capped_day(today())) {
+        Ok((sealed, skipped)) => {
+            if skipped > 0 {
+                tracing::warn!(
+                    "{}: {skipped} lines are not records; the report cap does not count them",
+                    record_path.display()
+                );
+            }
+            pipeline.restore_sealed(&sealed);
+        }
+        Err(e) => tracing::warn!("{e}: the report cap counts only the reports this run seals"),
+    }
     let info = source.info();
     tracing::info!(
-        "penrose-agent running: source {} (counters: {}), {} spooled reports, sending to {server} ({}), seal at {} samples or {:?}",
+        "penrose-agent running: source {} (counters: {}), {} spooled reports, sending to {server} ({}), seal at {} samples or {:?}, at most {} reports per counter and day",
         info.kind,
         info.counters,
         spool.entries().len(),
         config.aggregator.server_name,
         config.seal.samples,
         seconds(config.seal.max_age_seconds),
+        config.seal.max_reports_per_counter_per_day,
     );
     let status = Arc::new(Mutex::new(AgentStatus {
         pid: std::process::id(),
@@ -319,25 +348,27 @@ impl PipelineThread {
             let sealed = match rx.recv_timeout(Duration::from_millis(250)) {
                 Ok(batch) => {
                     lock(&self.status).add_windows(&batch.windows);
-                    let now = Instant::now();
+                    let (now, day) = (Instant::now(), today());
                     let mut out = Vec::new();
                     for snippet in &batch.snippets {
-                        match self.pipeline.ingest(snippet, now) {
+                        match self.pipeline.ingest(snippet, now, day) {
                             Ok(s) => out.extend(s),
                             Err(e) => self.error(format!("pipeline: {e}")),
                         }
                     }
                     out
                 }
-                Err(RecvTimeoutError::Timeout) => {
-                    self.pipeline.tick(Instant::now()).unwrap_or_else(|e| {
+                Err(RecvTimeoutError::Timeout) => self
+                    .pipeline
+                    .tick(Instant::now(), today())
+                    .unwrap_or_else(|e| {
                         self.error(format!("pipeline: {e}"));
                         Vec::new()
-                    })
-                }
+                    }),
                 Err(RecvTimeoutError::Disconnected) => {
-                    // The source ended (stop, or it has nothing more): seal what is held.
-                    let rest = self.pipeline.flush().unwrap_or_else(|e| {
+                    // The source ended (stop, or it has nothing more): seal what is held,
+                    // within the report cap; what exceeds it is discarded and counted.
+                    let rest = self.pipeline.flush(today()).unwrap_or_else(|e| {
                         self.error(format!("pipeline: {e}"));
                         Vec::new()
                     });
@@ -372,5 +403,27 @@ impl PipelineThread {
         }
         lock(&self.status).pipeline = self.pipeline.counts();
         self.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use penrose_core::paillier::{KeySize, Keypair};
+
+    use super::*;
+
+    /// A design key under 2048 bits is refused, in one line naming the file.
+    #[test]
+    fn a_weak_design_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weak.key");
+        let keys = Keypair::generate_with_size(KeySize::Bits1024, &mut rand::rng());
+        std::fs::write(&path, keys.public_key().to_bytes()).unwrap();
+        let message = load_public_key(&path).unwrap_err().to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains("design.public_key"), "{message}");
+        assert!(message.contains("1024-bit"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
     }
 }

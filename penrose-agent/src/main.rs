@@ -657,6 +657,10 @@ fn status(path: &Path, json: bool) -> Result<()> {
         s.pipeline.sealed
     );
     println!(
+        "report cap: {} histograms held until the next day, {} samples and {} histograms dropped over the cap",
+        s.pipeline.held_over_cap, s.pipeline.samples_over_cap, s.pipeline.histograms_over_cap
+    );
+    println!(
         "spool: {} reports, {} of {} bytes; {} dropped when full, {} write failures",
         s.spool.reports,
         s.spool.bytes,

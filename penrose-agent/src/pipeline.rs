@@ -2,14 +2,29 @@
 //! reports").
 //!
 //! Each snippet is fingerprinted and joins the agent's most similar *local application* (at or
-//! above tau), or founds one; the local application keeps the hash of its first snippet as its
-//! representative, and every report it seals carries that hash, so that the aggregator places
-//! all of one application's reports from this agent alike. Each sampled launch's counter
-//! values are binned (the catalogue's binning) into one 128-bin histogram per (local
-//! application, counter), across windows. A histogram is sealed at the seal size or at its
-//! maximum age, whichever comes first, so that slow samplers still contribute; sealing
-//! encrypts it with the design server's key under a fresh random report id and a coarse day.
-//! The pipeline does no I/O: the daemon records and spools what it returns.
+//! above tau), or founds one. The local application's *representative* (its first snippet's
+//! hash) is used only for that matching and never leaves the host. Each sampled launch's
+//! counter values are binned (the catalogue's binning) into one 128-bin histogram per (local
+//! application, counter), across windows; a sealed report carries the hash of the most recent
+//! snippet (window) that contributed samples to *that* histogram (see [`OpenHistogram`]), so
+//! reports of one application from different windows carry different hashes and no hash is a
+//! lifetime pseudonym of the (host, application) pair.
+//!
+//! A histogram is *due* at the seal size or at its maximum age, whichever comes first, so that
+//! slow samplers still contribute; sealing encrypts it with the design server's key under a
+//! fresh random report id and a coarse day. Across all local applications at most T
+//! ([`PipelineConfig::reports_per_counter_per_day`], `penrose_core::release`) reports are
+//! sealed per (counter, day), the day being the one the report is stamped with: servers count
+//! contributors as ceil(reports / T). A due histogram over the cap is *held*: it keeps
+//! accumulating up to the seal size, after which that histogram's further values are dropped
+//! and counted ([`PipelineCounts::samples_over_cap`]); the next day it seals as usual. At stop
+//! (and when its application is evicted) a histogram over the cap is discarded unsealed and
+//! counted ([`PipelineCounts::histograms_over_cap`]). The daemon feeds the counts of earlier
+//! runs in ([`Pipeline::restore_sealed`], from the sealed record) so that a restart does not
+//! reopen a day's cap.
+//!
+//! The pipeline does no I/O and reads no clock: callers pass the instant and the day (the
+//! daemon passes [`today`]); it returns what was sealed, and the daemon records and spools it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -18,13 +33,18 @@ use penrose_core::counters::{Catalogue, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, ParamsError, SnippetHash};
 use penrose_core::histogram::{Histogram, HistogramError};
 use penrose_core::paillier::{PaillierError, PublicKey};
+use penrose_core::release::ReportsPerContributor;
 use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId, WireError};
 use rand::RngCore;
 use thiserror::Error;
 
 use crate::capture::window::Snippet;
-use crate::record::{SealReason, SealedRecord};
+use crate::record::{SealReason, SealedPerDay, SealedRecord};
 use crate::spool::hex;
+
+/// Days of per-(counter, day) report counts kept behind the current day, so that a clock set
+/// back a little cannot reopen a day's cap.
+const CAP_DAYS_KEPT: u32 = 7;
 
 /// Why the pipeline could not seal a histogram.
 #[derive(Debug, Error)]
@@ -50,10 +70,13 @@ pub struct PipelineConfig {
     pub tau: f64,
     /// Most local applications; beyond it the longest idle one is sealed and forgotten.
     pub max_local_apps: usize,
-    /// Seal at this many samples (at most [`penrose_core::paillier::MAX_REPORT_SAMPLES`]).
+    /// Seal at this many samples (at most [`penrose_core::paillier::MAX_REPORT_SAMPLES`]); also
+    /// the most a histogram held by the cap accumulates.
     pub seal_samples: u32,
     /// Seal at this age.
     pub max_age: Duration,
+    /// T: the most reports sealed per (counter, day), across all local applications.
+    pub reports_per_counter_per_day: ReportsPerContributor,
 }
 
 impl Default for PipelineConfig {
@@ -63,6 +86,7 @@ impl Default for PipelineConfig {
             max_local_apps: 1024,
             seal_samples: 10_000,
             max_age: Duration::from_secs(3600),
+            reports_per_counter_per_day: ReportsPerContributor::DEFAULT,
         }
     }
 }
@@ -97,15 +121,41 @@ pub struct PipelineCounts {
     pub open_histograms: u64,
     /// Histograms sealed.
     pub sealed: u64,
+    /// Histograms open now that are due but held because their counter's reports for the day
+    /// reached the cap; they seal the next day.
+    #[serde(default)]
+    pub held_over_cap: u64,
+    /// Counter values (one sampled launch's value of one counter) not reported because of the
+    /// report cap: dropped when their histogram was held and full, or inside a histogram
+    /// discarded unsealed (see `histograms_over_cap`).
+    #[serde(default)]
+    pub samples_over_cap: u64,
+    /// Histograms discarded unsealed because the cap was reached when the agent stopped (or
+    /// its source ended) or their local application was evicted.
+    #[serde(default)]
+    pub histograms_over_cap: u64,
 }
 
+/// One (local application, counter) histogram being filled.
+///
+/// The snippet hash a report carries is kept here, per histogram rather than per local
+/// application: a histogram's report then always carries the hash of a window whose samples
+/// it holds. Counter groups rotate, so an application's latest window may have contributed
+/// nothing to a given counter; a per-application hash would label that counter's report with
+/// a window that is not in it. Reports of one application sealed from different windows carry
+/// those windows' own (differing) hashes, never a stable representative.
 struct OpenHistogram {
     histogram: Histogram,
     opened: Instant,
+    /// The hash of the most recent snippet that contributed samples to this histogram.
+    snippet: SnippetHash,
+    /// Due, but held back by the report cap.
+    held: bool,
 }
 
 struct LocalApp {
     id: u64,
+    /// The first snippet's hash: matches later snippets to this application; never reported.
     representative: SnippetHash,
     last_seen: Instant,
     histograms: BTreeMap<CounterId, OpenHistogram>,
@@ -119,6 +169,8 @@ pub struct Pipeline {
     catalogue: &'static Catalogue,
     apps: Vec<LocalApp>,
     next_app: u64,
+    /// Reports sealed per (day stamped, counter), for the cap; days long past are pruned.
+    sealed_per_day: SealedPerDay,
     counts: PipelineCounts,
 }
 
@@ -136,8 +188,23 @@ impl Pipeline {
             catalogue: Catalogue::current(),
             apps: Vec::new(),
             next_app: 0,
+            sealed_per_day: BTreeMap::new(),
             counts: PipelineCounts::default(),
         })
+    }
+
+    /// Takes in the reports sealed before this pipeline started (the daemon reads them from
+    /// the sealed record), so that a restart does not reopen a day's cap.
+    pub fn restore_sealed(&mut self, sealed: &SealedPerDay) {
+        for (&key, &n) in sealed {
+            let count = self.sealed_per_day.entry(key).or_insert(0);
+            *count = count.saturating_add(n);
+        }
+    }
+
+    /// The oldest day whose sealed reports count towards the cap when today is `day`.
+    pub fn oldest_capped_day(day: Day) -> Day {
+        Day(day.0.saturating_sub(CAP_DAYS_KEPT))
     }
 
     /// The fingerprinter in use.
@@ -148,9 +215,24 @@ impl Pipeline {
     /// Counts so far.
     pub fn counts(&self) -> PipelineCounts {
         let mut c = self.counts;
+        let open = || self.apps.iter().flat_map(|a| a.histograms.values());
         c.local_apps = self.apps.len() as u64;
-        c.open_histograms = self.apps.iter().map(|a| a.histograms.len() as u64).sum();
+        c.open_histograms = open().count() as u64;
+        c.held_over_cap = open().filter(|h| h.held).count() as u64;
         c
+    }
+
+    /// Whether `counter` already has its T reports stamped `day`.
+    fn cap_reached(&self, counter: CounterId, day: Day) -> bool {
+        self.sealed_per_day
+            .get(&(day, counter))
+            .is_some_and(|&n| n >= self.config.reports_per_counter_per_day.get())
+    }
+
+    /// Forgets the counts of days long before `day`.
+    fn prune(&mut self, day: Day) {
+        let oldest = Self::oldest_capped_day(day);
+        self.sealed_per_day.retain(|(d, _), _| *d >= oldest);
     }
 
     /// The local application a snippet hash belongs to (its index in `apps`), founding one if
@@ -159,6 +241,7 @@ impl Pipeline {
         &mut self,
         hash: SnippetHash,
         now: Instant,
+        day: Day,
         out: &mut Vec<Sealed>,
     ) -> Result<usize, PipelineError> {
         let tau = self.fingerprinter.params().tau;
@@ -182,7 +265,7 @@ impl Pipeline {
                 .map(|(i, _)| i)
         {
             let app = self.apps.remove(idle);
-            self.seal_app(app, SealReason::Evicted, out)?;
+            self.seal_app(app, SealReason::Evicted, day, out)?;
         }
         self.apps.push(LocalApp {
             id: self.next_app,
@@ -195,20 +278,24 @@ impl Pipeline {
         Ok(self.apps.len() - 1)
     }
 
-    /// Takes one snippet in; returns the histograms that reached the seal size.
+    /// Takes one snippet in at `now` on `day`; returns the histograms that reached the seal
+    /// size (within the cap).
     pub fn ingest(
         &mut self,
         snippet: &Snippet,
         now: Instant,
+        day: Day,
     ) -> Result<Vec<Sealed>, PipelineError> {
         let mut out = Vec::new();
         if snippet.names.is_empty() {
             return Ok(out);
         }
+        self.prune(day);
         self.counts.snippets += 1;
         let hash = self.fingerprinter.snippet_hash(&snippet.names);
-        let index = self.local_app(hash, now, &mut out)?;
+        let index = self.local_app(hash, now, day, &mut out)?;
         self.apps[index].last_seen = now;
+        let limit = self.config.seal_samples;
         for sample in &snippet.samples {
             if !sample.values.is_empty() {
                 self.counts.samples += 1;
@@ -222,69 +309,114 @@ impl Pipeline {
                     self.counts.values_refused += 1;
                     continue;
                 };
-                let app = &mut self.apps[index];
-                let open = app.histograms.entry(counter.id).or_insert(OpenHistogram {
-                    histogram: Histogram::new(),
-                    opened: now,
-                });
+                let full = self.apps[index]
+                    .histograms
+                    .get(&counter.id)
+                    .is_some_and(|h| h.histogram.samples().0 >= limit);
+                // A full histogram is one the cap held back: seal it if a new day made room,
+                // else this value is dropped (and counted).
+                if full && !self.try_seal(index, counter.id, SealReason::Size, day, &mut out)? {
+                    self.counts.samples_over_cap += 1;
+                    continue;
+                }
+                let open = self.apps[index]
+                    .histograms
+                    .entry(counter.id)
+                    .or_insert(OpenHistogram {
+                        histogram: Histogram::new(),
+                        opened: now,
+                        snippet: hash,
+                        held: false,
+                    });
                 open.histogram.record(bin)?;
+                open.snippet = hash;
                 self.counts.values += 1;
-                if open.histogram.samples().0 >= self.config.seal_samples {
-                    let (id, representative) = (app.id, app.representative);
-                    if let Some(full) = app.histograms.remove(&counter.id) {
-                        out.push(self.seal(
-                            id,
-                            representative,
-                            counter.id,
-                            full.histogram,
-                            SealReason::Size,
-                        )?);
-                    }
+                if open.histogram.samples().0 >= limit {
+                    self.try_seal(index, counter.id, SealReason::Size, day, &mut out)?;
                 }
             }
         }
         Ok(out)
     }
 
-    /// Seals every histogram at least the maximum age old.
-    pub fn tick(&mut self, now: Instant) -> Result<Vec<Sealed>, PipelineError> {
-        let max_age = self.config.max_age;
+    /// Seals, oldest first and within the cap, every histogram that is due on `day`: at least
+    /// the maximum age old at `now`, or at the seal size (held back by the cap until now).
+    pub fn tick(&mut self, now: Instant, day: Day) -> Result<Vec<Sealed>, PipelineError> {
+        self.prune(day);
+        let (max_age, limit) = (self.config.max_age, self.config.seal_samples);
         let mut due = Vec::new();
-        for app in &mut self.apps {
-            let old: Vec<CounterId> = app
-                .histograms
-                .iter()
-                .filter(|(_, h)| now.saturating_duration_since(h.opened) >= max_age)
-                .map(|(&c, _)| c)
-                .collect();
-            for c in old {
-                if let Some(h) = app.histograms.remove(&c) {
-                    due.push((app.id, app.representative, c, h.histogram));
-                }
+        for (index, app) in self.apps.iter().enumerate() {
+            for (&counter, h) in &app.histograms {
+                let reason = if h.histogram.samples().0 >= limit {
+                    SealReason::Size
+                } else if now.saturating_duration_since(h.opened) >= max_age {
+                    SealReason::Age
+                } else {
+                    continue;
+                };
+                due.push((h.opened, index, counter, reason));
             }
         }
-        due.into_iter()
-            .map(|(id, rep, c, h)| self.seal(id, rep, c, h, SealReason::Age))
-            .collect()
+        due.sort_by_key(|&(opened, index, counter, _)| (opened, index, counter));
+        let mut out = Vec::new();
+        for (_, index, counter, reason) in due {
+            self.try_seal(index, counter, reason, day, &mut out)?;
+        }
+        Ok(out)
     }
 
-    /// Seals everything held (the agent is stopping, or its source ended).
-    pub fn flush(&mut self) -> Result<Vec<Sealed>, PipelineError> {
+    /// Seals everything held, within the cap, stamped `day` (the agent is stopping, or its
+    /// source ended). Histograms over the cap are discarded and counted.
+    pub fn flush(&mut self, day: Day) -> Result<Vec<Sealed>, PipelineError> {
         let mut out = Vec::new();
         for app in std::mem::take(&mut self.apps) {
-            self.seal_app(app, SealReason::Flush, &mut out)?;
+            self.seal_app(app, SealReason::Flush, day, &mut out)?;
         }
         Ok(out)
     }
 
+    /// Seals `apps[index]`'s histogram of `counter` unless the cap for (`counter`, `day`) is
+    /// reached, in which case it is marked held. Whether it was sealed.
+    fn try_seal(
+        &mut self,
+        index: usize,
+        counter: CounterId,
+        reason: SealReason,
+        day: Day,
+        out: &mut Vec<Sealed>,
+    ) -> Result<bool, PipelineError> {
+        let capped = self.cap_reached(counter, day);
+        let app = &mut self.apps[index];
+        if capped {
+            if let Some(h) = app.histograms.get_mut(&counter) {
+                h.held = true;
+            }
+            return Ok(false);
+        }
+        let id = app.id;
+        let Some(open) = app.histograms.remove(&counter) else {
+            return Ok(false);
+        };
+        out.push(self.seal(id, counter, open, reason, day)?);
+        Ok(true)
+    }
+
+    /// Seals a local application's histograms that fit under the cap, discarding (and
+    /// counting) the others.
     fn seal_app(
         &mut self,
         app: LocalApp,
         reason: SealReason,
+        day: Day,
         out: &mut Vec<Sealed>,
     ) -> Result<(), PipelineError> {
-        for (c, h) in app.histograms {
-            out.push(self.seal(app.id, app.representative, c, h.histogram, reason)?);
+        for (counter, open) in app.histograms {
+            if self.cap_reached(counter, day) {
+                self.counts.histograms_over_cap += 1;
+                self.counts.samples_over_cap += u64::from(open.histogram.samples().0);
+                continue;
+            }
+            out.push(self.seal(app.id, counter, open, reason, day)?);
         }
         Ok(())
     }
@@ -292,17 +424,19 @@ impl Pipeline {
     fn seal(
         &mut self,
         local_app: u64,
-        snippet: SnippetHash,
         counter: CounterId,
-        histogram: Histogram,
+        open: OpenHistogram,
         reason: SealReason,
+        day: Day,
     ) -> Result<Sealed, PipelineError> {
+        let OpenHistogram {
+            histogram, snippet, ..
+        } = open;
         let mut rng = rand::rng();
         let packed = self.key.encrypt_packed(histogram.bins(), &mut rng)?;
         let mut id = [0u8; 16];
         rng.fill_bytes(&mut id);
         let report_id = ReportId(id);
-        let day = today();
         let report = Report {
             key_id: self.key.key_id(),
             report_id,
@@ -330,6 +464,7 @@ impl Pipeline {
             reason,
         };
         self.counts.sealed += 1;
+        *self.sealed_per_day.entry((day, counter)).or_insert(0) += 1;
         Ok(Sealed {
             report,
             frame,
@@ -359,6 +494,9 @@ mod tests {
     use crate::capture::events::Pid;
     use crate::capture::window::{Sample, SnippetEnd};
     use crate::counters::CounterValue;
+
+    /// The day the tests' reports are stamped with.
+    const DAY: Day = Day(20_000);
 
     /// A small key keeps the unit tests fast; the daemon tests use 2048 bits.
     fn keys() -> &'static PrivateKey {
@@ -414,20 +552,27 @@ mod tests {
     fn similar_snippets_share_a_local_app_and_others_found_their_own() {
         let mut p = pipeline(10_000, Duration::from_secs(3600));
         let now = Instant::now();
-        p.ingest(&snippet(1, 2000, 100, 5e3), now).unwrap();
-        p.ingest(&snippet(1, 1800, 100, 5e3), now).unwrap();
+        p.ingest(&snippet(1, 2000, 100, 5e3), now, DAY).unwrap();
+        p.ingest(&snippet(1, 1800, 100, 5e3), now, DAY).unwrap();
         assert_eq!(p.counts().local_apps, 1, "the same application twice");
-        p.ingest(&snippet(2, 2000, 100, 5e3), now).unwrap();
+        p.ingest(&snippet(2, 2000, 100, 5e3), now, DAY).unwrap();
         assert_eq!(p.counts().local_apps, 2, "another application");
-        let sealed = p.flush().unwrap();
+        let sealed = p.flush(DAY).unwrap();
         assert_eq!(sealed.len(), 2, "one histogram per (application, counter)");
         let first = sealed.iter().find(|s| s.record.local_app == 0).unwrap();
         assert_eq!(first.record.samples, 20 + 18);
-        // The report carries the application's representative: its first snippet's hash.
+        // The report carries the hash of the last window that contributed to it, not the
+        // application's representative (its first snippet's hash).
         let rep = p
             .fingerprinter()
             .snippet_hash(&snippet(1, 2000, 100, 5e3).names);
-        assert_eq!(first.report.snippet, rep);
+        let last = p
+            .fingerprinter()
+            .snippet_hash(&snippet(1, 1800, 100, 5e3).names);
+        assert_ne!(rep, last, "the two windows' snippets differ");
+        assert_eq!(first.report.snippet, last);
+        assert_eq!(first.record.snippet, hex(&last.0));
+        assert_ne!(first.report.snippet, rep);
     }
 
     #[test]
@@ -435,7 +580,7 @@ mod tests {
         let mut p = pipeline(25, Duration::from_secs(3600));
         let now = Instant::now();
         // 60 samples of one value: two reports of 25, 10 left open.
-        let sealed = p.ingest(&snippet(1, 6000, 100, 1.5e6), now).unwrap();
+        let sealed = p.ingest(&snippet(1, 6000, 100, 1.5e6), now, DAY).unwrap();
         assert_eq!(sealed.len(), 2);
         for s in &sealed {
             assert_eq!(s.record.samples, 25);
@@ -454,16 +599,20 @@ mod tests {
         }
         assert_ne!(sealed[0].report.report_id, sealed[1].report.report_id);
         assert_eq!(p.counts().open_histograms, 1);
-        assert_eq!(p.flush().unwrap()[0].record.samples, 10);
+        assert_eq!(p.flush(DAY).unwrap()[0].record.samples, 10);
     }
 
     #[test]
     fn sealed_by_age() {
         let mut p = pipeline(10_000, Duration::from_secs(60));
         let t0 = Instant::now();
-        p.ingest(&snippet(1, 1000, 100, 5e3), t0).unwrap();
-        assert!(p.tick(t0 + Duration::from_secs(59)).unwrap().is_empty());
-        let sealed = p.tick(t0 + Duration::from_secs(60)).unwrap();
+        p.ingest(&snippet(1, 1000, 100, 5e3), t0, DAY).unwrap();
+        assert!(
+            p.tick(t0 + Duration::from_secs(59), DAY)
+                .unwrap()
+                .is_empty()
+        );
+        let sealed = p.tick(t0 + Duration::from_secs(60), DAY).unwrap();
         assert_eq!(sealed.len(), 1);
         assert_eq!(sealed[0].record.reason, SealReason::Age);
         assert_eq!(sealed[0].record.samples, 10);
@@ -483,15 +632,206 @@ mod tests {
         )
         .unwrap();
         let t0 = Instant::now();
-        p.ingest(&snippet(1, 500, 100, 5e3), t0).unwrap();
-        p.ingest(&snippet(2, 500, 100, 5e3), t0 + Duration::from_secs(1))
+        p.ingest(&snippet(1, 500, 100, 5e3), t0, DAY).unwrap();
+        p.ingest(&snippet(2, 500, 100, 5e3), t0 + Duration::from_secs(1), DAY)
             .unwrap();
         let sealed = p
-            .ingest(&snippet(3, 500, 100, 5e3), t0 + Duration::from_secs(2))
+            .ingest(&snippet(3, 500, 100, 5e3), t0 + Duration::from_secs(2), DAY)
             .unwrap();
         assert_eq!(p.counts().local_apps, 2);
         assert_eq!(sealed.len(), 1, "the idlest application's histogram sealed");
         assert_eq!(sealed[0].record.reason, SealReason::Evicted);
         assert_eq!(sealed[0].record.local_app, 0);
+    }
+
+    /// `s` with every sampled value recorded under the counter named `name` instead.
+    fn as_counter(mut s: Snippet, name: &str) -> Snippet {
+        let id = Catalogue::current().counter_by_name(name).unwrap().id;
+        for sample in &mut s.samples {
+            for v in &mut sample.values {
+                v.counter = id;
+            }
+        }
+        s
+    }
+
+    fn capped(seal_samples: u32, max_age: Duration, cap: u32) -> Pipeline {
+        Pipeline::new(
+            PipelineConfig {
+                seal_samples,
+                max_age,
+                reports_per_counter_per_day: ReportsPerContributor::for_agent(cap).unwrap(),
+                ..PipelineConfig::default()
+            },
+            keys().public_key().clone(),
+        )
+        .unwrap()
+    }
+
+    /// One application seen in two windows with different snippets seals two reports, each
+    /// carrying its own window's hash (not the application's representative).
+    #[test]
+    fn reports_from_different_windows_carry_those_windows_hashes() {
+        let mut p = pipeline(10_000, Duration::from_secs(60));
+        let t0 = Instant::now();
+        let (a, b) = (snippet(1, 2000, 100, 5e3), snippet(1, 1800, 100, 5e3));
+        let (hash_a, hash_b) = (
+            p.fingerprinter().snippet_hash(&a.names),
+            p.fingerprinter().snippet_hash(&b.names),
+        );
+        assert_ne!(hash_a, hash_b);
+        p.ingest(&a, t0, DAY).unwrap();
+        let first = p.tick(t0 + Duration::from_secs(60), DAY).unwrap();
+        p.ingest(&b, t0 + Duration::from_secs(61), DAY).unwrap();
+        assert_eq!(p.counts().local_apps, 1, "both windows are one application");
+        let second = p.tick(t0 + Duration::from_secs(121), DAY).unwrap();
+        assert_eq!((first.len(), second.len()), (1, 1));
+        let (first, second) = (&first[0], &second[0]);
+        assert_eq!(first.record.local_app, second.record.local_app);
+        assert_eq!(first.report.snippet, hash_a);
+        assert_eq!(second.report.snippet, hash_b);
+        assert_ne!(first.report.snippet, second.report.snippet);
+    }
+
+    /// The hash is kept per (application, counter) histogram: a counter whose samples came
+    /// only from the first window reports that window's hash even after a later window fed
+    /// another counter.
+    #[test]
+    fn each_histogram_carries_the_last_window_that_fed_it() {
+        let mut p = pipeline(10_000, Duration::from_secs(3600));
+        let now = Instant::now();
+        let a = snippet(1, 2000, 100, 5e3);
+        let b = as_counter(snippet(1, 1800, 100, 50.0), "sm_active");
+        let (hash_a, hash_b) = (
+            p.fingerprinter().snippet_hash(&a.names),
+            p.fingerprinter().snippet_hash(&b.names),
+        );
+        p.ingest(&a, now, DAY).unwrap();
+        p.ingest(&b, now, DAY).unwrap();
+        assert_eq!(p.counts().local_apps, 1);
+        let sealed = p.flush(DAY).unwrap();
+        assert_eq!(sealed.len(), 2);
+        for s in &sealed {
+            let expected = if s.record.counter_name == "kernel_duration" {
+                hash_a
+            } else {
+                hash_b
+            };
+            assert_eq!(s.report.snippet, expected, "{}", s.record.counter_name);
+        }
+    }
+
+    /// More than T histograms of one counter due in one day: exactly T reports that day, the
+    /// rest held (still accumulating) and sealed the next day, stamped with it.
+    #[test]
+    fn the_report_cap_holds_the_excess_until_the_next_day() {
+        let t = ReportsPerContributor::DEFAULT.get();
+        let mut p = pipeline(10_000, Duration::from_secs(60));
+        let t0 = Instant::now();
+        let apps = t + 6;
+        for app in 0..apps {
+            p.ingest(&snippet(app, 500, 100, 5e3), t0, DAY).unwrap();
+        }
+        assert_eq!(p.counts().local_apps, u64::from(apps));
+        let sealed = p.tick(t0 + Duration::from_secs(60), DAY).unwrap();
+        assert_eq!(
+            sealed.len(),
+            t as usize,
+            "exactly T reports for the counter"
+        );
+        assert!(sealed.iter().all(|s| s.report.day == DAY));
+        assert_eq!(p.counts().held_over_cap, 6);
+        assert_eq!(p.counts().open_histograms, 6);
+        // Later the same day: nothing more for that counter, but another counter is not
+        // limited by it.
+        assert!(
+            p.tick(t0 + Duration::from_secs(600), DAY)
+                .unwrap()
+                .is_empty()
+        );
+        let other = as_counter(snippet(0, 500, 100, 50.0), "sm_active");
+        p.ingest(&other, t0 + Duration::from_secs(600), DAY)
+            .unwrap();
+        let other = p.tick(t0 + Duration::from_secs(660), DAY).unwrap();
+        assert_eq!(other.len(), 1);
+        assert_eq!(other[0].record.counter_name, "sm_active");
+        // A held histogram keeps accumulating.
+        p.ingest(
+            &snippet(t, 500, 100, 5e3),
+            t0 + Duration::from_secs(700),
+            DAY,
+        )
+        .unwrap();
+        // The next day the held histograms seal, stamped with the new day.
+        let next = Day(DAY.0 + 1);
+        let sealed = p.tick(t0 + Duration::from_secs(700), next).unwrap();
+        assert_eq!(sealed.len(), 6);
+        assert!(sealed.iter().all(|s| s.report.day == next));
+        assert_eq!(
+            sealed.iter().map(|s| s.record.samples).sum::<u32>(),
+            6 * 5 + 5
+        );
+        assert_eq!(p.counts().held_over_cap, 0);
+        assert_eq!(p.counts().samples_over_cap, 0);
+        assert_eq!(p.counts().sealed, u64::from(t) + 1 + 6);
+    }
+
+    /// A histogram held by the cap at the seal size drops further values of its counter and
+    /// counts them; the next day it seals; at stop what exceeds the cap is discarded, counted.
+    #[test]
+    fn values_beyond_a_full_held_histogram_are_dropped_and_counted() {
+        let mut p = capped(10, Duration::from_secs(3600), 1);
+        let t0 = Instant::now();
+        // 60 samples: one report of 10, a second histogram of 10 held, 40 values dropped.
+        let sealed = p.ingest(&snippet(1, 6000, 100, 1.5e6), t0, DAY).unwrap();
+        assert_eq!(sealed.len(), 1);
+        assert_eq!(sealed[0].record.samples, 10);
+        let c = p.counts();
+        assert_eq!((c.held_over_cap, c.open_histograms), (1, 1));
+        assert_eq!(c.samples_over_cap, 40);
+        assert_eq!(c.values, 20);
+        // Another application's values of that counter share the cap (it is per agent).
+        p.ingest(&snippet(2, 500, 100, 1.5e6), t0, DAY).unwrap();
+        assert_eq!(p.counts().held_over_cap, 1, "5 samples: not due, only open");
+        assert_eq!(p.counts().open_histograms, 2);
+        // The next day the held full histogram seals first (stamped with the new day); the new
+        // window's values fill its successor, which the spent cap holds again.
+        let next = Day(DAY.0 + 1);
+        let sealed = p.ingest(&snippet(1, 6000, 100, 1.5e6), t0, next).unwrap();
+        assert_eq!(sealed.len(), 1);
+        assert_eq!(sealed[0].record.samples, 10);
+        assert_eq!(sealed[0].record.reason, SealReason::Size);
+        assert_eq!(sealed[0].report.day, next);
+        assert_eq!(p.counts().samples_over_cap, 40 + 50);
+        // Stopping the same day: the cap (1) is spent, so both open histograms are discarded.
+        assert!(p.flush(next).unwrap().is_empty());
+        let c = p.counts();
+        assert_eq!(c.histograms_over_cap, 2);
+        assert_eq!(c.samples_over_cap, 40 + 50 + 10 + 5);
+        assert_eq!(c.open_histograms, 0);
+        assert_eq!(c.sealed, 2);
+    }
+
+    /// Reports sealed before a restart (from the sealed record) count towards the cap.
+    #[test]
+    fn restored_counts_keep_the_cap_across_a_restart() {
+        let mut p = capped(10_000, Duration::from_secs(60), 2);
+        let duration = Catalogue::current()
+            .counter_by_name("kernel_duration")
+            .unwrap()
+            .id;
+        let restored: SealedPerDay = [((DAY, duration), 1)].into_iter().collect();
+        p.restore_sealed(&restored);
+        let t0 = Instant::now();
+        for app in 0..3 {
+            p.ingest(&snippet(app, 500, 100, 5e3), t0, DAY).unwrap();
+        }
+        let sealed = p.tick(t0 + Duration::from_secs(60), DAY).unwrap();
+        assert_eq!(
+            sealed.len(),
+            1,
+            "one of the day's two reports was sealed before"
+        );
+        assert_eq!(p.counts().held_over_cap, 2);
     }
 }

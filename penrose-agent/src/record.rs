@@ -6,12 +6,14 @@
 //! still in the spool) and so that an end-to-end test can check that what the design server
 //! decrypts equals, bin for bin, what the agents sealed. It never leaves the machine.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use penrose_core::wire::ReportId;
+use penrose_core::counters::CounterId;
+use penrose_core::wire::{Day, ReportId};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -62,7 +64,8 @@ pub enum SealReason {
 pub struct SealedRecord {
     /// The report id, hex.
     pub report_id: String,
-    /// The snippet hash the report carries (the local application's representative), hex.
+    /// The snippet hash the report carries (that of the last snippet that contributed samples
+    /// to the histogram), hex.
     pub snippet: String,
     /// The agent's number for the local application (never sent).
     pub local_app: u64,
@@ -177,4 +180,92 @@ pub fn read_records(path: &Path) -> Result<Vec<SealedRecord>, RecordError> {
         }
     }
     Ok(out)
+}
+
+/// Reports sealed per (day stamped, counter).
+pub type SealedPerDay = BTreeMap<(Day, CounterId), u32>;
+
+/// How many records a record file holds per (day, counter), for days from `oldest` on: what
+/// the agent sealed before a restart, so that the report cap survives it. Read line by line
+/// (only the day and the counter are parsed); lines that are not records (a last line cut
+/// short by a crash, a damaged line) are skipped and counted in the second value. A missing
+/// file holds none.
+pub fn sealed_per_day(path: &Path, oldest: Day) -> Result<(SealedPerDay, usize), RecordError> {
+    #[derive(Deserialize)]
+    struct DayCounter {
+        day: u32,
+        counter: u16,
+    }
+    let io = |source| RecordError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((BTreeMap::new(), 0)),
+        Err(source) => return Err(io(source)),
+    };
+    let mut counts = BTreeMap::new();
+    let mut skipped = 0;
+    for line in BufReader::new(file).lines() {
+        let line = line.map_err(io)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<DayCounter>(&line) {
+            Ok(r) if r.day >= oldest.0 => {
+                *counts
+                    .entry((Day(r.day), CounterId(r.counter)))
+                    .or_insert(0) += 1;
+            }
+            Ok(_) => {}
+            Err(_) => skipped += 1,
+        }
+    }
+    Ok((counts, skipped))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn record(day: u32, counter: u16) -> SealedRecord {
+        SealedRecord {
+            report_id: hex(&[day as u8; 16]),
+            snippet: hex(&[0; 32]),
+            local_app: 0,
+            counter,
+            counter_name: "c".into(),
+            catalogue: 1,
+            day,
+            samples: 1,
+            bins: vec![0; 128],
+            reason: SealReason::Age,
+        }
+    }
+
+    /// The record's per-(day, counter) counts, from a given day on, skipping a torn last line.
+    #[test]
+    fn sealed_per_day_counts_what_was_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RecordLog::in_state_dir(dir.path());
+        let (none, skipped) = sealed_per_day(log.path(), Day(0)).unwrap();
+        assert!(none.is_empty() && skipped == 0, "no file: no records");
+        for (day, counter) in [(9, 5), (10, 5), (10, 5), (10, 6), (11, 5)] {
+            log.append(&record(day, counter)).unwrap();
+        }
+        let mut file = OpenOptions::new().append(true).open(log.path()).unwrap();
+        file.write_all(b"{\"report_id\":\"ab").unwrap();
+        let (counts, skipped) = sealed_per_day(log.path(), Day(10)).unwrap();
+        assert_eq!(skipped, 1);
+        let expected: BTreeMap<_, _> = [
+            ((Day(10), CounterId(5)), 2),
+            ((Day(10), CounterId(6)), 1),
+            ((Day(11), CounterId(5)), 1),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(counts, expected);
+    }
 }

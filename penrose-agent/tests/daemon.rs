@@ -377,6 +377,10 @@ fn invalid_configuration_names_the_key_and_the_line() {
         ),
         ("[seal]\nsamples = 0\n", "bad.toml:2: key `seal.samples`"),
         (
+            "[seal]\nmax_reports_per_counter_per_day = 48\n",
+            "bad.toml:2: key `seal.max_reports_per_counter_per_day`",
+        ),
+        (
             "[spool]\n\nmax_bytes = -1\n",
             "bad.toml:3: key `spool.max_bytes`",
         ),
@@ -412,6 +416,33 @@ fn invalid_configuration_names_the_key_and_the_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A design key under 2048 bits: `run` refuses to start, in one line naming the key file,
+/// before anything is captured or spooled.
+#[test]
+fn a_weak_design_key_is_refused_at_start() {
+    use penrose_core::paillier::{KeySize, Keypair};
+    let fx = Fixture::new();
+    let weak = Keypair::generate_with_size(KeySize::Bits1024, &mut rand::rng());
+    std::fs::write(&fx.key_path, weak.public_key().to_bytes()).unwrap();
+    let config = fx.config(free_addr(), "", "");
+    let out = Command::new(agent_binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(
+        line.contains(&fx.key_path.display().to_string()) && line.contains("1024-bit"),
+        "{err}"
+    );
+    assert!(!penrose_agent::daemon::spool_dir(&fx.state_dir()).exists());
 }
 
 /// The opt-out: `enabled = false` logs one line and exits 0 at once, capturing and sending
