@@ -1,28 +1,46 @@
 //! Imported bundles: verified against the pinned aggregation server's key, kept verbatim, and
-//! merged into the current value of every accumulator.
+//! accepted only as the next link of the chain the archive follows.
 //!
-//! A bundle entry is an accumulator's *current* value, not a delta (`penrose_core::bundle`), so
-//! the archive keeps every verified bundle file as it arrived and, when asked, takes per
-//! accumulator the entry of the bundle with the highest cursor. Importing a bundle twice, or an
-//! older one after a newer one, changes nothing. Every bundle is verified again when merged, so
-//! a file altered on disk is refused rather than decrypted.
+//! A bundle releases closed epochs (`penrose_core::bundle`): each released sum appears in
+//! exactly one bundle and never changes. So the archive accepts, per aggregator store
+//! (instance), bundle 1, then 2, ..., each naming the hash of the one before, and refuses:
+//!
+//! - a **fork**: a bundle whose number was already imported with other bytes, or that does
+//!   not name the hash of the archived bundle before it;
+//! - a **gap**: a bundle beyond the next number;
+//! - a **replay** of a bundle already imported is answered "already imported" and changes
+//!   nothing (the same bytes);
+//! - a **new chain** (another store instance: an aggregation server restored from a backup)
+//!   unless imported deliberately with `new_chain`, and only when it descends from the chain
+//!   followed so far (its `parent`), so that class ids mean the same. Epochs of a new chain
+//!   that an earlier chain already released are never merged: the restored store may hold
+//!   another version of them, and two versions of a sum could be differenced. They are listed
+//!   as skipped.
+//!
+//! Every bundle is verified again (signature, chain) when the archive is read, so a file altered
+//! on disk is refused rather than decrypted.
 //!
 //! Layout of the archive directory:
 //!
 //! ```text
-//! aggregator.pub            the trusted aggregation server's ed25519 key (64 hex digits),
-//!                           pinned at the first import
-//! bundles/CURSOR.bundle     each imported bundle, named by its cursor (20 digits)
+//! aggregator.pub                 the trusted aggregation server's ed25519 key (64 hex
+//!                                digits), pinned at the first import
+//! chains                         the store instances followed, one per line, oldest first;
+//!                                the last is the one imports extend
+//! bundles/INSTANCE/SEQ.bundle    each imported bundle (SEQ: 20 digits)
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::VerifyingKey;
-use penrose_core::bundle::{Bundle, BundleEntry, BundleError, ClassId, Cursor, Generation};
-use penrose_core::counters::{CatalogueVersion, CounterId};
+use penrose_core::bundle::{
+    Bundle, BundleEntry, BundleError, BundleHash, EpochId, EpochKind, EpochSummary, InstanceId,
+    SumId,
+};
 use penrose_core::paillier::KeyId;
+use penrose_core::release::{MIN_CONTRIBUTORS, ReportsPerContributor};
 use thiserror::Error;
 
 /// Why a bundle could not be imported or the archive read.
@@ -70,50 +88,74 @@ pub enum ArchiveError {
         /// The bundle's key.
         actual: KeyId,
     },
+    /// The bundle contradicts the chain already imported.
+    #[error("{path}: refused, {why}")]
+    Chain {
+        /// The bundle file (or archived file).
+        path: PathBuf,
+        /// Fork, gap, new chain: in words, with what to do.
+        why: String,
+    },
+}
+
+impl ArchiveError {
+    /// Whether the error is a refusal of the bundle itself (exit code 3), not an I/O failure.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            ArchiveError::Bundle { .. }
+                | ArchiveError::OtherSigner { .. }
+                | ArchiveError::OtherPaillierKey { .. }
+                | ArchiveError::Chain { .. }
+        )
+    }
 }
 
 /// What an import did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Imported {
-    /// A new bundle was added.
+    /// The bundle was added as the next link of its chain.
     New {
-        /// Its cursor.
-        cursor: u64,
-        /// Its entries.
+        /// The chain (store instance).
+        instance: String,
+        /// Its number in the chain.
+        seq: u64,
+        /// Epochs it releases.
+        epochs: usize,
+        /// Released sums in it.
         entries: usize,
+        /// Epochs it holds that an earlier chain released already: never merged.
+        skipped_epochs: Vec<u32>,
     },
-    /// A bundle with this cursor was already imported (identical, or the import is refused).
+    /// The same bytes were imported before; nothing changed.
     AlreadyImported {
-        /// Its cursor.
-        cursor: u64,
+        /// The chain.
+        instance: String,
+        /// Its number.
+        seq: u64,
     },
 }
 
-/// The key of one accumulator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct AccumulatorKey {
-    /// Class.
-    pub class: ClassId,
-    /// Catalogue version.
-    pub catalogue: CatalogueVersion,
-    /// Counter.
-    pub counter: CounterId,
-    /// Generation.
-    pub generation: Generation,
-}
-
-/// Every accumulator's current value, merged from the imported bundles.
+/// Every released sum the archive holds, merged from its chains.
 #[derive(Clone, Debug, Default)]
 pub struct Aggregates {
     /// The Paillier key all sums are under (`None` when nothing is imported).
     pub key_id: Option<KeyId>,
-    /// The highest cursor imported.
-    pub cursor: Cursor,
+    /// How epochs are cut (`None` when nothing is imported).
+    pub epoch_kind: Option<EpochKind>,
+    /// The chains followed, oldest first, with their last bundle's number.
+    pub chains: Vec<(InstanceId, u64)>,
     /// Bundles merged.
     pub bundles: usize,
-    /// The latest entry of every accumulator.
-    pub entries: BTreeMap<AccumulatorKey, BundleEntry>,
+    /// The released epochs, each from the first chain that released it.
+    pub epochs: BTreeMap<EpochId, EpochSummary>,
+    /// Which chain released each epoch.
+    pub released_by: BTreeMap<EpochId, InstanceId>,
+    /// Every released sum.
+    pub entries: BTreeMap<SumId, BundleEntry>,
+    /// Epochs a later chain released again: refused, never merged.
+    pub skipped: Vec<(InstanceId, EpochId)>,
 }
 
 /// An archive directory.
@@ -135,15 +177,19 @@ pub fn read_signer(path: &Path) -> Result<VerifyingKey, ArchiveError> {
     parse_signer(text.trim()).ok_or_else(|| ArchiveError::BadSignerFile(path.to_owned()))
 }
 
-fn parse_signer(hex: &str) -> Option<VerifyingKey> {
-    if hex.len() != 64 || !hex.is_ascii() {
+fn parse_hex<const N: usize>(hex: &str) -> Option<[u8; N]> {
+    if hex.len() != 2 * N || !hex.is_ascii() {
         return None;
     }
-    let mut bytes = [0u8; 32];
+    let mut bytes = [0u8; N];
     for (i, b) in bytes.iter_mut().enumerate() {
         *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
     }
-    VerifyingKey::from_bytes(&bytes).ok()
+    Some(bytes)
+}
+
+fn parse_signer(hex: &str) -> Option<VerifyingKey> {
+    VerifyingKey::from_bytes(&parse_hex::<32>(hex)?).ok()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -165,6 +211,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ArchiveError> {
         .map_err(io(dir))
 }
 
+/// One chain as found on disk, verified.
+struct Chain {
+    instance: InstanceId,
+    bundles: Vec<(PathBuf, Vec<u8>, Bundle)>,
+}
+
 impl Archive {
     /// Opens (creating) the archive in `dir`.
     pub fn open(dir: &Path) -> Result<Self, ArchiveError> {
@@ -178,10 +230,16 @@ impl Archive {
         self.dir.join("aggregator.pub")
     }
 
-    fn bundle_path(&self, cursor: Cursor) -> PathBuf {
-        self.dir
-            .join("bundles")
-            .join(format!("{:020}.bundle", cursor.0))
+    fn chains_path(&self) -> PathBuf {
+        self.dir.join("chains")
+    }
+
+    fn chain_dir(&self, instance: InstanceId) -> PathBuf {
+        self.dir.join("bundles").join(instance.to_string())
+    }
+
+    fn bundle_path(&self, instance: InstanceId, seq: u64) -> PathBuf {
+        self.chain_dir(instance).join(format!("{seq:020}.bundle"))
     }
 
     /// The pinned aggregation server key, if any.
@@ -193,13 +251,81 @@ impl Archive {
         read_signer(&path).map(Some)
     }
 
-    /// Verifies the bundle at `path` (signature, and signer against the pinned key, or against
-    /// `signer` which is then pinned) and adds it. A bundle that fails any check changes
-    /// nothing.
+    /// The chains followed, oldest first.
+    fn chain_ids(&self) -> Result<Vec<InstanceId>, ArchiveError> {
+        let path = self.chains_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                parse_hex::<16>(l.trim())
+                    .map(InstanceId)
+                    .ok_or_else(|| ArchiveError::Chain {
+                        path: path.clone(),
+                        why: format!("damaged chain list line {l:?}"),
+                    })
+            })
+            .collect()
+    }
+
+    /// Reads and verifies one chain: every file 1..=n present, signed by `trusted`, of this
+    /// instance, numbered as named, each naming its predecessor's hash.
+    fn read_chain(
+        &self,
+        instance: InstanceId,
+        trusted: &VerifyingKey,
+    ) -> Result<Chain, ArchiveError> {
+        let dir = self.chain_dir(instance);
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "bundle"))
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io(&dir)(e)),
+        };
+        // Names are zero-padded numbers: sorted names are sorted numbers.
+        files.sort();
+        let mut bundles: Vec<(PathBuf, Vec<u8>, Bundle)> = Vec::with_capacity(files.len());
+        for (i, path) in files.into_iter().enumerate() {
+            let bytes = std::fs::read(&path).map_err(io(&path))?;
+            let bundle =
+                Bundle::verify(&bytes, Some(trusted)).map_err(|source| ArchiveError::Bundle {
+                    path: path.clone(),
+                    source,
+                })?;
+            let prev = bundles
+                .last()
+                .map_or(BundleHash::default(), |(_, b, _)| BundleHash::of(b));
+            let seq = i as u64 + 1;
+            if bundle.link.instance != instance
+                || bundle.link.seq != seq
+                || bundle.link.prev != prev
+                || path != self.bundle_path(instance, seq)
+            {
+                return Err(ArchiveError::Chain {
+                    path,
+                    why: format!("the archived chain {instance} is broken at bundle {seq}"),
+                });
+            }
+            bundles.push((path, bytes, bundle));
+        }
+        Ok(Chain { instance, bundles })
+    }
+
+    /// Verifies the bundle at `path` (signature; signer against the pinned key, or against
+    /// `signer` which is then pinned) and adds it if it is the next link of the chain this
+    /// archive follows, or, with `new_chain`, the first link of a chain restored from it
+    /// (module docs). A bundle that fails any check changes nothing.
     pub fn import(
         &self,
         path: &Path,
         signer: Option<&VerifyingKey>,
+        new_chain: bool,
     ) -> Result<Imported, ArchiveError> {
         let trusted = match (self.trusted_signer()?, signer) {
             (Some(pinned), Some(given)) if pinned != *given => {
@@ -218,6 +344,21 @@ impl Archive {
                 path: path.to_owned(),
                 source,
             })?;
+        let refuse = |why: String| ArchiveError::Chain {
+            path: path.to_owned(),
+            why,
+        };
+        if bundle.rule.threshold < MIN_CONTRIBUTORS
+            || bundle.rule.cap < ReportsPerContributor::DEFAULT.get()
+        {
+            return Err(refuse(format!(
+                "released under k = {} and T = {}, below the floors (k >= {MIN_CONTRIBUTORS}, \
+                 T >= {})",
+                bundle.rule.threshold,
+                bundle.rule.cap,
+                ReportsPerContributor::DEFAULT.get()
+            )));
+        }
         let current = self.merged()?;
         if let Some(expected) = current.key_id
             && expected != bundle.key_id
@@ -227,11 +368,95 @@ impl Archive {
                 actual: bundle.key_id,
             });
         }
-        let target = self.bundle_path(bundle.cursor);
-        if target.exists() {
-            return Ok(Imported::AlreadyImported {
-                cursor: bundle.cursor.0,
-            });
+        if let Some(kind) = current.epoch_kind
+            && kind != bundle.rule.epochs
+        {
+            return Err(refuse(format!(
+                "its epochs are cut by {:?}, the archive's by {kind:?}",
+                bundle.rule.epochs
+            )));
+        }
+        let link = bundle.link;
+        let chains = self.chain_ids()?;
+        let followed = chains.last().copied();
+        let instance = link.instance;
+        let head = current
+            .chains
+            .iter()
+            .find(|(i, _)| *i == instance)
+            .map_or(0, |(_, seq)| *seq);
+        match followed {
+            Some(f) if f == instance => {}
+            _ if chains.contains(&instance) => {
+                return Err(refuse(format!(
+                    "chain {instance} was replaced by chain {}; its later bundles are not \
+                     imported",
+                    followed.map_or_else(String::new, |f| f.to_string())
+                )));
+            }
+            Some(f) if !new_chain => {
+                return Err(refuse(format!(
+                    "it is bundle {} of chain {instance}{}, but this archive follows chain {f}. \
+                     An aggregation server restored from a backup starts a new chain: if that is \
+                     what happened, import its bundle 1 with --new-chain",
+                    link.seq,
+                    link.parent
+                        .map_or_else(String::new, |p| format!(" (restored from {p})")),
+                )));
+            }
+            Some(f) if link.parent != Some(f) => {
+                return Err(refuse(format!(
+                    "chain {instance} does not descend from the chain this archive follows \
+                     ({f}): its class ids mean other applications; use a new archive"
+                )));
+            }
+            _ => {}
+        }
+        if link.seq <= head {
+            let archived = self.bundle_path(instance, link.seq);
+            let have = std::fs::read(&archived).map_err(io(&archived))?;
+            if have == bytes {
+                return Ok(Imported::AlreadyImported {
+                    instance: instance.to_string(),
+                    seq: link.seq,
+                });
+            }
+            return Err(refuse(format!(
+                "fork: bundle {} of chain {instance} was already imported with other contents",
+                link.seq
+            )));
+        }
+        if link.seq > head + 1 {
+            return Err(refuse(format!(
+                "gap: the archive holds chain {instance} up to bundle {head}; import bundle {} \
+                 first (`penrose-aggregator export --seq {}` writes it again)",
+                head + 1,
+                head + 1
+            )));
+        }
+        if head > 0 {
+            let last = self.bundle_path(instance, head);
+            let have = std::fs::read(&last).map_err(io(&last))?;
+            if link.prev != BundleHash::of(&have) {
+                return Err(refuse(format!(
+                    "fork: bundle {} does not follow the archived bundle {head} of chain \
+                     {instance}",
+                    link.seq
+                )));
+            }
+        }
+        let mut skipped = Vec::new();
+        for e in &bundle.epochs {
+            match current.released_by.get(&e.id) {
+                Some(by) if *by == instance => {
+                    return Err(refuse(format!(
+                        "epoch {} was already released by an earlier bundle of this chain",
+                        e.id.0
+                    )));
+                }
+                Some(_) => skipped.push(e.id.0),
+                None => {}
+            }
         }
         if self.trusted_signer()?.is_none() {
             write_atomically(
@@ -239,47 +464,54 @@ impl Archive {
                 format!("{}\n", hex(trusted.as_bytes())).as_bytes(),
             )?;
         }
-        write_atomically(&target, &bytes)?;
+        let dir = self.chain_dir(instance);
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        write_atomically(&self.bundle_path(instance, link.seq), &bytes)?;
+        if followed != Some(instance) {
+            let mut list: String = chains.iter().map(|c| format!("{c}\n")).collect();
+            list.push_str(&format!("{instance}\n"));
+            write_atomically(&self.chains_path(), list.as_bytes())?;
+        }
         Ok(Imported::New {
-            cursor: bundle.cursor.0,
+            instance: instance.to_string(),
+            seq: link.seq,
+            epochs: bundle.epochs.len(),
             entries: bundle.entries.len(),
+            skipped_epochs: skipped,
         })
     }
 
-    /// Every imported bundle, verified again, merged: per accumulator the entry of the bundle
-    /// with the highest cursor.
+    /// Every chain's bundles, verified again, merged: each released epoch from the first
+    /// chain that released it.
     pub fn merged(&self) -> Result<Aggregates, ArchiveError> {
         let mut out = Aggregates::default();
         let Some(trusted) = self.trusted_signer()? else {
             return Ok(out);
         };
-        let dir = self.dir.join("bundles");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(io(&dir))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "bundle"))
-            .collect();
-        // Names are zero-padded cursors: sorted names are sorted cursors.
-        files.sort();
-        for path in files {
-            let bytes = std::fs::read(&path).map_err(io(&path))?;
-            let bundle =
-                Bundle::verify(&bytes, Some(&trusted)).map_err(|source| ArchiveError::Bundle {
-                    path: path.clone(),
-                    source,
-                })?;
-            out.key_id = Some(bundle.key_id);
-            out.cursor = out.cursor.max(bundle.cursor);
-            out.bundles += 1;
-            for entry in bundle.entries {
-                let key = AccumulatorKey {
-                    class: entry.class,
-                    catalogue: entry.catalogue,
-                    counter: entry.counter,
-                    generation: entry.generation,
-                };
-                out.entries.insert(key, entry);
+        for instance in self.chain_ids()? {
+            let chain = self.read_chain(instance, &trusted)?;
+            let mut mine: BTreeSet<EpochId> = BTreeSet::new();
+            for (_, _, bundle) in &chain.bundles {
+                out.key_id = Some(bundle.key_id);
+                out.epoch_kind = Some(bundle.rule.epochs);
+                out.bundles += 1;
+                for e in &bundle.epochs {
+                    if out.epochs.contains_key(&e.id) && !mine.contains(&e.id) {
+                        out.skipped.push((chain.instance, e.id));
+                        continue;
+                    }
+                    mine.insert(e.id);
+                    out.epochs.insert(e.id, *e);
+                    out.released_by.insert(e.id, chain.instance);
+                }
+                for entry in &bundle.entries {
+                    if mine.contains(&entry.epoch) {
+                        out.entries.insert(entry.key(), entry.clone());
+                    }
+                }
             }
+            out.chains
+                .push((chain.instance, chain.bundles.len() as u64));
         }
         Ok(out)
     }
@@ -296,5 +528,6 @@ mod tests {
         assert_eq!(parse_signer("00"), None);
         assert_eq!(parse_signer(&"zz".repeat(32)), None);
         assert_eq!(parse_signer(&"é".repeat(32)), None);
+        assert_eq!(parse_hex::<2>("0aff"), Some([10, 255]));
     }
 }

@@ -8,6 +8,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use penrose_core::paillier::{Keypair, PaillierError, PrivateKey, PublicKey};
+use penrose_core::release::{PolicyError, check_key_bits};
 use thiserror::Error;
 
 /// File name of the private key inside a key directory.
@@ -54,6 +55,21 @@ pub enum KeyFileError {
         /// What is wrong with it.
         source: PaillierError,
     },
+    /// A valid key, but smaller than every tier accepts.
+    #[error("{path}: {source}")]
+    Weak {
+        /// The file.
+        path: PathBuf,
+        /// The policy it fails.
+        source: PolicyError,
+    },
+}
+
+fn strong_enough(path: &Path, key: &PublicKey) -> Result<(), KeyFileError> {
+    check_key_bits(key.size().modulus_bits()).map_err(|source| KeyFileError::Weak {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyFileError + '_ {
@@ -108,20 +124,24 @@ pub fn read_private_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
         });
     }
     let bytes = read_limited(file, path)?;
-    PrivateKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
+    let key = PrivateKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
         path: path.to_owned(),
         source,
-    })
+    })?;
+    strong_enough(path, key.public_key())?;
+    Ok(key)
 }
 
 /// Reads a public key.
 pub fn read_public_key(path: &Path) -> Result<PublicKey, KeyFileError> {
     let file = File::open(path).map_err(io(path))?;
     let bytes = read_limited(file, path)?;
-    PublicKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
+    let key = PublicKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
         path: path.to_owned(),
         source,
-    })
+    })?;
+    strong_enough(path, &key)?;
+    Ok(key)
 }
 
 fn read_limited(file: File, path: &Path) -> Result<Vec<u8>, KeyFileError> {
@@ -148,9 +168,27 @@ mod tests {
     }
 
     #[test]
+    fn weak_keys_are_refused_on_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (private, public) = write_keypair(dir.path(), &keys()).unwrap();
+        for result in [
+            read_private_key(&private).map(|_| ()),
+            read_public_key(&public).map(|_| ()),
+        ] {
+            match result {
+                Err(KeyFileError::Weak { source, .. }) => {
+                    assert_eq!(source, PolicyError::WeakKey(512))
+                }
+                other => panic!("a 512-bit key was not refused as weak: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn round_trip_with_owner_only_private_key() {
         let dir = tempfile::tempdir().unwrap();
-        let keys = keys();
+        let keys =
+            Keypair::generate_with_size(KeySize::Bits2048, &mut ChaCha8Rng::seed_from_u64(12));
         let (private, public) = write_keypair(dir.path(), &keys).unwrap();
         let mode = std::fs::metadata(&private).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);

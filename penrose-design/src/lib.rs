@@ -1,11 +1,14 @@
-//! The Penrose design server: the one place that holds the private key. It decrypts aggregates
-//! only above a contributor threshold and turns them into reports for architects.
+//! The Penrose design server: the one place that holds the private key. It decrypts released
+//! sums only above a contributor threshold and turns them into reports for architects.
 //!
-//! - [`keyfile`]: key files on disk, with the private key readable by its owner alone.
+//! - [`keyfile`]: key files on disk, with the private key readable by its owner alone, and
+//!   keys under 2048 bits refused.
 //! - [`archive`]: imported export bundles, verified against the pinned aggregation server's
-//!   key and merged into every accumulator's current value.
-//! - [`report`]: decryption above the contributor threshold; histograms, means and
-//!   percentiles per (class, counter) as text, JSON or CSV.
+//!   key and accepted only in chain order (forks, gaps, replays and unannounced new chains
+//!   refused); each released epoch merged once.
+//! - [`report`]: decryption above the contributor bound, quarantine of sums that do not
+//!   decrypt to their declared samples; histograms, means and percentiles per (class,
+//!   counter) as text, JSON or CSV.
 //!
 //! The fleet simulator arrives with its issue.
 

@@ -6,18 +6,19 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use penrose_core::paillier::Keypair;
+use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_design::archive::{self, Archive, Imported};
 use penrose_design::keyfile;
-use penrose_design::report::{self, DEFAULT_THRESHOLD, Threshold};
+use penrose_design::report;
 
-/// The Penrose design server: holds the private key, and decrypts only aggregates that enough
-/// reports contributed to.
+/// The Penrose design server: holds the private key, and decrypts only released sums that
+/// enough contributors are behind.
 ///
 /// The flow: `keygen` once; give public.key to the aggregation server and the agents; `import`
-/// each bundle the aggregation server exports (`penrose-aggregator export`); `report`.
+/// each bundle the aggregation server exports (`penrose-aggregator export`), in order; `report`.
 ///
 /// Exit codes: 0 success, 1 error, 2 usage, 3 a bundle was refused (bad signature, another
-/// server, malformed).
+/// server, malformed, a fork, a gap, an unannounced new chain).
 #[derive(Parser)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -41,14 +42,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Import export bundles from the aggregation server into the archive.
+    /// Import export bundles from the aggregation server into the archive, in chain order.
     ///
     /// Each bundle's ed25519 signature is checked against the aggregation server's key: pass
     /// its `.pub` file (printed by `penrose-aggregator serve`, next to its signing key) with
     /// --signer at the first import, which pins it; later imports are checked against the
-    /// pinned key. A refused bundle changes nothing. Importing a bundle twice is harmless.
-    /// Example:
-    ///   penrose-design import --archive /var/lib/penrose-design --signer agg.pub b1.bundle
+    /// pinned key. Bundles form a chain per aggregator store: bundle n+1 is accepted only
+    /// after bundle n, and must name its hash. A fork (same number, other bytes), a gap, or a
+    /// bundle of another chain is refused and changes nothing; importing the same bundle again
+    /// is harmless. An aggregation server restored from a backup starts a new chain: import its
+    /// first bundle with --new-chain (epochs the old chain released are then skipped, never
+    /// merged twice). Example:
+    ///   penrose-design import --archive /var/lib/penrose-design --signer agg.pub 1.bundle 2.bundle
     Import {
         /// The archive directory.
         #[arg(long)]
@@ -56,6 +61,9 @@ enum Command {
         /// The aggregation server's public signing key (64 hex digits).
         #[arg(long)]
         signer: Option<PathBuf>,
+        /// Accept the first bundle of a new chain descending from the one followed (a restore).
+        #[arg(long)]
+        new_chain: bool,
         /// Bundle files.
         #[arg(required = true)]
         bundles: Vec<PathBuf>,
@@ -63,11 +71,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Decrypt the archive's aggregates above the contributor threshold and print them.
+    /// Decrypt the released sums above the contributor threshold and print them.
     ///
-    /// Per class and counter: reports, samples, mean and percentiles at bin resolution, and
-    /// (with --json or --csv) the 128 bin sums. An aggregate with fewer than --threshold
-    /// reports is not decrypted; it is listed as held back. Example:
+    /// Per class and counter: reports, samples, the contributor bound, mean and percentiles
+    /// at bin resolution, and (with --json or --csv) the 128 bin sums. A released sum is
+    /// decrypted only when at least --threshold contributors are behind it, counted as
+    /// reports / (T x days of its epoch) rounded up, T = --reports-per-contributor; others are
+    /// listed as held back. A sum whose bins do not add up to the samples its reports declared
+    /// is quarantined (listed, not added); the rest still decrypt. Example:
     ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key
     Report {
         /// The archive directory.
@@ -76,9 +87,12 @@ enum Command {
         /// The private key (mode 0600).
         #[arg(long)]
         key: PathBuf,
-        /// k: the fewest reports an aggregate must hold to be decrypted.
-        #[arg(long, default_value_t = DEFAULT_THRESHOLD.0)]
+        /// k: the fewest contributors a sum must have to be decrypted (at least 10).
+        #[arg(long, default_value_t = Threshold::DEFAULT.get())]
         threshold: u64,
+        /// T: the most reports one agent sends per counter and day (at least 24).
+        #[arg(long, default_value_t = ReportsPerContributor::DEFAULT.get())]
+        reports_per_contributor: u32,
         /// Print JSON (every bin).
         #[arg(long, conflicts_with = "csv")]
         json: bool,
@@ -105,13 +119,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            let refused = e.downcast_ref::<archive::ArchiveError>().is_some_and(|a| {
-                matches!(
-                    a,
-                    archive::ArchiveError::Bundle { .. }
-                        | archive::ArchiveError::OtherSigner { .. }
-                )
-            });
+            let refused = e
+                .downcast_ref::<archive::ArchiveError>()
+                .is_some_and(archive::ArchiveError::is_refusal);
             ExitCode::from(if refused { 3 } else { 1 })
         }
     }
@@ -139,16 +149,22 @@ fn run(cli: Cli) -> Result<()> {
         Command::Import {
             archive,
             signer,
+            new_chain,
             bundles,
             json,
-        } => import(&archive, signer.as_deref(), &bundles, json)?,
+        } => import(&archive, signer.as_deref(), new_chain, &bundles, json)?,
         Command::Report {
             archive,
             key,
             threshold,
+            reports_per_contributor,
             json,
             csv,
-        } => print_report(&archive, &key, Threshold(threshold), json, csv)?,
+        } => {
+            let threshold = Threshold::new(threshold)?;
+            let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
+            print_report(&archive, &key, threshold, cap, json, csv)?
+        }
         Command::KeyInfo { file, json } => {
             // Either kind of file; a private key is only read through the permission check.
             let (kind, key) = match keyfile::read_public_key(&file) {
@@ -173,49 +189,86 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-fn import(dir: &Path, signer: Option<&Path>, bundles: &[PathBuf], json: bool) -> Result<()> {
+fn import(
+    dir: &Path,
+    signer: Option<&Path>,
+    new_chain: bool,
+    bundles: &[PathBuf],
+    json: bool,
+) -> Result<()> {
     let archive = Archive::open(dir)?;
     let signer = signer.map(archive::read_signer).transpose()?;
     let mut results = Vec::new();
     for path in bundles {
-        let outcome = archive.import(path, signer.as_ref())?;
-        match outcome {
-            Imported::New { cursor, entries } => tracing::info!(
-                "{}: imported, cursor {cursor}, {entries} accumulators",
+        let outcome = archive.import(path, signer.as_ref(), new_chain)?;
+        match &outcome {
+            Imported::New {
+                instance,
+                seq,
+                epochs,
+                entries,
+                skipped_epochs,
+            } => {
+                tracing::info!(
+                    "{}: imported bundle {seq} of chain {instance}: {epochs} epochs, {entries} sums",
+                    path.display()
+                );
+                if !skipped_epochs.is_empty() {
+                    tracing::warn!(
+                        "{}: epochs {skipped_epochs:?} were already released by an earlier chain \
+                         and are skipped",
+                        path.display()
+                    );
+                }
+            }
+            Imported::AlreadyImported { instance, seq } => tracing::info!(
+                "{}: bundle {seq} of chain {instance} was already imported (same bytes)",
                 path.display()
             ),
-            Imported::AlreadyImported { cursor } => {
-                tracing::info!("{}: cursor {cursor} was already imported", path.display())
-            }
         }
         results.push(serde_json::json!({"bundle": path, "outcome": outcome}));
     }
     let merged = archive.merged()?;
+    let chains: Vec<serde_json::Value> = merged
+        .chains
+        .iter()
+        .map(|(i, seq)| serde_json::json!({"instance": i.to_string(), "bundles": seq}))
+        .collect();
     if json {
         let doc = serde_json::json!({
             "imports": results,
             "bundles": merged.bundles,
-            "accumulators": merged.entries.len(),
-            "cursor": merged.cursor.0,
+            "epochs": merged.epochs.len(),
+            "sums": merged.entries.len(),
+            "chains": chains,
+            "skipped_epochs": merged.skipped.len(),
         });
         println!("{doc}");
     } else {
         println!(
-            "archive {}: {} bundles, {} accumulators, up to cursor {}",
+            "archive {}: {} bundles in {} chain(s), {} epochs, {} released sums",
             dir.display(),
             merged.bundles,
+            merged.chains.len(),
+            merged.epochs.len(),
             merged.entries.len(),
-            merged.cursor.0
         );
     }
     Ok(())
 }
 
-fn print_report(dir: &Path, key: &Path, threshold: Threshold, json: bool, csv: bool) -> Result<()> {
+fn print_report(
+    dir: &Path,
+    key: &Path,
+    threshold: Threshold,
+    cap: ReportsPerContributor,
+    json: bool,
+    csv: bool,
+) -> Result<()> {
     let archive = Archive::open(dir)?;
     let merged = archive.merged()?;
     let key = keyfile::read_private_key(key)?;
-    let report = report::build(&merged, &key, threshold).context("decrypting the aggregates")?;
+    let report = report::build(&merged, &key, threshold, cap)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -225,20 +278,26 @@ fn print_report(dir: &Path, key: &Path, threshold: Threshold, json: bool, csv: b
         return Ok(());
     }
     println!(
-        "{} bundles; threshold k = {} reports; {} (class, counter) aggregates decrypted in {} classes, {} held back",
+        "{} bundles, {} epochs; threshold k = {} contributors (T = {} reports per contributor and \
+         day); {} (class, counter) aggregates decrypted in {} classes, {} held back, {} sums \
+         quarantined",
         report.bundles,
-        threshold.0,
+        report.epochs,
+        threshold.get(),
+        cap.get(),
         report.decrypted.len(),
         report.classes(),
-        report.held_back.len()
+        report.held_back.len(),
+        report.quarantined.len(),
     );
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     for c in &report.decrypted {
         println!(
-            "class {:>4}  {:<22} {:>6} reports {:>9} samples  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
+            "class {:>4}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
             c.class,
             c.name,
             c.reports,
+            c.contributors_at_least,
             c.samples,
             fmt(c.mean),
             fmt(c.p50),
@@ -249,9 +308,18 @@ fn print_report(dir: &Path, key: &Path, threshold: Threshold, json: bool, csv: b
     }
     for h in &report.held_back {
         println!(
-            "class {:>4}  counter {:>3}: {} reports, under the threshold: not decrypted",
-            h.class, h.counter, h.reports
+            "class {:>4}  counter {:>3}: {} reports, at least {} contributors: under the threshold, not decrypted",
+            h.class, h.counter, h.reports, h.contributors_at_least
         );
+    }
+    for q in &report.quarantined {
+        println!(
+            "class {:>4}  counter {:>3}  epoch {} generation {}: QUARANTINED ({} reports): {}",
+            q.class, q.counter, q.epoch, q.generation, q.reports, q.reason
+        );
+    }
+    for (chain, epoch) in &report.skipped_epochs {
+        println!("epoch {epoch} of chain {chain}: skipped, an earlier chain released it");
     }
     Ok(())
 }

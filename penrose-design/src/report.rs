@@ -1,43 +1,40 @@
-//! Decrypting the merged aggregates above the contributor threshold, and what architects read.
+//! Decrypting the released sums above the contributor threshold, and what architects read.
 //!
-//! The threshold is applied per accumulator: a generation of a (class, counter) sum is
-//! decrypted only when at least k distinct reports contributed to it (default 10), because
-//! its plaintext is a sum of that many histograms and no fewer. A (class, counter) with no
-//! generation above the threshold is listed as held back, with its count, and nothing of it is
-//! decrypted. Decrypted generations of one (class, counter) are added bin by bin.
+//! A released sum (one epoch's accumulator generation of a (class, counter)) is decrypted only
+//! when its contributor bound reaches k: `penrose_core::release` counts at least
+//! ceil(reports / (T x days its epoch spans)) owners behind it, T being the most reports an
+//! agent sends per (counter, day). The aggregation server applies the same rule before it
+//! exports; this is the key holder's own check, with its own k and T (floors: 10 and 24). A
+//! (class, counter) with no sum above the threshold is listed as held back, with its counts,
+//! and nothing of it is decrypted. Decrypted sums of one (class, counter) are added bin by bin.
+//!
+//! A decrypted sum must be a histogram of exactly the samples its reports declared: every bin
+//! at most that many, the bins adding up to it. A sum whose decryption fails (a slot carried
+//! past its width) or whose bins do not add up was poisoned by a malformed report; it is
+//! **quarantined**: listed with the reason, not added, and every other sum still decrypts.
 
 use std::collections::BTreeMap;
 
-use penrose_core::bundle::ClassId;
+use penrose_core::bundle::{BundleEntry, ClassId};
 use penrose_core::counters::{BIN_COUNT, Bin, Binning, Catalogue, CatalogueVersion, CounterId};
 use penrose_core::paillier::{PaillierError, PrivateKey};
+use penrose_core::release::{ReportsPerContributor, Threshold, contributors_at_least};
 use thiserror::Error;
 
 use crate::archive::Aggregates;
 
-/// The contributor threshold of DESIGN.md section 7.
-pub const DEFAULT_THRESHOLD: Threshold = Threshold(10);
-
-/// k: the fewest distinct reports an aggregate must hold to be decrypted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-pub struct Threshold(pub u64);
-
-/// Why a report could not be made.
+/// Why a report could not be made at all (a single bad sum is quarantined instead).
 #[derive(Debug, Error)]
 pub enum ReportError {
     /// The aggregates are under another key than the private key given.
-    #[error(transparent)]
-    Decrypt(#[from] PaillierError),
-    /// The sums' ciphertexts do not validate under the public key.
-    #[error("class {class}, counter {counter}: {source}")]
-    Ciphertext {
-        /// Class.
-        class: u32,
-        /// Counter.
-        counter: u16,
-        /// Why.
-        #[source]
-        source: PaillierError,
+    #[error(
+        "the archive's sums are under key {archive}, the private key given is {given}: wrong --key"
+    )]
+    WrongKey {
+        /// The archive's key id.
+        archive: penrose_core::paillier::KeyId,
+        /// The given key's id.
+        given: penrose_core::paillier::KeyId,
     },
 }
 
@@ -54,13 +51,17 @@ pub struct CounterReport {
     pub name: String,
     /// Unit suffix.
     pub unit: String,
-    /// Reports in the decrypted generations.
+    /// Reports in the decrypted sums.
     pub reports: u64,
     /// Samples those reports claimed.
     pub samples: u64,
-    /// Generations decrypted.
-    pub generations: usize,
-    /// Reports in generations held back (below the threshold on their own).
+    /// The fewest contributors behind the decrypted sums: the sum of each sum's bound.
+    pub contributors_at_least: u64,
+    /// Released sums decrypted and added (epochs x generations).
+    pub sums: usize,
+    /// The epochs they come from.
+    pub epochs: Vec<u32>,
+    /// Reports in released sums held back (below the threshold on their own).
     pub held_back_reports: u64,
     /// Bin sums, 128 of them.
     pub bins: Vec<u64>,
@@ -74,28 +75,55 @@ pub struct CounterReport {
     pub p99: Option<f64>,
 }
 
-/// A (class, counter) not decrypted.
+/// A (class, counter) not decrypted: every released sum of it is under the threshold.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct HeldBack {
     /// Class.
     pub class: u32,
     /// Counter id.
     pub counter: u16,
-    /// Reports in it, all generations.
+    /// Reports in it, all sums.
     pub reports: u64,
+    /// The largest contributor bound of any of its sums.
+    pub contributors_at_least: u64,
+}
+
+/// A released sum that decrypted to something no honest reports can add up to.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Quarantined {
+    /// Class.
+    pub class: u32,
+    /// Counter id.
+    pub counter: u16,
+    /// Epoch.
+    pub epoch: u32,
+    /// Generation.
+    pub generation: u32,
+    /// Reports in it.
+    pub reports: u64,
+    /// Why it was not added.
+    pub reason: String,
 }
 
 /// The whole report.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Report {
-    /// The threshold applied.
+    /// The threshold applied (contributors).
     pub threshold: Threshold,
+    /// The report cap per contributor the bound was counted with.
+    pub reports_per_contributor: ReportsPerContributor,
     /// Bundles merged.
     pub bundles: usize,
+    /// Epochs released.
+    pub epochs: usize,
     /// The decrypted (class, counter) histograms.
     pub decrypted: Vec<CounterReport>,
     /// The (class, counter)s under the threshold.
     pub held_back: Vec<HeldBack>,
+    /// Sums that did not decrypt to a valid histogram.
+    pub quarantined: Vec<Quarantined>,
+    /// Epochs a restored chain released again, never merged (chain, epoch).
+    pub skipped_epochs: Vec<(String, u32)>,
 }
 
 impl Report {
@@ -107,14 +135,49 @@ impl Report {
     }
 }
 
-/// Decrypts every accumulator generation with at least `threshold` reports.
+/// Decrypts one released sum and checks it against its declared samples.
+fn decrypt_checked(key: &PrivateKey, entry: &BundleEntry) -> Result<[u64; BIN_COUNT], String> {
+    let packed = key
+        .public_key()
+        .validate_packed(entry.sums.as_bytes())
+        .map_err(|e: PaillierError| format!("invalid ciphertext: {e}"))?;
+    let bins = key
+        .decrypt_packed(&packed)
+        .map_err(|e| format!("does not decrypt to a histogram: {e}"))?;
+    if let Some((i, b)) = bins.iter().enumerate().find(|(_, b)| **b > entry.samples) {
+        return Err(format!(
+            "bin {i} holds {b}, more than the {} samples its reports declared",
+            entry.samples
+        ));
+    }
+    let total: u64 = bins.iter().sum();
+    if total != entry.samples {
+        return Err(format!(
+            "bins add up to {total}, its reports declared {} samples",
+            entry.samples
+        ));
+    }
+    Ok(bins)
+}
+
+/// Decrypts every released sum whose contributor bound reaches `threshold`, counting
+/// contributors with `cap`; quarantines sums that do not decrypt to their declared samples.
 pub fn build(
     aggregates: &Aggregates,
     key: &PrivateKey,
     threshold: Threshold,
+    cap: ReportsPerContributor,
 ) -> Result<Report, ReportError> {
+    if let Some(archive) = aggregates.key_id
+        && archive != key.public_key().key_id()
+    {
+        return Err(ReportError::WrongKey {
+            archive,
+            given: key.public_key().key_id(),
+        });
+    }
     type Key = (ClassId, CatalogueVersion, CounterId);
-    let mut grouped: BTreeMap<Key, Vec<&penrose_core::bundle::BundleEntry>> = BTreeMap::new();
+    let mut grouped: BTreeMap<Key, Vec<&BundleEntry>> = BTreeMap::new();
     for (k, entry) in &aggregates.entries {
         grouped
             .entry((k.class, k.catalogue, k.counter))
@@ -123,36 +186,52 @@ pub fn build(
     }
     let mut decrypted = Vec::new();
     let mut held_back = Vec::new();
+    let mut quarantined = Vec::new();
     for ((class, catalogue, counter), entries) in grouped {
         let mut bins = [0u64; BIN_COUNT];
-        let (mut reports, mut samples, mut generations, mut held) = (0u64, 0u64, 0usize, 0u64);
+        let (mut reports, mut samples, mut sums, mut held) = (0u64, 0u64, 0usize, 0u64);
+        let (mut contributors, mut best_held) = (0u64, 0u64);
+        let mut epochs = Vec::new();
         for entry in entries {
-            if entry.reports < threshold.0 {
+            let days = aggregates.epochs.get(&entry.epoch).map_or(1, |e| e.days());
+            let bound = contributors_at_least(entry.reports, days, cap);
+            if bound < threshold.get() {
                 held += entry.reports;
+                best_held = best_held.max(bound);
                 continue;
             }
-            let packed = key
-                .public_key()
-                .validate_packed(entry.sums.as_bytes())
-                .map_err(|source| ReportError::Ciphertext {
+            match decrypt_checked(key, entry) {
+                Ok(sum) => {
+                    for (b, s) in bins.iter_mut().zip(sum) {
+                        *b += s;
+                    }
+                    reports += entry.reports;
+                    samples += entry.samples;
+                    contributors += bound;
+                    sums += 1;
+                    if epochs.last() != Some(&entry.epoch.0) {
+                        epochs.push(entry.epoch.0);
+                    }
+                }
+                Err(reason) => quarantined.push(Quarantined {
                     class: class.0,
                     counter: counter.0,
-                    source,
-                })?;
-            let sums = key.decrypt_packed(&packed)?;
-            for (b, s) in bins.iter_mut().zip(sums) {
-                *b += s;
+                    epoch: entry.epoch.0,
+                    generation: entry.generation.0,
+                    reports: entry.reports,
+                    reason,
+                }),
             }
-            reports += entry.reports;
-            samples += entry.samples;
-            generations += 1;
         }
-        if generations == 0 {
-            held_back.push(HeldBack {
-                class: class.0,
-                counter: counter.0,
-                reports: held,
-            });
+        if sums == 0 {
+            if held > 0 {
+                held_back.push(HeldBack {
+                    class: class.0,
+                    counter: counter.0,
+                    reports: held,
+                    contributors_at_least: best_held,
+                });
+            }
             continue;
         }
         let known = Catalogue::by_version(catalogue).and_then(|c| c.counter(counter));
@@ -165,7 +244,9 @@ pub fn build(
             unit: known.map_or(String::new(), |c| c.unit.suffix().to_string()),
             reports,
             samples,
-            generations,
+            contributors_at_least: contributors,
+            sums,
+            epochs,
             held_back_reports: held,
             mean: binning.and_then(|b| mean(&bins, &b)),
             p50: binning.and_then(|b| quantile(&bins, &b, 0.5)),
@@ -176,9 +257,17 @@ pub fn build(
     }
     Ok(Report {
         threshold,
+        reports_per_contributor: cap,
         bundles: aggregates.bundles,
+        epochs: aggregates.epochs.len(),
         decrypted,
         held_back,
+        quarantined,
+        skipped_epochs: aggregates
+            .skipped
+            .iter()
+            .map(|(i, e)| (i.to_string(), e.0))
+            .collect(),
     })
 }
 

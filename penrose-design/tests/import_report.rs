@@ -1,24 +1,41 @@
-//! Bundles made by the aggregator's logic (accumulators of real packed ciphertexts, signed)
-//! are imported, verified and decrypted above the threshold, exactly.
+//! Bundles made by the aggregator's logic (accumulators of real packed ciphertexts, signed and
+//! chained) are imported in chain order, verified, and decrypted above the contributor
+//! threshold, exactly; forks, gaps, replays, foreign chains and poisoned sums are refused or
+//! quarantined.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ed25519_dalek::SigningKey;
-use penrose_core::bundle::{Bundle, BundleEntry, ClassId, Cursor, Generation};
+use penrose_core::bundle::{
+    Bundle, BundleEntry, BundleHash, ChainLink, ClassId, EpochId, EpochKind, EpochSummary,
+    Generation, InstanceId, ReleaseRule,
+};
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::paillier::{Accumulator, KeySize, Keypair};
+use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire::{Day, PackedBytes};
 use penrose_design::archive::{Archive, ArchiveError, Imported};
-use penrose_design::report::{self, Threshold};
+use penrose_design::report;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rug::Integer;
+use rug::integer::Order;
+
+/// Reports a one-day sum needs for 10 contributors at T = 24: ceil(217 / 24) = 10.
+const ENOUGH: u64 = 217;
+const DAY: u32 = 20_000;
 
 struct Fixture {
     keys: Keypair,
     signing: SigningKey,
     rng: ChaCha8Rng,
+    instance: InstanceId,
+    parent: Option<InstanceId>,
+    /// Bytes of the last bundle written per chain, for the next one's `prev`.
+    last: Option<Vec<u8>>,
+    seq: u64,
 }
 
 impl Fixture {
@@ -28,20 +45,31 @@ impl Fixture {
             keys: Keypair::generate_with_size(KeySize::Bits1024, &mut rng),
             signing: SigningKey::from_bytes(&[9u8; 32]),
             rng,
+            instance: InstanceId([1; 16]),
+            parent: None,
+            last: None,
+            seq: 0,
         }
     }
 
-    /// `reports` random histograms summed into one accumulator; returns the entry and the
-    /// plaintext sum.
-    fn entry(&mut self, class: u32, counter: u16, reports: u64) -> (BundleEntry, [u64; BIN_COUNT]) {
-        let public = self.keys.public_key();
-        let mut acc = Accumulator::new(public);
+    /// `reports` random histograms of `epoch` summed into one accumulator; returns the entry
+    /// and the plaintext sum.
+    fn entry(
+        &mut self,
+        epoch: u32,
+        class: u32,
+        counter: u16,
+        reports: u64,
+    ) -> (BundleEntry, [u64; BIN_COUNT]) {
+        let public = self.keys.public_key().clone();
+        let mut acc = Accumulator::new(&public);
         let mut sum = [0u64; BIN_COUNT];
         let mut samples = 0;
         for _ in 0..reports {
-            let bins: Vec<u32> = (0..BIN_COUNT)
-                .map(|_| self.rng.random_range(0..50))
-                .collect();
+            let mut bins = [0u32; BIN_COUNT];
+            for _ in 0..4 {
+                bins[self.rng.random_range(0..BIN_COUNT)] += self.rng.random_range(1..20);
+            }
             for (s, b) in sum.iter_mut().zip(&bins) {
                 *s += u64::from(*b);
             }
@@ -50,112 +78,428 @@ impl Fixture {
             let packed = public.encrypt_packed(&bins, &mut self.rng).unwrap();
             acc.absorb_bytes(&packed.to_bytes(), n).unwrap();
         }
-        let sums = acc.sum().unwrap();
-        let count = sums.ciphertexts().len();
-        let entry = BundleEntry {
-            class: ClassId(class),
-            catalogue: CatalogueVersion(1),
-            counter: CounterId(counter),
-            generation: Generation(0),
-            reports,
-            samples,
-            sums: PackedBytes::new(sums.to_bytes(), count).unwrap(),
-        };
-        (entry, sum)
+        (seal(acc, epoch, class, counter, reports, samples), sum)
     }
 
-    fn bundle(&self, dir: &Path, cursor: u64, entries: Vec<BundleEntry>) -> std::path::PathBuf {
+    /// Writes the next bundle of the fixture's chain, releasing `epochs`.
+    fn bundle(&mut self, dir: &Path, epochs: &[u32], entries: Vec<BundleEntry>) -> PathBuf {
+        self.seq += 1;
+        let prev = self
+            .last
+            .as_ref()
+            .map_or(BundleHash::default(), |b| BundleHash::of(b));
+        let path = dir.join(format!("{}-{}.bundle", self.instance, self.seq));
+        let bytes = self.signed(self.seq, prev, epochs, entries);
+        std::fs::write(&path, &bytes).unwrap();
+        self.last = Some(bytes);
+        path
+    }
+
+    fn signed(
+        &self,
+        seq: u64,
+        prev: BundleHash,
+        epochs: &[u32],
+        entries: Vec<BundleEntry>,
+    ) -> Vec<u8> {
         let bundle = Bundle {
             signer: [0; 32],
             key_id: self.keys.public_key().key_id(),
-            since: Cursor(0),
-            cursor: Cursor(cursor),
-            day: Day(20_000),
+            link: ChainLink {
+                instance: self.instance,
+                parent: self.parent,
+                seq,
+                prev,
+            },
+            day: Day(DAY + 3),
+            rule: ReleaseRule {
+                epochs: EpochKind::Day,
+                threshold: 10,
+                cap: 24,
+            },
+            epochs: epochs
+                .iter()
+                .map(|&e| EpochSummary {
+                    id: EpochId(e),
+                    first_day: Day(e),
+                    last_day: Day(e),
+                    reports: entries
+                        .iter()
+                        .filter(|x| x.epoch.0 == e)
+                        .map(|x| x.reports)
+                        .sum(),
+                    withheld_sums: 0,
+                    withheld_reports: 0,
+                })
+                .collect(),
             entries,
         };
-        let path = dir.join(format!("b{cursor}.bundle"));
-        std::fs::write(&path, bundle.sign(&self.signing).unwrap()).unwrap();
-        path
+        bundle.sign(&self.signing).unwrap()
     }
 }
 
+fn seal(
+    acc: Accumulator,
+    epoch: u32,
+    class: u32,
+    counter: u16,
+    reports: u64,
+    samples: u64,
+) -> BundleEntry {
+    let sums = acc.sum().unwrap();
+    let count = sums.ciphertexts().len();
+    BundleEntry {
+        epoch: EpochId(epoch),
+        class: ClassId(class),
+        catalogue: CatalogueVersion(1),
+        counter: CounterId(counter),
+        generation: Generation(0),
+        reports,
+        samples,
+        sums: PackedBytes::new(sums.to_bytes(), count).unwrap(),
+    }
+}
+
+fn build(archive: &Archive, keys: &Keypair) -> report::Report {
+    report::build(
+        &archive.merged().unwrap(),
+        keys.private_key(),
+        Threshold::DEFAULT,
+        ReportsPerContributor::DEFAULT,
+    )
+    .unwrap()
+}
+
+fn files(dir: &Path) -> usize {
+    walk(dir)
+}
+
+fn walk(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| {
+                    let p = e.path();
+                    if p.is_dir() { walk(&p) } else { 1 }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 #[test]
-fn imported_sums_decrypt_exactly_above_the_threshold_and_not_below() {
+fn released_sums_decrypt_exactly_above_the_contributor_bound_and_not_below() {
     let mut f = Fixture::new();
     let dir = tempfile::tempdir().unwrap();
-    let (above, above_sum) = f.entry(0, 5, 12);
-    let (below, _) = f.entry(1, 5, 3);
-    let path = f.bundle(dir.path(), 7, vec![above, below]);
+    let (above, above_sum) = f.entry(DAY, 0, 5, ENOUGH);
+    // 216 reports could all come from 9 agents sending 24 each: held back.
+    let (below, _) = f.entry(DAY, 1, 5, ENOUGH - 1);
+    let path = f.bundle(dir.path(), &[DAY], vec![above, below]);
     let archive = Archive::open(&dir.path().join("archive")).unwrap();
     let signer = f.signing.verifying_key();
     assert!(matches!(
-        archive.import(&path, None),
+        archive.import(&path, None, false),
         Err(ArchiveError::NoTrustedSigner)
     ));
-    assert_eq!(
-        archive.import(&path, Some(&signer)).unwrap(),
-        Imported::New {
-            cursor: 7,
-            entries: 2
-        }
+    let imported = archive.import(&path, Some(&signer), false).unwrap();
+    assert!(
+        matches!(
+            imported,
+            Imported::New {
+                seq: 1,
+                epochs: 1,
+                entries: 2,
+                ..
+            }
+        ),
+        "{imported:?}"
     );
-    // Pinned now: no --signer needed, and importing again changes nothing.
-    assert_eq!(
-        archive.import(&path, None).unwrap(),
-        Imported::AlreadyImported { cursor: 7 }
-    );
-    let merged = archive.merged().unwrap();
-    let report = report::build(&merged, f.keys.private_key(), Threshold(10)).unwrap();
+    // Pinned now: no --signer needed, and importing the same bytes again changes nothing.
+    assert!(matches!(
+        archive.import(&path, None, false).unwrap(),
+        Imported::AlreadyImported { seq: 1, .. }
+    ));
+    let report = build(&archive, &f.keys);
     assert_eq!(report.decrypted.len(), 1);
     let c = &report.decrypted[0];
-    assert_eq!((c.class, c.counter, c.reports), (0, 5, 12));
+    assert_eq!((c.class, c.counter, c.reports), (0, 5, ENOUGH));
+    assert_eq!(c.contributors_at_least, 10);
     assert_eq!(c.bins, above_sum.to_vec(), "bin for bin");
     assert_eq!(c.samples, above_sum.iter().sum::<u64>());
     assert_eq!(c.name, "kernel_duration");
     assert!(c.mean.is_some() && c.p50 <= c.p99);
     assert_eq!(report.held_back.len(), 1);
-    assert_eq!(report.held_back[0].reports, 3);
-    // With k = 3 the small class is decrypted too.
-    let low = report::build(&merged, f.keys.private_key(), Threshold(3)).unwrap();
-    assert_eq!(low.decrypted.len(), 2);
+    assert_eq!(report.held_back[0].reports, ENOUGH - 1);
+    assert_eq!(report.held_back[0].contributors_at_least, 9);
+    assert!(report.quarantined.is_empty());
+    // A stricter design server holds back both; a laxer one cannot be configured.
+    let strict = report::build(
+        &archive.merged().unwrap(),
+        f.keys.private_key(),
+        Threshold::new(11).unwrap(),
+        ReportsPerContributor::DEFAULT,
+    )
+    .unwrap();
+    assert!(strict.decrypted.is_empty());
+    assert!(Threshold::new(9).is_err() && ReportsPerContributor::for_servers(23).is_err());
     let csv = report::to_csv(&report);
     assert!(csv.lines().count() > 1 && csv.starts_with("class,counter"));
 }
 
 #[test]
-fn a_newer_bundle_replaces_an_accumulator_and_an_older_one_does_not() {
+fn each_epoch_adds_a_disjoint_released_sum() {
+    // Differencing: two reports on either side of an import may differ only by whole released
+    // sums, each of at least k contributors.
     let mut f = Fixture::new();
     let dir = tempfile::tempdir().unwrap();
-    let (old, _) = f.entry(0, 2, 10);
-    let (new, new_sum) = f.entry(0, 2, 11);
-    let newer = f.bundle(dir.path(), 9, vec![new]);
-    let older = f.bundle(dir.path(), 4, vec![old]);
+    let archive = Archive::open(&dir.path().join("archive")).unwrap();
+    let (first, first_sum) = f.entry(DAY, 0, 5, ENOUGH);
+    let b1 = f.bundle(dir.path(), &[DAY], vec![first]);
+    archive
+        .import(&b1, Some(&f.signing.verifying_key()), false)
+        .unwrap();
+    let before = build(&archive, &f.keys);
+    // The next epoch has few reports for this class: withheld, so the report does not move.
+    let (few, _) = f.entry(DAY + 1, 0, 5, 30);
+    let b2 = f.bundle(dir.path(), &[DAY + 1], vec![few]);
+    archive.import(&b2, None, false).unwrap();
+    let after_few = build(&archive, &f.keys);
+    assert_eq!(after_few.decrypted[0].bins, before.decrypted[0].bins);
+    assert_eq!(after_few.decrypted[0].reports, ENOUGH);
+    // A third epoch with enough: the report moves by that whole sum.
+    let (more, more_sum) = f.entry(DAY + 2, 0, 5, ENOUGH + 3);
+    let b3 = f.bundle(dir.path(), &[DAY + 2], vec![more]);
+    archive.import(&b3, None, false).unwrap();
+    let after = build(&archive, &f.keys);
+    let c = &after.decrypted[0];
+    assert_eq!(c.reports - before.decrypted[0].reports, ENOUGH + 3);
+    assert_eq!(c.epochs, vec![DAY, DAY + 2]);
+    let expected: Vec<u64> = first_sum
+        .iter()
+        .zip(&more_sum)
+        .map(|(a, b)| a + b)
+        .collect();
+    assert_eq!(c.bins, expected);
+    assert_eq!(
+        after.held_back.len(),
+        0,
+        "held back only when nothing is released"
+    );
+    assert_eq!(c.held_back_reports, 30);
+}
+
+#[test]
+fn forks_gaps_and_replays_are_refused_and_change_nothing() {
+    let mut f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let archive_dir = dir.path().join("archive");
+    let archive = Archive::open(&archive_dir).unwrap();
+    let (e1, _) = f.entry(DAY, 0, 1, 3);
+    let b1 = f.bundle(dir.path(), &[DAY], vec![e1]);
+    let b1_bytes = std::fs::read(&b1).unwrap();
+    let (e2, _) = f.entry(DAY + 1, 0, 1, 3);
+    let b2 = f.bundle(dir.path(), &[DAY + 1], vec![e2.clone()]);
+    let (e3, _) = f.entry(DAY + 2, 0, 1, 3);
+    let b3 = f.bundle(dir.path(), &[DAY + 2], vec![e3]);
+
+    // A chain starts at bundle 1.
+    let signer = f.signing.verifying_key();
+    let err = archive.import(&b2, Some(&signer), false).unwrap_err();
+    assert!(err.to_string().contains("gap"), "{err}");
+    archive.import(&b1, Some(&signer), false).unwrap();
+    // Gap: 3 before 2.
+    let err = archive.import(&b3, None, false).unwrap_err();
+    assert!(err.is_refusal() && err.to_string().contains("gap"), "{err}");
+    archive.import(&b2, None, false).unwrap();
+    let count = files(&archive_dir);
+
+    // Fork: another bundle 2 (other contents, correct predecessor).
+    let (other, _) = f.entry(DAY + 1, 0, 1, 4);
+    let fork = dir.path().join("fork.bundle");
+    std::fs::write(
+        &fork,
+        f.signed(
+            2,
+            BundleHash::of(&b1_bytes),
+            &[DAY + 1],
+            vec![other.clone()],
+        ),
+    )
+    .unwrap();
+    let err = archive.import(&fork, None, false).unwrap_err();
+    assert!(err.to_string().contains("fork"), "{err}");
+    // Fork: a bundle 3 that does not name the archived bundle 2.
+    let stray = dir.path().join("stray.bundle");
+    std::fs::write(
+        &stray,
+        f.signed(3, BundleHash::of(&b1_bytes), &[DAY + 5], vec![]),
+    )
+    .unwrap();
+    let err = archive.import(&stray, None, false).unwrap_err();
+    assert!(err.to_string().contains("does not follow"), "{err}");
+    // A bundle re-releasing an epoch this chain already released.
+    let again = dir.path().join("again.bundle");
+    let b2_bytes = std::fs::read(&b2).unwrap();
+    std::fs::write(
+        &again,
+        f.signed(3, BundleHash::of(&b2_bytes), &[DAY + 1], vec![other]),
+    )
+    .unwrap();
+    let err = archive.import(&again, None, false).unwrap_err();
+    assert!(err.to_string().contains("already released"), "{err}");
+    // Replay of bundle 1: the same bytes, nothing changes.
+    assert!(matches!(
+        archive.import(&b1, None, false).unwrap(),
+        Imported::AlreadyImported { seq: 1, .. }
+    ));
+    assert_eq!(files(&archive_dir), count, "nothing was added");
+    assert_eq!(archive.merged().unwrap().bundles, 2);
+    // The real bundle 3 still follows.
+    archive.import(&b3, None, false).unwrap();
+    assert_eq!(archive.merged().unwrap().bundles, 3);
+}
+
+#[test]
+fn a_restored_chain_is_imported_deliberately_and_never_re_releases_an_epoch() {
+    let mut f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::open(&dir.path().join("archive")).unwrap();
+    let (a, a_sum) = f.entry(DAY, 0, 5, ENOUGH);
+    let b1 = f.bundle(dir.path(), &[DAY], vec![a]);
+    archive
+        .import(&b1, Some(&f.signing.verifying_key()), false)
+        .unwrap();
+    let old_instance = f.instance;
+
+    // The aggregator is restored from a backup taken before it released DAY: the copy is a
+    // new instance whose first bundle releases DAY again (another version) and DAY + 1.
+    let mut restored = Fixture {
+        keys: f.keys.clone(),
+        instance: InstanceId([2; 16]),
+        parent: Some(old_instance),
+        ..Fixture::new()
+    };
+    let (again, _) = restored.entry(DAY, 0, 5, ENOUGH + 5);
+    let (next, next_sum) = restored.entry(DAY + 1, 0, 5, ENOUGH);
+    let r1 = restored.bundle(dir.path(), &[DAY, DAY + 1], vec![again, next]);
+    let err = archive.import(&r1, None, false).unwrap_err();
+    assert!(err.to_string().contains("--new-chain"), "{err}");
+    let imported = archive.import(&r1, None, true).unwrap();
+    match imported {
+        Imported::New { skipped_epochs, .. } => assert_eq!(skipped_epochs, vec![DAY]),
+        other => panic!("{other:?}"),
+    }
+    let report = build(&archive, &f.keys);
+    let c = &report.decrypted[0];
+    let expected: Vec<u64> = a_sum.iter().zip(&next_sum).map(|(x, y)| x + y).collect();
+    assert_eq!(
+        c.bins, expected,
+        "DAY from the first chain only, DAY + 1 from the new one"
+    );
+    assert_eq!(c.reports, 2 * ENOUGH);
+    assert_eq!(report.skipped_epochs.len(), 1);
+
+    // The old chain's later bundles are refused now.
+    let (late, _) = f.entry(DAY + 2, 0, 5, 3);
+    let old2 = f.bundle(dir.path(), &[DAY + 2], vec![late]);
+    let err = archive.import(&old2, None, false).unwrap_err();
+    assert!(err.to_string().contains("replaced"), "{err}");
+    // A chain that does not descend from the followed one is refused even with --new-chain.
+    let mut stranger = Fixture {
+        keys: f.keys.clone(),
+        instance: InstanceId([3; 16]),
+        parent: None,
+        ..Fixture::new()
+    };
+    let s1 = stranger.bundle(dir.path(), &[DAY + 9], vec![]);
+    let err = archive.import(&s1, None, true).unwrap_err();
+    assert!(err.to_string().contains("does not descend"), "{err}");
+}
+
+#[test]
+fn poisoned_sums_are_quarantined_and_every_other_class_decrypts_exactly() {
+    let mut f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let public = f.keys.public_key().clone();
+    let (good, good_sum) = f.entry(DAY, 0, 5, ENOUGH);
+
+    // Class 1: one report declares 1 sample but its bins add up to 400.
+    let mut lying = Accumulator::new(&public);
+    let mut samples = 0;
+    for i in 0..ENOUGH {
+        let mut bins = [0u32; BIN_COUNT];
+        bins[7] = if i == 0 { 400 } else { 2 };
+        let declared = if i == 0 { 1 } else { 2 };
+        samples += declared;
+        let packed = public.encrypt_packed(&bins, &mut f.rng).unwrap();
+        lying.absorb_bytes(&packed.to_bytes(), declared).unwrap();
+    }
+    let lying = seal(lying, DAY, 1, 5, ENOUGH, samples);
+
+    // Class 2: one report's last ciphertext carries a plaintext bit above every slot (what a
+    // client can do, since any plaintext mod n encrypts): decryption cannot unpack it.
+    let mut overflowing = Accumulator::new(&public);
+    let key_bytes = public.to_bytes();
+    let size = public.size();
+    let n = Integer::from_digits(&key_bytes[7..7 + size.modulus_bytes()], Order::Msf);
+    let nn = Integer::from(&n * &n);
+    let mut samples = 0;
+    for i in 0..ENOUGH {
+        let mut bins = [0u32; BIN_COUNT];
+        bins[3] = 1;
+        samples += 1;
+        let mut bytes = public.encrypt_packed(&bins, &mut f.rng).unwrap().to_bytes();
+        if i == 0 {
+            // c' = c * (1 + m n) mod n^2 adds m = 2^(bits - 8) to the last plaintext.
+            let len = size.ciphertext_bytes();
+            let at = bytes.len() - len;
+            let c = Integer::from_digits(&bytes[at..], Order::Msf);
+            let m = Integer::from(1) << (size.modulus_bits() - 8);
+            let poisoned = (c * (Integer::from(1) + m * &n)) % &nn;
+            let digits = poisoned.to_digits::<u8>(Order::Msf);
+            bytes[at..].fill(0);
+            bytes[at + len - digits.len()..].copy_from_slice(&digits);
+        }
+        overflowing.absorb_bytes(&bytes, 1).unwrap();
+    }
+    let overflowing = seal(overflowing, DAY, 2, 5, ENOUGH, samples);
+
+    let path = f.bundle(dir.path(), &[DAY], vec![good, lying, overflowing]);
     let archive = Archive::open(&dir.path().join("archive")).unwrap();
     archive
-        .import(&newer, Some(&f.signing.verifying_key()))
+        .import(&path, Some(&f.signing.verifying_key()), false)
         .unwrap();
-    archive.import(&older, None).unwrap();
-    let merged = archive.merged().unwrap();
-    assert_eq!(merged.bundles, 2);
-    let report = report::build(&merged, f.keys.private_key(), Threshold(10)).unwrap();
-    assert_eq!(report.decrypted[0].reports, 11);
-    assert_eq!(report.decrypted[0].bins, new_sum.to_vec());
+    let report = build(&archive, &f.keys);
+    assert_eq!(report.decrypted.len(), 1, "{:?}", report.quarantined);
+    assert_eq!(report.decrypted[0].bins, good_sum.to_vec());
+    let mut reasons: Vec<(u32, String)> = report
+        .quarantined
+        .iter()
+        .map(|q| (q.class, q.reason.clone()))
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons[0].0, 1);
+    assert!(
+        reasons[0].1.contains("more than") || reasons[0].1.contains("add up"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[1].0, 2);
+    assert!(reasons[1].1.contains("does not decrypt"), "{reasons:?}");
 }
 
 #[test]
 fn altered_foreign_and_truncated_bundles_are_refused_and_change_nothing() {
     let mut f = Fixture::new();
     let dir = tempfile::tempdir().unwrap();
-    let (entry, _) = f.entry(0, 1, 10);
-    let good = f.bundle(dir.path(), 3, vec![entry.clone()]);
+    let (entry, _) = f.entry(DAY, 0, 1, 10);
+    let good = f.bundle(dir.path(), &[DAY], vec![entry.clone()]);
     let archive_dir = dir.path().join("archive");
     let archive = Archive::open(&archive_dir).unwrap();
     archive
-        .import(&good, Some(&f.signing.verifying_key()))
+        .import(&good, Some(&f.signing.verifying_key()), false)
         .unwrap();
-    let before = std::fs::read_dir(archive_dir.join("bundles"))
-        .unwrap()
-        .count();
+    let before = files(&archive_dir);
 
     // One flipped byte in the sums.
     let mut bytes = std::fs::read(&good).unwrap();
@@ -163,42 +507,51 @@ fn altered_foreign_and_truncated_bundles_are_refused_and_change_nothing() {
     bytes[middle] ^= 1;
     let altered = dir.path().join("altered.bundle");
     std::fs::write(&altered, &bytes).unwrap();
-    let err = archive.import(&altered, None).unwrap_err();
+    let err = archive.import(&altered, None, false).unwrap_err();
     assert!(err.to_string().contains("signature"), "{err}");
 
     // Signed by another aggregation server.
-    let other = Fixture {
+    let mut other = Fixture {
         signing: SigningKey::from_bytes(&[1u8; 32]),
         ..Fixture::new()
     };
-    let foreign = other.bundle(&dir.path().join(""), 8, vec![entry]);
+    let foreign_dir = dir.path().join("foreign");
+    std::fs::create_dir_all(&foreign_dir).unwrap();
+    let foreign = other.bundle(&foreign_dir, &[DAY], vec![entry]);
     assert!(matches!(
-        archive.import(&foreign, None),
+        archive.import(&foreign, None, false),
         Err(ArchiveError::Bundle { .. })
     ));
     assert!(matches!(
-        archive.import(&foreign, Some(&other.signing.verifying_key())),
+        archive.import(&foreign, Some(&other.signing.verifying_key()), false),
         Err(ArchiveError::OtherSigner { .. })
     ));
 
     // Cut short.
     let truncated = dir.path().join("short.bundle");
     std::fs::write(&truncated, &std::fs::read(&good).unwrap()[..40]).unwrap();
-    assert!(archive.import(&truncated, None).is_err());
+    assert!(archive.import(&truncated, None, false).is_err());
 
-    let after = std::fs::read_dir(archive_dir.join("bundles"))
-        .unwrap()
-        .count();
-    assert_eq!(before, after, "nothing was added");
+    assert_eq!(before, files(&archive_dir), "nothing was added");
     assert_eq!(archive.merged().unwrap().bundles, 1);
+
+    // An archived bundle altered on disk is refused when the archive is read.
+    let archived = archive_dir
+        .join("bundles")
+        .join(f.instance.to_string())
+        .join(format!("{:020}.bundle", 1));
+    let mut on_disk = std::fs::read(&archived).unwrap();
+    on_disk[60] ^= 1;
+    std::fs::write(&archived, on_disk).unwrap();
+    assert!(archive.merged().is_err());
 }
 
 #[test]
 fn the_cli_refuses_a_tampered_bundle_with_exit_code_3() {
     let mut f = Fixture::new();
     let dir = tempfile::tempdir().unwrap();
-    let (entry, _) = f.entry(0, 1, 10);
-    let good = f.bundle(dir.path(), 3, vec![entry]);
+    let (entry, _) = f.entry(DAY, 0, 1, 10);
+    let good = f.bundle(dir.path(), &[DAY], vec![entry]);
     let signer = dir.path().join("agg.pub");
     let hex: String = f
         .signing
@@ -225,4 +578,33 @@ fn the_cli_refuses_a_tampered_bundle_with_exit_code_3() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("bad.bundle"), "{stderr}");
+
+    // A report with a weak key file, or below the floors, is refused with its reason.
+    let keys_dir = dir.path().join("keys");
+    std::fs::create_dir_all(&keys_dir).unwrap();
+    let (private, _) = penrose_design::keyfile::write_keypair(&keys_dir, &f.keys).unwrap();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_penrose-design"))
+            .arg("report")
+            .arg("--archive")
+            .arg(dir.path().join("archive"))
+            .arg("--key")
+            .arg(&private)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("1024-bit") && stderr.contains("2048"),
+        "{stderr}"
+    );
+    let out = run(&["--threshold", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("floor"),
+        "{stderr}"
+    );
 }
