@@ -280,7 +280,7 @@ fn print_report(
     println!(
         "{} bundles, {} epochs; threshold k = {} contributors (T = {} reports per contributor and \
          day); {} (class, counter) aggregates decrypted in {} classes, {} held back, {} sums \
-         quarantined",
+         quarantined; {} sums ({} reports) withheld by the aggregation server under its threshold",
         report.bundles,
         report.epochs,
         threshold.get(),
@@ -289,6 +289,8 @@ fn print_report(
         report.classes(),
         report.held_back.len(),
         report.quarantined.len(),
+        report.withheld_sums,
+        report.withheld_reports,
     );
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     for c in &report.decrypted {

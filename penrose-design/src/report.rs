@@ -116,6 +116,11 @@ pub struct Report {
     pub bundles: usize,
     /// Epochs released.
     pub epochs: usize,
+    /// Sums of those epochs the aggregation server withheld under its threshold (never
+    /// exported), and the reports in them, from the bundles' epoch summaries.
+    pub withheld_sums: u64,
+    /// Reports in the withheld sums.
+    pub withheld_reports: u64,
     /// The decrypted (class, counter) histograms.
     pub decrypted: Vec<CounterReport>,
     /// The (class, counter)s under the threshold.
@@ -260,6 +265,12 @@ pub fn build(
         reports_per_contributor: cap,
         bundles: aggregates.bundles,
         epochs: aggregates.epochs.len(),
+        withheld_sums: aggregates
+            .epochs
+            .values()
+            .map(|e| u64::from(e.withheld_sums))
+            .sum(),
+        withheld_reports: aggregates.epochs.values().map(|e| e.withheld_reports).sum(),
         decrypted,
         held_back,
         quarantined,

@@ -3,18 +3,24 @@
 //! 1. The design server makes a key pair (`penrose-design keygen`).
 //! 2. The aggregation server starts on loopback with its RocksDB under a temporary directory
 //!    (`penrose-aggregator serve`).
-//! 3. One agent starts (`penrose-agent run`). As root it probes a stand-in libcuda with eBPF,
-//!    and one `penrose-replay` process per trace replays the real traces in
-//!    `../shared/traces/` through it at the traces' own pace; without root (eBPF needs it) the
-//!    agent replays the traces itself in place of the probes. Without a trace folder a small
-//!    synthetic workload is written and used.
+//! 3. A small fleet of agents starts (`penrose-agent run`, one process and state directory
+//!    each). A sum is released only with at least k = 10 contributors behind it, counted as
+//!    ceil(reports / 24) since an agent sends at most 24 reports per counter and day; so one
+//!    agent alone can never be decrypted, and the demo runs `--agents` hosts (12) that all run
+//!    one popular application (one of the real traces in `../shared/traces/`), and two more
+//!    hosts that each run another application alone. As root the first agent probes a
+//!    stand-in libcuda with eBPF under a `penrose-replay` process replaying the popular trace;
+//!    the others (and every agent without root, since eBPF needs it) replay their trace in
+//!    place of the probes. Without a trace folder a small synthetic workload is used.
 //! 4. Time is compressed (L, S, the seal size, the windows and the upload delay are scaled
 //!    down and said so on screen) so that the run takes about half a minute.
-//! 5. The aggregation server exports a signed bundle while it serves; the design server
-//!    imports it and decrypts every aggregate with at least k reports.
+//! 5. The aggregation server closes the day's epoch (`close-epoch`) and exports the first
+//!    bundle of its chain while it serves; the design server imports it and decrypts every
+//!    released sum with at least k contributors.
 //! 6. The demo checks the result: every decrypted (class, counter) histogram must equal, bin
-//!    for bin, the sum of the histograms the agent sealed (read from its own record) for the
-//!    reports the aggregator counted in that class; nothing under k may be decrypted.
+//!    for bin, the sum of the histograms the agents sealed (read from their own records) for
+//!    the reports the aggregator counted in that class; nothing under k contributors may be
+//!    decrypted, and no application run by one host alone is.
 //!
 //! `run_demo` is also what the end-to-end test runs (see the tests below).
 
@@ -31,9 +37,10 @@ use penrose_aggregator::config::DataDir;
 use penrose_aggregator::state::State;
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
-use penrose_core::fingerprint::{FingerprintParams, SnippetHash};
+use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
+use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -53,9 +60,12 @@ pub struct Args {
     /// How long the agent captures.
     #[arg(long, default_value_t = 30.0)]
     seconds: f64,
-    /// The contributor threshold k of the design server.
+    /// The contributor threshold k of both servers (at least 10).
     #[arg(long, default_value_t = 10)]
     threshold: u64,
+    /// Hosts running the popular application (each an agent process).
+    #[arg(long, default_value_t = 12)]
+    agents: usize,
     /// Keep the temporary directory (keys, stores, the agent's record) and print its path.
     #[arg(long)]
     keep: bool,
@@ -86,6 +96,8 @@ pub struct Options {
     pub capture: Duration,
     /// k.
     pub threshold: u64,
+    /// Agents running the popular application; two more each run another one alone.
+    pub agents: usize,
     /// Probe with eBPF (needs root).
     pub ebpf: bool,
     /// No progress output.
@@ -103,6 +115,12 @@ pub struct Outcome {
     pub workload: String,
     /// Replayer processes (eBPF mode).
     pub replayers: usize,
+    /// Agent processes (hosts).
+    pub agents: usize,
+    /// The application every popular-host agent runs.
+    pub popular: String,
+    /// Applications run by one host alone: never decrypted.
+    pub alone: Vec<String>,
     /// Capture windows the agent ran.
     pub windows: u64,
     /// Launches it captured.
@@ -119,9 +137,16 @@ pub struct Outcome {
     pub classes: usize,
     /// (class, counter) aggregates decrypted.
     pub decrypted: usize,
-    /// (class, counter) aggregates held back under k.
+    /// (class, counter) aggregates held back under k (withheld by the aggregation server or
+    /// held back by the design server).
     pub held_back: usize,
-    /// Every decrypted aggregate equals the sealed histograms, and nothing under k decrypted.
+    /// Reports the aggregator counted from the hosts that ran an application alone, and how
+    /// many of them reached a decryption (must be none).
+    pub alone_counted: usize,
+    /// Of those, reports inside a decrypted sum.
+    pub alone_decrypted: usize,
+    /// Every decrypted aggregate equals the sealed histograms, nothing under k contributors
+    /// was decrypted, and nothing of a lone host was.
     pub exact: bool,
     /// The decrypted aggregates.
     pub rows: Vec<Row>,
@@ -142,6 +167,8 @@ pub struct Row {
     pub unit: String,
     /// Reports.
     pub reports: u64,
+    /// The fewest contributors behind them.
+    pub contributors: u64,
     /// Samples.
     pub samples: u64,
     /// Mean, p50, p90 at bin resolution.
@@ -190,6 +217,7 @@ pub fn run(args: Args) -> Result<()> {
         traces: args.traces.clone().or_else(default_traces),
         capture: Duration::from_secs_f64(args.seconds),
         threshold: args.threshold,
+        agents: args.agents,
         ebpf: root_user && !args.no_ebpf,
         quiet: args.json,
         faults: args.faults,
@@ -210,7 +238,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     if outcome.decrypted == 0 {
         bail!(
-            "no aggregate reached the threshold of {} reports",
+            "no aggregate reached the threshold of {} contributors",
             options.threshold
         );
     }
@@ -337,14 +365,14 @@ window_seconds = 1.0
 
 [seal]
 samples = 40
-max_age_seconds = 2.0
+max_age_seconds = 1.0
 
 [upload]
 delay_max_seconds = 0.005
 backoff_base_seconds = 0.05
 backoff_max_seconds = 1.0
 "#,
-        state = dir.join("agent").display().to_string(),
+        state = dir.display().to_string(),
         cert = agg.tls_cert().display().to_string(),
         key = key.display().to_string(),
         traces = traces.display().to_string(),
@@ -396,7 +424,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     say(&format!("workload: {workload}"));
     say(
         "compressed time: L = 2,000 launches per window (design: 10,000), 1 launch in 20 sampled \
-         (10,000), histograms sealed at 40 samples or 2 s (10,000 or 1 h), windows of at most 2 s \
+         (10,000), histograms sealed at 40 samples or 1 s (10,000 or 1 h) and at most 24 per counter and day as in the design, windows of at most 2 s \
          at least 0.3 s apart under a 100% budget (0.02%), uploads after a random delay of at most 5 ms (60 s)",
     );
 
@@ -428,73 +456,110 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         agg.0.display()
     ));
 
-    // 3. The agent, and the replayers in eBPF mode.
-    let (source, lib) = if options.ebpf {
+    // 3. The fleet: `agents` hosts run the popular application, and two more hosts each run
+    // another one alone. Each agent gets its own state directory and a folder holding its
+    // one trace.
+    let (popular, alone) = choose_applications(&traces)?;
+    let mut hosts: Vec<Host> = Vec::new();
+    for i in 0..options.agents + alone.len() {
+        let trace = if i < options.agents {
+            &popular
+        } else {
+            &alone[i - options.agents]
+        };
+        let folder = dir.join(format!("traces-{i:02}"));
+        std::fs::create_dir_all(&folder)?;
+        let name = trace.file_name().context("a trace file name")?;
+        std::os::unix::fs::symlink(trace, folder.join(name))?;
+        hosts.push(Host {
+            state: dir.join(format!("agent-{i:02}")),
+            config: dir.join(format!("agent-{i:02}.toml")),
+            log: dir.join(format!("agent-{i:02}.log")),
+            folder,
+            alone: i >= options.agents,
+            child: 0,
+        });
+    }
+    say(&format!(
+        "fleet: {} hosts run {} (the popular application); {} more each run one of {} alone",
+        options.agents,
+        trace_name(&popular),
+        alone.len(),
+        alone
+            .iter()
+            .map(|t| trace_name(t))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let lib = if options.ebpf {
         let lib_dir = dir.join("lib");
         std::fs::create_dir_all(&lib_dir)?;
         let lib = lib_dir.join("libcuda.so.1");
         std::fs::copy(newest_standin(&options.bins)?, &lib).context("installing the stand-in")?;
-        ("ebpf", Some(lib))
+        Some(lib)
     } else {
-        ("replay", None)
+        None
     };
-    let config = dir.join("agent.toml");
-    std::fs::write(
-        &config,
-        agent_config(
-            dir,
-            &listen,
-            &agg,
-            &public_key,
-            source,
-            lib.as_deref(),
-            &traces,
-        ),
-    )?;
-    let agent = start_agent(&bin("penrose-agent"), &config, &dir.join("agent.log"))?;
-    let agent_index = children.push("penrose-agent", agent);
-    let state_dir = dir.join("agent");
+    let source = if lib.is_some() { "ebpf" } else { "replay" };
+    for (i, host) in hosts.iter_mut().enumerate() {
+        // Host 0 probes the stand-in with eBPF (as root); the rest replay their trace.
+        let (source, lib) = match (&lib, i) {
+            (Some(lib), 0) => ("ebpf", Some(lib.as_path())),
+            _ => ("replay", None),
+        };
+        std::fs::write(
+            &host.config,
+            agent_config(
+                &host.state,
+                &listen,
+                &agg,
+                &public_key,
+                source,
+                lib,
+                &host.folder,
+            ),
+        )?;
+        let agent = start_agent(&bin("penrose-agent"), &host.config, &host.log)?;
+        host.child = children.push("penrose-agent", agent);
+    }
     let mut replayers = Vec::new();
-    // The agent is running once it writes its first status (after loading its probes, or the
+    // An agent is running once it writes its first status (after loading its probes, or the
     // traces it replays); capture time counts from there, and in eBPF mode the name probes are
     // attached before the replayers resolve their kernels.
-    wait_for(Duration::from_secs(120), || {
-        Ok(read_status(&state_dir).is_some())
-    })
-    .with_context(|| {
-        format!(
-            "the agent did not start; see {}",
-            dir.join("agent.log").display()
-        )
-    })?;
+    for host in &hosts {
+        wait_for(Duration::from_secs(120), || {
+            Ok(read_status(&host.state).is_some())
+        })
+        .with_context(|| format!("an agent did not start; see {}", host.log.display()))?;
+    }
     if let Some(lib) = &lib {
-        for trace in penrose_traces::TraceFolder::open(&traces)?.files() {
-            let child = Command::new(bin("penrose-replay"))
-                .arg("--lib")
-                .arg(lib)
-                .args(["--pace", "trace", "--speed", "2", "--loop-forever"])
-                .arg(trace)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting penrose-replay")?;
-            replayers.push(children.push("penrose-replay", child));
-        }
+        let child = Command::new(bin("penrose-replay"))
+            .arg("--lib")
+            .arg(lib)
+            .args(["--pace", "trace", "--speed", "2", "--loop-forever"])
+            .arg(&popular)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting penrose-replay")?;
+        replayers.push(children.push("penrose-replay", child));
         say(&format!(
-            "agent: probing {} with eBPF; {} replayer processes launch the traces' kernels through it",
+            "host 0: its agent probes {} with eBPF; a replayer process launches the popular \
+             trace's kernels through it. The other agents replay their trace as if captured.",
             lib.display(),
-            replayers.len()
         ));
     } else {
-        say("agent: replaying the traces as if captured (trace-replay source)");
+        say("agents: replaying their traces as if captured (trace-replay source)");
     }
 
     // 4. Capture for the chosen time, with progress.
     let t = Instant::now();
     let bar = spinner(options.quiet, "capturing");
     let mut killed = Vec::new();
-    // Faults strike once the current agent has delivered something (its counts restart with
-    // it), so that each one lands mid-stream rather than during a start-up.
+    let first = hosts[0].state.clone();
+    let first_index = hosts[0].child;
+    // Faults strike the first host once its agent has delivered something (its counts restart
+    // with it), so that each one lands mid-stream rather than during a start-up.
     let delivered = |state_dir: &Path| {
         read_status(state_dir).map_or(0, |s| s["uploads"]["accepted"].as_u64().unwrap_or(0))
     };
@@ -503,20 +568,22 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         ensure!(
             t.elapsed() < hard_stop,
             "the faults did not all strike within {hard_stop:?}; see {}",
-            dir.join("agent.log").display()
+            hosts[0].log.display()
         );
         std::thread::sleep(Duration::from_millis(250));
-        if options.faults && killed.is_empty() && delivered(&state_dir) >= 20 {
-            let (_, agent) = &mut children.0[agent_index];
+        if options.faults && killed.is_empty() && delivered(&first) >= 20 {
+            let (_, agent) = &mut children.0[first_index];
             agent.kill()?;
             agent.wait()?;
-            bar.println("fault: the agent was killed with SIGKILL; restarting it on its state");
+            bar.println(
+                "fault: host 0's agent was killed with SIGKILL; restarting it on its state",
+            );
             // Its last status is gone with it: the next one is the new agent's.
-            let _ = std::fs::remove_file(state_dir.join("status.json"));
-            children.0[agent_index].1 =
-                start_agent(&bin("penrose-agent"), &config, &dir.join("agent.log"))?;
+            let _ = std::fs::remove_file(first.join("status.json"));
+            children.0[first_index].1 =
+                start_agent(&bin("penrose-agent"), &hosts[0].config, &hosts[0].log)?;
             killed.push("penrose-agent".to_string());
-        } else if options.faults && killed.len() == 1 && delivered(&state_dir) >= 20 {
+        } else if options.faults && killed.len() == 1 && delivered(&first) >= 20 {
             let (_, server) = &mut children.0[server_index];
             server.kill()?;
             server.wait()?;
@@ -526,47 +593,62 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             children.0[server_index].1 = server;
             killed.push("penrose-aggregator".to_string());
         }
-        if let Some(s) = read_status(&state_dir) {
-            bar.set_message(format!(
-                "{} windows, {} launches, {} samples, {} sealed, {} accepted, {} spooled",
-                s["windows"],
-                s["launches"],
-                s["pipeline"]["samples"],
-                s["pipeline"]["sealed"],
-                s["uploads"]["accepted"],
-                s["spool"]["reports"]
-            ));
-        }
-        if let Some(status) = children.0[agent_index].1.try_wait()? {
-            bail!(
-                "the agent exited early ({status}); see {}",
-                dir.join("agent.log").display()
-            );
+        let statuses: Vec<serde_json::Value> =
+            hosts.iter().filter_map(|h| read_status(&h.state)).collect();
+        let total = |f: &dyn Fn(&serde_json::Value) -> u64| statuses.iter().map(f).sum::<u64>();
+        bar.set_message(format!(
+            "{} agents: {} launches, {} samples, {} sealed, {} accepted, {} spooled",
+            statuses.len(),
+            total(&|s| s["launches"].as_u64().unwrap_or(0)),
+            total(&|s| s["pipeline"]["samples"].as_u64().unwrap_or(0)),
+            total(&|s| s["pipeline"]["sealed"].as_u64().unwrap_or(0)),
+            total(&|s| s["uploads"]["accepted"].as_u64().unwrap_or(0)),
+            total(&|s| s["spool"]["reports"].as_u64().unwrap_or(0)),
+        ));
+        for host in &hosts {
+            if let Some(status) = children.0[host.child].1.try_wait()? {
+                bail!(
+                    "an agent exited early ({status}); see {}",
+                    host.log.display()
+                );
+            }
         }
     }
     for index in replayers.iter().copied() {
         children.stop(index, Duration::from_secs(10))?;
     }
-    // Let the spool drain before stopping the agent (what it seals on stop stays spooled):
+    // Let the spools drain before stopping the agents (what they seal on stop stays spooled):
     // an empty spool in a status written after the replayers stopped.
     let stopped = std::time::SystemTime::now();
     let _ = wait_for(Duration::from_secs(30), || {
-        let fresh = std::fs::metadata(state_dir.join("status.json"))
-            .and_then(|m| m.modified())
-            .is_ok_and(|m| m > stopped + Duration::from_millis(600));
-        Ok(fresh && read_status(&state_dir).is_some_and(|s| s["spool"]["reports"] == 0))
+        Ok(hosts.iter().all(|h| {
+            let fresh = std::fs::metadata(h.state.join("status.json"))
+                .and_then(|m| m.modified())
+                .is_ok_and(|m| m > stopped + Duration::from_millis(600));
+            fresh && read_status(&h.state).is_some_and(|s| s["spool"]["reports"] == 0)
+        }))
     });
-    children.stop(agent_index, Duration::from_secs(60))?;
+    for host in &hosts {
+        children.stop(host.child, Duration::from_secs(60))?;
+    }
     bar.finish_and_clear();
     seconds.insert(
-        "agent: capture and upload".to_string(),
+        "agents: capture and upload".to_string(),
         t.elapsed().as_secs_f64(),
     );
-    let status = read_status(&state_dir).context("the agent's last status")?;
+    let status = read_status(&first).context("host 0's last status")?;
 
-    // 5. Export while serving, import, decrypt.
+    // 5. Close the epoch and export while serving, import, decrypt.
     let t = Instant::now();
-    let bundle = dir.join("sums.bundle");
+    let release = ["--threshold".to_string(), options.threshold.to_string()];
+    output(
+        Command::new(bin("penrose-aggregator"))
+            .arg("close-epoch")
+            .arg("-d")
+            .arg(&agg.0),
+        "penrose-aggregator close-epoch",
+    )?;
+    let bundle = dir.join("0001.bundle");
     output(
         Command::new(bin("penrose-aggregator"))
             .arg("export")
@@ -577,7 +659,10 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         "penrose-aggregator export",
     )?;
     children.stop(server_index, Duration::from_secs(30))?;
-    seconds.insert("aggregator: export".to_string(), t.elapsed().as_secs_f64());
+    seconds.insert(
+        "aggregator: close epoch, export".to_string(),
+        t.elapsed().as_secs_f64(),
+    );
     let t = Instant::now();
     let archive = dir.join("design");
     output(
@@ -597,8 +682,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .arg(&archive)
             .arg("--key")
             .arg(keys.join("private.key"))
-            .arg("--threshold")
-            .arg(options.threshold.to_string())
+            .args(&release)
             .arg("--json"),
         "penrose-design report",
     )?)?;
@@ -607,24 +691,32 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         t.elapsed().as_secs_f64(),
     );
 
-    // 6. The check: the agent's own record against what the aggregator counted and the design
-    // server decrypted.
-    let records = penrose_agent::record::read_records(&state_dir.join("sealed.jsonl"))?;
+    // 6. The check: the agents' own records against what the aggregator counted and the
+    // design server decrypted.
+    let mut records = Vec::new();
+    for host in &hosts {
+        for record in penrose_agent::record::read_records(&host.state.join("sealed.jsonl"))? {
+            records.push((host.alone, record));
+        }
+    }
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(&agg.db())?);
     let state = State::open(
         Arc::clone(&store),
         &public,
         FingerprintParams::default(),
         ACCUMULATOR_REPORT_BOUND,
+        None,
     )?;
     let ids: Vec<[u8; 16]> = records
         .iter()
-        .map(|r| r.id().map(|id| id.0).context("a record's report id"))
+        .map(|(_, r)| r.id().map(|id| id.0).context("a record's report id"))
         .collect::<Result<_>>()?;
     let keys_of: Vec<&[u8]> = ids.iter().map(|id| id.as_slice()).collect();
     let counted = store.contains_many(Table::Seen, &keys_of)?;
-    let mut expected: HashMap<(u32, u16), ([u64; BIN_COUNT], u64)> = HashMap::new();
-    for (record, counted) in records.iter().zip(&counted) {
+    // Per (class, counter, day): the epoch of a report is its day (nothing closed early).
+    type Sum = ([u64; BIN_COUNT], u64, bool);
+    let mut per_day: BTreeMap<(u32, u16, u32), Sum> = BTreeMap::new();
+    for ((alone, record), counted) in records.iter().zip(&counted) {
         if !counted {
             continue;
         }
@@ -634,15 +726,42 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .snippet(&snippet)
             .map(|s| s.class.0)
             .context("a counted report's snippet has no class")?;
-        let entry = expected
-            .entry((class, record.counter))
-            .or_insert(([0; BIN_COUNT], 0));
+        let entry = per_day
+            .entry((class, record.counter, record.day))
+            .or_insert(([0; BIN_COUNT], 0, false));
         for (sum, bin) in entry.0.iter_mut().zip(&record.bins) {
             *sum += u64::from(*bin);
         }
         entry.1 += 1;
+        entry.2 |= *alone;
     }
-    let mut exact = true;
+    let threshold = Threshold::new(options.threshold)?;
+    let cap = ReportsPerContributor::DEFAULT;
+    // What must be decrypted: per (class, counter), the days whose sum reaches k contributors.
+    let mut expected: HashMap<(u32, u16), ([u64; BIN_COUNT], u64)> = HashMap::new();
+    let mut pairs: std::collections::BTreeSet<(u32, u16)> = Default::default();
+    let (mut alone_counted, mut alone_decrypted) = (0usize, 0usize);
+    for (&(class, counter, _), (bins, n, alone)) in &per_day {
+        pairs.insert((class, counter));
+        let released = releasable(*n, 1, threshold, cap);
+        if *alone {
+            alone_counted += *n as usize;
+            if released {
+                alone_decrypted += *n as usize;
+            }
+        }
+        if !released {
+            continue;
+        }
+        let entry = expected
+            .entry((class, counter))
+            .or_insert(([0; BIN_COUNT], 0));
+        for (s, b) in entry.0.iter_mut().zip(bins) {
+            *s += b;
+        }
+        entry.1 += n;
+    }
+    let mut exact = alone_decrypted == 0;
     let mut rows = Vec::new();
     let decrypted = report["decrypted"].as_array().cloned().unwrap_or_default();
     for d in &decrypted {
@@ -653,15 +772,16 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .map(|b| b.iter().filter_map(|v| v.as_u64()).collect())
             .unwrap_or_default();
         let reports = d["reports"].as_u64().unwrap_or(0);
-        let ok = expected.get(&(class, counter)).is_some_and(|(sum, n)| {
-            *n == reports && sum.as_slice() == bins.as_slice() && *n >= options.threshold
-        });
+        let ok = expected
+            .get(&(class, counter))
+            .is_some_and(|(sum, n)| *n == reports && sum.as_slice() == bins.as_slice());
         exact &= ok;
         rows.push(Row {
             class,
             counter: d["name"].as_str().unwrap_or("?").to_string(),
             unit: d["unit"].as_str().unwrap_or("").to_string(),
             reports,
+            contributors: d["contributors_at_least"].as_u64().unwrap_or(0),
             samples: d["samples"].as_u64().unwrap_or(0),
             mean: d["mean"].as_f64(),
             p50: d["p50"].as_f64(),
@@ -669,18 +789,20 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             exact: ok,
         });
     }
-    // Everything at or above k was decrypted, everything below was not.
-    let above = expected
-        .values()
-        .filter(|(_, n)| *n >= options.threshold)
-        .count();
-    exact &= above == decrypted.len();
-    let held_back = report["held_back"].as_array().map_or(0, Vec::len);
-    exact &= held_back == expected.len() - above;
+    // Everything released was decrypted; everything else was withheld by the aggregation
+    // server (never exported) or held back by the design server; nothing quarantined.
+    exact &= expected.len() == decrypted.len();
+    let held_back = report["held_back"].as_array().map_or(0, Vec::len)
+        + report["withheld_sums"].as_u64().unwrap_or(0) as usize;
+    exact &= held_back == pairs.len() - expected.len();
+    exact &= report["quarantined"].as_array().is_some_and(Vec::is_empty);
     Ok(Outcome {
         source: source.to_string(),
         workload,
         replayers: replayers.len(),
+        agents: hosts.len(),
+        popular: trace_name(&popular),
+        alone: alone.iter().map(|t| trace_name(t)).collect(),
         windows: status["windows"].as_u64().unwrap_or(0),
         launches: status["launches"].as_u64().unwrap_or(0),
         samples: status["pipeline"]["samples"].as_u64().unwrap_or(0),
@@ -690,11 +812,69 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         classes: state.tables().class_count(),
         decrypted: decrypted.len(),
         held_back,
+        alone_counted,
+        alone_decrypted,
         exact,
         rows,
         killed,
         seconds,
     })
+}
+
+/// One host of the demo's fleet.
+struct Host {
+    state: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    folder: PathBuf,
+    alone: bool,
+    child: usize,
+}
+
+/// The popular application and up to two others, each run by one host. Each agent replays
+/// its trace in windows of L = 2,000 launches of the looping sequence, and an application
+/// whose windows look alike to the fingerprint forms one class at the aggregator: so the
+/// traces with one process are ranked by the least similarity of their windows to the first,
+/// and the steadiest is the popular one. (Applications whose windows alternate between
+/// phases split into several classes today; healing them is the kernel-identity issue's.)
+fn choose_applications(folder: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
+    const WINDOW: usize = 2_000;
+    let fingerprinter = Fingerprinter::new(FingerprintParams::default())?;
+    let mut ranked = Vec::new();
+    for file in penrose_traces::TraceFolder::open(folder)?.files() {
+        let trace = penrose_traces::read_trace(file)?;
+        let sequences = trace.process_sequences();
+        let Some(sequence) = sequences.values().next().filter(|_| sequences.len() == 1) else {
+            continue;
+        };
+        let windows: Vec<_> = (0..6)
+            .map(|w| {
+                let names: Vec<&str> = sequence
+                    .iter()
+                    .cycle()
+                    .skip(w * WINDOW)
+                    .take(WINDOW)
+                    .map(|k| &*k.name)
+                    .collect();
+                fingerprinter.snippet_hash(&names)
+            })
+            .collect();
+        let steadiness = windows
+            .iter()
+            .map(|w| fingerprinter.similarity(&windows[0], w))
+            .fold(f64::INFINITY, f64::min);
+        ranked.push((steadiness, file.clone()));
+    }
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut files = ranked.into_iter().map(|(_, f)| f);
+    let popular = files
+        .next()
+        .context("no trace with a single process to run")?;
+    Ok((popular, files.take(2).collect()))
+}
+
+fn trace_name(path: &Path) -> String {
+    penrose_traces::job_name(path)
 }
 
 /// Starts `penrose-aggregator serve` on `listen` and returns it with the address it printed.
@@ -832,16 +1012,17 @@ fn write_synthetic_traces(dir: &Path) -> Result<()> {
 fn print_outcome(o: &Outcome, threshold: u64) {
     println!();
     println!(
-        "{:>5}  {:<22} {:>7} {:>8}  {:>12} {:>12} {:>12}  exact",
-        "class", "counter", "reports", "samples", "mean", "p50", "p90"
+        "{:>5}  {:<22} {:>7} {:>7} {:>8}  {:>12} {:>12} {:>12}  exact",
+        "class", "counter", "reports", "owners", "samples", "mean", "p50", "p90"
     );
     for r in &o.rows {
         let value = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| with_unit(v, &r.unit));
         println!(
-            "{:>5}  {:<22} {:>7} {:>8}  {:>12} {:>12} {:>12}  {}",
+            "{:>5}  {:<22} {:>7} {:>6}+ {:>8}  {:>12} {:>12} {:>12}  {}",
             r.class,
             r.counter,
             r.reports,
+            r.contributors,
             r.samples,
             value(r.mean),
             value(r.p50),
@@ -852,8 +1033,15 @@ fn print_outcome(o: &Outcome, threshold: u64) {
     println!();
     println!("workload: {}", o.workload);
     println!(
-        "agent ({} source{}): {} windows, {} launches, {} samples; {} histograms sealed and \
-         encrypted, {} counted by the aggregation server; a report is {} bytes on the wire.",
+        "fleet: {} agents; {} ran on every popular host, {} each on one host alone.",
+        o.agents,
+        o.popular,
+        o.alone.join(" and ")
+    );
+    println!(
+        "host 0 ({} source{}): {} windows, {} launches, {} samples. All agents: {} histograms \
+         sealed and encrypted, {} counted by the aggregation server; a report is {} bytes on the \
+         wire.",
         o.source,
         if o.replayers > 0 {
             format!(
@@ -871,13 +1059,18 @@ fn print_outcome(o: &Outcome, threshold: u64) {
         o.report_bytes
     );
     println!(
-        "aggregation server: {} classes. design server: {} (class, counter) aggregates decrypted, \
-         {} held back under k = {threshold}.",
+        "aggregation server: {} classes, one epoch closed and released. design server: {} \
+         (class, counter) aggregates decrypted, {} held back under k = {threshold} contributors \
+         (counted as reports / 24, rounded up).",
         o.classes, o.decrypted, o.held_back
     );
     println!(
-        "every decrypted aggregate equals the agent's sealed histograms bin for bin, and nothing \
-         under k was decrypted: {}",
+        "reports of the hosts that ran an application alone: {} counted, {} decrypted.",
+        o.alone_counted, o.alone_decrypted
+    );
+    println!(
+        "every decrypted aggregate equals the agents' sealed histograms bin for bin, and nothing \
+         under k contributors was decrypted: {}",
         if o.exact { "yes" } else { "NO" }
     );
     for (stage, s) in &o.seconds {
@@ -954,8 +1147,9 @@ mod tests {
         let options = Options {
             bins,
             traces: default_traces(),
-            capture: Duration::from_secs(12),
+            capture: Duration::from_secs(15),
             threshold: 10,
+            agents: 12,
             ebpf,
             quiet: true,
             faults,
@@ -972,6 +1166,8 @@ mod tests {
         );
         assert!(outcome.counted > 0, "{outcome:?}");
         assert!(outcome.decrypted > 0, "{outcome:?}");
+        assert!(outcome.alone_counted > 0, "{outcome:?}");
+        assert_eq!(outcome.alone_decrypted, 0, "{outcome:?}");
         assert!(outcome.exact, "{outcome:?}");
         if faults {
             assert_eq!(outcome.killed, ["penrose-agent", "penrose-aggregator"]);
