@@ -153,10 +153,13 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
         Request::Export { seq } => {
             let key = admin.ingest.state().key().clone();
             let made = match seq {
-                Some(seq) => {
-                    Some(export::reexport(admin.store.as_ref(), &key, *seq, &admin.signing))
-                        .transpose()
-                }
+                Some(seq) => Some(export::reexport(
+                    admin.store.as_ref(),
+                    &key,
+                    *seq,
+                    &admin.signing,
+                ))
+                .transpose(),
                 None => export::export(admin.store.as_ref(), &key, admin.release, &admin.signing),
             }
             .map_err(|e| fail(&e))?;
@@ -197,13 +200,13 @@ fn status(admin: &Admin) -> Value {
     let metrics = admin.ingest.metrics();
     let rejected: serde_json::Map<String, Value> = crate::metrics::REASONS
         .into_iter()
-    .map(|r| {
-        (
-            reason_label(r).to_string(),
-            json!(metrics.rejected_count(r)),
-        )
-    })
-    .collect();
+        .map(|r| {
+            (
+                reason_label(r).to_string(),
+                json!(metrics.rejected_count(r)),
+            )
+        })
+        .collect();
     json!({
         "serving": admin.serving,
         "healthy": admin.ingest.is_healthy(),

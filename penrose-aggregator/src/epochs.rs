@@ -31,9 +31,10 @@ use penrose_core::wire::Day;
 use crate::store::{Table, WriteSet};
 
 /// How the server cuts epochs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EpochPolicy {
-    /// One epoch per report day.
+    /// One epoch per report day (the default).
+    #[default]
     Day,
     /// Epochs of this many reports.
     Count(NonZeroU64),
@@ -46,12 +47,6 @@ impl EpochPolicy {
             EpochPolicy::Day => EpochKind::Day,
             EpochPolicy::Count(_) => EpochKind::Count,
         }
-    }
-}
-
-impl Default for EpochPolicy {
-    fn default() -> Self {
-        EpochPolicy::Day
     }
 }
 
@@ -322,9 +317,17 @@ impl Epochs {
         }
         if self.meta_dirty {
             if let Some(c) = self.closed_through {
-                set.put(Table::Meta, keys::CLOSED_THROUGH, c.0.to_be_bytes().to_vec());
+                set.put(
+                    Table::Meta,
+                    keys::CLOSED_THROUGH,
+                    c.0.to_be_bytes().to_vec(),
+                );
             }
-            set.put(Table::Meta, keys::CURRENT, self.current.0.to_be_bytes().to_vec());
+            set.put(
+                Table::Meta,
+                keys::CURRENT,
+                self.current.0.to_be_bytes().to_vec(),
+            );
             self.meta_dirty = false;
         }
     }

@@ -356,7 +356,8 @@ fn build(
     day: Day,
 ) -> Result<Bundle, ExportError> {
     let count = key.size().ciphertexts_per_histogram();
-    let threshold = Threshold::new(rule.threshold).map_err(|e| ExportError::Record(e.to_string()))?;
+    let threshold =
+        Threshold::new(rule.threshold).map_err(|e| ExportError::Record(e.to_string()))?;
     let cap = ReportsPerContributor::for_servers(rule.cap)
         .map_err(|e| ExportError::Record(e.to_string()))?;
     let mut summaries: BTreeMap<EpochId, EpochSummary> = BTreeMap::new();
@@ -555,16 +556,11 @@ pub fn all_sums(store: &dyn Store, key: &PublicKey) -> Result<Vec<BundleEntry>, 
     snap.ash
         .iter()
         .map(|r| {
-            let sums = Accumulator::restore(
-                key,
-                ACCUMULATOR_REPORT_BOUND,
-                &r.sums,
-                r.reports,
-                r.samples,
-            )
-            .and_then(|state| state.sum())
-            .map_err(|e| ExportError::Record(e.to_string()))?
-            .to_bytes();
+            let sums =
+                Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
+                    .and_then(|state| state.sum())
+                    .map_err(|e| ExportError::Record(e.to_string()))?
+                    .to_bytes();
             Ok(BundleEntry {
                 epoch: r.key.epoch,
                 class: r.key.class,

@@ -51,6 +51,9 @@ impl Default for IngestConfig {
     }
 }
 
+// Nearly every job is a report; boxing it to shrink the rare close request would only add an
+// allocation per report.
+#[allow(clippy::large_enum_variant)]
 enum Job {
     /// A valid report, answered once durable.
     Report {
@@ -205,7 +208,9 @@ impl Ingest {
             .queue
             .blocking_send(Job::Close { all, reply })
             .map_err(|_| StateError::WriterStopped)?;
-        answer.blocking_recv().map_err(|_| StateError::WriterStopped)
+        answer
+            .blocking_recv()
+            .map_err(|_| StateError::WriterStopped)
     }
 
     /// [`close_epochs`](Self::close_epochs) of the epochs due, from async code (the

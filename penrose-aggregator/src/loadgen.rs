@@ -4,9 +4,14 @@
 //! Snippet hashes come from capture windows at random offsets of each trace's main process
 //! (as an agent would see them). Encrypting a histogram costs an agent about 2 ms, which a
 //! generator sending tens of thousands of reports a second cannot pay per report, so the
-//! ciphertexts come from a pool of `--pool` histograms encrypted up front; every report still
-//! has its own random report id, snippet and counter, and the server does the full work for
-//! each (validation with the unit checks, deduplication, classes, multiplication, write).
+//! plaintexts come from a pool of `--pool` histograms encrypted up front. The server folds
+//! exact copies of a ciphertext (a resent histogram counts once), so every report still needs
+//! ciphertexts of its own: before the timed phase, report i's are its pool histogram
+//! multiplied by a combination of encryptions of zero chosen by i (a few multiplications mod
+//! n^2 instead of an encryption), distinct for every report of the run. Every report also has
+//! its own random report id, snippet and counter and is stamped with today's day, and the
+//! server does the full work for each (validation with the unit checks, deduplication,
+//! classes, multiplication, write).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,7 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
 use penrose_core::histogram::SampleCount;
-use penrose_core::paillier::{KeyId, PublicKey};
+use penrose_core::paillier::{Accumulator, KeyId, PackedCiphertexts, PublicKey};
 use penrose_core::wire::{AckStatus, Day, Message, PackedBytes, Report, ReportId};
 use penrose_traces::{TraceFolder, job_name};
 use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
@@ -41,7 +46,8 @@ pub struct Args {
     /// The design server's public key, to encrypt with.
     #[arg(long)]
     pub public_key: PathBuf,
-    /// Reports to send in all.
+    /// Reports to send in all (their ciphertexts are made before sending and held in memory,
+    /// about 1 KiB each at 2048 bits).
     #[arg(long, default_value_t = 20_000)]
     pub reports: u64,
     /// Concurrent clients (tasks, each with one report in flight at a time).
@@ -57,7 +63,8 @@ pub struct Args {
     /// ciphertext, garbage), in turn.
     #[arg(long, default_value_t = 0.05)]
     pub invalid_share: f64,
-    /// Distinct encrypted histograms to draw ciphertexts from.
+    /// Distinct histograms encrypted up front; each report's ciphertexts are derived from one
+    /// of them and are still distinct from every other report's (module docs).
     #[arg(long, default_value_t = 64)]
     pub pool: usize,
     /// Capture windows per trace, each a distinct snippet hash.
@@ -114,25 +121,91 @@ pub fn trace_snippets(
     Ok(out)
 }
 
+/// Encrypted histograms and encryptions of zero, from which every report of a run gets
+/// ciphertexts of its own (module docs).
 struct Pool {
-    ciphertexts: Vec<(PackedBytes, SampleCount)>,
+    histograms: Vec<(PackedCiphertexts, SampleCount)>,
+    /// Three sets of encryptions of zero: report i multiplies in one of each, chosen by the
+    /// digits of i / histograms.len() in base `zeros[k].len()`.
+    zeros: [Vec<PackedCiphertexts>; 3],
 }
 
-fn encrypt_pool(key: &PublicKey, size: usize, seed: u64) -> Result<Pool> {
+fn encrypt_pool(key: &PublicKey, size: usize, reports: u64, seed: u64) -> Result<Pool> {
     let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
-    let mut ciphertexts = Vec::with_capacity(size);
-    for _ in 0..size.max(1) {
+    let size = size.max(1);
+    let mut histograms = Vec::with_capacity(size);
+    for _ in 0..size {
         let mut bins = [0u32; BIN_COUNT];
         for _ in 0..rng.random_range(1..40) {
             bins[rng.random_range(0..BIN_COUNT)] += rng.random_range(1..100);
         }
         let packed = key.encrypt_packed(&bins, &mut rng)?;
-        ciphertexts.push((
-            PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
-            SampleCount(bins.iter().sum()),
-        ));
+        histograms.push((packed, SampleCount(bins.iter().sum())));
     }
-    Ok(Pool { ciphertexts })
+    // Enough zeros that size * zeros^3 >= reports: every report's combination is distinct.
+    let combinations = reports.div_ceil(size as u64).max(1);
+    let mut zeros_each = 2u64;
+    while zeros_each.saturating_pow(3) < combinations {
+        zeros_each += 1;
+    }
+    let mut zero_set = || -> Result<Vec<PackedCiphertexts>> {
+        (0..zeros_each)
+            .map(|_| Ok(key.encrypt_packed(&[0u32; BIN_COUNT], &mut rng)?))
+            .collect()
+    };
+    let zeros = [zero_set()?, zero_set()?, zero_set()?];
+    Ok(Pool { histograms, zeros })
+}
+
+impl Pool {
+    /// Report i's ciphertexts and sample count: distinct from every other report's of the run.
+    fn ciphertexts(&self, key: &PublicKey, i: u64) -> Result<(PackedBytes, SampleCount)> {
+        let count = self.histograms.len() as u64;
+        let (histogram, samples) = &self.histograms[(i % count) as usize];
+        let mut sum = Accumulator::new(key);
+        sum.absorb(histogram, u64::from(samples.0))?;
+        let mut digits = i / count;
+        for zeros in &self.zeros {
+            let base = zeros.len() as u64;
+            sum.absorb(&zeros[(digits % base) as usize], 0)?;
+            digits /= base;
+        }
+        let packed = sum.sum()?;
+        Ok((
+            PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
+            *samples,
+        ))
+    }
+
+    /// The ciphertexts of reports 0..reports, made on every core before the timed phase.
+    fn all_ciphertexts(
+        &self,
+        key: &PublicKey,
+        reports: u64,
+    ) -> Result<Vec<(PackedBytes, SampleCount)>> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+        let per = reports.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = (0..threads)
+                .map(|t| {
+                    let range = (t * per).min(reports)..((t + 1) * per).min(reports);
+                    scope.spawn(move || {
+                        range
+                            .map(|i| self.ciphertexts(key, i))
+                            .collect::<Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            let mut all = Vec::with_capacity(reports as usize);
+            for part in parts {
+                let part = part
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a ciphertext thread panicked"))??;
+                all.extend(part);
+            }
+            Ok(all)
+        })
+    }
 }
 
 #[derive(Default)]
@@ -271,7 +344,9 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         .map(|(a, _)| a.as_str())
         .collect::<std::collections::BTreeSet<_>>()
         .len();
-    let pool = Arc::new(encrypt_pool(&key, args.pool, args.seed)?);
+    let pool = encrypt_pool(&key, args.pool, args.reports, args.seed)?;
+    let ciphertexts = Arc::new(pool.all_ciphertexts(&key, args.reports)?);
+    drop(pool);
     let counters: Arc<Vec<CounterId>> =
         Arc::new(Catalogue::current().counters.iter().map(|c| c.id).collect());
     let mut clients = Vec::with_capacity(args.connections);
@@ -310,10 +385,10 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(args.clients);
     for task in 0..args.clients {
-        let (clients, snippets, pool, counters, tally, reasons, next, bar) = (
+        let (clients, snippets, ciphertexts, counters, tally, reasons, next, bar) = (
             Arc::clone(&clients),
             Arc::clone(&snippets),
-            Arc::clone(&pool),
+            Arc::clone(&ciphertexts),
             Arc::clone(&counters),
             Arc::clone(&tally),
             Arc::clone(&reasons),
@@ -333,8 +408,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                     break;
                 }
                 let (_, snippet) = snippets[rng.random_range(0..snippets.len())];
-                let (ciphertexts, samples) =
-                    pool.ciphertexts[rng.random_range(0..pool.ciphertexts.len())].clone();
+                let (ciphertexts, samples) = ciphertexts[i as usize].clone();
                 let mut id = [0u8; 16];
                 rand::rng().fill_bytes(&mut id);
                 let report = Report {

@@ -90,7 +90,10 @@ impl ReleaseArgs {
             Some(k) => Threshold::new(k)?,
             None => defaults.threshold,
         };
-        let cap = match self.reports_per_contributor.or(file.reports_per_contributor) {
+        let cap = match self
+            .reports_per_contributor
+            .or(file.reports_per_contributor)
+        {
             Some(t) => ReportsPerContributor::for_servers(t)?,
             None => defaults.cap,
         };

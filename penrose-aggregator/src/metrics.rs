@@ -40,7 +40,8 @@ pub struct Metrics {
     pub accepted: AtomicU64,
     /// Reports answered as duplicates.
     pub duplicates: AtomicU64,
-    rejected: [AtomicU64; 9],
+    /// One counter per reason of [`REASONS`], and one for reasons this build does not know.
+    rejected: [AtomicU64; REASONS.len() + 1],
     /// Frame bytes received by ingest.
     pub bytes: AtomicU64,
     /// Durable write batches committed.

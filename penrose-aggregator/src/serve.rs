@@ -61,6 +61,19 @@ pub fn open(
     epochs: Option<EpochPolicy>,
     release: ReleaseConfig,
 ) -> Result<(Admin, Writer)> {
+    // A given key is checked before anything is created, so a refused key leaves no data
+    // directory behind.
+    let given = key_file
+        .map(|path| -> Result<PublicKey> {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            PublicKey::from_bytes(&bytes)
+                .with_context(|| format!("{} is not a Penrose public key", path.display()))
+        })
+        .transpose()?;
+    if let (Some(key), Some(path)) = (&given, key_file) {
+        check_key_bits(key.size().modulus_bits()).with_context(|| format!("{}", path.display()))?;
+    }
     data.create()
         .with_context(|| format!("creating {}", data.0.display()))?;
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(&data.db()).with_context(|| {
@@ -69,18 +82,14 @@ pub fn open(
             data.db().display()
         )
     })?);
-    let key = match key_file {
-        Some(path) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            let key = PublicKey::from_bytes(&bytes)
-                .with_context(|| format!("{} is not a Penrose public key", path.display()))?;
-            check_key_bits(key.size().modulus_bits())
-                .with_context(|| format!("{}", path.display()))?;
-            key
-        }
+    let key = match given {
+        Some(key) => key,
         None => match stored_public_key(store.as_ref())? {
-            Some(key) => key,
+            Some(key) => {
+                check_key_bits(key.size().modulus_bits())
+                    .with_context(|| format!("the key stored in {}", data.0.display()))?;
+                key
+            }
             None => bail!(
                 "{} has never been served; give the design server's public key (--public-key)",
                 data.0.display()

@@ -283,8 +283,9 @@ impl State {
                         count = Some(read_u64(v).ok_or_else(|| damaged("epoch/count"))?);
                     }
                     Table::Meta if k == epochs::keys::CLOSED_THROUGH => {
-                        closed_through =
-                            Some(EpochId(read_u32(v).ok_or_else(|| damaged("closed_through"))?));
+                        closed_through = Some(EpochId(
+                            read_u32(v).ok_or_else(|| damaged("closed_through"))?,
+                        ));
                     }
                     Table::Meta if k == epochs::keys::CURRENT => {
                         current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
@@ -423,7 +424,11 @@ impl State {
                 set.put(Table::Seen, id.0.to_vec(), next.0.to_be_bytes().to_vec());
             }
             for digest in &accepted_digests {
-                set.put(Table::Seen, digest.0.to_vec(), next.0.to_be_bytes().to_vec());
+                set.put(
+                    Table::Seen,
+                    digest.0.to_vec(),
+                    next.0.to_be_bytes().to_vec(),
+                );
             }
             let (snippets, classes) = self.tables.take_dirty();
             for (k, v) in snippets {
@@ -532,7 +537,8 @@ impl State {
         self.in_flight_ids.extend(accepted_ids.iter().copied());
         self.in_flight_digests
             .extend(accepted_digests.iter().copied());
-        self.in_flight.push_back((next, accepted_ids, accepted_digests));
+        self.in_flight
+            .push_back((next, accepted_ids, accepted_digests));
         prepared.write = Some((set, next, total));
         prepared
     }
@@ -694,7 +700,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            crate::export::collect(old.as_ref(), key, Cursor(0)),
+            crate::export::all_sums(old.as_ref(), key),
             Err(crate::export::ExportError::State(StateError::Format {
                 found: 1,
                 ..
@@ -702,7 +708,9 @@ mod tests {
         ));
         assert_eq!(old.get(Table::Meta, meta::FORMAT).unwrap(), None);
 
-        for (value, damaged) in [(3u32.to_be_bytes().to_vec(), false), (vec![0, 2], true)] {
+        // A store of another format (an older one, and a newer one), and a damaged stamp.
+        let other = [STORE_FORMAT - 1, STORE_FORMAT + 1].map(|f| (f.to_be_bytes().to_vec(), false));
+        for (value, damaged) in other.into_iter().chain([(vec![0, 2], true)]) {
             let mut set = WriteSet::new();
             set.put(Table::Meta, meta::FORMAT, value.clone());
             store.write(set).unwrap();
@@ -710,7 +718,11 @@ mod tests {
             if damaged {
                 assert!(matches!(result, Err(StateError::Meta("format"))));
             } else {
-                assert!(matches!(result, Err(StateError::Format { found: 3, .. })));
+                let found = u32::from_be_bytes(value.as_slice().try_into().unwrap());
+                assert!(
+                    matches!(result, Err(StateError::Format { found: f, .. }) if f == found),
+                    "format {found}"
+                );
             }
             assert_eq!(store.get(Table::Meta, meta::FORMAT).unwrap(), Some(value));
         }

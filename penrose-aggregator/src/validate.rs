@@ -301,7 +301,9 @@ mod tests {
         );
         // Garbage announcing a huge frame is refused on its length, other garbage as malformed.
         assert_eq!(
-            validate_frame(b"garbage bytes!", key, TODAY).unwrap_err().reason(),
+            validate_frame(b"garbage bytes!", key, TODAY)
+                .unwrap_err()
+                .reason(),
             RejectReason::TooLarge
         );
         assert_eq!(

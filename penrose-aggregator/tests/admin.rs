@@ -1,6 +1,6 @@
 //! The admin CLI against a running server (through the control socket) and against a stopped
-//! one (opening the data directory): status, top, throttle, export, verify, backup, and the
-//! metrics page.
+//! one (opening the data directory): status, top, throttle, close-epoch, export (and again with
+//! --seq), verify, backup, and the metrics page.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -41,7 +41,8 @@ async fn admin_commands_work_serving_and_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let key = dir.path().join("public.key");
-    std::fs::write(&key, KEYS.public_key().to_bytes()).unwrap();
+    // The server refuses keys under 2048 bits.
+    std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
     let (mut server, started) = spawn_serve(
         &data,
         &key,
@@ -56,7 +57,7 @@ async fn admin_commands_work_serving_and_stopped() {
     let snippets = snippets(2, 1);
     let mut rng = rng(11);
     for i in 0..12 {
-        let s = report(snippets[i % 2].1, CounterId(4), &mut rng);
+        let s = report_2048(snippets[i % 2].1, CounterId(4), &mut rng);
         let mut frame = (s.frame.len() as u32).to_be_bytes().to_vec();
         frame.extend_from_slice(&s.frame);
         assert_eq!(
@@ -75,7 +76,7 @@ async fn admin_commands_work_serving_and_stopped() {
 
     let (code, _) = cli(&data, &["throttle", "--rate", "80%"]);
     assert_eq!(code, 0);
-    let s = report(snippets[0].1, CounterId(5), &mut rng);
+    let s = report_2048(snippets[0].1, CounterId(5), &mut rng);
     let mut frame = (s.frame.len() as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(&s.frame);
     assert_eq!(
@@ -85,12 +86,56 @@ async fn admin_commands_work_serving_and_stopped() {
     let (code, _) = cli(&data, &["throttle", "--rate", "120%"]);
     assert_ne!(code, 0, "a rate above 100% is refused");
 
+    // Nothing is exported while the only epoch (today's) is open.
     let bundle = dir.path().join("sums.bundle");
     let exported = json(
         &data,
         &["export", "--out", bundle.to_str().unwrap(), "--json"],
     );
-    assert_eq!(exported["reports"], 13);
+    assert_eq!(exported["exported"], false);
+    assert!(!bundle.exists());
+    let closed = json(&data, &["close-epoch", "--json"]);
+    assert_eq!(closed["closed"].as_array().unwrap().len(), 1, "{closed}");
+    assert_eq!(closed["closed"][0]["reports"], 13);
+    // 13 reports are far below 10 contributors: the epoch is exported with every sum withheld.
+    let exported = json(
+        &data,
+        &["export", "--out", bundle.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(exported["exported"], true, "{exported}");
+    assert_eq!(exported["seq"], 1);
+    assert_eq!(exported["entries"], 0);
+    assert_eq!(exported["reports"], 0);
+    assert_eq!(exported["withheld_sums"], 3);
+    assert_eq!(exported["withheld_reports"], 13);
+    let again = json(
+        &data,
+        &["export", "--out", bundle.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(again["exported"], false, "nothing closed since");
+    // A lost bundle is written again byte for byte.
+    let copy = dir.path().join("copy.bundle");
+    let rewritten = json(
+        &data,
+        &[
+            "export",
+            "--out",
+            copy.to_str().unwrap(),
+            "--seq",
+            "1",
+            "--json",
+        ],
+    );
+    assert_eq!(rewritten["seq"], 1);
+    assert_eq!(
+        std::fs::read(&copy).unwrap(),
+        std::fs::read(&bundle).unwrap()
+    );
+    let (code, _) = cli(
+        &data,
+        &["export", "--out", copy.to_str().unwrap(), "--seq", "2"],
+    );
+    assert_ne!(code, 0, "bundle 2 was never exported");
     let signer = data.join("server.key.pub");
     let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .args(["verify", "--json", "--signer"])
@@ -101,8 +146,12 @@ async fn admin_commands_work_serving_and_stopped() {
     assert_eq!(out.status.code(), Some(0));
     let verified: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        (verified["valid"].clone(), verified["reports"].clone()),
-        (Value::Bool(true), Value::from(13))
+        (
+            verified["valid"].clone(),
+            verified["seq"].clone(),
+            verified["reports"].clone()
+        ),
+        (Value::Bool(true), Value::from(1), Value::from(0))
     );
     // A damaged bundle fails verification with exit code 4.
     let mut bytes = std::fs::read(&bundle).unwrap();
@@ -143,6 +192,10 @@ async fn admin_commands_work_serving_and_stopped() {
     assert_eq!(status["serving"], false);
     assert_eq!(status["reports_accepted_total"], 13);
     assert_eq!(status["throttle_permille"], 800);
+    assert!(status["open_epochs"].as_array().unwrap().is_empty());
     let restored = json(&backup, &["status", "--json"]);
     assert_eq!(restored["reports_accepted_total"], 13);
+    // A restored backup is a new bundle chain.
+    assert_ne!(restored["instance"], status["instance"]);
+    assert_eq!(restored["closed_through"], status["closed_through"]);
 }

@@ -1,24 +1,25 @@
 //! The ingest pipeline in-process, on a real RocksDB store: many concurrent clients, every
-//! kind of invalid report, restarts, accumulator generations, throttle, and export while
-//! reports keep arriving.
+//! kind of invalid report, restarts, accumulator generations, throttle, and export of closed
+//! epochs while reports keep arriving.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
+use std::num::NonZeroU64;
 
 use common::*;
-use penrose_aggregator::export;
+use penrose_aggregator::epochs::EpochPolicy;
+use penrose_aggregator::export::{self, ReleaseConfig};
 use penrose_aggregator::ingest::IngestConfig;
-use penrose_aggregator::store::{Store, Table};
-use penrose_core::bundle::{Bundle, Cursor};
+use penrose_aggregator::store::Table;
+use penrose_core::bundle::{Bundle, BundleHash};
 use penrose_core::counters::{CatalogueVersion, CounterId};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{KeyId, KeySize, MAX_REPORT_SAMPLES};
 use penrose_core::wire::{
     Ack, AckStatus, LENGTH_PREFIX, Message, PackedBytes, RejectReason, Report, ThrottleHint,
 };
-use rand::Rng;
 
 fn decode(body: &[u8]) -> Report {
     match Message::decode_body(body).unwrap() {
@@ -29,17 +30,6 @@ fn decode(body: &[u8]) -> Report {
 
 fn frame(report: Report) -> Vec<u8> {
     Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
-}
-
-fn dump(store: &dyn Store) -> Vec<(Table, Vec<u8>, Vec<u8>)> {
-    let mut rows = Vec::new();
-    store
-        .scan(&Table::ALL, &mut |t, k, v| {
-            rows.push((t, k.to_vec(), v.to_vec()));
-            Ok(())
-        })
-        .unwrap();
-    rows
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -398,45 +388,48 @@ async fn a_full_accumulator_starts_the_next_generation() {
             AckStatus::Accepted
         );
     }
-    let bundle = export::collect(store.as_ref(), KEYS.public_key(), Cursor(0)).unwrap();
-    let mut generations: Vec<(u32, u64)> = bundle
-        .entries
-        .iter()
-        .map(|e| (e.generation.0, e.reports))
-        .collect();
+    let sums = export::all_sums(store.as_ref(), KEYS.public_key()).unwrap();
+    let mut generations: Vec<(u32, u64)> =
+        sums.iter().map(|e| (e.generation.0, e.reports)).collect();
     generations.sort_unstable();
     assert_eq!(generations, [(0, 3), (1, 3), (2, 3), (3, 1)]);
-    let want = expected(&sent, |_| bundle.entries[0].class);
-    assert_eq!(decrypt_bundle(&bundle), want);
+    let want = expected(&sent, |_| sums[0].class);
+    assert_eq!(decrypt_entries(&sums), want);
     drop(ingest);
     writer.join().unwrap();
 }
 
+/// Export while reports keep arriving, on epochs of 250 reports that close as they fill: every
+/// bundle verifies and chains onto the one before, releases each closed epoch once and only
+/// closed ones, releases exactly the sums at or above the threshold, and all bundles together
+/// account for every report once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn export_while_serving_verifies_and_matches_the_tables() {
+async fn export_while_serving_releases_each_closed_epoch_once_and_chains() {
     let dir = tempfile::tempdir().unwrap();
-    let (ingest, writer, store) = start(
+    let policy = EpochPolicy::Count(NonZeroU64::new(250).unwrap());
+    let (ingest, writer, store) = start_with(
         dir.path(),
         penrose_core::paillier::ACCUMULATOR_REPORT_BOUND,
         IngestConfig {
             max_batch: 8,
             queue: 1024,
         },
+        Some(policy),
     );
     let signing = export::load_or_create_signing_key(&dir.path().join("server.key")).unwrap();
-    let snippets = snippets(3, 2);
+    let snippet = snippets(1, 1)[0].1;
     let mut rng = rng(5);
-    let sent: Vec<Sent> = (0..240)
+    // One class; counter 4 in all but 32 of 800 reports, so that every full epoch (at least
+    // 250 reports) holds at least 218 of counter 4, above the 217 that 10 contributors at 24
+    // reports a day need; counter 5's sums never reach it.
+    let sent: Vec<Sent> = (0..800)
         .map(|i| {
-            report(
-                snippets[i % snippets.len()].1,
-                CounterId(rng.random_range(4..9)),
-                &mut rng,
-            )
+            let counter = if i % 25 == 0 { 5 } else { 4 };
+            report(snippet, CounterId(counter), &mut rng)
         })
         .collect();
     let mut clients = Vec::new();
-    for chunk in sent.chunks(30) {
+    for chunk in sent.chunks(100) {
         let ingest = ingest.clone();
         let chunk = chunk.to_vec();
         clients.push(tokio::spawn(async move {
@@ -445,66 +438,95 @@ async fn export_while_serving_verifies_and_matches_the_tables() {
             }
         }));
     }
-    // Export repeatedly while the clients send; every bundle verifies and its counts never
-    // go backwards.
-    let mut last_cursor = Cursor(0);
-    let mut exports = 0;
-    while clients.iter().any(|c| !c.is_finished()) || exports < 3 {
+    let export_now = || {
         let store = std::sync::Arc::clone(&store);
         let key = signing.clone();
-        let (bundle, bytes) = tokio::task::spawn_blocking(move || {
-            export::export(store.as_ref(), KEYS.public_key(), Cursor(0), &key)
+        tokio::task::spawn_blocking(move || {
+            export::export(
+                store.as_ref(),
+                KEYS.public_key(),
+                ReleaseConfig::default(),
+                &key,
+            )
         })
-        .await
-        .unwrap()
-        .unwrap();
+    };
+    let mut bundles: Vec<(Bundle, Vec<u8>)> = Vec::new();
+    let mut check = |bundle: Bundle, bytes: Vec<u8>| {
         let verified = Bundle::verify(&bytes, Some(&signing.verifying_key())).unwrap();
         assert_eq!(verified, bundle);
-        assert!(verified.cursor >= last_cursor);
-        last_cursor = verified.cursor;
-        exports += 1;
+        let seq = bundles.len() as u64 + 1;
+        assert_eq!(verified.link.seq, seq);
+        let prev = bundles
+            .last()
+            .map_or_else(BundleHash::default, |(_, b)| BundleHash::of(b));
+        assert_eq!(verified.link.prev, prev);
+        bundles.push((verified, bytes));
+    };
+    while clients.iter().any(|c| !c.is_finished()) {
+        if let Some((bundle, bytes)) = export_now().await.unwrap().unwrap() {
+            check(bundle, bytes);
+        }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     for c in clients {
         c.await.unwrap();
     }
-    let (full, bytes) =
-        export::export(store.as_ref(), KEYS.public_key(), Cursor(0), &signing).unwrap();
-    let verified = Bundle::verify(&bytes, Some(&signing.verifying_key())).unwrap();
-    let want = expected(&sent, |s| ingest.state().tables().snippet(s).unwrap().class);
-    assert_eq!(decrypt_bundle(&verified), want);
-    // The bundle's contributor counts are the tables' report counts, class by class.
-    {
-        let state = ingest.state();
-        for class in 0..state.tables().class_count() as u32 {
-            let class = penrose_core::bundle::ClassId(class);
+    // The last epoch is not full: the operator closes it.
+    let closed = close_all(&ingest).await;
+    assert_eq!(closed.len(), 1);
+    assert!(closed[0].reports < 250);
+    if let Some((bundle, bytes)) = export_now().await.unwrap().unwrap() {
+        check(bundle, bytes);
+    }
+    assert!(
+        export_now().await.unwrap().unwrap().is_none(),
+        "nothing closed since"
+    );
+
+    let sums = export::all_sums(store.as_ref(), KEYS.public_key()).unwrap();
+    let mut epochs_seen = HashSet::new();
+    let mut released_keys = HashSet::new();
+    let mut reports = 0;
+    for (bundle, _) in &bundles {
+        for e in &bundle.epochs {
+            assert!(epochs_seen.insert(e.id), "epoch {} released twice", e.id.0);
+            reports += e.reports;
+            let entries: Vec<_> = bundle.entries.iter().filter(|x| x.epoch == e.id).collect();
+            let in_store: Vec<_> = sums.iter().filter(|x| x.epoch == e.id).collect();
+            // Released and withheld sums partition the epoch's sums and reports.
             assert_eq!(
-                full.reports_of(class),
-                state.tables().class(class).unwrap().reports
+                entries.len() as u64 + u64::from(e.withheld_sums),
+                in_store.len() as u64
             );
+            assert_eq!(
+                entries.iter().map(|x| x.reports).sum::<u64>() + e.withheld_reports,
+                e.reports
+            );
+            for x in &entries {
+                assert!(x.reports >= 217, "{} reports released", x.reports);
+                assert!(released_keys.insert(x.key()));
+                // A released sum is the store's sum of that epoch, byte for byte.
+                assert!(in_store.contains(x));
+            }
+            for s in in_store {
+                if !entries.iter().any(|x| x.key() == s.key()) {
+                    assert!(s.reports < 217, "a releasable sum was withheld");
+                }
+            }
         }
     }
-
-    // An export since the last cursor holds only what changed after it.
-    let more = report(snippets[0].1, CounterId(4), &mut rng);
-    assert_eq!(
-        ingest.handle(more.frame.clone()).await.status,
-        AckStatus::Accepted
-    );
-    let delta = export::collect(store.as_ref(), KEYS.public_key(), full.cursor).unwrap();
-    assert_eq!(delta.entries.len(), 1);
-    assert_eq!(delta.since, full.cursor);
-    assert_eq!(delta.cursor, Cursor(full.cursor.0 + 1));
-    let entry = &delta.entries[0];
-    assert_eq!(entry.counter, CounterId(4));
-    let old = full
-        .entries
+    assert_eq!(reports, 800, "every report in exactly one released epoch");
+    assert_eq!(epochs_seen.len(), 4);
+    // The full epochs' counter-4 sums were released: 768 reports minus the last epoch's.
+    let released: u64 = bundles
         .iter()
-        .find(|e| {
-            (e.class, e.counter, e.generation) == (entry.class, entry.counter, entry.generation)
-        })
-        .unwrap();
-    assert_eq!(entry.reports, old.reports + 1);
+        .flat_map(|(b, _)| &b.entries)
+        .map(|x| x.reports)
+        .sum();
+    assert!(released >= 3 * 218, "{released}");
+    // All sums together decrypt to everything sent.
+    let want = expected(&sent, |s| ingest.state().tables().snippet(s).unwrap().class);
+    assert_eq!(decrypt_entries(&sums), want);
     drop(ingest);
     writer.join().unwrap();
 }

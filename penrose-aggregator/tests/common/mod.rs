@@ -1,5 +1,6 @@
-//! Helpers shared by the aggregator's integration tests: a fast test key, report frames with
-//! known plaintexts, and decryption of what the server stored.
+//! Helpers shared by the aggregator's integration tests: a fast test key (in-process tests) and
+//! a 2048-bit one (tests of the `serve` binary, which refuses smaller keys), report frames with
+//! known plaintexts stamped with the server's day, and decryption of what the server stored.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -8,12 +9,14 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
 
+use penrose_aggregator::epochs::EpochPolicy;
+use penrose_aggregator::epochs::EpochRecord;
 use penrose_aggregator::export;
-use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer};
+use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer, today};
 use penrose_aggregator::metrics::Metrics;
 use penrose_aggregator::state::{State, stored_throttle};
-use penrose_aggregator::store::{RocksStore, Store};
-use penrose_core::bundle::{Bundle, ClassId};
+use penrose_aggregator::store::{RocksStore, Store, Table};
+use penrose_core::bundle::{BundleEntry, ClassId};
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
 use penrose_core::histogram::SampleCount;
@@ -22,10 +25,15 @@ use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, Repor
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// A 1024-bit key (insecure, fast) shared by all tests of a binary.
+/// A 1024-bit key (insecure, fast) shared by all tests of a binary: for tests that run the
+/// state and ingest in-process, which do not check the key size.
 pub static KEYS: LazyLock<Keypair> = LazyLock::new(|| {
     Keypair::generate_with_size(KeySize::Bits1024, &mut ChaCha8Rng::seed_from_u64(41))
 });
+
+/// A 2048-bit key: the smallest `serve --public-key` accepts.
+pub static KEYS_2048: LazyLock<Keypair> =
+    LazyLock::new(|| Keypair::generate(&mut ChaCha8Rng::seed_from_u64(43)));
 
 /// A report with the plaintext it carries.
 #[derive(Clone)]
@@ -35,6 +43,7 @@ pub struct Sent {
     pub report_id: ReportId,
     pub snippet: SnippetHash,
     pub counter: CounterId,
+    pub day: Day,
     pub bins: [u32; BIN_COUNT],
 }
 
@@ -59,23 +68,48 @@ pub fn snippets(apps: usize, windows: usize) -> Vec<(usize, SnippetHash)> {
         .collect()
 }
 
-/// A valid report of random bins (samples = their sum) for `snippet` and `counter`.
-pub fn report(snippet: SnippetHash, counter: CounterId, rng: &mut impl RngCore) -> Sent {
+/// Random bins of a report (samples = their sum).
+pub fn random_bins(rng: &mut impl RngCore) -> [u32; BIN_COUNT] {
     let mut bins = [0u32; BIN_COUNT];
     for _ in 0..rng.random_range(1..20) {
         bins[rng.random_range(0..BIN_COUNT)] += rng.random_range(1..50);
     }
+    bins
+}
+
+/// A valid report of random bins under [`KEYS`], stamped with the server's day.
+pub fn report(snippet: SnippetHash, counter: CounterId, rng: &mut impl RngCore) -> Sent {
+    let bins = random_bins(rng);
     report_with(snippet, counter, bins, rng)
 }
 
-/// A valid report of the given bins.
+/// A valid report of random bins under [`KEYS_2048`], stamped with the server's day.
+pub fn report_2048(snippet: SnippetHash, counter: CounterId, rng: &mut impl RngCore) -> Sent {
+    let bins = random_bins(rng);
+    report_by(&KEYS_2048, snippet, counter, bins, today(), rng)
+}
+
+/// A valid report of the given bins under [`KEYS`], stamped with the server's day.
 pub fn report_with(
     snippet: SnippetHash,
     counter: CounterId,
     bins: [u32; BIN_COUNT],
     rng: &mut impl RngCore,
 ) -> Sent {
-    let public = KEYS.public_key();
+    report_by(&KEYS, snippet, counter, bins, today(), rng)
+}
+
+/// A report of the given bins under `keys`, stamped `day`, with a fresh report id and a fresh
+/// encryption.
+pub fn report_by(
+    keys: &Keypair,
+    snippet: SnippetHash,
+    counter: CounterId,
+    bins: [u32; BIN_COUNT],
+    day: Day,
+    rng: &mut impl RngCore,
+) -> Sent {
+    let public = keys.public_key();
     let mut rng = ChaCha8Rng::seed_from_u64(rng.next_u64());
     let packed = public.encrypt_packed(&bins, &mut rng).unwrap();
     let mut id = [0u8; 16];
@@ -86,7 +120,7 @@ pub fn report_with(
         snippet,
         counter,
         catalogue: CatalogueVersion(1),
-        day: Day(20_000),
+        day,
         samples: SampleCount(bins.iter().sum()),
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
     };
@@ -95,18 +129,41 @@ pub fn report_with(
         report_id: ReportId(id),
         snippet,
         counter,
+        day,
         bins,
     }
 }
 
-/// Opens a store and starts ingest over it.
+/// Where the report id sits in a frame body: after the kind (1), version (2) and key id (32).
+pub const REPORT_ID_AT: usize = 1 + 2 + 32;
+
+/// The same frame body with another report id: an exact copy of the report (same
+/// ciphertexts) that dedup by report id alone would count again.
+pub fn with_report_id(body: &[u8], id: [u8; 16]) -> Vec<u8> {
+    let mut copy = body.to_vec();
+    copy[REPORT_ID_AT..REPORT_ID_AT + 16].copy_from_slice(&id);
+    copy
+}
+
+/// Opens a store and starts ingest over it (epochs as the store says; a new store: by day).
 pub fn start(dir: &Path, bound: u64, config: IngestConfig) -> (Ingest, Writer, Arc<dyn Store>) {
+    start_with(dir, bound, config, None)
+}
+
+/// Opens a store with an epoch policy and starts ingest over it.
+pub fn start_with(
+    dir: &Path,
+    bound: u64,
+    config: IngestConfig,
+    policy: Option<EpochPolicy>,
+) -> (Ingest, Writer, Arc<dyn Store>) {
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir).unwrap());
     let state = State::open(
         Arc::clone(&store),
         KEYS.public_key(),
         FingerprintParams::default(),
         bound,
+        policy,
     )
     .unwrap();
     let throttle = stored_throttle(store.as_ref()).unwrap();
@@ -115,7 +172,6 @@ pub fn start(dir: &Path, bound: u64, config: IngestConfig) -> (Ingest, Writer, A
     (ingest, writer, store)
 }
 
-/// Ingest with the default accumulator bound and batching.
 /// Starts the `penrose-aggregator serve` binary on `data` with `key` and `args`, and waits for
 /// the JSON line it prints once it listens (returned, with the child).
 pub fn spawn_serve(data: &Path, key: &Path, args: &[&str]) -> (Child, serde_json::Value) {
@@ -139,19 +195,27 @@ pub fn spawn_serve(data: &Path, key: &Path, args: &[&str]) -> (Child, serde_json
     (child, started)
 }
 
+/// Ingest with the default accumulator bound and batching.
 pub fn start_default(dir: &Path) -> (Ingest, Writer, Arc<dyn Store>) {
     start(dir, ACCUMULATOR_REPORT_BOUND, IngestConfig::default())
 }
 
-/// Decrypted sums per (class, counter), added over generations, with report counts.
-pub fn decrypt_bundle(bundle: &Bundle) -> BTreeMap<(ClassId, CounterId), (Vec<u64>, u64, u64)> {
+/// Decrypted sums per (class, counter), added over generations and epochs, with report and
+/// sample counts, under [`KEYS`].
+pub fn decrypt_entries(
+    entries: &[BundleEntry],
+) -> BTreeMap<(ClassId, CounterId), (Vec<u64>, u64, u64)> {
+    decrypt_entries_with(&KEYS, entries)
+}
+
+/// [`decrypt_entries`] under `keys`.
+pub fn decrypt_entries_with(
+    keys: &Keypair,
+    entries: &[BundleEntry],
+) -> BTreeMap<(ClassId, CounterId), (Vec<u64>, u64, u64)> {
     let mut out: BTreeMap<(ClassId, CounterId), (Vec<u64>, u64, u64)> = BTreeMap::new();
-    for e in &bundle.entries {
-        let packed = KEYS
-            .public_key()
-            .validate_packed(e.sums.as_bytes())
-            .unwrap();
-        let bins = KEYS.private_key().decrypt_packed(&packed).unwrap();
+    for e in entries {
+        let bins = decrypt_one(keys, e);
         let slot = out
             .entry((e.class, e.counter))
             .or_insert_with(|| (vec![0; BIN_COUNT], 0, 0));
@@ -164,10 +228,27 @@ pub fn decrypt_bundle(bundle: &Bundle) -> BTreeMap<(ClassId, CounterId), (Vec<u6
     out
 }
 
-/// Everything the store holds, decrypted.
+/// The bins of one sum.
+pub fn decrypt_one(keys: &Keypair, entry: &BundleEntry) -> Vec<u64> {
+    let packed = keys
+        .public_key()
+        .validate_packed(entry.sums.as_bytes())
+        .unwrap();
+    keys.private_key().decrypt_packed(&packed).unwrap().to_vec()
+}
+
+/// Everything the store holds, open epochs included, decrypted under [`KEYS`].
 pub fn decrypt_store(store: &dyn Store) -> BTreeMap<(ClassId, CounterId), (Vec<u64>, u64, u64)> {
-    let bundle = export::collect(store, KEYS.public_key(), Default::default()).unwrap();
-    decrypt_bundle(&bundle)
+    decrypt_store_with(&KEYS, store)
+}
+
+/// [`decrypt_store`] under `keys`.
+pub fn decrypt_store_with(
+    keys: &Keypair,
+    store: &dyn Store,
+) -> BTreeMap<(ClassId, CounterId), (Vec<u64>, u64, u64)> {
+    let sums = export::all_sums(store, keys.public_key()).unwrap();
+    decrypt_entries_with(keys, &sums)
 }
 
 /// What the sums must be: `sent` added up by the class the server gave each snippet.
@@ -187,6 +268,27 @@ pub fn expected(
         slot.2 += u64::from(s.bins.iter().sum::<u32>());
     }
     out
+}
+
+/// Every row of every table: to check that something changed nothing.
+pub fn dump(store: &dyn Store) -> Vec<(Table, Vec<u8>, Vec<u8>)> {
+    let mut rows = Vec::new();
+    store
+        .scan(&Table::ALL, &mut |t, k, v| {
+            rows.push((t, k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+    rows
+}
+
+/// Closes every open epoch that holds reports (the operator's `close-epoch`), from async code.
+pub async fn close_all(ingest: &Ingest) -> Vec<EpochRecord> {
+    let ingest = ingest.clone();
+    tokio::task::spawn_blocking(move || ingest.close_epochs(true))
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 /// A seeded generator for a test.

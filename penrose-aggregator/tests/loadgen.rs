@@ -1,0 +1,43 @@
+//! The load generator against the real server: the server folds exact copies of a ciphertext,
+//! so every valid report the generator sends must carry ciphertexts of its own to be counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use penrose_aggregator::loadgen::{Args, generate};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = dir.path().join("public.key");
+    std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
+    let (mut server, started) = spawn_serve(&data, &key, &["--listen", "127.0.0.1:0"]);
+    let args = Args {
+        server: started["listening"].as_str().unwrap().parse().unwrap(),
+        cert: data.join("tls").join("cert.pem"),
+        public_key: key,
+        reports: 400,
+        clients: 16,
+        connections: 2,
+        invalid_share: 0.05,
+        // Far fewer histograms than reports: their ciphertexts must still all differ.
+        pool: 4,
+        windows: 1,
+        window_len: 2_000,
+        traces: None,
+        seed: 3,
+        json: true,
+    };
+    let outcome = generate(&args).await.unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert_eq!(outcome.invalid, 20);
+    assert_eq!(outcome.valid, 380);
+    assert_eq!(outcome.errors, 0);
+    assert_eq!(outcome.duplicate, 0, "valid reports were folded as copies");
+    assert_eq!(outcome.accepted, outcome.valid);
+    assert_eq!(outcome.rejected_invalid, outcome.invalid);
+    assert_eq!(outcome.invalid_accepted, 0);
+}

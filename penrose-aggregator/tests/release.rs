@@ -1,0 +1,602 @@
+//! Release: epochs, the contributor threshold, the bundle chain, re-export, backups as new
+//! chains, exact copies folded, the day check, and restarts. Most tests drive the state with an
+//! explicit day (so that the clock cannot move under them); those about the whole pipeline go
+//! through `Ingest` with the server's own day.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use common::*;
+use ed25519_dalek::SigningKey;
+use penrose_aggregator::control::{self, Admin, Request};
+use penrose_aggregator::epochs::EpochPolicy;
+use penrose_aggregator::export::{self, ExportError, ReleaseConfig};
+use penrose_aggregator::ingest::today;
+use penrose_aggregator::state::{Outcome, State, StateError};
+use penrose_aggregator::store::{RocksStore, Store};
+use penrose_aggregator::validate::{ValidReport, validate_body};
+use penrose_core::bundle::{Bundle, BundleEntry, BundleHash, EpochId, EpochKind, InstanceId};
+use penrose_core::counters::{BIN_COUNT, CounterId};
+use penrose_core::fingerprint::{FingerprintParams, SnippetHash};
+use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
+use penrose_core::wire::{AckStatus, Day, RejectReason};
+
+/// The day the state-level tests run on.
+const TODAY: Day = Day(20_000);
+
+fn open(store: &Arc<dyn Store>, policy: Option<EpochPolicy>) -> Result<State, StateError> {
+    State::open(
+        Arc::clone(store),
+        KEYS.public_key(),
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+        policy,
+    )
+}
+
+fn rocks(path: &std::path::Path) -> Arc<dyn Store> {
+    Arc::new(RocksStore::open(path).unwrap())
+}
+
+fn signing() -> SigningKey {
+    SigningKey::from_bytes(&[7; 32])
+}
+
+fn export_next(store: &Arc<dyn Store>) -> Option<(Bundle, Vec<u8>)> {
+    export::export(
+        store.as_ref(),
+        KEYS.public_key(),
+        ReleaseConfig::default(),
+        &signing(),
+    )
+    .unwrap()
+}
+
+/// `n` reports of `counter` for `snippet`, stamped `day`.
+fn reports(
+    n: usize,
+    snippet: SnippetHash,
+    counter: u16,
+    day: Day,
+    rng: &mut impl rand::RngCore,
+) -> Vec<Sent> {
+    (0..n)
+        .map(|_| {
+            let bins = random_bins(rng);
+            report_by(&KEYS, snippet, CounterId(counter), bins, day, rng)
+        })
+        .collect()
+}
+
+fn valid(sent: &[Sent], today: Day) -> Vec<ValidReport> {
+    sent.iter()
+        .map(|s| validate_body(&s.frame, KEYS.public_key(), today).unwrap())
+        .collect()
+}
+
+/// Applies `sent` as one batch on `today`; every report must be accepted.
+fn accept(state: &mut State, sent: &[Sent], today: Day) {
+    let outcomes = state.apply(&valid(sent, today), today).unwrap();
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Accepted),
+        "{outcomes:?}"
+    );
+}
+
+/// The operator's close-now.
+fn close_now(state: &mut State, today: Day) -> Vec<EpochId> {
+    let prepared = state.prepare_close(today, true);
+    let closed = prepared.closed().iter().map(|e| e.id).collect();
+    prepared.commit().unwrap();
+    closed
+}
+
+/// Plain bin sums of `sent`.
+fn plain_sum(sent: &[&Sent]) -> Vec<u64> {
+    let mut out = vec![0u64; BIN_COUNT];
+    for s in sent {
+        for (o, b) in out.iter_mut().zip(s.bins.iter()) {
+            *o += u64::from(*b);
+        }
+    }
+    out
+}
+
+/// A store with two bundles exported, by day on [`TODAY`]:
+/// - bundle 1: epoch TODAY, closed by the operator, 100 reports of counter 4 and 5 of
+///   counter 5: both sums below the threshold (217 reports for 10 contributors).
+/// - bundle 2: epoch TODAY + 1 (reports of TODAY after its epoch closed join the next one),
+///   230 reports of counter 4 (released) and 3 of counter 5 (withheld).
+struct TwoBundles {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    state: State,
+    snippet: SnippetHash,
+    second: Vec<Sent>,
+    b1: (Bundle, Vec<u8>),
+    b2: (Bundle, Vec<u8>),
+}
+
+fn two_bundles(seed: u64) -> TwoBundles {
+    let dir = tempfile::tempdir().unwrap();
+    let store = rocks(dir.path());
+    let mut state = open(&store, None).unwrap();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(seed);
+    let mut first = reports(100, snippet, 4, TODAY, &mut rng);
+    first.extend(reports(5, snippet, 5, TODAY, &mut rng));
+    accept(&mut state, &first, TODAY);
+    assert!(
+        export_next(&store).is_none(),
+        "an open epoch is never exported"
+    );
+    assert_eq!(close_now(&mut state, TODAY), [EpochId(TODAY.0)]);
+    let b1 = export_next(&store).unwrap();
+
+    let mut second = reports(230, snippet, 4, TODAY, &mut rng);
+    second.extend(reports(3, snippet, 5, TODAY, &mut rng));
+    for chunk in second.chunks(64) {
+        accept(&mut state, chunk, TODAY);
+    }
+    assert_eq!(close_now(&mut state, TODAY), [EpochId(TODAY.0 + 1)]);
+    let b2 = export_next(&store).unwrap();
+    TwoBundles {
+        _dir: dir,
+        store,
+        state,
+        snippet,
+        second,
+        b1,
+        b2,
+    }
+}
+
+#[test]
+fn sums_below_the_threshold_are_withheld_and_released_sums_never_overlap() {
+    let mut t = two_bundles(21);
+    let (b1, b2) = (&t.b1.0, &t.b2.0);
+
+    // Bundle 1: the epoch is released with no sum in it; both are counted as withheld.
+    assert_eq!(b1.epochs.len(), 1);
+    let e1 = b1.epochs[0];
+    assert_eq!(
+        (e1.id, e1.reports, e1.withheld_sums, e1.withheld_reports),
+        (EpochId(TODAY.0), 105, 2, 105)
+    );
+    assert!(
+        b1.entries.is_empty(),
+        "a sum below the threshold was released"
+    );
+
+    // Bundle 2: the next epoch; its counter-4 sum passes and is exactly its 230 reports.
+    assert_eq!(b2.epochs.len(), 1);
+    let e2 = b2.epochs[0];
+    assert_eq!(
+        (e2.id, e2.first_day, e2.last_day, e2.reports),
+        (EpochId(TODAY.0 + 1), TODAY, TODAY, 233)
+    );
+    assert_eq!((e2.withheld_sums, e2.withheld_reports), (1, 3));
+    assert_eq!(b2.entries.len(), 1);
+    let entry = &b2.entries[0];
+    assert_eq!((entry.counter, entry.epoch), (CounterId(4), e2.id));
+    let counter4: Vec<&Sent> = t.second.iter().filter(|s| s.counter.0 == 4).collect();
+    assert_eq!(entry.reports, 230);
+    assert_eq!(
+        entry.samples,
+        counter4
+            .iter()
+            .map(|s| u64::from(s.bins.iter().sum::<u32>()))
+            .sum::<u64>()
+    );
+    assert_eq!(
+        decrypt_one(&KEYS, entry),
+        plain_sum(&counter4),
+        "the released sum is exactly the reports of its epoch"
+    );
+
+    // No two released sums overlap: every epoch once, every report in exactly one.
+    let mut epochs = HashSet::new();
+    let mut keys = HashSet::new();
+    let mut reports_in_epochs = 0;
+    for b in [b1, b2] {
+        for e in &b.epochs {
+            assert!(epochs.insert(e.id));
+            reports_in_epochs += e.reports;
+        }
+        for x in &b.entries {
+            assert!(keys.insert(x.key()));
+        }
+    }
+    assert_eq!(reports_in_epochs, 105 + 233);
+
+    // Nothing closed since: no bundle. Reports of an open epoch: still no bundle.
+    assert!(export_next(&t.store).is_none());
+    let mut rng = rng(22);
+    let more = reports(10, t.snippet, 4, TODAY, &mut rng);
+    accept(&mut t.state, &more, TODAY);
+    assert!(
+        export_next(&t.store).is_none(),
+        "an open epoch is never exported"
+    );
+    let open_sums: Vec<BundleEntry> = export::all_sums(t.store.as_ref(), KEYS.public_key())
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.epoch == EpochId(TODAY.0 + 2))
+        .collect();
+    assert_eq!(open_sums.iter().map(|e| e.reports).sum::<u64>(), 10);
+}
+
+#[test]
+fn reexport_rebuilds_bundle_1_byte_for_byte_after_bundle_2() {
+    let t = two_bundles(23);
+    let key = signing();
+    let again = export::reexport(t.store.as_ref(), KEYS.public_key(), 1, &key).unwrap();
+    assert_eq!(again.1, t.b1.1);
+    assert_eq!(again.0, t.b1.0);
+    let again = export::reexport(t.store.as_ref(), KEYS.public_key(), 2, &key).unwrap();
+    assert_eq!(again.1, t.b2.1);
+    // And after a restart.
+    let TwoBundles {
+        _dir, store, state, ..
+    } = t;
+    drop(state);
+    let _state = open(&store, None).unwrap();
+    let again = export::reexport(store.as_ref(), KEYS.public_key(), 1, &key).unwrap();
+    assert_eq!(again.1, t.b1.1);
+    for seq in [0, 3] {
+        assert!(
+            matches!(
+                export::reexport(store.as_ref(), KEYS.public_key(), seq, &key),
+                Err(ExportError::NoSuchBundle { seq: s, last: 2 }) if s == seq
+            ),
+            "seq {seq}"
+        );
+    }
+}
+
+#[test]
+fn bundles_chain_by_the_hash_of_the_previous_bundle_under_one_instance() {
+    let t = two_bundles(24);
+    let trusted = signing().verifying_key();
+    let b1 = Bundle::verify(&t.b1.1, Some(&trusted)).unwrap();
+    let b2 = Bundle::verify(&t.b2.1, Some(&trusted)).unwrap();
+    assert_eq!((b1.link.seq, b2.link.seq), (1, 2));
+    assert_eq!(b1.link.prev, BundleHash::default());
+    assert_eq!(b2.link.prev, BundleHash::of(&t.b1.1));
+    assert_ne!(b2.link.prev, BundleHash::of(&t.b2.1));
+    assert_eq!(b1.link.instance, t.state.instance());
+    assert_eq!(b2.link.instance, t.state.instance());
+    assert_eq!((b1.link.parent, b2.link.parent), (None, None));
+    assert_eq!(b1.rule.epochs, EpochKind::Day);
+    assert_eq!((b1.rule.threshold, b1.rule.cap), (10, 24));
+}
+
+#[test]
+fn count_epochs_close_as_they_fill_and_only_closed_ones_are_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = rocks(dir.path());
+    let policy = EpochPolicy::Count(NonZeroU64::new(5).unwrap());
+    let mut state = open(&store, Some(policy)).unwrap();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(25);
+    let sent = reports(12, snippet, 4, TODAY, &mut rng);
+    for s in &sent {
+        accept(&mut state, std::slice::from_ref(s), TODAY);
+    }
+    let open_epochs: Vec<(EpochId, u64)> =
+        state.epochs().open().map(|e| (e.id, e.reports)).collect();
+    assert_eq!(open_epochs, [(EpochId(3), 2)]);
+    let (bundle, _) = export_next(&store).unwrap();
+    assert_eq!(bundle.rule.epochs, EpochKind::Count);
+    let released: Vec<(EpochId, u64)> = bundle.epochs.iter().map(|e| (e.id, e.reports)).collect();
+    assert_eq!(released, [(EpochId(1), 5), (EpochId(2), 5)]);
+    assert!(
+        bundle.entries.is_empty(),
+        "5 reports are below the threshold"
+    );
+    assert!(export_next(&store).is_none());
+    // A batch that fills the open epoch closes it with the batch: all of it is in it.
+    accept(&mut state, &reports(6, snippet, 4, TODAY, &mut rng), TODAY);
+    let (bundle, _) = export_next(&store).unwrap();
+    let released: Vec<(EpochId, u64)> = bundle.epochs.iter().map(|e| (e.id, e.reports)).collect();
+    assert_eq!(released, [(EpochId(3), 8)]);
+    assert_eq!(bundle.link.seq, 2);
+}
+
+/// Exact copies of a counted report (the same ciphertext bytes under any report id) are
+/// answered Duplicate and counted once. A re-encryption of the same plaintext is a new
+/// ciphertext and is counted again: the server cannot tell it from another agent's report of
+/// the same histogram. That is the limit of folding by digest, which anonymous admission
+/// tokens (a later issue) will address by bounding what one agent can submit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_copies_under_a_fresh_report_id_are_folded_but_re_encryptions_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ingest, writer, store) = start_default(dir.path());
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(26);
+    let bins = random_bins(&mut rng);
+    let original = report_by(&KEYS, snippet, CounterId(4), bins, today(), &mut rng);
+    assert_eq!(
+        ingest.handle(original.frame.clone()).await.status,
+        AckStatus::Accepted
+    );
+    let before = dump(store.as_ref());
+    for i in 0..3u8 {
+        let copy = with_report_id(&original.frame, [0xc0 + i; 16]);
+        let ack = ingest.handle(copy).await;
+        assert_eq!(ack.report_id.0, [0xc0 + i; 16]);
+        assert_eq!(ack.status, AckStatus::Duplicate, "copy {i}");
+    }
+    assert_eq!(
+        dump(store.as_ref()),
+        before,
+        "a folded copy changed the store"
+    );
+    assert_eq!(ingest.state().accepted(), 1);
+
+    let again = report_by(&KEYS, snippet, CounterId(4), bins, today(), &mut rng);
+    assert_eq!(
+        ingest.handle(again.frame.clone()).await.status,
+        AckStatus::Accepted,
+        "a re-encryption is a new ciphertext"
+    );
+    assert_eq!(ingest.state().accepted(), 2);
+    let sums = decrypt_store(store.as_ref());
+    let class = ingest.state().tables().snippet(&snippet).unwrap().class;
+    let (got, reports, _) = &sums[&(class, CounterId(4))];
+    assert_eq!(*reports, 2);
+    assert_eq!(*got, plain_sum(&[&original, &again]));
+    drop(ingest);
+    writer.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_more_than_a_day_off_are_rejected_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ingest, writer, store) = start_default(dir.path());
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(27);
+    let now = today();
+    let first = report_by(
+        &KEYS,
+        snippet,
+        CounterId(4),
+        random_bins(&mut rng),
+        now,
+        &mut rng,
+    );
+    assert_eq!(ingest.handle(first.frame).await.status, AckStatus::Accepted);
+    let before = dump(store.as_ref());
+    for day in [Day(now.0 - 2), Day(now.0 + 2), Day(now.0 - 30), Day(0)] {
+        let s = report_by(
+            &KEYS,
+            snippet,
+            CounterId(4),
+            random_bins(&mut rng),
+            day,
+            &mut rng,
+        );
+        assert_eq!(
+            ingest.handle(s.frame).await.status,
+            AckStatus::Rejected(RejectReason::DayOutOfRange),
+            "day {} on day {}",
+            day.0,
+            now.0
+        );
+    }
+    assert_eq!(
+        dump(store.as_ref()),
+        before,
+        "a rejected report changed the store"
+    );
+    assert_eq!(
+        ingest.metrics().rejected_count(RejectReason::DayOutOfRange),
+        4
+    );
+    for day in [Day(now.0 - 1), Day(now.0 + 1)] {
+        let s = report_by(
+            &KEYS,
+            snippet,
+            CounterId(4),
+            random_bins(&mut rng),
+            day,
+            &mut rng,
+        );
+        assert_eq!(
+            ingest.handle(s.frame).await.status,
+            AckStatus::Accepted,
+            "day {}",
+            day.0
+        );
+    }
+    assert_eq!(ingest.state().accepted(), 3);
+    drop(ingest);
+    writer.join().unwrap();
+}
+
+/// The writer checks the day again: a report validated just before the server's day turned
+/// twice is refused by the batch and changes nothing.
+#[test]
+fn the_writer_refuses_a_report_whose_day_passed_since_validation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = rocks(dir.path());
+    let mut state = open(&store, None).unwrap();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(28);
+    let sent = reports(1, snippet, 4, TODAY, &mut rng);
+    let checked = valid(&sent, TODAY);
+    let before = dump(store.as_ref());
+    let later = Day(TODAY.0 + 2);
+    assert_eq!(
+        state.apply(&checked, later).unwrap(),
+        [Outcome::DayOutOfRange]
+    );
+    assert_eq!(dump(store.as_ref()), before);
+    assert_eq!(state.accepted(), 0);
+}
+
+#[test]
+fn closed_epochs_stay_closed_across_a_restart_and_late_reports_join_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let store = rocks(&db);
+    let mut state = open(&store, None).unwrap();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(29);
+    accept(&mut state, &reports(20, snippet, 4, TODAY, &mut rng), TODAY);
+    assert_eq!(close_now(&mut state, TODAY), [EpochId(TODAY.0)]);
+    let closed_sums = |store: &Arc<dyn Store>| -> Vec<BundleEntry> {
+        export::all_sums(store.as_ref(), KEYS.public_key())
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.epoch == EpochId(TODAY.0))
+            .collect()
+    };
+    let sums_before = closed_sums(&store);
+    // What an export would have been before the restart, from a checkpoint of the store (the
+    // same instance, not a backup's new one).
+    let copy_path = dir.path().join("copy");
+    store.backup(&copy_path).unwrap();
+    let copy = rocks(&copy_path);
+    let (before, before_bytes) = export_next(&copy).unwrap();
+    drop(copy);
+
+    drop(state);
+    let mut state = open(&store, None).unwrap();
+    assert_eq!(state.epochs().closed_through(), Some(EpochId(TODAY.0)));
+    assert_eq!(state.epochs().open().count(), 0, "a closed epoch reopened");
+    assert_eq!(state.sums().open_count(), 0);
+    // A late report of the closed day joins the first open epoch.
+    accept(&mut state, &reports(1, snippet, 4, TODAY, &mut rng), TODAY);
+    let open_epochs: Vec<_> = state
+        .epochs()
+        .open()
+        .map(|e| (e.id, e.first_day, e.last_day, e.reports))
+        .collect();
+    assert_eq!(open_epochs, [(EpochId(TODAY.0 + 1), TODAY, TODAY, 1)]);
+    assert_eq!(
+        closed_sums(&store),
+        sums_before,
+        "a closed epoch's sums changed"
+    );
+    // The same bundle as before the restart, byte for byte.
+    let (after, after_bytes) = export_next(&store).unwrap();
+    assert_eq!(after, before);
+    assert_eq!(after_bytes, before_bytes);
+    drop(state);
+    let state = open(&store, None).unwrap();
+    let open_epochs: Vec<_> = state.epochs().open().map(|e| (e.id, e.reports)).collect();
+    assert_eq!(open_epochs, [(EpochId(TODAY.0 + 1), 1)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_is_a_new_chain_that_does_not_re_export_its_parents_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ingest, writer, store) = start_default(&dir.path().join("db"));
+    let original = ingest.state().instance();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(30);
+    for s in reports(3, snippet, 4, today(), &mut rng) {
+        assert_eq!(ingest.handle(s.frame).await.status, AckStatus::Accepted);
+    }
+    let first_epoch = close_all(&ingest).await;
+    assert_eq!(first_epoch.len(), 1);
+    let (b1, _) = export_next(&store).unwrap();
+    assert_eq!((b1.link.instance, b1.link.seq), (original, 1));
+    for s in reports(2, snippet, 4, today(), &mut rng) {
+        assert_eq!(ingest.handle(s.frame).await.status, AckStatus::Accepted);
+    }
+
+    let admin = Admin {
+        ingest: ingest.clone(),
+        store: Arc::clone(&store),
+        signing: signing(),
+        release: ReleaseConfig::default(),
+        serving: true,
+    };
+    let backup = dir.path().join("backup");
+    let request = Request::Backup {
+        dir: backup.clone(),
+    };
+    let response = tokio::task::spawn_blocking(move || control::execute(&admin, &request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.json["parent"], original.to_string());
+
+    let copy = rocks(&backup);
+    let mut copy_state = open(&copy, None).unwrap();
+    let new = copy_state.instance();
+    assert_ne!(new, original);
+    assert_eq!(response.json["instance"], new.to_string());
+    // The parent's exported epoch is not exported again, and the open one not at all.
+    assert!(export_next(&copy).is_none());
+    let closed = close_now(&mut copy_state, today());
+    assert_eq!(closed.len(), 1);
+    assert_ne!(closed[0], first_epoch[0].id);
+    let (c1, c1_bytes) = export_next(&copy).unwrap();
+    let c1_verified = Bundle::verify(&c1_bytes, Some(&signing().verifying_key())).unwrap();
+    assert_eq!(c1_verified, c1);
+    assert_eq!(c1.link.instance, new);
+    assert_eq!(c1.link.parent, Some(original));
+    assert_eq!(c1.link.seq, 1);
+    assert_eq!(c1.link.prev, BundleHash::default());
+    let epochs: Vec<EpochId> = c1.epochs.iter().map(|e| e.id).collect();
+    assert_eq!(epochs, closed);
+    assert_eq!(c1.epochs[0].reports, 2);
+    drop(copy_state);
+    drop(copy);
+
+    // The original's chain goes on unchanged.
+    close_all(&ingest).await;
+    let (b2, _) = export_next(&store).unwrap();
+    assert_eq!(
+        (b2.link.instance, b2.link.parent, b2.link.seq),
+        (original, None, 2)
+    );
+    assert_ne!(InstanceId::default(), original);
+    drop(ingest);
+    writer.join().unwrap();
+}
+
+#[test]
+fn a_store_cut_by_day_refuses_the_count_policy_and_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = rocks(dir.path());
+    let mut state = open(&store, None).unwrap();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(31);
+    accept(&mut state, &reports(3, snippet, 4, TODAY, &mut rng), TODAY);
+    drop(state);
+    let before = dump(store.as_ref());
+    let count = EpochPolicy::Count(NonZeroU64::new(5).unwrap());
+    match open(&store, Some(count)) {
+        Err(StateError::EpochKindMismatch { stored, given }) => {
+            assert_eq!((stored, given), (EpochKind::Day, count));
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a day store opened with the count policy"),
+    }
+    assert_eq!(dump(store.as_ref()), before);
+    // Its own kind still opens, with its reports.
+    let state = open(&store, Some(EpochPolicy::Day)).unwrap();
+    assert_eq!(state.accepted(), 3);
+
+    // And the other way round.
+    let dir = tempfile::tempdir().unwrap();
+    let store = rocks(dir.path());
+    drop(open(&store, Some(count)).unwrap());
+    let before = dump(store.as_ref());
+    assert!(matches!(
+        open(&store, Some(EpochPolicy::Day)),
+        Err(StateError::EpochKindMismatch {
+            stored: EpochKind::Count,
+            ..
+        })
+    ));
+    assert_eq!(dump(store.as_ref()), before);
+}
