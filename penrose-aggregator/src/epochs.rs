@@ -11,8 +11,9 @@
 //!   is accepted anyway. A report of a day whose epoch an operator closed early joins the first
 //!   open epoch instead, which then spans more than one day (the contributor bound divides by
 //!   the span, so it stays sound).
-//! - [`EpochPolicy::Count`]: epochs of N reports, numbered from 1; the open one closes with the
-//!   batch that fills it. Its span of report days is recorded the same way.
+//! - [`EpochPolicy::Count`]: epochs of at least N reports, numbered from 1; the open one closes
+//!   with the batch that fills it (so it may hold the rest of that batch too). Its span of
+//!   report days is recorded the same way.
 //!
 //! Either way an operator may close the open epochs at once (`penrose-aggregator close-epoch`).
 //! Closing happens on the writer thread, in order with the batches, and is written in the same

@@ -261,7 +261,20 @@ struct Snapshot {
     ash: Vec<AshRecord>,
 }
 
-fn snapshot(store: &dyn Store, epochs_wanted: Option<&[EpochId]>) -> Result<Snapshot, ExportError> {
+/// Which sums a snapshot reads.
+enum Want<'a> {
+    /// Those of closed epochs not yet exported (the next bundle).
+    Unexported,
+    /// Those of these epochs (a bundle again).
+    Epochs(&'a [EpochId]),
+    /// Every sum, open epochs included.
+    All,
+}
+
+/// Reads the meta table, then the sums `want` names: only those are held in memory, so an
+/// export costs the epochs it releases, not the store's history. Two reads, but the sums of
+/// closed epochs never change, so the second read agrees with the first.
+fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> {
     check_format(store)?;
     let mut snap = Snapshot {
         instance: InstanceId::default(),
@@ -276,7 +289,7 @@ fn snapshot(store: &dyn Store, epochs_wanted: Option<&[EpochId]>) -> Result<Snap
     let mut bad: Option<ExportError> = None;
     let mut instance = None;
     let mut kind = None;
-    store.scan(&[Table::Meta, Table::Ash], &mut |table, k, v| {
+    store.scan(&[Table::Meta], &mut |table, k, v| {
         let damaged = |what: &str| ExportError::Record(format!("damaged meta record {what}"));
         match table {
             Table::Meta if k == meta::INSTANCE => match <[u8; 16]>::try_from(v) {
@@ -325,18 +338,40 @@ fn snapshot(store: &dyn Store, epochs_wanted: Option<&[EpochId]>) -> Result<Snap
                 Some(_) => {}
                 None => bad = Some(damaged("epoch record")),
             },
-            Table::Ash => match AshRecord::decode(k, v) {
-                Ok(record) => {
-                    if epochs_wanted.is_none_or(|w| w.contains(&record.key.epoch)) {
-                        snap.ash.push(record);
-                    }
-                }
-                Err(e) => bad = Some(ExportError::Record(e.to_string())),
-            },
             _ => {}
         }
         Ok(())
     })?;
+    if let Some(e) = bad {
+        return Err(e);
+    }
+    let wanted: Option<std::collections::BTreeSet<EpochId>> = match want {
+        Want::Unexported => Some(
+            snap.closed
+                .keys()
+                .filter(|id| !snap.exported.contains_key(id))
+                .copied()
+                .collect(),
+        ),
+        Want::Epochs(ids) => Some(ids.iter().copied().collect()),
+        Want::All => None,
+    };
+    if wanted.as_ref().is_none_or(|w| !w.is_empty()) {
+        store.scan(&[Table::Ash], &mut |_, k, v| {
+            match AshRecord::decode(k, v) {
+                Ok(record) => {
+                    if wanted
+                        .as_ref()
+                        .is_none_or(|w| w.contains(&record.key.epoch))
+                    {
+                        snap.ash.push(record);
+                    }
+                }
+                Err(e) => bad = Some(ExportError::Record(e.to_string())),
+            }
+            Ok(())
+        })?;
+    }
     if let Some(e) = bad {
         return Err(e);
     }
@@ -443,7 +478,7 @@ pub fn export(
     signing: &SigningKey,
 ) -> Result<Option<(Bundle, Vec<u8>)>, ExportError> {
     let _one_at_a_time = EXPORTING.lock().unwrap_or_else(|p| p.into_inner());
-    let snap = snapshot(store, None)?;
+    let snap = snapshot(store, Want::Unexported)?;
     let epochs: Vec<EpochId> = snap
         .closed
         .keys()
@@ -498,7 +533,13 @@ pub fn reexport(
     seq: u64,
     signing: &SigningKey,
 ) -> Result<(Bundle, Vec<u8>), ExportError> {
-    let snap = snapshot(store, None)?;
+    let meta = snapshot(store, Want::Epochs(&[]))?;
+    let epochs = meta
+        .links
+        .get(&seq)
+        .map(|l| l.epochs.clone())
+        .unwrap_or_default();
+    let snap = snapshot(store, Want::Epochs(&epochs))?;
     let link = snap
         .links
         .get(&seq)
@@ -551,7 +592,7 @@ pub fn make_new_instance(copy: &dyn Store, parent: InstanceId) -> Result<Instanc
 /// tests and offline checks that compare the store with what was sent. Never signed, never
 /// released.
 pub fn all_sums(store: &dyn Store, key: &PublicKey) -> Result<Vec<BundleEntry>, ExportError> {
-    let snap = snapshot(store, None)?;
+    let snap = snapshot(store, Want::All)?;
     let count = key.size().ciphertexts_per_histogram();
     snap.ash
         .iter()
