@@ -390,7 +390,6 @@ fn build(
     prev: BundleHash,
     day: Day,
 ) -> Result<Bundle, ExportError> {
-    let count = key.size().ciphertexts_per_histogram();
     let threshold =
         Threshold::new(rule.threshold).map_err(|e| ExportError::Record(e.to_string()))?;
     let cap = ReportsPerContributor::for_servers(rule.cap)
@@ -423,30 +422,7 @@ fn build(
             summary.withheld_reports += r.reports;
             continue;
         }
-        let sums =
-            Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
-                .and_then(|state| state.sum())
-                .map_err(|e| {
-                    ExportError::Record(format!(
-                        "class {} catalogue {} counter {} epoch {} generation {}: {e}",
-                        r.key.class.0,
-                        r.key.catalogue.0,
-                        r.key.counter.0,
-                        r.key.epoch.0,
-                        r.generation.0
-                    ))
-                })?
-                .to_bytes();
-        entries.push(BundleEntry {
-            epoch: r.key.epoch,
-            class: r.key.class,
-            catalogue: r.key.catalogue,
-            counter: r.key.counter,
-            generation: r.generation,
-            reports: r.reports,
-            samples: r.samples,
-            sums: PackedBytes::new(sums, count)?,
-        });
+        entries.push(released(key, r)?);
     }
     entries.sort_by_key(BundleEntry::key);
     Ok(Bundle {
@@ -593,27 +569,31 @@ pub fn make_new_instance(copy: &dyn Store, parent: InstanceId) -> Result<Instanc
 /// released.
 pub fn all_sums(store: &dyn Store, key: &PublicKey) -> Result<Vec<BundleEntry>, ExportError> {
     let snap = snapshot(store, Want::All)?;
-    let count = key.size().ciphertexts_per_histogram();
-    snap.ash
-        .iter()
-        .map(|r| {
-            let sums =
-                Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
-                    .and_then(|state| state.sum())
-                    .map_err(|e| ExportError::Record(e.to_string()))?
-                    .to_bytes();
-            Ok(BundleEntry {
-                epoch: r.key.epoch,
-                class: r.key.class,
-                catalogue: r.key.catalogue,
-                counter: r.key.counter,
-                generation: r.generation,
-                reports: r.reports,
-                samples: r.samples,
-                sums: PackedBytes::new(sums, count)?,
-            })
-        })
-        .collect()
+    snap.ash.iter().map(|r| released(key, r)).collect()
+}
+
+/// The sum a stored accumulator state stands for, as a bundle entry: one exponentiation to
+/// take out the Montgomery factor the state carries.
+fn released(key: &PublicKey, r: &AshRecord) -> Result<BundleEntry, ExportError> {
+    let sums = Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
+        .and_then(|state| state.sum())
+        .map_err(|e| {
+            ExportError::Record(format!(
+                "class {} catalogue {} counter {} epoch {} generation {}: {e}",
+                r.key.class.0, r.key.catalogue.0, r.key.counter.0, r.key.epoch.0, r.generation.0
+            ))
+        })?
+        .to_bytes();
+    Ok(BundleEntry {
+        epoch: r.key.epoch,
+        class: r.key.class,
+        catalogue: r.key.catalogue,
+        counter: r.key.counter,
+        generation: r.generation,
+        reports: r.reports,
+        samples: r.samples,
+        sums: PackedBytes::new(sums, key.size().ciphertexts_per_histogram())?,
+    })
 }
 
 #[cfg(test)]

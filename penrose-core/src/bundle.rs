@@ -108,6 +108,23 @@ impl fmt::Display for InstanceId {
     }
 }
 
+impl std::str::FromStr for InstanceId {
+    type Err = BundleError;
+
+    /// 32 hex digits, as [`Display`](fmt::Display) writes them.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || BundleError::Inconsistent("an instance id is 32 hex digits");
+        if text.len() != 32 || !text.is_ascii() {
+            return Err(bad());
+        }
+        let mut id = [0u8; 16];
+        for (i, b) in id.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Self(id))
+    }
+}
+
 /// The SHA-256 of a whole bundle file: what the next bundle of the chain names as `prev`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct BundleHash(pub [u8; 32]);
@@ -661,6 +678,14 @@ mod tests {
         let mut b = bundle();
         b.link.prev = BundleHash::default();
         assert!(refused(b), "a later bundle without one");
+    }
+
+    #[test]
+    fn instance_ids_read_back_what_they_print() {
+        let id = InstanceId([0xa5; 16]);
+        assert_eq!(id.to_string().parse::<InstanceId>(), Ok(id));
+        assert!("a5".parse::<InstanceId>().is_err());
+        assert!("zz".repeat(16).parse::<InstanceId>().is_err());
     }
 
     #[test]

@@ -177,19 +177,15 @@ pub fn read_signer(path: &Path) -> Result<VerifyingKey, ArchiveError> {
     parse_signer(text.trim()).ok_or_else(|| ArchiveError::BadSignerFile(path.to_owned()))
 }
 
-fn parse_hex<const N: usize>(hex: &str) -> Option<[u8; N]> {
-    if hex.len() != 2 * N || !hex.is_ascii() {
+fn parse_signer(hex: &str) -> Option<VerifyingKey> {
+    if hex.len() != 64 || !hex.is_ascii() {
         return None;
     }
-    let mut bytes = [0u8; N];
+    let mut bytes = [0u8; 32];
     for (i, b) in bytes.iter_mut().enumerate() {
         *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
     }
-    Some(bytes)
-}
-
-fn parse_signer(hex: &str) -> Option<VerifyingKey> {
-    VerifyingKey::from_bytes(&parse_hex::<32>(hex)?).ok()
+    VerifyingKey::from_bytes(&bytes).ok()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -262,9 +258,9 @@ impl Archive {
         text.lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| {
-                parse_hex::<16>(l.trim())
-                    .map(InstanceId)
-                    .ok_or_else(|| ArchiveError::Chain {
+                l.trim()
+                    .parse::<InstanceId>()
+                    .map_err(|_| ArchiveError::Chain {
                         path: path.clone(),
                         why: format!("damaged chain list line {l:?}"),
                     })
@@ -528,6 +524,5 @@ mod tests {
         assert_eq!(parse_signer("00"), None);
         assert_eq!(parse_signer(&"zz".repeat(32)), None);
         assert_eq!(parse_signer(&"é".repeat(32)), None);
-        assert_eq!(parse_hex::<2>("0aff"), Some([10, 255]));
     }
 }
