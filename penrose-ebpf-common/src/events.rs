@@ -26,6 +26,12 @@ pub enum EventKind {
     Exit = 3,
     /// A [`KernelFunctionEvent`]: a `CUkernel` handle's `CUfunction` in the current context.
     KernelFunction = 4,
+    /// A [`StubKernelEvent`]: the CUDA runtime handed out a `CUkernel` for a host stub
+    /// (`__cudaGetKernel`, CUDA 12.4 and later).
+    StubKernel = 5,
+    /// A [`RuntimeLaunchEvent`]: `cudaLaunchKernel` was called; the driver launch that follows
+    /// on the same thread is of the function it names.
+    RuntimeLaunch = 6,
 }
 
 impl EventKind {
@@ -36,6 +42,8 @@ impl EventKind {
             2 => Some(Self::Name),
             3 => Some(Self::Exit),
             4 => Some(Self::KernelFunction),
+            5 => Some(Self::StubKernel),
+            6 => Some(Self::RuntimeLaunch),
             _ => None,
         }
     }
@@ -85,6 +93,9 @@ pub enum HandleKind {
     /// A `CUkernel`, from `cuLibraryGetKernel`; a [`KernelFunctionEvent`] maps it to the
     /// `CUfunction` that launches carry.
     Kernel = 2,
+    /// A host stub's address, from the CUDA runtime's `__cudaRegisterFunction`; a
+    /// [`StubKernelEvent`] or a [`RuntimeLaunchEvent`] joins it to what launches carry.
+    Stub = 3,
 }
 
 impl HandleKind {
@@ -93,6 +104,7 @@ impl HandleKind {
         match value {
             1 => Some(Self::Function),
             2 => Some(Self::Kernel),
+            3 => Some(Self::Stub),
             _ => None,
         }
     }
@@ -187,6 +199,49 @@ pub struct KernelFunctionEvent {
     pub function: u64,
 }
 
+/// `__cudaGetKernel` returned: in this process the host stub `stub` launches through the
+/// `CUkernel` handle `kernel`, which the driver's launch entry points then receive (cast as a
+/// `CUfunction`). Its name came with the stub's registration ([`HandleKind::Stub`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StubKernelEvent {
+    /// Always [`EventKind::StubKernel`] as `u32`.
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Zero; keeps the handles 8-byte aligned.
+    pub reserved: u32,
+    /// `bpf_ktime_get_ns` at the function's return.
+    pub timestamp_ns: u64,
+    /// The host stub's address passed in.
+    pub stub: u64,
+    /// The `CUkernel` handle the runtime wrote out.
+    pub kernel: u64,
+}
+
+/// `cudaLaunchKernel` (or `_ptsz`) was entered with `function`: a host stub's address on the
+/// legacy path (before CUDA 12.4, or `__NV_LEGACY_LAUNCH`), else the handle `__cudaGetKernel`
+/// gave. The runtime then calls the driver on the same thread, so the next launch record of
+/// this thread carries the driver's handle for the same kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeLaunchEvent {
+    /// Always [`EventKind::RuntimeLaunch`] as `u32`.
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Zero; keeps the handle 8-byte aligned.
+    pub reserved: u32,
+    /// `bpf_ktime_get_ns` at the probe.
+    pub timestamp_ns: u64,
+    /// The `func` argument.
+    pub function: u64,
+}
+
 /// A thread group leader exited (`sched:sched_process_exit` with pid == tgid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,6 +291,39 @@ impl KernelFunctionEvent {
             function: read_u64(record, offset_of!(Self, function))?,
         };
         (event.kind == EventKind::KernelFunction as u32).then_some(event)
+    }
+}
+
+impl StubKernelEvent {
+    /// Reads a stub-to-kernel record; `None` when it is not one or is too short.
+    pub fn parse(record: &[u8]) -> Option<Self> {
+        use core::mem::offset_of;
+        let event = Self {
+            kind: read_u32(record, offset_of!(Self, kind))?,
+            pid: read_u32(record, offset_of!(Self, pid))?,
+            tid: read_u32(record, offset_of!(Self, tid))?,
+            reserved: read_u32(record, offset_of!(Self, reserved))?,
+            timestamp_ns: read_u64(record, offset_of!(Self, timestamp_ns))?,
+            stub: read_u64(record, offset_of!(Self, stub))?,
+            kernel: read_u64(record, offset_of!(Self, kernel))?,
+        };
+        (event.kind == EventKind::StubKernel as u32).then_some(event)
+    }
+}
+
+impl RuntimeLaunchEvent {
+    /// Reads a runtime-launch record; `None` when it is not one or is too short.
+    pub fn parse(record: &[u8]) -> Option<Self> {
+        use core::mem::offset_of;
+        let event = Self {
+            kind: read_u32(record, offset_of!(Self, kind))?,
+            pid: read_u32(record, offset_of!(Self, pid))?,
+            tid: read_u32(record, offset_of!(Self, tid))?,
+            reserved: read_u32(record, offset_of!(Self, reserved))?,
+            timestamp_ns: read_u64(record, offset_of!(Self, timestamp_ns))?,
+            function: read_u64(record, offset_of!(Self, function))?,
+        };
+        (event.kind == EventKind::RuntimeLaunch as u32).then_some(event)
     }
 }
 
@@ -290,6 +378,11 @@ const _: () = {
     assert!(offset_of!(KernelFunctionEvent, kind) == 0);
     assert!(offset_of!(KernelFunctionEvent, kernel) == 24);
     assert!(offset_of!(KernelFunctionEvent, function) == 32);
+    assert!(size_of::<StubKernelEvent>() == 40);
+    assert!(offset_of!(StubKernelEvent, stub) == 24);
+    assert!(offset_of!(StubKernelEvent, kernel) == 32);
+    assert!(size_of::<RuntimeLaunchEvent>() == 32);
+    assert!(offset_of!(RuntimeLaunchEvent, function) == 24);
     assert!(size_of::<ExitEvent>() == 16);
     assert!(offset_of!(ExitEvent, kind) == 0);
     assert!(offset_of!(ExitEvent, timestamp_ns) == 8);
@@ -319,6 +412,8 @@ mod tests {
             EventKind::Name,
             EventKind::Exit,
             EventKind::KernelFunction,
+            EventKind::StubKernel,
+            EventKind::RuntimeLaunch,
         ] {
             let mut record = [0u8; 16];
             record[..4].copy_from_slice(&(kind as u32).to_ne_bytes());

@@ -13,8 +13,8 @@ pub mod probes;
 pub use entry_point::EntryPoint;
 pub use events::{
     EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent, NAME_CAPACITY, NameEvent,
-    NameHeader, SampleConfig,
+    NameHeader, RuntimeLaunchEvent, SampleConfig, StubKernelEvent,
 };
 pub use probes::{
-    PROCESS_EXIT, ProbeKind, ProbeRole, TracePoint, USER_PROBES, UserProbe, programs,
+    Library, PROCESS_EXIT, ProbeKind, ProbeRole, TracePoint, USER_PROBES, UserProbe, programs,
 };

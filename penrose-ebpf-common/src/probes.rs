@@ -1,7 +1,9 @@
 //! Which program attaches where: the table the loader iterates.
 //!
 //! Launch probes are attached only inside capture windows; name probes and the exit
-//! tracepoint stay attached (DESIGN.md section 3), so each entry says its [`ProbeRole`].
+//! tracepoint stay attached (DESIGN.md section 3), so each entry says its [`ProbeRole`], and
+//! which [`Library`] it attaches to: the driver (libcuda) or the CUDA runtime (libcudart),
+//! through which kernels registered by nvcc's host stubs get their names.
 
 use crate::EntryPoint;
 
@@ -35,8 +37,45 @@ pub mod programs {
     pub const CU_KERNEL_GET_FUNCTION: &str = "cu_kernel_get_function";
     /// Uretprobe on `cuKernelGetFunction`: emits the kernel-to-function mapping.
     pub const CU_KERNEL_GET_FUNCTION_RET: &str = "cu_kernel_get_function_ret";
+    /// Uprobe on the runtime's `__cudaRegisterFunction`: emits the host stub's name.
+    pub const CUDART_REGISTER_FUNCTION: &str = "cudart_register_function";
+    /// Uprobe on the runtime's `__cudaGetKernel`: stashes the out-pointer and the stub.
+    pub const CUDART_GET_KERNEL: &str = "cudart_get_kernel";
+    /// Uretprobe on `__cudaGetKernel`: emits the stub-to-kernel mapping.
+    pub const CUDART_GET_KERNEL_RET: &str = "cudart_get_kernel_ret";
+    /// Uprobe on the runtime's `cudaLaunchKernel`: emits the function it was given.
+    pub const CUDART_LAUNCH_KERNEL: &str = "cudart_launch_kernel";
+    /// Uprobe on the runtime's `cudaLaunchKernel_ptsz`.
+    pub const CUDART_LAUNCH_KERNEL_PTSZ: &str = "cudart_launch_kernel_ptsz";
     /// Tracepoint `sched:sched_process_exit`.
     pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
+}
+
+/// Which library a probe attaches to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Library {
+    /// The user-space driver, `libcuda.so*`.
+    Driver,
+    /// The CUDA runtime, `libcudart.so*` (a shared copy; one linked statically into another
+    /// library has no symbols to attach to).
+    Runtime,
+}
+
+impl Library {
+    /// The library a file name is, if any: `libcuda.so`, `libcuda.so.1`,
+    /// `libcuda.so.580.159.04`; `libcudart.so`, `libcudart.so.13`, `libcudart.so.12.4.127`.
+    pub fn of_file_name(name: &str) -> Option<Self> {
+        let is = |stem: &str| {
+            name == stem || name.strip_prefix(stem).is_some_and(|r| r.starts_with('.'))
+        };
+        if is("libcuda.so") {
+            Some(Library::Driver)
+        } else if is("libcudart.so") {
+            Some(Library::Runtime)
+        } else {
+            None
+        }
+    }
 }
 
 /// How a program attaches to its symbol.
@@ -55,6 +94,10 @@ pub enum ProbeRole {
     Launch,
     /// Name probe: fires only at module load, so it stays attached for the agent's lifetime.
     Name,
+    /// A runtime launch probe that only helps name launches (the legacy path passes host
+    /// stubs to `cudaLaunchKernel`): attached inside windows, and only while launches remain
+    /// unnamed, since it doubles the traps of the launches it sees.
+    LaunchNaming,
 }
 
 /// One program of the object and the libcuda symbol it attaches to.
@@ -62,8 +105,10 @@ pub enum ProbeRole {
 pub struct UserProbe {
     /// Program name in the object.
     pub program: &'static str,
-    /// Exported symbol in libcuda.
+    /// Exported symbol in the library.
     pub symbol: &'static str,
+    /// The library that exports it.
+    pub library: Library,
     /// Entry or return probe.
     pub kind: ProbeKind,
     /// Whether it follows capture windows or stays attached.
@@ -75,6 +120,7 @@ impl UserProbe {
         Self {
             program: entry.program(),
             symbol: entry.symbol(),
+            library: Library::Driver,
             kind: ProbeKind::Uprobe,
             role: ProbeRole::Launch,
         }
@@ -84,15 +130,32 @@ impl UserProbe {
         Self {
             program,
             symbol,
+            library: Library::Driver,
             kind,
             role: ProbeRole::Name,
         }
     }
+
+    const fn runtime(
+        program: &'static str,
+        symbol: &'static str,
+        kind: ProbeKind,
+        role: ProbeRole,
+    ) -> Self {
+        Self {
+            program,
+            symbol,
+            library: Library::Runtime,
+            kind,
+            role,
+        }
+    }
 }
 
-/// Every uprobe and uretprobe in the object: eight launch probes, then an entry and a return
-/// probe for each of the three name functions.
-pub const USER_PROBES: [UserProbe; 14] = [
+/// Every uprobe and uretprobe in the object: eight launch probes and an entry and a return
+/// probe for each of the three name functions on the driver; on the runtime, the stub
+/// registration, `__cudaGetKernel` (entry and return) and the two `cudaLaunchKernel`s.
+pub const USER_PROBES: [UserProbe; 19] = [
     UserProbe::launch(EntryPoint::LaunchKernel),
     UserProbe::launch(EntryPoint::LaunchKernelPtsz),
     UserProbe::launch(EntryPoint::LaunchKernelEx),
@@ -130,6 +193,36 @@ pub const USER_PROBES: [UserProbe; 14] = [
         programs::CU_KERNEL_GET_FUNCTION_RET,
         "cuKernelGetFunction",
         ProbeKind::Uretprobe,
+    ),
+    UserProbe::runtime(
+        programs::CUDART_REGISTER_FUNCTION,
+        "__cudaRegisterFunction",
+        ProbeKind::Uprobe,
+        ProbeRole::Name,
+    ),
+    UserProbe::runtime(
+        programs::CUDART_GET_KERNEL,
+        "__cudaGetKernel",
+        ProbeKind::Uprobe,
+        ProbeRole::Name,
+    ),
+    UserProbe::runtime(
+        programs::CUDART_GET_KERNEL_RET,
+        "__cudaGetKernel",
+        ProbeKind::Uretprobe,
+        ProbeRole::Name,
+    ),
+    UserProbe::runtime(
+        programs::CUDART_LAUNCH_KERNEL,
+        "cudaLaunchKernel",
+        ProbeKind::Uprobe,
+        ProbeRole::LaunchNaming,
+    ),
+    UserProbe::runtime(
+        programs::CUDART_LAUNCH_KERNEL_PTSZ,
+        "cudaLaunchKernel_ptsz",
+        ProbeKind::Uprobe,
+        ProbeRole::LaunchNaming,
     ),
 ];
 
@@ -187,6 +280,36 @@ mod tests {
             };
             assert_eq!(kinds(ProbeKind::Uprobe), 1, "{symbol}");
             assert_eq!(kinds(ProbeKind::Uretprobe), 1, "{symbol}");
+        }
+    }
+
+    #[test]
+    fn library_file_names_are_recognised() {
+        for (name, library) in [
+            ("libcuda.so", Some(Library::Driver)),
+            ("libcuda.so.1", Some(Library::Driver)),
+            ("libcuda.so.580.159.04", Some(Library::Driver)),
+            ("libcudart.so.13", Some(Library::Runtime)),
+            ("libcudart.so.12.4.127", Some(Library::Runtime)),
+            ("libcudart.so", Some(Library::Runtime)),
+            ("libcudart_static.a", None),
+            ("libcuda.sox", None),
+            ("libcudnn.so.9", None),
+        ] {
+            assert_eq!(Library::of_file_name(name), library, "{name}");
+        }
+    }
+
+    #[test]
+    fn runtime_probes_attach_to_the_runtime_and_driver_probes_to_the_driver() {
+        for probe in &USER_PROBES {
+            let runtime = probe.symbol.starts_with("__cuda") || probe.symbol.starts_with("cuda");
+            assert_eq!(
+                probe.library == Library::Runtime,
+                runtime,
+                "{}",
+                probe.symbol
+            );
         }
     }
 

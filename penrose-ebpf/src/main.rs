@@ -1,5 +1,6 @@
-//! Penrose eBPF programs: uprobes on the CUDA driver's launch and name entry points, and the
-//! process-exit tracepoint, all feeding one ring buffer.
+//! Penrose eBPF programs: uprobes on the CUDA driver's launch and name entry points and on
+//! the CUDA runtime's stub registration and launch ([`runtime`]), and the process-exit
+//! tracepoint, all feeding one ring buffer.
 //!
 //! One program per launch entry point, because each has its own argument layout; they share
 //! [`launch`]'s `submit`, which stamps, samples and queues the event. The agent attaches and
@@ -12,6 +13,7 @@ mod exit;
 mod launch;
 mod maps;
 mod names;
+mod runtime;
 mod sampling;
 
 /// The verifier rejects any program that could reach a panic, so none can at run time; this

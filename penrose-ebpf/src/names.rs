@@ -28,6 +28,8 @@ pub(crate) enum NameCall {
     ModuleGetFunction = 1,
     LibraryGetKernel = 2,
     KernelGetFunction = 3,
+    /// The runtime's `__cudaGetKernel` (see `runtime`).
+    GetKernel = 4,
 }
 
 /// Key of [`PENDING_CALLS`]: one call in flight per thread and function.
@@ -97,14 +99,14 @@ pub fn cu_kernel_get_function_ret(ctx: RetProbeContext) -> u32 {
 }
 
 /// A call with its stashed arguments and the handle it produced.
-struct Resolved {
-    pid_tgid: u64,
-    handle: u64,
-    arg: u64,
+pub(crate) struct Resolved {
+    pub(crate) pid_tgid: u64,
+    pub(crate) handle: u64,
+    pub(crate) arg: u64,
 }
 
 #[inline(always)]
-fn stash(ctx: &ProbeContext, call: NameCall, out_arg: usize, other_arg: usize) {
+pub(crate) fn stash(ctx: &ProbeContext, call: NameCall, out_arg: usize, other_arg: usize) {
     let (Some(out), Some(arg)) = (ctx.arg::<u64>(out_arg), ctx.arg::<u64>(other_arg)) else {
         return;
     };
@@ -119,7 +121,7 @@ fn stash(ctx: &ProbeContext, call: NameCall, out_arg: usize, other_arg: usize) {
 /// Removes the thread's stashed call; `Some` only when the call succeeded and the handle
 /// it wrote is readable.
 #[inline(always)]
-fn take(ctx: &RetProbeContext, call: NameCall) -> Option<Resolved> {
+pub(crate) fn take(ctx: &RetProbeContext, call: NameCall) -> Option<Resolved> {
     let key = PendingKey {
         pid_tgid: bpf_get_current_pid_tgid(),
         call: call as u64,
@@ -146,7 +148,7 @@ fn take(ctx: &RetProbeContext, call: NameCall) -> Option<Resolved> {
 
 /// Assembles a name record in per-CPU scratch and copies header plus name into the ring.
 #[inline(always)]
-fn emit_name(handle_kind: HandleKind, call: &Resolved) {
+pub(crate) fn emit_name(handle_kind: HandleKind, call: &Resolved) {
     let Some(scratch) = NAME_SCRATCH.get_ptr_mut(0) else {
         return;
     };

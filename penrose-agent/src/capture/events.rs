@@ -8,7 +8,16 @@ use std::sync::Arc;
 
 use penrose_ebpf_common::{
     EntryPoint, EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent, NameHeader,
+    RuntimeLaunchEvent, StubKernelEvent,
 };
+
+/// Most handles (functions, kernels and stubs together) named per process; beyond it new
+/// names are dropped and counted, so a process registering names without end cannot grow the
+/// agent without end.
+pub const MAX_NAMES_PER_PROCESS: usize = 131_072;
+
+/// Most bytes of names kept per process (a name's bytes are shared by the handles it names).
+pub const MAX_NAME_BYTES_PER_PROCESS: usize = 32 << 20;
 
 /// A process id (tgid), as the kernel reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -31,6 +40,25 @@ pub enum Event {
         name: String,
         /// The BPF side cut it at its capacity.
         truncated: bool,
+    },
+    /// `__cudaGetKernel`: the host stub `stub` launches through the kernel handle `kernel`.
+    StubKernel {
+        /// Process.
+        pid: Pid,
+        /// Host stub address.
+        stub: u64,
+        /// `CUkernel`, what driver launches then carry.
+        kernel: u64,
+    },
+    /// `cudaLaunchKernel(function, ...)` on thread `tid`: the next launch of that thread is of
+    /// `function` (a host stub on the legacy path).
+    RuntimeLaunch {
+        /// Process.
+        pid: Pid,
+        /// Thread.
+        tid: u32,
+        /// The runtime's `func` argument.
+        function: u64,
     },
     /// `cuKernelGetFunction`: launches of `function` are launches of `kernel`.
     KernelFunction {
@@ -109,6 +137,22 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 function: e.function,
             })
         }
+        EventKind::StubKernel => {
+            let e = StubKernelEvent::parse(record)?;
+            Some(Event::StubKernel {
+                pid: Pid(e.pid),
+                stub: e.stub,
+                kernel: e.kernel,
+            })
+        }
+        EventKind::RuntimeLaunch => {
+            let e = RuntimeLaunchEvent::parse(record)?;
+            Some(Event::RuntimeLaunch {
+                pid: Pid(e.pid),
+                tid: e.tid,
+                function: e.function,
+            })
+        }
         EventKind::Exit => Some(Event::Exit {
             pid: Pid(ExitEvent::parse(record)?.pid),
         }),
@@ -116,32 +160,104 @@ pub fn decode(record: &[u8]) -> Option<Event> {
 }
 
 /// What one process has told the name probes: which handle is which kernel.
+///
+/// Three sources join into the names of the handles launches carry (`functions`): the
+/// driver's `cuModuleGetFunction` names a function directly; `cuLibraryGetKernel` names a
+/// kernel that `cuKernelGetFunction` maps to a function; and the CUDA runtime registers host
+/// stubs by name, which `__cudaGetKernel` maps to the kernel handle the driver then receives,
+/// or (legacy path) which `cudaLaunchKernel` passes right before the driver launch on the same
+/// thread. Bounded by [`MAX_NAMES_PER_PROCESS`] and [`MAX_NAME_BYTES_PER_PROCESS`].
 #[derive(Debug, Default)]
 pub struct ProcessNames {
     functions: HashMap<u64, Arc<str>>,
     kernels: HashMap<u64, Arc<str>>,
+    stubs: HashMap<u64, Arc<str>>,
+    /// Per thread, the `func` of its last `cudaLaunchKernel` not yet matched to a launch.
+    runtime_launch: HashMap<u32, u64>,
+    bytes: usize,
+    dropped: u64,
 }
 
 impl ProcessNames {
     /// Records a name event.
     pub fn learn(&mut self, kind: HandleKind, handle: u64, name: &str) {
+        let Some(name) = self.admit(name.len()).then(|| Arc::from(name)) else {
+            return;
+        };
         let map = match kind {
             HandleKind::Function => &mut self.functions,
             HandleKind::Kernel => &mut self.kernels,
+            HandleKind::Stub => &mut self.stubs,
         };
-        map.insert(handle, Arc::from(name));
+        map.insert(handle, name);
+    }
+
+    /// Whether one more handle, with a name of `len` new bytes, fits the bounds; counts it as
+    /// dropped when it does not.
+    fn admit(&mut self, len: usize) -> bool {
+        let handles = self.functions.len() + self.kernels.len() + self.stubs.len();
+        if handles >= MAX_NAMES_PER_PROCESS || self.bytes + len > MAX_NAME_BYTES_PER_PROCESS {
+            self.dropped += 1;
+            return false;
+        }
+        self.bytes += len;
+        true
+    }
+
+    /// Names a handle launches carry after another's name, if there is room.
+    fn alias(&mut self, function: u64, name: Arc<str>) {
+        if self.functions.contains_key(&function) || self.admit(0) {
+            self.functions.insert(function, name);
+        }
     }
 
     /// Joins a library kernel's name to the function handle launches will carry. Returns
     /// false when the kernel's name was never seen (resolved before the agent attached).
     pub fn link(&mut self, kernel: u64, function: u64) -> bool {
-        match self.kernels.get(&kernel) {
+        match self.kernels.get(&kernel).cloned() {
             Some(name) => {
-                self.functions.insert(function, Arc::clone(name));
+                self.alias(function, name);
                 true
             }
             None => false,
         }
+    }
+
+    /// Joins a registered stub's name to the kernel handle `__cudaGetKernel` gave for it,
+    /// which driver launches carry. False when the stub's registration was not seen (it ran
+    /// before the agent attached).
+    pub fn link_stub(&mut self, stub: u64, kernel: u64) -> bool {
+        match self.stubs.get(&stub).cloned() {
+            Some(name) => {
+                self.alias(kernel, name);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `cudaLaunchKernel(function)` on thread `tid`; the thread's next launch is matched by
+    /// [`launch`](Self::launch).
+    pub fn runtime_launch(&mut self, tid: u32, function: u64) {
+        self.runtime_launch.insert(tid, function);
+    }
+
+    /// A driver launch of `function` on `tid`: when the thread's pending runtime launch passed
+    /// a registered stub (the legacy path), the stub's name becomes `function`'s. Returns the
+    /// name the launch has now.
+    pub fn launch(&mut self, tid: u32, function: u64) -> Option<&Arc<str>> {
+        if let Some(passed) = self.runtime_launch.remove(&tid)
+            && !self.functions.contains_key(&function)
+            && let Some(name) = self.stubs.get(&passed).cloned()
+        {
+            self.alias(function, name);
+        }
+        self.functions.get(&function)
+    }
+
+    /// Names not kept because the bounds were reached.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// The name a launch's function handle was resolved from.
@@ -240,5 +356,55 @@ mod tests {
         names.learn(HandleKind::Function, 300, "relu");
         assert_eq!(names.function(300).map(|n| &**n), Some("relu"));
         assert_eq!(names.len(), 2);
+    }
+
+    #[test]
+    fn runtime_stubs_name_the_kernel_handles_get_kernel_hands_out() {
+        // CUDA >= 12.4: registration names the stub, __cudaGetKernel maps it to the handle
+        // the driver's launch then carries.
+        let mut names = ProcessNames::default();
+        names.learn(HandleKind::Stub, 0x4000, "_Z6kernelPf");
+        assert!(names.link_stub(0x4000, 0x9000));
+        assert!(
+            !names.link_stub(0x5000, 0x9100),
+            "an unregistered stub names nothing"
+        );
+        assert_eq!(names.launch(7, 0x9000).map(|n| &**n), Some("_Z6kernelPf"));
+        assert_eq!(names.launch(7, 0x9100), None);
+    }
+
+    #[test]
+    fn legacy_runtime_launches_name_the_next_driver_launch_of_their_thread() {
+        let mut names = ProcessNames::default();
+        names.learn(HandleKind::Stub, 0x4000, "_Z4axpyPf");
+        // Thread 7 passes the stub itself; its next driver launch carries handle 0x7777.
+        names.runtime_launch(7, 0x4000);
+        // Another thread's launch in between is not matched to it.
+        assert_eq!(names.launch(8, 0x1234), None);
+        assert_eq!(names.launch(7, 0x7777).map(|n| &**n), Some("_Z4axpyPf"));
+        // Once learned, the handle stays named without the runtime probe.
+        assert_eq!(names.launch(7, 0x7777).map(|n| &**n), Some("_Z4axpyPf"));
+        // A runtime launch of something that is no stub names nothing.
+        names.runtime_launch(7, 0xdead);
+        assert_eq!(names.launch(7, 0x8888), None);
+    }
+
+    #[test]
+    fn names_per_process_are_bounded_and_drops_counted() {
+        let mut names = ProcessNames::default();
+        for handle in 0..MAX_NAMES_PER_PROCESS as u64 + 10 {
+            names.learn(HandleKind::Function, handle, "k");
+        }
+        assert_eq!(names.len(), MAX_NAMES_PER_PROCESS);
+        assert_eq!(names.dropped(), 10);
+        let mut big = ProcessNames::default();
+        let long = "x".repeat(1 << 20);
+        for handle in 0..40 {
+            big.learn(HandleKind::Stub, handle, &long);
+        }
+        assert_eq!(
+            big.dropped(),
+            40 - (MAX_NAME_BYTES_PER_PROCESS >> 20) as u64
+        );
     }
 }

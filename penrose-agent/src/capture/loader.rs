@@ -117,6 +117,8 @@ pub struct Probes {
     libraries: Vec<LibraryFile>,
     launch_links: Vec<(&'static str, UProbeLinkId)>,
     launch_attached: bool,
+    /// Whether the open window also has the runtime's launch-naming probes.
+    naming_attached: bool,
 }
 
 impl Probes {
@@ -144,6 +146,7 @@ impl Probes {
             libraries: Vec::new(),
             launch_links: Vec::new(),
             launch_attached: false,
+            naming_attached: false,
         })
     }
 
@@ -215,15 +218,19 @@ impl Probes {
         &self.libraries
     }
 
-    /// Attaches the name probes to `library` (and the launch probes, inside a window). A
-    /// library already probed (same file) is skipped. Returns how many probes attached; a
-    /// symbol the library lacks is skipped, so a library that lacks them all attaches none.
+    /// Attaches the name probes of the library's kind (driver or runtime) to `library` (and
+    /// its launch probes, inside a window). A library already probed (same file) is skipped.
+    /// Returns how many probes attached; a symbol the library lacks is skipped, so a library
+    /// that lacks them all attaches none.
     pub fn add_library(&mut self, library: LibraryFile) -> Result<usize, CaptureError> {
         if self.libraries.iter().any(|l| l.id == library.id) {
             return Ok(0);
         }
         let mut attached = 0;
-        for probe in USER_PROBES.iter().filter(|p| p.role == ProbeRole::Name) {
+        for probe in USER_PROBES
+            .iter()
+            .filter(|p| p.role == ProbeRole::Name && p.library == library.kind)
+        {
             if self.attach(probe, &library)?.is_some() {
                 attached += 1;
             }
@@ -240,12 +247,14 @@ impl Probes {
         Ok(attached)
     }
 
-    /// Attaches every launch probe to every library: a window opens.
-    pub fn attach_launch(&mut self) -> Result<usize, CaptureError> {
+    /// Attaches every launch probe to every library, and with `naming` the runtime's
+    /// launch-naming probes too: a window opens.
+    pub fn attach_launch(&mut self, naming: bool) -> Result<usize, CaptureError> {
         if self.launch_attached {
             return Ok(0);
         }
         self.launch_attached = true;
+        self.naming_attached = naming;
         let mut attached = 0;
         for library in self.libraries.clone() {
             attached += self.attach_launch_to(&library)?;
@@ -255,7 +264,11 @@ impl Probes {
 
     fn attach_launch_to(&mut self, library: &LibraryFile) -> Result<usize, CaptureError> {
         let mut attached = 0;
-        for probe in USER_PROBES.iter().filter(|p| p.role == ProbeRole::Launch) {
+        let naming = self.naming_attached;
+        for probe in USER_PROBES.iter().filter(|p| {
+            p.library == library.kind
+                && (p.role == ProbeRole::Launch || (naming && p.role == ProbeRole::LaunchNaming))
+        }) {
             if let Some(link) = self.attach(probe, library)? {
                 self.launch_links.push((probe.program, link));
                 attached += 1;
@@ -272,6 +285,7 @@ impl Probes {
     /// caller keeps draining the ring. The detach is complete when the handle has finished.
     pub fn detach_launch(&mut self) -> Result<Detaching, CaptureError> {
         self.launch_attached = false;
+        self.naming_attached = false;
         let mut links = Vec::new();
         for (program, link) in std::mem::take(&mut self.launch_links) {
             links.push(

@@ -1,4 +1,6 @@
-//! Finding the libcuda files to probe.
+//! Finding the libraries to probe: the driver (libcuda) and the CUDA runtime (libcudart, where
+//! kernels registered by nvcc's host stubs are named; PyTorch wheels ship their own copy under
+//! `site-packages/nvidia/.../lib`, found through the processes that map it).
 //!
 //! A uprobe attaches to a file (an inode), not to a path: the host's copy, a copy in a
 //! container image and a copy a user installed elsewhere are different files and each needs
@@ -11,6 +13,8 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+pub use penrose_ebpf_common::Library;
 
 /// Where the agent looks for libcuda.
 #[derive(Clone, Debug)]
@@ -53,38 +57,35 @@ pub enum Origin {
     ProcMaps,
 }
 
-/// One distinct libcuda file.
+/// One distinct library file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LibraryFile {
     /// A path that reaches the file from the agent's mount namespace (symbolic links resolved).
     pub path: PathBuf,
+    /// Driver or runtime: which probes it gets.
+    pub kind: Library,
     /// The file's identity.
     pub id: FileId,
     /// How it was first found.
     pub origin: Origin,
 }
 
-/// Whether a file name is a libcuda (`libcuda.so`, `libcuda.so.1`, `libcuda.so.550.54.15`).
-pub fn is_libcuda(name: &str) -> bool {
-    name == "libcuda.so" || name.starts_with("libcuda.so.")
-}
-
-/// The libcuda paths in `ldconfig -p` output.
-pub fn parse_ldconfig(output: &str) -> Vec<PathBuf> {
+/// The driver and runtime paths in `ldconfig -p` output.
+pub fn parse_ldconfig(output: &str) -> Vec<(PathBuf, Library)> {
     output
         .lines()
         .filter_map(|line| {
             let (name, rest) = line.trim().split_once(' ')?;
             let (_, path) = rest.rsplit_once("=> ")?;
-            is_libcuda(name).then(|| PathBuf::from(path.trim()))
+            Library::of_file_name(name).map(|kind| (PathBuf::from(path.trim()), kind))
         })
         .collect()
 }
 
-/// The libcuda paths a `/proc/<pid>/maps` text maps (as that process's mount namespace sees
-/// them; a deleted file's ` (deleted)` entries are skipped).
-pub fn parse_maps(maps: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
+/// The driver and runtime paths a `/proc/<pid>/maps` text maps (as that process's mount
+/// namespace sees them; a deleted file's ` (deleted)` entries are skipped).
+pub fn parse_maps(maps: &str) -> Vec<(PathBuf, Library)> {
+    let mut out: Vec<(PathBuf, Library)> = Vec::new();
     for line in maps.lines() {
         // address perms offset dev inode path
         let Some(path) = line.splitn(6, char::is_whitespace).nth(5).map(str::trim) else {
@@ -94,12 +95,14 @@ pub fn parse_maps(maps: &str) -> Vec<PathBuf> {
             continue;
         }
         let path = Path::new(path);
-        let is_cuda = path
+        let kind = path
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(is_libcuda);
-        if is_cuda && !out.iter().any(|p| p == path) {
-            out.push(path.to_path_buf());
+            .and_then(Library::of_file_name);
+        if let Some(kind) = kind
+            && !out.iter().any(|(p, _)| p == path)
+        {
+            out.push((path.to_path_buf(), kind));
         }
     }
     out
@@ -110,13 +113,19 @@ pub fn parse_maps(maps: &str) -> Vec<PathBuf> {
 pub fn locate(sources: &LibrarySources) -> Vec<LibraryFile> {
     let mut found = Found::default();
     for path in &sources.explicit {
-        found.add(path, Origin::Explicit);
+        // A configured path is the driver unless its name says runtime.
+        let kind = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(Library::of_file_name)
+            .unwrap_or(Library::Driver);
+        found.add(path, kind, Origin::Explicit);
     }
     if sources.ldconfig {
         match Command::new("ldconfig").arg("-p").output() {
             Ok(out) => {
-                for path in parse_ldconfig(&String::from_utf8_lossy(&out.stdout)) {
-                    found.add(&path, Origin::Ldconfig);
+                for (path, kind) in parse_ldconfig(&String::from_utf8_lossy(&out.stdout)) {
+                    found.add(&path, kind, Origin::Ldconfig);
                 }
             }
             Err(e) => tracing::debug!("ldconfig -p: {e}"),
@@ -127,7 +136,7 @@ pub fn locate(sources: &LibrarySources) -> Vec<LibraryFile> {
             let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
                 continue; // exited, or a kernel thread
             };
-            for path in parse_maps(&maps) {
+            for (path, kind) in parse_maps(&maps) {
                 // Through the process's root so a container's copy is reachable from here.
                 let relative = path.strip_prefix("/").unwrap_or(&path);
                 found.add(
@@ -135,6 +144,7 @@ pub fn locate(sources: &LibrarySources) -> Vec<LibraryFile> {
                         .join(pid.to_string())
                         .join("root")
                         .join(relative),
+                    kind,
                     Origin::ProcMaps,
                 );
             }
@@ -158,12 +168,12 @@ struct Found {
 }
 
 impl Found {
-    fn add(&mut self, path: &Path, origin: Origin) {
+    fn add(&mut self, path: &Path, kind: Library, origin: Origin) {
         let resolved = match fs::canonicalize(path) {
             Ok(p) => p,
             Err(e) => {
                 if origin == Origin::Explicit {
-                    tracing::warn!("libcuda path {}: {e}", path.display());
+                    tracing::warn!("library path {}: {e}", path.display());
                 }
                 return;
             }
@@ -181,6 +191,7 @@ impl Found {
         if self.seen.insert(id) {
             self.files.push(LibraryFile {
                 path: resolved,
+                kind,
                 id,
                 origin,
             });
@@ -193,7 +204,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ldconfig_lines_yield_only_libcuda_paths() {
+    fn ldconfig_lines_yield_driver_and_runtime_paths() {
         let out = "1234 libs found in cache `/etc/ld.so.cache'\n\
             \tlibcudart.so.12 (libc6,x86-64) => /usr/lib/libcudart.so.12\n\
             \tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n\
@@ -202,14 +213,21 @@ mod tests {
         assert_eq!(
             parse_ldconfig(out),
             [
-                PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-                PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"),
+                (PathBuf::from("/usr/lib/libcudart.so.12"), Library::Runtime),
+                (
+                    PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+                    Library::Driver
+                ),
+                (
+                    PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"),
+                    Library::Driver
+                ),
             ]
         );
     }
 
     #[test]
-    fn maps_lines_yield_each_libcuda_once() {
+    fn maps_lines_yield_each_library_once() {
         let maps = "7f00-7f10 r--p 00000000 08:01 42 /usr/lib/libcuda.so.550.54.15\n\
             7f10-7f20 r-xp 00010000 08:01 42 /usr/lib/libcuda.so.550.54.15\n\
             7f20-7f30 r--p 00000000 08:01 43 /opt/other/libcudart.so.12\n\
@@ -218,7 +236,16 @@ mod tests {
             7ffd-7ffe rw-p 00000000 00:00 0                          [stack]\n";
         assert_eq!(
             parse_maps(maps),
-            [PathBuf::from("/usr/lib/libcuda.so.550.54.15")]
+            [
+                (
+                    PathBuf::from("/usr/lib/libcuda.so.550.54.15"),
+                    Library::Driver
+                ),
+                (
+                    PathBuf::from("/opt/other/libcudart.so.12"),
+                    Library::Runtime
+                ),
+            ]
         );
     }
 

@@ -114,6 +114,11 @@ pub struct Counts {
     pub launches_outside_window: u64,
     /// Name and kernel-function records.
     pub names: u64,
+    /// `cudaLaunchKernel` records (the runtime's launch probe, attached while launches stay
+    /// unnamed).
+    pub runtime_launches: u64,
+    /// Launches inside windows whose handle had no name.
+    pub unnamed_launches: u64,
     /// Exit records of any process.
     pub exits: u64,
     /// Records that did not decode.
@@ -173,6 +178,13 @@ pub struct Capture {
     window: Option<Window>,
     window_opened: Instant,
     window_launches: u64,
+    /// Probe hits of the runtime's launch probe in the open window: traps the budget pays.
+    window_runtime_launches: u64,
+    /// Launches of the open window that had no name.
+    window_unnamed: u64,
+    /// Whether the next window attaches the runtime's launch probe: until a window names
+    /// every launch (the legacy path needs it to name launches; it doubles their traps).
+    naming_needed: bool,
     cpu: cpu::CpuTracker,
     history: Vec<WindowRecord>,
     finished: Vec<Snippet>,
@@ -211,6 +223,9 @@ impl Capture {
             window: None,
             window_opened: now,
             window_launches: 0,
+            window_runtime_launches: 0,
+            window_unnamed: 0,
+            naming_needed: true,
             cpu: cpu::CpuTracker::default(),
             history: Vec::new(),
             finished: Vec::new(),
@@ -335,10 +350,12 @@ impl Capture {
         ));
         self.window_opened = Instant::now();
         self.window_launches = 0;
+        self.window_runtime_launches = 0;
+        self.window_unnamed = 0;
         self.cpu.clear();
         self.counts.windows += 1;
         let started = Instant::now();
-        let attached = self.probes.attach_launch()?;
+        let attached = self.probes.attach_launch(self.naming_needed)?;
         tracing::debug!(
             "window opened: {attached} launch probes in {:?}",
             started.elapsed()
@@ -368,9 +385,11 @@ impl Capture {
         self.drain();
         let cost = WindowCost {
             open_for: self.window_opened.elapsed(),
-            launches: self.window_launches,
+            // Every probe hit is a trap the budget pays for, the runtime's included.
+            launches: self.window_launches + self.window_runtime_launches,
             process_cpu: self.cpu.total(),
         };
+        self.naming_needed = self.window_unnamed > 0;
         if let Some(window) = self.window.take() {
             self.beyond_limit += window.beyond_limit();
             self.finished.extend(window.close());
@@ -430,8 +449,12 @@ impl Capture {
                 };
                 let name = self
                     .names
-                    .get(&launch.pid)
-                    .and_then(|n| n.function(launch.function));
+                    .get_mut(&launch.pid)
+                    .and_then(|n| n.launch(launch.tid, launch.function));
+                if name.is_none() {
+                    self.window_unnamed += 1;
+                    self.counts.unnamed_launches += 1;
+                }
                 if let Some(window) = &mut self.window {
                     window.record(&launch, name, sample);
                 }
@@ -463,6 +486,23 @@ impl Capture {
                     tracing::debug!("pid {}: kernel {kernel:#x} has no name", pid.0);
                     names.learn(HandleKind::Function, function, window::UNNAMED);
                 }
+            }
+            Event::StubKernel { pid, stub, kernel } => {
+                self.counts.names += 1;
+                let names = self.names.entry(pid).or_default();
+                if !names.link_stub(stub, kernel) {
+                    tracing::debug!("pid {}: stub {stub:#x} was registered unseen", pid.0);
+                }
+            }
+            Event::RuntimeLaunch { pid, tid, function } => {
+                self.counts.runtime_launches += 1;
+                if self.window.is_some() {
+                    self.window_runtime_launches += 1;
+                }
+                self.names
+                    .entry(pid)
+                    .or_default()
+                    .runtime_launch(tid, function);
             }
             Event::Exit { pid } => {
                 self.counts.exits += 1;
