@@ -3,6 +3,8 @@
 //! - [`locate`]: which libcuda files exist (ldconfig, configuration, running processes).
 //! - [`loader`]: the committed eBPF object loaded, probes attached and detached.
 //! - [`events`]: ring-buffer records decoded; per-process handle names.
+//! - [`late`]: names of kernels registered before the agent attached, from the processes'
+//!   ELF symbols and memory.
 //! - [`window`]: capture windows, snippets and their sampled launches.
 //! - [`schedule`]: when windows open (fixed, or spaced by the overhead budget).
 //! - [`calibrate`]: the start-up measurement of what a probed launch costs.
@@ -17,6 +19,7 @@ pub mod calibrate;
 pub mod cpu;
 pub mod error;
 pub mod events;
+pub mod late;
 pub mod loader;
 pub mod locate;
 pub mod schedule;
@@ -175,6 +178,11 @@ pub struct Capture {
     started: Instant,
     cost: ProbeCost,
     names: HashMap<Pid, ProcessNames>,
+    late: late::LateNamer,
+    /// Processes whose pre-attach registrations were read (once each).
+    late_named: std::collections::HashSet<Pid>,
+    /// Processes with unnamed launches in the open window.
+    window_unnamed_pids: std::collections::HashSet<Pid>,
     window: Option<Window>,
     window_opened: Instant,
     window_launches: u64,
@@ -220,6 +228,9 @@ impl Capture {
             started: now,
             cost: ProbeCost::ASSUMED,
             names: HashMap::new(),
+            late: late::LateNamer::default(),
+            late_named: std::collections::HashSet::new(),
+            window_unnamed_pids: std::collections::HashSet::new(),
             window: None,
             window_opened: now,
             window_launches: 0,
@@ -271,7 +282,35 @@ impl Capture {
                 added += 1;
             }
         }
+        // Processes that were running before the name probes attached: read what they had
+        // registered from their symbols and memory.
+        for pid in late::cuda_processes() {
+            self.name_late(pid);
+        }
         Ok(added)
+    }
+
+    /// Reads a process's pre-attach registrations once (see [`late`]).
+    fn name_late(&mut self, pid: Pid) {
+        if pid == self.own_pid || !self.late_named.insert(pid) {
+            return;
+        }
+        let names = self.names.entry(pid).or_default();
+        let found = self.late.name_process(pid, names);
+        if found.handles_named + found.stubs_named > 0 {
+            tracing::info!(
+                "pid {}: {} kernel handles and {} stubs named from {} objects' symbols",
+                pid.0,
+                found.handles_named,
+                found.stubs_named,
+                found.objects
+            );
+        }
+    }
+
+    /// What reading pre-attach registrations found, over all processes.
+    pub fn late_counts(&self) -> late::LateCounts {
+        self.late.counts()
     }
 
     /// The libraries being probed.
@@ -390,6 +429,11 @@ impl Capture {
             process_cpu: self.cpu.total(),
         };
         self.naming_needed = self.window_unnamed > 0;
+        // A process that launched unnamed kernels and was not read yet (it started after the
+        // last rescan) is read now, for the next windows.
+        for pid in std::mem::take(&mut self.window_unnamed_pids) {
+            self.name_late(pid);
+        }
         if let Some(window) = self.window.take() {
             self.beyond_limit += window.beyond_limit();
             self.finished.extend(window.close());
@@ -454,6 +498,7 @@ impl Capture {
                 if name.is_none() {
                     self.window_unnamed += 1;
                     self.counts.unnamed_launches += 1;
+                    self.window_unnamed_pids.insert(launch.pid);
                 }
                 if let Some(window) = &mut self.window {
                     window.record(&launch, name, sample);
@@ -507,6 +552,7 @@ impl Capture {
             Event::Exit { pid } => {
                 self.counts.exits += 1;
                 self.names.remove(&pid);
+                self.late_named.remove(&pid);
                 self.cpu.exited(pid);
                 self.counters.forget(pid);
                 if let Some(window) = &mut self.window {
