@@ -82,6 +82,10 @@ pub struct LaunchEvent {
     pub shared_mem_bytes: u32,
     /// Which entry point fired: a [`crate::EntryPoint`] wire value.
     pub entry_point: u32,
+    /// The return address at entry: where in the caller's code the launch was made (zero
+    /// when unreadable). Names no kernel, but its object's build id identifies launches that
+    /// no name reaches.
+    pub caller: u64,
 }
 
 /// Which kind of driver handle a [`NameHeader`] names.
@@ -272,6 +276,7 @@ impl LaunchEvent {
             block: read_u32x3(record, offset_of!(Self, block))?,
             shared_mem_bytes: u32_of(offset_of!(Self, shared_mem_bytes))?,
             entry_point: u32_of(offset_of!(Self, entry_point))?,
+            caller: read_u64(record, offset_of!(Self, caller))?,
         };
         (event.kind == EventKind::Launch as u32).then_some(event)
     }
@@ -361,11 +366,12 @@ fn read_u64(record: &[u8], at: usize) -> Option<u64> {
 // Both sides read the records by size and offset; a change here must be deliberate.
 const _: () = {
     use core::mem::{align_of, offset_of};
-    assert!(size_of::<LaunchEvent>() == 72);
+    assert!(size_of::<LaunchEvent>() == 80);
     assert!(align_of::<LaunchEvent>() == 8);
     assert!(offset_of!(LaunchEvent, kind) == 0);
     assert!(offset_of!(LaunchEvent, function) == 24);
     assert!(offset_of!(LaunchEvent, entry_point) == 68);
+    assert!(offset_of!(LaunchEvent, caller) == 72);
     assert!(size_of::<NameHeader>() == 40);
     assert!(offset_of!(NameHeader, kind) == 0);
     assert!(offset_of!(NameHeader, handle) == 24);

@@ -21,13 +21,15 @@ struct LaunchArgs {
     block: [u32; 3],
     shared_mem_bytes: u32,
     stream: u64,
+    caller: u64,
 }
 
-/// The seventh to ninth arguments of `cuLaunchKernel` (and `cuLaunchCooperativeKernel`) as the
-/// System V x86-64 ABI leaves them on the stack: one 8-byte slot each, just above the return
-/// address.
+/// The top of the stack at `cuLaunchKernel`'s (and `cuLaunchCooperativeKernel`'s) entry, as the
+/// System V x86-64 ABI leaves it: the return address into the caller, then the seventh to
+/// ninth arguments, one 8-byte slot each.
 #[repr(C)]
 struct StackArgs {
+    return_address: u64,
     block_z: u64,
     shared_mem_bytes: u64,
     stream: u64,
@@ -133,14 +135,26 @@ fn on_launch(ctx: &ProbeContext, entry: EntryPoint, args: Option<LaunchArgs>) ->
     0
 }
 
-/// Six arguments from registers, three from the stack in one read.
+/// Where the launch was called from: the return address at the top of the stack at entry. The
+/// agent maps it to the object that made the call, whose build id identifies launches that no
+/// name reaches (a stripped library with the runtime linked in). Zero when unreadable.
+#[inline(always)]
+fn return_address(ctx: &ProbeContext) -> u64 {
+    // SAFETY: `regs` is the probe's own register snapshot, valid for the whole program run.
+    let rsp = unsafe { (*ctx.regs).rsp };
+    // SAFETY: `bpf_probe_read_user` checks the user address and fails instead of faulting.
+    unsafe { bpf_probe_read_user(rsp as *const u64) }.unwrap_or(0)
+}
+
+/// Six arguments from registers, the return address and three arguments from the stack in
+/// one read.
 #[inline(always)]
 fn read_launch_kernel_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
     let reg = |n| ctx.arg::<u64>(n);
     // SAFETY: `regs` is the probe's own register snapshot, valid for the whole program run.
     let rsp = unsafe { (*ctx.regs).rsp };
     // At function entry the return address is at `rsp`; the stack arguments follow it.
-    let stack = (rsp + 8) as *const StackArgs;
+    let stack = rsp as *const StackArgs;
     // SAFETY: `bpf_probe_read_user` checks the user address and fails instead of faulting.
     let stack = unsafe { bpf_probe_read_user(stack) }.ok()?;
     Some(LaunchArgs {
@@ -149,6 +163,7 @@ fn read_launch_kernel_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
         block: [reg(4)? as u32, reg(5)? as u32, stack.block_z as u32],
         shared_mem_bytes: stack.shared_mem_bytes as u32,
         stream: stack.stream,
+        caller: stack.return_address,
     })
 }
 
@@ -164,6 +179,7 @@ fn read_launch_kernel_ex_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
         block: config.block,
         shared_mem_bytes: config.shared_mem_bytes,
         stream: config.stream,
+        caller: return_address(ctx),
     })
 }
 
@@ -176,6 +192,7 @@ fn read_graph_launch_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
         block: [0; 3],
         shared_mem_bytes: 0,
         stream: ctx.arg::<u64>(1)?,
+        caller: return_address(ctx),
     })
 }
 
@@ -200,6 +217,7 @@ fn submit(entry: EntryPoint, args: &LaunchArgs) {
         block: args.block,
         shared_mem_bytes: args.shared_mem_bytes,
         entry_point: entry as u32,
+        caller: args.caller,
     });
     slot.submit(u64::from(BPF_RB_NO_WAKEUP));
 }

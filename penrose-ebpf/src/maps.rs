@@ -8,7 +8,7 @@ use penrose_ebpf_common::{NameEvent, SampleConfig};
 
 use crate::names::{PendingCall, PendingKey};
 
-/// 1 MiB holds about 13,000 launch records (72 bytes plus an 8-byte header): more than one
+/// 1 MiB holds about 11,900 launch records (80 bytes plus an 8-byte header): more than one
 /// capture window of one process (L = 10,000), so a poll interval of seconds loses nothing
 /// in the common case. The loader may resize it.
 const EVENTS_BYTES: u32 = 1 << 20;

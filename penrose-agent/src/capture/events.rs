@@ -99,6 +99,8 @@ pub struct Launch {
     pub shared_mem_bytes: u32,
     /// Which entry point was called.
     pub entry: EntryPoint,
+    /// The return address into the code that called the driver (zero when unreadable).
+    pub caller: u64,
 }
 
 /// Decodes one record; `None` for a short, malformed or unknown one.
@@ -117,6 +119,7 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 block: e.block,
                 shared_mem_bytes: e.shared_mem_bytes,
                 entry: EntryPoint::from_u32(e.entry_point)?,
+                caller: e.caller,
             }))
         }
         EventKind::Name => {
@@ -281,7 +284,7 @@ mod tests {
     use super::*;
 
     fn launch_record(pid: u32, function: u64, entry: u32) -> Vec<u8> {
-        let mut r = vec![0u8; 72];
+        let mut r = vec![0u8; 80];
         r[0..4].copy_from_slice(&1u32.to_ne_bytes());
         r[4..8].copy_from_slice(&pid.to_ne_bytes());
         r[8..12].copy_from_slice(&(pid + 1).to_ne_bytes());
@@ -293,6 +296,7 @@ mod tests {
             r[40 + 4 * i..44 + 4 * i].copy_from_slice(&v.to_ne_bytes());
         }
         r[68..72].copy_from_slice(&entry.to_ne_bytes());
+        r[72..80].copy_from_slice(&0x7f00_1234u64.to_ne_bytes());
         r
     }
 
@@ -311,6 +315,7 @@ mod tests {
         assert_eq!(l.block, [32, 4, 1]);
         assert_eq!(l.shared_mem_bytes, 4096);
         assert_eq!(l.entry, EntryPoint::LaunchKernelEx);
+        assert_eq!(l.caller, 0x7f00_1234);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! - [`locate`]: which libcuda files exist (ldconfig, configuration, running processes).
 //! - [`loader`]: the committed eBPF object loaded, probes attached and detached.
 //! - [`events`]: ring-buffer records decoded; per-process handle names.
+//! - [`identity`]: a stable identity (build id, call site, launch configuration) for launches
+//!   that no name reaches.
 //! - [`late`]: names of kernels registered before the agent attached, from the processes'
 //!   ELF symbols and memory.
 //! - [`window`]: capture windows, snippets and their sampled launches.
@@ -19,6 +21,7 @@ pub mod calibrate;
 pub mod cpu;
 pub mod error;
 pub mod events;
+pub mod identity;
 pub mod late;
 pub mod loader;
 pub mod locate;
@@ -122,6 +125,8 @@ pub struct Counts {
     pub runtime_launches: u64,
     /// Launches inside windows whose handle had no name.
     pub unnamed_launches: u64,
+    /// Of those, launches given an identity from their call site ([`identity`]).
+    pub identified_launches: u64,
     /// Exit records of any process.
     pub exits: u64,
     /// Records that did not decode.
@@ -179,6 +184,7 @@ pub struct Capture {
     cost: ProbeCost,
     names: HashMap<Pid, ProcessNames>,
     late: late::LateNamer,
+    identities: identity::Identities,
     /// Processes whose pre-attach registrations were read (once each).
     late_named: std::collections::HashSet<Pid>,
     /// Processes with unnamed launches in the open window.
@@ -229,6 +235,7 @@ impl Capture {
             cost: ProbeCost::ASSUMED,
             names: HashMap::new(),
             late: late::LateNamer::default(),
+            identities: identity::Identities::default(),
             late_named: std::collections::HashSet::new(),
             window_unnamed_pids: std::collections::HashSet::new(),
             window: None,
@@ -494,14 +501,24 @@ impl Capture {
                 let name = self
                     .names
                     .get_mut(&launch.pid)
-                    .and_then(|n| n.launch(launch.tid, launch.function));
-                if name.is_none() {
-                    self.window_unnamed += 1;
-                    self.counts.unnamed_launches += 1;
-                    self.window_unnamed_pids.insert(launch.pid);
-                }
+                    .and_then(|n| n.launch(launch.tid, launch.function))
+                    .cloned();
+                let name = match name {
+                    Some(name) => Some(name),
+                    None if launch.entry.is_graph() => None,
+                    None => {
+                        self.window_unnamed += 1;
+                        self.counts.unnamed_launches += 1;
+                        self.window_unnamed_pids.insert(launch.pid);
+                        let identity = self.identities.of(&launch);
+                        if identity.is_some() {
+                            self.counts.identified_launches += 1;
+                        }
+                        identity
+                    }
+                };
                 if let Some(window) = &mut self.window {
-                    window.record(&launch, name, sample);
+                    window.record(&launch, name.as_ref(), sample);
                 }
             }
             Event::Name {
@@ -553,6 +570,7 @@ impl Capture {
                 self.counts.exits += 1;
                 self.names.remove(&pid);
                 self.late_named.remove(&pid);
+                self.identities.exited(pid);
                 self.cpu.exited(pid);
                 self.counters.forget(pid);
                 if let Some(window) = &mut self.window {

@@ -196,6 +196,7 @@ mod tests {
             block: [1; 3],
             shared_mem_bytes: 0,
             entry,
+            caller: 0,
         }
     }
 
