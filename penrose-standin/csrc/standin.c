@@ -87,6 +87,11 @@ enum penrose_entry {
 /* volatile + atomic adds: the compiler can neither drop nor merge the counting. */
 static volatile uint64_t launch_counts[ENTRY_COUNT];
 static volatile int initialized;
+/* Calls of the public name functions (cuModuleGetFunction, cuLibraryGetKernel,
+ * cuKernelGetFunction), whatever their result: the runtime's private path must leave it alone. */
+static volatile uint64_t name_calls;
+/* Distinct kernels made through the private path (penrose_standin_private_kernel). */
+static volatile uint64_t private_kernels;
 
 /* ---- Function handles: one object per (module or library, name) ---- */
 
@@ -140,7 +145,7 @@ static uint64_t hash_name(const struct owner *owner, const char *name) {
 }
 
 /* The function object for (owner, name), created on first use so handles are stable. */
-static struct entry *lookup(const struct owner *owner, const char *name) {
+static struct entry *lookup(const struct owner *owner, const char *name, int *created) {
     uint64_t bucket = hash_name(owner, name) % TABLE_BUCKETS;
     pthread_mutex_lock(&table_lock);
     struct entry *e = table[bucket];
@@ -158,6 +163,8 @@ static struct entry *lookup(const struct owner *owner, const char *name) {
             e->next = table[bucket];
             table[bucket] = e;
             __atomic_store_n(&function_count, function_count + 1, __ATOMIC_RELEASE);
+            if (created)
+                *created = 1;
         }
     }
     pthread_mutex_unlock(&table_lock);
@@ -394,6 +401,7 @@ EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
 
 /* The name probe's target: entry reads `name` and the out-pointer, return reads *hfunc. */
 PROBED CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    __atomic_fetch_add(&name_calls, 1, __ATOMIC_RELAXED);
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!hfunc || !name)
@@ -402,7 +410,7 @@ PROBED CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char
         return CUDA_ERROR_INVALID_HANDLE;
     if (!*name)
         return CUDA_ERROR_NOT_FOUND;
-    struct entry *e = lookup((const struct owner *)hmod, name);
+    struct entry *e = lookup((const struct owner *)hmod, name, NULL);
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *hfunc = (CUfunction)&e->function;
@@ -431,6 +439,7 @@ EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
 }
 
 PROBED CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    __atomic_fetch_add(&name_calls, 1, __ATOMIC_RELAXED);
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pKernel || !name)
@@ -439,7 +448,7 @@ PROBED CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
         return CUDA_ERROR_INVALID_HANDLE;
     if (!*name)
         return CUDA_ERROR_NOT_FOUND;
-    struct entry *e = lookup((const struct owner *)library, name);
+    struct entry *e = lookup((const struct owner *)library, name, NULL);
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *pKernel = (CUkernel)&e->kernel;
@@ -447,6 +456,7 @@ PROBED CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
 }
 
 PROBED CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    __atomic_fetch_add(&name_calls, 1, __ATOMIC_RELAXED);
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pFunc)
@@ -458,6 +468,34 @@ PROBED CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     return CUDA_SUCCESS;
 }
 
+/* ---- The private path (stands for the driver's private export table) ---- */
+
+/* The owner of kernels made by the private path: the runtime's own modules. */
+static struct owner private_owner = {OWNER_MAGIC, 0};
+
+/*
+ * Not a CUDA name. The CUDA runtime registers its kernels through the driver's private export
+ * table, never through the public name functions the agent probes; this export stands for that
+ * table. One kernel per name (across callers), stable; the handle is a CUkernel, which every
+ * kernel launch entry point accepts cast as CUfunction.
+ */
+EXPORT CUresult penrose_standin_private_kernel(void **kernel_out, const char *name) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!kernel_out || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!*name)
+        return CUDA_ERROR_NOT_FOUND;
+    int created = 0;
+    struct entry *e = lookup(&private_owner, name, &created);
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (created)
+        __atomic_fetch_add(&private_kernels, 1, __ATOMIC_RELAXED);
+    *kernel_out = &e->kernel;
+    return CUDA_SUCCESS;
+}
+
 /* ---- Launch entry points ---- */
 
 static CUresult launch(enum penrose_entry entry, CUfunction f, unsigned int gx, unsigned int gy,
@@ -465,7 +503,9 @@ static CUresult launch(enum penrose_entry entry, CUfunction f, unsigned int gx, 
                        CUstream stream) {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!valid_function(f))
+    /* A CUkernel cast as CUfunction is a valid launch handle (cuda.h says so for
+       cuLaunchKernel and its variants); the ring records the handle as passed. */
+    if (!valid_function(f) && !valid_kernel(f))
         return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz)
         return CUDA_ERROR_INVALID_VALUE;
@@ -576,6 +616,18 @@ EXPORT uint64_t penrose_standin_launch_count(unsigned int entry) {
 /* Distinct function handles created so far (one per (module or library, name)). */
 EXPORT uint64_t penrose_standin_function_count(void) {
     return __atomic_load_n(&function_count, __ATOMIC_ACQUIRE);
+}
+
+/* Calls of the public name functions so far (cuModuleGetFunction, cuLibraryGetKernel,
+ * cuKernelGetFunction), successful or not. */
+EXPORT uint64_t penrose_standin_name_call_count(void) {
+    return __atomic_load_n(&name_calls, __ATOMIC_RELAXED);
+}
+
+/* Distinct kernels made by penrose_standin_private_kernel so far (also counted by
+ * penrose_standin_function_count, which counts every handle made). */
+EXPORT uint64_t penrose_standin_private_kernel_count(void) {
+    return __atomic_load_n(&private_kernels, __ATOMIC_RELAXED);
 }
 
 /* The trace fields of the calling thread's next launch; consumed by that launch. */

@@ -111,6 +111,9 @@ struct Symbols {
     graph_launch_ptsz: GraphLaunchFn,
     launch_count: unsafe extern "C" fn(c_uint) -> u64,
     function_count: unsafe extern "C" fn() -> u64,
+    name_call_count: unsafe extern "C" fn() -> u64,
+    private_kernel_count: unsafe extern "C" fn() -> u64,
+    private_kernel: unsafe extern "C" fn(*mut *mut c_void, *const c_char) -> c_int,
     set_next_counters: unsafe extern "C" fn(*const NextCounters),
     abi_version: unsafe extern "C" fn() -> u32,
 }
@@ -175,6 +178,9 @@ impl Driver {
                 graph_launch_ptsz: symbol(&library, b"cuGraphLaunch_ptsz\0")?,
                 launch_count: symbol(&library, b"penrose_standin_launch_count\0")?,
                 function_count: symbol(&library, b"penrose_standin_function_count\0")?,
+                name_call_count: symbol(&library, b"penrose_standin_name_call_count\0")?,
+                private_kernel_count: symbol(&library, b"penrose_standin_private_kernel_count\0")?,
+                private_kernel: symbol(&library, b"penrose_standin_private_kernel\0")?,
                 set_next_counters: symbol(&library, b"penrose_standin_set_next_counters\0")?,
                 abi_version: symbol(&library, b"penrose_standin_abi_version\0")?,
             }
@@ -275,6 +281,17 @@ impl Driver {
         CuResult(unsafe { (self.sym.kernel_get_function)(&mut f, kernel.ptr()) })
             .check("cuKernelGetFunction")?;
         Ok(FunctionHandle(f as usize))
+    }
+
+    /// `penrose_standin_private_kernel`: the kernel for `name` through the driver's private
+    /// path (what the runtime uses), touching no public name function. A CUkernel may be
+    /// launched cast as a function: `FunctionHandle(kernel.0)`.
+    pub fn private_kernel(&self, name: &CStr) -> Result<KernelHandle, StandinError> {
+        let mut k: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `name` is NUL-terminated and outlives the call.
+        CuResult(unsafe { (self.sym.private_kernel)(&mut k, name.as_ptr()) })
+            .check("penrose_standin_private_kernel")?;
+        Ok(KernelHandle(k as usize))
     }
 
     /// Launches `f` through `entry` with no kernel parameters. For the graph entry points `f`
@@ -382,10 +399,23 @@ impl Driver {
         unsafe { (self.sym.launch_count)(entry as c_uint) }
     }
 
-    /// Distinct function handles the stand-in has made in this process.
+    /// Distinct function handles the stand-in has made in this process (by any path).
     pub fn function_count(&self) -> u64 {
         // SAFETY: no arguments.
         unsafe { (self.sym.function_count)() }
+    }
+
+    /// Calls of the public name functions (`cuModuleGetFunction`, `cuLibraryGetKernel`,
+    /// `cuKernelGetFunction`) in this process so far, whatever their result.
+    pub fn name_call_count(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { (self.sym.name_call_count)() }
+    }
+
+    /// Distinct kernels made through the private path in this process so far.
+    pub fn private_kernel_count(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { (self.sym.private_kernel_count)() }
     }
 }
 
@@ -432,6 +462,25 @@ mod tests {
         let f = d.kernel_get_function(k).unwrap();
         assert_ne!(f.0, k.0);
         assert_eq!(f, d.kernel_get_function(k).unwrap());
+    }
+
+    #[test]
+    fn private_kernels_launch_as_functions_without_name_calls() {
+        let d = driver();
+        let k = d.private_kernel(c"private_kernel_a").unwrap();
+        assert_eq!(k, d.private_kernel(c"private_kernel_a").unwrap());
+        assert_ne!(k, d.private_kernel(c"private_kernel_b").unwrap());
+        assert!(d.private_kernel_count() >= 2);
+        // Every kernel launch entry point takes the CUkernel cast as CUfunction. (The ring is
+        // another test's to remove; tests/runtime.rs checks the records of such launches.)
+        for entry in EntryPoint::ALL.into_iter().take(6) {
+            let before = d.launch_count(entry);
+            d.launch(entry, FunctionHandle(k.0), &launch_on(0x77))
+                .unwrap();
+            assert!(d.launch_count(entry) > before, "{entry:?}");
+        }
+        let err = d.private_kernel(c"").unwrap_err();
+        assert!(matches!(err, StandinError::Cuda { code, .. } if code == CuResult::NOT_FOUND));
     }
 
     #[test]

@@ -26,6 +26,30 @@ pub enum StandinError {
         /// Its result.
         code: CuResult,
     },
+    /// A stand-in runtime call returned a `cudaError_t`.
+    #[error("{call} failed: cudaError_t {code}")]
+    Runtime {
+        /// The runtime function (or test application entry point).
+        call: &'static str,
+        /// Its result.
+        code: i32,
+    },
+    /// The replay path needs a library the caller did not load.
+    #[error("replaying {via} needs {what}")]
+    MissingLibrary {
+        /// The replay path.
+        via: &'static str,
+        /// The library it needs.
+        what: &'static str,
+    },
+    /// The trace has more distinct kernels than the test application has stubs.
+    #[error("the trace has {names} distinct kernels, the test application only {stubs} stubs")]
+    TooManyKernels {
+        /// Distinct kernel names in the plan.
+        names: usize,
+        /// Stubs in the application's pool.
+        stubs: u32,
+    },
     /// Copying the library into place failed.
     #[error("cannot install the stand-in as {path}: {source}")]
     Install {

@@ -10,12 +10,16 @@
 //! - [`driver`]: the stand-in loaded with `dlopen`, behind safe methods.
 //! - [`ring`]: the per-process shared-memory ring of counter records; its layout and reader
 //!   belong to the agent (`penrose_agent::counters::ring`), which reads it in production code.
+//! - [`runtime`]: the stand-in CUDA runtime (`libcudart.so.13`), the test application whose
+//!   stubs carry nvcc's symbol names, and the stripped library with a statically linked
+//!   runtime, each behind safe methods.
 //! - [`replay`]: a trace turned into launches, and the loop that replays them.
 //! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM (shared with the agent).
 //! - [`error`]: what can go wrong, as typed errors.
 //!
-//! The library itself is built by `build.rs`; [`LIBCUDA_PATH`] is where, and
-//! [`install_libcuda`] puts a copy in a directory of the caller's own.
+//! The libraries are built by `build.rs`; [`LIBCUDA_PATH`], [`LIBCUDART_PATH`],
+//! [`NVCC_APP_PATH`] and [`STATIC_LIB_PATH`] say where, and the `install_*` functions put a
+//! copy in a directory of the caller's own.
 
 // FFI crate: calling into the dlopen'ed stand-in, mapping its shared-memory ring and installing
 // a signal handler need `unsafe`; every block says why it is sound.
@@ -26,6 +30,7 @@ pub mod abi;
 pub mod driver;
 pub mod error;
 pub mod replay;
+pub mod runtime;
 /// The counter ring's layout and reader, owned by the agent that reads it.
 pub use penrose_agent::counters::ring;
 /// Stopping a looping replay on SIGINT/SIGTERM (the agent's own handlers).
@@ -39,20 +44,54 @@ pub use driver::{
 };
 pub use error::StandinError;
 pub use replay::{
-    Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary, Resolve, Via, replay,
+    Libraries, Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary, Resolve,
+    RuntimeVia, Via, replay, replay_with,
 };
 pub use ring::{CounterRecord, CounterRing, RingError, RingHeader, ring_path};
+pub use runtime::{
+    AppLaunch, Dim3, FatBinaryHandle, NvccApp, Runtime, RuntimeCounter, StaticLib, StubAddress,
+};
 
 /// The stand-in library `build.rs` compiled (its file name is already `libcuda.so.1`).
 pub const LIBCUDA_PATH: &str = env!("PENROSE_STANDIN_LIBCUDA");
 
-/// Copies the stand-in into `dir` as `libcuda.so.1` and returns that path, so a test can point
-/// the agent (which finds libcuda by path) at a library in a directory the test owns.
-pub fn install_libcuda(dir: &Path) -> Result<PathBuf, StandinError> {
-    let target = dir.join("libcuda.so.1");
-    std::fs::copy(LIBCUDA_PATH, &target).map_err(|source| StandinError::Install {
+/// The stand-in runtime `build.rs` compiled (file name and soname `libcudart.so.13`).
+pub const LIBCUDART_PATH: &str = env!("PENROSE_STANDIN_LIBCUDART");
+
+/// The test application with nvcc's symbol names (`libpenrose_nvcc_app.so`, not stripped).
+pub const NVCC_APP_PATH: &str = env!("PENROSE_STANDIN_NVCC_APP");
+
+/// The stripped library with a statically linked runtime (`libpenrose_static.so`).
+pub const STATIC_LIB_PATH: &str = env!("PENROSE_STANDIN_STATIC");
+
+fn install(from: &str, dir: &Path) -> Result<PathBuf, StandinError> {
+    let name = Path::new(from).file_name().unwrap_or_default();
+    let target = dir.join(name);
+    std::fs::copy(from, &target).map_err(|source| StandinError::Install {
         path: target.clone(),
         source,
     })?;
     Ok(target)
+}
+
+/// Copies the stand-in into `dir` as `libcuda.so.1` and returns that path, so a test can point
+/// the agent (which finds libcuda by path) at a library in a directory the test owns.
+pub fn install_libcuda(dir: &Path) -> Result<PathBuf, StandinError> {
+    install(LIBCUDA_PATH, dir)
+}
+
+/// Copies the stand-in runtime into `dir` as `libcudart.so.13` and returns that path.
+pub fn install_libcudart(dir: &Path) -> Result<PathBuf, StandinError> {
+    install(LIBCUDART_PATH, dir)
+}
+
+/// Copies the test application into `dir` as `libpenrose_nvcc_app.so` and returns that path
+/// (install the runtime next to it: its `RUNPATH` is `$ORIGIN`).
+pub fn install_nvcc_app(dir: &Path) -> Result<PathBuf, StandinError> {
+    install(NVCC_APP_PATH, dir)
+}
+
+/// Copies the stripped library into `dir` as `libpenrose_static.so` and returns that path.
+pub fn install_static_lib(dir: &Path) -> Result<PathBuf, StandinError> {
+    install(STATIC_LIB_PATH, dir)
 }

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::abi::{EntryPoint, NextCounters, saturate_u32};
 use crate::driver::{Driver, FunctionHandle, Launch, StreamHandle};
+use crate::runtime::{AppLaunch, NvccApp, Runtime, RuntimeCounter, StaticLib, StubAddress};
 
 /// The entry points that launch one kernel (all but the graph launches), rotated through by
 /// `Via::Rotate`.
@@ -86,14 +87,75 @@ pub enum Resolve {
     Library,
 }
 
-/// Which entry point launches go through.
+/// Which path launches take to the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {
-    /// Always this one.
+    /// Straight to the driver, always through this entry point (names resolved with
+    /// [`Resolve`]).
     Entry(EntryPoint),
-    /// Launch i goes through the (i mod 6)-th kernel launch entry point, so one replay
-    /// exercises every variant a probe must cover.
+    /// Straight to the driver; launch i goes through the (i mod 6)-th kernel launch entry
+    /// point, so one replay exercises every variant a probe must cover.
     Rotate,
+    /// Through the stand-in runtime and the test application's nvcc-named stubs, as an
+    /// application built with CUDA 12.4 or later launches: kernels registered with `__cudaRegisterFunction` (the
+    /// driver's private path; no public name function), then `cudaLaunchKernel` with the
+    /// handle from `__cudaGetKernel` (or, legacy, with the stub), which calls `cuLaunchKernel`
+    /// (or `_ptsz`). Needs [`Libraries::runtime`] and [`Libraries::app`].
+    Runtime(RuntimeVia),
+    /// Through the stripped library with a statically linked runtime: trace kernel name i is
+    /// launched as that library's kernel `i mod kernel_count` (`cuLaunchKernel`). Needs
+    /// [`Libraries::static_lib`].
+    Static,
+}
+
+/// The options of [`Via::Runtime`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeVia {
+    /// The legacy launch (`__NV_LEGACY_LAUNCH`): `cudaLaunchKernel(stub, ...)`, no
+    /// `__cudaGetKernel`.
+    pub legacy: bool,
+    /// `cudaLaunchKernel_ptsz` and `cuLaunchKernel_ptsz` (per-thread default stream).
+    pub per_thread_stream: bool,
+    /// Register each stub under its own mangled name (`_Z13penrose_kNNNNPv`) instead of the
+    /// trace's kernel name, so that names recovered from the application's `.symtab` match
+    /// what registration said.
+    pub self_named: bool,
+}
+
+impl Via {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Entry(_) | Self::Rotate => "the driver",
+            Self::Runtime(r) if r.legacy => "the runtime (legacy)",
+            Self::Runtime(_) => "the runtime",
+            Self::Static => "the static library",
+        }
+    }
+}
+
+/// The loaded libraries a replay may go through; only the driver is always needed.
+#[derive(Clone, Copy)]
+pub struct Libraries<'a> {
+    /// The stand-in libcuda.
+    pub driver: &'a Driver,
+    /// The stand-in runtime, for [`Via::Runtime`].
+    pub runtime: Option<&'a Runtime>,
+    /// The test application, for [`Via::Runtime`].
+    pub app: Option<&'a NvccApp>,
+    /// The stripped library, for [`Via::Static`].
+    pub static_lib: Option<&'a StaticLib>,
+}
+
+impl<'a> Libraries<'a> {
+    /// Only the driver (the direct paths).
+    pub fn driver(driver: &'a Driver) -> Self {
+        Self {
+            driver,
+            runtime: None,
+            app: None,
+            static_lib: None,
+        }
+    }
 }
 
 impl Default for Via {
@@ -276,9 +338,18 @@ pub struct ReplaySummary {
     pub loops: u64,
     /// Launches per entry point symbol, as the stand-in counted them.
     pub launches: BTreeMap<&'static str, u64>,
-    /// Distinct function handles the stand-in made.
+    /// Distinct function handles the stand-in made (every path, private included).
     pub distinct_functions: u64,
-    /// Each resolved handle and its kernel name, in order of first launch.
+    /// Calls of the driver's public name functions (`cuModuleGetFunction`,
+    /// `cuLibraryGetKernel`, `cuKernelGetFunction`) in this process.
+    pub name_calls: u64,
+    /// Distinct kernels made through the driver's private path in this process.
+    pub private_kernels: u64,
+    /// The stand-in runtime's counters, for [`Via::Runtime`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeCounts>,
+    /// Each handle the driver sees and its kernel name, in order of first launch (empty for
+    /// [`Via::Static`], whose handles are the library's secret).
     pub functions: Vec<FunctionName>,
     /// Each trace stream and the fake `CUstream` it was replayed on.
     pub streams: Vec<StreamName>,
@@ -291,10 +362,40 @@ pub struct ReplaySummary {
 /// A function handle and the name it was resolved from.
 #[derive(Clone, Debug, Serialize)]
 pub struct FunctionName {
-    /// The `CUfunction` value.
+    /// The `CUfunction` value (a `CUkernel` on the runtime paths).
     pub handle: u64,
     /// The kernel name, exactly as the trace has it.
     pub name: String,
+    /// The runtime paths: the stub address registered for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stub: Option<u64>,
+    /// The runtime paths: the name `__cudaRegisterFunction` was given (the trace's, or the
+    /// stub's own mangled name with `self_named`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registered_name: Option<String>,
+}
+
+/// The stand-in runtime's counters after a replay ([`RuntimeCounter`]).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct RuntimeCounts {
+    /// `__cudaRegisterFunction` registrations.
+    pub register_function: u64,
+    /// `__cudaGetKernel` calls.
+    pub get_kernel: u64,
+    /// Launches with a CUkernel handle.
+    pub launch_by_handle: u64,
+    /// Launches with a stub address (legacy).
+    pub launch_by_stub: u64,
+}
+
+/// What each distinct name of the plan launches with.
+enum Targets<'a> {
+    /// A driver handle per name.
+    Driver(Vec<FunctionHandle>),
+    /// Stub i of the application per name i.
+    App(&'a NvccApp, AppLaunch),
+    /// The static library's kernel per name.
+    Static(&'a StaticLib, Vec<u32>),
 }
 
 /// A trace stream id and its fake handle.
@@ -306,29 +407,80 @@ pub struct StreamName {
     pub handle: u64,
 }
 
-/// Initialises the driver, resolves every name, then launches the plan.
+/// Initialises the driver, resolves every name, then launches the plan straight through the
+/// driver (`options.via` must be [`Via::Entry`] or [`Via::Rotate`]; see [`replay_with`]).
 pub fn replay(
     driver: &Driver,
     plan: &ReplayPlan,
     options: &ReplayOptions<'_>,
 ) -> Result<ReplaySummary, StandinError> {
+    replay_with(&Libraries::driver(driver), plan, options)
+}
+
+/// Initialises the driver, resolves or registers every name as `options.via` says, then
+/// launches the plan through the chosen path.
+pub fn replay_with(
+    libs: &Libraries<'_>,
+    plan: &ReplayPlan,
+    options: &ReplayOptions<'_>,
+) -> Result<ReplaySummary, StandinError> {
+    let driver = libs.driver;
     driver.init()?;
     driver.create_context(0)?;
     let image = c"penrose-standin module image";
-    let functions: Vec<FunctionHandle> = match options.resolve {
-        Resolve::Module => {
-            let module = driver.module_load_data(image)?;
-            plan.names
+    let missing = |what| StandinError::MissingLibrary {
+        via: options.via.label(),
+        what,
+    };
+    let (targets, functions) = match options.via {
+        Via::Entry(_) | Via::Rotate => {
+            let handles: Vec<FunctionHandle> = match options.resolve {
+                Resolve::Module => {
+                    let module = driver.module_load_data(image)?;
+                    plan.names
+                        .iter()
+                        .map(|n| driver.module_get_function(module, n))
+                        .collect::<Result<_, _>>()?
+                }
+                Resolve::Library => {
+                    let library = driver.library_load_data(image)?;
+                    plan.names
+                        .iter()
+                        .map(|n| driver.kernel_get_function(driver.library_get_kernel(library, n)?))
+                        .collect::<Result<_, _>>()?
+                }
+            };
+            let functions = handles
                 .iter()
-                .map(|n| driver.module_get_function(module, n))
-                .collect::<Result<_, _>>()?
+                .zip(&plan.names)
+                .map(|(f, n)| FunctionName {
+                    handle: f.0 as u64,
+                    name: n.to_string_lossy().into_owned(),
+                    stub: None,
+                    registered_name: None,
+                })
+                .collect();
+            (Targets::Driver(handles), functions)
         }
-        Resolve::Library => {
-            let library = driver.library_load_data(image)?;
-            plan.names
-                .iter()
-                .map(|n| driver.kernel_get_function(driver.library_get_kernel(library, n)?))
-                .collect::<Result<_, _>>()?
+        Via::Runtime(how) => {
+            let runtime = libs
+                .runtime
+                .ok_or_else(|| missing("the stand-in runtime"))?;
+            let app = libs.app.ok_or_else(|| missing("the test application"))?;
+            let functions = register_stubs(runtime, app, plan, how.self_named)?;
+            let how = AppLaunch {
+                legacy: how.legacy,
+                per_thread_stream: how.per_thread_stream,
+            };
+            (Targets::App(app, how), functions)
+        }
+        Via::Static => {
+            let lib = libs
+                .static_lib
+                .ok_or_else(|| missing("the static library"))?;
+            let n = lib.kernel_count().max(1);
+            let kernels = (0..plan.names.len()).map(|i| stub_index(i) % n).collect();
+            (Targets::Static(lib, kernels), Vec::new())
         }
     };
     let streams: Vec<StreamHandle> = (0..plan.streams.len()).map(stream_handle).collect();
@@ -351,10 +503,7 @@ pub fn replay(
             if let Pace::Trace { speed } = options.pace {
                 wait_until(start, (loop_offset_us + l.offset_us) / speed);
             }
-            let entry = match options.via {
-                Via::Entry(e) => e,
-                Via::Rotate => KERNEL_LAUNCHES[(replayed % KERNEL_LAUNCHES.len() as u64) as usize],
-            };
+            // The thread's next driver launch takes these, whichever library makes it.
             driver.set_next_counters(&l.counters);
             let launch = Launch {
                 grid: l.grid,
@@ -362,7 +511,20 @@ pub fn replay(
                 shared_mem_bytes: l.shared_mem_bytes,
                 stream: l.stream.map_or(StreamHandle(0), |s| streams[s]),
             };
-            driver.launch(entry, functions[l.name], &launch)?;
+            match &targets {
+                Targets::Driver(handles) => {
+                    let entry = match options.via {
+                        Via::Rotate => {
+                            KERNEL_LAUNCHES[(replayed % KERNEL_LAUNCHES.len() as u64) as usize]
+                        }
+                        Via::Entry(e) => e,
+                        Via::Runtime(_) | Via::Static => EntryPoint::LaunchKernel,
+                    };
+                    driver.launch(entry, handles[l.name], &launch)?;
+                }
+                Targets::App(app, how) => app.launch(stub_index(l.name), &launch, *how)?,
+                Targets::Static(lib, kernels) => lib.launch(kernels[l.name], &launch)?,
+            }
             replayed += 1;
         }
         loops += 1;
@@ -381,14 +543,18 @@ pub fn replay(
             .map(|e| (e.symbol(), driver.launch_count(e)))
             .collect(),
         distinct_functions: driver.function_count(),
-        functions: functions
-            .iter()
-            .zip(&plan.names)
-            .map(|(f, n)| FunctionName {
-                handle: f.0 as u64,
-                name: n.to_string_lossy().into_owned(),
-            })
-            .collect(),
+        name_calls: driver.name_call_count(),
+        private_kernels: driver.private_kernel_count(),
+        runtime: match (options.via, libs.runtime) {
+            (Via::Runtime(_), Some(r)) => Some(RuntimeCounts {
+                register_function: r.count(RuntimeCounter::RegisterFunction),
+                get_kernel: r.count(RuntimeCounter::GetKernel),
+                launch_by_handle: r.count(RuntimeCounter::LaunchByHandle),
+                launch_by_stub: r.count(RuntimeCounter::LaunchByStub),
+            }),
+            _ => None,
+        },
+        functions,
         streams: plan
             .streams
             .iter()
@@ -405,6 +571,58 @@ pub fn replay(
             0.0
         },
     })
+}
+
+/// The application stub that stands for the plan's name `i`.
+fn stub_index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+/// Registers stub i of the application under the plan's name i (or the stub's own mangled
+/// name), as nvcc's registration callback does at load: one fat binary, one
+/// `__cudaRegisterFunction` per kernel. Returns each name's handle as the driver will see it.
+fn register_stubs(
+    runtime: &Runtime,
+    app: &NvccApp,
+    plan: &ReplayPlan,
+    self_named: bool,
+) -> Result<Vec<FunctionName>, StandinError> {
+    let stubs = app.stub_count();
+    if plan.names.len() > stubs as usize {
+        return Err(StandinError::TooManyKernels {
+            names: plan.names.len(),
+            stubs,
+        });
+    }
+    let fat_binary = runtime.register_fat_binary()?;
+    let mut registered = Vec::with_capacity(plan.names.len());
+    for (i, name) in plan.names.iter().enumerate() {
+        let index = stub_index(i);
+        let (Some(stub), Some(own)) = (app.stub(index), app.kernel_name(index)) else {
+            return Err(StandinError::TooManyKernels {
+                names: plan.names.len(),
+                stubs,
+            });
+        };
+        let registered_name = if self_named { own } else { name.clone() };
+        runtime.register_function(fat_binary, stub, &registered_name)?;
+        registered.push((stub, registered_name));
+    }
+    runtime.register_fat_binary_end(fat_binary);
+    registered
+        .into_iter()
+        .zip(&plan.names)
+        .map(
+            |((stub, registered_name), name): ((StubAddress, CString), _)| {
+                Ok(FunctionName {
+                    handle: runtime.lookup(stub)?.0 as u64,
+                    name: name.to_string_lossy().into_owned(),
+                    stub: Some(stub.0 as u64),
+                    registered_name: Some(registered_name.to_string_lossy().into_owned()),
+                })
+            },
+        )
+        .collect()
 }
 
 /// Sleeps until `offset_us` after `start`; returns at once when already late (a late replay

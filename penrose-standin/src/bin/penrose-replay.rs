@@ -9,8 +9,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use penrose_standin::{
-    Driver, EntryPoint, LIBCUDA_PATH, Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan,
-    Resolve, StandinError, Via, replay, ring_path, signal,
+    Driver, EntryPoint, LIBCUDA_PATH, LIBCUDART_PATH, Libraries, Loops, NVCC_APP_PATH, NvccApp,
+    Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve, Runtime, RuntimeVia,
+    STATIC_LIB_PATH, StandinError, StaticLib, Via, replay_with, ring_path, signal,
 };
 
 #[derive(Parser, Debug)]
@@ -42,9 +43,31 @@ struct Args {
     /// How names become function handles.
     #[arg(long, value_enum, default_value_t = ResolveArg::Module)]
     resolve: ResolveArg,
-    /// The launch entry point; `rotate` cycles through all six kernel launch variants.
+    /// The launch entry point; `rotate` cycles through all six kernel launch variants. With
+    /// `--via runtime*` only launch-kernel (cudaLaunchKernel) and launch-kernel-ptsz
+    /// (cudaLaunchKernel_ptsz); with `--via static` only launch-kernel.
     #[arg(long, value_enum, default_value_t = EntryArg::LaunchKernel)]
     entry: EntryArg,
+    /// driver: straight to the driver (names through --resolve); runtime: through the stand-in
+    /// runtime and the test application's nvcc-named stubs (`__cudaRegisterFunction`,
+    /// `__cudaGetKernel` handles); runtime-legacy: the same, launching with stub addresses;
+    /// static: through the stripped library with a statically linked runtime.
+    #[arg(long, value_enum, default_value_t = ViaArg::Driver)]
+    via: ViaArg,
+    /// With --via runtime*: register each stub under its own mangled name
+    /// (`_Z13penrose_kNNNNPv`) instead of the trace's kernel name.
+    #[arg(long)]
+    self_named: bool,
+    /// The stand-in runtime to dlopen (normally an installed libcudart.so.13); defaults to the
+    /// one this crate built.
+    #[arg(long)]
+    cudart: Option<PathBuf>,
+    /// The test application to dlopen (libpenrose_nvcc_app.so); defaults to the built one.
+    #[arg(long)]
+    app: Option<PathBuf>,
+    /// The stripped library to dlopen (libpenrose_static.so); defaults to the built one.
+    #[arg(long)]
+    static_lib: Option<PathBuf>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -67,7 +90,15 @@ enum ResolveArg {
     Library,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ViaArg {
+    Driver,
+    Runtime,
+    RuntimeLegacy,
+    Static,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum EntryArg {
     LaunchKernel,
     LaunchKernelPtsz,
@@ -79,7 +110,7 @@ enum EntryArg {
 }
 
 impl EntryArg {
-    fn via(self) -> Via {
+    fn driver_via(self) -> Via {
         match self {
             Self::LaunchKernel => Via::Entry(EntryPoint::LaunchKernel),
             Self::LaunchKernelPtsz => Via::Entry(EntryPoint::LaunchKernelPtsz),
@@ -133,6 +164,37 @@ fn one_line(e: &anyhow::Error) -> String {
     line.replace('\n', " ")
 }
 
+/// A flag value as the command line spells it.
+fn value_name<T: ValueEnum>(x: &T) -> String {
+    x.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
+/// The replay path the flags ask for, or why they do not fit together.
+fn via(args: &Args) -> Result<Via, String> {
+    if args.self_named && !matches!(args.via, ViaArg::Runtime | ViaArg::RuntimeLegacy) {
+        return Err("--self-named needs --via runtime or --via runtime-legacy".into());
+    }
+    let per_thread_stream = match (args.via, args.entry) {
+        (ViaArg::Driver, _) => return Ok(args.entry.driver_via()),
+        (ViaArg::Static, EntryArg::LaunchKernel) => return Ok(Via::Static),
+        (ViaArg::Runtime | ViaArg::RuntimeLegacy, EntryArg::LaunchKernel) => false,
+        (ViaArg::Runtime | ViaArg::RuntimeLegacy, EntryArg::LaunchKernelPtsz) => true,
+        (v, e) => {
+            return Err(format!(
+                "--entry {} cannot be used with --via {}",
+                value_name(&e),
+                value_name(&v)
+            ));
+        }
+    };
+    Ok(Via::Runtime(RuntimeVia {
+        legacy: args.via == ViaArg::RuntimeLegacy,
+        per_thread_stream,
+        self_named: args.self_named,
+    }))
+}
+
 fn run(args: &Args) -> Result<(), Failure> {
     if !(args.speed.is_finite() && args.speed > 0.0) {
         return Err(Failure::BadInput(anyhow::anyhow!(
@@ -140,6 +202,7 @@ fn run(args: &Args) -> Result<(), Failure> {
             args.speed
         )));
     }
+    let via = via(args).map_err(|e| Failure::BadInput(anyhow::anyhow!(e)))?;
     let trace = penrose_traces::read_trace(&args.trace)
         .map_err(|e| Failure::BadInput(anyhow::Error::new(e)))?;
     let plan = ReplayPlan::from_trace(&trace, args.process).map_err(|e| match e {
@@ -153,6 +216,35 @@ fn run(args: &Args) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(LIBCUDA_PATH));
     let driver = Driver::load(&lib).with_context(|| format!("loading {}", lib.display()))?;
+    // Loaded in a real process's order: driver, runtime, application (each finds the one
+    // before by soname).
+    let path_or = |p: &Option<PathBuf>, default: &str| p.clone().unwrap_or_else(|| default.into());
+    let (runtime, app) = if matches!(via, Via::Runtime(_)) {
+        let cudart = path_or(&args.cudart, LIBCUDART_PATH);
+        let runtime = Runtime::load(&cudart, &driver)
+            .with_context(|| format!("loading {}", cudart.display()))?;
+        let app_path = path_or(&args.app, NVCC_APP_PATH);
+        let app = NvccApp::load(&app_path, &runtime)
+            .with_context(|| format!("loading {}", app_path.display()))?;
+        (Some(runtime), Some(app))
+    } else {
+        (None, None)
+    };
+    let static_lib = if via == Via::Static {
+        let path = path_or(&args.static_lib, STATIC_LIB_PATH);
+        Some(
+            StaticLib::load(&path, &driver)
+                .with_context(|| format!("loading {}", path.display()))?,
+        )
+    } else {
+        None
+    };
+    let libs = Libraries {
+        driver: &driver,
+        runtime: runtime.as_ref(),
+        app: app.as_ref(),
+        static_lib: static_lib.as_ref(),
+    };
     let stop = if args.loop_forever {
         Some(signal::stop_on_signals().context("installing signal handlers")?)
     } else {
@@ -172,15 +264,22 @@ fn run(args: &Args) -> Result<(), Failure> {
             ResolveArg::Module => Resolve::Module,
             ResolveArg::Library => Resolve::Library,
         },
-        via: args.entry.via(),
+        via,
         stop,
     };
-    let result = replay(&driver, &plan, &options);
+    let result = replay_with(&libs, &plan, &options);
     if !args.keep_ring {
         // Absent when cuInit failed; nothing else to clean up then.
         let _ = std::fs::remove_file(ring_path(std::process::id()));
     }
-    let summary = result.with_context(|| format!("replaying {}", args.trace.display()))?;
+    let summary = result.map_err(|e| match e {
+        StandinError::TooManyKernels { .. } => Failure::BadInput(
+            anyhow::Error::new(e).context(format!("replaying {}", args.trace.display())),
+        ),
+        other => Failure::Other(
+            anyhow::Error::new(other).context(format!("replaying {}", args.trace.display())),
+        ),
+    })?;
     if args.json {
         let json = serde_json::to_string_pretty(&summary).context("encoding the summary")?;
         println!("{json}");
