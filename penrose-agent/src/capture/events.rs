@@ -258,6 +258,12 @@ impl ProcessNames {
         self.functions.get(&function)
     }
 
+    /// Forgets runtime launches not matched to a driver launch (a window closed between
+    /// them), so that none can name a launch of a later window.
+    pub fn forget_runtime_launches(&mut self) {
+        self.runtime_launch.clear();
+    }
+
     /// Names not kept because the bounds were reached.
     pub fn dropped(&self) -> u64 {
         self.dropped

@@ -16,8 +16,10 @@
 //! So for each object a process maps, the agent reads `.symtab` and `.dynsym` (once per file,
 //! cached), reads the current value of every `__handle` from the process's memory with
 //! `process_vm_readv` (it never writes to the process), and names the handles that are set.
-//! The stubs' own (FUNC) symbols name the stubs for the legacy launch path. Objects without a
-//! symbol table (cuBLAS links the runtime statically and is stripped) stay unnamed here.
+//! For the legacy launch path it also names the kernels' host functions: nvcc registers, and
+//! the legacy `cudaLaunchKernel` passes, the address of the host function whose symbol is the
+//! kernel's mangled name itself (it calls the stub). Objects without a symbol table (cuBLAS
+//! links the runtime statically and is stripped) stay unnamed here.
 //!
 //! Bounds: at most [`MAX_OBJECTS_CACHED`] files' symbols are kept, [`MAX_SYMBOLS_PER_OBJECT`]
 //! stub symbols per file, and files are read through a page cache rather than whole.
@@ -45,7 +47,8 @@ const STUB: &str = "__device_stub__";
 pub struct ObjectSymbols {
     /// `__handle` statics: address and the kernel's mangled name.
     handles: Vec<(u64, Arc<str>)>,
-    /// Stub functions: address and the kernel's mangled name.
+    /// Kernels' host functions (what registration and legacy launches pass): address and the
+    /// kernel's mangled name.
     stubs: Vec<(u64, Arc<str>)>,
     /// The lowest address of the segment mapped from file offset 0 (the load bias is the
     /// mapping's start minus this).
@@ -58,7 +61,7 @@ impl ObjectSymbols {
         self.handles.len()
     }
 
-    /// Stub functions found.
+    /// Host functions found.
     pub fn stubs(&self) -> usize {
         self.stubs.len()
     }
@@ -101,33 +104,42 @@ pub fn read_object(path: &Path) -> Result<ObjectSymbols, String> {
             .unwrap_or(0),
         ..ObjectSymbols::default()
     };
-    let mut names: HashMap<String, Arc<str>> = HashMap::new();
+    // First pass: the kernels, from the stubs' symbols, and the `__handle` statics.
+    let mut kernels: HashMap<String, Arc<str>> = HashMap::new();
     for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
-        if out.handles.len() + out.stubs.len() >= MAX_SYMBOLS_PER_OBJECT {
+        if out.handles.len() >= MAX_SYMBOLS_PER_OBJECT {
             break;
         }
         let Ok(name) = symbol.name() else {
             continue;
         };
-        if !name.contains(STUB) || symbol.address() == 0 {
+        if !name.contains(STUB) {
             continue;
         }
         let Some(kernel) = kernel_of_stub_symbol(name) else {
             continue;
         };
         let kernel = Arc::clone(
-            names
+            kernels
                 .entry(kernel.clone())
                 .or_insert_with(|| Arc::from(kernel.as_str())),
         );
-        match symbol.kind() {
-            SymbolKind::Data if is_handle_symbol(name) => {
-                out.handles.push((symbol.address(), kernel));
+        if symbol.kind() == SymbolKind::Data && is_handle_symbol(name) && symbol.address() != 0 {
+            out.handles.push((symbol.address(), kernel));
+        }
+    }
+    // Second pass: the host functions, named like the kernels.
+    if !kernels.is_empty() {
+        for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
+            if out.stubs.len() >= MAX_SYMBOLS_PER_OBJECT {
+                break;
             }
-            SymbolKind::Text if !is_handle_symbol(name) => {
-                out.stubs.push((symbol.address(), kernel));
+            if symbol.kind() != SymbolKind::Text || symbol.address() == 0 {
+                continue;
             }
-            _ => {}
+            if let Some(kernel) = symbol.name().ok().and_then(|n| kernels.get(n)) {
+                out.stubs.push((symbol.address(), Arc::clone(kernel)));
+            }
         }
     }
     Ok(out)
@@ -405,6 +417,19 @@ mod tests {
         ] {
             assert_eq!(kernel_of_stub_symbol(symbol).as_deref(), kernel, "{symbol}");
         }
+    }
+
+    #[test]
+    fn the_nvcc_test_application_gives_every_handle_and_host_function() {
+        let symbols = read_object(Path::new(penrose_standin::NVCC_APP_PATH)).unwrap();
+        assert_eq!(symbols.handles(), 2048);
+        assert_eq!(symbols.stubs(), 2048);
+        assert!(
+            symbols
+                .handles
+                .iter()
+                .any(|(_, k)| &**k == "_Z13penrose_k0007Pv")
+        );
     }
 
     #[test]

@@ -248,15 +248,18 @@ impl Probes {
     }
 
     /// Attaches every launch probe to every library, and with `naming` the runtime's
-    /// launch-naming probes too: a window opens.
+    /// launch-naming probes too: a window opens. The naming probes go first, so that every
+    /// driver launch the window records has its runtime launch recorded before it.
     pub fn attach_launch(&mut self, naming: bool) -> Result<usize, CaptureError> {
         if self.launch_attached {
             return Ok(0);
         }
         self.launch_attached = true;
         self.naming_attached = naming;
+        let mut libraries = self.libraries.clone();
+        libraries.sort_by_key(|l| l.kind != penrose_ebpf_common::Library::Runtime);
         let mut attached = 0;
-        for library in self.libraries.clone() {
+        for library in libraries {
             attached += self.attach_launch_to(&library)?;
         }
         Ok(attached)

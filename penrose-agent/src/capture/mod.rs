@@ -196,8 +196,9 @@ pub struct Capture {
     window_runtime_launches: u64,
     /// Launches of the open window that had no name.
     window_unnamed: u64,
-    /// Whether the next window attaches the runtime's launch probe: until a window names
-    /// every launch (the legacy path needs it to name launches; it doubles their traps).
+    /// Whether the next window attaches the runtime's launch probe (the legacy path needs it
+    /// to name launches; it doubles their traps): while the last window left launches
+    /// unnamed, or stubs were registered since it (a new process or module).
     naming_needed: bool,
     cpu: cpu::CpuTracker,
     history: Vec<WindowRecord>,
@@ -436,6 +437,9 @@ impl Capture {
             process_cpu: self.cpu.total(),
         };
         self.naming_needed = self.window_unnamed > 0;
+        for names in self.names.values_mut() {
+            names.forget_runtime_launches();
+        }
         // A process that launched unnamed kernels and was not read yet (it started after the
         // last rescan) is read now, for the next windows.
         for pid in std::mem::take(&mut self.window_unnamed_pids) {
@@ -529,6 +533,9 @@ impl Capture {
                 truncated,
             } => {
                 self.counts.names += 1;
+                if kind == HandleKind::Stub && self.window.is_none() {
+                    self.naming_needed = true;
+                }
                 if truncated {
                     tracing::debug!("pid {}: kernel name cut at {} bytes", pid.0, name.len());
                 }
@@ -608,12 +615,32 @@ impl Capture {
     /// Drains until `until` returns true, sleeping the poll interval whenever the ring is
     /// empty.
     pub fn poll_until(&mut self, mut until: impl FnMut(&mut Self) -> bool) {
+        let mut checked = Instant::now();
         loop {
-            if self.drain() == 0 {
+            let read = self.drain();
+            // Checked whenever the ring is empty, and at least every poll interval while
+            // launchers fill it faster than it drains (the caller drains the rest).
+            if read == 0 || checked.elapsed() >= self.config.poll_interval {
                 if until(self) {
                     return;
                 }
+                checked = Instant::now();
+            }
+            if read == 0 {
                 std::thread::sleep(self.config.poll_interval);
+            }
+        }
+    }
+
+    /// Drains until the ring is empty (it may never be while launchers outpace the reader;
+    /// callers use it once the launchers stopped).
+    pub fn drain_all(&mut self) -> u64 {
+        let mut total = 0;
+        loop {
+            let read = self.drain();
+            total += read;
+            if read == 0 {
+                return total;
             }
         }
     }
