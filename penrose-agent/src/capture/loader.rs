@@ -289,20 +289,32 @@ impl Probes {
     pub fn detach_launch(&mut self) -> Result<Detaching, CaptureError> {
         self.launch_attached = false;
         self.naming_attached = false;
-        let mut links = Vec::new();
+        let naming = |program: &str| {
+            USER_PROBES
+                .iter()
+                .any(|p| p.program == program && p.role == ProbeRole::LaunchNaming)
+        };
+        let (mut launches, mut namings) = (Vec::new(), Vec::new());
         for (program, link) in std::mem::take(&mut self.launch_links) {
-            links.push(
-                uprobe(&mut self.ebpf, program)?
-                    .take_link(link)
-                    .map_err(|e| program_error(program, e))?,
-            );
+            let link = uprobe(&mut self.ebpf, program)?
+                .take_link(link)
+                .map_err(|e| program_error(program, e))?;
+            if naming(program) {
+                namings.push(link);
+            } else {
+                launches.push(link);
+            }
         }
+        // The driver's launch probes go first and the runtime's naming probes after them, so
+        // that every driver launch the window records still has its runtime launch before it.
         let thread = std::thread::spawn(move || {
-            std::thread::scope(|scope| {
-                for link in links {
-                    scope.spawn(move || drop(link));
-                }
-            });
+            for links in [launches, namings] {
+                std::thread::scope(|scope| {
+                    for link in links {
+                        scope.spawn(move || drop(link));
+                    }
+                });
+            }
         });
         Ok(Detaching(thread))
     }
