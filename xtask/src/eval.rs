@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::fingerprint::{
-    DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, FingerprintParams, MinHashSignature,
-    MinHasher, ShingleKey, SnippetHash, Weighting,
+    DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, FingerprintParams, MAX_GAP_BUCKET,
+    MinHashSignature, MinHasher, ShingleKey, SnippetHash, Weighting,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -61,7 +61,8 @@ pub struct Args {
     taus: Vec<f64>,
     /// Token encodings to compare (what each launch is shingled as).
     #[arg(long, value_enum, value_delimiter = ',',
-          default_values_t = [Tokens::Named, Tokens::NameFree, Tokens::Both, Tokens::NameFreeExact])]
+          default_values_t = [Tokens::Named, Tokens::NameFree, Tokens::Both, Tokens::NameFreeCarried,
+                             Tokens::NameFreeExact])]
     tokens: Vec<Tokens>,
     /// Number of MinHash functions k.
     #[arg(long, default_value_t = DEFAULT_NUM_HASHES)]
@@ -335,16 +336,28 @@ fn run_job(
     let sources = corpus.sources(mode);
     // (source, perturbed window, unperturbed companion at an independent offset)
     let mut drawn = Vec::new();
+    // The offsets of each drawn window's perturbed (and unperturbed) and clean windows.
+    let mut offsets = Vec::new();
     for (si, source) in sources.iter().enumerate() {
         for _ in 0..args.windows {
             let offset = rng.random_range(0..source.seq.len().max(1));
             let perturbed =
                 windows::draw_at(&source.seq, offset, len, p, &foreign[source.app], &mut rng);
-            let clean = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
+            let (clean_offset, clean) = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
             let unperturbed = windows::draw_at(&source.seq, offset, len, 0.0, &[], &mut rng);
             drawn.push((si, perturbed, clean, unperturbed));
+            offsets.push((offset, clean_offset));
         }
     }
+    // The launches an agent saw in the process before a window: one loop of the sequence, at
+    // most as far back as the largest gap bucket reaches.
+    let history = |si: usize, offset: usize| -> Vec<LaunchId> {
+        let seq = &sources[si].seq;
+        let h = seq.len().min(1 << (MAX_GAP_BUCKET - 1));
+        (0..h)
+            .map(|i| seq[(offset + seq.len() - h + i) % seq.len()])
+            .collect()
+    };
     let labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].label).collect();
     let file_labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].file_label).collect();
     let apps: Vec<usize> = drawn.iter().map(|w| sources[w.0].app).collect();
@@ -357,11 +370,17 @@ fn run_job(
         let mut tokenizer = Tokenizer::new(corpus, tokens);
         let windows: Vec<[Vec<u32>; 3]> = drawn
             .iter()
-            .map(|w| {
+            .zip(&offsets)
+            .map(|(w, &(offset, clean_offset))| {
+                let (before, before_clean) = if tokenizer.needs_history() {
+                    (history(w.0, offset), history(w.0, clean_offset))
+                } else {
+                    (Vec::new(), Vec::new())
+                };
                 [
-                    tokenizer.tokenize(&w.1),
-                    tokenizer.tokenize(&w.2),
-                    tokenizer.tokenize(&w.3),
+                    tokenizer.tokenize(&w.1, &before),
+                    tokenizer.tokenize(&w.2, &before_clean),
+                    tokenizer.tokenize(&w.3, &before),
                 ]
             })
             .collect();

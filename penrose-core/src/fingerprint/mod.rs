@@ -36,6 +36,6 @@ pub use params::{
 pub use shingle::{NameDigest, ShingleKey, shingle_keys, shingle_keys_of_digests};
 pub use snippet::{Fingerprinter, SnippetHash};
 pub use tokens::{
-    LaunchConfig, LaunchToken, MAX_GAP_BUCKET, combined_digest, gap_bucket, name_free_digests,
-    name_free_tokens, repetition_distances,
+    LaunchConfig, LaunchToken, MAX_GAP_BUCKET, RepetitionTracker, combined_digest, gap_bucket,
+    name_free_digests, name_free_tokens, repetition_distances,
 };

@@ -538,6 +538,11 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
          are mostly unnamed half of its shingles in common with every other such process, \
          while the combined token of an unnamed launch, with a fixed placeholder name, \
          degrades to the name-free token.)\n\
+         - **name-free, gaps carried across windows**: as name-free, but the distances reach \
+         back before the window (the agent would keep each handle's last launch index per \
+         process across its windows; here the history is the looped sequence before the \
+         window's offset), so only a process's first launch of a kernel gets bucket 0 and \
+         windows at different offsets no longer differ in the first launch of every kernel.\n\
          - **name-free, exact gap <= {cap}**: as name-free with min(distance, {cap}) in place \
          of the bucket: the alternative the log bucket is measured against.\n\n\
          What the traces lack: the profiler records *static plus dynamic* shared memory per \
@@ -726,7 +731,58 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
 }
 
 /// The reasoning behind the names section's recommendation, and its privacy side.
-const NAMES_TEXT: &str = "TODO\n";
+const NAMES_TEXT: &str = "\
+#### What to ship (decided on `../shared/traces`, seed 20261129)
+
+- **Names where the agent has them.** Names score best in every summary row above (per process \
+and per stream, n = 4 and 8, 256-bit hash and full values, both truths), with 0 mixed classes \
+like every encoding here. The agent keeps fingerprinting names, and issue 9's name sources \
+(items 1 to 3) are what makes that hold on real CUDA stacks.\n\
+- **Name-free tokens, with gaps carried across windows, where it has none.** Without \
+perturbation the carried name-free tokens score as names do (the p = 0 rows; exact Jaccard \
+0.77 against 0.79 at L = 1,000): launch configurations and repetition distances tell these \
+applications apart as well as names. They lose under perturbation, because one dropped or \
+inserted launch also moves the repetition distance of every kernel launched across it, and a \
+foreign kernel brings tokens of its own: most at p = 5%, least at L = 10,000. Carrying each \
+handle's last launch across windows (`RepetitionTracker`) is worth about 5 points over \
+counting inside the window, the log bucket about 12 over exact distances capped at 64. A \
+process whose launches the agent cannot name gets this fingerprint rather than a useless \
+`<unnamed>` one.\n\
+- **Not both in one token.** The combined token is as fragile as the name-free one (it \
+carries the same gap) and adds nothing measurable: it scores within a few points of \
+window-local name-free tokens, mostly below, and below names everywhere. \
+Names and name-free snippets of one application do not match each other, so a report must \
+say which encoding made its snippet hash and the aggregator must compare only like with \
+like; which one a window uses should follow from the share of its launches that carry a \
+name (a rule this evaluation does not measure).\n\
+- **Limits.** As for names (seven traces, six applications). The traces record static plus \
+dynamic shared memory, the agent sees dynamic only, which may merge some configurations the \
+traces keep apart. Configurations depend on the GPU and on tensor shapes (cuBLAS picks \
+kernels and tiles per architecture; grids follow batch and model sizes), so one application \
+on two GPU models or batch sizes may form two name-free classes where names form one: these \
+traces cannot show that.\n\
+\n\
+#### What a name-free fingerprint reveals
+
+- **What leaves the agent is unchanged:** the 256-bit snippet hash, 2 bits of each of 100 \
+minima. No name, configuration or distance is sent; token digests never leave the agent.\n\
+- **What a token stands for:** grid, block, shared memory and a repetition bucket instead of \
+a kernel name. That says nothing of which library or code ran, but configurations follow \
+tensor shapes (a grid is roughly a problem size divided by a tile), so a token is about the \
+*shapes* of the work where a name is about its *code*.\n\
+- **Reversing a shingle** means enumerating n-tuples of tokens instead of names. Plausible \
+configurations are small, often powers of two, and a framework's launch shapes follow from a \
+model's dimensions, so the token alphabet is no harder to guess than names (these traces hold \
+1,116 distinct configurations against 405 names, times up to 17 gap buckets); as for names \
+this only matters where a digest or a full minimum is exposed, which the 256-bit hash \
+prevents.\n\
+- **Confirming a guessed application still works**, as it must, since it is the membership \
+test fingerprints exist for: whoever can run the guessed application computes its snippet \
+hash and compares. With names the guess is the code (framework and model); name-free, the \
+guess must also reproduce the shapes (model dimensions, batch size) and a GPU that makes the \
+same kernel choices, so a match confirms somewhat more (those shapes) and a guess of the code \
+alone confirms less. The repetition buckets add the rhythm of the workload (kernels per layer, \
+iteration length to a power of two), which the n-gram order of names already implies.\n";
 
 /// Reasoning that does not depend on the folder: the privacy side of each choice.
 const CHOICE_TEXT: &str = "\

@@ -23,6 +23,11 @@ pub enum Tokens {
     NameFree,
     /// One token of the name and the name-free token together (`combined_digest`).
     Both,
+    /// Like `name-free`, with repetition distances counted from before the window: the agent
+    /// keeps, per process, the index of each handle's last launch across windows, so only a
+    /// process's very first launches of a kernel get bucket 0 (the window's history is the
+    /// looped sequence before its offset).
+    NameFreeCarried,
     /// Like `name-free` with the exact distance capped at 64 instead of its log bucket (the
     /// alternative the bucket is measured against).
     NameFreeExact,
@@ -35,6 +40,7 @@ impl Tokens {
             Self::Named => "names",
             Self::NameFree => "name-free",
             Self::Both => "both (name + name-free in one token)",
+            Self::NameFreeCarried => "name-free, gaps carried across windows",
             Self::NameFreeExact => "name-free, exact gap <= 64",
         }
     }
@@ -61,10 +67,16 @@ impl<'a> Tokenizer<'a> {
         }
     }
 
+    /// Whether [`Self::tokenize`] reads the launches before the window.
+    pub fn needs_history(&self) -> bool {
+        self.tokens == Tokens::NameFreeCarried
+    }
+
     /// The token ids of a window. Repetition distances are counted inside the window, as the
     /// agent counts them inside its capture window, with the kernel name standing for the
-    /// per-process handle.
-    pub fn tokenize(&mut self, window: &[LaunchId]) -> Vec<u32> {
+    /// per-process handle; for [`Tokens::NameFreeCarried`] they reach back into `history`
+    /// (the launches before the window, oldest first), which the other encodings ignore.
+    pub fn tokenize(&mut self, window: &[LaunchId], history: &[LaunchId]) -> Vec<u32> {
         let corpus = self.corpus;
         let launch = |l: LaunchId| corpus.launches[l as usize];
         if self.tokens == Tokens::Named {
@@ -76,7 +88,10 @@ impl<'a> Tokenizer<'a> {
                 })
                 .collect();
         }
-        let distances = repetition_distances(window.iter().map(|&l| launch(l).0));
+        let history = if self.needs_history() { history } else { &[] };
+        let mut distances =
+            repetition_distances(history.iter().chain(window).map(|&l| launch(l).0));
+        distances.drain(..history.len());
         window
             .iter()
             .zip(distances)
@@ -140,7 +155,7 @@ mod tests {
 
     fn digests_of(corpus: &Corpus, tokens: Tokens, window: &[LaunchId]) -> Vec<NameDigest> {
         let mut t = Tokenizer::new(corpus, tokens);
-        let ids = t.tokenize(window);
+        let ids = t.tokenize(window, &[]);
         ids.iter().map(|&i| t.digests[i as usize]).collect()
     }
 
@@ -150,7 +165,11 @@ mod tests {
         // The same launches with every kernel renamed by a bijection.
         let b = corpus(&["_Z1xv", "_Z1yv", "_Z1zv"]);
         let window: Vec<LaunchId> = [0, 2, 5, 0, 1, 3, 4, 2, 0, 5, 5, 1].to_vec();
-        for tokens in [Tokens::NameFree, Tokens::NameFreeExact] {
+        for tokens in [
+            Tokens::NameFree,
+            Tokens::NameFreeCarried,
+            Tokens::NameFreeExact,
+        ] {
             assert_eq!(
                 digests_of(&a, tokens, &window),
                 digests_of(&b, tokens, &window)
@@ -170,7 +189,7 @@ mod tests {
         // Kernel a (launches 0, 1) at positions 0, 2, 3; b (launches 2, 3) at 1, 4.
         let window = [0, 2, 1, 0, 3];
         let mut t = Tokenizer::new(&c, Tokens::NameFreeExact);
-        let ids = t.tokenize(&window);
+        let ids = t.tokenize(&window, &[]);
         let expect = |config: u32, gap: u8| {
             LaunchToken {
                 config: c.configs[config as usize],
@@ -188,6 +207,17 @@ mod tests {
                 expect(0, 1),
                 expect(1, 3)
             ]
+        );
+        // With history, the first launches of a and b get the distance back into it.
+        let mut t = Tokenizer::new(&c, Tokens::NameFreeCarried);
+        let ids = t.tokenize(&window, &[3, 1, 2]);
+        let got: Vec<NameDigest> = ids.iter().map(|&i| t.digests[i as usize]).collect();
+        // History b a b, then a b a a b: a at -2, b at -1.
+        assert_eq!(got[0], expect(0, gap_bucket(Some(2))));
+        assert_eq!(got[1], expect(0, gap_bucket(Some(2))));
+        assert_eq!(
+            got[2..],
+            [expect(1, 2), expect(0, 1), expect(1, gap_bucket(Some(3)))]
         );
     }
 }

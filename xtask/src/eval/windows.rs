@@ -19,19 +19,20 @@ enum Perturbation {
 }
 
 /// The first `len` launches an agent would record starting at a random offset of the looped
-/// sequence, with each launch perturbed with probability `p` by a kernel from `foreign`.
+/// sequence, with each launch perturbed with probability `p` by a kernel from `foreign`, and
+/// that offset.
 pub fn draw<R: Rng>(
     seq: &[LaunchId],
     len: usize,
     p: f64,
     foreign: &[LaunchId],
     rng: &mut R,
-) -> Vec<LaunchId> {
+) -> (usize, Vec<LaunchId>) {
     if seq.is_empty() {
-        return Vec::new();
+        return (0, Vec::new());
     }
     let offset = rng.random_range(0..seq.len());
-    draw_at(seq, offset, len, p, foreign, rng)
+    (offset, draw_at(seq, offset, len, p, foreign, rng))
 }
 
 /// Like [`draw`] from a given offset.
@@ -150,7 +151,7 @@ mod tests {
     fn unperturbed_windows_are_rotations_of_the_loop() {
         let seq: Vec<LaunchId> = (0..10).collect();
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let w = draw(&seq, 25, 0.0, &[99], &mut rng);
+        let (_, w) = draw(&seq, 25, 0.0, &[99], &mut rng);
         assert_eq!(w.len(), 25);
         assert!(w.windows(2).all(|p| p[1] == (p[0] + 1) % 10));
     }
@@ -159,7 +160,7 @@ mod tests {
     fn perturbation_brings_in_foreign_kernels_at_about_the_rate() {
         let seq: Vec<LaunchId> = (0..10).collect();
         let mut rng = ChaCha8Rng::seed_from_u64(2);
-        let w = draw(&seq, 100_000, 0.05, &[99], &mut rng);
+        let (_, w) = draw(&seq, 100_000, 0.05, &[99], &mut rng);
         let foreign = w.iter().filter(|&&k| k == 99).count() as f64 / w.len() as f64;
         // Two of three perturbations add a foreign kernel: about 3.3% of the window.
         assert!((0.025..0.042).contains(&foreign), "{foreign}");
