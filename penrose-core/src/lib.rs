@@ -3,8 +3,9 @@
 //!
 //! Data flows one way through these modules:
 //!
-//! - [`fingerprint`]: kernel-name sequences -> n-gram shingles -> MinHash -> snippet hashes,
-//!   similarity estimates and LSH bands (how the aggregator groups snippets into applications).
+//! - [`fingerprint`]: kernel-name sequences (or name-free launch tokens) -> n-gram shingles ->
+//!   MinHash -> snippet hashes, similarity estimates and LSH bands (how the aggregator groups
+//!   snippets into applications).
 //! - [`sampling`]: which launches are sampled (1 in S, offset re-drawn every O seconds).
 //! - [`counters`]: the versioned counter catalogue and the mapping of a value to one of 128 bins.
 //! - [`histogram`]: 128-bin histograms of sampled counter values.

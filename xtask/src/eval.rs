@@ -2,14 +2,16 @@
 //! folder of real traces, written to `docs/evaluation.md` (method and definitions are in the
 //! generated document).
 //!
-//! - [`corpus`]: the traces as labelled, interned kernel-name sequences.
+//! - [`corpus`]: the traces as labelled sequences of interned launches (name, configuration).
 //! - [`windows`]: capture windows at random offsets of the looped sequences, perturbed.
+//! - [`tokens`]: each window as kernel names, name-free tokens, or both.
 //! - [`cluster`]: the aggregator's online clustering, simulated, and its score.
 //! - [`report`]: the markdown document.
 
 mod cluster;
 mod corpus;
 mod report;
+mod tokens;
 mod windows;
 
 use std::path::PathBuf;
@@ -19,8 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::fingerprint::{
-    DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, FingerprintParams, MinHashSignature,
-    MinHasher, ShingleKey, SnippetHash, Weighting,
+    DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, FingerprintParams, MAX_GAP_BUCKET,
+    MinHashSignature, MinHasher, ShingleKey, SnippetHash, Weighting,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -28,7 +30,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use cluster::{Score, SimMatrix};
-use corpus::{Corpus, Mode};
+use corpus::{Corpus, LaunchId, Mode};
+use tokens::{Tokenizer, Tokens};
 
 /// Arguments.
 #[derive(clap::Args)]
@@ -56,6 +59,11 @@ pub struct Args {
     #[arg(long, value_delimiter = ',',
           default_values_t = [0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.85])]
     taus: Vec<f64>,
+    /// Token encodings to compare (what each launch is shingled as).
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [Tokens::Named, Tokens::NameFree, Tokens::Both, Tokens::NameFreeCarried,
+                             Tokens::NameFreeExact])]
+    tokens: Vec<Tokens>,
     /// Number of MinHash functions k.
     #[arg(long, default_value_t = DEFAULT_NUM_HASHES)]
     k: usize,
@@ -122,10 +130,11 @@ pub struct Exact {
     pub other_weighted: f64,
 }
 
-/// One (mode, L, p, n) cell.
+/// One (mode, tokens, L, p, n) cell.
 #[derive(Clone, Debug, Serialize)]
 pub struct Cell {
     mode: Mode,
+    tokens: Tokens,
     len: usize,
     p: f64,
     n: usize,
@@ -156,6 +165,9 @@ pub struct Evaluation {
     process_sequences: Vec<(String, usize)>,
     stream_sequences: Vec<(String, usize)>,
     kernels: usize,
+    kernels_without_config: usize,
+    distinct_names: usize,
+    distinct_configs: usize,
     cells: Vec<Cell>,
 }
 
@@ -169,6 +181,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     if !args.ngrams.contains(&DEFAULT_NGRAM_LEN) {
         args.ngrams.push(DEFAULT_NGRAM_LEN);
     }
+    // Names are the reference every other encoding is set against.
+    if !args.tokens.contains(&Tokens::Named) {
+        args.tokens.insert(0, Tokens::Named);
+    }
+    args.tokens.dedup();
     anyhow::ensure!(args.windows >= 2, "--windows must be at least 2");
     anyhow::ensure!(
         (1..=256).contains(&args.k),
@@ -191,7 +208,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     );
     let corpus =
         Corpus::read(&dir).with_context(|| format!("reading traces in {}", dir.display()))?;
-    let foreign: Vec<Vec<u32>> = (0..corpus.apps.len())
+    let foreign: Vec<Vec<LaunchId>> = (0..corpus.apps.len())
         .map(|app| {
             corpus
                 .process
@@ -212,7 +229,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     }
     // Longest windows first, so the two workers finish together.
     jobs.sort_by_key(|job| std::cmp::Reverse(job.1));
-    let bar = ProgressBar::new((jobs.len() * args.ngrams.len()) as u64);
+    let bar = ProgressBar::new((jobs.len() * args.ngrams.len() * args.tokens.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} cells {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -241,9 +258,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let mut cells = cells
         .into_inner()
         .map_err(|_| anyhow::anyhow!("a worker panicked"))?;
+    let token_rank = |t: Tokens| args.tokens.iter().position(|&x| x == t);
     cells.sort_by(|a, b| {
-        (a.mode as u8, a.n, a.len)
-            .cmp(&(b.mode as u8, b.n, b.len))
+        (a.mode as u8, token_rank(a.tokens), a.n, a.len)
+            .cmp(&(b.mode as u8, token_rank(b.tokens), b.n, b.len))
             .then(a.p.total_cmp(&b.p))
     });
 
@@ -264,6 +282,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         process_sequences: sequences(Mode::Process),
         stream_sequences: sequences(Mode::Stream),
         kernels: corpus.kernels,
+        kernels_without_config: corpus.kernels_without_config,
+        distinct_names: corpus.digests.len(),
+        distinct_configs: corpus.configs.len(),
         cells,
     };
     let markdown = report::render(&eval, &args);
@@ -271,6 +292,15 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
+        // Hand-written sections after the marker survive regeneration.
+        let kept = std::fs::read_to_string(&args.out).ok().and_then(|old| {
+            old.find(report::HAND_WRITTEN)
+                .map(|at| old[at..].to_owned())
+        });
+        let markdown = match kept {
+            Some(tail) => format!("{markdown}\n{tail}"),
+            None => markdown,
+        };
         std::fs::write(&args.out, &markdown)
             .with_context(|| format!("writing {}", args.out.display()))?;
         eprintln!("wrote {}", args.out.display());
@@ -306,16 +336,28 @@ fn run_job(
     let sources = corpus.sources(mode);
     // (source, perturbed window, unperturbed companion at an independent offset)
     let mut drawn = Vec::new();
+    // The offsets of each drawn window's perturbed (and unperturbed) and clean windows.
+    let mut offsets = Vec::new();
     for (si, source) in sources.iter().enumerate() {
         for _ in 0..args.windows {
             let offset = rng.random_range(0..source.seq.len().max(1));
             let perturbed =
                 windows::draw_at(&source.seq, offset, len, p, &foreign[source.app], &mut rng);
-            let clean = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
+            let (clean_offset, clean) = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
             let unperturbed = windows::draw_at(&source.seq, offset, len, 0.0, &[], &mut rng);
             drawn.push((si, perturbed, clean, unperturbed));
+            offsets.push((offset, clean_offset));
         }
     }
+    // The launches an agent saw in the process before a window: one loop of the sequence, at
+    // most as far back as the largest gap bucket reaches.
+    let history = |si: usize, offset: usize| -> Vec<LaunchId> {
+        let seq = &sources[si].seq;
+        let h = seq.len().min(1 << (MAX_GAP_BUCKET - 1));
+        (0..h)
+            .map(|i| seq[(offset + seq.len() - h + i) % seq.len()])
+            .collect()
+    };
     let labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].label).collect();
     let file_labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].file_label).collect();
     let apps: Vec<usize> = drawn.iter().map(|w| sources[w.0].app).collect();
@@ -324,73 +366,128 @@ fn run_job(
     let hasher = MinHasher::new(args.k);
 
     let mut cells = Vec::new();
-    for &n in &args.ngrams {
-        bar.set_message(format!("{mode:?} L={len} p={p} n={n}"));
-        let params = FingerprintParams {
-            ngram_len: n,
-            num_hashes: args.k,
-            ..FingerprintParams::default()
-        };
-        let bits = params.bits_per_value();
-        let mut shingler = windows::Shingler::new(n, &corpus.digests);
-        let keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.1)).collect();
-        let clean_keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.2)).collect();
-        let unperturbed_keys: Vec<_> = drawn.iter().map(|w| shingler.keys(&w.3)).collect();
-        let prints: Vec<Fingerprints> = keys
+    for &tokens in &args.tokens {
+        let mut tokenizer = Tokenizer::new(corpus, tokens);
+        let windows: Vec<[Vec<u32>; 3]> = drawn
             .iter()
-            .map(|k| {
-                let set = hasher.signature(k, Weighting::Set);
-                let weighted = hasher.signature(k, Weighting::Counts);
-                Fingerprints {
-                    set256: SnippetHash::from_signature(&set, bits),
-                    weighted256: SnippetHash::from_signature(&weighted, bits),
-                    set,
-                    weighted,
-                }
+            .zip(&offsets)
+            .map(|(w, &(offset, clean_offset))| {
+                let (before, before_clean) = if tokenizer.needs_history() {
+                    (history(w.0, offset), history(w.0, clean_offset))
+                } else {
+                    (Vec::new(), Vec::new())
+                };
+                [
+                    tokenizer.tokenize(&w.1, &before),
+                    tokenizer.tokenize(&w.2, &before_clean),
+                    tokenizer.tokenize(&w.3, &before),
+                ]
             })
             .collect();
-
-        let exact = exact_medians(&drawn, &apps, &keys, &clean_keys, &unperturbed_keys);
-        let mut scores = Vec::new();
-        for encoding in Encoding::ALL {
-            let sim = SimMatrix::new(prints.len(), |i, j| {
-                let (a, b) = (&prints[i], &prints[j]);
-                match encoding {
-                    Encoding::Set256 => a.set256.estimate_jaccard(&b.set256, &params),
-                    Encoding::Set64 => a.set.similarity(&b.set),
-                    Encoding::Weighted256 => {
-                        a.weighted256.estimate_jaccard(&b.weighted256, &params)
-                    }
-                    Encoding::Weighted64 => a.weighted.similarity(&b.weighted),
-                }
-            });
-            for &tau in &args.taus {
-                let class_of = cluster::online(&order, &sim, tau, args.reps.max(1));
-                scores.push(EncodingScore {
-                    encoding,
-                    tau,
-                    score: cluster::score(&class_of, &labels, &apps),
-                    score_by_file: cluster::score(&class_of, &file_labels, &apps),
-                });
-            }
+        for &n in &args.ngrams {
+            bar.set_message(format!("{mode:?} {tokens:?} L={len} p={p} n={n}"));
+            let params = FingerprintParams {
+                ngram_len: n,
+                num_hashes: args.k,
+                ..FingerprintParams::default()
+            };
+            let mut shingler = windows::Shingler::new(n, &tokenizer.digests);
+            let keys: Vec<_> = windows.iter().map(|w| shingler.keys(&w[0])).collect();
+            let clean_keys: Vec<_> = windows.iter().map(|w| shingler.keys(&w[1])).collect();
+            let unperturbed_keys: Vec<_> = windows.iter().map(|w| shingler.keys(&w[2])).collect();
+            cells.push(score_cell(
+                args,
+                &drawn,
+                &order,
+                &labels,
+                &file_labels,
+                &apps,
+                &hasher,
+                &params,
+                mode,
+                tokens,
+                len,
+                p,
+                &keys,
+                &clean_keys,
+                &unperturbed_keys,
+            ));
+            bar.inc(1);
         }
-        cells.push(Cell {
-            mode,
-            len,
-            p,
-            n,
-            windows: drawn.len(),
-            exact,
-            scores,
-        });
-        bar.inc(1);
     }
     cells
 }
 
+/// Fingerprints one cell's windows in every encoding and scores the classes they form.
+#[allow(clippy::too_many_arguments)]
+fn score_cell(
+    args: &Args,
+    drawn: &[Drawn],
+    order: &[usize],
+    labels: &[usize],
+    file_labels: &[usize],
+    apps: &[usize],
+    hasher: &MinHasher,
+    params: &FingerprintParams,
+    mode: Mode,
+    tokens: Tokens,
+    len: usize,
+    p: f64,
+    keys: &[Vec<ShingleKey>],
+    clean_keys: &[Vec<ShingleKey>],
+    unperturbed_keys: &[Vec<ShingleKey>],
+) -> Cell {
+    let bits = params.bits_per_value();
+    let prints: Vec<Fingerprints> = keys
+        .iter()
+        .map(|k| {
+            let set = hasher.signature(k, Weighting::Set);
+            let weighted = hasher.signature(k, Weighting::Counts);
+            Fingerprints {
+                set256: SnippetHash::from_signature(&set, bits),
+                weighted256: SnippetHash::from_signature(&weighted, bits),
+                set,
+                weighted,
+            }
+        })
+        .collect();
+    let exact = exact_medians(drawn, apps, keys, clean_keys, unperturbed_keys);
+    let mut scores = Vec::new();
+    for encoding in Encoding::ALL {
+        let sim = SimMatrix::new(prints.len(), |i, j| {
+            let (a, b) = (&prints[i], &prints[j]);
+            match encoding {
+                Encoding::Set256 => a.set256.estimate_jaccard(&b.set256, params),
+                Encoding::Set64 => a.set.similarity(&b.set),
+                Encoding::Weighted256 => a.weighted256.estimate_jaccard(&b.weighted256, params),
+                Encoding::Weighted64 => a.weighted.similarity(&b.weighted),
+            }
+        });
+        for &tau in &args.taus {
+            let class_of = cluster::online(order, &sim, tau, args.reps.max(1));
+            scores.push(EncodingScore {
+                encoding,
+                tau,
+                score: cluster::score(&class_of, labels, apps),
+                score_by_file: cluster::score(&class_of, file_labels, apps),
+            });
+        }
+    }
+    Cell {
+        mode,
+        tokens,
+        len,
+        p,
+        n: params.ngram_len,
+        windows: drawn.len(),
+        exact,
+        scores,
+    }
+}
+
 /// A window: its source, the perturbed window, an unperturbed window at an independent offset,
 /// and the unperturbed window at the same offset.
-type Drawn = (usize, Vec<u32>, Vec<u32>, Vec<u32>);
+type Drawn = (usize, Vec<LaunchId>, Vec<LaunchId>, Vec<LaunchId>);
 
 fn exact_medians(
     drawn: &[Drawn],

@@ -3,6 +3,9 @@
 //!
 //! A snippet (the kernel names one process launched in a capture window) goes through:
 //!
+//! - [`tokens`]: what stands for a launch when the agent has no name for it: its launch
+//!   configuration and the distance back to the previous launch of the same handle (name-free
+//!   tokens, unchanged by any consistent renaming of handles), digested like names.
 //! - [`shingle`]: n-grams of names, each digested with SHA-256, so that reversing a shingle means
 //!   enumerating n-tuples of kernel names.
 //! - [`minhash`]: k MinHash values over the digests, either over the *set* of shingles or over
@@ -19,6 +22,7 @@ pub mod minhash;
 pub mod params;
 pub mod shingle;
 pub mod snippet;
+pub mod tokens;
 
 #[cfg(test)]
 mod proptests;
@@ -31,3 +35,7 @@ pub use params::{
 };
 pub use shingle::{NameDigest, ShingleKey, shingle_keys, shingle_keys_of_digests};
 pub use snippet::{Fingerprinter, SnippetHash};
+pub use tokens::{
+    LaunchConfig, LaunchToken, MAX_GAP_BUCKET, RepetitionTracker, combined_digest, gap_bucket,
+    name_free_digests, name_free_tokens, repetition_distances,
+};

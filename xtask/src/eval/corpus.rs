@@ -1,13 +1,21 @@
-//! The traces as labelled sequences of interned kernel names.
+//! The traces as labelled sequences of interned launches (kernel name and launch
+//! configuration).
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use penrose_core::fingerprint::NameDigest;
+use penrose_core::fingerprint::{LaunchConfig, NameDigest};
 use penrose_traces::{Kernel, TraceFolder};
 
-/// Index of a kernel name in [`Corpus::names`].
+/// Index of a kernel name in [`Corpus::digests`].
 pub type NameId = u32;
+
+/// Index of a distinct (kernel name, launch configuration) in [`Corpus::launches`]: what
+/// windows are drawn as, so that every token encoding can be derived from one window.
+pub type LaunchId = u32;
+
+/// Index of a launch configuration in [`Corpus::configs`].
+pub type ConfigId = u32;
 
 /// Streams shorter than this are left out of the per-stream experiment: looping a few dozen
 /// launches would make a window of nothing but one short pattern.
@@ -32,8 +40,8 @@ pub struct Source {
     pub label: usize,
     /// Stricter ground truth: every file (and stream) is its own application.
     pub file_label: usize,
-    /// The sequence of kernel names.
-    pub seq: Vec<NameId>,
+    /// The sequence of launches.
+    pub seq: Vec<LaunchId>,
 }
 
 /// Every trace in a folder, interned.
@@ -46,8 +54,16 @@ pub struct Corpus {
     pub stream: Vec<Source>,
     /// SHA-256 of every name, by id.
     pub digests: Vec<NameDigest>,
+    /// Every distinct launch: its name (which stands for the per-process handle) and its
+    /// configuration.
+    pub launches: Vec<(NameId, ConfigId)>,
+    /// Every distinct launch configuration.
+    pub configs: Vec<LaunchConfig>,
     /// Total kernels read.
     pub kernels: usize,
+    /// Kernels that lack grid, block or shared memory in the trace (their missing fields read
+    /// as 0).
+    pub kernels_without_config: usize,
 }
 
 impl Corpus {
@@ -61,14 +77,37 @@ impl Corpus {
         );
         let mut ids: HashMap<String, NameId> = HashMap::new();
         let mut digests = Vec::new();
-        let mut intern = |k: &Kernel| -> NameId {
-            if let Some(&id) = ids.get(&*k.name) {
-                return id;
+        let mut config_ids: HashMap<LaunchConfig, ConfigId> = HashMap::new();
+        let mut configs = Vec::new();
+        let mut launch_ids: HashMap<(NameId, ConfigId), LaunchId> = HashMap::new();
+        let mut launches = Vec::new();
+        let mut kernels_without_config = 0;
+        let mut intern = |k: &Kernel| -> LaunchId {
+            let name = match ids.get(&*k.name) {
+                Some(&id) => id,
+                None => {
+                    let id = digests.len() as NameId;
+                    digests.push(NameDigest::of(&k.name));
+                    ids.insert(k.name.to_string(), id);
+                    id
+                }
+            };
+            if k.grid.is_none() || k.block.is_none() || k.shared_memory_bytes.is_none() {
+                kernels_without_config += 1;
             }
-            let id = digests.len() as NameId;
-            digests.push(NameDigest::of(&k.name));
-            ids.insert(k.name.to_string(), id);
-            id
+            let config = LaunchConfig {
+                grid: k.grid.unwrap_or_default(),
+                block: k.block.unwrap_or_default(),
+                shared_mem_bytes: k.shared_memory_bytes.unwrap_or_default(),
+            };
+            let config = *config_ids.entry(config).or_insert_with(|| {
+                configs.push(config);
+                (configs.len() - 1) as ConfigId
+            });
+            *launch_ids.entry((name, config)).or_insert_with(|| {
+                launches.push((name, config));
+                (launches.len() - 1) as LaunchId
+            })
         };
         let mut apps: Vec<String> = Vec::new();
         let mut stream_labels: HashMap<(usize, i64), usize> = HashMap::new();
@@ -118,7 +157,10 @@ impl Corpus {
             process,
             stream,
             digests,
+            launches,
+            configs,
             kernels,
+            kernels_without_config,
         })
     }
 

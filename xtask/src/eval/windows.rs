@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use penrose_core::fingerprint::{NameDigest, ShingleKey, shingle_keys_of_digests};
 use rand::Rng;
 
-use super::corpus::NameId;
+use super::corpus::LaunchId;
 
 /// What happens to a perturbed launch; each is equally likely.
 #[derive(Clone, Copy, Debug)]
@@ -19,30 +19,31 @@ enum Perturbation {
 }
 
 /// The first `len` launches an agent would record starting at a random offset of the looped
-/// sequence, with each launch perturbed with probability `p` by a kernel from `foreign`.
+/// sequence, with each launch perturbed with probability `p` by a kernel from `foreign`, and
+/// that offset.
 pub fn draw<R: Rng>(
-    seq: &[NameId],
+    seq: &[LaunchId],
     len: usize,
     p: f64,
-    foreign: &[NameId],
+    foreign: &[LaunchId],
     rng: &mut R,
-) -> Vec<NameId> {
+) -> (usize, Vec<LaunchId>) {
     if seq.is_empty() {
-        return Vec::new();
+        return (0, Vec::new());
     }
     let offset = rng.random_range(0..seq.len());
-    draw_at(seq, offset, len, p, foreign, rng)
+    (offset, draw_at(seq, offset, len, p, foreign, rng))
 }
 
 /// Like [`draw`] from a given offset.
 pub fn draw_at<R: Rng>(
-    seq: &[NameId],
+    seq: &[LaunchId],
     offset: usize,
     len: usize,
     p: f64,
-    foreign: &[NameId],
+    foreign: &[LaunchId],
     rng: &mut R,
-) -> Vec<NameId> {
+) -> Vec<LaunchId> {
     let mut out = Vec::with_capacity(len + 1);
     if seq.is_empty() {
         return out;
@@ -75,7 +76,7 @@ pub fn draw_at<R: Rng>(
 }
 
 /// Shingle keys with a memo: windows of one trace repeat the same n-grams, so each is digested
-/// once.
+/// once. Works on token ids (indices into the digests it is given): names or name-free tokens.
 pub struct Shingler<'a> {
     n: usize,
     digests: &'a [NameDigest],
@@ -84,7 +85,7 @@ pub struct Shingler<'a> {
 }
 
 impl<'a> Shingler<'a> {
-    /// A shingler for n-grams over the corpus's names.
+    /// A shingler for n-grams over tokens with these digests.
     pub fn new(n: usize, digests: &'a [NameDigest]) -> Self {
         let bits = usize::BITS - digests.len().leading_zeros();
         Self {
@@ -96,7 +97,7 @@ impl<'a> Shingler<'a> {
     }
 
     /// The shingle keys of a window, as `penrose_core::fingerprint::shingle_keys` would give.
-    pub fn keys(&mut self, names: &[NameId]) -> Vec<ShingleKey> {
+    pub fn keys(&mut self, names: &[u32]) -> Vec<ShingleKey> {
         let packable = self.n as u32 * self.bits <= 128;
         if names.len() < self.n || !packable {
             let digests: Vec<NameDigest> =
@@ -148,18 +149,18 @@ mod tests {
 
     #[test]
     fn unperturbed_windows_are_rotations_of_the_loop() {
-        let seq: Vec<NameId> = (0..10).collect();
+        let seq: Vec<LaunchId> = (0..10).collect();
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let w = draw(&seq, 25, 0.0, &[99], &mut rng);
+        let (_, w) = draw(&seq, 25, 0.0, &[99], &mut rng);
         assert_eq!(w.len(), 25);
         assert!(w.windows(2).all(|p| p[1] == (p[0] + 1) % 10));
     }
 
     #[test]
     fn perturbation_brings_in_foreign_kernels_at_about_the_rate() {
-        let seq: Vec<NameId> = (0..10).collect();
+        let seq: Vec<LaunchId> = (0..10).collect();
         let mut rng = ChaCha8Rng::seed_from_u64(2);
-        let w = draw(&seq, 100_000, 0.05, &[99], &mut rng);
+        let (_, w) = draw(&seq, 100_000, 0.05, &[99], &mut rng);
         let foreign = w.iter().filter(|&&k| k == 99).count() as f64 / w.len() as f64;
         // Two of three perturbations add a foreign kernel: about 3.3% of the window.
         assert!((0.025..0.042).contains(&foreign), "{foreign}");

@@ -1,0 +1,223 @@
+//! What each launch of a window is shingled as: its kernel name, a name-free token
+//! (`penrose_core::fingerprint::tokens`), or both in one token.
+
+use std::collections::HashMap;
+
+use penrose_core::fingerprint::{
+    LaunchToken, NameDigest, combined_digest, gap_bucket, repetition_distances,
+};
+use serde::Serialize;
+
+use super::corpus::{Corpus, LaunchId};
+
+/// Largest repetition distance the `name-free-exact` variant keeps exactly.
+pub const EXACT_GAP_CAP: usize = 64;
+
+/// A token encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+pub enum Tokens {
+    /// The kernel name (what penrose-core shingles today).
+    Named,
+    /// Launch configuration plus the log bucket of the distance to the previous launch of the
+    /// same handle (penrose-core's `LaunchToken`): no name at all.
+    NameFree,
+    /// One token of the name and the name-free token together (`combined_digest`).
+    Both,
+    /// Like `name-free`, with repetition distances counted from before the window: the agent
+    /// keeps, per process, the index of each handle's last launch across windows, so only a
+    /// process's very first launches of a kernel get bucket 0 (the window's history is the
+    /// looped sequence before its offset).
+    NameFreeCarried,
+    /// Like `name-free` with the exact distance capped at 64 instead of its log bucket (the
+    /// alternative the bucket is measured against).
+    NameFreeExact,
+}
+
+impl Tokens {
+    /// The label in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Named => "names",
+            Self::NameFree => "name-free",
+            Self::Both => "both (name + name-free in one token)",
+            Self::NameFreeCarried => "name-free, gaps carried across windows",
+            Self::NameFreeExact => "name-free, exact gap <= 64",
+        }
+    }
+}
+
+/// Turns windows of launches into token ids, interning the tokens of one job so that
+/// [`super::windows::Shingler`] can memoise n-grams of small ids.
+pub struct Tokenizer<'a> {
+    corpus: &'a Corpus,
+    tokens: Tokens,
+    ids: HashMap<(u32, u8), u32>,
+    /// Digest of every token id handed out.
+    pub digests: Vec<NameDigest>,
+}
+
+impl<'a> Tokenizer<'a> {
+    /// A tokenizer for one encoding.
+    pub fn new(corpus: &'a Corpus, tokens: Tokens) -> Self {
+        Self {
+            corpus,
+            tokens,
+            ids: HashMap::new(),
+            digests: Vec::new(),
+        }
+    }
+
+    /// Whether [`Self::tokenize`] reads the launches before the window.
+    pub fn needs_history(&self) -> bool {
+        self.tokens == Tokens::NameFreeCarried
+    }
+
+    /// The token ids of a window. Repetition distances are counted inside the window, as the
+    /// agent counts them inside its capture window, with the kernel name standing for the
+    /// per-process handle; for [`Tokens::NameFreeCarried`] they reach back into `history`
+    /// (the launches before the window, oldest first), which the other encodings ignore.
+    pub fn tokenize(&mut self, window: &[LaunchId], history: &[LaunchId]) -> Vec<u32> {
+        let corpus = self.corpus;
+        let launch = |l: LaunchId| corpus.launches[l as usize];
+        if self.tokens == Tokens::Named {
+            return window
+                .iter()
+                .map(|&l| {
+                    let name = launch(l).0;
+                    self.intern((name, 0), || corpus.digests[name as usize])
+                })
+                .collect();
+        }
+        let history = if self.needs_history() { history } else { &[] };
+        let mut distances =
+            repetition_distances(history.iter().chain(window).map(|&l| launch(l).0));
+        distances.drain(..history.len());
+        window
+            .iter()
+            .zip(distances)
+            .map(|(&l, d)| {
+                let (name, config) = launch(l);
+                let gap = match self.tokens {
+                    Tokens::NameFreeExact => d.unwrap_or(0).min(EXACT_GAP_CAP) as u8,
+                    _ => gap_bucket(d),
+                };
+                let token = LaunchToken {
+                    config: corpus.configs[config as usize],
+                    gap,
+                };
+                match self.tokens {
+                    Tokens::Both => self.intern((l, gap), || {
+                        combined_digest(&corpus.digests[name as usize], &token)
+                    }),
+                    _ => self.intern((config, gap), || token.digest()),
+                }
+            })
+            .collect()
+    }
+
+    fn intern(&mut self, key: (u32, u8), digest: impl FnOnce() -> NameDigest) -> u32 {
+        let digests = &mut self.digests;
+        *self.ids.entry(key).or_insert_with(|| {
+            digests.push(digest());
+            (digests.len() - 1) as u32
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use penrose_core::fingerprint::LaunchConfig;
+
+    /// A corpus of `names` kernels, launch i being kernel i % names with one of two
+    /// configurations.
+    fn corpus(names: &[&str]) -> Corpus {
+        let configs: Vec<LaunchConfig> = (0..2)
+            .map(|i| LaunchConfig {
+                grid: [1 + i, 1, 1],
+                block: [256, 1, 1],
+                shared_mem_bytes: 0,
+            })
+            .collect();
+        Corpus {
+            apps: vec!["app".into()],
+            process: Vec::new(),
+            stream: Vec::new(),
+            digests: names.iter().map(|n| NameDigest::of(n)).collect(),
+            launches: (0..names.len() as u32 * 2)
+                .map(|l| (l / 2, l % 2))
+                .collect(),
+            configs,
+            kernels: 0,
+            kernels_without_config: 0,
+        }
+    }
+
+    fn digests_of(corpus: &Corpus, tokens: Tokens, window: &[LaunchId]) -> Vec<NameDigest> {
+        let mut t = Tokenizer::new(corpus, tokens);
+        let ids = t.tokenize(window, &[]);
+        ids.iter().map(|&i| t.digests[i as usize]).collect()
+    }
+
+    #[test]
+    fn renamed_kernels_change_names_but_not_name_free_tokens() {
+        let a = corpus(&["gemm", "softmax", "layernorm"]);
+        // The same launches with every kernel renamed by a bijection.
+        let b = corpus(&["_Z1xv", "_Z1yv", "_Z1zv"]);
+        let window: Vec<LaunchId> = [0, 2, 5, 0, 1, 3, 4, 2, 0, 5, 5, 1].to_vec();
+        for tokens in [
+            Tokens::NameFree,
+            Tokens::NameFreeCarried,
+            Tokens::NameFreeExact,
+        ] {
+            assert_eq!(
+                digests_of(&a, tokens, &window),
+                digests_of(&b, tokens, &window)
+            );
+        }
+        for tokens in [Tokens::Named, Tokens::Both] {
+            assert_ne!(
+                digests_of(&a, tokens, &window),
+                digests_of(&b, tokens, &window)
+            );
+        }
+    }
+
+    #[test]
+    fn gaps_count_launches_of_the_same_kernel_inside_the_window() {
+        let c = corpus(&["a", "b"]);
+        // Kernel a (launches 0, 1) at positions 0, 2, 3; b (launches 2, 3) at 1, 4.
+        let window = [0, 2, 1, 0, 3];
+        let mut t = Tokenizer::new(&c, Tokens::NameFreeExact);
+        let ids = t.tokenize(&window, &[]);
+        let expect = |config: u32, gap: u8| {
+            LaunchToken {
+                config: c.configs[config as usize],
+                gap,
+            }
+            .digest()
+        };
+        let got: Vec<NameDigest> = ids.iter().map(|&i| t.digests[i as usize]).collect();
+        assert_eq!(
+            got,
+            vec![
+                expect(0, 0),
+                expect(0, 0),
+                expect(1, 2),
+                expect(0, 1),
+                expect(1, 3)
+            ]
+        );
+        // With history, the first launches of a and b get the distance back into it.
+        let mut t = Tokenizer::new(&c, Tokens::NameFreeCarried);
+        let ids = t.tokenize(&window, &[3, 1, 2]);
+        let got: Vec<NameDigest> = ids.iter().map(|&i| t.digests[i as usize]).collect();
+        // History b a b, then a b a a b: a at -2, b at -1.
+        assert_eq!(got[0], expect(0, gap_bucket(Some(2))));
+        assert_eq!(got[1], expect(0, gap_bucket(Some(2))));
+        assert_eq!(
+            got[2..],
+            [expect(1, 2), expect(0, 1), expect(1, gap_bucket(Some(3)))]
+        );
+    }
+}
