@@ -23,6 +23,7 @@ use std::sync::Arc;
 use object::{Object, ReadCache};
 
 use super::events::{Launch, Pid};
+use super::procmaps::file_mappings;
 
 /// Processes whose memory maps are kept.
 pub const MAX_PROCESSES: usize = 4096;
@@ -164,26 +165,14 @@ pub fn build_id(path: &Path) -> Option<String> {
 
 /// The executable file mappings of a `/proc/<pid>/maps` text.
 fn parse_executable(maps: &str) -> Vec<Region> {
-    maps.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let range = fields.next()?;
-            let perms = fields.next()?;
-            let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-            let dev = fields.next()?.to_string();
-            let inode: u64 = fields.next()?.parse().ok()?;
-            let path: String = fields.collect::<Vec<_>>().join(" ");
-            if !perms.contains('x') || !path.starts_with('/') || path.ends_with("(deleted)") {
-                return None;
-            }
-            let (start, end) = range.split_once('-')?;
-            Some(Region {
-                start: u64::from_str_radix(start, 16).ok()?,
-                end: u64::from_str_radix(end, 16).ok()?,
-                file_offset: offset,
-                file: (dev, inode),
-                path: PathBuf::from(path),
-            })
+    file_mappings(maps)
+        .filter(|m| m.executable)
+        .map(|m| Region {
+            start: m.start,
+            end: m.end,
+            file_offset: m.file_offset,
+            file: m.file,
+            path: m.path,
         })
         .collect()
 }

