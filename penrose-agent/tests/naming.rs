@@ -249,9 +249,14 @@ fn every_launch_on_the_legacy_path_is_named(libs: &Libs, traces: &[PathBuf]) {
     let mut capture = capture(libs);
     let mut total = 0;
     for trace in traces {
+        let names_before = capture.counts().names;
         let replayer = spawn(libs, trace, "legacy", false, 0);
         let pid = replayer.pid();
-        std::thread::sleep(Duration::from_millis(300));
+        // The process registers its kernels at load, before its first launch; the window
+        // opens after that, as it would on a host where the process started between windows.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        capture.poll_until(|c| c.counts().names > names_before || Instant::now() > deadline);
+        std::thread::sleep(Duration::from_millis(100));
         capture.drain_all();
         capture.open_window().unwrap();
         let until = Instant::now() + Duration::from_millis(700);

@@ -280,6 +280,28 @@ impl Probes {
         Ok(attached)
     }
 
+    /// Attaches the runtime's naming probes inside an open window that has none yet (a
+    /// process registered kernels while the window was open). Returns how many attached.
+    pub fn attach_naming(&mut self) -> Result<usize, CaptureError> {
+        if !self.launch_attached || self.naming_attached {
+            return Ok(0);
+        }
+        self.naming_attached = true;
+        let mut attached = 0;
+        for library in self.libraries.clone() {
+            for probe in USER_PROBES
+                .iter()
+                .filter(|p| p.library == library.kind && p.role == ProbeRole::LaunchNaming)
+            {
+                if let Some(link) = self.attach(probe, &library)? {
+                    self.launch_links.push((probe.program, link));
+                    attached += 1;
+                }
+            }
+        }
+        Ok(attached)
+    }
+
     /// Starts detaching every launch probe: the window closes.
     ///
     /// The kernel waits for grace periods when it unregisters a uprobe (measured here: about

@@ -535,8 +535,17 @@ impl Capture {
                 truncated,
             } => {
                 self.counts.names += 1;
-                if kind == HandleKind::Stub && self.window.is_none() {
-                    self.naming_needed = true;
+                if kind == HandleKind::Stub {
+                    // Registered kernels may launch on the legacy path, which only the
+                    // runtime's naming probe names: attach it now if a window is open, else
+                    // at the next one.
+                    if self.window.is_some() {
+                        if let Err(e) = self.probes.attach_naming() {
+                            tracing::warn!("attaching the runtime's naming probes: {e}");
+                        }
+                    } else {
+                        self.naming_needed = true;
+                    }
                 }
                 if truncated {
                     tracing::debug!("pid {}: kernel name cut at {} bytes", pid.0, name.len());
