@@ -8,10 +8,13 @@ use penrose_ebpf_common::{NameEvent, SampleConfig};
 
 use crate::names::{PendingCall, PendingKey};
 
-/// 1 MiB holds about 11,900 launch records (80 bytes plus an 8-byte header): more than one
-/// capture window of one process (L = 10,000), so a poll interval of seconds loses nothing
-/// in the common case. The loader may resize it.
-const EVENTS_BYTES: u32 = 1 << 20;
+/// 4 MiB holds about 47,000 launch records (80 bytes plus an 8-byte header): more than one
+/// capture window of one process (L = 10,000) even when the runtime's naming probe doubles the
+/// records of legacy-path launches, and more than a whole replay of the largest reference
+/// trace (19,370 launches) if the reader falls behind. Uprobes whose first instruction the
+/// kernel emulates cost far less than a trap, so launchers can fill the ring faster than the
+/// calibration suggests; 4 MiB of locked kernel memory is the price.
+const EVENTS_BYTES: u32 = 1 << 22;
 
 /// Threads that may be inside a name function at once. LRU, so a call whose return probe
 /// never ran (the thread died inside it) is evicted instead of filling the map.
