@@ -34,6 +34,24 @@ struct Servers {
 }
 
 impl Servers {
+    /// An aggregation server (its writer runs until `ingest` is dropped) and a design
+    /// archive in a fresh directory; `seed` picks the signing key and the reports.
+    fn new(seed: u8) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (ingest, writer, store) = start_default(&dir.path().join("agg"));
+        // The writer ends when the last handle is dropped; it is not joined here.
+        drop(writer);
+        Self {
+            ingest,
+            store,
+            archive: Archive::open(&dir.path().join("design")).unwrap(),
+            dir,
+            signing: SigningKey::from_bytes(&[seed; 32]),
+            rng: rng(70 + u64::from(seed)),
+            bundles: 0,
+        }
+    }
+
     async fn send(&mut self, n: usize) {
         let snippet = snippets(1, 1)[0].1;
         for _ in 0..n {
@@ -77,17 +95,7 @@ fn decrypted_reports(report: &Report) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_two_reports_differ_by_fewer_than_k_contributors() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ingest, _writer, store) = start_default(&dir.path().join("agg"));
-    let mut servers = Servers {
-        ingest,
-        store,
-        archive: Archive::open(&dir.path().join("design")).unwrap(),
-        dir,
-        signing: SigningKey::from_bytes(&[3; 32]),
-        rng: rng(77),
-        bundles: 0,
-    };
+    let mut servers = Servers::new(3);
     let min_step = 10 * 24;
     let mut seen = Vec::new();
     // Enough for one release; then a few more (the attack: difference them out); then again
@@ -122,17 +130,7 @@ async fn no_two_reports_differ_by_fewer_than_k_contributors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_alone_never_reaches_a_decryption() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ingest, _writer, store) = start_default(&dir.path().join("agg"));
-    let mut servers = Servers {
-        ingest,
-        store,
-        archive: Archive::open(&dir.path().join("design")).unwrap(),
-        dir,
-        signing: SigningKey::from_bytes(&[4; 32]),
-        rng: rng(78),
-        bundles: 0,
-    };
+    let mut servers = Servers::new(4);
     // One client, the most an agent may send in a day for a counter: 24 reports, each sent
     // ten times under fresh report ids (exact copies are folded).
     let snippet = snippets(1, 1)[0].1;
