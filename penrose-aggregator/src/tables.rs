@@ -27,6 +27,11 @@ pub const MAX_REPRESENTATIVES: usize = 8;
 /// `tau + NOVELTY * (1 - tau)` becomes a representative (while there is room).
 pub const NOVELTY: f64 = 0.5;
 
+/// Whether a snippet that matches two or more classes at >= tau joins them into one (the
+/// oldest survives), healing an application that founded several classes from windows at
+/// different offsets.
+pub const MERGE_CLASSES: bool = true;
+
 /// A store record: key and value bytes.
 pub type Record = (Vec<u8>, Vec<u8>);
 

@@ -67,15 +67,34 @@ pub struct Args {
     /// Number of MinHash functions k.
     #[arg(long, default_value_t = DEFAULT_NUM_HASHES)]
     k: usize,
-    /// Representatives per class in the simulated aggregator (its first members).
-    #[arg(long, default_value_t = 1)]
+    /// Most representatives a class of the simulated aggregator adds from its members
+    /// [default: the aggregator's].
+    #[arg(long, default_value_t = penrose_aggregator::tables::MAX_REPRESENTATIVES)]
     reps: usize,
+    /// A joining window becomes a representative while its best similarity is below
+    /// tau + novelty (1 - tau) [default: the aggregator's; 1 takes every member while room].
+    #[arg(long, default_value_t = penrose_aggregator::tables::NOVELTY)]
+    novelty: f64,
+    /// Whether a window that matches two classes joins them [default: the aggregator's].
+    #[arg(long, default_value_t = penrose_aggregator::tables::MERGE_CLASSES,
+          action = clap::ArgAction::Set)]
+    merge: bool,
     /// Where to write the report; `-` writes nothing.
     #[arg(long, default_value = "docs/evaluation.md")]
     out: PathBuf,
     /// Print the results as JSON on stdout.
     #[arg(long)]
     json: bool,
+}
+
+impl Args {
+    fn rule(&self) -> cluster::Rule {
+        cluster::Rule {
+            max_reps: self.reps.max(1),
+            novelty: self.novelty,
+            merge: self.merge,
+        }
+    }
 }
 
 /// What a snippet is summarised into.
@@ -160,7 +179,7 @@ pub struct Evaluation {
     seed: u64,
     windows_per_sequence: usize,
     k: usize,
-    reps: usize,
+    rule: cluster::Rule,
     applications: Vec<String>,
     process_sequences: Vec<(String, usize)>,
     stream_sequences: Vec<(String, usize)>,
@@ -277,7 +296,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         seed: args.seed,
         windows_per_sequence: args.windows,
         k: args.k,
-        reps: args.reps,
+        rule: args.rule(),
         applications: corpus.apps.clone(),
         process_sequences: sequences(Mode::Process),
         stream_sequences: sequences(Mode::Stream),
@@ -464,7 +483,7 @@ fn score_cell(
             }
         });
         for &tau in &args.taus {
-            let class_of = cluster::online(order, &sim, tau, args.reps.max(1));
+            let class_of = cluster::online(order, &sim, tau, args.rule());
             scores.push(EncodingScore {
                 encoding,
                 tau,

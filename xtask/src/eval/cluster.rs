@@ -25,39 +25,88 @@ impl SimMatrix {
     }
 }
 
+/// How the simulated aggregator keeps and heals its classes (the server's rule is in
+/// `penrose_aggregator::tables`; the defaults below are its constants).
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Rule {
+    /// Most representatives a class holds (a merge keeps the survivor's first, then the
+    /// others' while there is room).
+    pub max_reps: usize,
+    /// A joining window becomes a representative while its best similarity to the class is
+    /// below `tau + novelty * (1 - tau)` (1.0: every joining window, while there is room).
+    pub novelty: f64,
+    /// A window that matches two or more classes at >= tau joins them into one.
+    pub merge: bool,
+}
+
 /// The online rule (DESIGN.md section 6): windows arrive in `order`; each joins the class whose
-/// representatives it matches best, if that estimate is >= tau, else founds a class. A class's
-/// representatives are its first `reps` members. Returns each window's class; classes are
-/// numbered in founding order.
-pub fn online(order: &[usize], sim: &SimMatrix, tau: f64, reps: usize) -> Vec<usize> {
+/// representatives it matches best, if that estimate is >= tau, else founds a class. With
+/// `rule.merge`, every other class it also matches at >= tau is merged into the oldest of them,
+/// representatives and members alike. Returns each window's final class, numbered by the
+/// founding order of the classes that survive.
+pub fn online(order: &[usize], sim: &SimMatrix, tau: f64, rule: Rule) -> Vec<usize> {
     let mut class_of = vec![usize::MAX; sim.n];
+    // Per founded class: its representatives (empty once merged away) and where it went.
     let mut representatives: Vec<Vec<usize>> = Vec::new();
+    let mut parent: Vec<usize> = Vec::new();
+    let root = |parent: &[usize], mut c: usize| {
+        while parent[c] != c {
+            c = parent[c];
+        }
+        c
+    };
     for &w in order {
-        let best = representatives
-            .iter()
-            .enumerate()
-            .map(|(c, members)| {
-                let s = members
+        let matches: Vec<(usize, f32)> = (0..representatives.len())
+            .filter(|&c| parent[c] == c)
+            .map(|c| {
+                let s = representatives[c]
                     .iter()
                     .map(|&r| sim.get(w, r))
                     .fold(f32::MIN, f32::max);
                 (c, s)
             })
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        match best {
-            Some((c, s)) if f64::from(s) >= tau => {
-                class_of[w] = c;
-                if representatives[c].len() < reps {
-                    representatives[c].push(w);
+            .filter(|&(_, s)| f64::from(s) >= tau)
+            .collect();
+        let Some(&(best, best_sim)) = matches
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+        else {
+            class_of[w] = representatives.len();
+            parent.push(representatives.len());
+            representatives.push(vec![w]);
+            continue;
+        };
+        let mut home = best;
+        if rule.merge && matches.len() > 1 {
+            home = matches.iter().map(|m| m.0).min().unwrap_or(best);
+            for &(c, _) in &matches {
+                if c != home {
+                    parent[c] = home;
+                    let moved = std::mem::take(&mut representatives[c]);
+                    let room = rule.max_reps.saturating_sub(representatives[home].len());
+                    representatives[home].extend(moved.into_iter().take(room));
                 }
             }
-            _ => {
-                class_of[w] = representatives.len();
-                representatives.push(vec![w]);
-            }
+        }
+        class_of[w] = home;
+        let novel = f64::from(best_sim) < tau + rule.novelty * (1.0 - tau);
+        if novel && representatives[home].len() < rule.max_reps {
+            representatives[home].push(w);
+        }
+    }
+    // Final classes: roots, renumbered densely in founding order.
+    let mut number = vec![usize::MAX; parent.len()];
+    let mut next = 0;
+    for c in 0..parent.len() {
+        if parent[c] == c {
+            number[c] = next;
+            next += 1;
         }
     }
     class_of
+        .iter()
+        .map(|&c| number[root(&parent, c)])
+        .collect()
 }
 
 /// How well classes match the ground truth.
@@ -142,7 +191,29 @@ mod tests {
     fn online_rule_joins_best_match_above_tau() {
         // Windows 0,1 similar; 2 unrelated.
         let sim = SimMatrix::new(3, |i, j| if i + j == 1 { 0.9 } else { 0.1 });
-        assert_eq!(online(&[0, 1, 2], &sim, 0.85, 1), vec![0, 0, 1]);
-        assert_eq!(online(&[0, 1, 2], &sim, 0.95, 1), vec![0, 1, 2]);
+        let rule = Rule {
+            max_reps: 1,
+            novelty: 0.5,
+            merge: false,
+        };
+        assert_eq!(online(&[0, 1, 2], &sim, 0.85, rule), vec![0, 0, 1]);
+        assert_eq!(online(&[0, 1, 2], &sim, 0.95, rule), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_window_matching_two_classes_joins_them() {
+        // 0 and 2 are unrelated; 1 matches both.
+        let sim = SimMatrix::new(3, |i, j| if i.abs_diff(j) == 1 { 0.6 } else { 0.1 });
+        let rule = Rule {
+            max_reps: 8,
+            novelty: 0.5,
+            merge: true,
+        };
+        assert_eq!(online(&[0, 2, 1], &sim, 0.5, rule), vec![0, 0, 0]);
+        let apart = Rule {
+            merge: false,
+            ..rule
+        };
+        assert_eq!(online(&[0, 2, 1], &sim, 0.5, apart), vec![0, 0, 1]);
     }
 }
