@@ -12,6 +12,16 @@
 //! change and ed25519 signatures are deterministic). Exports are serialised in the process, and
 //! a store is open in one process at a time, so two exports can never fork the chain.
 //!
+//! **Merged classes.** A class merged into an older one (`crate::tables`, healing a split
+//! application) may still hold sums of epochs it accumulated before the merge. An export
+//! applies every merge made before it (recorded with the cursor of its batch; the link record
+//! keeps the cursor the export ran at, so `export --seq N` applies the same ones): the
+//! absorbed class's sums are added homomorphically into the survivor's last generation of the
+//! same (epoch, catalogue, counter) while the accumulator bound allows, else released as the
+//! survivor's next generation, and the threshold applies to what is released. The bundle
+//! lists the merges made since the previous bundle, so that the design server reports sums the
+//! absorbed class released before under the survivor too.
+//!
 //! The server's signing key (ed25519) lives in its data directory, created on first use with
 //! mode 0600 and refused when group or others may read it; its public half is written next to
 //! it (hex) for the design server to pin.
@@ -26,10 +36,10 @@ use std::sync::Mutex;
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use penrose_core::bundle::{
-    Bundle, BundleEntry, BundleError, BundleHash, ChainLink, EpochId, EpochKind, EpochSummary,
-    InstanceId, ReleaseRule,
+    Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMerge, Cursor, EpochId,
+    EpochKind, EpochSummary, Generation, InstanceId, ReleaseRule,
 };
-use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PublicKey};
+use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PackedCiphertexts, PublicKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{Day, PackedBytes, WireError};
 use rand::RngCore;
@@ -40,6 +50,7 @@ use crate::epochs::{self, EpochRecord};
 use crate::ingest::today;
 use crate::state::{StateError, check_format, meta};
 use crate::store::{Store, StoreError, Table, WriteSet};
+use crate::tables::{ClassMap, MERGE_PREFIX, Merge};
 
 const KEY_TAG: &[u8; 5] = b"PNSG\x01";
 
@@ -175,7 +186,8 @@ pub mod chain_keys {
     /// The last bundle's sequence number (u64; absent: none yet).
     pub const SEQ: &[u8] = b"chain/seq";
     /// Prefix of one record per bundle: `chain/link/` + seq (u64be) -> hash [32], day u32,
-    /// threshold u64, cap u32, then the epoch ids (u32 each).
+    /// threshold u64, cap u32, as-of cursor u64 (the merges it applied), then the epoch ids
+    /// (u32 each).
     pub const LINK: &[u8] = b"chain/link/";
     /// Prefix of one record per exported epoch: `exported/` + id (u32be) -> seq (u64).
     pub const EXPORTED: &[u8] = b"exported/";
@@ -206,6 +218,8 @@ struct LinkRecord {
     day: Day,
     threshold: u64,
     cap: u32,
+    /// The store's cursor when the bundle was made: it applied the merges made up to it.
+    as_of: Cursor,
     epochs: Vec<EpochId>,
 }
 
@@ -217,11 +231,12 @@ impl LinkRecord {
     }
 
     fn value(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(48 + 4 * self.epochs.len());
+        let mut v = Vec::with_capacity(56 + 4 * self.epochs.len());
         v.extend_from_slice(&self.hash.0);
         v.extend_from_slice(&self.day.0.to_be_bytes());
         v.extend_from_slice(&self.threshold.to_be_bytes());
         v.extend_from_slice(&self.cap.to_be_bytes());
+        v.extend_from_slice(&self.as_of.0.to_be_bytes());
         for e in &self.epochs {
             v.extend_from_slice(&e.0.to_be_bytes());
         }
@@ -233,6 +248,7 @@ impl LinkRecord {
         let (day, rest) = rest.split_first_chunk::<4>()?;
         let (threshold, rest) = rest.split_first_chunk::<8>()?;
         let (cap, rest) = rest.split_first_chunk::<4>()?;
+        let (as_of, rest) = rest.split_first_chunk::<8>()?;
         if rest.len() % 4 != 0 {
             return None;
         }
@@ -241,6 +257,7 @@ impl LinkRecord {
             day: Day(u32::from_be_bytes(*day)),
             threshold: u64::from_be_bytes(*threshold),
             cap: u32::from_be_bytes(*cap),
+            as_of: Cursor(u64::from_be_bytes(*as_of)),
             epochs: rest
                 .chunks_exact(4)
                 .map(|c| EpochId(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
@@ -258,7 +275,38 @@ struct Snapshot {
     links: BTreeMap<u64, LinkRecord>,
     closed: BTreeMap<EpochId, EpochRecord>,
     exported: BTreeMap<EpochId, u64>,
+    /// The store's cursor (the last committed batch).
+    cursor: Cursor,
+    /// Every merge and the cursor of the batch that made it.
+    merges: Vec<(Merge, Cursor)>,
     ash: Vec<AshRecord>,
+}
+
+impl Snapshot {
+    /// The merges made up to `as_of`, as a map.
+    fn class_map(&self, as_of: Cursor) -> Result<ClassMap, ExportError> {
+        let mut map = ClassMap::default();
+        for (merge, _) in self.merges.iter().filter(|(_, at)| *at <= as_of) {
+            map.insert(*merge)
+                .map_err(|e| ExportError::Record(e.to_string()))?;
+        }
+        Ok(map)
+    }
+
+    /// The merges made after `after` up to `as_of`, for the bundle that applies them first.
+    fn merges_between(&self, after: Cursor, as_of: Cursor) -> Vec<ClassMerge> {
+        let mut out: Vec<ClassMerge> = self
+            .merges
+            .iter()
+            .filter(|(_, at)| *at > after && *at <= as_of)
+            .map(|(m, _)| ClassMerge {
+                absorbed: m.absorbed,
+                into: m.into,
+            })
+            .collect();
+        out.sort();
+        out
+    }
 }
 
 /// Which sums a snapshot reads.
@@ -284,6 +332,8 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
         links: BTreeMap::new(),
         closed: BTreeMap::new(),
         exported: BTreeMap::new(),
+        cursor: Cursor(0),
+        merges: Vec::new(),
         ash: Vec::new(),
     };
     let mut bad: Option<ExportError> = None;
@@ -303,6 +353,14 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
             Table::Meta if k == epochs::keys::KIND => {
                 kind = v.first().copied().and_then(EpochKind::from_code);
             }
+            Table::Meta if k == meta::CURSOR => match <[u8; 8]>::try_from(v) {
+                Ok(b) => snap.cursor = Cursor(u64::from_be_bytes(b)),
+                Err(_) => bad = Some(damaged("cursor")),
+            },
+            Table::Meta if k.starts_with(MERGE_PREFIX) => match Merge::decode(k, v) {
+                Ok(merge) => snap.merges.push(merge),
+                Err(e) => bad = Some(ExportError::Record(e.to_string())),
+            },
             Table::Meta if k == chain_keys::SEQ => match <[u8; 8]>::try_from(v) {
                 Ok(b) => snap.seq = u64::from_be_bytes(b),
                 Err(_) => bad = Some(damaged("chain/seq")),
@@ -380,7 +438,14 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
     Ok(snap)
 }
 
+/// What one bundle applies: the merges up to its cursor, and those it is the first to apply.
+struct Merges {
+    map: ClassMap,
+    new: Vec<ClassMerge>,
+}
+
 /// Builds the bundle of `epochs` (closed ones) under `rule`, as link `seq` after `prev`.
+#[allow(clippy::too_many_arguments)]
 fn build(
     snap: &Snapshot,
     key: &PublicKey,
@@ -389,6 +454,7 @@ fn build(
     seq: u64,
     prev: BundleHash,
     day: Day,
+    merges: Merges,
 ) -> Result<Bundle, ExportError> {
     let threshold =
         Threshold::new(rule.threshold).map_err(|e| ExportError::Record(e.to_string()))?;
@@ -413,16 +479,20 @@ fn build(
         );
     }
     let mut entries = Vec::new();
-    for r in &snap.ash {
-        let Some(summary) = summaries.get_mut(&r.key.epoch) else {
+    let records = snap
+        .ash
+        .iter()
+        .filter(|r| summaries.contains_key(&r.key.epoch));
+    for entry in combine(key, records, &merges.map)? {
+        let Some(summary) = summaries.get_mut(&entry.epoch) else {
             continue;
         };
-        if !releasable(r.reports, summary.days(), threshold, cap) {
+        if !releasable(entry.reports, summary.days(), threshold, cap) {
             summary.withheld_sums += 1;
-            summary.withheld_reports += r.reports;
+            summary.withheld_reports += entry.reports;
             continue;
         }
-        entries.push(released(key, r)?);
+        entries.push(entry);
     }
     entries.sort_by_key(BundleEntry::key);
     Ok(Bundle {
@@ -438,7 +508,61 @@ fn build(
         rule,
         epochs: summaries.into_values().collect(),
         entries,
+        merges: merges.new,
     })
+}
+
+/// The sums `records` stand for with every class resolved through `map`: per (epoch, class,
+/// catalogue, counter) the surviving class's own generations as they are, then each absorbed
+/// class's generations (in class and generation order) added into the last one while the
+/// combined reports stay within the accumulator bound, else as the next generation. Without
+/// merges this is one entry per record.
+fn combine<'a>(
+    key: &PublicKey,
+    records: impl Iterator<Item = &'a AshRecord>,
+    map: &ClassMap,
+) -> Result<Vec<BundleEntry>, ExportError> {
+    type Group = (EpochId, penrose_core::bundle::ClassId, u16, u16);
+    let mut groups: BTreeMap<Group, Vec<&AshRecord>> = BTreeMap::new();
+    for r in records {
+        let root = map.root(r.key.class);
+        groups
+            .entry((r.key.epoch, root, r.key.catalogue.0, r.key.counter.0))
+            .or_default()
+            .push(r);
+    }
+    let mut out = Vec::new();
+    for ((_, root, _, _), mut pieces) in groups {
+        // The survivor's own first, then the absorbed classes', each by generation.
+        pieces.sort_by_key(|r| (r.key.class != root, r.key.class, r.generation));
+        let mut sums: Vec<(u64, u64, PackedCiphertexts, &AshRecord)> = Vec::new();
+        for r in pieces {
+            let sum = decrypted_form(key, r)?;
+            match sums.last_mut() {
+                Some((reports, samples, acc, _))
+                    if r.key.class != root && *reports + r.reports <= ACCUMULATOR_REPORT_BOUND =>
+                {
+                    *acc = key.add_packed(acc, &sum).map_err(|e| record_error(r, e))?;
+                    *reports += r.reports;
+                    *samples += r.samples;
+                }
+                _ => sums.push((r.reports, r.samples, sum, r)),
+            }
+        }
+        for (generation, (reports, samples, sum, first)) in sums.into_iter().enumerate() {
+            out.push(BundleEntry {
+                epoch: first.key.epoch,
+                class: root,
+                catalogue: first.key.catalogue,
+                counter: first.key.counter,
+                generation: Generation(generation as u32),
+                reports,
+                samples,
+                sums: PackedBytes::new(sum.to_bytes(), key.size().ciphertexts_per_histogram())?,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Serialises exports in this process (a store is open in one process at a time).
@@ -479,7 +603,13 @@ pub fn export(
         threshold: release.threshold.get(),
         cap: release.cap.get(),
     };
-    let mut bundle = build(&snap, key, &epochs, rule, seq, prev, today())?;
+    let as_of = snap.cursor;
+    let after = snap.links.get(&snap.seq).map_or(Cursor(0), |l| l.as_of);
+    let merges = Merges {
+        map: snap.class_map(as_of)?,
+        new: snap.merges_between(after, as_of),
+    };
+    let mut bundle = build(&snap, key, &epochs, rule, seq, prev, today(), merges)?;
     let bytes = bundle.sign(signing)?;
     bundle.signer = *signing.verifying_key().as_bytes();
     let link = LinkRecord {
@@ -487,6 +617,7 @@ pub fn export(
         day: bundle.day,
         threshold: rule.threshold,
         cap: rule.cap,
+        as_of,
         epochs: epochs.clone(),
     };
     let mut set = WriteSet::new();
@@ -538,7 +669,15 @@ pub fn reexport(
         threshold: link.threshold,
         cap: link.cap,
     };
-    let mut bundle = build(&snap, key, &link.epochs, rule, seq, prev, link.day)?;
+    let after = match seq {
+        1 => Cursor(0),
+        n => snap.links.get(&(n - 1)).map_or(Cursor(0), |l| l.as_of),
+    };
+    let merges = Merges {
+        map: snap.class_map(link.as_of)?,
+        new: snap.merges_between(after, link.as_of),
+    };
+    let mut bundle = build(&snap, key, &link.epochs, rule, seq, prev, link.day, merges)?;
     let bytes = bundle.sign(signing)?;
     bundle.signer = *signing.verifying_key().as_bytes();
     if BundleHash::of(&bytes) != link.hash {
@@ -564,36 +703,27 @@ pub fn make_new_instance(copy: &dyn Store, parent: InstanceId) -> Result<Instanc
     Ok(InstanceId(id))
 }
 
-/// Every sum of the store, open epochs included, summed by the same code export uses, for
-/// tests and offline checks that compare the store with what was sent. Never signed, never
-/// released.
+/// Every sum of the store, open epochs included, summed and merged by the same code export
+/// uses (every merge so far applied), for tests and offline checks that compare the store
+/// with what was sent. Never signed, never released.
 pub fn all_sums(store: &dyn Store, key: &PublicKey) -> Result<Vec<BundleEntry>, ExportError> {
     let snap = snapshot(store, Want::All)?;
-    snap.ash.iter().map(|r| released(key, r)).collect()
+    combine(key, snap.ash.iter(), &snap.class_map(snap.cursor)?)
 }
 
-/// The sum a stored accumulator state stands for, as a bundle entry: one exponentiation to
-/// take out the Montgomery factor the state carries.
-fn released(key: &PublicKey, r: &AshRecord) -> Result<BundleEntry, ExportError> {
-    let sums = Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
+/// The sum a stored accumulator state stands for: one exponentiation to take out the
+/// Montgomery factor the state carries.
+fn decrypted_form(key: &PublicKey, r: &AshRecord) -> Result<PackedCiphertexts, ExportError> {
+    Accumulator::restore(key, ACCUMULATOR_REPORT_BOUND, &r.sums, r.reports, r.samples)
         .and_then(|state| state.sum())
-        .map_err(|e| {
-            ExportError::Record(format!(
-                "class {} catalogue {} counter {} epoch {} generation {}: {e}",
-                r.key.class.0, r.key.catalogue.0, r.key.counter.0, r.key.epoch.0, r.generation.0
-            ))
-        })?
-        .to_bytes();
-    Ok(BundleEntry {
-        epoch: r.key.epoch,
-        class: r.key.class,
-        catalogue: r.key.catalogue,
-        counter: r.key.counter,
-        generation: r.generation,
-        reports: r.reports,
-        samples: r.samples,
-        sums: PackedBytes::new(sums, key.size().ciphertexts_per_histogram())?,
-    })
+        .map_err(|e| record_error(r, e))
+}
+
+fn record_error(r: &AshRecord, e: impl std::fmt::Display) -> ExportError {
+    ExportError::Record(format!(
+        "class {} catalogue {} counter {} epoch {} generation {}: {e}",
+        r.key.class.0, r.key.catalogue.0, r.key.counter.0, r.key.epoch.0, r.generation.0
+    ))
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use thiserror::Error;
 use crate::aggregate::{AggregateError, AshRecord, SumKey, Sums};
 use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::store::{Store, StoreError, Table, WriteSet};
-use crate::tables::{RecordError, Tables};
+use crate::tables::{MERGE_PREFIX, Merge, RecordError, Tables};
 use crate::validate::{CiphertextDigest, ValidReport};
 
 /// Keys of the meta table.
@@ -62,12 +62,13 @@ pub mod meta {
     pub const PARENT: &[u8] = b"chain/parent";
 }
 
-/// The layout this build reads and writes. 3: sums per epoch (the ASH key holds the epoch),
+/// The layout this build reads and writes. 4: class merges (meta records) and the cursor
+/// each exported bundle applied them as of; 3: sums per epoch (the ASH key holds the epoch),
 /// epoch records, the instance id and the export chain; 2 kept one running sum per
 /// (class, counter), which could be differenced, and stored accumulator states as 3 does; 1
 /// stored the sums themselves. Opening a store of another format is refused rather than
 /// misread.
-pub const STORE_FORMAT: u32 = 3;
+pub const STORE_FORMAT: u32 = 4;
 
 /// What happened to one report of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,6 +247,7 @@ impl State {
         let (mut instance, mut kind, mut count) = (None, None, None);
         let (mut closed_through, mut current) = (None, None);
         let mut epoch_records = Vec::new();
+        let mut merges = Vec::new();
         let damaged = |what: &str| StoreError::Visit(format!("damaged meta record {what}"));
         store.scan(
             &[Table::Sst, Table::Est, Table::Ash, Table::Meta],
@@ -290,6 +292,11 @@ impl State {
                     Table::Meta if k == epochs::keys::CURRENT => {
                         current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
                     }
+                    Table::Meta if k.starts_with(MERGE_PREFIX) => {
+                        let (merge, _) =
+                            Merge::decode(k, v).map_err(|e| StoreError::Visit(e.to_string()))?;
+                        merges.push(merge);
+                    }
                     Table::Meta if k.starts_with(epochs::keys::RECORD) => {
                         epoch_records.push(
                             EpochRecord::decode(k, v).ok_or_else(|| damaged("epoch record"))?,
@@ -327,7 +334,7 @@ impl State {
             }
         };
         let epochs = Epochs::load(policy, closed_through, current, epoch_records);
-        let tables = Tables::load(params, sst, est)?;
+        let tables = Tables::load(params, sst, est, merges)?;
         let sums = Sums::load(key, bound, ash, |e| epochs.is_open(e))?;
         Ok(Self {
             store,
@@ -436,6 +443,10 @@ impl State {
             }
             for (k, v) in classes {
                 set.put(Table::Est, k, v);
+            }
+            for merge in self.tables.take_merges() {
+                let (k, v) = merge.record(next);
+                set.put(Table::Meta, k, v);
             }
             self.write_sums(&mut set, next);
             // The count policy closes the epoch this batch filled, with the batch.

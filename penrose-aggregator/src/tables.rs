@@ -9,11 +9,23 @@
 //! ([`NOVELTY`] below) becomes another, so that a class covers an application whose windows
 //! vary.
 //!
+//! **Healing splits.** Windows of one application at different offsets can found separate
+//! classes before a window that overlaps both arrives. A snippet that matches two or more
+//! classes at >= tau joins them ([`MERGE_CLASSES`]): the oldest survives, the others point to
+//! it ([`Merge`]), and from then on everything of theirs counts in the survivor. Sums already
+//! accumulated under a merged class stay where they are; export adds them homomorphically
+//! into the survivor's (`crate::export`), and each bundle lists the merges it applies so the
+//! design server can report earlier releases together. The evaluation
+//! (`cargo xtask eval-fingerprints`, docs/evaluation.md) measures the gain.
+//!
 //! Both tables live in memory and are recorded in the store (records below), from which
-//! [`Tables::load`] rebuilds them on start.
+//! [`Tables::load`] rebuilds them on start. Merges are recorded in the meta table
+//! ([`MERGE_PREFIX`]), stamped with the write batch's cursor, so that an export can apply
+//! exactly the merges made before it.
 
 use std::collections::{HashMap, HashSet};
 
+use penrose_core::bundle::Cursor;
 use penrose_core::fingerprint::{BandKey, FingerprintParams, LshBands, SnippetHash};
 use penrose_core::wire::Day;
 use thiserror::Error;
@@ -32,13 +44,113 @@ pub const NOVELTY: f64 = 0.5;
 /// different offsets.
 pub const MERGE_CLASSES: bool = true;
 
+/// Meta-table prefix of merge records: `merge/` + absorbed class (u32be) -> survivor (u32be),
+/// cursor of the batch that merged them (u64be).
+pub const MERGE_PREFIX: &[u8] = b"merge/";
+
+/// One class joined into an older one by a snippet that matched both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Merge {
+    /// The class that no longer takes snippets or sums of its own.
+    pub absorbed: ClassId,
+    /// The class it joined (older: a lower id), itself never merged at that moment.
+    pub into: ClassId,
+}
+
+impl Merge {
+    /// The meta record of this merge, made in the batch of `cursor`.
+    pub fn record(&self, cursor: Cursor) -> Record {
+        let mut key = MERGE_PREFIX.to_vec();
+        key.extend_from_slice(&self.absorbed.0.to_be_bytes());
+        let mut value = Vec::with_capacity(12);
+        value.extend_from_slice(&self.into.0.to_be_bytes());
+        value.extend_from_slice(&cursor.0.to_be_bytes());
+        (key, value)
+    }
+
+    /// Reads a meta record under [`MERGE_PREFIX`].
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<(Self, Cursor), RecordError> {
+        let absorbed = key
+            .strip_prefix(MERGE_PREFIX)
+            .and_then(|k| <[u8; 4]>::try_from(k).ok())
+            .ok_or_else(|| damaged("merge", "key is not merge/ and 4 bytes"))?;
+        let value: &[u8; 12] = value
+            .try_into()
+            .map_err(|_| damaged("merge", "value is not 12 bytes"))?;
+        let (into, cursor) = value.split_at(4);
+        let merge = Self {
+            absorbed: ClassId(u32::from_be_bytes(absorbed)),
+            into: ClassId(u32::from_be_bytes(into.try_into().unwrap_or_default())),
+        };
+        if merge.into >= merge.absorbed {
+            return Err(damaged(
+                "merge",
+                "a class merged into a younger one or itself",
+            ));
+        }
+        Ok((
+            merge,
+            Cursor(u64::from_be_bytes(cursor.try_into().unwrap_or_default())),
+        ))
+    }
+}
+
+/// Where every merged class went, as of some cursor: resolves a class to the class that holds
+/// it now (its root). Built by export from the merge records, and by [`Tables`] in memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassMap {
+    into: std::collections::BTreeMap<ClassId, ClassId>,
+}
+
+impl ClassMap {
+    /// Adds one merge; refuses a class merged twice or into a younger class.
+    pub fn insert(&mut self, merge: Merge) -> Result<(), RecordError> {
+        if merge.into >= merge.absorbed {
+            return Err(damaged(
+                "merge",
+                "a class merged into a younger one or itself",
+            ));
+        }
+        if self.into.insert(merge.absorbed, merge.into).is_some() {
+            return Err(damaged("merge", "a class merged twice"));
+        }
+        Ok(())
+    }
+
+    /// The class that holds `class` now. Terminates: every step goes to a lower id.
+    pub fn root(&self, mut class: ClassId) -> ClassId {
+        while let Some(&into) = self.into.get(&class) {
+            class = into;
+        }
+        class
+    }
+
+    /// Number of merged classes.
+    pub fn len(&self) -> usize {
+        self.into.len()
+    }
+
+    /// Whether no class was merged.
+    pub fn is_empty(&self) -> bool {
+        self.into.is_empty()
+    }
+
+    /// Every merge, by absorbed class.
+    pub fn merges(&self) -> impl Iterator<Item = Merge> + '_ {
+        self.into
+            .iter()
+            .map(|(&absorbed, &into)| Merge { absorbed, into })
+    }
+}
+
 /// A store record: key and value bytes.
 pub type Record = (Vec<u8>, Vec<u8>);
 
 /// One SST row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnippetEntry {
-    /// The class the snippet was assigned to (never changes).
+    /// The class the snippet was assigned to (never changes; after a merge the snippet counts
+    /// in the class this one went to, [`Tables::class_of`]).
     pub class: ClassId,
     /// The server's day when the snippet first arrived.
     pub first_seen: Day,
@@ -49,13 +161,15 @@ pub struct SnippetEntry {
 /// One EST row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClassEntry {
-    /// Snippet hashes new snippets are compared with; the first founded the class.
+    /// Snippet hashes new snippets are compared with; the first founded the class. A merge
+    /// adds the absorbed classes' while there is room.
     pub representatives: Vec<SnippetHash>,
     /// The server's day when the class was founded.
     pub first_seen: Day,
-    /// Reports counted in this class.
+    /// Reports counted in this class (a survivor's include those of the classes it absorbed,
+    /// counted before the merge).
     pub reports: u64,
-    /// Distinct snippet hashes assigned to this class.
+    /// Distinct snippet hashes assigned to this class (likewise).
     pub snippets: u64,
 }
 
@@ -92,9 +206,12 @@ pub struct Tables {
     sst: HashMap<SnippetHash, SnippetEntry>,
     classes: Vec<ClassEntry>,
     index: HashMap<BandKey, Vec<ClassId>>,
+    /// Merged classes and where they went.
+    merged: ClassMap,
     /// Rows changed since the last [`Tables::take_dirty`].
     dirty_snippets: HashSet<SnippetHash>,
     dirty_classes: HashSet<ClassId>,
+    dirty_merges: Vec<Merge>,
     /// Per class, the candidate round it was last marked in (avoids clearing a set per query).
     marks: Vec<u32>,
     round: u32,
@@ -109,8 +226,10 @@ impl Tables {
             sst: HashMap::new(),
             classes: Vec::new(),
             index: HashMap::new(),
+            merged: ClassMap::default(),
             dirty_snippets: HashSet::new(),
             dirty_classes: HashSet::new(),
+            dirty_merges: Vec::new(),
             marks: Vec::new(),
             round: 0,
         }
@@ -122,7 +241,7 @@ impl Tables {
             Some(entry) => {
                 entry.reports += 1;
                 Placement {
-                    class: entry.class,
+                    class: self.merged.root(entry.class),
                     new_class: false,
                 }
             }
@@ -152,15 +271,36 @@ impl Tables {
 
     /// The class a snippet would join, without changing anything (for tests and tools).
     pub fn best_class(&mut self, snippet: &SnippetHash) -> Option<ClassId> {
-        if let Some(entry) = self.sst.get(snippet) {
-            return Some(entry.class);
+        if let Some(class) = self.class_of(snippet) {
+            return Some(class);
         }
-        self.best_candidate(snippet).map(|(class, _)| class)
+        self.matches(snippet).first().map(|&(class, _)| class)
+    }
+
+    /// The class a known snippet counts in now (its own, or the one that absorbed it).
+    pub fn class_of(&self, snippet: &SnippetHash) -> Option<ClassId> {
+        self.sst.get(snippet).map(|e| self.merged.root(e.class))
+    }
+
+    /// The class that holds `class` now.
+    pub fn root(&self, class: ClassId) -> ClassId {
+        self.merged.root(class)
+    }
+
+    /// Every merge so far.
+    pub fn merges(&self) -> &ClassMap {
+        &self.merged
     }
 
     fn place(&mut self, snippet: SnippetHash, today: Day) -> Placement {
-        match self.best_candidate(&snippet) {
-            Some((class, similarity)) => {
+        let matches = self.matches(&snippet);
+        match matches.first() {
+            Some(&(best, similarity)) => {
+                let class = if MERGE_CLASSES && matches.len() > 1 {
+                    self.merge(matches.iter().map(|&(c, _)| c), best)
+                } else {
+                    best
+                };
                 let novel = similarity < self.params.tau + NOVELTY * (1.0 - self.params.tau);
                 let entry = &mut self.classes[class.0 as usize];
                 if novel && entry.representatives.len() < MAX_REPRESENTATIVES {
@@ -192,19 +332,21 @@ impl Tables {
         }
     }
 
-    /// The candidate class with the highest estimated similarity, if it reaches tau.
-    fn best_candidate(&mut self, snippet: &SnippetHash) -> Option<(ClassId, f64)> {
+    /// Every candidate class (merged classes resolved to the class that holds them) whose
+    /// representatives the snippet matches at >= tau, best first (ties: older class first).
+    fn matches(&mut self, snippet: &SnippetHash) -> Vec<(ClassId, f64)> {
         self.round = self.round.wrapping_add(1);
         if self.round == 0 {
             self.marks.iter_mut().for_each(|m| *m = 0);
             self.round = 1;
         }
-        let mut best: Option<(ClassId, f64)> = None;
+        let mut found: Vec<(ClassId, f64)> = Vec::new();
         for key in self.bands.band_keys(snippet, &self.params) {
             let Some(bucket) = self.index.get(&key) else {
                 continue;
             };
-            for &class in bucket {
+            for &indexed in bucket {
+                let class = self.merged.root(indexed);
                 let mark = &mut self.marks[class.0 as usize];
                 if *mark == self.round {
                     continue;
@@ -215,14 +357,51 @@ impl Tables {
                     .iter()
                     .map(|r| r.estimate_jaccard(snippet, &self.params))
                     .fold(0.0, f64::max);
-                if similarity >= self.params.tau
-                    && best.is_none_or(|(b, s)| similarity > s || (similarity == s && class < b))
-                {
-                    best = Some((class, similarity));
+                if similarity >= self.params.tau {
+                    found.push((class, similarity));
                 }
             }
         }
-        best
+        found.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        found
+    }
+
+    /// Joins `classes` (each its own root) into the oldest of them and returns it (`fallback`
+    /// when there is none). The survivor takes the others' representatives while it has room,
+    /// and their counts.
+    fn merge(&mut self, classes: impl Iterator<Item = ClassId>, fallback: ClassId) -> ClassId {
+        let mut classes: Vec<ClassId> = classes.collect();
+        classes.sort_unstable();
+        classes.dedup();
+        let Some((&into, absorbed)) = classes.split_first() else {
+            return fallback;
+        };
+        for &class in absorbed {
+            let merge = Merge {
+                absorbed: class,
+                into,
+            };
+            if self.merged.insert(merge).is_err() {
+                // Not a root or not younger: callers pass distinct roots, so this cannot
+                // happen; skipping keeps the map a forest.
+                continue;
+            }
+            let gone = &self.classes[class.0 as usize];
+            let (reps, reports, snippets) =
+                (gone.representatives.clone(), gone.reports, gone.snippets);
+            let survivor = &mut self.classes[into.0 as usize];
+            survivor.reports += reports;
+            survivor.snippets += snippets;
+            let room = MAX_REPRESENTATIVES.saturating_sub(survivor.representatives.len());
+            let moved: Vec<SnippetHash> = reps.into_iter().take(room).collect();
+            survivor.representatives.extend(moved.iter().copied());
+            for rep in &moved {
+                self.index_representative(into, rep);
+            }
+            self.dirty_merges.push(merge);
+        }
+        self.dirty_classes.insert(into);
+        into
     }
 
     fn index_representative(&mut self, class: ClassId, snippet: &SnippetHash) {
@@ -232,6 +411,12 @@ impl Tables {
                 bucket.push(class);
             }
         }
+    }
+
+    /// The merges made since the last call; the caller records them with its batch's cursor
+    /// ([`Merge::record`]).
+    pub fn take_merges(&mut self) -> Vec<Merge> {
+        std::mem::take(&mut self.dirty_merges)
     }
 
     /// The rows changed since the last call, as store records: (SST rows, EST rows).
@@ -253,11 +438,12 @@ impl Tables {
         (snippets, classes)
     }
 
-    /// Rebuilds the tables from their records (any order).
+    /// Rebuilds the tables from their records (any order) and merges.
     pub fn load(
         params: FingerprintParams,
         snippets: impl IntoIterator<Item = Record>,
         classes: impl IntoIterator<Item = Record>,
+        merges: impl IntoIterator<Item = Merge>,
     ) -> Result<Self, RecordError> {
         let mut tables = Self::new(params);
         let mut loaded: Vec<(ClassId, ClassEntry)> = classes
@@ -292,11 +478,22 @@ impl Tables {
             }
             tables.sst.insert(SnippetHash(hash), entry);
         }
+        for merge in merges {
+            if merge.absorbed.0 as usize >= tables.classes.len() {
+                return Err(damaged("merge", "merge of an unknown class"));
+            }
+            tables.merged.insert(merge)?;
+        }
         Ok(tables)
     }
 
-    /// Number of classes.
+    /// Number of classes that take snippets (founded and not merged into another).
     pub fn class_count(&self) -> usize {
+        self.classes.len() - self.merged.len()
+    }
+
+    /// Number of classes ever founded, merged ones included.
+    pub fn founded_count(&self) -> usize {
         self.classes.len()
     }
 
@@ -315,13 +512,15 @@ impl Tables {
         self.sst.get(hash)
     }
 
-    /// The `limit` classes with the most reports, most first (ties: older class first).
+    /// The `limit` classes with the most reports, most first (ties: older class first);
+    /// merged classes are counted in the class that absorbed them.
     pub fn top(&self, limit: usize) -> Vec<(ClassId, &ClassEntry)> {
         let mut all: Vec<(ClassId, &ClassEntry)> = self
             .classes
             .iter()
             .enumerate()
             .map(|(i, c)| (ClassId(i as u32), c))
+            .filter(|(id, _)| self.merged.root(*id) == *id)
             .collect();
         all.sort_by(|a, b| b.1.reports.cmp(&a.1.reports).then(a.0.cmp(&b.0)));
         all.truncate(limit);
@@ -350,6 +549,7 @@ impl Tables {
                 .map(|b| b.capacity() * size_of::<ClassId>())
                 .sum::<usize>()
             + self.marks.capacity() * size_of::<u32>()
+            + self.merged.len() * 3 * size_of::<(ClassId, ClassId)>()
     }
 }
 
@@ -463,7 +663,8 @@ mod tests {
                 est.extend(e);
             }
         }
-        let rebuilt = Tables::load(FingerprintParams::default(), sst.clone(), est.clone()).unwrap();
+        let rebuilt =
+            Tables::load(FingerprintParams::default(), sst.clone(), est.clone(), []).unwrap();
         assert_eq!(rebuilt.class_count(), tables.class_count());
         assert_eq!(rebuilt.snippet_count(), tables.snippet_count());
         for class in 0..tables.class_count() as u32 {
@@ -481,9 +682,86 @@ mod tests {
             9u32.to_be_bytes().to_vec(),
             bad[&0u32.to_be_bytes().to_vec()].clone(),
         );
-        assert!(Tables::load(FingerprintParams::default(), sst.clone(), bad).is_err());
+        assert!(Tables::load(FingerprintParams::default(), sst.clone(), bad, []).is_err());
         let mut bad = sst.clone();
         bad.insert(vec![1; 32], vec![0; 3]);
-        assert!(Tables::load(FingerprintParams::default(), bad, est).is_err());
+        assert!(Tables::load(FingerprintParams::default(), bad, est.clone(), []).is_err());
+        let unknown = Merge {
+            absorbed: ClassId(99),
+            into: ClassId(0),
+        };
+        assert!(Tables::load(FingerprintParams::default(), sst, est, [unknown]).is_err());
+    }
+
+    /// Two windows of one application far apart found two classes; a window that overlaps
+    /// both joins them. Later windows of either part, and the snippets seen before the merge,
+    /// count in the survivor, and the tables rebuilt from their records say the same.
+    #[test]
+    fn a_snippet_that_matches_two_classes_joins_them() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let mut tables = Tables::new(FingerprintParams::default());
+        let day = Day(20_000);
+        // A long non-repeating application; windows a = [0, 1000) and b = [550, 1550) overlap
+        // too little to share a class (true similarity 0.29), the window between them
+        // overlaps each enough (0.58). The estimates are noisy (k = 100), so the sequence is
+        // drawn until the estimates say so too: this tests merging, not the estimator.
+        let params = FingerprintParams::default();
+        let (a, b, bridge) = (1..100u64)
+            .map(|seed| {
+                let seq: Vec<String> = (0..2_000u64)
+                    .map(|i| format!("k{}", (i * 7_919 + seed * 104_729) % 3_001))
+                    .collect();
+                let window = |at: usize| f.snippet_hash(&seq[at..at + 1_000]);
+                (window(0), window(550), window(275))
+            })
+            .find(|(a, b, bridge)| {
+                a.estimate_jaccard(b, &params) < params.tau
+                    && bridge.estimate_jaccard(a, &params) >= params.tau
+                    && bridge.estimate_jaccard(b, &params) >= params.tau
+            })
+            .unwrap();
+        let other = f.snippet_hash(&names(3, 0, 2_000));
+        let ca = tables.record(a, day).class;
+        let cb = tables.record(b, day).class;
+        let co = tables.record(other, day).class;
+        assert_ne!(ca, cb, "the two parts must found two classes for this test");
+        assert_eq!(tables.class_count(), 3);
+        let joined = tables.record(bridge, day).class;
+        assert_eq!(joined, ca.min(cb));
+        assert_eq!(tables.class_count(), 2);
+        assert_eq!(tables.founded_count(), 3);
+        assert_eq!(tables.class_of(&b), Some(joined));
+        assert_eq!(tables.class_of(&a), Some(joined));
+        assert_eq!(tables.record(b, day).class, joined);
+        assert_eq!(tables.class_of(&other), Some(co));
+        let merges = tables.take_merges();
+        assert_eq!(
+            merges,
+            vec![Merge {
+                absorbed: ca.max(cb),
+                into: joined
+            }]
+        );
+        assert_eq!(tables.class(joined).unwrap().reports, 4);
+        assert_eq!(tables.top(10).len(), 2);
+
+        // Rebuilt from records, including the merge record's round trip.
+        let (sst, est) = tables.take_dirty();
+        let (mk, mv) = merges[0].record(Cursor(5));
+        let (back, cursor) = Merge::decode(&mk, &mv).unwrap();
+        assert_eq!((back, cursor), (merges[0], Cursor(5)));
+        let rebuilt = Tables::load(FingerprintParams::default(), sst, est, [back]).unwrap();
+        assert_eq!(rebuilt.class_of(&b), Some(joined));
+        assert_eq!(rebuilt.class_count(), 2);
+
+        // A merge record that points to a younger class is damaged.
+        let (k, mut v) = Merge {
+            absorbed: ClassId(1),
+            into: ClassId(0),
+        }
+        .record(Cursor(1));
+        v[..4].copy_from_slice(&2u32.to_be_bytes());
+        assert!(Merge::decode(&k, &v).is_err());
+        assert!(Merge::decode(b"merge/x", &v).is_err());
     }
 }

@@ -255,6 +255,6 @@ async fn sigkill_under_load_loses_no_acked_report_and_counts_none_twice() {
     )
     .unwrap();
     assert_eq!(state.accepted(), sent.len() as u64);
-    let want = expected(&sent, |s| state.tables().snippet(s).unwrap().class);
+    let want = expected(&sent, |s| state.tables().class_of(s).unwrap());
     assert_eq!(decrypt_store_with(&KEYS_2048, store.as_ref()), want);
 }

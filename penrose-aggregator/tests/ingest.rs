@@ -70,7 +70,7 @@ async fn concurrent_clients_are_all_acked_and_the_sums_decrypt_exactly() {
         assert_eq!(tables.class_count(), 4);
         let classes: BTreeMap<_, _> = snippets
             .iter()
-            .map(|(app, s)| (*s, (*app, tables.snippet(s).unwrap().class)))
+            .map(|(app, s)| (*s, (*app, tables.class_of(s).unwrap())))
             .collect();
         for (app, class) in classes.values() {
             let same: HashSet<_> = classes
@@ -228,7 +228,7 @@ async fn every_invalid_report_is_rejected_with_its_code_and_changes_nothing() {
         AckStatus::Accepted
     );
     let want = expected(&[first, good], |s| {
-        ingest.state().tables().snippet(s).unwrap().class
+        ingest.state().tables().class_of(s).unwrap()
     });
     assert_eq!(decrypt_store(store.as_ref()), want);
     drop(ingest);
@@ -294,7 +294,7 @@ async fn a_non_unit_in_a_batch_is_refused_alone() {
         3
     );
     assert_eq!(ingest.state().accepted(), good.len() as u64);
-    let want = expected(&good, |s| ingest.state().tables().snippet(s).unwrap().class);
+    let want = expected(&good, |s| ingest.state().tables().class_of(s).unwrap());
     assert_eq!(decrypt_store(store.as_ref()), want);
     // Refused reports are not remembered: nothing of them is in the deduplication record.
     let ids: Vec<Vec<u8>> = bad.iter().map(|f| decode(f).report_id.0.to_vec()).collect();
@@ -354,7 +354,7 @@ async fn restart_rebuilds_tables_and_sums_and_still_deduplicates() {
         assert_eq!(ack.status, want, "report {i}");
         assert_eq!(ack.throttle.permille(), 800);
     }
-    let want = expected(&sent, |s| ingest.state().tables().snippet(s).unwrap().class);
+    let want = expected(&sent, |s| ingest.state().tables().class_of(s).unwrap());
     assert_eq!(decrypt_store(store.as_ref()), want);
     drop(ingest);
     writer.join().unwrap();
@@ -525,7 +525,7 @@ async fn export_while_serving_releases_each_closed_epoch_once_and_chains() {
         .sum();
     assert!(released >= 3 * 218, "{released}");
     // All sums together decrypt to everything sent.
-    let want = expected(&sent, |s| ingest.state().tables().snippet(s).unwrap().class);
+    let want = expected(&sent, |s| ingest.state().tables().class_of(s).unwrap());
     assert_eq!(decrypt_entries(&sums), want);
     drop(ingest);
     writer.join().unwrap();

@@ -7,10 +7,12 @@
 //! body    = signer:[32]  key_id:[32]  instance:[16]  parent:[16]  seq:u64be  prev:[32]
 //!           day:u32be  epoch_kind:u8  threshold:u64be  cap:u32be
 //!           epoch_count:u32be  epoch * epoch_count  entry_count:u32be  entry * entry_count
+//!           merge_count:u32be  merge * merge_count
 //! epoch   = id:u32be  first_day:u32be  last_day:u32be  reports:u64be
 //!           withheld_sums:u32be  withheld_reports:u64be
 //! entry   = epoch:u32be  class:u32be  catalogue:u16be  counter:u16be  generation:u32be
 //!           reports:u64be  samples:u64be  n:u8  ct_len:u16be  sums:[n * ct_len]
+//! merge   = absorbed:u32be  into:u32be
 //! ```
 //!
 //! **Release.** A bundle carries only *closed* epochs, and of each only the sums whose
@@ -18,6 +20,12 @@
 //! epoch's `withheld_*` fields and never leave the aggregator. A closed epoch's sums never
 //! change and every report is in exactly one of them, so no two released sums can be
 //! differenced down to a few reports.
+//!
+//! **Merges.** The aggregator joins classes that turned out to be one application (a snippet
+//! matched both). A bundle's entries are under the classes that hold them as of the bundle,
+//! and it lists the merges it is the first to apply, so that a design server can count sums an
+//! absorbed class released in earlier bundles under the class that absorbed it. A merge goes
+//! to an older class (a lower id), and no entry of the bundle is under a class it merges away.
 //!
 //! **Chain.** Each aggregator store has a random `instance` id; its bundles are numbered
 //! `seq` = 1, 2, ... and each names the SHA-256 of the whole previous bundle (`prev`; zeros
@@ -39,14 +47,16 @@ use crate::counters::{CatalogueVersion, CounterId};
 use crate::paillier::KeyId;
 use crate::wire::{Day, MAX_CIPHERTEXTS, PackedBytes, WireError};
 
-/// The bundle format version this build writes and reads. 2: epochs, release threshold and the
-/// chain; 1 carried running totals, which could be differenced, and is refused.
-pub const BUNDLE_VERSION: u8 = 2;
+/// The bundle format version this build writes and reads. 3: class merges; 2: epochs, release
+/// threshold and the chain; 1 carried running totals, which could be differenced. Other
+/// versions are refused.
+pub const BUNDLE_VERSION: u8 = 3;
 
 const MAGIC: [u8; 4] = *b"PNBD";
 const HEADER_BYTES: usize = 4 + 1 + 32 + 32 + 16 + 16 + 8 + 32 + 4 + 1 + 8 + 4 + 4;
 const EPOCH_BYTES: usize = 4 + 4 + 4 + 8 + 4 + 8;
 const ENTRY_FIXED_BYTES: usize = 4 + 4 + 2 + 2 + 4 + 8 + 8 + 1 + 2;
+const MERGE_BYTES: usize = 4 + 4;
 const SIGNATURE_BYTES: usize = 64;
 
 /// An application class: the aggregator's name for a group of similar snippets. Numbered from
@@ -54,6 +64,16 @@ const SIGNATURE_BYTES: usize = 64;
 /// (and of stores restored from its backups).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClassId(pub u32);
+
+/// One class joined into an older one: everything of `absorbed`, released before or after,
+/// belongs to `into`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClassMerge {
+    /// The class merged away.
+    pub absorbed: ClassId,
+    /// The class that holds it now (older: a lower id).
+    pub into: ClassId,
+}
 
 /// Which accumulator of a (class, counter, epoch) this is: a fresh one starts whenever the
 /// previous one reached its report bound, so every generation decrypts on its own.
@@ -257,6 +277,8 @@ pub struct Bundle {
     pub epochs: Vec<EpochSummary>,
     /// The released sums.
     pub entries: Vec<BundleEntry>,
+    /// The class merges this bundle is the first to apply, by absorbed class.
+    pub merges: Vec<ClassMerge>,
 }
 
 /// Why bytes are not a bundle this build accepts.
@@ -315,6 +337,7 @@ impl Bundle {
     pub fn sign(&self, key: &SigningKey) -> Result<Vec<u8>, BundleError> {
         let epochs = u32::try_from(self.epochs.len()).map_err(|_| BundleError::TooLarge)?;
         let count = u32::try_from(self.entries.len()).map_err(|_| BundleError::TooLarge)?;
+        let merges = u32::try_from(self.merges.len()).map_err(|_| BundleError::TooLarge)?;
         let mut out = Vec::with_capacity(
             HEADER_BYTES
                 + self.epochs.len() * EPOCH_BYTES
@@ -323,6 +346,8 @@ impl Bundle {
                     .iter()
                     .map(|e| ENTRY_FIXED_BYTES + e.sums.as_bytes().len())
                     .sum::<usize>()
+                + 4
+                + self.merges.len() * MERGE_BYTES
                 + SIGNATURE_BYTES,
         );
         out.extend_from_slice(&MAGIC);
@@ -359,6 +384,11 @@ impl Bundle {
             out.push(e.sums.count() as u8);
             out.extend_from_slice(&(e.sums.ciphertext_len() as u16).to_be_bytes());
             out.extend_from_slice(e.sums.as_bytes());
+        }
+        out.extend_from_slice(&merges.to_be_bytes());
+        for m in &self.merges {
+            out.extend_from_slice(&m.absorbed.0.to_be_bytes());
+            out.extend_from_slice(&m.into.0.to_be_bytes());
         }
         let signature = key.sign(&out);
         out.extend_from_slice(&signature.to_bytes());
@@ -461,6 +491,45 @@ impl Bundle {
             }
             entries.push(entry);
         }
+        let merge_count = u32::from_be_bytes(r.array("merge count")?);
+        let room = r.0.len() / MERGE_BYTES;
+        if merge_count as usize > room {
+            return Err(BundleError::TooMany {
+                what: "merges",
+                announced: merge_count,
+                room,
+            });
+        }
+        let mut merges: Vec<ClassMerge> = Vec::with_capacity(merge_count as usize);
+        for _ in 0..merge_count {
+            let m = ClassMerge {
+                absorbed: ClassId(u32::from_be_bytes(r.array("merged class")?)),
+                into: ClassId(u32::from_be_bytes(r.array("merge survivor")?)),
+            };
+            if m.into >= m.absorbed {
+                return Err(BundleError::Inconsistent(
+                    "a class merged into a younger class or itself",
+                ));
+            }
+            if merges
+                .last()
+                .is_some_and(|last| last.absorbed >= m.absorbed)
+            {
+                return Err(BundleError::Inconsistent(
+                    "merges not in increasing order of the merged class",
+                ));
+            }
+            merges.push(m);
+        }
+        if entries.iter().any(|e| {
+            merges
+                .binary_search_by_key(&e.class, |m| m.absorbed)
+                .is_ok()
+        }) {
+            return Err(BundleError::Inconsistent(
+                "an entry under a class the bundle merges away",
+            ));
+        }
         if !r.0.is_empty() {
             return Err(BundleError::TrailingBytes(r.0.len()));
         }
@@ -481,6 +550,7 @@ impl Bundle {
             },
             epochs,
             entries,
+            merges,
         })
     }
 
@@ -598,6 +668,16 @@ mod tests {
                     sums: PackedBytes::new(vec![i as u8 + 1; 64], 2).unwrap(),
                 })
                 .collect(),
+            merges: vec![
+                ClassMerge {
+                    absorbed: ClassId(5),
+                    into: ClassId(1),
+                },
+                ClassMerge {
+                    absorbed: ClassId(9),
+                    into: ClassId(5),
+                },
+            ],
         }
     }
 
@@ -678,6 +758,15 @@ mod tests {
         let mut b = bundle();
         b.link.prev = BundleHash::default();
         assert!(refused(b), "a later bundle without one");
+        let mut b = bundle();
+        b.merges[0].into = ClassId(6);
+        assert!(refused(b), "a merge into a younger class");
+        let mut b = bundle();
+        b.merges.swap(0, 1);
+        assert!(refused(b), "merges out of order");
+        let mut b = bundle();
+        b.merges[0].absorbed = ClassId(2);
+        assert!(refused(b), "an entry under a class merged away");
     }
 
     #[test]
@@ -689,12 +778,14 @@ mod tests {
     }
 
     #[test]
-    fn version_1_bundles_are_refused_by_version() {
-        let mut bytes = bundle().sign(&key(1)).unwrap();
-        bytes[4] = 1;
-        assert_eq!(
-            Bundle::verify(&bytes, None),
-            Err(BundleError::UnsupportedVersion(1))
-        );
+    fn earlier_versions_are_refused_by_version() {
+        for version in [1, 2] {
+            let mut bytes = bundle().sign(&key(1)).unwrap();
+            bytes[4] = version;
+            assert_eq!(
+                Bundle::verify(&bytes, None),
+                Err(BundleError::UnsupportedVersion(version))
+            );
+        }
     }
 }

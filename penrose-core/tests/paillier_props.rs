@@ -504,3 +504,42 @@ fn accumulator_state_restores_and_keeps_summing() {
         Err(PaillierError::AccumulatorFull { .. })
     ));
 }
+
+/// Two accumulated sums added with `add_packed` decrypt to the bin-wise sum of every report in
+/// either (what export does when it releases a merged class's sums with its survivor's), and
+/// sums under another key are refused.
+#[test]
+fn added_sums_decrypt_to_the_sum_of_both() {
+    let pair = &*KEY_512;
+    let public = pair.public_key();
+    let mut rng = ChaCha20Rng::seed_from_u64(9);
+    let mut expected = vec![0u64; BIN_COUNT];
+    let mut sums = Vec::new();
+    for part in 0..2u32 {
+        let mut acc = Accumulator::new(public);
+        for report in 0..3u32 {
+            let bins: Vec<u32> = (0..BIN_COUNT as u32)
+                .map(|b| (b * 7 + report * 13 + part * 5) % 50)
+                .collect();
+            for (e, b) in expected.iter_mut().zip(&bins) {
+                *e += u64::from(*b);
+            }
+            let packed = public.encrypt_packed(&bins, &mut rng).unwrap();
+            acc.absorb(&packed, 1).unwrap();
+        }
+        sums.push(acc.sum().unwrap());
+    }
+    let both = public.add_packed(&sums[0], &sums[1]).unwrap();
+    let decrypted = pair.private_key().decrypt_packed(&both).unwrap();
+    assert_eq!(decrypted.to_vec(), expected);
+
+    let other = keypair(KeySize::Bits512, 78);
+    let foreign = other
+        .public_key()
+        .encrypt_packed(&[1u32; BIN_COUNT], &mut rng)
+        .unwrap();
+    assert!(matches!(
+        public.add_packed(&sums[0], &foreign),
+        Err(PaillierError::KeyMismatch { .. })
+    ));
+}

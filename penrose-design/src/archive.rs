@@ -36,8 +36,8 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::VerifyingKey;
 use penrose_core::bundle::{
-    Bundle, BundleEntry, BundleError, BundleHash, EpochId, EpochKind, EpochSummary, InstanceId,
-    SumId,
+    Bundle, BundleEntry, BundleError, BundleHash, ClassId, EpochId, EpochKind, EpochSummary,
+    InstanceId, SumId,
 };
 use penrose_core::paillier::KeyId;
 use penrose_core::release::{MIN_CONTRIBUTORS, ReportsPerContributor};
@@ -156,6 +156,23 @@ pub struct Aggregates {
     pub entries: BTreeMap<SumId, BundleEntry>,
     /// Epochs a later chain released again: refused, never merged.
     pub skipped: Vec<(InstanceId, EpochId)>,
+    /// Classes the aggregator merged into older ones (absorbed -> survivor), from every
+    /// bundle; a later chain's merge that contradicts an earlier one is ignored.
+    pub merged_into: BTreeMap<ClassId, ClassId>,
+}
+
+impl Aggregates {
+    /// The class that holds `class` now: its sums are reported there. Terminates because a
+    /// merge always goes to a lower id.
+    pub fn root(&self, mut class: ClassId) -> ClassId {
+        while let Some(&into) = self.merged_into.get(&class) {
+            if into >= class {
+                break;
+            }
+            class = into;
+        }
+        class
+    }
 }
 
 /// An archive directory.
@@ -504,6 +521,9 @@ impl Archive {
                     if mine.contains(&entry.epoch) {
                         out.entries.insert(entry.key(), entry.clone());
                     }
+                }
+                for merge in &bundle.merges {
+                    out.merged_into.entry(merge.absorbed).or_insert(merge.into);
                 }
             }
             out.chains

@@ -43,6 +43,8 @@ pub enum ReportError {
 pub struct CounterReport {
     /// The class.
     pub class: u32,
+    /// Classes the aggregator merged into this one whose released sums are counted here.
+    pub merged_from: Vec<u32>,
     /// Catalogue version.
     pub catalogue: u16,
     /// Counter id.
@@ -185,7 +187,7 @@ pub fn build(
     let mut grouped: BTreeMap<Key, Vec<&BundleEntry>> = BTreeMap::new();
     for (k, entry) in &aggregates.entries {
         grouped
-            .entry((k.class, k.catalogue, k.counter))
+            .entry((aggregates.root(k.class), k.catalogue, k.counter))
             .or_default()
             .push(entry);
     }
@@ -197,6 +199,7 @@ pub fn build(
         let (mut reports, mut samples, mut sums, mut held) = (0u64, 0u64, 0usize, 0u64);
         let (mut contributors, mut best_held) = (0u64, 0u64);
         let mut epochs = Vec::new();
+        let mut merged_from = Vec::new();
         for entry in entries {
             let days = aggregates.epochs.get(&entry.epoch).map_or(1, |e| e.days());
             let bound = contributors_at_least(entry.reports, days, cap);
@@ -214,8 +217,11 @@ pub fn build(
                     samples += entry.samples;
                     contributors += bound;
                     sums += 1;
-                    if epochs.last() != Some(&entry.epoch.0) {
+                    if !epochs.contains(&entry.epoch.0) {
                         epochs.push(entry.epoch.0);
+                    }
+                    if entry.class != class && !merged_from.contains(&entry.class.0) {
+                        merged_from.push(entry.class.0);
                     }
                 }
                 Err(reason) => quarantined.push(Quarantined {
@@ -241,8 +247,11 @@ pub fn build(
         }
         let known = Catalogue::by_version(catalogue).and_then(|c| c.counter(counter));
         let binning = known.map(|c| c.binning);
+        epochs.sort_unstable();
+        merged_from.sort_unstable();
         decrypted.push(CounterReport {
             class: class.0,
+            merged_from,
             catalogue: catalogue.0,
             counter: counter.0,
             name: known.map_or("?".into(), |c| c.name.to_string()),

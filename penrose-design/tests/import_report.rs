@@ -133,6 +133,7 @@ impl Fixture {
                 })
                 .collect(),
             entries,
+            merges: Vec::new(),
         };
         bundle.sign(&self.signing).unwrap()
     }

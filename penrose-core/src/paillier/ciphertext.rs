@@ -55,6 +55,42 @@ impl PackedCiphertexts {
 }
 
 impl PublicKey {
+    /// The encryption of the bin-wise sum of two encrypted histograms: their ciphertexts
+    /// multiplied mod n^2. For an aggregator that releases the sums of two classes as one (a
+    /// merge); the caller keeps the combined report count within the accumulator bound, which
+    /// is what keeps slots from carrying. Refuses sums under another key or of another length.
+    pub fn add_packed(
+        &self,
+        a: &PackedCiphertexts,
+        b: &PackedCiphertexts,
+    ) -> Result<PackedCiphertexts, PaillierError> {
+        for sum in [a, b] {
+            if sum.key_id != self.key_id() {
+                return Err(PaillierError::KeyMismatch {
+                    expected: self.key_id(),
+                    actual: sum.key_id,
+                });
+            }
+        }
+        if a.ciphertexts.len() != b.ciphertexts.len() {
+            return Err(PaillierError::Length {
+                expected: a.ciphertexts.len() * a.ciphertext_bytes,
+                actual: b.ciphertexts.len() * b.ciphertext_bytes,
+            });
+        }
+        let ciphertexts = a
+            .ciphertexts
+            .iter()
+            .zip(&b.ciphertexts)
+            .map(|(x, y)| Ciphertext(Integer::from(&x.0 * &y.0) % self.nn()))
+            .collect();
+        Ok(PackedCiphertexts {
+            key_id: a.key_id,
+            ciphertexts,
+            ciphertext_bytes: a.ciphertext_bytes,
+        })
+    }
+
     /// Parses and checks one ciphertext: exact length, not zero, below n^2, coprime to n.
     pub fn validate_ciphertext(&self, bytes: &[u8]) -> Result<Ciphertext, PaillierError> {
         let expected = self.size().ciphertext_bytes();

@@ -365,7 +365,12 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
          window against the same window unperturbed (\"vs itself\"), against an unperturbed window of the same sequence at an independent offset \
          (\"vs clean\"), two independently perturbed windows (\"both\"), and a perturbed window \
          against an unperturbed window of another application (\"other\").\n",
-        eval.windows_per_sequence, args.lengths, args.perturb, eval.k, rule_text(&eval.rule), args.taus
+        eval.windows_per_sequence,
+        args.lengths,
+        args.perturb,
+        eval.k,
+        rule_text(&eval.rule),
+        args.taus
     );
 
     let _ = writeln!(w, "## Exact Jaccard (per process)\n");
