@@ -375,7 +375,7 @@ windows = 0
 [classes]
 # Similarity (estimated from snippet hashes) at or above which a snippet joins a local
 # application.
-tau = 0.45
+tau = 0.46
 # Most local applications kept; beyond it the longest idle one is sealed and forgotten.
 max_local_apps = 1024
 

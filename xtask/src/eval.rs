@@ -43,8 +43,9 @@ pub struct Args {
     /// Seed of every random choice (offsets, perturbations, arrival order).
     #[arg(long, default_value_t = 20_261_129)]
     seed: u64,
-    /// Windows drawn per (sequence, L, p).
-    #[arg(long, default_value_t = 12)]
+    /// Windows drawn per (sequence, L, p). A fleet sends far more windows of a popular
+    /// application a day; merging classes needs windows that bridge distant offsets.
+    #[arg(long, default_value_t = 48)]
     windows: usize,
     /// Window lengths L.
     #[arg(long, value_delimiter = ',', default_values_t = [1_000, 2_500, 10_000])]
@@ -57,7 +58,7 @@ pub struct Args {
     ngrams: Vec<usize>,
     /// Thresholds tau to try.
     #[arg(long, value_delimiter = ',',
-          default_values_t = [0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.85])]
+          default_values_t = [0.2, 0.3, 0.35, 0.4, 0.45, 0.46, 0.5, 0.6, 0.7, 0.85])]
     taus: Vec<f64>,
     /// Token encodings to compare (what each launch is shingled as).
     #[arg(long, value_enum, value_delimiter = ',',
@@ -160,6 +161,17 @@ pub struct Cell {
     windows: usize,
     exact: Exact,
     scores: Vec<EncodingScore>,
+    /// The shipped encoding at the shipped tau under simpler class rules, to measure what
+    /// healing gains.
+    healing: Vec<HealingScore>,
+}
+
+/// The shipped encoding and tau under one class rule.
+#[derive(Clone, Debug, Serialize)]
+pub struct HealingScore {
+    rule: cluster::Rule,
+    score: Score,
+    score_by_file: Score,
 }
 
 /// The score of one encoding at one tau.
@@ -187,7 +199,58 @@ pub struct Evaluation {
     kernels_without_config: usize,
     distinct_names: usize,
     distinct_configs: usize,
+    /// Files of one job (ranks), pairwise: weighted Jaccard of their whole launch sequences'
+    /// n-grams, for n = 1 and the shipped n.
+    ranks: Vec<RankSimilarity>,
     cells: Vec<Cell>,
+}
+
+/// How alike two ranks of one job are.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankSimilarity {
+    files: (String, String),
+    /// Weighted Jaccard of kernel multisets (1-grams).
+    kernels: f64,
+    /// Weighted Jaccard of the shipped n-grams.
+    ngrams: f64,
+    /// The same between the two halves of the first file, for scale.
+    halves: f64,
+}
+
+/// Weighted Jaccard (Σ min / Σ max) of the n-gram counts of two sequences.
+fn ngram_jaccard(a: &[LaunchId], b: &[LaunchId], n: usize) -> f64 {
+    let mut counts: std::collections::HashMap<&[LaunchId], (u64, u64)> =
+        std::collections::HashMap::new();
+    for w in a.windows(n) {
+        counts.entry(w).or_default().0 += 1;
+    }
+    for w in b.windows(n) {
+        counts.entry(w).or_default().1 += 1;
+    }
+    let (min, max) = counts
+        .values()
+        .fold((0, 0), |(lo, hi), &(x, y)| (lo + x.min(y), hi + x.max(y)));
+    if max == 0 { 0.0 } else { min as f64 / max as f64 }
+}
+
+/// Every pair of files of one job.
+fn rank_similarities(corpus: &Corpus) -> Vec<RankSimilarity> {
+    let mut out = Vec::new();
+    for (i, a) in corpus.process.iter().enumerate() {
+        for b in &corpus.process[i + 1..] {
+            if a.app != b.app {
+                continue;
+            }
+            let half = a.seq.len() / 2;
+            out.push(RankSimilarity {
+                files: (a.file.clone(), b.file.clone()),
+                kernels: ngram_jaccard(&a.seq, &b.seq, 1),
+                ngrams: ngram_jaccard(&a.seq, &b.seq, DEFAULT_NGRAM_LEN),
+                halves: ngram_jaccard(&a.seq[..half], &a.seq[half..], DEFAULT_NGRAM_LEN),
+            });
+        }
+    }
+    out
 }
 
 /// Runs the evaluation.
@@ -304,6 +367,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         kernels_without_config: corpus.kernels_without_config,
         distinct_names: corpus.digests.len(),
         distinct_configs: corpus.configs.len(),
+        ranks: rank_similarities(&corpus),
         cells,
     };
     let markdown = report::render(&eval, &args);
@@ -472,6 +536,7 @@ fn score_cell(
         .collect();
     let exact = exact_medians(drawn, apps, keys, clean_keys, unperturbed_keys);
     let mut scores = Vec::new();
+    let mut healing = Vec::new();
     for encoding in Encoding::ALL {
         let sim = SimMatrix::new(prints.len(), |i, j| {
             let (a, b) = (&prints[i], &prints[j]);
@@ -491,6 +556,29 @@ fn score_cell(
                 score_by_file: cluster::score(&class_of, file_labels, apps),
             });
         }
+        if encoding == Encoding::Weighted256 {
+            let shipped = args.rule();
+            let simpler = [
+                cluster::Rule {
+                    max_reps: 1,
+                    merge: false,
+                    ..shipped
+                },
+                cluster::Rule {
+                    merge: false,
+                    ..shipped
+                },
+                shipped,
+            ];
+            for rule in simpler {
+                let class_of = cluster::online(order, &sim, DEFAULT_TAU, rule);
+                healing.push(HealingScore {
+                    rule,
+                    score: cluster::score(&class_of, labels, apps),
+                    score_by_file: cluster::score(&class_of, file_labels, apps),
+                });
+            }
+        }
     }
     Cell {
         mode,
@@ -501,6 +589,7 @@ fn score_cell(
         windows: drawn.len(),
         exact,
         scores,
+        healing,
     }
 }
 

@@ -5,7 +5,7 @@
 //! p = J + (1 - J) 2^-b, on a band with p^r, and is a candidate with 1 - (1 - p^r)^bands.
 //! [`LshBands::for_params`] takes the longest bands that still find a pair at tau with
 //! probability [`MIN_RECALL_AT_TAU`], so that as few unrelated classes as possible come back as
-//! candidates. With the defaults (k = 100, b = 2, tau = 0.45) that is 33 bands of 3 values, and
+//! candidates. With the defaults (k = 100, b = 2, tau = 0.46) that is 33 bands of 3 values, and
 //! an unrelated class (J = 0) is still a candidate with probability about 0.4: the index halves
 //! the comparisons rather than removing them, and candidates are always confirmed with the
 //! estimator.

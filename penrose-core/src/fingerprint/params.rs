@@ -4,9 +4,9 @@
 //! sets. Our defaults come from `cargo xtask eval-fingerprints` on real traces (results and
 //! reasoning in `docs/evaluation.md`): over shingle *sets*, 1% of perturbed launches already
 //! drops same-application similarity below 0.85, so we use weighted MinHash over shingle
-//! counts, 4-grams (which survive perturbation far better than 8-grams) and tau = 0.45, the
+//! counts, 4-grams (which survive perturbation far better than 8-grams) and tau = 0.46, the
 //! lowest threshold at which the 256-bit hash of an unrelated snippet (true similarity 0.05)
-//! matches a given class with probability below 1e-9. Every parameter can be changed: the usual
+//! matches a given class of up to 8 representatives with probability below 1e-9. Every parameter can be changed: the usual
 //! advice when unrelated applications collide is to raise k (for example to 150).
 
 /// Length of a shingle in kernel names (the paper: 8).
@@ -17,7 +17,7 @@ pub const DEFAULT_NUM_HASHES: usize = 100;
 
 /// Estimated (weighted) Jaccard similarity at or above which two snippets are the same
 /// application (the paper: 0.85 over sets).
-pub const DEFAULT_TAU: f64 = 0.45;
+pub const DEFAULT_TAU: f64 = 0.46;
 
 /// Whether MinHash runs over shingle sets or shingle counts (the paper: sets).
 pub const DEFAULT_WEIGHTING: Weighting = Weighting::Counts;
