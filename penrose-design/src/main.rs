@@ -307,6 +307,13 @@ fn print_report(
             fmt(c.p99),
             u = c.unit
         );
+        if !c.merged_from.is_empty() {
+            let merged: Vec<String> = c.merged_from.iter().map(u32::to_string).collect();
+            println!(
+                "           (with classes {} that the aggregator merged into it)",
+                merged.join(", ")
+            );
+        }
     }
     for h in &report.held_back {
         println!(
