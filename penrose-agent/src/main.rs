@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use penrose_agent::capture::launch_log::{LoggedLaunch, MAX_LOGGED_LAUNCHES};
 use penrose_agent::capture::loader::enable_run_stats;
 use penrose_agent::capture::locate::LibrarySources;
 use penrose_agent::capture::schedule::{BudgetConfig, OverheadBudget, Schedule};
@@ -183,6 +184,12 @@ enum Command {
         /// profiler on the operator's own machine; nothing like it ever leaves the agent).
         #[arg(long, requires = "json")]
         all_names: bool,
+        /// With --json, also list every recorded launch in the order the agent read it
+        /// (`launch_log`): pid, thread, time (CLOCK_MONOTONIC ns), window, driver entry point,
+        /// name or identity as in the snippet, grid, block, dynamic shared memory and stream;
+        /// at most 1,000,000 (for the same comparison; never sent).
+        #[arg(long, requires = "json")]
+        launches: bool,
     },
     /// List the counters the agent samples, their units and binning.
     Catalogue {
@@ -279,6 +286,7 @@ fn run(cli: Cli) -> Result<()> {
             bpf_stats,
             json,
             all_names,
+            launches,
         } => {
             let secs = |s: f64, what: &str| {
                 Duration::try_from_secs_f64(s).with_context(|| format!("--{what} {s}"))
@@ -303,6 +311,9 @@ fn run(cli: Cli) -> Result<()> {
                 ..CaptureConfig::default()
             };
             let mut capture = Capture::start(config)?;
+            if launches {
+                capture.log_launches(MAX_LOGGED_LAUNCHES);
+            }
             let schedule = match budget {
                 Some(percent) => Schedule::Budget {
                     config: BudgetConfig {
@@ -473,6 +484,7 @@ fn run_capture(
         })
         .collect();
     if json {
+        let log = capture.launch_log();
         let doc = serde_json::json!({
             "bpf_stats": programs,
             "libraries": libraries,
@@ -485,6 +497,8 @@ fn run_capture(
             "windows": capture.history(),
             "events_per_s": counts.events as f64 / elapsed.max(f64::MIN_POSITIVE),
             "snippets": snippets,
+            "launch_log": log.is_on().then(|| log.launches().iter().map(LoggedLaunch::to_json).collect::<Vec<_>>()),
+            "launch_log_beyond_limit": log.beyond_limit(),
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());

@@ -71,6 +71,7 @@ fn main() {
     capture.rescan().unwrap();
 
     let full = every_trace_every_launch_and_name(&mut capture, &lib, &traces);
+    the_launch_log_is_the_snippet_with_configurations(&mut capture, &lib, &traces[0]);
     detached_probes_see_no_launches_but_names(&mut capture, &lib, &traces[0]);
     concurrent_replayers_are_attributed_to_their_pid(&mut capture, &lib, &traces);
     a_window_closes_under_a_running_replay(&mut capture, &lib, &full);
@@ -457,6 +458,50 @@ fn every_trace_every_launch_and_name(
     }
     check("every_trace_every_launch_and_name");
     full
+}
+
+/// `capture --json --launches`: the launch log holds the window's launches in the snippet's
+/// order, under the snippet's names, each with the configuration the replayer launched it with.
+fn the_launch_log_is_the_snippet_with_configurations(
+    capture: &mut Capture,
+    lib: &Path,
+    trace: &Path,
+) {
+    capture.log_launches(usize::MAX);
+    capture.open_window().unwrap();
+    let done = wait_all(capture, vec![spawn(lib, trace, "module", "launch", 1)]);
+    let exited = capture.take_snippets();
+    capture.close_window().unwrap();
+    let pid = done[0].0;
+    let snippet = snippet_of(&exited, pid);
+    let log = capture.launch_log().launches();
+    assert!(log.iter().all(|l| l.launch.pid == pid), "only the replayer");
+    let logged: Vec<&str> = log.iter().map(|l| &*l.name).collect();
+    let named: Vec<&str> = snippet.names.iter().map(|n| &**n).collect();
+    assert_eq!(logged, named, "the snippet's names, in its order");
+    let seq = replayed_sequence(trace);
+    assert_eq!(seq.len(), log.len());
+    let dims = |d: Option<[u32; 3]>| d.unwrap_or([1, 1, 1]).map(|v| v.max(1));
+    for (l, k) in log.iter().zip(&seq) {
+        assert_eq!(&*l.name, &*k.name);
+        assert_eq!(l.launch.grid, dims(k.grid), "{}", k.name);
+        assert_eq!(l.launch.block, dims(k.block), "{}", k.name);
+        assert_eq!(
+            l.launch.shared_mem_bytes,
+            penrose_standin::abi::saturate_u32(k.shared_memory_bytes.unwrap_or(0)),
+            "{}",
+            k.name
+        );
+        assert!(l.launch.timestamp_ns > 0);
+    }
+    assert_eq!(capture.launch_log().beyond_limit(), 0);
+    println!(
+        "  launch log: {} launches of {}, names and configurations as launched",
+        log.len(),
+        trace.file_name().unwrap().to_string_lossy()
+    );
+    capture.log_launches(0);
+    check("the_launch_log_is_the_snippet_with_configurations");
 }
 
 fn detached_probes_see_no_launches_but_names(capture: &mut Capture, lib: &Path, trace: &Path) {

@@ -5,6 +5,8 @@
 //! - [`events`]: ring-buffer records decoded; per-process handle names.
 //! - [`identity`]: a stable identity (build id, call site, launch configuration) for launches
 //!   that no name reaches.
+//! - [`launch_log`]: every recorded launch in order, when asked for (comparing with a
+//!   profiler).
 //! - [`procmaps`]: `/proc/<pid>/maps` lines parsed once for those that read them.
 //! - [`late`]: names of kernels registered before the agent attached, from the processes'
 //!   ELF symbols and memory.
@@ -24,6 +26,7 @@ pub mod error;
 pub mod events;
 pub mod identity;
 pub mod late;
+pub mod launch_log;
 pub mod loader;
 pub mod locate;
 pub mod procmaps;
@@ -208,6 +211,7 @@ pub struct Capture {
     counts: Counts,
     beyond_limit: u64,
     own_pid: Pid,
+    launch_log: launch_log::LaunchLog,
 }
 
 impl Capture {
@@ -253,6 +257,7 @@ impl Capture {
             counts: Counts::default(),
             beyond_limit: 0,
             own_pid: Pid(std::process::id()),
+            launch_log: launch_log::LaunchLog::default(),
             config,
         };
         capture
@@ -523,6 +528,10 @@ impl Capture {
                         identity
                     }
                 };
+                if !at_limit {
+                    let index = self.counts.windows.saturating_sub(1);
+                    self.launch_log.record(index, &launch, name.as_ref());
+                }
                 if let Some(window) = &mut self.window {
                     window.record(&launch, name.as_ref(), sample);
                 }
@@ -782,5 +791,16 @@ impl Capture {
     /// Launches ignored because their process had reached L in a closed window.
     pub fn beyond_limit(&self) -> u64 {
         self.beyond_limit
+    }
+
+    /// From now on keeps every launch recorded in a window, up to `limit` (see
+    /// [`launch_log`]; 0 stops it). What was kept so far is dropped.
+    pub fn log_launches(&mut self, limit: usize) {
+        self.launch_log = launch_log::LaunchLog::new(limit);
+    }
+
+    /// The launches kept since [`Capture::log_launches`].
+    pub fn launch_log(&self) -> &launch_log::LaunchLog {
+        &self.launch_log
     }
 }
