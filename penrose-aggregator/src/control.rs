@@ -214,6 +214,7 @@ fn status(admin: &Admin) -> Value {
         "cursor": state.cursor().0,
         "reports_accepted_total": state.accepted(),
         "classes": state.tables().class_count(),
+        "merged_classes": state.tables().merges().len(),
         "snippets": state.tables().snippet_count(),
         "open_accumulators": state.sums().open_count(),
         "instance": state.instance().to_string(),
