@@ -27,11 +27,11 @@ def main():
     capture = json.load(open(sys.argv[1]))
     profiler = json.load(open(sys.argv[2]))
     pid = profiler["pid"]
+    ours = [s for s in capture["snippets"] if s["pid"] == pid]
     agent_names = []
-    for snippet in capture["snippets"]:
-        if snippet["pid"] == pid:
-            agent_names.extend(snippet.get("all_names", []))
-    agent_launches = sum(s["launches"] for s in capture["snippets"] if s["pid"] == pid)
+    for snippet in ours:
+        agent_names.extend(snippet.get("all_names", []))
+    agent_launches = sum(s["launches"] for s in ours)
     demangled = demangle(agent_names)
     prof = collections.Counter(profiler["kernels"])
     seen = collections.Counter(demangled)
@@ -45,7 +45,11 @@ def main():
         "profiler_distinct": len(prof),
         "agent_launches_for_pid": agent_launches,
         "agent_distinct_names": len(seen),
-        "agent_unnamed": seen.get("<unnamed>", 0),
+        # Launches without a name: an identity (`<bid:...>`) or a name-free token's label
+        # (`<token:...>`); older agents labelled them all `<unnamed>`.
+        "agent_unnamed": sum(s.get("unnamed", 0) for s in ours) or seen.get("<unnamed>", 0),
+        "agent_identified": sum(s.get("identified", 0) for s in ours),
+        "agent_tokens": sum(s.get("tokens", 0) for s in ours),
         "launches_matched_by_name": common,
         "profiler_names_never_seen": sorted(set(prof) - set(seen))[:20],
         "agent_names_not_in_profiler": sorted(set(seen) - set(prof))[:20],

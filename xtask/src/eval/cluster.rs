@@ -103,10 +103,7 @@ pub fn online(order: &[usize], sim: &SimMatrix, tau: f64, rule: Rule) -> Vec<usi
             next += 1;
         }
     }
-    class_of
-        .iter()
-        .map(|&c| number[root(&parent, c)])
-        .collect()
+    class_of.iter().map(|&c| number[root(&parent, c)]).collect()
 }
 
 /// How well classes match the ground truth.
