@@ -446,9 +446,11 @@ fn run_capture(
                 "window": s.window,
                 "launches": s.names.len(),
                 "unnamed": s.unnamed,
+                "identified": s.identified,
+                "tokens": s.tokens.len(),
                 "names": distinct.len(),
                 "end": s.end,
-                "snippet_hash": hex(&fingerprinter.snippet_hash(&s.names).0),
+                "snippet_hash": hex(&s.snippet_hash(&fingerprinter).0),
                 "first_names": s.names.iter().take(5).map(|n| &**n).collect::<Vec<_>>(),
                 "all_names": all_names.then(|| s.names.iter().map(|n| &**n).collect::<Vec<_>>()),
                 "samples": s.samples.iter().map(|sample| serde_json::json!({

@@ -292,7 +292,7 @@ impl Pipeline {
         }
         self.prune(day);
         self.counts.snippets += 1;
-        let hash = self.fingerprinter.snippet_hash(&snippet.names);
+        let hash = snippet.snippet_hash(&self.fingerprinter);
         let index = self.local_app(hash, now, day, &mut out)?;
         self.apps[index].last_seen = now;
         let limit = self.config.seal_samples;
@@ -527,12 +527,10 @@ mod tests {
             })
             .collect();
         Snippet {
-            pid: Pid(app),
-            window: 0,
             names,
-            unnamed: 0,
             end: SnippetEnd::Limit,
             samples,
+            ..Snippet::new(Pid(app), 0)
         }
     }
 
@@ -691,6 +689,65 @@ mod tests {
         assert_eq!(first.report.snippet, hash_a);
         assert_eq!(second.report.snippet, hash_b);
         assert_ne!(first.report.snippet, second.report.snippet);
+    }
+
+    /// A window whose launches have no names: its report carries the fingerprint of the
+    /// launches' name-free tokens (not of their labels, nor of one placeholder), and the
+    /// frame that leaves the host holds nothing of the labels or configurations.
+    #[test]
+    fn unnamed_launches_report_their_token_fingerprint_and_nothing_more() {
+        use crate::capture::events::Launch;
+        use crate::capture::window::{Naming, Window};
+        let mut p = pipeline(10_000, Duration::from_secs(3600));
+        let duration = Catalogue::current()
+            .counter_by_name("kernel_duration")
+            .unwrap()
+            .id;
+        let mut w = Window::new(0, 10_000);
+        for i in 0..2_000u32 {
+            let k = (i * 7 + i / 3) % 50;
+            let launch = Launch {
+                pid: Pid(7),
+                tid: 7,
+                sampled: i % 100 == 0,
+                timestamp_ns: 0,
+                function: 0x7f00_0000 + u64::from(k) * 0x40,
+                stream: 0,
+                grid: [1 + k % 9, 1, 1],
+                block: [128, 1, 1],
+                shared_mem_bytes: 0,
+                entry: penrose_ebpf_common::EntryPoint::LaunchKernel,
+                caller: 0,
+            };
+            let sample = launch.sampled.then(|| {
+                (
+                    CounterGroup(2),
+                    vec![CounterValue {
+                        counter: duration,
+                        value: 5e3,
+                    }],
+                )
+            });
+            w.record(&launch, Naming::None, sample);
+        }
+        let (snippets, _) = w.close();
+        let s = &snippets[0];
+        assert_eq!(s.tokens.len(), 2_000);
+        let f = p.fingerprinter().clone();
+        p.ingest(s, Instant::now(), DAY).unwrap();
+        let sealed = p.flush(DAY).unwrap();
+        assert_eq!(sealed.len(), 1);
+        assert_eq!(sealed[0].report.snippet, s.snippet_hash(&f));
+        assert_ne!(sealed[0].report.snippet, f.snippet_hash(&s.names));
+        let frame = &sealed[0].frame;
+        for (label, token) in s.names.iter().zip(&s.tokens).take(50) {
+            assert!(!contains(frame, label.as_bytes()));
+            assert!(!contains(frame, &token.digest.0[..8]), "no token digest");
+        }
+    }
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        haystack.windows(needle.len()).any(|w| w == needle)
     }
 
     /// The hash is kept per (application, counter) histogram: a counter whose samples came

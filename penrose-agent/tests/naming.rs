@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use penrose_agent::capture::events::Pid;
 use penrose_agent::capture::loader::is_root;
 use penrose_agent::capture::locate::LibrarySources;
-use penrose_agent::capture::window::{Snippet, UNNAMED};
+use penrose_agent::capture::window::Snippet;
 use penrose_agent::capture::{Capture, CaptureConfig};
 use penrose_standin::{
     Driver, Libraries, Loops, NvccApp, Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve,
@@ -313,8 +313,20 @@ fn processes_running_before_the_agent_and_across_a_restart_are_named(
         let until = Instant::now() + Duration::from_millis(1500);
         capture.poll_until(|_| Instant::now() >= until);
         capture.close_window().unwrap();
-        let names = launches_of(&capture.take_snippets(), pid);
-        let unnamed = names.iter().filter(|n| &***n == UNNAMED).count();
+        let snippets = capture.take_snippets();
+        let names = launches_of(&snippets, pid);
+        // A launch without a name is its identity (`<bid:...>`) or its name-free token's
+        // label (`<token:...>`), and the snippet counts it.
+        let unnamed = names.iter().filter(|n| n.starts_with('<')).count();
+        let counted: u64 = snippets
+            .iter()
+            .filter(|s| s.pid == pid)
+            .map(|s| s.unnamed)
+            .sum();
+        assert_eq!(
+            unnamed as u64, counted,
+            "{via} {run}: unnamed launches counted"
+        );
         let share = 1.0 - unnamed as f64 / names.len().max(1) as f64;
         println!(
             "  {via}, agent {run}: {} launches, {:.2}% named (late: {:?})",
@@ -324,7 +336,7 @@ fn processes_running_before_the_agent_and_across_a_restart_are_named(
         );
         assert!(names.len() > 100, "{via} {run}: launches seen");
         assert!(share >= 0.99, "{via} {run}: {:.2}% named", 100.0 * share);
-        for name in names.iter().filter(|n| &***n != UNNAMED) {
+        for name in names.iter().filter(|n| !n.starts_with('<')) {
             assert!(
                 name.starts_with("_Z13penrose_k") && name.ends_with("Pv"),
                 "{via} {run}: {name}"
@@ -371,6 +383,11 @@ fn stripped_library_launches_have_identities_equal_across_processes_and_runs(
                 "every launch identified by build id: {:?}",
                 names.iter().find(|n| !n.starts_with("<bid:"))
             );
+            let (identified, tokens) = snippets
+                .iter()
+                .filter(|s| s.pid == pid)
+                .fold((0, 0), |(i, t), s| (i + s.identified, t + s.tokens.len()));
+            assert_eq!((identified, tokens), (names.len() as u64, 0), "counted");
             per_process.push(names.iter().map(|n| n.to_string()).collect::<HashSet<_>>());
         }
         assert_eq!(per_process[0], per_process[1], "equal across processes");

@@ -441,6 +441,22 @@ fn run_job(
             .map(|i| seq[(offset + seq.len() - h + i) % seq.len()])
             .collect()
     };
+    // What the agent saw before a window when its probes were detached in between
+    // (`Tokens::NameFreeSeen`): the process's previous window, L launches ending at an
+    // independent offset (drawn from their own generator, so that adding this encoding left
+    // every other encoding's windows as they were).
+    let mut seen_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5345_454e_5345_454e);
+    let previous: Vec<(Vec<LaunchId>, Vec<LaunchId>)> = drawn
+        .iter()
+        .map(|w| {
+            let seq = &sources[w.0].seq;
+            let mut one = || {
+                let offset = seen_rng.random_range(0..seq.len().max(1));
+                windows::draw_at(seq, offset, len, 0.0, &[], &mut seen_rng)
+            };
+            (one(), one())
+        })
+        .collect();
     let labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].label).collect();
     let file_labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].file_label).collect();
     let apps: Vec<usize> = drawn.iter().map(|w| sources[w.0].app).collect();
@@ -454,11 +470,14 @@ fn run_job(
         let windows: Vec<[Vec<u32>; 3]> = drawn
             .iter()
             .zip(&offsets)
-            .map(|(w, &(offset, clean_offset))| {
-                let (before, before_clean) = if tokenizer.needs_history() {
-                    (history(w.0, offset), history(w.0, clean_offset))
-                } else {
-                    (Vec::new(), Vec::new())
+            .zip(&previous)
+            .map(|((w, &(offset, clean_offset)), seen)| {
+                let (before, before_clean) = match tokens {
+                    Tokens::NameFreeSeen => seen.clone(),
+                    _ if tokenizer.needs_history() => {
+                        (history(w.0, offset), history(w.0, clean_offset))
+                    }
+                    _ => (Vec::new(), Vec::new()),
                 };
                 [
                     tokenizer.tokenize(&w.1, &before),

@@ -10,7 +10,8 @@
 //! - [`procmaps`]: `/proc/<pid>/maps` lines parsed once for those that read them.
 //! - [`late`]: names of kernels registered before the agent attached, from the processes'
 //!   ELF symbols and memory.
-//! - [`window`]: capture windows, snippets and their sampled launches.
+//! - [`window`]: capture windows, snippets and their sampled launches; launches with neither a
+//!   name nor an identity fingerprinted by name-free tokens.
 //! - [`schedule`]: when windows open (fixed, or spaced by the overhead budget).
 //! - [`calibrate`]: the start-up measurement of what a probed launch costs.
 //! - [`cpu`]: the probed processes' CPU time, which the budget is a share of.
@@ -132,6 +133,13 @@ pub struct Counts {
     pub unnamed_launches: u64,
     /// Of those, launches given an identity from their call site ([`identity`]).
     pub identified_launches: u64,
+    /// Of those, launches with no identity either, recorded with a name-free token (launch
+    /// configuration and repetition gap, see [`window`]); unnamed launches past L are not
+    /// recorded and get none.
+    pub token_launches: u64,
+    /// Function handles the per-snippet repetition trackers forgot to stay within
+    /// [`window::MAX_TOKEN_HANDLES`] (counted when the snippet ends).
+    pub token_evictions: u64,
     /// Exit records of any process.
     pub exits: u64,
     /// Records that did not decode.
@@ -454,7 +462,9 @@ impl Capture {
         }
         if let Some(window) = self.window.take() {
             self.beyond_limit += window.beyond_limit();
-            self.finished.extend(window.close());
+            let (snippets, token_evictions) = window.close();
+            self.counts.token_evictions += token_evictions;
+            self.finished.extend(snippets);
         }
         Ok(Some(cost))
     }
@@ -514,8 +524,8 @@ impl Capture {
                     .get_mut(&launch.pid)
                     .and_then(|n| n.launch(launch.tid, launch.function))
                     .cloned();
-                let name = match name {
-                    Some(name) => Some(name),
+                let identity = match name {
+                    Some(_) => None,
                     None if launch.entry.is_graph() => None,
                     None => {
                         self.window_unnamed += 1;
@@ -530,10 +540,18 @@ impl Capture {
                 };
                 if !at_limit {
                     let index = self.counts.windows.saturating_sub(1);
-                    self.launch_log.record(index, &launch, name.as_ref());
+                    self.launch_log
+                        .record(index, &launch, name.as_ref().or(identity.as_ref()));
                 }
-                if let Some(window) = &mut self.window {
-                    window.record(&launch, name.as_ref(), sample);
+                let naming = match (&name, &identity) {
+                    (Some(name), _) => window::Naming::Name(name),
+                    (None, Some(identity)) => window::Naming::Identity(identity),
+                    (None, None) => window::Naming::None,
+                };
+                if let Some(window) = &mut self.window
+                    && window.record(&launch, naming, sample) == window::Recorded::Token
+                {
+                    self.counts.token_launches += 1;
                 }
             }
             Event::Name {
@@ -572,8 +590,9 @@ impl Capture {
                 self.counts.names += 1;
                 let names = self.names.entry(pid).or_default();
                 if !names.link(kernel, function) {
+                    // Its launches stay unnamed (an identity or a name-free token), not a
+                    // placeholder name that every such kernel would share.
                     tracing::debug!("pid {}: kernel {kernel:#x} has no name", pid.0);
-                    names.learn(HandleKind::Function, function, window::UNNAMED);
                 }
             }
             Event::StubKernel { pid, stub, kernel } => {

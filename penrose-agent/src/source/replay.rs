@@ -175,12 +175,10 @@ impl SnippetSource for ReplaySource {
                 p.position = (p.position + limit) % p.kernels.len();
                 launches += limit as u64;
                 snippets.push(Snippet {
-                    pid: p.pid,
-                    window: index,
                     names,
-                    unnamed: 0,
                     end: SnippetEnd::Limit,
                     samples,
+                    ..Snippet::new(p.pid, index)
                 });
             }
             let window = WindowStat {

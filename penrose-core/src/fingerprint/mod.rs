@@ -7,7 +7,8 @@
 //!   configuration and the distance back to the previous launch of the same handle (name-free
 //!   tokens, unchanged by any consistent renaming of handles), digested like names.
 //! - [`shingle`]: n-grams of names, each digested with SHA-256, so that reversing a shingle means
-//!   enumerating n-tuples of kernel names.
+//!   enumerating n-tuples of kernel names; a launch without a name enters as its token's
+//!   digest ([`Element`]).
 //! - [`minhash`]: k MinHash values over the digests, either over the *set* of shingles or over
 //!   their *counts* (weighted MinHash), which tolerates perturbed launches better.
 //! - [`snippet`]: the compact 256-bit [`SnippetHash`] (b-bit MinHash) that reports carry, and the
@@ -33,7 +34,10 @@ pub use params::{
     DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, DEFAULT_WEIGHTING, FingerprintParams,
     ParamsError, SNIPPET_HASH_BITS, Weighting,
 };
-pub use shingle::{NameDigest, ShingleKey, shingle_keys, shingle_keys_of_digests};
+pub use shingle::{
+    Element, NameDigest, ShingleKey, shingle_keys, shingle_keys_of_digests,
+    shingle_keys_of_elements,
+};
 pub use snippet::{Fingerprinter, SnippetHash};
 pub use tokens::{
     LaunchConfig, LaunchToken, MAX_GAP_BUCKET, RepetitionTracker, combined_digest, gap_bucket,

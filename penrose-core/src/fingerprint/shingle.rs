@@ -5,6 +5,7 @@
 //! [`ShingleKey`] keeps those.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 
 use sha2::{Digest, Sha256};
 
@@ -46,14 +47,53 @@ impl ShingleKey {
 /// A window repeats the same few n-grams many times, so each distinct name is digested once
 /// and each distinct n-gram (recognised by the positions of its names in that list) once.
 pub fn shingle_keys<S: AsRef<str>>(names: &[S], ngram_len: usize) -> Vec<ShingleKey> {
+    memoised_keys(names.iter().map(AsRef::as_ref), ngram_len, |name: &&str| {
+        NameDigest::of(name)
+    })
+}
+
+/// One launch of a snippet as the shingler sees it: a kernel name (or a name-like label such as
+/// an identity), digested here with SHA-256 as [`shingle_keys`] does, or a digest made elsewhere
+/// (a name-free token's, [`super::LaunchToken::digest`]), used as it is. A sequence of names
+/// only gives exactly the keys [`shingle_keys`] gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Element<'a> {
+    /// A name, digested with [`NameDigest::of`].
+    Name(&'a str),
+    /// A digest standing for a launch in place of its name's.
+    Digest(NameDigest),
+}
+
+impl Element<'_> {
+    /// The digest this element is shingled as.
+    pub fn digest(&self) -> NameDigest {
+        match self {
+            Self::Name(name) => NameDigest::of(name),
+            Self::Digest(digest) => *digest,
+        }
+    }
+}
+
+/// Like [`shingle_keys`] for a sequence that mixes names and precomputed digests: the keys
+/// equal [`shingle_keys_of_digests`] over each element's [`Element::digest`].
+pub fn shingle_keys_of_elements(elements: &[Element<'_>], ngram_len: usize) -> Vec<ShingleKey> {
+    memoised_keys(elements.iter().copied(), ngram_len, |e| e.digest())
+}
+
+/// [`shingle_keys_of_digests`] over `digest` of each item, digesting each distinct item once and
+/// each distinct n-gram once.
+fn memoised_keys<K: Eq + Hash>(
+    items: impl Iterator<Item = K>,
+    ngram_len: usize,
+    digest: impl Fn(&K) -> NameDigest,
+) -> Vec<ShingleKey> {
     let n = ngram_len.max(1);
-    let mut ids: HashMap<&str, u32> = HashMap::new();
+    let mut ids: HashMap<K, u32> = HashMap::new();
     let mut digests: Vec<NameDigest> = Vec::new();
-    let seq: Vec<u32> = names
-        .iter()
-        .map(|name| {
-            *ids.entry(name.as_ref()).or_insert_with_key(|name| {
-                digests.push(NameDigest::of(name));
+    let seq: Vec<u32> = items
+        .map(|item| {
+            *ids.entry(item).or_insert_with_key(|item| {
+                digests.push(digest(item));
                 (digests.len() - 1) as u32
             })
         })
@@ -115,6 +155,43 @@ mod tests {
                 shingle_keys_of_digests(&digests, n)
             );
         }
+    }
+
+    #[test]
+    fn elements_shingle_like_their_digests_and_names_like_names() {
+        let names: Vec<String> = (0..400).map(|i| format!("k{}", (i * 5) % 17)).collect();
+        // Every third launch stands as a precomputed digest instead of its name.
+        let token = |i: usize| NameDigest::of(&format!("token {}", i % 4));
+        let elements: Vec<Element<'_>> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                if i % 3 == 0 {
+                    Element::Digest(token(i))
+                } else {
+                    Element::Name(n)
+                }
+            })
+            .collect();
+        let digests: Vec<NameDigest> = elements.iter().map(Element::digest).collect();
+        let only_names: Vec<Element<'_>> = names.iter().map(|n| Element::Name(n)).collect();
+        for n in [1, 4, 8, 40] {
+            assert_eq!(
+                shingle_keys_of_elements(&elements, n),
+                shingle_keys_of_digests(&digests, n)
+            );
+            // A sequence of names only: exactly the keys of the names.
+            assert_eq!(
+                shingle_keys_of_elements(&only_names, n),
+                shingle_keys(&names, n)
+            );
+        }
+        // A digest element equals the name element whose digest it is, and nothing else.
+        assert_eq!(
+            shingle_keys_of_elements(&[Element::Digest(NameDigest::of("a"))], 1),
+            shingle_keys_of_elements(&[Element::Name("a")], 1)
+        );
+        assert!(shingle_keys_of_elements(&[], 4).is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use super::minhash::{MinHashSignature, MinHasher};
 use super::params::{FingerprintParams, ParamsError};
-use super::shingle::{ShingleKey, shingle_keys};
+use super::shingle::{Element, ShingleKey, shingle_keys, shingle_keys_of_elements};
 
 /// The 256-bit fingerprint of a snippet carried in reports: b-bit MinHash values packed from
 /// bit 0 upwards (value i at bits i*b .. (i+1)*b, little-endian within bytes).
@@ -139,6 +139,12 @@ impl Fingerprinter {
         self.signature_of_keys(&shingle_keys(names, self.params.ngram_len))
     }
 
+    /// Like [`Self::signature`] for a snippet whose launches are names or precomputed digests
+    /// (name-free tokens); a snippet of names only gives [`Self::signature`]'s values.
+    pub fn signature_of_elements(&self, elements: &[Element<'_>]) -> MinHashSignature {
+        self.signature_of_keys(&shingle_keys_of_elements(elements, self.params.ngram_len))
+    }
+
     /// Like [`Self::signature`] for shingles already computed.
     pub fn signature_of_keys(&self, keys: &[ShingleKey]) -> MinHashSignature {
         self.hasher.signature(keys, self.params.weighting)
@@ -147,6 +153,11 @@ impl Fingerprinter {
     /// The snippet hash of a kernel-name sequence.
     pub fn snippet_hash<S: AsRef<str>>(&self, names: &[S]) -> SnippetHash {
         self.encode(&self.signature(names))
+    }
+
+    /// The snippet hash of a sequence of names and precomputed digests.
+    pub fn snippet_hash_of_elements(&self, elements: &[Element<'_>]) -> SnippetHash {
+        self.encode(&self.signature_of_elements(elements))
     }
 
     /// Packs a signature into a snippet hash.

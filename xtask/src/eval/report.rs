@@ -661,6 +661,7 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
          process across its windows; here the history is the looped sequence before the \
          window's offset), so only a process's first launch of a kernel gets bucket 0 and \
          windows at different offsets no longer differ in the first launch of every kernel.\n\
+         {seen}\
          - **name-free, exact gap <= {cap}**: as name-free with min(distance, {cap}) in place \
          of the bucket: the alternative the log bucket is measured against.\n\n\
          What the traces lack: the profiler records *static plus dynamic* shared memory per \
@@ -673,6 +674,15 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
          configurations.\n",
         max_bucket = penrose_core::fingerprint::MAX_GAP_BUCKET,
         cap = EXACT_GAP_CAP,
+        seen = if args.tokens.contains(&Tokens::NameFreeSeen) {
+            "- **name-free, gaps carried across the agent's windows**: as the previous one with \
+             the history the agent can keep: its probes are detached between windows, so \
+             what it saw before a window is its previous window (here L launches at an \
+             independent offset), and the launches in between are missing from every \
+             distance that spans them.\n"
+        } else {
+            ""
+        },
         missing = eval.kernels_without_config,
         kernels = eval.kernels,
         names = eval.distinct_names,
@@ -856,16 +866,21 @@ const NAMES_TEXT: &str = "\
 and per stream, n = 4 and 8, 256-bit hash and full values, both truths), with 0 mixed classes \
 like every encoding here. The agent keeps fingerprinting names, and issue 9's name sources \
 (items 1 to 3) are what makes that hold on real CUDA stacks.\n\
-- **Name-free tokens, with gaps carried across windows, where it has none.** Without \
-perturbation the carried name-free tokens score as names do (the p = 0 rows; exact Jaccard \
-0.77 against 0.79 at L = 1,000): launch configurations and repetition distances tell these \
-applications apart as well as names. They lose under perturbation, because one dropped or \
+- **Name-free tokens where it has none, gaps counted inside the window.** Without \
+perturbation name-free tokens come close to names (the p = 0 rows: per process from L = 2,500 \
+on, own class as for names; exact Jaccard at L = 1,000 0.62 counted inside the window, \
+0.77 carried, 0.79 for names): launch configurations and repetition distances tell these \
+applications apart almost as well as names. They lose under perturbation, because one dropped or \
 inserted launch also moves the repetition distance of every kernel launched across it, and a \
 foreign kernel brings tokens of its own: most at p = 5%, least at L = 10,000. Carrying each \
-handle's last launch across windows (`RepetitionTracker`) is worth about 5 points over \
-counting inside the window, the log bucket about 12 over exact distances capped at 64. A \
-process whose launches the agent cannot name gets this fingerprint rather than a useless \
-`<unnamed>` one.\n\
+handle's last launch across windows is worth about 5 points over counting inside the window \
+when the history is the launches right before the window, which the agent never sees: its \
+probes are detached between windows. What it could carry is its previous window's launches \
+(`--tokens name-free-seen`, measured in the hand-written section below), which scores below \
+counting inside the window, so the agent counts inside each snippet. The log bucket is worth \
+about 12 points over exact distances capped at 64. A process whose launches the agent cannot \
+name gets this fingerprint rather than a useless `<unnamed>` one; its named launches keep \
+their names in the same snippet.\n\
 - **Not both in one token.** The combined token is as fragile as the name-free one (it \
 carries the same gap) and adds nothing measurable: it scores within a few points of \
 window-local name-free tokens, mostly below, and below names everywhere. \

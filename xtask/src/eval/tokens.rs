@@ -31,6 +31,11 @@ pub enum Tokens {
     /// Like `name-free` with the exact distance capped at 64 instead of its log bucket (the
     /// alternative the bucket is measured against).
     NameFreeExact,
+    /// Like `name-free-carried` with the history the agent can actually keep: probes are
+    /// detached between capture windows, so the launches before a window that it saw are
+    /// its previous window's, not the ones right before it (the history is the process's
+    /// previous window, L launches at an independent offset of the looped sequence).
+    NameFreeSeen,
 }
 
 impl Tokens {
@@ -42,6 +47,7 @@ impl Tokens {
             Self::Both => "both (name + name-free in one token)",
             Self::NameFreeCarried => "name-free, gaps carried across windows",
             Self::NameFreeExact => "name-free, exact gap <= 64",
+            Self::NameFreeSeen => "name-free, gaps carried across the agent's windows",
         }
     }
 }
@@ -69,13 +75,14 @@ impl<'a> Tokenizer<'a> {
 
     /// Whether [`Self::tokenize`] reads the launches before the window.
     pub fn needs_history(&self) -> bool {
-        self.tokens == Tokens::NameFreeCarried
+        matches!(self.tokens, Tokens::NameFreeCarried | Tokens::NameFreeSeen)
     }
 
     /// The token ids of a window. Repetition distances are counted inside the window, as the
     /// agent counts them inside its capture window, with the kernel name standing for the
-    /// per-process handle; for [`Tokens::NameFreeCarried`] they reach back into `history`
-    /// (the launches before the window, oldest first), which the other encodings ignore.
+    /// per-process handle; for [`Tokens::NameFreeCarried`] and [`Tokens::NameFreeSeen`] they
+    /// reach back into `history` (the launches the agent saw before the window, oldest
+    /// first), which the other encodings ignore.
     pub fn tokenize(&mut self, window: &[LaunchId], history: &[LaunchId]) -> Vec<u32> {
         let corpus = self.corpus;
         let launch = |l: LaunchId| corpus.launches[l as usize];
@@ -169,6 +176,7 @@ mod tests {
             Tokens::NameFree,
             Tokens::NameFreeCarried,
             Tokens::NameFreeExact,
+            Tokens::NameFreeSeen,
         ] {
             assert_eq!(
                 digests_of(&a, tokens, &window),
@@ -219,5 +227,11 @@ mod tests {
             got[2..],
             [expect(1, 2), expect(0, 1), expect(1, gap_bucket(Some(3)))]
         );
+        // The agent's variant reads the history it is given the same way (what differs is
+        // which launches the caller passes as history).
+        let mut seen = Tokenizer::new(&c, Tokens::NameFreeSeen);
+        let ids = seen.tokenize(&window, &[3, 1, 2]);
+        let seen_digests: Vec<NameDigest> = ids.iter().map(|&i| seen.digests[i as usize]).collect();
+        assert_eq!(seen_digests, got);
     }
 }
