@@ -355,7 +355,8 @@ fn decoders_refuse_wrong_lengths() {
     let token = tokens[0].to_bytes().to_vec();
     let secret = key7.to_secret_bytes().to_vec();
 
-    let cases: [(&str, &Vec<u8>, &dyn Fn(&[u8]) -> bool); 6] = [
+    type Accepts<'a> = &'a dyn Fn(&[u8]) -> bool;
+    let cases: [(&str, &Vec<u8>, Accepts); 6] = [
         ("request", &request, &|b| {
             BlindedRequest::decode(b, &set).is_ok()
         }),

@@ -87,11 +87,14 @@
 //! token       = epoch:u32  key_id:[32]  nonce:[32]  output:[64]               (132 bytes)
 //! ```
 //!
-//! Requests, responses and redemptions carry no version of their own: they travel inside the
-//! versioned messages of the issuance protocol and of reports. The key set is published on its
-//! own and so carries one. Every decoder checks the exact length before it allocates, refuses
-//! elements that are not canonical ristretto255 encodings or are the identity, and refuses an
-//! epoch and key id that the key set it is given does not hold.
+//! These are Penrose's own encodings, not Privacy Pass's wire format (which has a token type,
+//! 0x0005 for this suite in the batched-tokens draft, and a challenge from an origin): there is
+//! no origin here, and the report body takes the challenge's place. Requests, responses and
+//! redemptions carry no version of their own: they travel inside the versioned messages of the
+//! issuance protocol and of reports. The key set is published on its own and so carries one.
+//! Every decoder checks the exact length before it allocates, refuses elements that are not
+//! canonical ristretto255 encodings or are the identity, and refuses an epoch and key id that
+//! the key set it is given does not hold.
 
 mod issuance;
 mod keys;
