@@ -15,6 +15,9 @@
 //!   bound, floors on k, T and key size, the day tolerance).
 //! - `bundle` (feature `bundle`): the signed export bundle of encrypted sums that the
 //!   aggregation server writes and the design server imports.
+//! - `tokens` (feature `tokens`): anonymous admission tokens (RFC 9497 VOPRF, Privacy Pass
+//!   style) that the issuer issues, the agent spends on its reports and the aggregation server
+//!   verifies, so that only enrolled agents report and no token links to its agent.
 
 #[cfg(feature = "bundle")]
 pub mod bundle;
@@ -24,4 +27,6 @@ pub mod histogram;
 pub mod paillier;
 pub mod release;
 pub mod sampling;
+#[cfg(feature = "tokens")]
+pub mod tokens;
 pub mod wire;
