@@ -230,7 +230,11 @@ fn ngram_jaccard(a: &[LaunchId], b: &[LaunchId], n: usize) -> f64 {
     let (min, max) = counts
         .values()
         .fold((0, 0), |(lo, hi), &(x, y)| (lo + x.min(y), hi + x.max(y)));
-    if max == 0 { 0.0 } else { min as f64 / max as f64 }
+    if max == 0 {
+        0.0
+    } else {
+        min as f64 / max as f64
+    }
 }
 
 /// Every pair of files of one job.

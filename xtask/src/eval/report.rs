@@ -92,7 +92,11 @@ fn healing_table(eval: &Evaluation, n: usize) -> String {
         };
         for (i, h) in first.healing.iter().enumerate() {
             let pick = |f: &dyn Fn(&super::HealingScore) -> f64| -> Vec<f64> {
-                cells.iter().filter_map(|c| c.healing.get(i)).map(f).collect()
+                cells
+                    .iter()
+                    .filter_map(|c| c.healing.get(i))
+                    .map(f)
+                    .collect()
             };
             let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
             let min = |v: &[f64]| v.iter().copied().fold(1.0, f64::min);
