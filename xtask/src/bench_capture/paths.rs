@@ -1011,8 +1011,10 @@ pub fn report(results: &PathResults) -> String {
          process for {} distinct kernels, whether the process made {} launches (the rounds' \
          median) or {} ({} and {} runs): once per kernel and process, nothing per launch. In a \
          process's next window the new path's probe cost per launch is {} CPU from the driver \
-         path's ({:+.1}% of its {}), the legacy path's {} ({:+.1}%): once a window has named \
-         every launch, the handles stay named and the runtime's launch probe stays off. A \
+         path's ({:+.1}% of its {}), the legacy path's {} ({:+.1}%), with the same {} launch \
+         probes attached as on the driver path: once a window has named every launch, the \
+         handles stay named and no runtime probe runs per launch, so any difference is the \
+         driver probe's trap on a longer call path, not a runtime probe. A \
          process's first window costs more: it registered stubs, so the agent attaches the \
          `cudaLaunchKernel` naming probe, which fires on every launch on both runtime paths \
          ({:.3} and {:.3} runs per launch; the agent cannot tell the new path from the legacy \
@@ -1031,6 +1033,7 @@ pub fn report(results: &PathResults) -> String {
         ns(driver_cost, false),
         ns(later_legacy, true),
         100.0 * share(later_legacy),
+        median_u64(rounds, rt, |r| r.later_window_probes as u64),
         naming(rt),
         naming(legacy),
         ns(first_rt, true),
@@ -1038,6 +1041,28 @@ pub fn report(results: &PathResults) -> String {
         ns(first_legacy, true),
         share(first_legacy),
     );
+    let drops: u64 = rounds.iter().map(|r| r.drops).sum();
+    if drops > 0 {
+        let of = |p: ReplayPath| {
+            rounds
+                .iter()
+                .filter(|r| r.path == p)
+                .map(|r| r.drops)
+                .sum::<u64>()
+        };
+        let _ = writeln!(
+            s,
+            "The agent's ring buffer dropped {} / {} / {} records (driver / runtime / legacy, all \
+             rounds): at the replayer's full speed a first window on a runtime path writes two \
+             records per launch, and the agent reads them on the same two shared cores. A \
+             dropped record costs its probe a little less than a written one; {} launches went \
+             unnamed.\n",
+            of(ReplayPath::Driver),
+            of(rt),
+            of(legacy),
+            rounds.iter().map(|r| r.unnamed_launches).sum::<u64>()
+        );
+    }
     s
 }
 
