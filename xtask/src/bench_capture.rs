@@ -9,11 +9,17 @@
 //! 4. The overhead at the default schedule: for each real trace's launch rate, the window and
 //!    gap the budget scheduler (`penrose_agent::capture::schedule`) chooses with the measured
 //!    per-launch cost, and the share of the process's CPU time the probes take.
+//! 5. The CUDA runtime path ([`paths`]): per-launch cost with the agent probing the stand-in
+//!    runtime as well, on `--via runtime` and `--via runtime-legacy` against `--via driver`,
+//!    in a process's first window and in a later one, and each BPF program's runs per process.
+
+mod paths;
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -36,6 +42,16 @@ pub struct Args {
     /// Launches per unprobed replay.
     #[arg(long, default_value_t = 20_000_000)]
     unprobed_launches: u64,
+    /// Rounds of the replay-path comparison (driver, runtime, runtime-legacy in turn).
+    #[arg(long, default_value_t = 5)]
+    path_rounds: usize,
+    /// Window length of the replay-path comparison's agents, seconds (at least 2; the first
+    /// window also holds the replayer's start).
+    #[arg(long, default_value_t = 3.0)]
+    window_seconds: f64,
+    /// Seconds each unprobed replay of the replay-path comparison is timed.
+    #[arg(long, default_value_t = 1.5)]
+    unprobed_seconds: f64,
     /// Where to write the report.
     #[arg(long, default_value = "docs/benchmarks-capture.md")]
     out: PathBuf,
@@ -59,6 +75,70 @@ struct Results {
     agent_peak_rss_mib: f64,
     agent_idle_peak_rss_mib: f64,
     traces: Vec<TraceOverhead>,
+    paths: paths::PathResults,
+    /// The first bytes at each probed entry point and at the calibration target.
+    entries: Vec<EntryBytes>,
+}
+
+/// The first instruction bytes of a probed function: what a uprobe replaces.
+#[derive(serde::Serialize)]
+struct EntryBytes {
+    /// The function, as the report names it.
+    function: &'static str,
+    /// Its first bytes, when the symbol was found.
+    bytes: Option<Vec<u8>>,
+}
+
+impl EntryBytes {
+    /// Whether the first instruction is a register push (`50+r`, or `41 50+r`).
+    fn is_push(&self) -> Option<bool> {
+        let b = self.bytes.as_deref()?;
+        Some(match b {
+            [first, ..] if (0x50..=0x57).contains(first) => true,
+            [0x41, second, ..] => (0x50..=0x57).contains(second),
+            _ => false,
+        })
+    }
+
+    fn describe(&self) -> String {
+        let Some(bytes) = &self.bytes else {
+            return format!("`{}` (not found)", self.function);
+        };
+        let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "`{}` {} ({})",
+            self.function,
+            hex.join(" "),
+            if self.is_push() == Some(true) {
+                "a push"
+            } else {
+                "not a push"
+            }
+        )
+    }
+}
+
+/// The first 4 bytes of the function whose symbol `matches` in `path` (dynamic symbols and
+/// `.symtab` both searched).
+fn entry_bytes(path: &Path, function: &'static str, matches: impl Fn(&str) -> bool) -> EntryBytes {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let bytes = (|| {
+        let data = std::fs::read(path).ok()?;
+        let file = object::File::parse(&*data).ok()?;
+        let symbol = file
+            .dynamic_symbols()
+            .chain(file.symbols())
+            .find(|s| s.is_definition() && s.name().is_ok_and(&matches))?;
+        let address = symbol.address();
+        file.sections().find_map(|section| {
+            section
+                .data_range(address, 4)
+                .ok()
+                .flatten()
+                .map(<[u8]>::to_vec)
+        })
+    })();
+    EntryBytes { function, bytes }
 }
 
 #[derive(serde::Serialize)]
@@ -100,6 +180,18 @@ pub fn run(args: Args) -> Result<()> {
     let dir = tempfile_dir()?;
     let installed = dir.join("libcuda.so.1");
     std::fs::copy(&lib, &installed).context("installing the stand-in")?;
+    // The runtime and the test application come out of the same build script, next to it.
+    let built = lib.parent().context("the stand-in's directory")?;
+    let install = |name: &str| -> Result<PathBuf> {
+        let to = dir.join(name);
+        std::fs::copy(built.join(name), &to).with_context(|| format!("installing {name}"))?;
+        Ok(to)
+    };
+    let standin = paths::Standin {
+        cuda: installed.clone(),
+        cudart: install("libcudart.so.13")?,
+        app: install("libpenrose_nvcc_app.so")?,
+    };
     let folder = penrose_traces::TraceFolder::open(&penrose_traces::TraceFolder::default_dir())
         .context("the real traces (set PENROSE_TRACES)")?;
     let files = folder.files().to_vec();
@@ -125,14 +217,14 @@ pub fn run(args: Args) -> Result<()> {
     let unprobed = unprobed_replays()?;
 
     eprintln!("agent idle (baseline)");
-    let idle = run_agent(&agent, &installed, || {
+    let idle = run_agent(&agent, &[&installed], &[], "info", |_| {
         std::thread::sleep(Duration::from_secs(3));
         Ok(0.0)
     })?;
     eprintln!("probed replays");
     let probed_rounds = args.rounds;
     // The idle run's CPU rate is subtracted per second of the loaded run.
-    let loaded = run_agent(&agent, &installed, || {
+    let loaded = run_agent(&agent, &[&installed], &[], "info", |_| {
         median_ns(
             &replay,
             &installed,
@@ -143,6 +235,32 @@ pub fn run(args: Args) -> Result<()> {
     })?;
     eprintln!("unprobed replays after the agent left");
     let detached = unprobed_replays()?;
+    let entries = vec![
+        entry_bytes(&installed, "cuLaunchKernel", |n| n == "cuLaunchKernel"),
+        entry_bytes(&standin.cudart, "cudaLaunchKernel", |n| {
+            n == "cudaLaunchKernel"
+        }),
+        entry_bytes(&standin.cudart, "__cudaRegisterFunction", |n| {
+            n == "__cudaRegisterFunction"
+        }),
+        entry_bytes(&standin.cudart, "__cudaGetKernel", |n| {
+            n == "__cudaGetKernel"
+        }),
+        entry_bytes(&agent, "the agent's calibration target", |n| {
+            n.contains("calibration_target")
+        }),
+    ];
+    eprintln!("replay paths: driver, runtime, runtime-legacy");
+    let path_results = paths::measure(
+        &agent,
+        &replay,
+        &standin,
+        &trace,
+        args.path_rounds,
+        args.window_seconds,
+        args.unprobed_seconds,
+        loops(args.probed_launches),
+    )?;
 
     let doc = &loaded.json;
     let captured = doc["counts"]["launches"].as_u64().unwrap_or(0);
@@ -200,11 +318,13 @@ pub fn run(args: Args) -> Result<()> {
         agent_peak_rss_mib: loaded.max_rss_kib / 1024.0,
         agent_idle_peak_rss_mib: idle.max_rss_kib / 1024.0,
         traces,
+        paths: path_results,
+        entries,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     }
-    let report = report(&results, &trace, &machine());
+    let report = report(&results, &trace, &machine(), &command_line(&args));
     print!("{report}");
     let out = root.join(&args.out);
     std::fs::write(&out, report).with_context(|| format!("writing {}", out.display()))?;
@@ -275,10 +395,104 @@ struct AgentRun<T> {
     max_rss_kib: f64,
 }
 
-/// Runs `penrose-agent capture` (one window for the whole run) while `work` runs, then stops it
-/// with SIGINT and collects its output and resource use.
-fn run_agent<T>(agent: &Path, lib: &Path, work: impl FnOnce() -> Result<T>) -> Result<AgentRun<T>> {
-    let mut child = Command::new(agent)
+/// The agent's log lines that mention windows, each with when the bench read it.
+#[derive(Default)]
+struct AgentLog {
+    /// The lines, and whether the agent's stderr has ended.
+    state: Mutex<(Vec<(Instant, String)>, bool)>,
+    changed: Condvar,
+}
+
+impl AgentLog {
+    fn push(&self, line: String) {
+        if let Ok(mut state) = self.state.lock() {
+            state.0.push((Instant::now(), line));
+        }
+        self.changed.notify_all();
+    }
+
+    fn end(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.1 = true;
+        }
+        self.changed.notify_all();
+    }
+
+    /// The lines so far.
+    fn lines(&self) -> Vec<(Instant, String)> {
+        self.state
+            .lock()
+            .map(|state| state.0.clone())
+            .unwrap_or_default()
+    }
+
+    /// Waits until `done` holds for the lines so far; an error after `timeout` or once the
+    /// agent's log has ended without it.
+    fn wait_until(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&[(Instant, String)]) -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let poisoned = || anyhow::anyhow!("agent log lock");
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        loop {
+            if done(&state.0) {
+                return Ok(());
+            }
+            ensure!(!state.1, "the agent's log ended early");
+            let left = deadline.saturating_duration_since(Instant::now());
+            ensure!(!left.is_zero(), "timed out waiting for the agent's windows");
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .map_err(|_| poisoned())?
+                .0;
+        }
+    }
+}
+
+/// The line without terminal colour sequences.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... final byte in @..~
+            for d in chars.by_ref() {
+                if ('@'..='~').contains(&d) && d != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Sends SIGINT to our own child (still unwaited, so its id is still its own).
+fn interrupt(child: &Child) -> Result<()> {
+    let pid = i32::try_from(child.id())?;
+    // SAFETY: kill with a valid signal number has no memory effects; the pid is our child's.
+    #[allow(unsafe_code)]
+    let sent = unsafe { libc::kill(pid, libc::SIGINT) };
+    ensure!(sent == 0, "kill: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+/// Runs `penrose-agent capture` on `libs` while `work` runs (by default one window for the
+/// whole run; `extra` adds flags), then stops it with SIGINT and collects its output and
+/// resource use. `log_filter` is its `RUST_LOG`; `work` sees its lines about windows.
+fn run_agent<T>(
+    agent: &Path,
+    libs: &[&Path],
+    extra: &[&str],
+    log_filter: &str,
+    work: impl FnOnce(&AgentLog) -> Result<T>,
+) -> Result<AgentRun<T>> {
+    let mut command = Command::new(agent);
+    command
         .args([
             "capture",
             "--seconds",
@@ -288,9 +502,12 @@ fn run_agent<T>(agent: &Path, lib: &Path, work: impl FnOnce() -> Result<T>) -> R
             "--json",
         ])
         .args(["--window-launches", &usize::MAX.to_string()])
-        .arg("--lib")
-        .arg(lib)
-        .env("RUST_LOG", "info")
+        .args(extra);
+    for lib in libs {
+        command.arg("--lib").arg(lib);
+    }
+    let mut child = command
+        .env("RUST_LOG", log_filter)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -307,14 +524,22 @@ fn run_agent<T>(agent: &Path, lib: &Path, work: impl FnOnce() -> Result<T>) -> R
             break;
         }
     }
-    let drain = std::thread::spawn(move || lines.count());
-    let ret = work();
+    let log = Arc::new(AgentLog::default());
+    let drain = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let line = strip_ansi(&line);
+                if line.contains("window") {
+                    log.push(line);
+                }
+            }
+            log.end();
+        })
+    };
+    let ret = work(&log);
     let pid = i32::try_from(child.id())?;
-    // SAFETY: sends SIGINT to our own child, which is still running (not yet waited for).
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(pid, libc::SIGINT);
-    }
+    interrupt(&child)?;
     let mut stdout = String::new();
     std::io::Read::read_to_string(
         &mut child.stdout.take().context("agent stdout")?,
@@ -393,7 +618,21 @@ fn overhead_for(trace: &Path, cost: &ProbeCost) -> Result<TraceOverhead> {
     })
 }
 
-fn report(r: &Results, trace: &Path, machine: &str) -> String {
+/// The command that reproduces a run with these arguments.
+fn command_line(args: &Args) -> String {
+    format!(
+        "cargo run --release -p xtask -- bench-capture --rounds {} --probed-launches {} \
+         --unprobed-launches {} --path-rounds {} --window-seconds {} --unprobed-seconds {}",
+        args.rounds,
+        args.probed_launches,
+        args.unprobed_launches,
+        args.path_rounds,
+        args.window_seconds,
+        args.unprobed_seconds
+    )
+}
+
+fn report(r: &Results, trace: &Path, machine: &str, command: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "## Capture\n");
     let _ = writeln!(
@@ -483,9 +722,66 @@ fn report(r: &Results, trace: &Path, machine: &str) -> String {
         s,
         "\nThe budget binds whenever the computed gap exceeds the 60 s minimum, so the overhead \
          is the budget (0.0200%) for every application that launches fast enough to fill a \
-         window's probe time; slower launchers sit at the minimum gap and cost less. The \
-         uprobe trap dominates the probe cost: the BPF program is a few hundred nanoseconds of \
-         it. Reproduce: `sudo cargo xtask bench-capture`."
+         window's probe time; slower launchers sit at the minimum gap and cost less. The BPF \
+         program is {:.0} ns of the {:.2} µs a probe adds per launch; the rest is the uprobe \
+         trap.\n",
+        r.bpf_ns_per_launch,
+        (r.probed_ns - r.unprobed_ns) / 1e3
+    );
+    let measured = (r.probed_ns - r.unprobed_ns).max(f64::MIN_POSITIVE);
+    let calibrated = r.calibrated.per_launch.as_secs_f64() * 1e9;
+    let entries: Vec<String> = r.entries.iter().map(EntryBytes::describe).collect();
+    let _ = writeln!(
+        s,
+        "A uprobe's cost depends on the instruction it replaces: x86 uprobes emulate a few \
+         instructions at the trap, a register push among them, and single-step the others out \
+         of line after it, a second exception. First bytes of the probed functions in this run: \
+         {}. The agent's start-up calibration measured {:.2} µs per probed call, {:.1}x the \
+         cost measured on the stand-in driver above; the budget scheduler uses the \
+         calibration. A real driver's entry points begin with whatever its compiler emitted.\n",
+        entries.join(", "),
+        calibrated / 1e3,
+        calibrated / measured
+    );
+    s.push_str(&paths::report(&r.paths));
+    let _ = writeln!(
+        s,
+        "Reproduce (as root, from the repository root; `--json` also prints every round): \
+         `{command}`."
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushes_are_told_from_other_first_instructions() {
+        let entry = |bytes: &[u8]| EntryBytes {
+            function: "f",
+            bytes: Some(bytes.to_vec()),
+        };
+        assert_eq!(entry(&[0x55, 0x48, 0x89, 0xe5]).is_push(), Some(true));
+        assert_eq!(entry(&[0x41, 0x57, 0x41, 0x56]).is_push(), Some(true));
+        assert_eq!(entry(&[0x31, 0xd6, 0x44, 0x31]).is_push(), Some(false));
+        assert_eq!(entry(&[0xf3, 0x0f, 0x1e, 0xfa]).is_push(), Some(false));
+        assert_eq!(
+            EntryBytes {
+                function: "g",
+                bytes: None
+            }
+            .is_push(),
+            None
+        );
+        assert_eq!(entry(&[0x55, 0x48]).describe(), "`f` 55 48 (a push)");
+    }
+
+    #[test]
+    fn colour_sequences_are_stripped() {
+        assert_eq!(
+            strip_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[34mDEBUG\u{1b}[0m window opened: 8"),
+            "2026 DEBUG window opened: 8"
+        );
+    }
 }
