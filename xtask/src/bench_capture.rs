@@ -286,6 +286,11 @@ fn run_agent<T>(agent: &Path, lib: &Path, work: impl FnOnce() -> Result<T>) -> R
             "--only-lib",
             "--bpf-stats",
             "--json",
+            // Test equipment, named: the stand-in's counter ring, and the stand-in under the
+            // build directory (root's, but below /var/tmp, which anyone may write to).
+            "--counters",
+            "test-standin-ring",
+            "--allow-untrusted-libs",
         ])
         .args(["--window-launches", &usize::MAX.to_string()])
         .arg("--lib")
