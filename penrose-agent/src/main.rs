@@ -262,6 +262,14 @@ fn run(cli: Cli) -> Result<()> {
                         "disabled"
                     }
                 );
+                let c = &config.capture;
+                if c.source.is_test_equipment() || c.counters.is_test_equipment() {
+                    println!(
+                        "warning: test equipment configured (capture.source = {:?}, capture.counters = {:?}): for tests and the demo, never a production host",
+                        c.source.name(),
+                        c.counters.name()
+                    );
+                }
                 Ok(())
             }
             (true, None) => {

@@ -137,7 +137,7 @@ calibrate = false
     rt.block_on(server.shutdown());
     let status = fx.status().unwrap();
     assert_eq!(status.source.kind, "ebpf");
-    assert_eq!(status.source.counters, "standin");
+    assert_eq!(status.source.counters, "test-standin-ring");
     let log_text = std::fs::read_to_string(&log).unwrap();
     assert!(
         log_text.contains("WARN")

@@ -82,7 +82,7 @@ impl StandinSource {
 
 impl CounterSource for StandinSource {
     fn name(&self) -> &'static str {
-        "standin"
+        "test-standin-ring"
     }
 
     fn groups(&self) -> Vec<CounterGroup> {
