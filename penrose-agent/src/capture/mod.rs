@@ -226,6 +226,8 @@ pub struct Capture {
     /// Library files refused so far (untrusted, or over the cap), so each is counted and
     /// logged once; at most [`MAX_REFUSED_REMEMBERED`].
     refused: std::collections::HashSet<locate::FileId>,
+    /// Whether the set of refused files filled up (said once).
+    refused_full: bool,
 }
 
 /// Refused library files remembered (each is counted and logged once); beyond this many,
@@ -280,6 +282,7 @@ impl Capture {
             own_pid: Pid(std::process::id()),
             launch_log: launch_log::LaunchLog::default(),
             refused: std::collections::HashSet::new(),
+            refused_full: false,
             config,
         };
         capture
@@ -364,15 +367,11 @@ impl Capture {
             return false;
         }
         if self.refused.len() >= MAX_REFUSED_REMEMBERED {
-            if self.refused.len() == MAX_REFUSED_REMEMBERED {
+            if !self.refused_full {
+                self.refused_full = true;
                 tracing::warn!(
                     "{MAX_REFUSED_REMEMBERED} library files refused; further ones are not counted"
                 );
-                // One more entry marks that the warning was given.
-                self.refused.insert(locate::FileId {
-                    dev: u64::MAX,
-                    ino: u64::MAX,
-                });
             }
             return false;
         }
