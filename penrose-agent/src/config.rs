@@ -5,18 +5,31 @@
 //! it parses to exactly [`AgentConfig::default`]. Unknown keys are errors (a misspelt key would
 //! otherwise silently keep its default), and every error names the key and the line, so an
 //! operator who changed one value can find the mistake.
+//!
+//! Test equipment (the trace replay, the stand-in libcuda's counter ring) is reached only by
+//! settings whose names say so, `capture.source = "test-replay"` and
+//! `capture.counters = "test-standin-ring"`; the defaults are the live eBPF capture and NVML, and
+//! when those cannot start the agent stops with an error (exit code 3) instead of falling back.
+//! [`AgentConfig::source_plan`] turns the capture settings into the types the sources run on,
+//! once; `parse` calls it, so a file it accepts resolves.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::paillier::MAX_REPORT_SAMPLES;
 use penrose_core::release::ReportsPerContributor;
+use penrose_core::sampling::SamplePeriod;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::capture::CaptureConfig;
+use crate::capture::locate::LibrarySources;
+use crate::capture::schedule::{BudgetConfig, OverheadBudget};
 use crate::counters::SourceKind;
+use crate::source::replay::ReplayConfig;
 
 /// Where `penrose-agent` looks for its configuration when not told.
 pub const DEFAULT_PATH: &str = "/etc/penrose/agent.toml";
@@ -70,7 +83,7 @@ pub struct AgentConfig {
     pub design: DesignConfig,
     /// Capture windows, sampling and counters.
     pub capture: CaptureSection,
-    /// The trace-replay source (no eBPF).
+    /// The trace-replay source (test equipment, `capture.source = "test-replay"`).
     pub replay: ReplaySection,
     /// Local applications.
     pub classes: ClassesSection,
@@ -103,15 +116,60 @@ pub struct DesignConfig {
 }
 
 /// Which snippet source feeds the pipeline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum SourceChoice {
-    /// eBPF when running as root, else the trace replay (with a log line saying why).
-    Auto,
-    /// eBPF probes on libcuda (needs root).
+    /// eBPF probes on libcuda (needs root, or the capabilities `capture` names): the product's
+    /// source and the default. When it cannot start, the agent stops with an error.
+    #[default]
     Ebpf,
-    /// Replay the traces in `[replay] traces`.
-    Replay,
+    /// TEST EQUIPMENT: replay the traces in `[replay] traces` as if captured (tests and the
+    /// demo only; logged with a warning at start).
+    TestReplay,
+}
+
+impl SourceChoice {
+    /// The spelling in the configuration file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::TestReplay => "test-replay",
+        }
+    }
+
+    /// Whether this is test equipment (never a default, never a fallback).
+    pub fn is_test_equipment(self) -> bool {
+        matches!(self, Self::TestReplay)
+    }
+}
+
+/// Logs, at warning level, that a test-equipment setting is in use: `setting` (as written in
+/// the configuration) and what it means.
+pub fn warn_test_equipment(setting: &str, what: &str) {
+    tracing::warn!(
+        "TEST EQUIPMENT: {setting}: {what}. This setting exists for tests and the demo; a \
+         production agent must not use it"
+    );
+}
+
+/// Where snippets (and their counter values) come from: the capture settings resolved into the
+/// types the sources run on, by [`AgentConfig::source_plan`].
+#[derive(Clone, Debug)]
+pub enum SourcePlan {
+    /// eBPF probes on libcuda, windows spaced by the overhead budget.
+    Ebpf {
+        /// The capture's settings (libraries, L, S, O, counters, trust).
+        capture: CaptureConfig,
+        /// The budget scheduler's settings.
+        budget: BudgetConfig,
+    },
+    /// TEST EQUIPMENT: profiler traces replayed as if captured.
+    TestReplay {
+        /// The folder of traces.
+        traces: PathBuf,
+        /// How the replay runs.
+        replay: ReplayConfig,
+    },
 }
 
 /// `[capture]`.
@@ -142,6 +200,12 @@ pub struct CaptureSection {
     pub libraries: Vec<PathBuf>,
     /// Also look through `ldconfig -p` and running processes' maps.
     pub scan_system: bool,
+    /// Also probe driver and runtime libraries that are not root's: files not owned by root,
+    /// writable by group or others, or in a directory (at any level) that is. Off by default:
+    /// the agent runs as root and parses what it probes.
+    pub allow_untrusted_libs: bool,
+    /// Most distinct library files probed; further ones are counted, not probed.
+    pub max_libraries: usize,
     /// Measure the probe cost at start.
     pub calibrate: bool,
 }
@@ -245,7 +309,7 @@ impl Default for DesignConfig {
 impl Default for CaptureSection {
     fn default() -> Self {
         Self {
-            source: SourceChoice::Auto,
+            source: SourceChoice::Ebpf,
             window_launches: crate::capture::window::DEFAULT_WINDOW_LAUNCHES,
             budget_percent: 0.02,
             max_window_seconds: 10.0,
@@ -254,9 +318,11 @@ impl Default for CaptureSection {
             sample_period: 10_000,
             reoffset_seconds: 600.0,
             group_seconds: 600.0,
-            counters: SourceKind::Auto,
+            counters: SourceKind::Nvml,
             libraries: Vec::new(),
             scan_system: true,
+            allow_untrusted_libs: false,
+            max_libraries: crate::capture::locate::DEFAULT_MAX_LIBRARIES,
             calibrate: true,
         }
     }
@@ -337,8 +403,11 @@ certificate = "/etc/penrose/aggregator.pem"
 public_key = "/etc/penrose/design-public.key"
 
 [capture]
-# Where snippets come from: "auto" (eBPF when root, else the trace replay), "ebpf", "replay".
-source = "auto"
+# Where snippets come from: "ebpf", the probes on libcuda. If they cannot be loaded (not root,
+# no BTF, ...) the agent exits with code 3; it never falls back to anything else.
+# ("test-replay" replays profiler traces as if captured: test equipment, for tests and the
+# demo only.)
+source = "ebpf"
 # L: launches per process per capture window.
 window_launches = 10000
 # Overhead budget: probes may cost this percentage of the probed processes' CPU time.
@@ -354,17 +423,25 @@ sample_period = 10000
 reoffset_seconds = 600.0
 # Counter groups take turns of this length.
 group_seconds = 600.0
-# Counter source: "auto" (NVML if present, else the stand-in ring), "nvml", "standin", "none".
-counters = "auto"
+# Counter source: "nvml" (GPM metrics of device 0; if NVML or GPM is unavailable the agent
+# exits with code 3) or "none" (no counter values). ("test-standin-ring" reads the stand-in
+# libcuda's ring: test equipment, for tests and the demo only.)
+counters = "nvml"
 # libcuda files to probe besides those ldconfig and running processes show.
 libraries = []
-# Look through `ldconfig -p` and /proc/*/maps for libcuda.
+# Look through `ldconfig -p` and /proc/*/maps for libcuda and libcudart.
 scan_system = true
+# Probe only libraries owned by root, not writable by group or others, in directories (up to /)
+# that are root's and not writable by group or others. true also probes the others (the agent
+# parses every library it probes, as root).
+allow_untrusted_libs = false
+# Most distinct library files probed; further ones are counted (`capture` output, status).
+max_libraries = 64
 # Measure the probe cost at start (else assume 10 us per launch).
 calibrate = true
 
 [replay]
-# The trace-replay source (capture.source = "replay", or "auto" without root): a folder of
+# Test equipment: the trace-replay source (capture.source = "test-replay" only), a folder of
 # PyTorch profiler traces replayed as if captured.
 traces = "/usr/share/penrose/traces"
 # Time between replayed windows.
@@ -472,12 +549,6 @@ impl AgentConfig {
         if c.window_launches == 0 {
             return Err(("capture.window_launches", "must be at least 1".into()));
         }
-        if !(c.budget_percent > 0.0 && c.budget_percent <= 100.0) {
-            return Err((
-                "capture.budget_percent",
-                format!("{} must be above 0 and at most 100", c.budget_percent),
-            ));
-        }
         secs("capture.max_window_seconds", c.max_window_seconds, false)?;
         secs("capture.min_gap_seconds", c.min_gap_seconds, true)?;
         secs("capture.max_gap_seconds", c.max_gap_seconds, false)?;
@@ -487,8 +558,8 @@ impl AgentConfig {
                 "must not exceed capture.max_gap_seconds".into(),
             ));
         }
-        if c.sample_period == 0 {
-            return Err(("capture.sample_period", "must be at least 1".into()));
+        if c.max_libraries == 0 {
+            return Err(("capture.max_libraries", "must be at least 1".into()));
         }
         secs("capture.reoffset_seconds", c.reoffset_seconds, false)?;
         secs("capture.group_seconds", c.group_seconds, false)?;
@@ -536,7 +607,78 @@ impl AgentConfig {
         if self.aggregator.address.trim().is_empty() {
             return Err(("aggregator.address", "is empty".into()));
         }
-        Ok(())
+        self.source_plan().map(|_| ())
+    }
+
+    /// The capture settings as the types the sources run on. The one place they are checked
+    /// beyond their ranges: S at least 1, the budget a share in (0, 100] percent, and counters
+    /// that fit the source (the test replay samples the traces' own values, so it takes
+    /// `test-standin-ring` or `none`, never `nvml`). `Err((key, why))`.
+    pub fn source_plan(&self) -> Result<SourcePlan, (&'static str, String)> {
+        let c = &self.capture;
+        let sample_period = NonZeroU32::new(c.sample_period)
+            .map(SamplePeriod)
+            .ok_or(("capture.sample_period", "must be at least 1".to_string()))?;
+        let budget = OverheadBudget::new(c.budget_percent / 100.0)
+            .filter(|_| c.budget_percent.is_finite())
+            .ok_or((
+                "capture.budget_percent",
+                format!("{} must be above 0 and at most 100", c.budget_percent),
+            ))?;
+        Ok(match c.source {
+            SourceChoice::Ebpf => SourcePlan::Ebpf {
+                capture: CaptureConfig {
+                    sources: LibrarySources {
+                        explicit: c.libraries.clone(),
+                        ldconfig: c.scan_system,
+                        proc_maps: c.scan_system,
+                        allow_untrusted: c.allow_untrusted_libs,
+                    },
+                    max_libraries: c.max_libraries,
+                    window_launches: c.window_launches,
+                    poll_interval: Duration::from_millis(1),
+                    sample_period,
+                    reoffset_every: seconds(c.reoffset_seconds),
+                    group_period: seconds(c.group_seconds),
+                    counters: c.counters,
+                    calibrate: c.calibrate,
+                    seed: None,
+                },
+                budget: BudgetConfig {
+                    budget,
+                    max_window: seconds(c.max_window_seconds),
+                    min_gap: seconds(c.min_gap_seconds),
+                    max_gap: seconds(c.max_gap_seconds),
+                },
+            },
+            SourceChoice::TestReplay => {
+                let sample_counters = match c.counters {
+                    SourceKind::TestStandinRing => true,
+                    SourceKind::None => false,
+                    SourceKind::Nvml => {
+                        return Err((
+                            "capture.counters",
+                            "\"nvml\" reads a GPU, but capture.source = \"test-replay\" samples the \
+                             traces' own values: set \"test-standin-ring\" (or \"none\")"
+                                .into(),
+                        ));
+                    }
+                };
+                SourcePlan::TestReplay {
+                    traces: self.replay.traces.clone(),
+                    replay: ReplayConfig {
+                        window_launches: c.window_launches,
+                        sample_period,
+                        reoffset_every: seconds(c.reoffset_seconds),
+                        group_period: seconds(c.group_seconds),
+                        window_every: seconds(self.replay.window_seconds),
+                        windows: (self.replay.windows > 0).then_some(self.replay.windows),
+                        sample_counters,
+                        seed: None,
+                    },
+                }
+            }
+        })
     }
 
     /// The aggregator's address, resolved (a name is looked up once, at start).
@@ -678,6 +820,110 @@ mod tests {
         let e = parse("[capture]\nsource = \"bpf\"\n").unwrap_err();
         assert!(
             e.to_string().contains("agent.toml:2: key `capture.source`"),
+            "{e}"
+        );
+    }
+
+    /// The defaults (no file, an empty file, the commented default file) are the live capture
+    /// with NVML counters and trusted libraries only: no default reaches test equipment.
+    #[test]
+    fn the_default_configuration_never_selects_test_equipment() {
+        for config in [
+            AgentConfig::default(),
+            parse("").unwrap(),
+            parse(DEFAULT_FILE).unwrap(),
+        ] {
+            let c = &config.capture;
+            assert_eq!(
+                (c.source, c.counters),
+                (SourceChoice::Ebpf, SourceKind::Nvml)
+            );
+            assert!(!c.source.is_test_equipment() && !c.counters.is_test_equipment());
+            assert!(!c.allow_untrusted_libs);
+            match config.source_plan().unwrap() {
+                SourcePlan::Ebpf { capture, .. } => {
+                    assert_eq!(capture.counters, SourceKind::Nvml);
+                    assert!(!capture.sources.allow_untrusted);
+                    assert_eq!(capture.max_libraries, 64);
+                }
+                SourcePlan::TestReplay { .. } => panic!("the default replays traces"),
+            }
+        }
+        // The library types' own defaults agree.
+        assert_eq!(SourceChoice::default(), SourceChoice::Ebpf);
+        assert_eq!(SourceKind::default(), SourceKind::Nvml);
+        assert_eq!(CaptureConfig::default().counters, SourceKind::Nvml);
+        assert!(!LibrarySources::default().allow_untrusted);
+    }
+
+    /// The spellings that used to reach test equipment by default or by fallback (`auto`) or
+    /// without saying so (`replay`, `standin`) are refused, naming the key.
+    #[test]
+    fn the_old_fallback_spellings_are_refused() {
+        for (key, old) in [
+            ("source", "auto"),
+            ("source", "replay"),
+            ("counters", "auto"),
+            ("counters", "standin"),
+        ] {
+            let e = parse(&format!("[capture]\n{key} = \"{old}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("agent.toml:2: key `capture.{key}`")),
+                "{e}"
+            );
+        }
+    }
+
+    /// Test equipment is reached only by settings whose names say "test", and then resolves to
+    /// the test source; every other value is not test equipment.
+    #[test]
+    fn test_equipment_is_named_as_such_and_reached_only_by_naming_it() {
+        for source in [SourceChoice::Ebpf, SourceChoice::TestReplay] {
+            assert_eq!(
+                source.is_test_equipment(),
+                source.name().starts_with("test-")
+            );
+            let text = format!(
+                "[capture]\nsource = \"{}\"\ncounters = \"none\"\n",
+                source.name()
+            );
+            assert_eq!(parse(&text).unwrap().capture.source, source);
+        }
+        for &kind in <SourceKind as clap::ValueEnum>::value_variants() {
+            assert_eq!(kind.is_test_equipment(), kind.name().starts_with("test-"));
+            let text = format!("[capture]\ncounters = \"{}\"\n", kind.name());
+            assert_eq!(parse(&text).unwrap().capture.counters, kind);
+            let value = clap::ValueEnum::to_possible_value(&kind).unwrap();
+            assert_eq!(value.get_name(), kind.name());
+        }
+        let config =
+            parse("[capture]\nsource = \"test-replay\"\ncounters = \"test-standin-ring\"\n")
+                .unwrap();
+        match config.source_plan().unwrap() {
+            SourcePlan::TestReplay { replay, .. } => assert!(replay.sample_counters),
+            SourcePlan::Ebpf { .. } => panic!("test-replay resolved to the live capture"),
+        }
+        // The replay samples the traces' values; NVML with it is a contradiction, refused.
+        let e = parse("[capture]\nsource = \"test-replay\"\n").unwrap_err();
+        assert!(e.to_string().contains("key `capture.counters`"), "{e}");
+    }
+
+    #[test]
+    fn library_trust_and_cap_are_configurable() {
+        let config = parse("[capture]\nallow_untrusted_libs = true\nmax_libraries = 3\n").unwrap();
+        match config.source_plan().unwrap() {
+            SourcePlan::Ebpf { capture, .. } => {
+                assert!(capture.sources.allow_untrusted);
+                assert_eq!(capture.max_libraries, 3);
+            }
+            SourcePlan::TestReplay { .. } => panic!(),
+        }
+        let e = parse("[capture]\nmax_libraries = 0\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("agent.toml:2: key `capture.max_libraries`"),
             "{e}"
         );
     }

@@ -19,16 +19,13 @@ use std::time::{Duration, Instant};
 
 use penrose_core::paillier::PublicKey;
 use penrose_core::release::{ReportsPerContributor, check_key_bits};
-use penrose_core::sampling::SamplePeriod;
 use penrose_transport::{ClientConfig, RetryPolicy, Trust};
 use thiserror::Error;
 use tokio::sync::Notify;
 
-use crate::capture::loader::is_root;
-use crate::config::{AgentConfig, SourceChoice, seconds};
+use crate::config::{AgentConfig, SourcePlan, seconds};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed, today};
 use crate::record::{RecordLog, sealed_per_day};
-use crate::source::replay::ReplayConfig;
 use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
 use crate::spool::{Spool, SpoolError, create_private_dir};
 use crate::status::AgentStatus;
@@ -102,40 +99,17 @@ pub fn load_public_key(path: &Path) -> Result<PublicKey, DaemonError> {
     Ok(key)
 }
 
-/// The source the configuration asks for. `auto` without root says once why it replays.
+/// The source the configuration names, and nothing else: when the live capture cannot start
+/// (not root, no BTF, no NVML for `counters = "nvml"`, ...) that is the error returned; the
+/// agent never falls back to test equipment. The trace replay opens only when the
+/// configuration names it (`capture.source = "test-replay"`), with a warning.
 pub fn open_source(config: &AgentConfig) -> Result<Box<dyn SnippetSource>, DaemonError> {
-    let choice = match config.capture.source {
-        SourceChoice::Auto if is_root() => SourceChoice::Ebpf,
-        SourceChoice::Auto => {
-            tracing::info!(
-                "not root: eBPF probes need root (or CAP_BPF and CAP_PERFMON), so snippets come from the trace replay of {}",
-                config.replay.traces.display()
-            );
-            SourceChoice::Replay
-        }
-        other => other,
-    };
-    Ok(match choice {
-        SourceChoice::Ebpf | SourceChoice::Auto => Box::new(EbpfSource::start(config)?),
-        SourceChoice::Replay => {
-            let c = &config.capture;
-            let period = std::num::NonZeroU32::new(c.sample_period)
-                .map(SamplePeriod)
-                .ok_or_else(|| DaemonError::Setup("capture.sample_period is 0".into()))?;
-            Box::new(ReplaySource::open(
-                &config.replay.traces,
-                ReplayConfig {
-                    window_launches: c.window_launches,
-                    sample_period: period,
-                    reoffset_every: seconds(c.reoffset_seconds),
-                    group_period: seconds(c.group_seconds),
-                    window_every: seconds(config.replay.window_seconds),
-                    windows: (config.replay.windows > 0).then_some(config.replay.windows),
-                    counters: c.counters,
-                    seed: None,
-                },
-            )?)
-        }
+    let plan = config
+        .source_plan()
+        .map_err(|(key, why)| DaemonError::Setup(format!("{key}: {why}")))?;
+    Ok(match plan {
+        SourcePlan::Ebpf { capture, budget } => Box::new(EbpfSource::start(capture, budget)?),
+        SourcePlan::TestReplay { traces, replay } => Box::new(ReplaySource::open(&traces, replay)?),
     })
 }
 
@@ -347,7 +321,13 @@ impl PipelineThread {
         loop {
             let sealed = match rx.recv_timeout(Duration::from_millis(250)) {
                 Ok(batch) => {
-                    lock(&self.status).add_windows(&batch.windows);
+                    {
+                        let mut status = lock(&self.status);
+                        status.add_windows(&batch.windows);
+                        if let Some(info) = batch.info {
+                            status.source = info;
+                        }
+                    }
                     let (now, day) = (Instant::now(), today());
                     let mut out = Vec::new();
                     for snippet in &batch.snippets {

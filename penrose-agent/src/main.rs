@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use penrose_agent::capture::launch_log::{LoggedLaunch, MAX_LOGGED_LAUNCHES};
 use penrose_agent::capture::loader::enable_run_stats;
-use penrose_agent::capture::locate::LibrarySources;
+use penrose_agent::capture::locate::{DEFAULT_MAX_LIBRARIES, LibrarySources};
 use penrose_agent::capture::schedule::{BudgetConfig, OverheadBudget, Schedule};
 use penrose_agent::capture::window::DEFAULT_WINDOW_LAUNCHES;
 use penrose_agent::capture::{Capture, CaptureConfig, CaptureError};
@@ -31,8 +31,10 @@ use penrose_core::sampling::{DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 /// `catalogue` show, offline, the fingerprints it computes and the counters it samples.
 ///
 /// Exit codes: 0 success, 1 error, 2 usage, 3 a host prerequisite of capture is missing (not
-/// root / no CAP_BPF, no kernel BTF, no tracefs, or the kernel refused the eBPF object),
-/// 4 the configuration file is invalid.
+/// root / no CAP_BPF, no kernel BTF, no tracefs, the kernel refused the eBPF object, or the
+/// configured counter source, NVML/GPM by default, cannot be opened), 4 the configuration
+/// file is invalid. The agent never falls back to test equipment (trace replay, the stand-in's
+/// counter ring): those run only when a setting names them.
 #[derive(Parser)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -51,8 +53,9 @@ enum Command {
     /// by their connection.
     ///
     /// With `enabled = false` in the configuration it logs one line and exits 0 without
-    /// capturing or sending. Without root, `capture.source = "auto"` replays the traces in
-    /// `[replay] traces` instead of probing (eBPF needs root). Example:
+    /// capturing or sending. The source is the eBPF capture; when it cannot start (not root,
+    /// no BTF, no NVML for the default counters) the agent exits with code 3 and does not
+    /// replay or invent anything. Example:
     ///   penrose-agent run --config /etc/penrose/agent.toml
     Run {
         /// The configuration file.
@@ -136,6 +139,13 @@ enum Command {
         /// Probe only the --lib paths (no ldconfig, no /proc/*/maps scan).
         #[arg(long)]
         only_lib: bool,
+        /// Also probe libraries root does not control (not root's, writable by group or
+        /// others, or in such a directory); by default they are counted and skipped.
+        #[arg(long)]
+        allow_untrusted_libs: bool,
+        /// Most distinct library files probed.
+        #[arg(long, default_value_t = DEFAULT_MAX_LIBRARIES)]
+        max_libraries: usize,
         /// Window length; defaults to --seconds.
         #[arg(long)]
         window_seconds: Option<f64>,
@@ -158,8 +168,9 @@ enum Command {
         /// S: sample one launch in this many (per CPU).
         #[arg(long, default_value_t = DEFAULT_SAMPLE_PERIOD.get())]
         sample_period: u32,
-        /// Where sampled launches' counters come from.
-        #[arg(long, value_enum, default_value_t = SourceKind::Auto)]
+        /// Where sampled launches' counters come from. NVML/GPM by default; when it cannot be
+        /// opened the capture fails (exit code 3). test-standin-ring is test equipment.
+        #[arg(long, value_enum, default_value_t = SourceKind::Nvml)]
         counters: SourceKind,
         /// How long each counter group stays active, seconds.
         #[arg(long, default_value_t = 600.0)]
@@ -251,6 +262,14 @@ fn run(cli: Cli) -> Result<()> {
                         "disabled"
                     }
                 );
+                let c = &config.capture;
+                if c.source.is_test_equipment() || c.counters.is_test_equipment() {
+                    println!(
+                        "warning: test equipment configured (capture.source = {:?}, capture.counters = {:?}): for tests and the demo, never a production host",
+                        c.source.name(),
+                        c.counters.name()
+                    );
+                }
                 Ok(())
             }
             (true, None) => {
@@ -271,6 +290,8 @@ fn run(cli: Cli) -> Result<()> {
             window_launches,
             lib,
             only_lib,
+            allow_untrusted_libs,
+            max_libraries,
             window_seconds,
             period_seconds,
             budget,
@@ -300,7 +321,9 @@ fn run(cli: Cli) -> Result<()> {
                     explicit: lib,
                     ldconfig: !only_lib,
                     proc_maps: !only_lib,
+                    allow_untrusted: allow_untrusted_libs,
                 },
+                max_libraries: max_libraries.max(1),
                 window_launches,
                 poll_interval: Duration::from_millis(poll_ms),
                 sample_period,
@@ -505,7 +528,12 @@ fn run_capture(
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!("libraries: {}", libraries.join(", "));
+    println!(
+        "libraries: {}; not probed: {} root does not control, {} over the cap",
+        libraries.join(", "),
+        counts.libraries_untrusted,
+        counts.libraries_over_cap
+    );
     println!(
         "{} events ({} launches, {} names, {} exits) in {elapsed:.1} s; {drops} dropped",
         counts.events, counts.launches, counts.names, counts.exits
@@ -655,6 +683,14 @@ fn status(path: &Path, json: bool) -> Result<()> {
         s.source.kind,
         s.source.counters
     );
+    if s.source.kind == "ebpf" {
+        println!(
+            "libraries probed: {}; not probed: {} root does not control, {} over capture.max_libraries",
+            s.source.inputs.len(),
+            s.source.libraries_untrusted,
+            s.source.libraries_over_cap
+        );
+    }
     println!(
         "windows: {} ({} launches), probe time {:.3} s, probe overhead {} (budget {}%)",
         s.windows,

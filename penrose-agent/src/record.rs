@@ -17,7 +17,7 @@ use penrose_core::wire::{Day, ReportId};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::spool::{hex, parse_hex16};
+use crate::spool::{hex, open_nofollow, parse_hex16};
 
 /// File name of the record inside the state directory.
 pub const RECORD_FILE: &str = "sealed.jsonl";
@@ -128,12 +128,11 @@ impl RecordLog {
             source,
         })?;
         line.push(b'\n');
-        let mut file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&self.path)
-            .map_err(io)?;
+        let mut file = open_nofollow(
+            OpenOptions::new().append(true).create(true).mode(0o600),
+            &self.path,
+        )
+        .map_err(io)?;
         file.write_all(&line).map_err(io)?;
         file.sync_data().map_err(io)
     }
@@ -142,7 +141,7 @@ impl RecordLog {
 /// Every record in a record file (none when it does not exist). A last line cut short by a
 /// crash is skipped.
 pub fn read_records(path: &Path) -> Result<Vec<SealedRecord>, RecordError> {
-    let file = match std::fs::File::open(path) {
+    let file = match open_nofollow(OpenOptions::new().read(true), path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -200,7 +199,7 @@ pub fn sealed_per_day(path: &Path, oldest: Day) -> Result<(SealedPerDay, usize),
         path: path.to_owned(),
         source,
     };
-    let file = match std::fs::File::open(path) {
+    let file = match open_nofollow(OpenOptions::new().read(true), path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((BTreeMap::new(), 0)),
         Err(source) => return Err(io(source)),
@@ -267,5 +266,22 @@ mod tests {
         .into_iter()
         .collect();
         assert_eq!(counts, expected);
+    }
+
+    /// A symbolic link at `sealed.jsonl` (planted to make the agent write, as root, where the
+    /// link points) is refused, by the writer and the readers, and its target is untouched.
+    #[test]
+    fn a_symlinked_sealed_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"").unwrap();
+        let log = RecordLog::in_state_dir(dir.path());
+        std::os::unix::fs::symlink(&target, log.path()).unwrap();
+        let message = log.append(&record(10, 5)).unwrap_err().to_string();
+        assert!(message.contains("symbolic link"), "{message}");
+        assert!(message.contains(RECORD_FILE), "{message}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"");
+        assert!(read_records(log.path()).is_err());
+        assert!(sealed_per_day(log.path(), Day(0)).is_err());
     }
 }

@@ -8,10 +8,16 @@
 //! first pushes out the oldest ones (counted and warned about, never an error), so an agent cut
 //! off from its server for weeks keeps the newest data and a bounded disk footprint. A write
 //! that fails (a full disk) removes its temporary file and leaves the spool as it was.
+//!
+//! State files (here and in the sealed record and status file) are opened with `O_NOFOLLOW`
+//! ([`open_nofollow`]): a symbolic link at a state file's name is an error, never followed. The
+//! state directory and its folders are the agent's own ([`create_private_dir`]): created 0700,
+//! and one that already exists is refused unless it belongs to the agent's user and neither
+//! group nor others may write to it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use penrose_core::wire::ReportId;
@@ -30,6 +36,15 @@ pub enum SpoolError {
         path: PathBuf,
         /// The cause.
         source: std::io::Error,
+    },
+    /// A state directory another user controls (its owner, or write access for group or
+    /// others): the agent will not keep its state there.
+    #[error("state directory {path}: {reason}; refusing to use it")]
+    Unsafe {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong, and how to fix it.
+        reason: String,
     },
     /// One report is larger than the whole spool may be.
     #[error("a report of {size} bytes does not fit a spool of {max} bytes")]
@@ -101,6 +116,11 @@ impl Spool {
             let name = item.file_name();
             let Some(name) = name.to_str() else { continue };
             let path = item.path();
+            // The entry itself, not what a link points to.
+            if !item.file_type().map_err(io(&path))?.is_file() {
+                tracing::warn!("spool: ignoring {name}, not a regular file");
+                continue;
+            }
             if name.starts_with(TEMP_PREFIX) {
                 tracing::info!("spool: removing {name}, left by an interrupted write");
                 fs::remove_file(&path).map_err(io(&path))?;
@@ -266,9 +286,38 @@ impl Spool {
     }
 }
 
-/// Reads a spooled report's frame.
+/// Reads a spooled report's frame (a symbolic link is not followed).
 pub fn read_frame(entry: &SpoolEntry) -> Result<Vec<u8>, SpoolError> {
-    fs::read(&entry.path).map_err(io(&entry.path))
+    let mut file =
+        open_nofollow(OpenOptions::new().read(true), &entry.path).map_err(io(&entry.path))?;
+    let mut frame = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut frame).map_err(io(&entry.path))?;
+    Ok(frame)
+}
+
+/// Opens `path` with `options` and `O_NOFOLLOW`: a symbolic link at that name is an error
+/// (saying so), never followed. Every state file is opened through this.
+pub fn open_nofollow(options: &mut OpenOptions, path: &Path) -> std::io::Result<File> {
+    options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                std::io::Error::new(
+                    e.kind(),
+                    "a symbolic link where a state file belongs (state files are never followed)",
+                )
+            } else {
+                e
+            }
+        })
+}
+
+/// This process's effective user id.
+#[allow(unsafe_code)]
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// The report ids of the files in a spool directory (for `inspect`, which must not take the
@@ -296,31 +345,68 @@ fn parse_name(name: &str) -> Option<(u64, ReportId)> {
     Some((sequence, ReportId(parse_hex16(id)?)))
 }
 
-/// Creates `dir` (and parents) readable by the owner only.
+/// Creates `dir` (and parents) readable by the owner only, and checks it: a directory that
+/// already existed is refused ([`SpoolError::Unsafe`]) unless it is owned by this process's
+/// user and neither group nor others may write to it.
 pub fn create_private_dir(dir: &Path) -> Result<(), SpoolError> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(io(dir))
+        .map_err(io(dir))?;
+    check_private_dir(dir)
 }
 
-/// Writes `bytes` to a new file `path` (mode 0600) and syncs it.
+/// Whether `dir` is fit to hold the agent's state (see [`create_private_dir`]).
+pub fn check_private_dir(dir: &Path) -> Result<(), SpoolError> {
+    let meta = fs::metadata(dir).map_err(io(dir))?;
+    let unsafe_dir = |reason: String| SpoolError::Unsafe {
+        path: dir.to_owned(),
+        reason,
+    };
+    if !meta.is_dir() {
+        return Err(unsafe_dir("not a directory".into()));
+    }
+    let uid = effective_uid();
+    if meta.uid() != uid {
+        return Err(unsafe_dir(format!(
+            "owned by uid {}, not by the agent's user (uid {uid}); remove it or give it to that user",
+            meta.uid()
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(unsafe_dir(format!(
+            "writable by group or others (mode {mode:o}); `chmod 700` it"
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to a new file `path` (mode 0600; a symbolic link there is an error) and
+/// syncs it.
 pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SpoolError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io(path))?;
+    let mut file = open_nofollow(
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600),
+        path,
+    )
+    .map_err(io(path))?;
     file.write_all(bytes).map_err(io(path))?;
     file.sync_all().map_err(io(path))
 }
 
 /// Syncs a directory, so that a rename or removal in it survives a crash.
 pub fn sync_dir(dir: &Path) -> Result<(), SpoolError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
 }
 
 /// Lower-case hex.
@@ -430,5 +516,76 @@ mod tests {
             "no old report lost for a failed write"
         );
         assert_eq!(spool.counts().write_failures, 1);
+    }
+
+    /// A pre-existing state directory that group or others may write to (0777) is refused,
+    /// naming the mode; so is one owned by another user (checked when the test runs as root).
+    #[test]
+    fn a_state_directory_others_control_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        fs::create_dir(&state).unwrap();
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = create_private_dir(&state).unwrap_err();
+        assert!(matches!(err, SpoolError::Unsafe { .. }), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("writable by group or others (mode 777)"),
+            "{message}"
+        );
+        assert!(message.contains(&state.display().to_string()), "{message}");
+        // Its spool inside is refused too once the spool folder is as open.
+        let spool_dir = state.join("spool");
+        fs::create_dir(&spool_dir).unwrap();
+        fs::set_permissions(&spool_dir, fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(matches!(
+            Spool::open(&spool_dir, 1 << 20),
+            Err(SpoolError::Unsafe { .. })
+        ));
+        // 0700 (and 0755: others may read the encrypted spool, not change it) is fine.
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dir(&state).unwrap();
+        if effective_uid() == 0 {
+            std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
+            let message = create_private_dir(&state).unwrap_err().to_string();
+            assert!(message.contains("owned by uid 65534"), "{message}");
+        }
+        // A directory the agent creates is its own, 0700.
+        let fresh = dir.path().join("fresh/state");
+        create_private_dir(&fresh).unwrap();
+        assert_eq!(
+            fs::metadata(&fresh).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+    }
+
+    /// A symbolic link where a state file belongs is an error, and what it points to is left
+    /// alone.
+    #[test]
+    fn a_symlinked_state_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        fs::write(&target, b"not the agent's").unwrap();
+        let link = dir.path().join("status.json.tmp");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let message = write_synced(&link, b"state").unwrap_err().to_string();
+        assert!(message.contains("symbolic link"), "{message}");
+        assert_eq!(fs::read(&target).unwrap(), b"not the agent's");
+        // A spooled report that is a link is not read through it.
+        let spool_dir = dir.path().join("spool");
+        let mut spool = Spool::open(&spool_dir, 1 << 20).unwrap();
+        spool.push(id(1), &[1; 10]).unwrap();
+        let entry = spool.oldest().unwrap().clone();
+        fs::remove_file(&entry.path).unwrap();
+        std::os::unix::fs::symlink(&target, &entry.path).unwrap();
+        assert!(read_frame(&entry).is_err());
+        // ... and a reopened spool does not list it.
+        drop(spool);
+        assert!(
+            Spool::open(&spool_dir, 1 << 20)
+                .unwrap()
+                .entries()
+                .is_empty()
+        );
     }
 }

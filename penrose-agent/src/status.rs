@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::pipeline::PipelineCounts;
 use crate::source::{SourceInfo, WindowStat};
-use crate::spool::{SpoolCounts, SpoolError, write_synced};
+use crate::spool::{SpoolCounts, SpoolError, open_nofollow, write_synced};
 
 /// File name inside the state directory.
 pub const STATUS_FILE: &str = "status.json";
@@ -120,7 +120,13 @@ impl AgentStatus {
     /// Reads the file.
     pub fn read(state_dir: &Path) -> Result<Self, String> {
         let path = status_path(state_dir);
-        let bytes = std::fs::read(&path).map_err(|e| {
+        let read = |path: &Path| -> std::io::Result<Vec<u8>> {
+            let mut file = open_nofollow(std::fs::OpenOptions::new().read(true), path)?;
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes)?;
+            Ok(bytes)
+        };
+        let bytes = read(&path).map_err(|e| {
             format!(
                 "{}: {e} (has `penrose-agent run` started with this state directory?)",
                 path.display()

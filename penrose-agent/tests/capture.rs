@@ -59,8 +59,11 @@ fn main() {
             explicit: vec![lib.clone(), doomed.clone()],
             ldconfig: false,
             proc_maps: false,
+            // The stand-in copies live in temporary directories under /tmp.
+            allow_untrusted: true,
         },
         window_launches: usize::MAX,
+        counters: SourceKind::TestStandinRing,
         ..CaptureConfig::default()
     })
     .unwrap();
@@ -90,6 +93,8 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     drop(capture);
+    default_counters_without_nvml_are_an_error_not_the_stand_in();
+    libraries_root_does_not_control_or_over_the_cap_are_counted_not_probed(dir.path());
     snippets_end_at_the_limit(&lib, &full);
     sampled_launches_carry_their_own_trace_values(&lib, &full);
     a_budget_window_closes_when_every_process_reached_l(&lib, &full);
@@ -101,10 +106,12 @@ fn standin_capture(lib: &Path, window_launches: usize, sample_period: u32) -> Ca
             explicit: vec![lib.to_path_buf()],
             ldconfig: false,
             proc_maps: false,
+            // The stand-in copies live in temporary directories under /tmp.
+            allow_untrusted: true,
         },
         window_launches,
         sample_period: SamplePeriod(NonZeroU32::new(sample_period).unwrap()),
-        counters: SourceKind::Standin,
+        counters: SourceKind::TestStandinRing,
         seed: Some(7),
         ..CaptureConfig::default()
     })
@@ -254,6 +261,73 @@ fn a_budget_window_closes_when_every_process_reached_l(lib: &Path, full: &[(Path
 
 /// Without kernel BTF the agent exits with status 3 and one line naming it. The BTF file is
 /// hidden in a mount namespace of the agent's own (needs root; skipped otherwise).
+/// As root on a host without an NVIDIA driver, the default counter source (NVML) cannot open:
+/// the capture exits with code 3 saying so, and does not read the stand-in's ring instead.
+fn default_counters_without_nvml_are_an_error_not_the_stand_in() {
+    if Path::new("/dev/nvidiactl").exists() {
+        println!(
+            "SKIPPED: default_counters_without_nvml_are_an_error_not_the_stand_in (an NVIDIA driver is here)"
+        );
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_penrose-agent"))
+        .args(["capture", "--seconds", "1", "--only-lib", "--no-calibrate"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: "), "{stderr}");
+    assert!(
+        last.contains("capture.counters = \"nvml\" cannot be used on this host"),
+        "{stderr}"
+    );
+    assert!(last.contains("does not fall back"), "{stderr}");
+    assert!(!stderr.contains("standin"), "{stderr}");
+    check("default_counters_without_nvml_are_an_error_not_the_stand_in");
+}
+
+/// Copies of the stand-in in a directory under /tmp are not root's to control: by default
+/// they are counted, once each, and not probed; allowed, at most `max_libraries` are probed
+/// and the rest counted.
+fn libraries_root_does_not_control_or_over_the_cap_are_counted_not_probed(dir: &Path) {
+    let copies: Vec<PathBuf> = ["trust-a", "trust-b"]
+        .iter()
+        .map(|name| {
+            let d = dir.join(name);
+            std::fs::create_dir(&d).unwrap();
+            penrose_standin::install_libcuda(&d).unwrap()
+        })
+        .collect();
+    let start = |allow_untrusted: bool, max_libraries: usize| {
+        Capture::start(CaptureConfig {
+            sources: LibrarySources {
+                explicit: copies.clone(),
+                ldconfig: false,
+                proc_maps: false,
+                allow_untrusted,
+            },
+            max_libraries,
+            counters: SourceKind::None,
+            calibrate: false,
+            ..CaptureConfig::default()
+        })
+        .unwrap()
+    };
+    let mut capture = start(false, 64);
+    assert!(capture.libraries().is_empty(), "{:?}", capture.libraries());
+    capture.rescan().unwrap();
+    assert_eq!(capture.counts().libraries_untrusted, 2, "each counted once");
+    assert_eq!(capture.counts().libraries_over_cap, 0);
+    drop(capture);
+    let mut capture = start(true, 1);
+    capture.rescan().unwrap();
+    assert_eq!(capture.libraries().len(), 1);
+    assert_eq!(capture.counts().libraries_untrusted, 0);
+    assert_eq!(capture.counts().libraries_over_cap, 1, "counted once");
+    check("libraries_root_does_not_control_or_over_the_cap_are_counted_not_probed");
+}
+
 fn no_btf_is_a_one_line_error() {
     if !is_root() {
         println!("SKIPPED: no_btf_is_a_one_line_error (needs root for a mount namespace)");
@@ -597,8 +671,11 @@ fn snippets_end_at_the_limit(lib: &Path, full: &[(PathBuf, Snippet)]) {
             explicit: vec![lib.to_path_buf()],
             ldconfig: false,
             proc_maps: false,
+            // The stand-in copies live in temporary directories under /tmp.
+            allow_untrusted: true,
         },
         window_launches: limit,
+        counters: SourceKind::TestStandinRing,
         ..CaptureConfig::default()
     })
     .unwrap();

@@ -305,6 +305,110 @@ fn server_down_then_up_delivers_everything() {
     let status = fx.status().unwrap();
     assert!(!status.running);
     assert!(status.uploads.accepted as usize >= before.len());
+    // The explicit test settings work, and say loudly what they are.
+    assert_eq!(status.source.kind, "test-replay");
+    let text = std::fs::read_to_string(&log).unwrap();
+    for setting in [
+        "TEST EQUIPMENT: capture.source = \"test-replay\"",
+        "TEST EQUIPMENT: capture.counters = \"test-standin-ring\"",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains("WARN") && l.contains(setting)),
+            "no warning for {setting}: {text}"
+        );
+    }
+}
+
+/// A configuration that leaves the source and counters at their defaults, on a host where
+/// the live capture cannot start, is an error (exit code 3, saying why) and never a replay of
+/// the traces it names: the agent captures nothing, creates no state and sends nothing. Tried
+/// as a plain user (uid 65534: `setpriv` when the test runs as root), as root without kernel
+/// BTF (a mount namespace hides it), and as root without NVML for the default counters.
+#[test]
+fn a_default_agent_that_cannot_capture_exits_with_an_error_instead_of_replaying() {
+    let fx = Fixture::new();
+    let config = fx.config(free_addr(), "", "");
+    // The defaults: drop the fixture's test-equipment lines, keep [replay] (a fallback would
+    // find its traces).
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("source = \"test-replay\"\n", "")
+        .replace("counters = \"test-standin-ring\"\n", "");
+    assert!(!text.contains("test-"), "{text}");
+    // A copy a plain user can read.
+    let public = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(public.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = public.path().join("agent.toml");
+    std::fs::write(&config, text).unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    let check = |what: &str, out: std::process::Output, expected: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_else(|| panic!("{what}: no error line: {err}"));
+        assert!(line.contains(expected), "{what}: {err}");
+        assert!(!err.contains("TEST EQUIPMENT"), "{what}: {err}");
+        assert!(!err.contains("replay"), "{what}: {err}");
+        assert!(!fx.state_dir().exists(), "{what}: state created");
+        eprintln!("{what}: {line}");
+    };
+    let run = |mut command: Command| {
+        command
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap()
+    };
+    if !is_root() {
+        check(
+            "plain user",
+            run(Command::new(agent_binary())),
+            "needs root",
+        );
+        return;
+    }
+    let mut nobody = Command::new("setpriv");
+    nobody
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(agent_binary());
+    let out = run(nobody);
+    if matches!(out.status.code(), Some(126 | 127)) {
+        eprintln!("SKIPPED (plain user): setpriv cannot run the agent here");
+    } else {
+        check("plain user (uid 65534)", out, "needs root");
+    }
+    let mut no_btf = Command::new("unshare");
+    no_btf.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t tmpfs none /sys/kernel/btf && exec \"$0\" \"$@\"",
+        agent_binary(),
+    ]);
+    let out = run(no_btf);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("unshare failed") || err.contains("mount:") || out.status.code() == Some(127) {
+        eprintln!("SKIPPED (no BTF): no mount namespace here: {err}");
+    } else {
+        check("root without kernel BTF", out, "kernel BTF is missing");
+    }
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        eprintln!("SKIPPED (no NVML): this host has an NVIDIA driver");
+    } else {
+        check(
+            "root without NVML",
+            run(Command::new(agent_binary())),
+            "capture.counters = \"nvml\" cannot be used on this host",
+        );
+    }
 }
 
 /// (c) A full spool drops the oldest reports with a counted warning and the agent runs on;

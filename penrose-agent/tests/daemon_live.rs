@@ -56,9 +56,11 @@ max_window_seconds = 1.0
 min_gap_seconds = 0.5
 max_gap_seconds = 2.0
 sample_period = 20
-counters = "standin"
+counters = "test-standin-ring"
 libraries = ["{}"]
 scan_system = false
+# The stand-in copy lives in a temporary directory under /tmp.
+allow_untrusted_libs = true
 calibrate = false
 "#,
         lib.display()
@@ -135,6 +137,13 @@ calibrate = false
     rt.block_on(server.shutdown());
     let status = fx.status().unwrap();
     assert_eq!(status.source.kind, "ebpf");
+    assert_eq!(status.source.counters, "test-standin-ring");
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log_text.contains("WARN")
+            && log_text.contains("TEST EQUIPMENT: capture.counters = \"test-standin-ring\""),
+        "{log_text}"
+    );
     assert!(status.windows >= 1 && status.launches > 0, "{status:?}");
     assert!(status.pipeline.samples > 0);
     let records = fx.records();

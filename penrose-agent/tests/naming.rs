@@ -22,6 +22,7 @@ use penrose_agent::capture::loader::is_root;
 use penrose_agent::capture::locate::LibrarySources;
 use penrose_agent::capture::window::Snippet;
 use penrose_agent::capture::{Capture, CaptureConfig};
+use penrose_agent::counters::SourceKind;
 use penrose_standin::{
     Driver, Libraries, Loops, NvccApp, Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve,
     Runtime, RuntimeVia, StaticLib, Via,
@@ -78,9 +79,12 @@ fn capture(libs: &Libs) -> Capture {
             explicit: vec![libs.cuda.clone(), libs.cudart.clone()],
             ldconfig: false,
             proc_maps: false,
+            // The stand-in copies live in temporary directories under /tmp.
+            allow_untrusted: true,
         },
         window_launches: usize::MAX,
         calibrate: false,
+        counters: SourceKind::TestStandinRing,
         ..CaptureConfig::default()
     })
     .unwrap()

@@ -6,9 +6,9 @@
  * stack slots they would read on a real driver. It launches nothing: each launch entry point
  * checks its arguments like a driver would, counts the launch per entry point and appends a
  * counter record to a shared-memory ring (`/dev/shm/penrose-standin-<pid>`) that the agent's
- * stand-in counter source reads. The layout of that ring is mirrored by `penrose-agent/src/counters/ring.rs`
- * (the agent reads it; this crate's tests read it through the agent); change
- * both together and bump PENROSE_RING_VERSION.
+ * stand-in counter source reads. The layout of that ring is mirrored by
+ * `penrose-standin-ring/src/lib.rs` (the agent and this crate's tests read it through that
+ * crate); change both together and bump PENROSE_RING_VERSION.
  *
  * Nothing here is part of the product; docs/standin.md describes the ABI.
  */
@@ -209,7 +209,7 @@ static int valid_kernel(const void *p) {
                     &function_count);
 }
 
-/* ---- Counter ring (mirrored by penrose-agent/src/counters/ring.rs) ---- */
+/* ---- Counter ring (mirrored by penrose-standin-ring/src/lib.rs) ---- */
 
 #define PENROSE_RING_MAGIC 0x31474e4952534e50ull /* "PNSRING1" little-endian */
 #define PENROSE_RING_VERSION 2u

@@ -77,7 +77,7 @@ pub struct LaunchConfig {
 }
 
 /// Which fields of [`NextCounters`] (and of a ring record) hold a value: traces omit some.
-pub use penrose_agent::counters::ring::Present;
+pub use penrose_standin_ring::Present;
 
 /// The trace fields of the next launch, passed through `penrose_standin_set_next_counters`
 /// because a real launch call has no place for them. Mirrors `struct penrose_standin_counters`.

@@ -523,6 +523,7 @@ mod tests {
         }
         let ours: Vec<_> = ring
             .read_new()
+            .unwrap()
             .into_iter()
             .filter(|r| r.function == f.0 as u64)
             .collect();

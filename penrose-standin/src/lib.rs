@@ -9,20 +9,20 @@
 //! - [`abi`]: the C ABI both sides agree on: entry points, result codes, launch arguments.
 //! - [`driver`]: the stand-in loaded with `dlopen`, behind safe methods.
 //! - [`ring`]: the per-process shared-memory ring of counter records; its layout and reader
-//!   belong to the agent (`penrose_agent::counters::ring`), which reads it in production code.
+//!   are the crate `penrose-standin-ring`, which the agent's test-only counter source shares.
 //! - [`runtime`]: the stand-in CUDA runtime (`libcudart.so.13`), the test application whose
 //!   stubs carry nvcc's symbol names, and the stripped library with a statically linked
 //!   runtime, each behind safe methods.
 //! - [`replay`]: a trace turned into launches, and the loop that replays them.
-//! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM (shared with the agent).
+//! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM.
 //! - [`error`]: what can go wrong, as typed errors.
 //!
 //! The libraries are built by `build.rs`; [`LIBCUDA_PATH`], [`LIBCUDART_PATH`],
 //! [`NVCC_APP_PATH`] and [`STATIC_LIB_PATH`] say where, and the `install_*` functions put a
 //! copy in a directory of the caller's own.
 
-// FFI crate: calling into the dlopen'ed stand-in, mapping its shared-memory ring and installing
-// a signal handler need `unsafe`; every block says why it is sound.
+// FFI crate: calling into the dlopen'ed stand-in and installing a signal handler need `unsafe`;
+// every block says why it is sound.
 #![allow(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
@@ -31,10 +31,9 @@ pub mod driver;
 pub mod error;
 pub mod replay;
 pub mod runtime;
-/// The counter ring's layout and reader, owned by the agent that reads it.
-pub use penrose_agent::counters::ring;
-/// Stopping a looping replay on SIGINT/SIGTERM (the agent's own handlers).
-pub use penrose_agent::signal;
+pub mod signal;
+/// The counter ring's layout and reader (shared with the agent's test-only counter source).
+pub use penrose_standin_ring as ring;
 
 use std::path::{Path, PathBuf};
 

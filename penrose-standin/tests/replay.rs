@@ -60,7 +60,7 @@ fn largest_sequence(trace: &Trace) -> Vec<&Kernel> {
 /// Reads every record a finished replayer left in its ring, then removes the ring.
 fn drain_ring(pid: u32) -> Vec<penrose_standin::CounterRecord> {
     let mut ring = CounterRing::open(pid).unwrap();
-    let records = ring.read_new();
+    let records = ring.read_new().unwrap();
     assert_eq!(ring.lost(), 0);
     std::fs::remove_file(ring_path(pid)).unwrap();
     records
@@ -246,7 +246,7 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
         let mut ring = CounterRing::open(pid).unwrap();
         assert_eq!(ring.pid(), pid);
         assert_eq!(
-            ring.head(),
+            ring.head().unwrap(),
             replayed,
             "{what}: ring holds another process's launches?"
         );
@@ -255,7 +255,7 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
         let trace = read_trace(path).unwrap();
         let seq = largest_sequence(&trace);
         let names = function_names(&s);
-        let records = ring.read_new();
+        let records = ring.read_new().unwrap();
         assert_eq!(records.len() as u64, replayed.min(ring.capacity()));
         for r in &records {
             let k = seq[((r.seq - 1) % seq.len() as u64) as usize];

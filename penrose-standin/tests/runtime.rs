@@ -81,7 +81,7 @@ fn names_in_order<'a>(seq: &[&'a Kernel]) -> Vec<&'a str> {
 
 fn drain_ring(pid: u32) -> Vec<penrose_standin::CounterRecord> {
     let mut ring = CounterRing::open(pid).unwrap();
-    let records = ring.read_new();
+    let records = ring.read_new().unwrap();
     assert_eq!(ring.lost(), 0);
     std::fs::remove_file(ring_path(pid)).unwrap();
     records
@@ -558,7 +558,7 @@ fn static_library_launches_in_process_with_no_name_calls_of_its_own() {
     let lib = &st.statics;
     assert_eq!(lib.kernel_count(), 4);
     let mut ring = CounterRing::open(std::process::id()).unwrap();
-    ring.skip_to_head();
+    ring.skip_to_head().unwrap();
     for i in 0..4 {
         let mut l = a_launch();
         l.stream = StreamHandle(0x57a7 + i as usize);
@@ -570,6 +570,7 @@ fn static_library_launches_in_process_with_no_name_calls_of_its_own() {
     ));
     let ours: Vec<u64> = ring
         .read_new()
+        .unwrap()
         .into_iter()
         .filter(|r| (0x57a7..0x57a7 + 4).contains(&r.stream))
         .map(|r| r.function)

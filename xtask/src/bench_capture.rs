@@ -500,6 +500,11 @@ fn run_agent<T>(
             "--only-lib",
             "--bpf-stats",
             "--json",
+            // Test equipment, named: the stand-in's counter ring, and the stand-in under the
+            // build directory (root's, but below /var/tmp, which anyone may write to).
+            "--counters",
+            "test-standin-ring",
+            "--allow-untrusted-libs",
         ])
         .args(["--window-launches", &usize::MAX.to_string()])
         .args(extra);

@@ -11,7 +11,11 @@
 //!    hosts that each run another application alone. As root the first agent probes a
 //!    stand-in libcuda with eBPF under a `penrose-replay` process replaying the popular trace;
 //!    the others (and every agent without root, since eBPF needs it) replay their trace in
-//!    place of the probes. Without a trace folder a small synthetic workload is used.
+//!    place of the probes. Without a trace folder a small synthetic workload is used. All of
+//!    this is test equipment, and each agent's configuration names it as such
+//!    (`capture.source = "test-replay"`, `capture.counters = "test-standin-ring"`,
+//!    `capture.allow_untrusted_libs = true` for the stand-in copy in the run's temporary
+//!    directory); a product agent's defaults reach none of it.
 //! 4. Time is compressed (L, S, the seal size, the windows and the upload delay are scaled
 //!    down and said so on screen) so that the run takes about half a minute.
 //! 5. The aggregation server closes the day's epoch (`close-epoch`) and exports the first
@@ -109,7 +113,7 @@ pub struct Options {
 /// What a run produced.
 #[derive(Debug, Serialize)]
 pub struct Outcome {
-    /// "ebpf" or "replay".
+    /// "ebpf" or "test-replay" (host 0's agent's source).
     pub source: String,
     /// What was replayed.
     pub workload: String,
@@ -355,9 +359,13 @@ min_gap_seconds = 0.3
 max_gap_seconds = 2.0
 sample_period = 20
 group_seconds = 600.0
-counters = "standin"
+# Test equipment, named as such: counter values from the stand-in libcuda's ring (or, with
+# source = "test-replay", the traces' own fields), and the stand-in copy in this run's
+# temporary directory probed although root does not control that directory.
+counters = "test-standin-ring"
 libraries = [{libraries}]
 scan_system = false
+allow_untrusted_libs = true
 
 [replay]
 traces = {traces:?}
@@ -500,12 +508,12 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     } else {
         None
     };
-    let source = if lib.is_some() { "ebpf" } else { "replay" };
+    let source = if lib.is_some() { "ebpf" } else { "test-replay" };
     for (i, host) in hosts.iter_mut().enumerate() {
         // Host 0 probes the stand-in with eBPF (as root); the rest replay their trace.
         let (source, lib) = match (&lib, i) {
             (Some(lib), 0) => ("ebpf", Some(lib.as_path())),
-            _ => ("replay", None),
+            _ => ("test-replay", None),
         };
         std::fs::write(
             &host.config,

@@ -1,9 +1,20 @@
 //! What can stop a capture.
 
-/// Why the capture could not start or continue. The first four are missing prerequisites
+/// Why the capture could not start or continue. The first five are missing prerequisites
 /// (the CLI exits with status 3 for them); the rest are unexpected.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
+    /// The configured counter source cannot be opened (no NVIDIA driver, no GPM on device 0).
+    /// The capture does not fall back to another source.
+    #[error(
+        "capture.counters = \"{counters}\" cannot be used on this host: {reason}. The agent does not fall back to another counter source; set capture.counters = \"none\" (or capture --counters none) to run without counter values"
+    )]
+    Counters {
+        /// The configured source's name.
+        counters: &'static str,
+        /// Why it cannot be opened.
+        reason: String,
+    },
     /// Loading BPF programs and attaching uprobes needs root or CAP_BPF + CAP_PERFMON.
     #[error(
         "capture needs root (or CAP_BPF and CAP_PERFMON) to load eBPF programs; effective uid is {euid}"
@@ -62,7 +73,11 @@ impl CaptureError {
     pub fn is_missing_prerequisite(&self) -> bool {
         matches!(
             self,
-            Self::NotPrivileged { .. } | Self::NoBtf | Self::NoTracefs | Self::Load(_)
+            Self::Counters { .. }
+                | Self::NotPrivileged { .. }
+                | Self::NoBtf
+                | Self::NoTracefs
+                | Self::Load(_)
         )
     }
 }

@@ -42,8 +42,8 @@ fn privileges() -> Option<(u32, u64)> {
     Some((euid, caps))
 }
 
-/// Whether this process runs as root (effective uid 0): what decides, for the daemon and the
-/// tools, between probing with eBPF and replaying traces.
+/// Whether this process runs as root (effective uid 0). Tools and tests use it to decide what
+/// they can run; the daemon does not (its source is what its configuration names).
 pub fn is_root() -> bool {
     privileges().is_some_and(|(euid, _)| euid == 0)
 }

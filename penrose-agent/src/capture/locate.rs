@@ -7,14 +7,26 @@
 //! its own probes, while two paths to one file (a symbolic link, a bind mount, a container
 //! that shares the host's copy) must be probed once. So every candidate is resolved and
 //! identified by its device and inode.
+//!
+//! The agent runs as root and parses every library it probes (symbol tables, to attach by
+//! name), and any process can map any file named `libcuda.so*`. So by default only a library
+//! root controls is probed ([`check_trusted`]): the file owned by root and not writable by group
+//! or others, in directories that are root's and not writable by group or others all the way up
+//! to `/`. Others are listed in [`Located::untrusted`] (the capture counts them) unless
+//! [`LibrarySources::allow_untrusted`] is set (`capture.allow_untrusted_libs`).
 
 use std::collections::HashSet;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub use penrose_ebpf_common::Library;
+
+/// The most distinct library files probed unless configured otherwise
+/// (`capture.max_libraries`): a host has a driver, a runtime or two per application
+/// environment, and a copy per container image.
+pub const DEFAULT_MAX_LIBRARIES: usize = 64;
 
 /// Where the agent looks for libcuda.
 #[derive(Clone, Debug)]
@@ -25,6 +37,9 @@ pub struct LibrarySources {
     pub ldconfig: bool,
     /// Look at `/proc/<pid>/maps` of every running process: containers mount their own copy.
     pub proc_maps: bool,
+    /// Also probe files [`check_trusted`] refuses (`capture.allow_untrusted_libs`); off by
+    /// default.
+    pub allow_untrusted: bool,
 }
 
 impl Default for LibrarySources {
@@ -33,8 +48,71 @@ impl Default for LibrarySources {
             explicit: Vec::new(),
             ldconfig: true,
             proc_maps: true,
+            allow_untrusted: false,
         }
     }
+}
+
+/// What [`locate`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Located {
+    /// The files to probe, in the order found (explicit paths first).
+    pub files: Vec<LibraryFile>,
+    /// Files refused by [`check_trusted`], with the reason.
+    pub untrusted: Vec<Untrusted>,
+}
+
+/// A library file that is not probed because root does not control it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Untrusted {
+    /// The file (symbolic links resolved).
+    pub path: PathBuf,
+    /// Its identity.
+    pub id: FileId,
+    /// How it was found.
+    pub origin: Origin,
+    /// Why it is not trusted.
+    pub reason: String,
+}
+
+/// Whether root alone controls the file at `path` (absolute, symbolic links resolved): the
+/// file is a regular file owned by root and not writable by group or others, and every
+/// directory above it, up to `/`, is owned by root and not writable by group or others (a
+/// sticky world-writable directory such as `/tmp` included). `Err(why)` otherwise.
+pub fn check_trusted(path: &Path) -> Result<(), String> {
+    fn owned_by_root(path: &Path, meta: &fs::Metadata, what: &str) -> Result<(), String> {
+        if meta.uid() != 0 {
+            return Err(format!(
+                "{what} {} is owned by uid {}, not root",
+                path.display(),
+                meta.uid()
+            ));
+        }
+        if meta.permissions().mode() & 0o022 != 0 {
+            return Err(format!(
+                "{what} {} is writable by group or others (mode {:o})",
+                path.display(),
+                meta.permissions().mode() & 0o7777
+            ));
+        }
+        Ok(())
+    }
+    if !path.is_absolute() {
+        return Err(format!("{} is not an absolute path", path.display()));
+    }
+    let meta = fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    owned_by_root(path, &meta, "file")?;
+    for dir in path.ancestors().skip(1) {
+        let meta = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !meta.is_dir() {
+            return Err(format!("{} is not a directory", dir.display()));
+        }
+        owned_by_root(dir, &meta, "directory")?;
+    }
+    Ok(())
 }
 
 /// Identity of a file: what a uprobe really attaches to.
@@ -108,10 +186,14 @@ pub fn parse_maps(maps: &str) -> Vec<(PathBuf, Library)> {
     out
 }
 
-/// Every distinct libcuda file the sources reach, in the order found (explicit paths first).
-/// Paths that do not exist are skipped with a warning; finding none is not an error here.
-pub fn locate(sources: &LibrarySources) -> Vec<LibraryFile> {
-    let mut found = Found::default();
+/// Every distinct libcuda file the sources reach, in the order found (explicit paths first),
+/// and those refused as untrusted (unless `sources.allow_untrusted`). Paths that do not exist
+/// are skipped with a warning; finding none is not an error here.
+pub fn locate(sources: &LibrarySources) -> Located {
+    let mut found = Found {
+        allow_untrusted: sources.allow_untrusted,
+        ..Found::default()
+    };
     for path in &sources.explicit {
         // A configured path is the driver unless its name says runtime.
         let kind = path
@@ -150,7 +232,10 @@ pub fn locate(sources: &LibrarySources) -> Vec<LibraryFile> {
             }
         }
     }
-    found.files
+    Located {
+        files: found.files,
+        untrusted: found.untrusted,
+    }
 }
 
 fn running_pids() -> Vec<u32> {
@@ -163,7 +248,9 @@ fn running_pids() -> Vec<u32> {
 
 #[derive(Default)]
 struct Found {
+    allow_untrusted: bool,
     files: Vec<LibraryFile>,
+    untrusted: Vec<Untrusted>,
     seen: HashSet<FileId>,
 }
 
@@ -188,14 +275,26 @@ impl Found {
             dev: meta.dev(),
             ino: meta.ino(),
         };
-        if self.seen.insert(id) {
-            self.files.push(LibraryFile {
+        if !self.seen.insert(id) {
+            return;
+        }
+        if !self.allow_untrusted
+            && let Err(reason) = check_trusted(&resolved)
+        {
+            self.untrusted.push(Untrusted {
                 path: resolved,
-                kind,
                 id,
                 origin,
+                reason,
             });
+            return;
         }
+        self.files.push(LibraryFile {
+            path: resolved,
+            kind,
+            id,
+            origin,
+        });
     }
 }
 
@@ -264,12 +363,72 @@ mod tests {
             explicit: vec![link, a.clone(), copy.clone(), dir.path().join("missing.so")],
             ldconfig: false,
             proc_maps: false,
-        });
+            allow_untrusted: true,
+        })
+        .files;
         let paths: Vec<_> = files.iter().map(|f| f.path.clone()).collect();
         assert_eq!(
             paths,
             [a.canonicalize().unwrap(), copy.canonicalize().unwrap()]
         );
         assert_ne!(files[0].id, files[1].id);
+    }
+
+    /// A user's copy of libcuda in /tmp (the file the user's, the directory world-writable) is
+    /// not probed by default, with the reason; with `allow_untrusted` it is. A root-owned copy
+    /// in a root-owned directory under /tmp is refused too, for /tmp itself.
+    #[test]
+    fn libraries_root_does_not_control_are_not_probed_by_default() {
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let lib = dir.path().join("libcuda.so.1");
+        std::fs::write(&lib, b"not really a library").unwrap();
+        // Owned by nobody, as a plain user's copy would be (when this test runs as root).
+        if crate::capture::loader::is_root() {
+            std::os::unix::fs::chown(&lib, Some(65534), Some(65534)).unwrap();
+        }
+        let sources = |allow_untrusted| LibrarySources {
+            explicit: vec![lib.clone()],
+            ldconfig: false,
+            proc_maps: false,
+            allow_untrusted,
+        };
+        let located = locate(&sources(false));
+        assert!(located.files.is_empty(), "{located:?}");
+        assert_eq!(located.untrusted.len(), 1);
+        let reason = &located.untrusted[0].reason;
+        assert!(
+            reason.contains("not root") || reason.contains("writable by group or others"),
+            "{reason}"
+        );
+        assert_eq!(located.untrusted[0].path, lib.canonicalize().unwrap());
+        assert_eq!(locate(&sources(true)).files.len(), 1);
+        // The reasons, one by one.
+        let why = check_trusted(&lib.canonicalize().unwrap()).unwrap_err();
+        if crate::capture::loader::is_root() {
+            assert!(why.contains("owned by uid 65534, not root"), "{why}");
+            std::os::unix::fs::chown(&lib, Some(0), Some(0)).unwrap();
+            // Root's file, but /tmp lets anyone replace the directory above it.
+            let why = check_trusted(&lib.canonicalize().unwrap()).unwrap_err();
+            assert!(why.contains("/tmp is writable by group or others"), "{why}");
+        }
+        assert!(check_trusted(Path::new("relative/libcuda.so")).is_err());
+    }
+
+    /// A library root controls (the C library, root's on any normal system) passes.
+    #[test]
+    fn root_owned_libraries_in_root_owned_directories_are_trusted() {
+        let libc_path = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.exists());
+        let Some(libc_path) = libc_path else {
+            eprintln!("SKIPPED: no libc.so.6 at the Debian path");
+            return;
+        };
+        let resolved = libc_path.canonicalize().unwrap();
+        assert_eq!(check_trusted(&resolved), Ok(()));
     }
 }

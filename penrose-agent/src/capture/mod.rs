@@ -62,8 +62,11 @@ pub const MAX_DRAIN: u64 = 65_536;
 /// How a capture runs.
 #[derive(Clone, Debug)]
 pub struct CaptureConfig {
-    /// Where to look for libcuda.
+    /// Where to look for libcuda, and whether libraries root does not control are probed.
     pub sources: LibrarySources,
+    /// Most distinct library files probed; further ones are counted
+    /// ([`Counts::libraries_over_cap`]), not probed.
+    pub max_libraries: usize,
     /// L: launches per process per window.
     pub window_launches: usize,
     /// How long the reader sleeps when the ring is empty. Records are submitted without a
@@ -76,7 +79,8 @@ pub struct CaptureConfig {
     pub reoffset_every: Duration,
     /// How long each counter group stays active before the next one's turn.
     pub group_period: Duration,
-    /// Where counter values come from.
+    /// Where counter values come from. The capture does not start when this source cannot be
+    /// opened.
     pub counters: SourceKind,
     /// Measure the probe cost at start (otherwise [`ProbeCost::ASSUMED`] is used).
     pub calibrate: bool,
@@ -88,12 +92,13 @@ impl Default for CaptureConfig {
     fn default() -> Self {
         Self {
             sources: LibrarySources::default(),
+            max_libraries: locate::DEFAULT_MAX_LIBRARIES,
             window_launches: window::DEFAULT_WINDOW_LAUNCHES,
             poll_interval: Duration::from_millis(1),
             sample_period: DEFAULT_SAMPLE_PERIOD,
             reoffset_every: DEFAULT_REOFFSET_INTERVAL,
             group_period: DEFAULT_REOFFSET_INTERVAL,
-            counters: SourceKind::Auto,
+            counters: SourceKind::Nvml,
             calibrate: true,
             seed: None,
         }
@@ -152,6 +157,12 @@ pub struct Counts {
     pub samples_with_values: u64,
     /// Sampled launches without values, by reason.
     pub samples_missing: MissingCounts,
+    /// Library files not probed because root does not control them (each counted once;
+    /// `capture.allow_untrusted_libs` probes them).
+    pub libraries_untrusted: u64,
+    /// Library files not probed because `max_libraries` were probed already (each counted
+    /// once).
+    pub libraries_over_cap: u64,
 }
 
 /// Sampled launches without counter values, by [`MissingReason`].
@@ -220,7 +231,16 @@ pub struct Capture {
     beyond_limit: u64,
     own_pid: Pid,
     launch_log: launch_log::LaunchLog,
+    /// Library files refused so far (untrusted, or over the cap), so each is counted and
+    /// logged once; at most [`MAX_REFUSED_REMEMBERED`].
+    refused: std::collections::HashSet<locate::FileId>,
+    /// Whether the set of refused files filled up (said once).
+    refused_full: bool,
 }
+
+/// Refused library files remembered (each is counted and logged once); beyond this many,
+/// further refusals are neither counted nor logged (said once).
+const MAX_REFUSED_REMEMBERED: usize = 4096;
 
 impl Capture {
     /// Loads the probes, attaches the name probes to every libcuda found and the exit
@@ -229,7 +249,10 @@ impl Capture {
         let mut probes = Probes::load()?;
         let (ring, drops) = probes.take_maps()?;
         let (sample_period_map, countdown) = probes.take_sampling_maps()?;
-        let counters = counters::open(config.counters);
+        let counters = counters::open(config.counters).map_err(|e| CaptureError::Counters {
+            counters: config.counters.name(),
+            reason: e.to_string(),
+        })?;
         let groups = counters.groups();
         let rng = match config.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
@@ -266,6 +289,8 @@ impl Capture {
             beyond_limit: 0,
             own_pid: Pid(std::process::id()),
             launch_log: launch_log::LaunchLog::default(),
+            refused: std::collections::HashSet::new(),
+            refused_full: false,
             config,
         };
         capture
@@ -296,14 +321,45 @@ impl Capture {
         Ok(capture)
     }
 
-    /// Looks for libcuda files again (new containers) and probes the new ones.
+    /// Looks for libcuda files again (new containers) and probes the new ones that root
+    /// controls (unless `allow_untrusted`), up to `max_libraries`; the others are counted once
+    /// each ([`Counts::libraries_untrusted`], [`Counts::libraries_over_cap`]) and logged.
     pub fn rescan(&mut self) -> Result<usize, CaptureError> {
         let mut added = 0;
-        for library in locate::locate(&self.config.sources) {
-            if !self.probes.libraries().iter().any(|l| l.id == library.id) {
-                self.probes.add_library(library)?;
-                added += 1;
+        let located = locate::locate(&self.config.sources);
+        for untrusted in located.untrusted {
+            if self.refuse(untrusted.id) {
+                self.counts.libraries_untrusted += 1;
+                let message = format!(
+                    "not probing {} ({:?}): {} (capture.allow_untrusted_libs = true would)",
+                    untrusted.path.display(),
+                    untrusted.origin,
+                    untrusted.reason
+                );
+                if untrusted.origin == locate::Origin::Explicit {
+                    tracing::warn!("{message}");
+                } else {
+                    tracing::info!("{message}");
+                }
             }
+        }
+        for library in located.files {
+            if self.probes.libraries().iter().any(|l| l.id == library.id) {
+                continue;
+            }
+            if self.probes.libraries().len() >= self.config.max_libraries {
+                if self.refuse(library.id) {
+                    self.counts.libraries_over_cap += 1;
+                    tracing::warn!(
+                        "not probing {}: {} libraries are probed already (capture.max_libraries)",
+                        library.path.display(),
+                        self.config.max_libraries
+                    );
+                }
+                continue;
+            }
+            self.probes.add_library(library)?;
+            added += 1;
         }
         // Processes that were running before the name probes attached: read what they had
         // registered from their symbols and memory.
@@ -311,6 +367,23 @@ impl Capture {
             self.name_late(pid);
         }
         Ok(added)
+    }
+
+    /// Remembers a refused library file: true the first time (count and log it then).
+    fn refuse(&mut self, id: locate::FileId) -> bool {
+        if self.refused.contains(&id) {
+            return false;
+        }
+        if self.refused.len() >= MAX_REFUSED_REMEMBERED {
+            if !self.refused_full {
+                self.refused_full = true;
+                tracing::warn!(
+                    "{MAX_REFUSED_REMEMBERED} library files refused; further ones are not counted"
+                );
+            }
+            return false;
+        }
+        self.refused.insert(id)
     }
 
     /// Reads a process's pre-attach registrations once (see [`late`]).

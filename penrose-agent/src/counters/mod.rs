@@ -1,23 +1,25 @@
 //! Counter sources: where a sampled launch's performance counters come from (DESIGN.md
 //! section 3, "Sampling and counters").
 //!
-//! - [`ring`]: the stand-in driver's shared-memory ring of per-launch counter records.
-//! - [`standin`]: [`StandinSource`], counters derived from the replayed trace's fields, read
-//!   from that ring (used with the stand-in libcuda, in tests and the demo).
-//! - [`nvml`]: [`NvmlSource`], GPM metrics through NVML, loaded at run time.
+//! - [`nvml`]: [`NvmlSource`], GPM metrics through NVML, loaded at run time: the product's
+//!   source, and the default. When it cannot be opened the capture fails (exit code 3); there
+//!   is no fallback to another source.
+//! - [`standin`]: [`StandinSource`], test equipment: counters derived from the replayed
+//!   trace's fields, read from the stand-in libcuda's ring (`penrose-standin-ring`). Reached
+//!   only by naming it, `capture.counters = "test-standin-ring"` (tests and the demo), and
+//!   announced with a warning when it starts.
 //!
 //! Hardware exposes a few counters at a time, so counters come in groups
 //! ([`CounterGroup`], from the catalogue) and the agent reads the group active in the current
 //! period; a source says which groups it can read and the agent rotates among those.
 
 pub mod nvml;
-pub mod ring;
 pub mod standin;
 
 use penrose_core::counters::{CounterGroup, CounterId};
 
 use crate::capture::events::{Launch, Pid};
-pub use nvml::NvmlSource;
+pub use nvml::{NvmlSource, NvmlUnavailable};
 pub use standin::StandinSource;
 
 /// One counter's value for one sampled launch, in the catalogue's unit.
@@ -99,38 +101,50 @@ impl CounterSource for NoCounters {
     }
 }
 
-/// Which counter source the agent uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// Which counter source the agent uses (`capture.counters`, `capture --counters`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 #[derive(clap::ValueEnum)]
 pub enum SourceKind {
-    /// NVML when an NVIDIA library loads, otherwise the stand-in ring reader.
-    Auto,
-    /// NVML/GPM only.
+    /// NVML/GPM on device 0, the product's source (the default). If it cannot be opened the
+    /// agent stops with an error instead of using another source.
+    #[default]
     Nvml,
-    /// The stand-in driver's ring only.
-    Standin,
-    /// No counters.
+    /// No counters: launches are fingerprinted, but no sampled values are kept.
     None,
+    /// TEST EQUIPMENT: the stand-in libcuda's counter ring (tests and the demo only).
+    TestStandinRing,
 }
 
-/// Opens the source `kind` names. `Auto` and `Nvml` try NVML first; when no NVIDIA library is
-/// present that is said once at info level (it is the normal case on a machine without a GPU)
-/// and `Auto` falls back to the stand-in reader.
-pub fn open(kind: SourceKind) -> Box<dyn CounterSource> {
-    match kind {
-        SourceKind::None => Box::new(NoCounters),
-        SourceKind::Standin => Box::new(StandinSource::new()),
-        SourceKind::Nvml | SourceKind::Auto => match NvmlSource::open() {
-            Ok(source) => Box::new(source),
-            Err(e) => {
-                tracing::info!("counters: NVML not used ({e})");
-                if kind == SourceKind::Auto {
-                    Box::new(StandinSource::new())
-                } else {
-                    Box::new(NoCounters)
-                }
-            }
-        },
+impl SourceKind {
+    /// The spelling in the configuration file and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Nvml => "nvml",
+            Self::None => "none",
+            Self::TestStandinRing => "test-standin-ring",
+        }
     }
+
+    /// Whether this is test equipment (never a default, never a fallback).
+    pub fn is_test_equipment(self) -> bool {
+        matches!(self, Self::TestStandinRing)
+    }
+}
+
+/// Opens the source `kind` names. There is no fallback: when NVML cannot be opened (no NVIDIA
+/// driver, no GPM on device 0) the error is returned and the capture does not start. The
+/// test-equipment source logs a warning saying so.
+pub fn open(kind: SourceKind) -> Result<Box<dyn CounterSource>, NvmlUnavailable> {
+    Ok(match kind {
+        SourceKind::None => Box::new(NoCounters),
+        SourceKind::Nvml => Box::new(NvmlSource::open()?),
+        SourceKind::TestStandinRing => {
+            crate::config::warn_test_equipment(
+                "capture.counters = \"test-standin-ring\"",
+                "counter values are read from the stand-in libcuda's ring, not from a GPU",
+            );
+            Box::new(StandinSource::new())
+        }
+    })
 }

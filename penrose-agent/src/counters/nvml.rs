@@ -2,7 +2,8 @@
 //!
 //! NVML is loaded at run time (`libnvidia-ml.so.1`, through `nvml-wrapper`), so the agent has
 //! no link-time dependency on the driver: on a machine without one, [`NvmlSource::open`] fails
-//! once with [`NvmlUnavailable`] and the agent goes on without it, with no error spam.
+//! once with [`NvmlUnavailable`], and the capture that asked for it does not start (there is no
+//! fallback to another source; `capture.counters = "none"` runs without counters).
 //!
 //! GPM (Hopper and later) computes metrics between two samples of the device's counters, so a
 //! reading is the device-wide activity over the interval since the previous sampled launch:

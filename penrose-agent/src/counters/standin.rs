@@ -1,4 +1,5 @@
-//! Counter values for launches made through the stand-in driver, read from its ring.
+//! Counter values for launches made through the stand-in driver, read from its ring. Test
+//! equipment: used only with `capture.counters = "test-standin-ring"` (tests and the demo).
 //!
 //! The stand-in writes, for every launch, values the replayer took from the trace (duration,
 //! estimated achieved occupancy, blocks per SM, registers per thread, shared memory). Those map
@@ -10,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use penrose_core::counters::{Catalogue, CounterGroup, CounterId};
 
-use super::ring::{CounterRecord, CounterRing, Lookup};
 use super::{CounterSource, CounterValue, MissingReason, Reading};
 use crate::capture::events::{Launch, Pid};
+use penrose_standin_ring::{CounterRecord, CounterRing, Lookup};
 
 /// How long a read waits for the stand-in to write a record the probe has already announced.
 /// The probe fires at the call's entry and the record follows within microseconds, unless the
@@ -81,7 +82,7 @@ impl StandinSource {
 
 impl CounterSource for StandinSource {
     fn name(&self) -> &'static str {
-        "standin"
+        "test-standin-ring"
     }
 
     fn groups(&self) -> Vec<CounterGroup> {
@@ -106,15 +107,22 @@ impl CounterSource for StandinSource {
         let started = Instant::now();
         let record = loop {
             match ring.find_launch(launch.tid, launch.function, launch.timestamp_ns) {
-                Lookup::Found(record) => break record,
-                Lookup::Gone => return Reading::Missing(MissingReason::NotFound),
-                Lookup::NotYet if started.elapsed() < Duration::from_micros(200) => {
+                Ok(Lookup::Found(record)) => break record,
+                Ok(Lookup::Gone) => return Reading::Missing(MissingReason::NotFound),
+                Ok(Lookup::NotYet) if started.elapsed() < Duration::from_micros(200) => {
                     std::thread::yield_now()
                 }
-                Lookup::NotYet if started.elapsed() < RECORD_WAIT => {
+                Ok(Lookup::NotYet) if started.elapsed() < RECORD_WAIT => {
                     std::thread::sleep(Duration::from_micros(100))
                 }
-                Lookup::NotYet => return Reading::Missing(MissingReason::NotFound),
+                Ok(Lookup::NotYet) => return Reading::Missing(MissingReason::NotFound),
+                Err(e) => {
+                    // Truncated or gone under us (its owner controls the file): this
+                    // process's ring is not read again.
+                    tracing::debug!("pid {}: {e}", launch.pid.0);
+                    self.rings.insert(launch.pid, None);
+                    return Reading::Missing(MissingReason::DeviceError);
+                }
             }
         };
         let values = self
@@ -169,4 +177,117 @@ pub fn trace_values(kernel: &penrose_traces::Kernel, group: CounterGroup) -> Vec
 /// The groups [`trace_values`] fills.
 pub fn trace_groups() -> Vec<CounterGroup> {
     StandinSource::new().groups()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::io::Write;
+
+    use penrose_ebpf_common::EntryPoint;
+    use penrose_standin_ring::{
+        HEADER_SIZE, Present, RECORD_SIZE, RING_MAGIC, RING_VERSION, RingHeader, ring_path,
+    };
+
+    use super::*;
+
+    /// Removes the ring file however the test ends.
+    struct Remove(std::path::PathBuf);
+
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn launch(pid: u32, timestamp_ns: u64) -> Launch {
+        Launch {
+            pid: Pid(pid),
+            tid: 100,
+            sampled: true,
+            timestamp_ns,
+            function: 0xf00,
+            stream: 0,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_mem_bytes: 0,
+            entry: EntryPoint::ALL[0],
+            caller: 0,
+        }
+    }
+
+    /// The ring's owner (any user) truncates it while the agent reads it: the sampled launch
+    /// has no values (counted as a device error), the agent stops reading that ring, and
+    /// nothing crashes (the mapping this reader used before raised SIGBUS here).
+    #[test]
+    fn a_ring_truncated_while_the_agent_reads_it_gives_no_values_not_a_crash() {
+        // This test process's pid: no stand-in is loaded in the agent's unit tests.
+        let pid = std::process::id();
+        let path = ring_path(pid);
+        let _remove = Remove(path.clone());
+        let capacity = 16u32;
+        let header = RingHeader {
+            magic: RING_MAGIC,
+            version: RING_VERSION,
+            record_size: RECORD_SIZE as u32,
+            capacity,
+            pid,
+            head: 4,
+            reserved: [0; 4],
+        };
+        let mut bytes = header.to_bytes().to_vec();
+        bytes.resize(HEADER_SIZE + capacity as usize * RECORD_SIZE, 0);
+        for seq in 1..=4u64 {
+            let record = CounterRecord {
+                seq,
+                function: 0xf00,
+                stream: 0,
+                duration_ns: 1_000 * seq,
+                est_achieved_occupancy_pct: 0.0,
+                blocks_per_sm: 0.0,
+                registers_per_thread: 0,
+                shared_memory_bytes: 0,
+                entry: 0,
+                present: Present::DURATION,
+                timestamp_ns: 1_000 * seq,
+                tid: 100,
+                reserved: 0,
+            };
+            let at = HEADER_SIZE + (seq as usize - 1) * RECORD_SIZE;
+            bytes[at..at + RECORD_SIZE].copy_from_slice(&record.to_bytes());
+        }
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&bytes)
+            .unwrap();
+        let catalogue = Catalogue::current();
+        let duration = catalogue.counter_by_name("kernel_duration").unwrap();
+        let mut source = StandinSource::new();
+        source.watch(Pid(pid));
+        // The probe fired just before record 2 was written.
+        match source.read(&launch(pid, 1_500), duration.group) {
+            Reading::Values(values) => assert!(
+                values
+                    .iter()
+                    .any(|v| v.counter == duration.id && v.value == 2_000.0),
+                "{values:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        assert_eq!(
+            source.read(&launch(pid, 2_500), duration.group),
+            Reading::Missing(MissingReason::DeviceError)
+        );
+        // Forgotten: later launches of that process are not looked up in it again.
+        assert_eq!(
+            source.read(&launch(pid, 3_500), duration.group),
+            Reading::Missing(MissingReason::NoSource)
+        );
+    }
 }

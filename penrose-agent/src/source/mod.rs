@@ -1,9 +1,12 @@
 //! Where the pipeline's snippets come from.
 //!
-//! - [`ebpf`]: [`EbpfSource`], the live capture (eBPF uprobes on libcuda; needs root).
-//! - [`replay`]: [`ReplaySource`], profiler traces replayed as if captured (no root, no
-//!   probes): the same snippets and sampled counter values an agent would see if those traces
-//!   ran through the stand-in driver, used without root and in fast tests.
+//! - [`ebpf`]: [`EbpfSource`], the live capture (eBPF uprobes on libcuda; needs root): the
+//!   product's source and the default.
+//! - [`replay`]: [`ReplaySource`], test equipment: profiler traces replayed as if captured (no
+//!   root, no probes), the same snippets and sampled counter values an agent would see if those
+//!   traces ran through the stand-in driver. Only `capture.source = "test-replay"` reaches it
+//!   (fast tests, the demo's hosts); a live capture that cannot start is an error, never a
+//!   reason to replay.
 //!
 //! A source runs in a thread of its own (the capture blocks, polling its ring buffer) and hands
 //! its output to a sink as it comes.
@@ -68,12 +71,15 @@ pub struct SourceBatch {
     pub snippets: Vec<Snippet>,
     /// Windows that closed.
     pub windows: Vec<WindowStat>,
+    /// What the source says about itself now, when that changed (libraries probed or
+    /// refused since the start).
+    pub info: Option<SourceInfo>,
 }
 
 /// What a source says about itself in `status`.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SourceInfo {
-    /// `ebpf` or `replay`.
+    /// `ebpf`, or `test-replay` (test equipment).
     pub kind: String,
     /// Where counter values come from.
     pub counters: String,
@@ -81,6 +87,12 @@ pub struct SourceInfo {
     pub probe_cost_ns: u64,
     /// libcuda files probed, or traces replayed.
     pub inputs: Vec<String>,
+    /// Library files not probed because root does not control them.
+    #[serde(default)]
+    pub libraries_untrusted: u64,
+    /// Library files not probed because `capture.max_libraries` were probed already.
+    #[serde(default)]
+    pub libraries_over_cap: u64,
 }
 
 /// A producer of snippets.

@@ -1,4 +1,6 @@
-//! Profiler traces replayed as if captured: no probes, no root.
+//! Profiler traces replayed as if captured: no probes, no root. Test equipment: reached only
+//! with `capture.source = "test-replay"` (tests and the demo), announced with a warning when
+//! it opens.
 //!
 //! Each process of each trace is one replayed process that loops over its launch sequence, as
 //! the stand-in replayer does in its looping mode. Every window, each replayed process
@@ -23,7 +25,6 @@ use rand::rngs::StdRng;
 use super::{SnippetSource, SourceBatch, SourceError, SourceInfo, WindowStat};
 use crate::capture::events::Pid;
 use crate::capture::window::{Sample, Snippet, SnippetEnd};
-use crate::counters::SourceKind;
 use crate::counters::standin::{trace_groups, trace_values};
 
 /// Pids of replayed processes start here (they name no real process).
@@ -51,8 +52,9 @@ pub struct ReplayConfig {
     pub window_every: Duration,
     /// Windows before the source ends (`None`: no end).
     pub windows: Option<u64>,
-    /// No counter values at all (`capture.counters = "none"`).
-    pub counters: SourceKind,
+    /// Sample the traces' own counter values, as the stand-in ring would give them
+    /// (`capture.counters = "test-standin-ring"`); `false` keeps none (`"none"`).
+    pub sample_counters: bool,
     /// Seed of the sampling offsets (`None`: from the OS).
     pub seed: Option<u64>,
 }
@@ -68,6 +70,21 @@ pub struct ReplaySource {
 impl ReplaySource {
     /// Reads every trace in `dir`; each process with launches becomes a replayed process.
     pub fn open(dir: &Path, config: ReplayConfig) -> Result<Self, SourceError> {
+        crate::config::warn_test_equipment(
+            "capture.source = \"test-replay\"",
+            &format!(
+                "snippets are profiler traces from {} replayed as if captured, not launches on \
+                 this host",
+                dir.display()
+            ),
+        );
+        if config.sample_counters {
+            crate::config::warn_test_equipment(
+                "capture.counters = \"test-standin-ring\"",
+                "counter values are the traces' own fields, as the stand-in libcuda's ring gives \
+                 them, not readings of a GPU",
+            );
+        }
         let folder = TraceFolder::open(dir)
             .map_err(|e| SourceError::Traces(format!("{}: {e}", dir.display())))?;
         if folder.files().is_empty() {
@@ -95,10 +112,10 @@ impl ReplaySource {
             }
             inputs.push(path.display().to_string());
         }
-        let groups = if config.counters == SourceKind::None {
-            Vec::new()
-        } else {
+        let groups = if config.sample_counters {
             trace_groups()
+        } else {
+            Vec::new()
         };
         Ok(Self {
             config,
@@ -117,14 +134,16 @@ impl ReplaySource {
 impl SnippetSource for ReplaySource {
     fn info(&self) -> SourceInfo {
         SourceInfo {
-            kind: "replay".into(),
+            kind: "test-replay".into(),
             counters: if self.groups.is_empty() {
                 "none".into()
             } else {
-                "trace fields (as the stand-in)".into()
+                "test-standin-ring (trace fields)".into()
             },
             probe_cost_ns: 0,
             inputs: self.inputs.clone(),
+            libraries_untrusted: 0,
+            libraries_over_cap: 0,
         }
     }
 
@@ -192,6 +211,7 @@ impl SnippetSource for ReplaySource {
             sink(SourceBatch {
                 snippets,
                 windows: vec![window],
+                info: None,
             });
             index += 1;
             let next = opened + self.config.window_every;

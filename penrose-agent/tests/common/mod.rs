@@ -151,7 +151,8 @@ certificate = "{cert}"
 public_key = "{key}"
 
 [capture]
-source = "replay"
+source = "test-replay"
+counters = "test-standin-ring"
 window_launches = 2000
 sample_period = 20
 
