@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use penrose_agent::counters::ring::CounterRing;
+use penrose_standin_ring::CounterRing;
 
 use super::{AgentLog, run_agent};
 
@@ -560,7 +560,9 @@ impl Sampler {
                 let schedstat = format!("/proc/{pid}/schedstat");
                 while !stop.load(Ordering::Relaxed) {
                     let at = Instant::now();
-                    let head = ring.head();
+                    let Ok(head) = ring.head() else {
+                        break; // the ring is gone or damaged: the process is ending
+                    };
                     let Some(cpu_ns) = std::fs::read_to_string(&schedstat)
                         .ok()
                         .and_then(|s| s.split_whitespace().next()?.parse().ok())
