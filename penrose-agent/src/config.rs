@@ -251,6 +251,32 @@ pub struct SealSection {
 pub struct SpoolSection {
     /// Bytes the spool may hold; the oldest reports are dropped beyond it.
     pub max_bytes: u64,
+    /// Bytes `rejected/` may hold (refused reports and their notes); oldest removed first.
+    pub rejected_max_bytes: u64,
+    /// Refused reports are removed from `rejected/` after this many days.
+    pub rejected_max_age_days: u32,
+    /// Bytes the sealed record (`sealed.jsonl`) may hold before its oldest records are pruned.
+    pub record_max_bytes: u64,
+    /// Sealed records whose day is older than this many days are pruned.
+    pub record_max_age_days: u32,
+}
+
+impl SpoolSection {
+    /// The bounds of `rejected/`.
+    pub fn rejected_bounds(&self) -> crate::spool::RejectedBounds {
+        crate::spool::RejectedBounds {
+            max_bytes: self.rejected_max_bytes,
+            max_age_days: self.rejected_max_age_days,
+        }
+    }
+
+    /// The bounds of the sealed record.
+    pub fn record_bounds(&self) -> crate::record::RecordBounds {
+        crate::record::RecordBounds {
+            max_bytes: self.record_max_bytes,
+            max_age_days: self.record_max_age_days,
+        }
+    }
 }
 
 /// `[upload]`.
@@ -361,6 +387,10 @@ impl Default for SpoolSection {
     fn default() -> Self {
         Self {
             max_bytes: 64 * 1024 * 1024,
+            rejected_max_bytes: 16 * 1024 * 1024,
+            rejected_max_age_days: 30,
+            record_max_bytes: 32 * 1024 * 1024,
+            record_max_age_days: 30,
         }
     }
 }
@@ -471,6 +501,14 @@ max_reports_per_counter_per_day = 24
 # Bytes of encrypted reports kept while the server is unreachable; the oldest are dropped
 # first, with a counted warning.
 max_bytes = 67108864
+# Reports the server refused are kept in rejected/ with a note of why, up to these bounds
+# (oldest removed first, counted in status).
+rejected_max_bytes = 16777216
+rejected_max_age_days = 30
+# The plaintext record of what was sealed (sealed.jsonl, never sent) is pruned to these
+# bounds, oldest first; today's and yesterday's records are always kept (the report cap).
+record_max_bytes = 33554432
+record_max_age_days = 30
 
 [upload]
 # Every attempt of every upload has a QUIC connection of its own, from a new UDP port, with a
@@ -590,6 +628,28 @@ impl AgentConfig {
                 "spool.max_bytes",
                 format!("{} is below one report (4096)", self.spool.max_bytes),
             ));
+        }
+        for (key, value) in [
+            ("spool.rejected_max_bytes", self.spool.rejected_max_bytes),
+            ("spool.record_max_bytes", self.spool.record_max_bytes),
+        ] {
+            if value < 65_536 {
+                return Err((key, format!("{value} is below 65536 (a few reports)")));
+            }
+        }
+        for (key, value) in [
+            (
+                "spool.rejected_max_age_days",
+                self.spool.rejected_max_age_days,
+            ),
+            ("spool.record_max_age_days", self.spool.record_max_age_days),
+        ] {
+            if value < 2 {
+                return Err((
+                    key,
+                    format!("{value} is below 2 (the report cap counts yesterday's records)"),
+                ));
+            }
         }
         let u = &self.upload;
         secs("upload.delay_max_seconds", u.delay_max_seconds, true)?;

@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 
 use crate::config::{AgentConfig, SourcePlan, seconds};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed, today};
-use crate::record::{RecordLog, sealed_per_day};
+use crate::record::{RecordBounds, RecordLog, sealed_per_day};
 use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
 use crate::spool::{Spool, SpoolError, create_private_dir};
 use crate::status::AgentStatus;
@@ -168,7 +168,8 @@ pub async fn run_with_source(
         backoff_base: seconds(u.backoff_base_seconds),
         backoff_max: seconds(u.backoff_max_seconds),
     };
-    let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?;
+    let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?
+        .with_rejected_bounds(config.spool.rejected_bounds())?;
     let mut pipeline = Pipeline::new(
         PipelineConfig {
             tau: config.classes.tau,
@@ -184,6 +185,13 @@ pub async fn run_with_source(
         },
         key,
     )?;
+    // The sealed record is kept within its bounds from the start (age, bytes, damaged lines).
+    let record_bounds = config.spool.record_bounds();
+    let pruned = RecordLog::in_state_dir(&state_dir)
+        .prune(record_bounds, today(), Pipeline::oldest_capped_day(today()))
+        .map_err(|e| DaemonError::Setup(format!("pruning the sealed record: {e}")))?;
+    let mut record_status = crate::status::RecordStatus::default();
+    record_status.add(&pruned);
     // The report cap counts what earlier runs sealed (the sealed record) so that a restart
     // does not reopen a day's cap.
     let record_path = RecordLog::in_state_dir(&state_dir).path().to_owned();
@@ -219,6 +227,7 @@ pub async fn run_with_source(
             throttle_permille: 1000,
             ..Default::default()
         },
+        record: record_status,
         ..AgentStatus::default()
     }));
     let spool = Arc::new(Mutex::new(spool));
@@ -252,6 +261,7 @@ pub async fn run_with_source(
     let pipe = PipelineThread {
         pipeline,
         record,
+        record_bounds,
         spool: Arc::clone(&spool),
         status: Arc::clone(&status),
         wake: Arc::clone(&wake),
@@ -311,6 +321,7 @@ fn refresh(status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, state_dir: &Path) 
 struct PipelineThread {
     pipeline: Pipeline,
     record: RecordLog,
+    record_bounds: RecordBounds,
     spool: Arc<Mutex<Spool>>,
     status: Arc<Mutex<AgentStatus>>,
     wake: Arc<Notify>,
@@ -372,9 +383,25 @@ impl PipelineThread {
             return;
         }
         for s in sealed {
-            if let Err(e) = self.record.append(&s.record) {
-                self.error(format!("sealed record: {e}; report not spooled"));
-                continue;
+            match self.record.append(&s.record) {
+                Ok(bytes) => {
+                    lock(&self.status).record.bytes = bytes;
+                    if bytes > self.record_bounds.max_bytes {
+                        let day = today();
+                        match self.record.prune(
+                            self.record_bounds,
+                            day,
+                            Pipeline::oldest_capped_day(day),
+                        ) {
+                            Ok(pruned) => lock(&self.status).record.add(&pruned),
+                            Err(e) => self.error(format!("pruning the sealed record: {e}")),
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.error(format!("sealed record: {e}; report not spooled"));
+                    continue;
+                }
             }
             let pushed = lock(&self.spool).push(s.report.report_id, &s.frame);
             if let Err(e) = pushed {

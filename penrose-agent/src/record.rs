@@ -5,6 +5,15 @@
 //! owner can see what leaves the machine (`penrose-agent inspect` shows the records of reports
 //! still in the spool) and so that an end-to-end test can check that what the design server
 //! decrypts equals, bin for bin, what the agents sealed. It never leaves the machine.
+//!
+//! **Bounded.** [`RecordLog::prune`] keeps it within [`RecordBounds`]: records whose day is
+//! older than the age bound go first, then the oldest records until the file is within three
+//! quarters of the byte bound; records of the days the report cap still counts (today and
+//! yesterday) are always kept, so a restart never reopens a day's cap. The daemon prunes at
+//! start and whenever an append takes the file over its bound; a prune rewrites the file
+//! atomically (temporary file, sync, rename, directory sync), so a crash leaves the old or the
+//! new file, never a mix. **Damaged lines** (a torn write, a bad sector) are skipped and
+//! counted by every reader, wherever they are, and dropped by the next prune.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -97,6 +106,31 @@ impl SealedRecord {
     }
 }
 
+/// How much of the sealed record is kept (`spool.record_max_bytes`,
+/// `spool.record_max_age_days`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordBounds {
+    /// Bytes the file may hold before a prune.
+    pub max_bytes: u64,
+    /// Records whose day is more than this many days before today are dropped.
+    pub max_age_days: u32,
+}
+
+/// What one prune did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pruned {
+    /// Records kept.
+    pub kept: u64,
+    /// Records dropped for age.
+    pub too_old: u64,
+    /// Records dropped to fit the byte bound.
+    pub over_bytes: u64,
+    /// Damaged lines dropped.
+    pub damaged: u64,
+    /// The file's size afterwards.
+    pub bytes: u64,
+}
+
 /// Appends records, synced, to the record file.
 #[derive(Debug)]
 pub struct RecordLog {
@@ -116,8 +150,10 @@ impl RecordLog {
         &self.path
     }
 
-    /// Appends one record and syncs it (before its report is spooled).
-    pub fn append(&self, record: &SealedRecord) -> Result<(), RecordError> {
+    /// Appends one record and syncs it (before its report is spooled). Returns the file's
+    /// size afterwards. A failed write (a full disk) leaves at most a torn last line, which
+    /// readers skip.
+    pub fn append(&self, record: &SealedRecord) -> Result<u64, RecordError> {
         let io = |source| RecordError::Io {
             path: self.path.clone(),
             source,
@@ -134,16 +170,113 @@ impl RecordLog {
         )
         .map_err(io)?;
         file.write_all(&line).map_err(io)?;
-        file.sync_data().map_err(io)
+        file.sync_data().map_err(io)?;
+        Ok(file.metadata().map_err(io)?.len())
+    }
+
+    /// Drops what `bounds` do not keep (module docs) as of `today`, keeping every record of a
+    /// day from `keep_from` on. Rewrites the file only when something is dropped.
+    pub fn prune(
+        &self,
+        bounds: RecordBounds,
+        today: Day,
+        keep_from: Day,
+    ) -> Result<Pruned, RecordError> {
+        #[derive(Deserialize)]
+        struct DayOnly {
+            day: u32,
+        }
+        let io = |source| RecordError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let file = match open_nofollow(OpenOptions::new().read(true), &self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Pruned::default()),
+            Err(source) => return Err(io(source)),
+        };
+        let mut out = Pruned::default();
+        let oldest = Day(today.0.saturating_sub(bounds.max_age_days));
+        // (day, line) of every record young enough, in file order (oldest first).
+        let mut lines: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut reader = BufReader::new(file);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let n = reader.read_until(b'\n', &mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match serde_json::from_slice::<DayOnly>(line) {
+                Ok(r) if r.day < oldest.0 && r.day < keep_from.0 => out.too_old += 1,
+                Ok(r) => lines.push((r.day, line.to_vec())),
+                Err(_) => out.damaged += 1,
+            }
+        }
+        let size =
+            |lines: &[(u32, Vec<u8>)]| lines.iter().map(|(_, l)| l.len() as u64 + 1).sum::<u64>();
+        let mut bytes = size(&lines);
+        if bytes > bounds.max_bytes {
+            let target = bounds.max_bytes / 4 * 3;
+            let mut kept = Vec::with_capacity(lines.len());
+            for (day, line) in lines {
+                if bytes > target && day < keep_from.0 {
+                    bytes -= line.len() as u64 + 1;
+                    out.over_bytes += 1;
+                } else {
+                    kept.push((day, line));
+                }
+            }
+            lines = kept;
+        }
+        out.kept = lines.len() as u64;
+        out.bytes = size(&lines);
+        if out.too_old + out.over_bytes + out.damaged == 0 {
+            return Ok(out);
+        }
+        let mut text = Vec::with_capacity(out.bytes as usize);
+        for (_, line) in &lines {
+            text.extend_from_slice(line);
+            text.push(b'\n');
+        }
+        let temp = self.path.with_file_name(format!(".{RECORD_FILE}.prune"));
+        let _ = std::fs::remove_file(&temp);
+        let other = |e: crate::spool::SpoolError| io(std::io::Error::other(e.to_string()));
+        if let Err(e) = crate::spool::write_synced(&temp, &text) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(other(e));
+        }
+        if let Err(e) = std::fs::rename(&temp, &self.path) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io(e));
+        }
+        if let Some(dir) = self.path.parent() {
+            crate::spool::sync_dir(dir).map_err(other)?;
+        }
+        Ok(out)
     }
 }
 
-/// Every record in a record file (none when it does not exist). A last line cut short by a
-/// crash is skipped.
+/// Every record in a record file (none when it does not exist). Damaged lines (a last line
+/// cut short by a crash or a full disk, or a damaged line anywhere) are skipped with a warning;
+/// [`read_records_counted`] counts them.
 pub fn read_records(path: &Path) -> Result<Vec<SealedRecord>, RecordError> {
+    let (records, damaged) = read_records_counted(path)?;
+    if damaged > 0 {
+        tracing::warn!("{}: {damaged} damaged line(s) skipped", path.display());
+    }
+    Ok(records)
+}
+
+/// [`read_records`], with the number of damaged lines skipped.
+pub fn read_records_counted(path: &Path) -> Result<(Vec<SealedRecord>, usize), RecordError> {
     let file = match open_nofollow(OpenOptions::new().read(true), path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
         Err(source) => {
             return Err(RecordError::Io {
                 path: path.to_owned(),
@@ -151,34 +284,29 @@ pub fn read_records(path: &Path) -> Result<Vec<SealedRecord>, RecordError> {
             });
         }
     };
-    let lines: Vec<String> = BufReader::new(file)
-        .lines()
-        .collect::<Result<_, _>>()
-        .map_err(|source| RecordError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-    let last = lines.len();
-    let mut out = Vec::with_capacity(last);
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
+    let io = |source| RecordError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut out = Vec::new();
+    let mut damaged = 0;
+    let mut reader = BufReader::new(file);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf).map_err(io)? == 0 {
+            break;
+        }
+        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_str(line) {
+        match serde_json::from_slice(line) {
             Ok(r) => out.push(r),
-            Err(_) if i + 1 == last => {
-                tracing::warn!("{}: last line incomplete; skipped", path.display())
-            }
-            Err(source) => {
-                return Err(RecordError::Parse {
-                    path: path.to_owned(),
-                    line: i + 1,
-                    source,
-                });
-            }
+            Err(_) => damaged += 1,
         }
     }
-    Ok(out)
+    Ok((out, damaged))
 }
 
 /// Reports sealed per (day stamped, counter).
@@ -270,6 +398,51 @@ mod tests {
 
     /// A symbolic link at `sealed.jsonl` (planted to make the agent write, as root, where the
     /// link points) is refused, by the writer and the readers, and its target is untouched.
+    #[test]
+    fn a_pruned_record_keeps_the_cap_days_and_the_newest_within_its_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RecordLog::in_state_dir(dir.path());
+        let today = Day(100);
+        // 10 records 60 days old, 200 of 10 days ago, 5 of yesterday and 5 of today.
+        for (day, n) in [(40, 10), (90, 200), (99, 5), (100, 5)] {
+            for _ in 0..n {
+                log.append(&record(day, 5)).unwrap();
+            }
+        }
+        // A damaged line in the middle (a bad sector), not only at the end.
+        let mut file = OpenOptions::new().append(true).open(log.path()).unwrap();
+        file.write_all(b"\x00\x00garbage\n").unwrap();
+        log.append(&record(100, 6)).unwrap();
+        let (all, damaged) = read_records_counted(log.path()).unwrap();
+        assert_eq!((all.len(), damaged), (221, 1));
+        let line = std::fs::metadata(log.path()).unwrap().len() / 222;
+
+        let bounds = RecordBounds {
+            max_bytes: 50 * line,
+            max_age_days: 30,
+        };
+        let pruned = log.prune(bounds, today, Day(99)).unwrap();
+        assert_eq!(pruned.too_old, 10);
+        assert_eq!(pruned.damaged, 1);
+        // Down to three quarters of the bound, oldest first, never the cap days (11 records).
+        assert!(pruned.bytes <= bounds.max_bytes / 4 * 3, "{pruned:?}");
+        let (kept, damaged) = read_records_counted(log.path()).unwrap();
+        assert_eq!(damaged, 0);
+        assert_eq!(kept.len() as u64, pruned.kept);
+        assert_eq!(kept.iter().filter(|r| r.day >= 99).count(), 11);
+        assert_eq!(pruned.over_bytes + pruned.kept, 211);
+        // Nothing more to drop: a second prune does not rewrite.
+        let again = log.prune(bounds, today, Day(99)).unwrap();
+        assert_eq!(again.too_old + again.over_bytes + again.damaged, 0);
+        // The cap days alone over the bound are still all kept.
+        let tiny = RecordBounds {
+            max_bytes: line,
+            max_age_days: 30,
+        };
+        let pruned = log.prune(tiny, today, Day(99)).unwrap();
+        assert_eq!(pruned.kept, 11);
+    }
+
     #[test]
     fn a_symlinked_sealed_record_is_refused() {
         let dir = tempfile::tempdir().unwrap();

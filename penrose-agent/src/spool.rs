@@ -9,6 +9,11 @@
 //! off from its server for weeks keeps the newest data and a bounded disk footprint. A write
 //! that fails (a full disk) removes its temporary file and leaves the spool as it was.
 //!
+//! Reports the server refused are moved to `rejected/` with a note of why, for the owner to
+//! look at; that folder is bounded too ([`RejectedBounds`]: bytes and age, oldest removed
+//! first, counted), so that a key rotation that gets every report refused cannot fill the
+//! disk.
+//!
 //! State files (here and in the sealed record and status file) are opened with `O_NOFOLLOW`
 //! ([`open_nofollow`]): a symbolic link at a state file's name is an error, never followed. The
 //! state directory and its folders are the agent's own ([`create_private_dir`]): created 0700,
@@ -89,6 +94,26 @@ pub struct SpoolCounts {
     pub delivered: u64,
     /// Reports moved aside because the server rejected them.
     pub rejected: u64,
+    /// Rejected reports removed from `rejected/` to keep it within its bounds.
+    pub rejected_dropped: u64,
+}
+
+/// How much `rejected/` keeps (`spool.rejected_max_bytes`, `spool.rejected_max_age_days`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RejectedBounds {
+    /// Bytes of reports and notes.
+    pub max_bytes: u64,
+    /// Reports moved aside longer ago than this many days are removed.
+    pub max_age_days: u32,
+}
+
+impl Default for RejectedBounds {
+    fn default() -> Self {
+        Self {
+            max_bytes: 16 * 1024 * 1024,
+            max_age_days: 30,
+        }
+    }
 }
 
 /// The spool directory.
@@ -96,6 +121,7 @@ pub struct SpoolCounts {
 pub struct Spool {
     dir: PathBuf,
     rejected_dir: PathBuf,
+    rejected_bounds: RejectedBounds,
     max_bytes: u64,
     entries: Vec<SpoolEntry>,
     next_sequence: u64,
@@ -143,11 +169,84 @@ impl Spool {
         Ok(Self {
             dir: dir.to_owned(),
             rejected_dir,
+            rejected_bounds: RejectedBounds::default(),
             max_bytes,
             entries,
             next_sequence,
             counts: SpoolCounts::default(),
         })
+    }
+
+    /// Bounds `rejected/` by `bounds` (instead of the defaults) and applies them now.
+    pub fn with_rejected_bounds(mut self, bounds: RejectedBounds) -> Result<Self, SpoolError> {
+        self.rejected_bounds = bounds;
+        self.prune_rejected(std::time::SystemTime::now())?;
+        Ok(self)
+    }
+
+    /// Removes from `rejected/` what its bounds do not keep as of `now`: reports (with their
+    /// notes) moved aside more than the age bound ago, then the oldest until the folder is
+    /// within its byte bound. Returns how many reports were removed.
+    pub fn prune_rejected(&mut self, now: std::time::SystemTime) -> Result<u64, SpoolError> {
+        let dir = &self.rejected_dir;
+        let items = match fs::read_dir(dir) {
+            Ok(items) => items,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io(dir)(e)),
+        };
+        // Per report (file stem, whose sequence prefix orders them): its files, bytes and the
+        // time it was moved aside.
+        let mut reports: std::collections::BTreeMap<
+            String,
+            (Vec<PathBuf>, u64, std::time::SystemTime),
+        > = std::collections::BTreeMap::new();
+        for item in items {
+            let item = item.map_err(io(dir))?;
+            let path = item.path();
+            if !item.file_type().map_err(io(&path))?.is_file() {
+                continue;
+            }
+            let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {
+                continue;
+            };
+            let meta = item.metadata().map_err(io(&path))?;
+            let modified = meta.modified().map_err(io(&path))?;
+            let entry = reports
+                .entry(stem)
+                .or_insert_with(|| (Vec::new(), 0, modified));
+            entry.0.push(path);
+            entry.1 += meta.len();
+            entry.2 = entry.2.min(modified);
+        }
+        let max_age =
+            std::time::Duration::from_secs(u64::from(self.rejected_bounds.max_age_days) * 86_400);
+        let mut total: u64 = reports.values().map(|r| r.1).sum();
+        let mut removed = 0;
+        for (files, bytes, moved) in reports.into_values() {
+            let old = now.duration_since(moved).is_ok_and(|age| age > max_age);
+            if !old && total <= self.rejected_bounds.max_bytes {
+                continue;
+            }
+            for file in &files {
+                match fs::remove_file(file) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io(file)(e)),
+                }
+            }
+            total -= bytes;
+            removed += 1;
+        }
+        if removed > 0 {
+            sync_dir(dir)?;
+            self.counts.rejected_dropped += removed;
+            tracing::warn!(
+                "rejected/: removed the {removed} oldest refused reports to stay within {} bytes and {} days",
+                self.rejected_bounds.max_bytes,
+                self.rejected_bounds.max_age_days
+            );
+        }
+        Ok(removed)
     }
 
     /// Writes one report's frame durably, first dropping the oldest reports if it would not
@@ -272,6 +371,7 @@ impl Spool {
         sync_dir(&self.dir)?;
         self.entries.retain(|e| e.sequence != entry.sequence);
         self.counts.rejected += 1;
+        self.prune_rejected(std::time::SystemTime::now())?;
         Ok(())
     }
 
@@ -438,6 +538,52 @@ mod tests {
 
     fn id(n: u8) -> ReportId {
         ReportId([n; 16])
+    }
+
+    /// A key rotation gets every report refused: `rejected/` stays within its byte bound
+    /// (oldest removed first) and drops what is older than its age bound, counting both.
+    #[test]
+    fn the_rejected_folder_is_bounded_by_bytes_and_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool_dir = dir.path().join("spool");
+        let bounds = RejectedBounds {
+            max_bytes: 10_000,
+            max_age_days: 7,
+        };
+        let mut spool = Spool::open(&spool_dir, 1 << 20)
+            .unwrap()
+            .with_rejected_bounds(bounds)
+            .unwrap();
+        for n in 0..20 {
+            spool.push(id(n), &[n; 1_000]).unwrap();
+        }
+        for entry in spool.entries().to_vec() {
+            spool.move_rejected(&entry, "unknown key").unwrap();
+        }
+        let rejected = dir.path().join("rejected");
+        let bytes = |dir: &Path| -> u64 {
+            fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum()
+        };
+        assert!(bytes(&rejected) <= bounds.max_bytes, "{}", bytes(&rejected));
+        let mut kept: Vec<String> = fs::read_dir(&rejected)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(SUFFIX))
+            .collect();
+        kept.sort();
+        // The newest are kept, each with its note.
+        assert_eq!(kept.len(), 9, "{kept:?}");
+        assert!(kept.last().unwrap().contains(&hex(&id(19).0)));
+        assert_eq!(spool.counts().rejected_dropped, 11);
+
+        // Ten days later everything is past the age bound.
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10 * 86_400);
+        assert_eq!(spool.prune_rejected(later).unwrap(), 9);
+        assert_eq!(fs::read_dir(&rejected).unwrap().count(), 0);
+        assert_eq!(spool.counts().rejected_dropped, 20);
     }
 
     #[test]

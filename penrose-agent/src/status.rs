@@ -31,6 +31,31 @@ pub struct SpoolStatus {
     pub counts: SpoolCounts,
 }
 
+/// The sealed record (`sealed.jsonl`) and its pruning since start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecordStatus {
+    /// Its size after the last append or prune.
+    pub bytes: u64,
+    /// Records pruned for age.
+    pub pruned_too_old: u64,
+    /// Records pruned to fit the byte bound.
+    pub pruned_over_bytes: u64,
+    /// Damaged lines dropped.
+    pub damaged_lines: u64,
+}
+
+impl RecordStatus {
+    /// Counts one prune.
+    pub fn add(&mut self, pruned: &crate::record::Pruned) {
+        if pruned.kept > 0 || pruned.too_old + pruned.over_bytes + pruned.damaged > 0 {
+            self.bytes = pruned.bytes;
+        }
+        self.pruned_too_old += pruned.too_old;
+        self.pruned_over_bytes += pruned.over_bytes;
+        self.damaged_lines += pruned.damaged;
+    }
+}
+
 /// Uploads since start.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct UploadCounts {
@@ -82,6 +107,9 @@ pub struct AgentStatus {
     pub pipeline: PipelineCounts,
     /// The spool.
     pub spool: SpoolStatus,
+    /// The sealed record.
+    #[serde(default)]
+    pub record: RecordStatus,
     /// Uploads.
     pub uploads: UploadCounts,
     /// The last error outside uploads (sealing, spooling).
