@@ -22,14 +22,17 @@ else
     echo "note: bpf-linker is not installed, so the committed eBPF object is not rebuilt"
 fi
 stage "cargo deny" ci/deny.sh
-# The real traces (SOURCES.md) are read from $PENROSE_TRACES, ../shared/traces or
-# /work/shared/traces (penrose_traces::TraceFolder::default_dir); say which, loudly if none.
+# The real traces (SOURCES.md) are read from $PENROSE_TRACES (penrose_traces::TraceFolder::
+# default_dir). CI clones into a temporary directory, so the folder is looked for beside the
+# clone and, on this project's CI machines, in their shared folder; say which, loudly if none.
 traces=${PENROSE_TRACES:-}
 for dir in ../shared/traces /work/shared/traces; do
     if [ -z "$traces" ] && [ -d "$dir" ]; then traces=$dir; fi
 done
 if [ -n "$traces" ]; then
-    echo "real traces: $traces ($(ls "$traces" | grep -c '\.json') files)"
+    PENROSE_TRACES=$(cd "$traces" && pwd)
+    export PENROSE_TRACES
+    echo "real traces: $PENROSE_TRACES ($(ls "$traces" | grep -c '\.json') files)"
 else
     echo "WARNING: no trace folder found; the tests that read real traces will be skipped"
 fi

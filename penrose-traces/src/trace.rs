@@ -72,9 +72,6 @@ impl Trace {
     }
 }
 
-/// The workplace's shared trace folder, tried when the checkout has none beside it.
-const WORKPLACE_TRACES: &str = "/work/shared/traces";
-
 /// The trace files of a folder, so that tools run on any folder of traces.
 #[derive(Clone, Debug)]
 pub struct TraceFolder {
@@ -82,21 +79,15 @@ pub struct TraceFolder {
 }
 
 impl TraceFolder {
-    /// The folder tests, benchmarks and tools read when none is named: `$PENROSE_TRACES` if set;
-    /// else `shared/traces` beside the workspace (`../shared/traces`, the project's layout);
-    /// else the workplace's shared folder `/work/shared/traces`, so that a clean clone made
-    /// elsewhere (CI clones into a temporary directory) still finds the real traces. When none
-    /// exists, the beside-the-workspace path is returned so that errors name it. Traces are
-    /// never copied into the repository.
+    /// The folder tests, benchmarks and tools read when none is named: `$PENROSE_TRACES` if set,
+    /// else `shared/traces` beside the workspace (`../shared/traces`, the project's layout).
+    /// A checkout elsewhere (CI clones into a temporary directory) names the folder in
+    /// `PENROSE_TRACES`, which `ci/test.sh` sets. Traces are never copied into the repository.
     pub fn default_dir() -> PathBuf {
         if let Some(dir) = std::env::var_os("PENROSE_TRACES") {
             return PathBuf::from(dir);
         }
-        let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
-        [beside.clone(), PathBuf::from(WORKPLACE_TRACES)]
-            .into_iter()
-            .find(|dir| dir.is_dir())
-            .unwrap_or(beside)
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")
     }
 
     /// Lists the `.json` and `.json.gz` files directly in `dir`, sorted by name.

@@ -58,7 +58,7 @@ use penrose_agent::capture::loader::is_root;
 #[derive(clap::Args)]
 pub struct Args {
     /// Folder of profiler traces [default: $PENROSE_TRACES, else ../shared/traces next to the
-    /// workspace, else /work/shared/traces]; a synthetic workload is used when none exists.
+    /// workspace]; a synthetic workload is used when none exists.
     #[arg(long)]
     traces: Option<PathBuf>,
     /// How long the agent captures.

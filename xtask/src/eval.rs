@@ -359,7 +359,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             .collect()
     };
     let eval = Evaluation {
-        traces: dir.display().to_string(),
+        traces: traces_label(&dir),
         seed: args.seed,
         windows_per_sequence: args.windows,
         k: args.k,
@@ -398,6 +398,17 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         println!("{}", report::summary(&eval, &args));
     }
     Ok(())
+}
+
+/// How the report names the trace folder: the project's layout (`../shared/traces`) when it
+/// is that folder, so the document holds no machine's path; else the path as given.
+fn traces_label(dir: &std::path::Path) -> String {
+    let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    if canonical.ends_with("shared/traces") {
+        "../shared/traces".to_owned()
+    } else {
+        dir.display().to_string()
+    }
 }
 
 /// One window's fingerprints in every encoding.
