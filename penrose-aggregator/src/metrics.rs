@@ -21,7 +21,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Every reject reason a build knows, in code order (index = code - 1).
-pub const REASONS: [RejectReason; 9] = [
+pub const REASONS: [RejectReason; 11] = [
     RejectReason::UnsupportedVersion,
     RejectReason::Malformed,
     RejectReason::TooLarge,
@@ -31,6 +31,8 @@ pub const REASONS: [RejectReason; 9] = [
     RejectReason::SampleCountOutOfRange,
     RejectReason::Overloaded,
     RejectReason::DayOutOfRange,
+    RejectReason::InvalidSnippet,
+    RejectReason::NewClassLimit,
 ];
 
 /// The server's counters and gauges.
@@ -256,6 +258,8 @@ pub fn reason_label(reason: RejectReason) -> &'static str {
         RejectReason::SampleCountOutOfRange => "sample_count_out_of_range",
         RejectReason::Overloaded => "overloaded",
         RejectReason::DayOutOfRange => "day_out_of_range",
+        RejectReason::InvalidSnippet => "invalid_snippet",
+        RejectReason::NewClassLimit => "new_class_limit",
         RejectReason::Other(_) => "other",
     }
 }
