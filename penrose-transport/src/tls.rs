@@ -40,6 +40,9 @@ const _: () = assert!(STREAM_WINDOW as usize >= LENGTH_PREFIX + MAX_FRAME_BODY);
 /// are refused by quinn itself. Each holds its first datagram (about 1,200 bytes).
 const INCOMING_ATTEMPTS: usize = 4096;
 
+/// The shortest Retry token lifetime (quinn's tokens carry their issue time in whole seconds).
+const MIN_RETRY_TOKEN_LIFETIME: Duration = Duration::from_secs(3);
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -97,6 +100,11 @@ pub(crate) fn server_config(
     config.validation_token_config(tokens);
     // Connection attempts not yet decided (the accept loop decides each at once: Retry,
     // refuse or accept): a bound on what a burst of Initials can make quinn hold.
+    // A Retry token only has to survive the client's immediate echo (one round trip). Kept
+    // short so that a client that stalls after validation cannot come back with the same
+    // token once its abandoned attempt has drained and take a slot again; at least 3 s, as
+    // quinn stamps tokens with whole seconds.
+    config.retry_token_lifetime(limits.handshake_timeout.max(MIN_RETRY_TOKEN_LIFETIME));
     config
         .max_incoming(INCOMING_ATTEMPTS)
         .incoming_buffer_size(64 * 1024)
