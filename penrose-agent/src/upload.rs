@@ -107,7 +107,12 @@ pub async fn run(config: UploadConfig, shared: Shared) {
     while !stop.load(Ordering::Relaxed) {
         let next = {
             let spool = lock(&shared.spool);
-            deferred.retain(|sequence, _| spool.entries().iter().any(|e| e.sequence == *sequence));
+            if !deferred.is_empty() {
+                // Forget reports that left the spool meanwhile (delivered, or dropped for room).
+                let spooled: std::collections::HashSet<u64> =
+                    spool.entries().iter().map(|e| e.sequence).collect();
+                deferred.retain(|sequence, _| spooled.contains(sequence));
+            }
             next_entry(spool.entries(), &deferred, tokio::time::Instant::now())
         };
         let entry = match next {

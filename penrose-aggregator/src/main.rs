@@ -568,6 +568,11 @@ fn print_status(s: &serde_json::Value) {
     );
     println!("reports accepted:     {}", s["reports_accepted_total"]);
     println!("classes:              {}", s["classes"]);
+    println!(
+        "new classes:          {} may be founded now, {} an hour",
+        s["new_classes"]["available"], s["new_classes"]["per_hour"]
+    );
+    println!("dedupe kept from day: {}", s["seen_floor_day"]);
     println!("snippets:             {}", s["snippets"]);
     println!("open accumulators:    {}", s["open_accumulators"]);
     println!("throttle:             {} permille", s["throttle_permille"]);
