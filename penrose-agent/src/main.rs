@@ -721,11 +721,12 @@ fn status(path: &Path, json: bool) -> Result<()> {
         s.spool.counts.write_failures
     );
     println!(
-        "uploads: {} accepted, {} duplicate, {} rejected, {} overloaded, {} failed; server {}, throttle {}/1000{}",
+        "uploads: {} accepted, {} duplicate, {} rejected, {} overloaded, {} held for a new class, {} failed; server {}, throttle {}/1000{}",
         s.uploads.accepted,
         s.uploads.duplicate,
         s.uploads.rejected,
         s.uploads.overloaded,
+        s.uploads.new_class_limit,
         s.uploads.failed,
         if s.uploads.server_reachable {
             "reachable"

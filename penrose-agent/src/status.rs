@@ -69,6 +69,10 @@ pub struct UploadCounts {
     pub rejected: u64,
     /// Acked Rejected(Overloaded): kept, retried later.
     pub overloaded: u64,
+    /// Acked Rejected(NewClassLimit): the report would found a class the server cannot found
+    /// now; kept and retried later, the other reports sent meanwhile.
+    #[serde(default)]
+    pub new_class_limit: u64,
     /// Uploads that got no ack after all retries (server down or unreachable).
     pub failed: u64,
     /// The server's last throttle hint, thousandths of the normal rate.

@@ -27,7 +27,11 @@ use thiserror::Error;
 /// max_batch = 4096                   # reports per durable write
 /// queue = 32768                      # valid reports waiting before `Overloaded`
 /// max_connections = 10000
+/// max_connections_per_source = 512   # per IPv4 address or IPv6 /64
+/// new_connections_per_source_per_second = 500  # 0 for no limit
+/// handshake_timeout = 5.0            # seconds; a slower handshake gives its slot back
 /// reports_per_second = 5000          # per connection; 0 for no limit
+/// new_classes_per_hour = 1000        # beyond it, reports founding a class: retry later
 /// epochs = "day"                     # or "reports:N"
 /// threshold = 10                     # k contributors per released sum (at least 10)
 /// reports_per_contributor = 24       # T, agents' reports per counter and day (at least 24)
@@ -53,6 +57,14 @@ pub struct FileConfig {
     pub queue: Option<usize>,
     /// Connections open at once.
     pub max_connections: Option<usize>,
+    /// Connections one source (IPv4 address, IPv6 /64) may have open at once.
+    pub max_connections_per_source: Option<usize>,
+    /// New connections one source may open per second; 0 for no limit.
+    pub new_connections_per_source_per_second: Option<u32>,
+    /// Seconds a handshake may take before it is abandoned.
+    pub handshake_timeout: Option<f64>,
+    /// Classes founded per hour at most.
+    pub new_classes_per_hour: Option<u32>,
     /// New report streams per connection per second; 0 for no limit.
     pub reports_per_second: Option<u32>,
     /// How epochs are cut: `day` or `reports:N`.

@@ -196,7 +196,12 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
 
 fn status(admin: &Admin) -> Value {
     use std::sync::atomic::Ordering::Relaxed;
-    let state = admin.ingest.state();
+    let mut state = admin.ingest.state();
+    let budget = state.new_class_budget();
+    let new_classes = json!({
+        "per_hour": budget.per_hour().get(),
+        "available": budget.available(std::time::Instant::now()),
+    });
     let metrics = admin.ingest.metrics();
     let rejected: serde_json::Map<String, Value> = crate::metrics::REASONS
         .into_iter()
@@ -227,6 +232,8 @@ fn status(admin: &Admin) -> Value {
             "threshold": admin.release.threshold.get(),
             "reports_per_contributor": admin.release.cap.get(),
         },
+        "new_classes": new_classes,
+        "seen_floor_day": state.seen_floor().0,
         "table_heap_bytes": state.tables().heap_bytes(),
         "throttle_permille": admin.ingest.throttle().permille(),
         "since_start": {

@@ -16,6 +16,7 @@
 //! include the failed one's), every waiting report is answered `Overloaded`, and the server
 //! exits, to be restarted on the durable state.
 
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc as sync_mpsc};
 use std::thread::JoinHandle;
@@ -31,15 +32,19 @@ use tracing::{debug, error, info};
 use crate::epochs::EpochRecord;
 use crate::metrics::Metrics;
 use crate::state::{Outcome, Prepared, State, StateError, store_throttle};
+use crate::tables::DEFAULT_NEW_CLASSES_PER_HOUR;
 use crate::validate::{ValidReport, validate_body};
 
-/// How the pipeline batches.
+/// How the pipeline batches, and how many classes it founds.
 #[derive(Clone, Copy, Debug)]
 pub struct IngestConfig {
     /// Most reports in one durable write.
     pub max_batch: usize,
     /// Most valid reports waiting for the writer before new ones are answered `Overloaded`.
     pub queue: usize,
+    /// Most classes founded per hour ([`crate::tables::NewClassBudget`]); a report beyond it
+    /// is answered `NewClassLimit`.
+    pub new_classes_per_hour: NonZeroU32,
 }
 
 impl Default for IngestConfig {
@@ -47,6 +52,7 @@ impl Default for IngestConfig {
         Self {
             max_batch: 4096,
             queue: 32_768,
+            new_classes_per_hour: DEFAULT_NEW_CLASSES_PER_HOUR,
         }
     }
 }
@@ -111,13 +117,14 @@ impl Writer {
 impl Ingest {
     /// Starts the writer thread over `state`.
     pub fn start(
-        state: State,
+        mut state: State,
         throttle: ThrottleHint,
         config: IngestConfig,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<(Ingest, Writer)> {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
-        metrics.set_state(&state);
+        state.set_new_classes_per_hour(config.new_classes_per_hour);
+        metrics.set_state(&mut state);
         let key = state.key().clone();
         let shared = Arc::new(Shared {
             healthy: AtomicBool::new(true),
@@ -346,7 +353,7 @@ fn prepare_batch(
     let result = {
         let mut state = lock(inner);
         let result = state.prepare(reports, today());
-        inner.metrics.set_state(&state);
+        inner.metrics.set_state(&mut state);
         result
     };
     reports.clear();
@@ -404,6 +411,9 @@ fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result
                                 }
                                 Outcome::DayOutOfRange => {
                                     AckStatus::Rejected(RejectReason::DayOutOfRange)
+                                }
+                                Outcome::NewClassLimit => {
+                                    AckStatus::Rejected(RejectReason::NewClassLimit)
                                 }
                             };
                             // The caller may have gone away; the report is counted regardless.

@@ -106,8 +106,15 @@ enum Command {
     /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
     ///
     /// Flags override the configuration file, whose keys are: data_dir, listen, public_key,
-    /// metrics, tls_cert, tls_key, max_batch, queue, max_connections, reports_per_second,
-    /// epochs, threshold, reports_per_contributor.
+    /// metrics, tls_cert, tls_key, max_batch, queue, max_connections,
+    /// max_connections_per_source, new_connections_per_source_per_second, handshake_timeout,
+    /// reports_per_second, new_classes_per_hour, epochs, threshold, reports_per_contributor.
+    ///
+    /// Flood resistance: a connection attempt from an unvalidated address gets a QUIC Retry
+    /// and holds nothing; one source (IPv4 address or IPv6 /64) may hold
+    /// --connections-per-source connections and open --new-connections-per-source a second;
+    /// a handshake gets --handshake-timeout; a report that would found a new class beyond
+    /// --new-classes-per-hour is answered new_class_limit (agents keep it and retry).
     ///
     /// Release: every report joins one epoch (`--epochs day`, the default: its own day;
     /// `reports:N`: epochs of N reports). Only closed epochs are exported, and of them only the
@@ -138,6 +145,23 @@ enum Command {
         /// New report streams per connection per second; 0 for no limit [default: 5000].
         #[arg(long)]
         reports_per_second: Option<u32>,
+        /// Connections one source (IPv4 address, IPv6 /64) may have open at once
+        /// [default: 512].
+        #[arg(long)]
+        connections_per_source: Option<usize>,
+        /// New connections one source may open per second (also its burst); 0 for no limit
+        /// [default: 500].
+        #[arg(long)]
+        new_connections_per_source: Option<u32>,
+        /// Seconds a connection's handshake may take before it is abandoned and its slot given
+        /// back [default: 5].
+        #[arg(long)]
+        handshake_timeout: Option<f64>,
+        /// Most application classes founded per hour (a bucket that holds an hour's worth);
+        /// a report whose snippet would found one beyond it is refused with new_class_limit
+        /// and agents send it again later [default: 1000].
+        #[arg(long)]
+        new_classes_per_hour: Option<u32>,
         #[command(flatten)]
         release: ReleaseArgs,
     },
@@ -298,6 +322,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             metrics,
             max_batch,
             reports_per_second,
+            connections_per_source,
+            new_connections_per_source,
+            handshake_timeout,
+            new_classes_per_hour,
             release,
         } => {
             let (dir, file) = data.resolve()?;
@@ -309,6 +337,29 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             if let Some(rate) = reports_per_second.or(file.reports_per_second) {
                 limits.reports_per_second = NonZeroU32::new(rate);
             }
+            if let Some(max) = connections_per_source.or(file.max_connections_per_source) {
+                if max == 0 {
+                    bail!("--connections-per-source must be at least 1");
+                }
+                limits.max_connections_per_source = max;
+            }
+            if let Some(rate) =
+                new_connections_per_source.or(file.new_connections_per_source_per_second)
+            {
+                limits.new_connections_per_source_per_second = NonZeroU32::new(rate);
+            }
+            if let Some(seconds) = handshake_timeout.or(file.handshake_timeout) {
+                if !(seconds > 0.0 && seconds <= 60.0) {
+                    bail!("--handshake-timeout must be more than 0 and at most 60 seconds");
+                }
+                limits.handshake_timeout = std::time::Duration::from_secs_f64(seconds);
+            }
+            let new_classes_per_hour = match new_classes_per_hour.or(file.new_classes_per_hour) {
+                Some(n) => {
+                    NonZeroU32::new(n).context("--new-classes-per-hour must be at least 1")?
+                }
+                None => IngestConfig::default().new_classes_per_hour,
+            };
             let defaults = IngestConfig::default();
             let tls = match (file.tls_cert, file.tls_key) {
                 (Some(c), Some(k)) => Some((c, k)),
@@ -326,6 +377,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 ingest: IngestConfig {
                     max_batch: max_batch.or(file.max_batch).unwrap_or(defaults.max_batch),
                     queue: file.queue.unwrap_or(defaults.queue),
+                    new_classes_per_hour,
                 },
                 limits,
                 epochs,
@@ -516,6 +568,11 @@ fn print_status(s: &serde_json::Value) {
     );
     println!("reports accepted:     {}", s["reports_accepted_total"]);
     println!("classes:              {}", s["classes"]);
+    println!(
+        "new classes:          {} may be founded now, {} an hour",
+        s["new_classes"]["available"], s["new_classes"]["per_hour"]
+    );
+    println!("dedupe kept from day: {}", s["seen_floor_day"]);
     println!("snippets:             {}", s["snippets"]);
     println!("open accumulators:    {}", s["open_accumulators"]);
     println!("throttle:             {} permille", s["throttle_permille"]);

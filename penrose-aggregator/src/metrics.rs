@@ -21,7 +21,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Every reject reason a build knows, in code order (index = code - 1).
-pub const REASONS: [RejectReason; 9] = [
+pub const REASONS: [RejectReason; 11] = [
     RejectReason::UnsupportedVersion,
     RejectReason::Malformed,
     RejectReason::TooLarge,
@@ -31,6 +31,8 @@ pub const REASONS: [RejectReason; 9] = [
     RejectReason::SampleCountOutOfRange,
     RejectReason::Overloaded,
     RejectReason::DayOutOfRange,
+    RejectReason::InvalidSnippet,
+    RejectReason::NewClassLimit,
 ];
 
 /// The server's counters and gauges.
@@ -58,11 +60,15 @@ pub struct Metrics {
     pub snippets: AtomicU64,
     /// Open accumulators.
     pub accumulators: AtomicU64,
+    /// Classes that may still be founded now (the new-class budget).
+    pub class_budget: AtomicU64,
+    /// The Seen floor: the oldest report day the deduplication record keeps.
+    pub seen_floor: AtomicU64,
 }
 
 impl Metrics {
     /// Updates the gauges that describe the aggregation state.
-    pub fn set_state(&self, state: &crate::state::State) {
+    pub fn set_state(&self, state: &mut crate::state::State) {
         let tables = state.tables();
         self.classes
             .store(tables.class_count() as u64, Ordering::Relaxed);
@@ -70,6 +76,12 @@ impl Metrics {
             .store(tables.snippet_count() as u64, Ordering::Relaxed);
         self.accumulators
             .store(state.sums().open_count() as u64, Ordering::Relaxed);
+        self.seen_floor
+            .store(u64::from(state.seen_floor().0), Ordering::Relaxed);
+        let budget = state
+            .new_class_budget()
+            .available(std::time::Instant::now());
+        self.class_budget.store(budget, Ordering::Relaxed);
     }
 
     /// Counts one rejection.
@@ -211,6 +223,16 @@ impl Metrics {
             "Open accumulators (one per class and counter).",
             get(&self.accumulators),
         );
+        gauge(
+            "penrose_new_class_budget",
+            "Classes that may still be founded now (refills at --new-classes-per-hour).",
+            get(&self.class_budget),
+        );
+        gauge(
+            "penrose_seen_floor_day",
+            "Oldest report day the deduplication record keeps (days since 1970).",
+            get(&self.seen_floor),
+        );
         let _ = writeln!(
             out,
             "# HELP penrose_store_bytes Bytes of each store table on disk and in memtables."
@@ -244,6 +266,62 @@ impl Metrics {
     }
 }
 
+/// The transport's counters (connections, Retries, per-source refusals, handshakes, frames)
+/// in the Prometheus text format, to follow [`Metrics::render`] on the metrics page.
+pub fn render_transport(stats: &penrose_transport::ServerStats) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP penrose_transport_connections_total Connection attempts by what became of them."
+    );
+    let _ = writeln!(out, "# TYPE penrose_transport_connections_total counter");
+    for (outcome, value) in [
+        ("accepted", stats.connections_accepted),
+        ("retry_sent", stats.retries_sent),
+        ("refused_source_open", stats.refused_source_open),
+        ("refused_source_rate", stats.refused_source_rate),
+        ("refused_server_full", stats.connections_refused),
+        ("handshake_timeout", stats.handshake_timeouts),
+        ("handshake_failed", stats.handshakes_failed),
+    ] {
+        let _ = writeln!(
+            out,
+            "penrose_transport_connections_total{{outcome=\"{outcome}\"}} {value}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP penrose_transport_connections_open Connections open now (handshake done)."
+    );
+    let _ = writeln!(out, "# TYPE penrose_transport_connections_open gauge");
+    let _ = writeln!(
+        out,
+        "penrose_transport_connections_open {}",
+        stats.connections_open
+    );
+    let _ = writeln!(
+        out,
+        "# HELP penrose_transport_streams_total Report streams by what became of them."
+    );
+    let _ = writeln!(out, "# TYPE penrose_transport_streams_total counter");
+    for (outcome, value) in [
+        ("opened", stats.streams),
+        ("handled", stats.frames_handled),
+        ("too_large", stats.frames_too_large),
+        ("malformed", stats.frames_malformed),
+        ("read_timeout", stats.read_timeouts),
+        ("error", stats.stream_errors),
+        ("paced", stats.streams_paced),
+        ("acked", stats.acks_sent),
+    ] {
+        let _ = writeln!(
+            out,
+            "penrose_transport_streams_total{{outcome=\"{outcome}\"}} {value}"
+        );
+    }
+    out
+}
+
 /// The label of a reject reason in metrics and JSON.
 pub fn reason_label(reason: RejectReason) -> &'static str {
     match reason {
@@ -256,6 +334,8 @@ pub fn reason_label(reason: RejectReason) -> &'static str {
         RejectReason::SampleCountOutOfRange => "sample_count_out_of_range",
         RejectReason::Overloaded => "overloaded",
         RejectReason::DayOutOfRange => "day_out_of_range",
+        RejectReason::InvalidSnippet => "invalid_snippet",
+        RejectReason::NewClassLimit => "new_class_limit",
         RejectReason::Other(_) => "other",
     }
 }
@@ -317,5 +397,22 @@ mod tests {
         assert!(text.contains("penrose_ingest_latency_seconds_bucket{le=\"0.002\"} 0"));
         assert!(text.contains("penrose_ingest_latency_seconds_bucket{le=\"0.005\"} 1"));
         assert_eq!(m.rejected_count(RejectReason::InvalidCiphertext), 1);
+        m.rejected(RejectReason::NewClassLimit);
+        m.rejected(RejectReason::InvalidSnippet);
+        let text = m.render(&[]);
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"new_class_limit\"} 1"));
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"invalid_snippet\"} 1"));
+        let transport = render_transport(&penrose_transport::ServerStats {
+            retries_sent: 7,
+            refused_source_rate: 2,
+            ..Default::default()
+        });
+        assert!(
+            transport.contains("penrose_transport_connections_total{outcome=\"retry_sent\"} 7")
+        );
+        assert!(
+            transport
+                .contains("penrose_transport_connections_total{outcome=\"refused_source_rate\"} 2")
+        );
     }
 }

@@ -21,7 +21,7 @@ use crate::epochs::EpochPolicy;
 use crate::export::{ReleaseConfig, load_or_create_signing_key};
 use crate::ingest::{Ingest, IngestConfig, Writer};
 
-use crate::metrics::{Metrics, serve_http};
+use crate::metrics::{Metrics, render_transport, serve_http};
 use crate::state::{State, stored_public_key, stored_throttle};
 use crate::store::{RocksStore, Store};
 
@@ -178,7 +178,12 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             let page = {
                 let metrics = Arc::clone(admin.ingest.metrics());
                 let store = Arc::clone(&admin.store);
-                move || metrics.render(&store.sizes())
+                let transport = server.stats_handle();
+                move || {
+                    let mut page = metrics.render(&store.sizes());
+                    page.push_str(&render_transport(&transport.snapshot()));
+                    page
+                }
             };
             tokio::spawn(serve_http(listener, page));
             Some(local)

@@ -7,6 +7,14 @@
 //! remembered as seen, or absent and not acked; a retry of an acked report finds its Seen
 //! record and is answered as a duplicate.
 //!
+//! **Seen expires by day.** Seen rows are keyed by the report's day first ([`seen`]). A
+//! report may only be counted while its day is within a day of the server's, so once the
+//! server's day has moved on, the rows of days that can no longer be accepted are deleted
+//! (one range deletion) and the *floor*, the oldest day still remembered, is raised in the
+//! same write. No report of a day below the floor is ever counted, whatever the clock says
+//! later, so a retry of an expired report can only be refused (`DayOutOfRange`), never
+//! counted twice: every report that could still be counted has its Seen rows.
+//!
 //! Applying a batch has two halves, so that the writer can aggregate one batch while the
 //! previous one syncs: [`State::prepare`] deduplicates, classifies and sums in memory and
 //! builds the write; [`Prepared::commit`] makes it durable. Prepared batches must be committed
@@ -24,11 +32,12 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use penrose_core::bundle::{Cursor, EpochId, EpochKind, InstanceId};
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::paillier::{KeyId, PublicKey};
-use penrose_core::release::day_acceptable;
+use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
 use penrose_core::wire::{Day, ReportId, ThrottleHint};
 use rand::RngCore;
 use thiserror::Error;
@@ -36,7 +45,9 @@ use thiserror::Error;
 use crate::aggregate::{AggregateError, AshRecord, SumKey, Sums};
 use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::store::{Store, StoreError, Table, WriteSet};
-use crate::tables::{MERGE_PREFIX, Merge, RecordError, Tables};
+use crate::tables::{
+    DEFAULT_NEW_CLASSES_PER_HOUR, MERGE_PREFIX, Merge, NewClassBudget, RecordError, Tables,
+};
 use crate::validate::{CiphertextDigest, ValidReport};
 
 /// Keys of the meta table.
@@ -60,15 +71,56 @@ pub mod meta {
     pub const INSTANCE: &[u8] = b"chain/instance";
     /// The instance a backup copy was taken from ([u8; 16]; absent for an original store).
     pub const PARENT: &[u8] = b"chain/parent";
+    /// The Seen floor (u32, a day): Seen rows of earlier days are deleted, and no report of an
+    /// earlier day is counted (module docs). Absent: nothing expired yet.
+    pub const SEEN_FLOOR: &[u8] = b"seen/floor";
 }
 
-/// The layout this build reads and writes. 4: class merges (meta records) and the cursor
-/// each exported bundle applied them as of; 3: sums per epoch (the ASH key holds the epoch),
+/// Keys of the Seen table: the report's day (u32be), a kind byte, then the report id or the
+/// ciphertext digest. The day comes first so that whole days are deleted with one range
+/// deletion ([`super::State`], module docs).
+pub mod seen {
+    use penrose_core::wire::{Day, ReportId};
+
+    use crate::validate::CiphertextDigest;
+
+    /// Kind byte of a report id row.
+    pub const ID: u8 = 0;
+    /// Kind byte of a ciphertext digest row.
+    pub const DIGEST: u8 = 1;
+
+    /// The key recording that report `id` of `day` was counted.
+    pub fn id_key(day: Day, id: &ReportId) -> Vec<u8> {
+        let mut key = Vec::with_capacity(4 + 1 + 16);
+        key.extend_from_slice(&day.0.to_be_bytes());
+        key.push(ID);
+        key.extend_from_slice(&id.0);
+        key
+    }
+
+    /// The key recording that a report of `day` with these ciphertexts was counted.
+    pub fn digest_key(day: Day, digest: &CiphertextDigest) -> Vec<u8> {
+        let mut key = Vec::with_capacity(4 + 1 + 32);
+        key.extend_from_slice(&day.0.to_be_bytes());
+        key.push(DIGEST);
+        key.extend_from_slice(&digest.0);
+        key
+    }
+
+    /// The first key of `day`: every key of earlier days sorts before it.
+    pub fn day_start(day: Day) -> Vec<u8> {
+        day.0.to_be_bytes().to_vec()
+    }
+}
+
+/// The layout this build reads and writes. 5: Seen keys begin with the report's day (so that
+/// days expire) and the meta record `seen/floor`; 4: class merges (meta records) and the
+/// cursor each exported bundle applied them as of; 3: sums per epoch (the ASH key holds the epoch),
 /// epoch records, the instance id and the export chain; 2 kept one running sum per
 /// (class, counter), which could be differenced, and stored accumulator states as 3 does; 1
 /// stored the sums themselves. Opening a store of another format is refused rather than
 /// misread.
-pub const STORE_FORMAT: u32 = 4;
+pub const STORE_FORMAT: u32 = 5;
 
 /// What happened to one report of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,8 +131,12 @@ pub enum Outcome {
     Duplicate,
     /// A ciphertext is not a unit (the batch's unit check); not counted, not remembered.
     NotUnit,
-    /// The report's day is no longer acceptable (the server's day turned since validation).
+    /// The report's day is no longer acceptable (the server's day turned since validation,
+    /// or the day is below the Seen floor).
     DayOutOfRange,
+    /// The report's snippet would found a new class and the new-class budget is spent; not
+    /// counted, not remembered, nothing changed (retry later).
+    NewClassLimit,
 }
 
 /// Why the state could not be opened or a batch applied.
@@ -155,6 +211,12 @@ pub struct State {
     in_flight: VecDeque<(Cursor, Vec<ReportId>, Vec<CiphertextDigest>)>,
     in_flight_ids: HashSet<ReportId>,
     in_flight_digests: HashSet<CiphertextDigest>,
+    /// The oldest report day whose Seen rows are kept (module docs).
+    seen_floor: Day,
+    /// Classes that may still be founded.
+    class_budget: NewClassBudget,
+    /// Reports refused because they would have founded a class beyond the budget.
+    class_refusals: u64,
 }
 
 /// What the last committed batch made durable, published by whoever commits.
@@ -248,6 +310,7 @@ impl State {
         let (mut closed_through, mut current) = (None, None);
         let mut epoch_records = Vec::new();
         let mut merges = Vec::new();
+        let mut seen_floor = Day(0);
         let damaged = |what: &str| StoreError::Visit(format!("damaged meta record {what}"));
         store.scan(
             &[Table::Sst, Table::Est, Table::Ash, Table::Meta],
@@ -291,6 +354,9 @@ impl State {
                     }
                     Table::Meta if k == epochs::keys::CURRENT => {
                         current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
+                    }
+                    Table::Meta if k == meta::SEEN_FLOOR => {
+                        seen_floor = Day(read_u32(v).ok_or_else(|| damaged("seen/floor"))?);
                     }
                     Table::Meta if k.starts_with(MERGE_PREFIX) => {
                         let (merge, _) =
@@ -352,7 +418,31 @@ impl State {
             in_flight: VecDeque::new(),
             in_flight_ids: HashSet::new(),
             in_flight_digests: HashSet::new(),
+            seen_floor,
+            class_budget: NewClassBudget::new(DEFAULT_NEW_CLASSES_PER_HOUR, Instant::now()),
+            class_refusals: 0,
         })
+    }
+
+    /// Sets how many classes may be founded per hour (a full budget from now on; default
+    /// [`DEFAULT_NEW_CLASSES_PER_HOUR`]).
+    pub fn set_new_classes_per_hour(&mut self, per_hour: std::num::NonZeroU32) {
+        self.class_budget = NewClassBudget::new(per_hour, Instant::now());
+    }
+
+    /// The new-class budget.
+    pub fn new_class_budget(&mut self) -> &mut NewClassBudget {
+        &mut self.class_budget
+    }
+
+    /// Reports refused since start because they would have founded a class beyond the budget.
+    pub fn class_refusals(&self) -> u64 {
+        self.class_refusals
+    }
+
+    /// The oldest report day whose Seen rows are kept; no report of an earlier day is counted.
+    pub fn seen_floor(&self) -> Day {
+        self.seen_floor
     }
 
     /// Deduplicates, classifies and sums a batch, and makes it durable in one synced write:
@@ -363,52 +453,83 @@ impl State {
         self.prepare(batch, today)?.commit()
     }
 
-    /// The in-memory half of [`apply`](Self::apply): epochs due by `today` are closed, then
-    /// the unit check of the batch's ciphertexts (one gcd), deduplication by report id and by
-    /// ciphertext digest against the store and the batches still syncing, the day check,
-    /// epochs, classes, one multiplication per ciphertext, and the write that records it all;
+    /// The in-memory half of [`apply`](Self::apply): epochs due by `today` are closed and Seen
+    /// rows of days no longer acceptable deleted, then the unit check of the batch's
+    /// ciphertexts (one gcd), deduplication by report id and by ciphertext digest against the
+    /// store and the batches still syncing, the day check (and the Seen floor), classes (a
+    /// report that would found one beyond the new-class budget is refused and changes
+    /// nothing), epochs, one multiplication per ciphertext, and the write that records it all;
     /// an epoch the batch fills (count policy) is closed with it. On an error nothing of this
     /// batch may be committed or acknowledged and this state must be dropped; batches prepared
     /// before it may still be committed.
     pub fn prepare(&mut self, batch: &[ValidReport], today: Day) -> Result<Prepared, StateError> {
         self.forget_durable();
+        let now = Instant::now();
         let mut set = WriteSet::new();
         let mut closed = self.close_epochs(&self.epochs.due(today));
+        self.expire_seen(today, &mut set);
         let units = self.key.check_units(batch.iter().map(|r| &r.ciphertexts));
-        let mut keys: Vec<&[u8]> = batch.iter().map(|r| &r.report.report_id.0[..]).collect();
-        keys.extend(batch.iter().map(|r| &r.digest.0[..]));
-        let seen = self.store.contains_many(Table::Seen, &keys)?;
+        // Per report: its id under its own day (a retry carries the same day), then its
+        // digest under every day still remembered (a copy may claim another day).
+        let digest_days: Vec<Day> = (self.seen_floor.0..=today.0.saturating_add(DAY_TOLERANCE))
+            .map(Day)
+            .collect();
+        let mut keys: Vec<Vec<u8>> = Vec::with_capacity(batch.len() * (1 + digest_days.len()));
+        keys.extend(
+            batch
+                .iter()
+                .map(|r| seen::id_key(r.report.day, &r.report.report_id)),
+        );
+        for r in batch {
+            keys.extend(digest_days.iter().map(|&d| seen::digest_key(d, &r.digest)));
+        }
+        let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let seen = self.store.contains_many(Table::Seen, &key_refs)?;
         let (seen_ids, seen_digests) = seen.split_at(batch.len());
+        let per_report = digest_days.len().max(1);
         let next = Cursor(self.cursor.0 + 1);
         let mut in_batch: HashSet<ReportId> = HashSet::with_capacity(batch.len());
         let mut in_batch_digests: HashSet<CiphertextDigest> = HashSet::with_capacity(batch.len());
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut accepted_ids = Vec::with_capacity(batch.len());
         let mut accepted_digests = Vec::with_capacity(batch.len());
-        for (((valid, &seen_id), &seen_digest), unit) in
-            batch.iter().zip(seen_ids).zip(seen_digests).zip(units)
-        {
+        for (i, ((valid, &seen_id), unit)) in batch.iter().zip(seen_ids).zip(units).enumerate() {
             let report = &valid.report;
             let Ok(ciphertexts) = unit else {
                 outcomes.push(Outcome::NotUnit);
                 continue;
             };
+            let seen_digest = seen_digests
+                .get(i * per_report..(i + 1) * per_report)
+                .is_some_and(|days| days.iter().any(|&s| s));
             if seen_id
                 || seen_digest
                 || self.in_flight_ids.contains(&report.report_id)
                 || self.in_flight_digests.contains(&valid.digest)
-                || !in_batch.insert(report.report_id)
-                || !in_batch_digests.insert(valid.digest)
+                || in_batch.contains(&report.report_id)
+                || in_batch_digests.contains(&valid.digest)
             {
                 outcomes.push(Outcome::Duplicate);
                 continue;
             }
-            if !day_acceptable(report.day, today) {
+            if !day_acceptable(report.day, today) || report.day < self.seen_floor {
                 outcomes.push(Outcome::DayOutOfRange);
                 continue;
             }
+            let budget = &mut self.class_budget;
+            let Some(placement) =
+                self.tables
+                    .record_if_founding_allowed(report.snippet, today, || budget.try_take(now))
+            else {
+                self.class_refusals += 1;
+                outcomes.push(Outcome::NewClassLimit);
+                continue;
+            };
+            // Only a report that is counted is remembered in this batch: a copy of a refused
+            // one is judged on its own, not answered Duplicate.
+            in_batch.insert(report.report_id);
+            in_batch_digests.insert(valid.digest);
             let epoch = self.epochs.admit(report.day);
-            let placement = self.tables.record(report.snippet, today);
             let key = SumKey {
                 class: placement.class,
                 catalogue: report.catalogue,
@@ -417,8 +538,8 @@ impl State {
             };
             self.sums
                 .absorb(key, ciphertexts, u64::from(report.samples.0))?;
-            accepted_ids.push(report.report_id);
-            accepted_digests.push(valid.digest);
+            accepted_ids.push((report.day, report.report_id));
+            accepted_digests.push((report.day, valid.digest));
             outcomes.push(Outcome::Accepted);
         }
         let accepted = accepted_ids.len() as u64;
@@ -427,13 +548,17 @@ impl State {
             // which saves most of each skip-list search when the keys come sorted.
             accepted_ids.sort_unstable();
             accepted_digests.sort_unstable();
-            for id in &accepted_ids {
-                set.put(Table::Seen, id.0.to_vec(), next.0.to_be_bytes().to_vec());
-            }
-            for digest in &accepted_digests {
+            for (day, id) in &accepted_ids {
                 set.put(
                     Table::Seen,
-                    digest.0.to_vec(),
+                    seen::id_key(*day, id),
+                    next.0.to_be_bytes().to_vec(),
+                );
+            }
+            for (day, digest) in &accepted_digests {
+                set.put(
+                    Table::Seen,
+                    seen::digest_key(*day, digest),
                     next.0.to_be_bytes().to_vec(),
                 );
             }
@@ -452,12 +577,32 @@ impl State {
             // The count policy closes the epoch this batch filled, with the batch.
             closed.extend(self.close_epochs(&self.epochs.due(today)));
         }
+        let accepted_ids = accepted_ids.into_iter().map(|(_, id)| id).collect();
+        let accepted_digests = accepted_digests.into_iter().map(|(_, d)| d).collect();
         Ok(self.finish(set, outcomes, accepted_ids, accepted_digests, closed, next))
     }
 
+    /// Raises the Seen floor to the oldest day a report may still have (`today` less the
+    /// tolerance) when the day has moved on, deleting the Seen rows of the days below it in
+    /// the same write (module docs). The floor never goes down, whatever the clock does.
+    fn expire_seen(&mut self, today: Day, set: &mut WriteSet) {
+        let floor = Day(today.0.saturating_sub(DAY_TOLERANCE));
+        if floor <= self.seen_floor {
+            return;
+        }
+        set.delete_range(Table::Seen, seen::day_start(Day(0)), seen::day_start(floor));
+        set.put(
+            Table::Meta,
+            meta::SEEN_FLOOR,
+            floor.0.to_be_bytes().to_vec(),
+        );
+        self.seen_floor = floor;
+    }
+
     /// Closes open epochs now, in order with the batches: those due by `today`, or with
-    /// `all`, every open epoch that holds reports (an operator's close). The returned batch
-    /// holds only the closing write; commit it like any other.
+    /// `all`, every open epoch that holds reports (an operator's close); and the Seen rows of
+    /// days that can no longer be accepted are deleted. The returned batch holds only that
+    /// write; commit it like any other.
     pub fn prepare_close(&mut self, today: Day, all: bool) -> Prepared {
         self.forget_durable();
         let ids = if all {
@@ -466,15 +611,10 @@ impl State {
             self.epochs.due(today)
         };
         let closed = self.close_epochs(&ids);
+        let mut set = WriteSet::new();
+        self.expire_seen(today, &mut set);
         let next = Cursor(self.cursor.0 + 1);
-        self.finish(
-            WriteSet::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            closed,
-            next,
-        )
+        self.finish(set, Vec::new(), Vec::new(), Vec::new(), closed, next)
     }
 
     /// Forgets the in-flight ids of batches committed since the last call: they are visible in

@@ -18,7 +18,8 @@ use thiserror::Error;
 /// The tables (RocksDB column families) the server keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Table {
-    /// Report ids already counted: the deduplication record.
+    /// Report ids and ciphertext digests already counted, under the report's day: the
+    /// deduplication record (keys in `crate::state::seen`).
     Seen,
     /// Snippet hash -> class, first seen day, reports.
     Sst,
@@ -46,10 +47,19 @@ impl Table {
     }
 }
 
-/// Writes that must become durable together or not at all.
+/// One change of a [`WriteSet`].
+#[derive(Debug)]
+enum Op {
+    Put(Table, Vec<u8>, Vec<u8>),
+    /// Every key from `.1` (inclusive) to `.2` (exclusive).
+    DeleteRange(Table, Vec<u8>, Vec<u8>),
+}
+
+/// Writes that must become durable together or not at all, applied in the order they were
+/// added.
 #[derive(Debug, Default)]
 pub struct WriteSet {
-    puts: Vec<(Table, Vec<u8>, Vec<u8>)>,
+    ops: Vec<Op>,
 }
 
 impl WriteSet {
@@ -60,22 +70,34 @@ impl WriteSet {
 
     /// Adds a put; a later put of the same key in the same set wins.
     pub fn put(&mut self, table: Table, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
-        self.puts.push((table, key.into(), value.into()));
+        self.ops.push(Op::Put(table, key.into(), value.into()));
     }
 
-    /// Number of puts.
+    /// Deletes every key of `table` from `from` (inclusive) to `to` (exclusive), those
+    /// written before in the same set included.
+    pub fn delete_range(&mut self, table: Table, from: impl Into<Vec<u8>>, to: impl Into<Vec<u8>>) {
+        self.ops
+            .push(Op::DeleteRange(table, from.into(), to.into()));
+    }
+
+    /// Number of changes.
     pub fn len(&self) -> usize {
-        self.puts.len()
+        self.ops.len()
     }
 
     /// Whether the set holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.puts.is_empty()
+        self.ops.is_empty()
     }
 
     /// Bytes of keys and values, for metrics.
     pub fn bytes(&self) -> usize {
-        self.puts.iter().map(|(_, k, v)| k.len() + v.len()).sum()
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Put(_, k, v) | Op::DeleteRange(_, k, v) => k.len() + v.len(),
+            })
+            .sum()
     }
 }
 
@@ -135,8 +157,9 @@ pub trait Store: Send + Sync + 'static {
     fn sizes(&self) -> Vec<TableSize>;
 }
 
-/// Bytes of a Seen key (a random report id) that choose its memtable bucket.
-const SEEN_BUCKET_PREFIX: usize = 4;
+/// Bytes of a Seen key that choose its memtable bucket: the day (4) and kind (1) every key
+/// of a day shares, and 4 bytes of the random report id or digest after them.
+const SEEN_BUCKET_PREFIX: usize = 9;
 
 /// The RocksDB store: one column family per [`Table`].
 pub struct RocksStore {
@@ -163,11 +186,12 @@ impl RocksStore {
             block.set_bloom_filter(10.0, false);
             cf.set_block_based_table_factory(&block);
             if table == Table::Seen {
-                // Random 128-bit ids: point lookups only. A hash memtable (buckets by the
-                // first bytes of the id, each a short skip list) inserts a batch's ids in
-                // about one cache miss each, where one skip list over every id of the
-                // memtable cost a fifth of the writer's time; scans (admin only) still work,
-                // with a total-order iterator.
+                // Random 128-bit ids and digests behind a day: point lookups, and range
+                // deletions of whole days. A hash memtable (buckets by the day and the first
+                // bytes of the id, each a short skip list) inserts a batch's ids in about one
+                // cache miss each, where one skip list over every id of the memtable cost a
+                // fifth of the writer's time; range tombstones live in a skip list of their
+                // own, and scans (admin only) still work, with a total-order iterator.
                 cf.optimize_for_point_lookup(64);
                 cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(SEEN_BUCKET_PREFIX));
                 cf.set_memtable_factory(MemtableFactory::HashSkipList {
@@ -213,8 +237,13 @@ impl Store for RocksStore {
 
     fn write(&self, set: WriteSet) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
-        for (table, key, value) in &set.puts {
-            batch.put_cf(self.cf(*table)?, key, value);
+        for op in &set.ops {
+            match op {
+                Op::Put(table, key, value) => batch.put_cf(self.cf(*table)?, key, value),
+                Op::DeleteRange(table, from, to) => {
+                    batch.delete_range_cf(self.cf(*table)?, from, to);
+                }
+            }
         }
         let mut options = WriteOptions::default();
         options.set_sync(true);
@@ -293,13 +322,13 @@ mod tests {
         {
             let store = RocksStore::open(&path).unwrap();
             let mut set = WriteSet::new();
-            set.put(Table::Seen, b"id-1".to_vec(), b"".to_vec());
+            set.put(Table::Seen, b"day1-id-0000001".to_vec(), b"".to_vec());
             set.put(Table::Ash, b"a".to_vec(), b"1".to_vec());
             set.put(Table::Ash, b"a".to_vec(), b"2".to_vec());
             store.write(set).unwrap();
             assert_eq!(
                 store
-                    .contains_many(Table::Seen, &[b"id-1", b"id-2"])
+                    .contains_many(Table::Seen, &[b"day1-id-0000001", b"day1-id-0000002"])
                     .unwrap(),
                 [true, false]
             );
@@ -320,7 +349,7 @@ mod tests {
             rows,
             [
                 (Table::Ash, b"a".to_vec(), b"2".to_vec()),
-                (Table::Seen, b"id-1".to_vec(), vec![])
+                (Table::Seen, b"day1-id-0000001".to_vec(), vec![])
             ]
         );
         let backup = dir.path().join("backup");
@@ -332,5 +361,58 @@ mod tests {
             Some(&b"2"[..])
         );
         assert_eq!(copy.sizes().len(), Table::ALL.len());
+    }
+
+    #[test]
+    fn range_deletes_drop_whole_days_of_seen_and_stay_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let key = |day: u32, i: u8| {
+            let mut k = day.to_be_bytes().to_vec();
+            k.push(0);
+            k.extend_from_slice(&[i; 16]);
+            k
+        };
+        let seen = |store: &RocksStore| {
+            let mut rows = Vec::new();
+            store
+                .scan(&[Table::Seen], &mut |_, k, _| {
+                    rows.push(k.to_vec());
+                    Ok(())
+                })
+                .unwrap();
+            rows
+        };
+        {
+            let store = RocksStore::open(&path).unwrap();
+            let mut set = WriteSet::new();
+            for day in [1, 2, 3] {
+                for i in 0..50 {
+                    set.put(Table::Seen, key(day, i), b"".to_vec());
+                }
+            }
+            store.write(set).unwrap();
+            let mut set = WriteSet::new();
+            set.delete_range(
+                Table::Seen,
+                0u32.to_be_bytes().to_vec(),
+                3u32.to_be_bytes().to_vec(),
+            );
+            set.put(Table::Seen, key(3, 99), b"".to_vec());
+            store.write(set).unwrap();
+            let keys = [key(1, 7), key(2, 7), key(3, 7), key(3, 99)];
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            assert_eq!(
+                store.contains_many(Table::Seen, &keys).unwrap(),
+                [false, false, true, true]
+            );
+            assert_eq!(seen(&store).len(), 51);
+            store.compact().unwrap();
+            assert_eq!(seen(&store).len(), 51);
+        }
+        let store = RocksStore::open(&path).unwrap();
+        let rows = seen(&store);
+        assert_eq!(rows.len(), 51);
+        assert!(rows.iter().all(|k| k[..4] == 3u32.to_be_bytes()));
     }
 }

@@ -18,12 +18,20 @@
 //! design server can report earlier releases together. The evaluation
 //! (`cargo xtask eval-fingerprints`, docs/evaluation.md) measures the gain.
 //!
+//! **New classes are rationed.** Every snippet hash that matches no class founds one, and a
+//! client can make up any number of those. [`NewClassBudget`] lets the server found at most
+//! so many classes an hour (a token bucket); a report whose snippet would found one beyond it
+//! is refused ([`Tables::record_if_founding_allowed`] changes nothing then) and may be sent
+//! again later. Snippets of existing classes are never rationed.
+//!
 //! Both tables live in memory and are recorded in the store (records below), from which
 //! [`Tables::load`] rebuilds them on start. Merges are recorded in the meta table
 //! ([`MERGE_PREFIX`]), stamped with the write batch's cursor, so that an export can apply
 //! exactly the merges made before it.
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU32;
+use std::time::Instant;
 
 use penrose_core::bundle::Cursor;
 use penrose_core::fingerprint::{BandKey, FingerprintParams, LshBands, SnippetHash};
@@ -43,6 +51,60 @@ pub const NOVELTY: f64 = 0.5;
 /// oldest survives), healing an application that founded several classes from windows at
 /// different offsets.
 pub const MERGE_CLASSES: bool = true;
+
+/// Classes the server founds per hour by default ([`NewClassBudget`]): a fleet meets new
+/// applications at a far lower rate once it has run a day, and a day's budget is 24,000
+/// classes, a few MB of tables and sums.
+pub const DEFAULT_NEW_CLASSES_PER_HOUR: NonZeroU32 = NonZeroU32::MIN.saturating_add(999);
+
+/// A token bucket of new classes: at most `per_hour` founded at once (when it is full), and
+/// `per_hour` more each hour. Kept in memory: a restart fills it again.
+#[derive(Clone, Debug)]
+pub struct NewClassBudget {
+    per_hour: NonZeroU32,
+    tokens: f64,
+    last: Instant,
+}
+
+impl NewClassBudget {
+    /// A full bucket of `per_hour` classes at `now`.
+    pub fn new(per_hour: NonZeroU32, now: Instant) -> Self {
+        Self {
+            per_hour,
+            tokens: f64::from(per_hour.get()),
+            last: now,
+        }
+    }
+
+    /// The rate.
+    pub fn per_hour(&self) -> NonZeroU32 {
+        self.per_hour
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let rate = f64::from(self.per_hour.get());
+        let hours = now.saturating_duration_since(self.last).as_secs_f64() / 3600.0;
+        self.tokens = (self.tokens + hours * rate).min(rate);
+        self.last = now;
+    }
+
+    /// Takes one class from the budget at `now`, or says there is none left.
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+
+    /// Whole classes that could be founded at `now`.
+    pub fn available(&mut self, now: Instant) -> u64 {
+        self.refill(now);
+        // Between 0 and per_hour (a u32), so the conversion is exact.
+        self.tokens.floor() as u64
+    }
+}
 
 /// Meta-table prefix of merge records: `merge/` + absorbed class (u32be) -> survivor (u32be),
 /// cursor of the batch that merged them (u64be).
@@ -237,36 +299,74 @@ impl Tables {
 
     /// Assigns one report's snippet to a class and counts the report there.
     pub fn record(&mut self, snippet: SnippetHash, today: Day) -> Placement {
-        let placement = match self.sst.get_mut(&snippet) {
-            Some(entry) => {
-                entry.reports += 1;
-                Placement {
-                    class: self.merged.root(entry.class),
-                    new_class: false,
-                }
-            }
-            None => {
-                let placement = self.place(snippet, today);
-                self.sst.insert(
-                    snippet,
-                    SnippetEntry {
-                        class: placement.class,
-                        first_seen: today,
-                        reports: 1,
-                    },
-                );
-                if let Some(class) = self.classes.get_mut(placement.class.0 as usize) {
-                    class.snippets += 1;
-                }
-                placement
-            }
-        };
+        if let Some(placement) = self.count_known(&snippet) {
+            return placement;
+        }
+        let matches = self.matches(&snippet);
+        self.add_new(snippet, today, &matches)
+    }
+
+    /// [`record`](Self::record), except that a snippet that would found a new class does so
+    /// only if `may_found()` says yes (asked only then, so a budget it draws on is spent only
+    /// on classes actually founded); otherwise nothing changes and `None` is returned.
+    pub fn record_if_founding_allowed(
+        &mut self,
+        snippet: SnippetHash,
+        today: Day,
+        may_found: impl FnOnce() -> bool,
+    ) -> Option<Placement> {
+        if let Some(placement) = self.count_known(&snippet) {
+            return Some(placement);
+        }
+        let matches = self.matches(&snippet);
+        if matches.is_empty() && !may_found() {
+            return None;
+        }
+        Some(self.add_new(snippet, today, &matches))
+    }
+
+    /// Counts a report of a snippet already in the SST; `None` for a new snippet.
+    fn count_known(&mut self, snippet: &SnippetHash) -> Option<Placement> {
+        let entry = self.sst.get_mut(snippet)?;
+        entry.reports += 1;
+        let class = self.merged.root(entry.class);
+        self.count(*snippet, class);
+        Some(Placement {
+            class,
+            new_class: false,
+        })
+    }
+
+    /// Places a new snippet given its `matches` (joining, merging or founding) and counts
+    /// the report there.
+    fn add_new(
+        &mut self,
+        snippet: SnippetHash,
+        today: Day,
+        matches: &[(ClassId, f64)],
+    ) -> Placement {
+        let placement = self.place(snippet, today, matches);
+        self.sst.insert(
+            snippet,
+            SnippetEntry {
+                class: placement.class,
+                first_seen: today,
+                reports: 1,
+            },
+        );
         if let Some(class) = self.classes.get_mut(placement.class.0 as usize) {
-            class.reports += 1;
+            class.snippets += 1;
+        }
+        self.count(snippet, placement.class);
+        placement
+    }
+
+    fn count(&mut self, snippet: SnippetHash, class: ClassId) {
+        if let Some(entry) = self.classes.get_mut(class.0 as usize) {
+            entry.reports += 1;
         }
         self.dirty_snippets.insert(snippet);
-        self.dirty_classes.insert(placement.class);
-        placement
+        self.dirty_classes.insert(class);
     }
 
     /// The class a snippet would join, without changing anything (for tests and tools).
@@ -292,8 +392,7 @@ impl Tables {
         &self.merged
     }
 
-    fn place(&mut self, snippet: SnippetHash, today: Day) -> Placement {
-        let matches = self.matches(&snippet);
+    fn place(&mut self, snippet: SnippetHash, today: Day, matches: &[(ClassId, f64)]) -> Placement {
         match matches.first() {
             Some(&(best, similarity)) => {
                 let class = if MERGE_CLASSES && matches.len() > 1 {

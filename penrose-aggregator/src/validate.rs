@@ -7,6 +7,7 @@
 //! `InvalidCiphertext` like any other invalid one and changes nothing.
 
 use penrose_core::counters::Catalogue;
+use penrose_core::fingerprint::{FingerprintParams, MalformedSnippet};
 use penrose_core::paillier::{MAX_REPORT_SAMPLES, PaillierError, PublicKey, UnitPending};
 use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
 use penrose_core::wire::{Day, Message, RejectReason, Report, WireError};
@@ -49,6 +50,10 @@ pub enum Rejection {
         /// The server's.
         today: u32,
     },
+    /// The snippet hash cannot come from the fingerprinter (bits past the k b-bit values, or
+    /// all values equal): a hand-made hash, refused before it can found a class.
+    #[error("malformed snippet hash: {0}")]
+    Snippet(#[from] MalformedSnippet),
     /// Zero samples, or more than one report may hold.
     #[error("sample count {0} outside 1..={MAX_REPORT_SAMPLES}")]
     SampleCount(u32),
@@ -69,6 +74,7 @@ impl Rejection {
             }
             Rejection::SampleCount(_) => RejectReason::SampleCountOutOfRange,
             Rejection::Day { .. } => RejectReason::DayOutOfRange,
+            Rejection::Snippet(_) => RejectReason::InvalidSnippet,
             Rejection::Ciphertext(_) => RejectReason::InvalidCiphertext,
         }
     }
@@ -114,7 +120,8 @@ pub fn validate_body(body: &[u8], key: &PublicKey, today: Day) -> Result<ValidRe
     }
 }
 
-/// Checks a decoded report: key, catalogue, counter, sample count, day, then the ciphertexts
+/// Checks a decoded report: key, catalogue, counter, sample count, day, snippet hash (against
+/// the shipped fingerprint parameters, which agents and server share), then the ciphertexts
 /// (the one expensive check, last; its gcd is deferred to the batch, module docs).
 pub fn validate_report(
     report: Report,
@@ -145,6 +152,7 @@ pub fn validate_report(
             today: today.0,
         });
     }
+    report.snippet.check(&FingerprintParams::default())?;
     let bytes = report.ciphertexts.as_bytes();
     let ciphertexts = key.validate_packed_deferring_units(bytes)?;
     let digest = CiphertextDigest(Sha256::digest(bytes).into());
@@ -159,7 +167,7 @@ pub fn validate_report(
 mod tests {
     use super::*;
     use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
-    use penrose_core::fingerprint::SnippetHash;
+    use penrose_core::fingerprint::{Fingerprinter, SnippetHash};
     use penrose_core::histogram::SampleCount;
     use penrose_core::paillier::{KeyId, KeySize, Keypair};
     use penrose_core::wire::{Day, PackedBytes, ReportId};
@@ -178,7 +186,9 @@ mod tests {
         let report = Report {
             key_id: keys.public_key().key_id(),
             report_id: ReportId([1; 16]),
-            snippet: SnippetHash([2; 32]),
+            snippet: Fingerprinter::new(FingerprintParams::default())
+                .unwrap()
+                .snippet_hash(&["a", "b", "c", "d", "e"]),
             counter: CounterId(4),
             catalogue: CatalogueVersion(1),
             day: TODAY,
@@ -241,6 +251,20 @@ mod tests {
             r.day = day;
             assert_eq!(reason(r, &keys), RejectReason::DayOutOfRange);
         }
+        // Hand-made snippet hashes: all zeros, the empty window's, a bit past k * b = 200.
+        let mut high = report.snippet;
+        high.0[31] |= 0x80;
+        for snippet in [SnippetHash([0; 32]), SnippetHash([0xff; 32]), high] {
+            let mut r = report.clone();
+            r.snippet = snippet;
+            assert_eq!(reason(r, &keys), RejectReason::InvalidSnippet);
+        }
+        let mut empty = [0u8; 32];
+        empty[..25].fill(0xff);
+        let mut r = report.clone();
+        r.snippet = SnippetHash(empty);
+        assert_eq!(reason(r, &keys), RejectReason::InvalidSnippet);
+
         for day in [Day(TODAY.0 - 1), Day(TODAY.0 + 1)] {
             let mut r = report.clone();
             r.day = day;

@@ -12,6 +12,7 @@ use common::*;
 use penrose_aggregator::epochs::EpochPolicy;
 use penrose_aggregator::export::{self, ReleaseConfig};
 use penrose_aggregator::ingest::IngestConfig;
+use penrose_aggregator::state::seen;
 use penrose_aggregator::store::Table;
 use penrose_core::bundle::{Bundle, BundleHash};
 use penrose_core::counters::{CatalogueVersion, CounterId};
@@ -297,7 +298,13 @@ async fn a_non_unit_in_a_batch_is_refused_alone() {
     let want = expected(&good, |s| ingest.state().tables().class_of(s).unwrap());
     assert_eq!(decrypt_store(store.as_ref()), want);
     // Refused reports are not remembered: nothing of them is in the deduplication record.
-    let ids: Vec<Vec<u8>> = bad.iter().map(|f| decode(f).report_id.0.to_vec()).collect();
+    let ids: Vec<Vec<u8>> = bad
+        .iter()
+        .map(|f| {
+            let r = decode(f);
+            seen::id_key(r.day, &r.report_id)
+        })
+        .collect();
     let ids: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
     assert_eq!(
         store.contains_many(Table::Seen, &ids).unwrap(),
@@ -413,6 +420,7 @@ async fn export_while_serving_releases_each_closed_epoch_once_and_chains() {
         IngestConfig {
             max_batch: 8,
             queue: 1024,
+            ..IngestConfig::default()
         },
         Some(policy),
     );

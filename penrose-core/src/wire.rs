@@ -121,12 +121,17 @@ pub enum AckStatus {
     Accepted,
     /// Already stored and counted under this report id; the sender may forget it.
     Duplicate,
-    /// Refused; resending the same bytes will be refused again.
+    /// Refused. Resending the same bytes will be refused again, except for the reasons that
+    /// say "retry later" ([`RejectReason::retry_later`]): the report is fine, the server
+    /// cannot take it now.
     Rejected(RejectReason),
 }
 
-/// Why a report was refused. Codes are stable on the wire; an unknown code from a newer server
-/// is kept as [`RejectReason::Other`] so an older agent still understands "rejected".
+/// Why a report was refused. Codes are stable on the wire: a code is never reused for another
+/// meaning, and new reasons take the next free code. An unknown code from a newer server is
+/// kept as [`RejectReason::Other`] so an older agent still understands "rejected"; it treats
+/// it as final (not [`retry_later`](RejectReason::retry_later)), so a new retry-later reason
+/// reaches older agents as a refusal they set aside (docs/transport.md, "Ack statuses").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RejectReason {
     /// The format version is not one the server reads.
@@ -148,6 +153,13 @@ pub enum RejectReason {
     /// The report's day is too far from the server's, or its epoch is already closed and
     /// released: counting it would change a released sum.
     DayOutOfRange,
+    /// The snippet hash cannot have come from the fingerprinter: bits beyond its k b-bit
+    /// values are set, or all k values are equal (all zeros; the hash of an empty window)
+    /// ([`SnippetHash::check`](crate::fingerprint::SnippetHash::check)).
+    InvalidSnippet,
+    /// The report's snippet would found a new application class, and the server has founded
+    /// as many classes as it may for now; retry later (the report itself is fine).
+    NewClassLimit,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -165,6 +177,8 @@ impl RejectReason {
             RejectReason::SampleCountOutOfRange => 7,
             RejectReason::Overloaded => 8,
             RejectReason::DayOutOfRange => 9,
+            RejectReason::InvalidSnippet => 10,
+            RejectReason::NewClassLimit => 11,
             RejectReason::Other(code) => code,
         }
     }
@@ -181,8 +195,17 @@ impl RejectReason {
             7 => RejectReason::SampleCountOutOfRange,
             8 => RejectReason::Overloaded,
             9 => RejectReason::DayOutOfRange,
+            10 => RejectReason::InvalidSnippet,
+            11 => RejectReason::NewClassLimit,
             other => RejectReason::Other(other),
         }
+    }
+
+    /// Whether the report itself is fine and the sender should keep it and send it again
+    /// later: the server is overloaded, or founds no new class for now. Every other reason
+    /// is final for these bytes.
+    pub fn retry_later(self) -> bool {
+        matches!(self, RejectReason::Overloaded | RejectReason::NewClassLimit)
     }
 }
 
@@ -526,6 +549,17 @@ mod tests {
         for code in 0..=u8::MAX {
             assert_eq!(RejectReason::from_code(code).code(), code);
         }
+        // Codes are stable: the two added with flood resistance keep 10 and 11.
+        assert_eq!(RejectReason::InvalidSnippet.code(), 10);
+        assert_eq!(RejectReason::NewClassLimit.code(), 11);
+        let later: Vec<u8> = (0..=u8::MAX)
+            .filter(|&c| RejectReason::from_code(c).retry_later())
+            .collect();
+        assert_eq!(
+            later,
+            [8, 11],
+            "only Overloaded and NewClassLimit are retried"
+        );
     }
 
     #[test]

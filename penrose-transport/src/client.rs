@@ -72,6 +72,10 @@ pub struct ClientConfig {
     /// may hold it for less). It is also how long a client takes to notice a server that
     /// vanished without closing, such as one that was killed.
     pub idle_timeout: Duration,
+    /// The local address the client's UDP sockets bind to (always on a new ephemeral port);
+    /// `None`, the default: loopback for a server on loopback, else any address. Tests use it
+    /// to send from another loopback address (127.0.0.2), as a second host would.
+    pub local_ip: Option<IpAddr>,
     /// Fresh connection per report unless a tool asked otherwise (read with
     /// [`ClientConfig::reuse`]); private so that only
     /// [`ClientConfig::shared_connection_for_load_testing`] can change it.
@@ -90,6 +94,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
+            local_ip: None,
             reuse: Reuse::FreshPerReport,
         }
     }
@@ -190,12 +195,12 @@ impl Client {
     /// a socket on another interface. In fresh mode nothing is bound until a report is sent.
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
         let quic = crate::tls::client_config(&config.trust, ALPN, config.idle_timeout)?;
-        let bind = match config.server.ip() {
+        let bind = config.local_ip.unwrap_or(match config.server.ip() {
             IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             IpAddr::V6(ip) if ip.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        };
+        });
         let bind = SocketAddr::new(bind, 0);
         let shared = match config.reuse {
             Reuse::FreshPerReport => None,

@@ -11,7 +11,8 @@
 //! - [`client`]: a [`Client`] shared by many tasks, with retries and backoff; by default a
 //!   fresh connection from a fresh UDP socket per report, so that uploads are unlinkable.
 //! - [`identity`]: the server's certificate and key, and how the client trusts them.
-//! - [`limits`]: the per-endpoint and per-connection bounds.
+//! - [`limits`]: the per-endpoint, per-source and per-connection bounds (per source: the
+//!   private `sources` table).
 //! - [`error`]: what can go wrong, typed.
 
 pub mod client;
@@ -20,13 +21,14 @@ mod frame;
 pub mod identity;
 pub mod limits;
 pub mod server;
+mod sources;
 mod tls;
 
 pub use client::{Client, ClientConfig, RetryPolicy, Reuse};
 pub use error::{ClientError, IdentityError, TransportError};
 pub use identity::{Encoding, Identity, Trust, load_certificates};
 pub use limits::Limits;
-pub use server::{Origin, ReportHandler, Server, ServerConfig, ServerStats, serve};
+pub use server::{Origin, ReportHandler, Server, ServerConfig, ServerStats, StatsHandle, serve};
 
 /// The only application protocol an endpoint speaks; a peer that offers anything else fails
 /// the handshake. The version in it changes only with an incompatible change of framing.

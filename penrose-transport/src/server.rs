@@ -1,5 +1,11 @@
 //! The ingest endpoint: accepts connections and report streams within [`Limits`], reads each
 //! frame safely, and answers with the ack its [`ReportHandler`] returns.
+//!
+//! A connection attempt goes through, in order: address validation (an unvalidated address
+//! gets a stateless Retry and nothing else), the per-source limits ([`crate::sources`]), the
+//! global connection limit, and a handshake under [`Limits::handshake_timeout`]. Each refusal
+//! is counted in [`ServerStats`]; none of them costs the server more than the packet that
+//! answers it.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,6 +24,7 @@ use crate::error::TransportError;
 use crate::frame::{self, FrameRead};
 use crate::identity::Identity;
 use crate::limits::Limits;
+use crate::sources::{Refusal, Sources};
 use crate::{ALPN, UNREAD_REPORT_ID};
 
 /// QUIC application error codes this server closes connections and resets streams with.
@@ -87,7 +94,18 @@ pub struct ServerStats {
     pub connections_accepted: u64,
     /// Connections refused because [`Limits::max_connections`] were open.
     pub connections_refused: u64,
-    /// Handshakes that failed (bad TLS, wrong ALPN, timeouts).
+    /// Connection attempts from unvalidated addresses answered with a Retry (each costs the
+    /// server one packet and no state).
+    pub retries_sent: u64,
+    /// Connections refused because their source had [`Limits::max_connections_per_source`]
+    /// open.
+    pub refused_source_open: u64,
+    /// Connections refused because their source opened connections faster than
+    /// [`Limits::new_connections_per_source_per_second`].
+    pub refused_source_rate: u64,
+    /// Handshakes abandoned after [`Limits::handshake_timeout`].
+    pub handshake_timeouts: u64,
+    /// Handshakes that failed (bad TLS, wrong ALPN, the peer gave up).
     pub handshakes_failed: u64,
     /// Connections open now.
     pub connections_open: u64,
@@ -114,6 +132,10 @@ pub struct ServerStats {
 struct Counters {
     connections_accepted: AtomicU64,
     connections_refused: AtomicU64,
+    retries_sent: AtomicU64,
+    refused_source_open: AtomicU64,
+    refused_source_rate: AtomicU64,
+    handshake_timeouts: AtomicU64,
     handshakes_failed: AtomicU64,
     connections_open: AtomicU64,
     streams: AtomicU64,
@@ -136,6 +158,10 @@ impl Counters {
         ServerStats {
             connections_accepted: get(&self.connections_accepted),
             connections_refused: get(&self.connections_refused),
+            retries_sent: get(&self.retries_sent),
+            refused_source_open: get(&self.refused_source_open),
+            refused_source_rate: get(&self.refused_source_rate),
+            handshake_timeouts: get(&self.handshake_timeouts),
             handshakes_failed: get(&self.handshakes_failed),
             connections_open: get(&self.connections_open),
             streams: get(&self.streams),
@@ -154,6 +180,19 @@ struct Shared<H> {
     handler: Arc<H>,
     limits: Limits,
     counters: Arc<Counters>,
+    sources: Sources,
+}
+
+/// A handle on a server's counters that outlives borrowing the [`Server`] (for a metrics
+/// page served by another task). Cheap to clone.
+#[derive(Clone)]
+pub struct StatsHandle(Arc<Counters>);
+
+impl StatsHandle {
+    /// Counters so far.
+    pub fn snapshot(&self) -> ServerStats {
+        self.0.snapshot()
+    }
 }
 
 /// A running endpoint. Dropping it also stops the server (in the background, with the same
@@ -186,6 +225,7 @@ pub async fn serve<H: ReportHandler>(
     let counters = Arc::new(Counters::default());
     let shared = Arc::new(Shared {
         handler,
+        sources: Sources::new(&config.limits),
         limits: config.limits,
         counters: counters.clone(),
     });
@@ -210,6 +250,11 @@ impl Server {
     /// Counters so far.
     pub fn stats(&self) -> ServerStats {
         self.counters.snapshot()
+    }
+
+    /// A handle that reads the counters from elsewhere.
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(self.counters.clone())
     }
 
     /// Stops taking connections and streams, lets the reports in flight be handled and acked
@@ -241,9 +286,35 @@ async fn accept_loop<H: ReportHandler>(
             _ = stop.changed() => break,
         };
         while connections.try_join_next().is_some() {}
+        let remote = incoming.remote_address();
+        if shared.limits.require_address_validation && !incoming.remote_address_validated() {
+            // Stateless: the Retry carries everything the server needs to recognise the
+            // attempt when it comes back, so a flood of Initials (spoofed sources included)
+            // costs one small packet each and holds nothing.
+            match incoming.retry() {
+                Ok(()) => bump(&shared.counters.retries_sent),
+                // Only possible for an attempt that was already retried (and is then
+                // validated); drop it without an answer.
+                Err(e) => e.into_incoming().ignore(),
+            }
+            continue;
+        }
+        let source = match shared.sources.admit(remote.ip(), Instant::now()) {
+            Ok(source) => source,
+            Err(refusal) => {
+                let counter = match refusal {
+                    Refusal::Open => &shared.counters.refused_source_open,
+                    Refusal::Rate => &shared.counters.refused_source_rate,
+                };
+                bump(counter);
+                debug!(%remote, ?refusal, "connection refused: per-source limit");
+                incoming.refuse();
+                continue;
+            }
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             bump(&shared.counters.connections_refused);
-            debug!(remote = %incoming.remote_address(), "connection refused: at the connection limit");
+            debug!(%remote, "connection refused: at the connection limit");
             incoming.refuse();
             continue;
         };
@@ -252,6 +323,7 @@ async fn accept_loop<H: ReportHandler>(
         connections.spawn(async move {
             connection(incoming, shared, stop).await;
             drop(slot);
+            drop(source);
         });
     }
     let drained = tokio::time::timeout(shared.limits.shutdown_grace, async {
@@ -280,11 +352,25 @@ async fn connection<H: ReportHandler>(
     mut stop: watch::Receiver<bool>,
 ) {
     let remote = incoming.remote_address();
-    let conn = match incoming.await {
-        Ok(conn) => conn,
+    let connecting = match incoming.accept() {
+        Ok(connecting) => connecting,
         Err(e) => {
             bump(&shared.counters.handshakes_failed);
             debug!(%remote, error = %e, "handshake failed");
+            return;
+        }
+    };
+    // Dropping an unfinished `Connecting` closes the connection at once.
+    let conn = match tokio::time::timeout(shared.limits.handshake_timeout, connecting).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            bump(&shared.counters.handshakes_failed);
+            debug!(%remote, error = %e, "handshake failed");
+            return;
+        }
+        Err(_) => {
+            bump(&shared.counters.handshake_timeouts);
+            debug!(%remote, "handshake not complete within {:?}; abandoned", shared.limits.handshake_timeout);
             return;
         }
     };

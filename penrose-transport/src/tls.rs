@@ -7,7 +7,10 @@
 //! tickets (`NoServerSessionStorage`, `send_tls13_tickets = 0`, the builder's ticketer that
 //! never produces tickets, no early data) and sends no QUIC address-validation tokens
 //! (`NEW_TOKEN` frames: `ValidationTokenConfig::sent(0)`, and it ignores any it is shown);
-//! the client stores neither (`Resumption::disabled()`, `NoneTokenStore`).
+//! the client stores neither (`Resumption::disabled()`, `NoneTokenStore`). The Retry token
+//! the server sends to validate an address ([`crate::Limits::require_address_validation`]) is
+//! another thing: quinn's client echoes it in the same connection attempt's second Initial
+//! and never keeps it, and it is valid for that attempt only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +36,13 @@ use crate::limits::Limits;
 const STREAM_WINDOW: u32 = 12 * 1024;
 const _: () = assert!(STREAM_WINDOW as usize >= LENGTH_PREFIX + MAX_FRAME_BODY);
 
+/// Connection attempts quinn holds before the accept loop has decided them; beyond it new ones
+/// are refused by quinn itself. Each holds its first datagram (about 1,200 bytes).
+const INCOMING_ATTEMPTS: usize = 4096;
+
+/// The shortest Retry token lifetime (quinn's tokens carry their issue time in whole seconds).
+const MIN_RETRY_TOKEN_LIFETIME: Duration = Duration::from_secs(3);
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -56,8 +66,16 @@ pub(crate) fn server_config(
             "max_concurrent_streams must be positive",
         ));
     }
-    if limits.stream_read_timeout.is_zero() || limits.idle_timeout.is_zero() {
+    if limits.stream_read_timeout.is_zero()
+        || limits.idle_timeout.is_zero()
+        || limits.handshake_timeout.is_zero()
+    {
         return Err(TransportError::InvalidLimits("timeouts must be positive"));
+    }
+    if limits.max_connections_per_source == 0 {
+        return Err(TransportError::InvalidLimits(
+            "max_connections_per_source must be positive",
+        ));
     }
     let crypto = QuicServerConfig::try_from(server_tls(identity)?)
         .map_err(|e| TransportError::QuicTls(e.to_string()))?;
@@ -80,6 +98,17 @@ pub(crate) fn server_config(
     let mut tokens = ValidationTokenConfig::default();
     tokens.sent(0).log(Arc::new(NoneTokenLog));
     config.validation_token_config(tokens);
+    // Connection attempts not yet decided (the accept loop decides each at once: Retry,
+    // refuse or accept): a bound on what a burst of Initials can make quinn hold.
+    // A Retry token only has to survive the client's immediate echo (one round trip). Kept
+    // short so that a client that stalls after validation cannot come back with the same
+    // token once its abandoned attempt has drained and take a slot again; at least 3 s, as
+    // quinn stamps tokens with whole seconds.
+    config.retry_token_lifetime(limits.handshake_timeout.max(MIN_RETRY_TOKEN_LIFETIME));
+    config
+        .max_incoming(INCOMING_ATTEMPTS)
+        .incoming_buffer_size(64 * 1024)
+        .incoming_buffer_size_total(8 * 1024 * 1024);
     Ok(config)
 }
 

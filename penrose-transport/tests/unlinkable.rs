@@ -534,8 +534,10 @@ fn varint(bytes: &[u8], at: usize) -> Option<(u64, usize)> {
 struct Headers {
     /// Destination and source connection ids of long-header packets.
     long_cids: Vec<Vec<u8>>,
-    /// Token lengths of Initial packets.
-    initial_tokens: Vec<usize>,
+    /// Tokens of Initial packets (empty when there is none).
+    initial_tokens: Vec<Vec<u8>>,
+    /// Tokens of Retry packets (the server's, to validate the client's address).
+    retry_tokens: Vec<Vec<u8>>,
     /// Whether a short-header (1-RTT) packet is in the datagram; its destination connection
     /// id is the first bytes after the first byte, of a length the peer chose.
     short: bool,
@@ -564,10 +566,17 @@ fn parse(datagram: &[u8]) -> Headers {
         match (first >> 4) & 0x3 {
             0 => {
                 let (token_len, used) = varint(datagram, p).unwrap();
-                headers.initial_tokens.push(token_len as usize);
+                let token = &datagram[p + used..p + used + token_len as usize];
+                headers.initial_tokens.push(token.to_vec());
                 p += used + token_len as usize;
             }
-            3 => break, // Retry: the rest is the retry token and tag.
+            3 => {
+                // Retry: the rest is the retry token and a 16-byte integrity tag.
+                headers
+                    .retry_tokens
+                    .push(datagram[p..datagram.len() - 16].to_vec());
+                break;
+            }
             _ => {}
         }
         let (length, used) = varint(datagram, p).unwrap();
@@ -667,14 +676,30 @@ async fn two_uploads_share_no_connection_id_and_no_bytes_on_the_wire() {
         common.is_empty(),
         "connection ids in both uploads: {common:02x?}"
     );
+    // The server validates each client address with a Retry (Limits::require_address_
+    // validation): the client's second Initial of the same upload echoes that Retry's token.
+    // Every Initial token is the Retry token of its own upload, and no upload shows one that
+    // was issued in another: a Retry token is good for one connection attempt and is never
+    // kept (nothing like a NEW_TOKEN, which would be carried to the next connection).
+    let mut retry_tokens = Vec::new();
     for phase in [0, 1] {
+        let issued: Vec<Vec<u8>> = relay
+            .datagrams(phase, false)
+            .iter()
+            .flat_map(|d| parse(d).retry_tokens)
+            .collect();
+        assert_eq!(issued.len(), 1, "one Retry per upload");
         for d in relay.datagrams(phase, true) {
-            assert!(
-                parse(&d).initial_tokens.iter().all(|&len| len == 0),
-                "an Initial with a token"
-            );
+            for token in parse(&d).initial_tokens {
+                assert!(
+                    token.is_empty() || token == issued[0],
+                    "an Initial with a token that is not this upload's Retry token"
+                );
+            }
         }
+        retry_tokens.push(issued[0].clone());
     }
+    assert_ne!(retry_tokens[0], retry_tokens[1]);
     // No exemptions are needed, and none are made: QUIC encrypts every packet, the Initial
     // ones too (with keys derived from the client's random initial DCID, RFC 9001 section
     // 5.2), so the ClientHello with its ALPN and server name never appears in clear, and
@@ -727,9 +752,10 @@ async fn the_agent_client_resumes_nothing_even_when_a_server_offers_it() {
         0,
         "the agent's client offered a session ticket"
     );
+    // (The control server sends no Retry, so any token here would be a kept NEW_TOKEN.)
     for d in relay.datagrams(1, true) {
         assert!(
-            parse(&d).initial_tokens.iter().all(|&len| len == 0),
+            parse(&d).initial_tokens.iter().all(Vec::is_empty),
             "the agent's second upload showed an address-validation token"
         );
     }
@@ -749,7 +775,7 @@ async fn the_agent_client_resumes_nothing_even_when_a_server_offers_it() {
         .datagrams(0, true)
         .iter()
         .flat_map(|d| parse(d).initial_tokens)
-        .filter(|&len| len > 0)
+        .filter(|token| !token.is_empty())
         .count();
     assert!(with_token > 0, "the control client's token was not seen");
 }

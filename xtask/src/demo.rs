@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_aggregator::config::DataDir;
-use penrose_aggregator::state::State;
+use penrose_aggregator::state::{State, seen};
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
@@ -715,11 +715,16 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         ACCUMULATOR_REPORT_BOUND,
         None,
     )?;
-    let ids: Vec<[u8; 16]> = records
+    // A counted report's Seen row is under its day (`penrose_aggregator::state::seen`).
+    let ids: Vec<Vec<u8>> = records
         .iter()
-        .map(|(_, r)| r.id().map(|id| id.0).context("a record's report id"))
+        .map(|(_, r)| {
+            r.id()
+                .map(|id| seen::id_key(Day(r.day), &id))
+                .context("a record's report id")
+        })
         .collect::<Result<_>>()?;
-    let keys_of: Vec<&[u8]> = ids.iter().map(|id| id.as_slice()).collect();
+    let keys_of: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
     let counted = store.contains_many(Table::Seen, &keys_of)?;
     // Per (class, counter, day): the epoch of a report is its day (nothing closed early).
     type Sum = ([u64; BIN_COUNT], u64, bool);

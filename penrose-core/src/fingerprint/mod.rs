@@ -38,7 +38,7 @@ pub use shingle::{
     Element, NameDigest, ShingleKey, shingle_keys, shingle_keys_of_digests,
     shingle_keys_of_elements,
 };
-pub use snippet::{Fingerprinter, SnippetHash};
+pub use snippet::{Fingerprinter, MalformedSnippet, SnippetHash};
 pub use tokens::{
     LaunchConfig, LaunchToken, MAX_GAP_BUCKET, RepetitionTracker, combined_digest, gap_bucket,
     name_free_digests, name_free_tokens, repetition_distances,

@@ -5,9 +5,15 @@
 //! values agree (probability J) or by chance (probability r = 2^-b otherwise), so the share
 //! of agreeing values p̂ estimates J + (1 - J) r and Ĵ = (p̂ - r) / (1 - r). Keeping few bits
 //! also means a report reveals little about any single minimum shingle.
+//!
+//! Not every 256-bit value is a snippet hash: [`SnippetHash::check`] refuses the ones the
+//! fingerprinter cannot produce (unused bits set, all values equal), which the aggregation
+//! server uses to turn away hand-made hashes before they touch its tables.
+
+use thiserror::Error;
 
 use super::minhash::{MinHashSignature, MinHasher};
-use super::params::{FingerprintParams, ParamsError};
+use super::params::{FingerprintParams, ParamsError, SNIPPET_HASH_BITS};
 use super::shingle::{Element, ShingleKey, shingle_keys, shingle_keys_of_elements};
 
 /// The 256-bit fingerprint of a snippet carried in reports: b-bit MinHash values packed from
@@ -15,7 +21,54 @@ use super::shingle::{Element, ShingleKey, shingle_keys, shingle_keys_of_elements
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SnippetHash(pub [u8; 32]);
 
+/// Why 256 bits cannot be a snippet hash of the given parameters ([`SnippetHash::check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum MalformedSnippet {
+    /// A bit beyond the k b-bit values is set; the fingerprinter leaves those bits zero.
+    #[error("bit {first} is set, but a snippet hash uses only bits 0 to {}", used - 1)]
+    UnusedBits {
+        /// The lowest unused bit that is set.
+        first: usize,
+        /// Bits in use (k x b).
+        used: usize,
+    },
+    /// All k b-bit values are the same: all zeros, or the hash of an empty window (every
+    /// minimum u64::MAX, so every value all ones). A real window's values are those of k
+    /// independent hash functions, so this happens by chance with probability 2^-(b (k - 1))
+    /// (2^-198 for the shipped k = 100, b = 2).
+    #[error("all {k} values are {value}")]
+    Constant {
+        /// The number of values (k).
+        k: usize,
+        /// The value every field holds.
+        value: u64,
+    },
+}
+
 impl SnippetHash {
+    /// Whether these bits can be a snippet hash made with `params` (k values of b bits from
+    /// bit 0, the rest zero, not all values equal). Cheap: a few word operations.
+    pub fn check(&self, params: &FingerprintParams) -> Result<(), MalformedSnippet> {
+        let bits = params.bits_per_value();
+        let k = params
+            .num_hashes
+            .clamp(1, SNIPPET_HASH_BITS / bits as usize);
+        let used = k * bits as usize;
+        if let Some(first) = (used..SNIPPET_HASH_BITS).find(|&pos| self.bit(pos)) {
+            return Err(MalformedSnippet::UnusedBits { first, used });
+        }
+        // With one value nothing can be compared; every parameter set the tiers ship has many.
+        let value = self.value(0, bits);
+        if k > 1 && (1..k).all(|i| self.value(i, bits) == value) {
+            return Err(MalformedSnippet::Constant { k, value });
+        }
+        Ok(())
+    }
+
+    fn bit(&self, pos: usize) -> bool {
+        (self.0[pos / 8] >> (pos % 8)) & 1 == 1
+    }
+
     /// Keeps the lowest `bits` bits of each MinHash value that fits in 256 bits.
     pub fn from_signature(signature: &MinHashSignature, bits: u32) -> Self {
         let bits = bits.clamp(1, 64) as usize;
@@ -190,6 +243,72 @@ mod tests {
         }
         // Bits past k * b stay zero.
         assert!(hash.0[25..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn real_snippet_hashes_pass_the_check_and_hand_made_ones_fail() {
+        let params = FingerprintParams::default();
+        let f = Fingerprinter::new(params).unwrap();
+        // Real windows of every length, down to one launch (a single shingle).
+        for len in [1, 2, 3, 4, 10, 1_000] {
+            let names: Vec<String> = (0..len).map(|i| format!("k{}", i % 37)).collect();
+            assert_eq!(f.snippet_hash(&names).check(&params), Ok(()), "len {len}");
+        }
+        let good = f.snippet_hash(&["a", "b", "c", "d", "e"]);
+        // Any bit at or past k * b = 200.
+        for pos in [200, 201, 207, 208, 255] {
+            let mut bad = good;
+            bad.0[pos / 8] |= 1 << (pos % 8);
+            assert_eq!(
+                bad.check(&params),
+                Err(MalformedSnippet::UnusedBits {
+                    first: pos,
+                    used: 200
+                })
+            );
+        }
+        // All zeros, all ones, the hash of an empty window (every value all ones), and any
+        // other constant.
+        let empty = f.snippet_hash::<&str>(&[]);
+        assert_eq!(
+            empty.check(&params),
+            Err(MalformedSnippet::Constant { k: 100, value: 3 })
+        );
+        assert_eq!(
+            SnippetHash([0; 32]).check(&params),
+            Err(MalformedSnippet::Constant { k: 100, value: 0 })
+        );
+        assert!(matches!(
+            SnippetHash([0xff; 32]).check(&params),
+            Err(MalformedSnippet::UnusedBits { first: 200, .. })
+        ));
+        let mut twos = [0u8; 32];
+        twos[..25].fill(0b1010_1010);
+        assert_eq!(
+            SnippetHash(twos).check(&params),
+            Err(MalformedSnippet::Constant { k: 100, value: 2 })
+        );
+        // One value off the constant is enough to pass.
+        twos[24] = 0b0110_1010;
+        assert_eq!(SnippetHash(twos).check(&params), Ok(()));
+        // With k = 150, b = 1 bits 150.. are the unused ones.
+        let wide = FingerprintParams {
+            num_hashes: 150,
+            ..params
+        };
+        let wide_hash = Fingerprinter::new(wide)
+            .unwrap()
+            .snippet_hash(&["a", "b", "c", "d"]);
+        assert_eq!(wide_hash.check(&wide), Ok(()));
+        let mut high = wide_hash;
+        high.0[18] |= 1 << 6; // bit 150
+        assert_eq!(
+            high.check(&wide),
+            Err(MalformedSnippet::UnusedBits {
+                first: 150,
+                used: 150
+            })
+        );
     }
 
     #[test]
