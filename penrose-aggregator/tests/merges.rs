@@ -60,6 +60,40 @@ fn split_application() -> Split {
         .unwrap()
 }
 
+/// Closes every open epoch and exports the next bundle (there must be one).
+async fn close_and_export(
+    ingest: &penrose_aggregator::ingest::Ingest,
+    store: &dyn penrose_aggregator::store::Store,
+    signing: &SigningKey,
+) -> (Bundle, Vec<u8>) {
+    close_all(ingest).await;
+    export::export(store, KEYS.public_key(), ReleaseConfig::default(), signing)
+        .unwrap()
+        .unwrap()
+}
+
+/// The design server's report under the default release rule.
+fn decrypt_report(merged: &penrose_design::archive::Aggregates) -> report::Report {
+    report::build(
+        merged,
+        KEYS.private_key(),
+        Threshold::DEFAULT,
+        ReportsPerContributor::DEFAULT,
+    )
+    .unwrap()
+}
+
+/// The bin-wise sum of what `sent` carried.
+fn bin_sums(sent: &[Sent]) -> Vec<u64> {
+    let mut out = vec![0u64; BIN_COUNT];
+    for s in sent {
+        for (w, b) in out.iter_mut().zip(s.bins) {
+            *w += u64::from(b);
+        }
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_application_is_healed_and_released_as_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -93,15 +127,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
         (t.class_of(&a).unwrap(), t.class_of(&b).unwrap())
     };
     assert_ne!(class_a, class_b, "the parts must found two classes");
-    close_all(&ingest).await;
-    let (first, first_bytes) = export::export(
-        store.as_ref(),
-        KEYS.public_key(),
-        ReleaseConfig::default(),
-        &signing,
-    )
-    .unwrap()
-    .unwrap();
+    let (first, first_bytes) = close_and_export(&ingest, store.as_ref(), &signing).await;
     let classes: Vec<ClassId> = first.entries.iter().map(|e| e.class).collect();
     assert_eq!(classes, vec![class_a, class_b]);
     assert!(first.merges.is_empty());
@@ -126,15 +152,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
     accept(c_reports.clone(), &mut sent).await;
     let class_c = ingest.state().tables().class_of(&c).unwrap();
     assert!(class_c > survivor);
-    close_all(&ingest).await;
-    let (second, second_bytes) = export::export(
-        store.as_ref(),
-        KEYS.public_key(),
-        ReleaseConfig::default(),
-        &signing,
-    )
-    .unwrap()
-    .unwrap();
+    let (second, second_bytes) = close_and_export(&ingest, store.as_ref(), &signing).await;
     assert_eq!(
         second.merges,
         vec![ClassMerge {
@@ -149,14 +167,8 @@ async fn a_split_application_is_healed_and_released_as_one() {
     assert_eq!(second.entries[0].reports, 361);
     assert_eq!(second.entries[1].class, class_c);
     assert_eq!(second.epochs[0].withheld_sums, 0);
-    let epoch2: Vec<&Sent> = sent[480..841].iter().collect();
-    let mut want = vec![0u64; BIN_COUNT];
-    for s in &epoch2 {
-        for (w, b) in want.iter_mut().zip(s.bins) {
-            *w += u64::from(b);
-        }
-    }
-    assert_eq!(decrypt_one(&KEYS, &second.entries[0]), want);
+    let epoch2 = &sent[480..841];
+    assert_eq!(decrypt_one(&KEYS, &second.entries[0]), bin_sums(epoch2));
 
     // A restart keeps the merge. A later merge (c into the survivor) changes nothing released:
     // both bundles re-export byte for byte.
@@ -188,38 +200,18 @@ async fn a_split_application_is_healed_and_released_as_one() {
     assert_eq!(merged.root(absorbed), survivor);
     // The design server learns of c's merge only with the bundle that first applies it.
     assert_eq!(merged.root(class_c), class_c);
-    let report = report::build(
-        &merged,
-        KEYS.private_key(),
-        Threshold::DEFAULT,
-        ReportsPerContributor::DEFAULT,
-    )
-    .unwrap();
+    let report = decrypt_report(&merged);
     assert_eq!(report.decrypted.len(), 2, "{:?}", report.decrypted);
     let only = &report.decrypted[0];
     assert_eq!(only.class, survivor.0);
     assert_eq!(only.merged_from, vec![absorbed.0]);
     assert_eq!(only.reports, 841);
     assert_eq!(report.decrypted[1].class, class_c.0);
-    let mut all = vec![0u64; BIN_COUNT];
-    for s in &sent[..841] {
-        for (w, b) in all.iter_mut().zip(s.bins) {
-            *w += u64::from(b);
-        }
-    }
-    assert_eq!(only.bins, all);
+    assert_eq!(only.bins, bin_sums(&sent[..841]));
 
     // The next bundle applies c's merge: the design server then counts c's earlier release
     // under the survivor too.
-    close_all(&ingest).await;
-    let (third, third_bytes) = export::export(
-        store.as_ref(),
-        KEYS.public_key(),
-        ReleaseConfig::default(),
-        &signing,
-    )
-    .unwrap()
-    .unwrap();
+    let (third, third_bytes) = close_and_export(&ingest, store.as_ref(), &signing).await;
     assert_eq!(
         third.merges,
         vec![ClassMerge {
@@ -232,13 +224,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
     archive
         .import(&path, Some(&signing.verifying_key()), false)
         .unwrap();
-    let report = report::build(
-        &archive.merged().unwrap(),
-        KEYS.private_key(),
-        Threshold::DEFAULT,
-        ReportsPerContributor::DEFAULT,
-    )
-    .unwrap();
+    let report = decrypt_report(&archive.merged().unwrap());
     assert_eq!(report.decrypted.len(), 1, "{:?}", report.decrypted);
     assert_eq!(report.decrypted[0].reports, 841 + 240);
     assert_eq!(report.decrypted[0].merged_from, vec![absorbed.0, class_c.0]);
