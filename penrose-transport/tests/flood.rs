@@ -10,6 +10,9 @@
 //! happens without it, or shows the same measurement failing first.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::report;
+
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
@@ -17,19 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use penrose_core::counters::{CatalogueVersion, CounterId};
-use penrose_core::fingerprint::SnippetHash;
-use penrose_core::histogram::SampleCount;
-use penrose_core::paillier::KeyId;
-use penrose_core::wire::{
-    Ack, AckStatus, Day, Message, PackedBytes, Report, ReportId, ThrottleHint,
-};
+use penrose_core::wire::{Ack, AckStatus, Message, ReportId, ThrottleHint};
 use penrose_transport::{
     ALPN, Client, ClientConfig, ClientError, Identity, Limits, ReportHandler, RetryPolicy, Server,
     ServerConfig, ServerStats, Trust, serve,
 };
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha20Rng;
 use tokio::net::UdpSocket;
 
 const SECOND_HOST: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
@@ -52,21 +47,6 @@ impl ReportHandler for Counter {
             status: AckStatus::Accepted,
             throttle: ThrottleHint::FULL_RATE,
         }
-    }
-}
-
-fn report(seed: u64) -> Report {
-    let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let ciphertexts: Vec<u8> = (0..2 * 128).map(|_| rng.random()).collect();
-    Report {
-        key_id: KeyId([7; 32]),
-        report_id: ReportId(rng.random()),
-        snippet: SnippetHash(rng.random()),
-        counter: CounterId(3),
-        catalogue: CatalogueVersion(1),
-        day: Day(20_500),
-        samples: SampleCount(1_000),
-        ciphertexts: PackedBytes::new(ciphertexts, 2).unwrap(),
     }
 }
 

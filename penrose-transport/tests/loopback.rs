@@ -2,6 +2,9 @@
 //! deduplicates what it is given, and peers that misbehave in each way the server must survive.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::report;
+
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::num::NonZeroU32;
@@ -9,12 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
-use penrose_core::fingerprint::SnippetHash;
-use penrose_core::histogram::SampleCount;
-use penrose_core::paillier::{KeyId, KeySize, Keypair};
+use penrose_core::counters::BIN_COUNT;
+use penrose_core::paillier::{KeySize, Keypair};
 use penrose_core::wire::{
-    Ack, AckStatus, Day, MAX_FRAME_BODY, Message, PackedBytes, RejectReason, Report, ReportId,
+    Ack, AckStatus, MAX_FRAME_BODY, Message, PackedBytes, RejectReason, Report, ReportId,
     ThrottleHint,
 };
 use penrose_transport::{
@@ -87,21 +88,6 @@ impl Recorder {
     }
     fn stored(&self) -> usize {
         self.reports.lock().unwrap().len()
-    }
-}
-
-fn report(seed: u64) -> Report {
-    let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let ciphertexts: Vec<u8> = (0..2 * 128).map(|_| rng.random()).collect();
-    Report {
-        key_id: KeyId([7; 32]),
-        report_id: ReportId(rng.random()),
-        snippet: SnippetHash(rng.random()),
-        counter: CounterId(3),
-        catalogue: CatalogueVersion(1),
-        day: Day(20_500),
-        samples: SampleCount(1_000),
-        ciphertexts: PackedBytes::new(ciphertexts, 2).unwrap(),
     }
 }
 

@@ -8,45 +8,25 @@
 //! resumption-friendly defaults. Everything runs on 127.0.0.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::report;
+
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use penrose_core::counters::{CatalogueVersion, CounterId};
-use penrose_core::fingerprint::SnippetHash;
-use penrose_core::histogram::SampleCount;
-use penrose_core::paillier::KeyId;
-use penrose_core::wire::{
-    Ack, AckStatus, Day, Message, PackedBytes, Report, ReportId, ThrottleHint,
-};
+use penrose_core::wire::{Ack, AckStatus, Message, ReportId, ThrottleHint};
 use penrose_transport::{
     ALPN, Client, ClientConfig, Identity, Limits, Origin, ReportHandler, Reuse, Server,
     ServerConfig, Trust, serve,
 };
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha20Rng;
 use tokio::net::UdpSocket;
 
 fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
-}
-
-fn report(seed: u64) -> Report {
-    let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let ciphertexts: Vec<u8> = (0..2 * 128).map(|_| rng.random()).collect();
-    Report {
-        key_id: KeyId([7; 32]),
-        report_id: ReportId(rng.random()),
-        snippet: SnippetHash(rng.random()),
-        counter: CounterId(3),
-        catalogue: CatalogueVersion(1),
-        day: Day(20_500),
-        samples: SampleCount(1_000),
-        ciphertexts: PackedBytes::new(ciphertexts, 2).unwrap(),
-    }
 }
 
 fn accepted(report_id: ReportId) -> Ack {
