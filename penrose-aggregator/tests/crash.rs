@@ -20,11 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use penrose_aggregator::state::State;
-use penrose_aggregator::store::{RocksStore, Store};
 use penrose_core::counters::CounterId;
-use penrose_core::fingerprint::FingerprintParams;
-use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::{AckStatus, ReportId};
 use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
 use rand::Rng;
@@ -245,15 +241,7 @@ async fn sigkill_under_load_loses_no_acked_report_and_counts_none_twice() {
     server.wait().unwrap();
 
     // Exactly once: the decrypted sums are those of every report once, and the counts agree.
-    let store: Arc<dyn Store> = Arc::new(RocksStore::open(&data.join("db")).unwrap());
-    let state = State::open(
-        Arc::clone(&store),
-        KEYS_2048.public_key(),
-        FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
-        None,
-    )
-    .unwrap();
+    let (store, state) = reopen_served(&data);
     assert_eq!(state.accepted(), sent.len() as u64);
     let want = expected(&sent, |s| state.tables().class_of(s).unwrap());
     assert_eq!(decrypt_store_with(&KEYS_2048, store.as_ref()), want);

@@ -24,11 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use penrose_aggregator::state::{State, seen};
+use penrose_aggregator::state::seen;
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_core::counters::CounterId;
-use penrose_core::fingerprint::{FingerprintParams, SnippetHash};
-use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
+use penrose_core::fingerprint::SnippetHash;
 use penrose_core::wire::{AckStatus, Message, RejectReason, Report};
 use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
 use rand::{Rng, RngCore};
@@ -420,15 +419,7 @@ async fn a_flood_changes_nothing_and_every_agent_report_is_counted_once() {
     );
 
     // Every agent report counted once, the sums exactly the agent's.
-    let store = open_store(&data);
-    let state = State::open(
-        Arc::clone(&store),
-        KEYS_2048.public_key(),
-        FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
-        None,
-    )
-    .unwrap();
+    let (store, state) = reopen_served(&data);
     assert_eq!(state.accepted(), 60 + founded);
     assert_eq!(state.tables().class_count() as u64, 3 + founded);
     let keys: Vec<Vec<u8>> = agent_reports

@@ -291,6 +291,21 @@ pub async fn close_all(ingest: &Ingest) -> Vec<EpochRecord> {
         .unwrap()
 }
 
+/// The store a `serve` process left in `data` and the state rebuilt from it (under
+/// [`KEYS_2048`], the key `serve` tests use), to check what a server run counted.
+pub fn reopen_served(data: &Path) -> (Arc<dyn Store>, State) {
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(&data.join("db")).unwrap());
+    let state = State::open(
+        Arc::clone(&store),
+        KEYS_2048.public_key(),
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+        None,
+    )
+    .unwrap();
+    (store, state)
+}
+
 /// A seeded generator for a test.
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
