@@ -20,6 +20,7 @@ use penrose_agent::record::read_records;
 use penrose_agent::status::AgentStatus;
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
+use penrose_core::hex::encode as hex;
 use penrose_core::sampling::{DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 
 /// The Penrose agent: watches kernel launches on this machine's GPUs, fingerprints and samples
@@ -618,10 +619,6 @@ fn catalogue(json: bool) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn daemon_run(path: &Path) -> Result<()> {

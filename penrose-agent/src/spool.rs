@@ -510,26 +510,15 @@ pub fn sync_dir(dir: &Path) -> Result<(), SpoolError> {
 }
 
 /// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use penrose_core::hex::encode as hex;
 
 /// Parses 32 hex digits.
 pub fn parse_hex16(s: &str) -> Option<[u8; 16]> {
-    let v = parse_hex(s)?;
-    v.try_into().ok()
+    penrose_core::hex::decode_array(s)
 }
 
 /// Parses an even number of hex digits.
-pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
-}
+pub use penrose_core::hex::decode as parse_hex;
 
 #[cfg(test)]
 mod tests {

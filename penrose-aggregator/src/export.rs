@@ -165,21 +165,11 @@ pub fn public_key_path(path: &Path) -> PathBuf {
 
 /// Parses a public key as written next to the signing key (64 hex digits).
 pub fn parse_public_key(text: &str) -> Option<VerifyingKey> {
-    let text = text.trim();
-    if text.len() != 64 {
-        return None;
-    }
-    let mut bytes = [0u8; 32];
-    for (i, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    VerifyingKey::from_bytes(&bytes).ok()
+    VerifyingKey::from_bytes(&penrose_core::hex::decode_array::<32>(text.trim())?).ok()
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+/// Lower-case hex (the project's one text form of bytes, `penrose_core::hex`).
+pub use penrose_core::hex::encode as hex;
 
 /// Meta-table keys of the export chain.
 pub mod chain_keys {

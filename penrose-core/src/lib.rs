@@ -23,6 +23,7 @@
 pub mod bundle;
 pub mod counters;
 pub mod fingerprint;
+pub mod hex;
 pub mod histogram;
 pub mod paillier;
 pub mod release;

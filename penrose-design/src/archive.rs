@@ -39,6 +39,7 @@ use penrose_core::bundle::{
     Bundle, BundleEntry, BundleError, BundleHash, ClassId, EpochId, EpochKind, EpochSummary,
     InstanceId, SumId,
 };
+use penrose_core::hex::encode as hex;
 use penrose_core::paillier::KeyId;
 use penrose_core::release::{MIN_CONTRIBUTORS, ReportsPerContributor};
 use thiserror::Error;
@@ -194,19 +195,8 @@ pub fn read_signer(path: &Path) -> Result<VerifyingKey, ArchiveError> {
     parse_signer(text.trim()).ok_or_else(|| ArchiveError::BadSignerFile(path.to_owned()))
 }
 
-fn parse_signer(hex: &str) -> Option<VerifyingKey> {
-    if hex.len() != 64 || !hex.is_ascii() {
-        return None;
-    }
-    let mut bytes = [0u8; 32];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    VerifyingKey::from_bytes(&bytes).ok()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+fn parse_signer(text: &str) -> Option<VerifyingKey> {
+    VerifyingKey::from_bytes(&penrose_core::hex::decode_array::<32>(text)?).ok()
 }
 
 /// Writes `bytes` to `path` so that a crash leaves either the old state or the whole file.
