@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README.md): installs what the tests need, then checks formatting, lints,
-# the committed eBPF object, and runs every test. Run as root on a fresh Debian 12 machine;
-# as a plain user it skips the installs and uses what is already there.
+# the committed eBPF object, runs every test, and builds and checks the Debian packages. Run
+# as root on a fresh Debian 12 machine; as a plain user it skips the installs and uses what is
+# already there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source ci/lib.sh
@@ -37,6 +38,9 @@ else
     echo "WARNING: no trace folder found; the tests that read real traces will be skipped"
 fi
 stage "tests" cargo test --workspace --locked --no-fail-fast
+# The .deb packages: built (release), file lists checked, installed into a throwaway root,
+# units verified, binaries run from there, purged (docs/operations.md, "Install from packages").
+stage "packages" ci/packages.sh
 # ci/gpu-check.sh runs only on a lent GPU host; what of it runs without one runs here.
 stage "GPU check, offline" bash -c 'bash -n ci/gpu-check.sh &&
     python3 tests/gpu/compare.py --self-test && python3 tests/gpu/torch_workload.py --self-test'

@@ -1,6 +1,7 @@
 //! The Penrose agent as a library: what the `penrose-agent` binary runs, and what its tests
 //! and the demo drive directly.
 //!
+//! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`config`]: the TOML configuration file, its defaults and its errors.
 //! - [`capture`]: eBPF probes on libcuda, capture windows, snippets and sampled launches.
 //! - [`counters`]: where a sampled launch's counter values come from (NVML, the stand-in).
@@ -14,6 +15,7 @@
 //! - [`signal`]: SIGINT/SIGTERM end long work cleanly.
 
 pub mod capture;
+pub mod cli;
 pub mod config;
 pub mod counters;
 pub mod daemon;

@@ -169,4 +169,24 @@ mod tests {
         let err = FileConfig::load(&path).unwrap_err().to_string();
         assert!(err.contains("line 1"), "{err}");
     }
+
+    /// The package's conffile (/etc/penrose/aggregator.toml) is a valid configuration, and its
+    /// data directory is the one the systemd unit lets the server write (its StateDirectory).
+    #[test]
+    fn packaged_configuration_is_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/penrose-aggregator");
+        let config = FileConfig::load(&dir.join("aggregator.toml")).unwrap();
+        let data_dir = config.data_dir.unwrap();
+        assert_eq!(data_dir, Path::new("/var/lib/penrose-aggregator"));
+        assert!(config.public_key.is_some() && config.listen.is_some() && config.metrics.is_some());
+        let unit = std::fs::read_to_string(dir.join("penrose-aggregator.service")).unwrap();
+        assert!(
+            unit.lines()
+                .any(|l| l == "StateDirectory=penrose-aggregator")
+        );
+        assert!(
+            unit.lines()
+                .any(|l| l == "ExecStart=/usr/bin/penrose-aggregator serve --config /etc/penrose/aggregator.toml")
+        );
+    }
 }

@@ -18,11 +18,13 @@
 //!   contributor threshold) for the design server, taken while serving.
 //! - [`metrics`]: Prometheus counters and the HTTP responder that serves them.
 //! - [`control`]: the admin channel (a Unix socket in the data directory) the CLI talks to.
+//! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`config`]: the data directory and the server's configuration file.
 //! - [`serve`]: the server process: transport, writer, control channel, metrics.
 //! - [`loadgen`]: the load generator.
 
 pub mod aggregate;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod epochs;

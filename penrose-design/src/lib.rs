@@ -1,6 +1,7 @@
 //! The Penrose design server: the one place that holds the private key. It decrypts released
 //! sums only above a contributor threshold and turns them into reports for architects.
 //!
+//! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`keyfile`]: key files on disk, with the private key readable by its owner alone, and
 //!   keys under 2048 bits refused.
 //! - [`archive`]: imported export bundles, verified against the pinned aggregation server's
@@ -13,5 +14,6 @@
 //! The fleet simulator arrives with its issue.
 
 pub mod archive;
+pub mod cli;
 pub mod keyfile;
 pub mod report;

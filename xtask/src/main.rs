@@ -7,6 +7,7 @@ mod bench_capture;
 mod bench_ingest;
 mod build_ebpf;
 mod demo;
+mod dist;
 mod eval;
 
 /// Project automation for Penrose.
@@ -32,6 +33,9 @@ enum Command {
     BenchIngest(bench_ingest::Args),
     /// Run the system end to end on this machine.
     Demo(demo::Args),
+    /// Build the Debian packages of the three product binaries (man pages, completions and
+    /// the agent's conffile generated from the code; docs/operations.md).
+    Dist(dist::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +46,6 @@ fn main() -> anyhow::Result<()> {
         Command::BenchCapture(args) => bench_capture::run(args),
         Command::BenchIngest(args) => bench_ingest::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Dist(args) => dist::run(args),
     }
 }

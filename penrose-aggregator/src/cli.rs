@@ -1,0 +1,300 @@
+//! The `penrose-aggregator` command line: its clap definition, here in the library so that
+//! the binary parses it and `cargo xtask dist` renders man pages and shell completions from it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{CommandFactory, Parser, Subcommand};
+use penrose_core::release::{ReportsPerContributor, Threshold};
+
+use crate::config::{DataDir, FileConfig};
+use crate::epochs::EpochPolicy;
+use crate::export::ReleaseConfig;
+
+/// The clap command `penrose-aggregator` parses (man pages and completions are made from it).
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// The Penrose aggregation server: validates encrypted reports and adds them up per
+/// application class, without ever holding a private key.
+///
+/// Start it with `serve`; the other commands administer it. Admin commands talk to a running
+/// server through the control socket in its data directory (DATA/control.sock); when no
+/// server runs they open the data directory themselves, so they work the same either way.
+///
+/// Exit codes: 0 success, 1 error, 2 usage, 3 some input was rejected (check-report) or
+/// some reports were refused (loadgen), 4 a bundle failed verification.
+#[derive(Parser)]
+#[command(version, about, long_about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where the data directory is: `-d DATA`, or `data_dir` in the `-c` configuration file.
+#[derive(clap::Args, Clone)]
+pub struct DataArg {
+    /// The data directory [default: from --config, else ./penrose-data].
+    #[arg(long, short = 'd')]
+    pub data_dir: Option<PathBuf>,
+    /// Configuration file (TOML; see `serve --help`).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+}
+
+impl DataArg {
+    /// The data directory (the flag, else the file's `data_dir`, else `./penrose-data`) and the
+    /// configuration file's contents (empty without `-c`).
+    pub fn resolve(&self) -> Result<(DataDir, FileConfig)> {
+        let file = match &self.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let dir = self
+            .data_dir
+            .clone()
+            .or_else(|| file.data_dir.clone())
+            .unwrap_or_else(|| PathBuf::from("penrose-data"));
+        Ok((DataDir(dir), file))
+    }
+}
+
+/// The release rule's flags (`serve`, and `export` when no server runs).
+#[derive(clap::Args, Clone, Default)]
+pub struct ReleaseArgs {
+    /// How epochs are cut: `day` or `reports:N` [default: as the store says; a new store: day].
+    #[arg(long)]
+    pub epochs: Option<EpochPolicy>,
+    /// k, the fewest contributors a released sum has [default and floor: 10].
+    #[arg(long)]
+    pub threshold: Option<u64>,
+    /// T, the most reports one agent sends per counter and day [default and floor: 24].
+    #[arg(long)]
+    pub reports_per_contributor: Option<u32>,
+}
+
+impl ReleaseArgs {
+    /// The epoch policy and release rule: each flag, else the file's key, else the default.
+    pub fn resolve(&self, file: &FileConfig) -> Result<(Option<EpochPolicy>, ReleaseConfig)> {
+        let epochs = match (&self.epochs, &file.epochs) {
+            (Some(p), _) => Some(*p),
+            (None, Some(text)) => Some(
+                text.parse::<EpochPolicy>()
+                    .map_err(|e| anyhow::anyhow!("configuration key epochs: {e}"))?,
+            ),
+            (None, None) => None,
+        };
+        let defaults = ReleaseConfig::default();
+        let threshold = match self.threshold.or(file.threshold) {
+            Some(k) => Threshold::new(k)?,
+            None => defaults.threshold,
+        };
+        let cap = match self
+            .reports_per_contributor
+            .or(file.reports_per_contributor)
+        {
+            Some(t) => ReportsPerContributor::for_servers(t)?,
+            None => defaults.cap,
+        };
+        Ok((epochs, ReleaseConfig { threshold, cap }))
+    }
+}
+
+/// The subcommands (each variant's doc comment is its help text; the type's own doc comment
+/// is overridden by [`Cli`]'s).
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
+    ///
+    /// Flags override the configuration file, whose keys are: data_dir, listen, public_key,
+    /// metrics, tls_cert, tls_key, max_batch, queue, max_connections,
+    /// max_connections_per_source, new_connections_per_source_per_second, handshake_timeout,
+    /// reports_per_second, new_classes_per_hour, epochs, threshold, reports_per_contributor.
+    ///
+    /// Flood resistance: a connection attempt from an unvalidated address gets a QUIC Retry
+    /// and holds nothing; one source (IPv4 address or IPv6 /64) may hold
+    /// --connections-per-source connections and open --new-connections-per-source a second;
+    /// a handshake gets --handshake-timeout; a report that would found a new class beyond
+    /// --new-classes-per-hour is answered new_class_limit (agents keep it and retry).
+    ///
+    /// Release: every report joins one epoch (`--epochs day`, the default: its own day;
+    /// `reports:N`: epochs of N reports). Only closed epochs are exported, and of them only the
+    /// sums with at least --threshold contributors, counted as reports / (T x days) rounded
+    /// up with T = --reports-per-contributor (agents send at most T per counter and day). k is
+    /// at least 10 and T at least 24: both can only be raised.
+    /// On first start it needs the design server's public key, creates the data directory
+    /// (0700), a signing key for bundles (server.key, 0600) and, unless given one, a
+    /// self-signed TLS certificate (tls/cert.pem) for agents to pin. It prints one JSON line
+    /// with its addresses, then logs to stderr. SIGINT/SIGTERM stop it after the reports in
+    /// flight are acked. Example:
+    ///   penrose-aggregator serve -d /var/lib/penrose --public-key public.key --metrics 127.0.0.1:9464
+    Serve {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// QUIC listen address (UDP) [default: 127.0.0.1:4433].
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// The design server's public key file (`penrose-design keygen` writes it).
+        #[arg(long)]
+        public_key: Option<PathBuf>,
+        /// Prometheus metrics address (HTTP); none by default.
+        #[arg(long)]
+        metrics: Option<SocketAddr>,
+        /// Most reports per durable write [default: 4096].
+        #[arg(long)]
+        max_batch: Option<usize>,
+        /// New report streams per connection per second; 0 for no limit [default: 5000].
+        #[arg(long)]
+        reports_per_second: Option<u32>,
+        /// Connections one source (IPv4 address, IPv6 /64) may have open at once
+        /// [default: 512].
+        #[arg(long)]
+        connections_per_source: Option<usize>,
+        /// New connections one source may open per second (also its burst); 0 for no limit
+        /// [default: 500].
+        #[arg(long)]
+        new_connections_per_source: Option<u32>,
+        /// Seconds a connection's handshake may take before it is abandoned and its slot given
+        /// back [default: 5].
+        #[arg(long)]
+        handshake_timeout: Option<f64>,
+        /// Most application classes founded per hour (a bucket that holds an hour's worth);
+        /// a report whose snippet would found one beyond it is refused with new_class_limit
+        /// and agents send it again later [default: 1000].
+        #[arg(long)]
+        new_classes_per_hour: Option<u32>,
+        /// The release rule.
+        #[command(flatten)]
+        release: ReleaseArgs,
+    },
+    /// Counters, classes, accumulators, throttle and store sizes.
+    Status {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The application classes with the most reports: the operator's everyday query.
+    Top {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// How many classes.
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask agents to upload at a share of their normal rate (every ack carries it).
+    ///
+    /// Example: `penrose-aggregator throttle --rate 80%` (also 0.8 or 800permille).
+    Throttle {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// The rate: a percentage (80%), a fraction (0.8) or permille (800permille).
+        #[arg(long)]
+        rate: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compact the store (reclaims space after many updates of the same sums).
+    Compact {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+    },
+    /// Write a consistent copy of the store to DIR while the server keeps serving.
+    ///
+    /// DIR must not exist. The signing key is copied with it (0600). Restore by pointing
+    /// `serve --data-dir` at a directory holding DIR as `db` and the key as `server.key`.
+    Backup {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// Target directory.
+        dir: PathBuf,
+    },
+    /// Close every open epoch that holds reports now, instead of waiting for its day to pass
+    /// or its count to fill.
+    ///
+    /// Reports of a closed day that still arrive join the next open epoch (whose span then
+    /// covers both days, which halves its contributor bound). Use it before a planned
+    /// shutdown of a count-cut store, or in tests and demos. Example:
+    ///   penrose-aggregator close-epoch -d /var/lib/penrose
+    CloseEpoch {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the next signed bundle of the chain, while the server keeps serving.
+    ///
+    /// The bundle releases every epoch closed since the last export: per (class, counter,
+    /// epoch) the encrypted sums whose contributor bound reaches the threshold, and per epoch
+    /// how many sums and reports were withheld under it. Open epochs are never exported. The
+    /// design server imports bundles in order (`penrose-design import`); when no epoch closed
+    /// since the last export nothing is written (exit 0, `"exported": false` with --json).
+    /// A lost bundle file can be written again, byte for byte, with --seq. Examples:
+    ///   penrose-aggregator export -d /var/lib/penrose --out 0007.bundle
+    ///   penrose-aggregator export -d /var/lib/penrose --out 0003.bundle --seq 3
+    Export {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// Where to write the bundle.
+        #[arg(long)]
+        out: PathBuf,
+        /// Write bundle SEQ of the chain again instead of the next one.
+        #[arg(long)]
+        seq: Option<u64>,
+        /// The release rule.
+        #[command(flatten)]
+        release: ReleaseArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a bundle's signature and structure, and summarise it.
+    Verify {
+        /// The bundle file.
+        bundle: PathBuf,
+        /// The aggregation server's public signing key (hex, as in DATA/server.key.pub);
+        /// without it, only the bundle's own signer is checked.
+        #[arg(long)]
+        signer: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load generator: many concurrent clients sending valid encrypted reports built from
+    /// the real traces' fingerprints, plus a share of invalid ones.
+    Loadgen(crate::loadgen::Args),
+    /// Check report frames saved to files, exactly as the server checks what it receives.
+    ///
+    /// Each file holds one or more length-delimited frames back to back. Every frame is
+    /// decoded and validated against the public key (format version, sizes, key id, counter
+    /// catalogue, sample count, ciphertext range and unit check). Example:
+    ///   penrose-aggregator check-report --key public.key captured.frames
+    CheckReport {
+        /// The design server's public key file (`penrose-design keygen` writes it).
+        #[arg(long)]
+        key: PathBuf,
+        /// Files of frames.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print one JSON object per frame.
+        #[arg(long)]
+        json: bool,
+    },
+}

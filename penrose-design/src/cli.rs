@@ -1,0 +1,114 @@
+//! The `penrose-design` command line: its clap definition, here in the library so that the
+//! binary parses it and `cargo xtask dist` renders man pages and shell completions from it.
+
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser, Subcommand};
+use penrose_core::release::{ReportsPerContributor, Threshold};
+
+/// The clap command `penrose-design` parses (man pages and completions are made from it).
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// The Penrose design server: holds the private key, and decrypts only released sums that
+/// enough contributors are behind.
+///
+/// The flow: `keygen` once; give public.key to the aggregation server and the agents; `import`
+/// each bundle the aggregation server exports (`penrose-aggregator export`), in order; `report`.
+///
+/// Exit codes: 0 success, 1 error, 2 usage, 3 a bundle was refused (bad signature, another
+/// server, malformed, a fork, a gap, an unannounced new chain).
+#[derive(Parser)]
+#[command(version, about, long_about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands (each variant's doc comment is its help text; the type's own doc comment
+/// is overridden by [`Cli`]'s).
+#[derive(Subcommand)]
+pub enum Command {
+    /// Generate a 2048-bit Paillier key pair.
+    ///
+    /// Writes DIR/private.key (mode 0600; keep it on this server only) and DIR/public.key (give
+    /// it to the aggregation server and ship it with the agents). Existing keys are never
+    /// overwritten. Prints the key id that every report will carry. Example:
+    ///   penrose-design keygen --out /etc/penrose/keys
+    Keygen {
+        /// Directory to write the two key files into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import export bundles from the aggregation server into the archive, in chain order.
+    ///
+    /// Each bundle's ed25519 signature is checked against the aggregation server's key: pass
+    /// its `.pub` file (printed by `penrose-aggregator serve`, next to its signing key) with
+    /// --signer at the first import, which pins it; later imports are checked against the
+    /// pinned key. Bundles form a chain per aggregator store: bundle n+1 is accepted only
+    /// after bundle n, and must name its hash. A fork (same number, other bytes), a gap, or a
+    /// bundle of another chain is refused and changes nothing; importing the same bundle again
+    /// is harmless. An aggregation server restored from a backup starts a new chain: import its
+    /// first bundle with --new-chain (epochs the old chain released are then skipped, never
+    /// merged twice). Example:
+    ///   penrose-design import --archive /var/lib/penrose-design --signer agg.pub 1.bundle 2.bundle
+    Import {
+        /// The archive directory.
+        #[arg(long)]
+        archive: PathBuf,
+        /// The aggregation server's public signing key (64 hex digits).
+        #[arg(long)]
+        signer: Option<PathBuf>,
+        /// Accept the first bundle of a new chain descending from the one followed (a restore).
+        #[arg(long)]
+        new_chain: bool,
+        /// Bundle files.
+        #[arg(required = true)]
+        bundles: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decrypt the released sums above the contributor threshold and print them.
+    ///
+    /// Per class and counter: reports, samples, the contributor bound, mean and percentiles
+    /// at bin resolution, and (with --json or --csv) the 128 bin sums. A released sum is
+    /// decrypted only when at least --threshold contributors are behind it, counted as
+    /// reports / (T x days of its epoch) rounded up, T = --reports-per-contributor; others are
+    /// listed as held back. A sum whose bins do not add up to the samples its reports declared
+    /// is quarantined (listed, not added); the rest still decrypt. Example:
+    ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key
+    Report {
+        /// The archive directory.
+        #[arg(long)]
+        archive: PathBuf,
+        /// The private key (mode 0600).
+        #[arg(long)]
+        key: PathBuf,
+        /// k: the fewest contributors a sum must have to be decrypted (at least 10).
+        #[arg(long, default_value_t = Threshold::DEFAULT.get())]
+        threshold: u64,
+        /// T: the most reports one agent sends per counter and day (at least 24).
+        #[arg(long, default_value_t = ReportsPerContributor::DEFAULT.get())]
+        reports_per_contributor: u32,
+        /// Print JSON (every bin).
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV: one row per non-empty bin.
+        #[arg(long)]
+        csv: bool,
+    },
+    /// Show a key file's id and size; a private key file is also checked for its permissions.
+    KeyInfo {
+        /// A private.key or public.key file.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
