@@ -37,7 +37,17 @@ if [ -n "$traces" ]; then
 else
     echo "WARNING: no trace folder found; the tests that read real traces will be skipped"
 fi
-stage "tests" cargo test --workspace --locked --no-fail-fast
+stage "tests" bash -c 'set -o pipefail; cargo test --workspace --locked --no-fail-fast 2>&1 |
+    tee "$CARGO_TARGET_DIR/ci-tests.log"'
+# A test that cannot run here says "SKIPPED: why" (or is #[ignore]d): count both in the
+# summary, so that a skip is never a silent pass.
+skipped=$(grep -E '^ *SKIPPED' "$CARGO_TARGET_DIR/ci-tests.log" | sed 's/^ *//' | sort | uniq -c || true)
+ignored=$(grep -oE '[0-9]+ ignored' "$CARGO_TARGET_DIR/ci-tests.log" | awk '{s += $1} END {print s + 0}')
+if [ -n "$skipped" ]; then
+    echo "tests that skipped themselves:"
+    echo "$skipped"
+fi
+STAGE_TIMES+=("$(printf '%-28s %s' "tests skipped / ignored" "$(printf '%s' "$skipped" | grep -c . || true) / $ignored")")
 # The .deb packages: built (release), file lists checked, installed into a throwaway root,
 # units verified, binaries run from there, purged (docs/operations.md, "Install from packages").
 stage "packages" ci/packages.sh
