@@ -10,6 +10,7 @@ use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_design::archive::{self, Archive, Imported};
 use penrose_design::keyfile;
 use penrose_design::report;
+use penrose_design::simulate::cli::SimulateArgs;
 
 /// The Penrose design server: holds the private key, and decrypts only released sums that
 /// enough contributors are behind.
@@ -100,6 +101,8 @@ enum Command {
         #[arg(long)]
         csv: bool,
     },
+    // Its help is `SimulateArgs`'s documentation; boxed, it keeps `Command` small.
+    Simulate(Box<SimulateArgs>),
     /// Show a key file's id and size; a private key file is also checked for its permissions.
     KeyInfo {
         /// A private.key or public.key file.
@@ -165,6 +168,7 @@ fn run(cli: Cli) -> Result<()> {
             let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
             print_report(&archive, &key, threshold, cap, json, csv)?
         }
+        Command::Simulate(args) => penrose_design::simulate::cli::main(&args)?,
         Command::KeyInfo { file, json } => {
             // Either kind of file; a private key is only read through the permission check.
             let (kind, key) = match keyfile::read_public_key(&file) {
