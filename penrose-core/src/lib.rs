@@ -6,6 +6,8 @@
 //! - [`fingerprint`]: kernel-name sequences (or name-free launch tokens) -> n-gram shingles ->
 //!   MinHash -> snippet hashes, similarity estimates and LSH bands (how the aggregator groups
 //!   snippets into applications).
+//! - [`schedule`]: when capture windows open (the overhead-budget scheduler and the probe cost
+//!   it consumes), shared by the agent and the design server's fleet simulator.
 //! - [`sampling`]: which launches are sampled (1 in S, offset re-drawn every O seconds).
 //! - [`counters`]: the versioned counter catalogue and the mapping of a value to one of 128 bins.
 //! - [`histogram`]: 128-bin histograms of sampled counter values.
@@ -28,6 +30,7 @@ pub mod histogram;
 pub mod paillier;
 pub mod release;
 pub mod sampling;
+pub mod schedule;
 #[cfg(feature = "tokens")]
 pub mod tokens;
 pub mod wire;

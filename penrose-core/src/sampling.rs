@@ -79,6 +79,26 @@ impl<R: Rng> SamplingSchedule<R> {
         }
     }
 
+    /// Decides for `launches` consecutive launches at time `now` at once and returns how many of
+    /// them are sampled: the same count, and the same state afterwards, as `launches` calls of
+    /// [`Self::on_launch`] with that `now` (tested), in constant time. The fleet simulator
+    /// (`penrose_design::simulate`) runs one capture window of a GPU through it.
+    pub fn on_launches(&mut self, launches: u64, now: Duration) -> u64 {
+        self.maybe_reoffset(now);
+        let countdown = u64::from(self.countdown);
+        if launches <= countdown {
+            // Fits in u32: at most the countdown, which is one.
+            self.countdown = (countdown - launches) as u32;
+            return 0;
+        }
+        let period = u64::from(self.period.get());
+        // The launch after the countdown is sampled; then every period-th one.
+        let after_first = launches - countdown - 1;
+        // Below the period, so it fits in u32.
+        self.countdown = (period - 1 - after_first % period) as u32;
+        1 + after_first / period
+    }
+
     /// Launches that will pass before the next sampled one, as of `now`; this is the value the
     /// agent writes into the BPF countdown map.
     pub fn countdown(&mut self, now: Duration) -> u32 {
@@ -177,6 +197,36 @@ mod tests {
         };
         assert_eq!(run(5), run(5));
         assert_ne!(run(5), run(6));
+    }
+
+    #[test]
+    fn a_batch_of_launches_counts_as_launches_one_by_one() {
+        for (s, seed) in [(1, 1), (2, 2), (7, 3), (100, 4), (10_000, 5)] {
+            let start = || {
+                SamplingSchedule::new(
+                    period(s),
+                    Duration::from_secs(600),
+                    ChaCha8Rng::seed_from_u64(seed),
+                    Duration::ZERO,
+                )
+            };
+            let (mut batch, mut single) = (start(), start());
+            let mut rng = ChaCha8Rng::seed_from_u64(seed + 100);
+            for step in 0..400u64 {
+                // Windows of 0 to 30,000 launches, 100 s apart (a re-offset every 6 windows).
+                let now = Duration::from_secs(step * 100);
+                let launches = rng.random_range(0..30_000u64);
+                let hits = batch.on_launches(launches, now);
+                let direct = (0..launches)
+                    .filter(|_| single.on_launch(now) == Decision::Sample)
+                    .count() as u64;
+                assert_eq!(
+                    hits, direct,
+                    "S = {s}, window {step} of {launches} launches"
+                );
+                assert_eq!(batch.countdown(now), single.countdown(now));
+            }
+        }
     }
 
     #[test]

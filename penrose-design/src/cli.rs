@@ -103,6 +103,10 @@ pub enum Command {
         #[arg(long)]
         csv: bool,
     },
+    // Its help is `SimulateArgs`'s documentation (a doc comment here would replace it);
+    // boxed, it keeps `Command` small.
+    #[allow(missing_docs)]
+    Simulate(Box<crate::simulate::cli::SimulateArgs>),
     /// Show a key file's id and size; a private key file is also checked for its permissions.
     KeyInfo {
         /// A private.key or public.key file.

@@ -10,10 +10,11 @@
 //! - [`report`]: decryption above the contributor bound, quarantine of sums that do not
 //!   decrypt to their declared samples; histograms, means and percentiles per (class,
 //!   counter) as text, JSON or CSV.
-//!
-//! The fleet simulator arrives with its issue.
+//! - [`simulate`]: the fleet simulator: hours until a fleet's applications are covered, under
+//!   the agent's sampler, window scheduler and sealing and the servers' release rule.
 
 pub mod archive;
 pub mod cli;
 pub mod keyfile;
 pub mod report;
+pub mod simulate;

@@ -68,6 +68,7 @@ fn run(cli: Cli) -> Result<()> {
             let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
             print_report(&archive, &key, threshold, cap, json, csv)?
         }
+        Command::Simulate(args) => penrose_design::simulate::cli::main(&args)?,
         Command::KeyInfo { file, json } => {
             // Either kind of file; a private key is only read through the permission check.
             let (kind, key) = match keyfile::read_public_key(&file) {

@@ -19,29 +19,9 @@ const CALLS_PER_ROUND: u32 = 2_000;
 /// Rounds per measurement; the median round is kept (these machines are noisy).
 const ROUNDS: usize = 5;
 
-/// The measured cost of one probed launch.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct ProbeCost {
-    /// What a probe hit adds to a launch: trap plus BPF program, median of the rounds.
-    pub per_launch: Duration,
-    /// The BPF program's own run time per hit (kernel statistics), when they could be read.
-    pub bpf_run: Option<Duration>,
-    /// One call of the calibration target without the probe.
-    pub unprobed_call: Duration,
-    /// One call with the probe attached.
-    pub probed_call: Duration,
-}
-
-impl ProbeCost {
-    /// The cost assumed when calibration cannot run (DESIGN.md section 3: a trap costs about
-    /// 10 us on a VM), so that a scheduler without a measurement errs towards fewer windows.
-    pub const ASSUMED: ProbeCost = ProbeCost {
-        per_launch: Duration::from_micros(10),
-        bpf_run: None,
-        unprobed_call: Duration::ZERO,
-        probed_call: Duration::from_micros(10),
-    };
-}
+/// The measured cost of one probed launch: the type lives in [`penrose_core::schedule`] with
+/// the scheduler that consumes it.
+pub use penrose_core::schedule::ProbeCost;
 
 /// The function the calibration probe attaches to. Its signature is `cuLaunchKernel`'s, so the
 /// launch program reads registers and stack slots exactly as it does on a driver.

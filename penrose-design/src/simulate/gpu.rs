@@ -1,0 +1,264 @@
+//! One GPU's agent over the simulated time, window by window: the sampler decides how many of
+//! the window's launches are sampled, the samples go into the histogram of the counter group
+//! active then, and histograms are sealed (size or age, within the daily cap) into reports.
+
+use std::time::Duration;
+
+use penrose_core::sampling::{SamplePeriod, SamplingSchedule};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::fleet::AppProfile;
+
+/// Seconds in a day: reports are stamped with their day and capped per (counter, day).
+pub const DAY: f64 = 86_400.0;
+
+/// How the sampler picks launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SamplerModel {
+    /// The agent's sampler, `penrose_core::sampling::SamplingSchedule`: a countdown that samples
+    /// every S-th launch from a random offset re-drawn every O. Its hit probability for u
+    /// launches from a fresh offset is min(1, u / S).
+    Countdown,
+    /// Each launch independently with probability 1/S, the model behind
+    /// P_hit = 1 - (1 - 1/S)^u (`penrose_core::sampling::hit_probability`).
+    Bernoulli,
+}
+
+impl SamplerModel {
+    /// The name used on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplerModel::Countdown => "countdown",
+            SamplerModel::Bernoulli => "bernoulli",
+        }
+    }
+}
+
+/// The agent settings one GPU runs with.
+#[derive(Clone, Copy, Debug)]
+pub struct AgentModel {
+    /// The sampler.
+    pub sampler: SamplerModel,
+    /// S.
+    pub period: SamplePeriod,
+    /// O: the countdown's offset is re-drawn this often.
+    pub reoffset: Duration,
+    /// Counter groups, rotated.
+    pub groups: u8,
+    /// How long each group stays active, seconds.
+    pub group_seconds: f64,
+    /// A histogram is sealed at this many samples ...
+    pub seal_samples: u64,
+    /// ... or this old (seconds), whichever comes first.
+    pub seal_age: f64,
+    /// T: reports sealed per (counter, day) at most.
+    pub reports_per_day: u32,
+    /// The uploader's longest random delay, seconds.
+    pub upload_delay: f64,
+}
+
+/// One GPU's draws: what it runs and when its cycles fall.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuSetup {
+    /// The application (0-based popularity rank).
+    pub app: u32,
+    /// When its first window opens, seconds (uniform over its first cycle).
+    pub first_window: f64,
+    /// Where its group rotation stands at time 0, seconds into a full rotation.
+    pub group_phase: f64,
+    /// Seeds the sampler's offsets.
+    pub sampler_seed: u64,
+}
+
+impl GpuSetup {
+    /// The counter group active at `t` seconds.
+    pub fn group_at(&self, agent: &AgentModel, t: f64) -> u8 {
+        let period = (t + self.group_phase) / agent.group_seconds;
+        (period.floor() as u64 % u64::from(agent.groups.max(1))) as u8
+    }
+}
+
+/// Where the GPU's events go.
+pub trait Sink {
+    /// A window opened at `at` probed `launches` launches, `sampled` of them sampled for
+    /// counter group `group`.
+    fn window(&mut self, app: u32, group: u8, at: f64, launches: u64, sampled: u64);
+    /// A report of (`app`, `group`) was sealed at `sealed` and reaches the aggregation server
+    /// at `arrives`.
+    fn report(&mut self, app: u32, group: u8, sealed: f64, arrives: f64);
+}
+
+/// An open histogram of one counter group (its counters are sealed together).
+#[derive(Clone, Copy, Debug)]
+struct Open {
+    opened: f64,
+    samples: u64,
+    /// The day the cap held it back on: it seals at the next day's first tick.
+    held_on: Option<u64>,
+}
+
+/// The state of one GPU's agent.
+struct Agent<'a> {
+    model: &'a AgentModel,
+    app: u32,
+    open: Vec<Option<Open>>,
+    /// Per group: the day of its last seal and how many it sealed that day (a group's seals
+    /// come in time order; two groups' need not).
+    sealed: Vec<(u64, u32)>,
+}
+
+impl Agent<'_> {
+    fn day_of(t: f64) -> u64 {
+        (t / DAY).floor() as u64
+    }
+
+    /// Seals group `g`'s histogram at `t` unless the day's cap is reached (then it is held).
+    fn try_seal(&mut self, g: usize, t: f64, rng: &mut ChaCha8Rng, sink: &mut impl Sink) -> bool {
+        let day = Self::day_of(t);
+        let sealed = &mut self.sealed[g];
+        if sealed.0 != day {
+            *sealed = (day, 0);
+        }
+        if sealed.1 >= self.model.reports_per_day {
+            if let Some(open) = self.open[g].as_mut() {
+                open.held_on = Some(day);
+            }
+            return false;
+        }
+        sealed.1 += 1;
+        self.open[g] = None;
+        let delay = if self.model.upload_delay > 0.0 {
+            rng.random::<f64>() * self.model.upload_delay
+        } else {
+            0.0
+        };
+        sink.report(self.app, g as u8, t, t + delay);
+        true
+    }
+
+    /// Seals every histogram due before `now` (the daemon ticks often enough that a histogram
+    /// seals the moment it is due).
+    fn seal_due(&mut self, now: f64, rng: &mut ChaCha8Rng, sink: &mut impl Sink) {
+        for g in 0..self.open.len() {
+            while let Some(open) = self.open[g] {
+                let due = match open.held_on {
+                    Some(day) => (day + 1) as f64 * DAY,
+                    None => open.opened + self.model.seal_age,
+                };
+                if due >= now || self.try_seal(g, due, rng, sink) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Adds `hits` samples to group `g` at `t`, sealing at the seal size within the cap; values
+    /// for a full histogram the cap holds back are dropped (as the agent does).
+    fn add(&mut self, g: usize, t: f64, mut hits: u64, rng: &mut ChaCha8Rng, sink: &mut impl Sink) {
+        let limit = self.model.seal_samples;
+        while hits > 0 {
+            let open = self.open[g].get_or_insert(Open {
+                opened: t,
+                samples: 0,
+                held_on: None,
+            });
+            if open.samples >= limit {
+                if !self.try_seal(g, t, rng, sink) {
+                    return;
+                }
+                continue;
+            }
+            let take = hits.min(limit - open.samples);
+            open.samples += take;
+            hits -= take;
+            if open.samples >= limit {
+                self.try_seal(g, t, rng, sink);
+            }
+        }
+    }
+}
+
+/// Draws a binomial(`n`, 1/S) count by skipping geometric gaps between sampled launches.
+fn bernoulli_hits(rng: &mut ChaCha8Rng, n: u64, period: SamplePeriod) -> u64 {
+    if period.get() == 1 {
+        return n;
+    }
+    let miss = (-1.0 / f64::from(period.get())).ln_1p();
+    let (mut hits, mut at) = (0u64, 0u64);
+    loop {
+        let u: f64 = rng.random();
+        // Launches up to and including the next sampled one: 1 + floor(ln U / ln(1 - p)).
+        let gap = ((1.0 - u).ln() / miss).floor();
+        if gap >= (n - at) as f64 {
+            return hits;
+        }
+        at += gap as u64 + 1;
+        hits += 1;
+    }
+}
+
+/// Runs one GPU from time 0 to `horizon` seconds: `setup` from the scenario, `profile` its
+/// application's windows, `rng` its own stream (upload delays, Bernoulli draws).
+pub fn run(
+    model: &AgentModel,
+    setup: &GpuSetup,
+    profile: &AppProfile,
+    horizon: f64,
+    rng: &mut ChaCha8Rng,
+    sink: &mut impl Sink,
+) {
+    let mut agent = Agent {
+        model,
+        app: setup.app,
+        open: vec![None; usize::from(model.groups)],
+        sealed: vec![(0, 0); usize::from(model.groups)],
+    };
+    let mut countdown = match model.sampler {
+        SamplerModel::Countdown => Some(SamplingSchedule::new(
+            model.period,
+            model.reoffset,
+            ChaCha8Rng::seed_from_u64(setup.sampler_seed),
+            Duration::from_secs_f64(setup.first_window),
+        )),
+        SamplerModel::Bernoulli => None,
+    };
+    let mut t = setup.first_window;
+    while t < horizon {
+        let launches = profile.window_launches;
+        let hits = match countdown.as_mut() {
+            Some(schedule) => schedule.on_launches(launches, Duration::from_secs_f64(t)),
+            None => bernoulli_hits(rng, launches, model.period),
+        };
+        let group = setup.group_at(model, t);
+        sink.window(setup.app, group, t, launches, hits);
+        // The window's snippet reaches the pipeline when the window closes.
+        let closed = t + profile.window_seconds;
+        agent.seal_due(closed.min(horizon), rng, sink);
+        if hits > 0 && closed < horizon {
+            agent.add(usize::from(group), closed, hits, rng, sink);
+        }
+        t += profile.cycle_seconds;
+    }
+    agent.seal_due(horizon, rng, sink);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU32;
+
+    #[test]
+    fn bernoulli_counts_have_the_binomial_mean() {
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let s = SamplePeriod(NonZeroU32::new(100).unwrap());
+        let total: u64 = (0..20_000).map(|_| bernoulli_hits(&mut rng, 250, s)).sum();
+        // Mean 2.5 per draw, 50,000 in all; sd sqrt(20,000 x 250 x 0.01 x 0.99) = 222.
+        assert!((total as f64 - 50_000.0).abs() < 5.0 * 222.0, "{total}");
+        assert_eq!(
+            bernoulli_hits(&mut rng, 17, SamplePeriod(NonZeroU32::MIN)),
+            17
+        );
+    }
+}

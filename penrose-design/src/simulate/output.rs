@@ -1,0 +1,285 @@
+//! The simulator's outputs: a text table and an SVG plot of the coverage curves.
+//!
+//! The plot is written by hand (about a hundred lines of SVG elements): one line chart needs
+//! no plotting library, and a hand-written one adds no dependency, licence or duplicate
+//! version to the design server and gives the same bytes for the same run.
+
+use std::fmt::Write as _;
+
+use super::fleet::Mix;
+use super::{Quantiles, Simulation};
+
+/// Formats hours, or `>H` when the run ended first.
+fn hours(h: Option<f64>, horizon: f64) -> String {
+    match h {
+        Some(h) => format!("{h:.1}"),
+        None => format!(">{horizon:.0}"),
+    }
+}
+
+fn pair(q: &Quantiles, horizon: f64) -> String {
+    format!(
+        "{:>6} {:>6}",
+        hours(q.p97_5, horizon),
+        hours(q.p100, horizon)
+    )
+}
+
+/// The text table: per scenario, hours until 97.5% and 100% of applications are covered under
+/// each definition.
+pub fn table(sim: &Simulation) -> String {
+    let p = &sim.params;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Fleet coverage: {} GPUs ({}% busy), {} h simulated, seed {}, {} thread(s), {:.1} s",
+        p.gpus,
+        p.load * 100.0,
+        p.hours,
+        p.seed,
+        sim.threads,
+        sim.seconds
+    );
+    let _ = writeln!(
+        out,
+        "popularity Zipf s = {}; sampler {}, S = {}, O = {} s; probe {} us per launch, L = {}, \
+         window <= {} s, gap {}..{} s, probed process {} CPU",
+        p.zipf,
+        p.sampler.name(),
+        p.sample_period,
+        p.reoffset_seconds,
+        p.probe_cost_us,
+        p.window_launches,
+        p.max_window_seconds,
+        p.min_gap_seconds,
+        p.max_gap_seconds,
+        p.process_cpu
+    );
+    let _ = writeln!(
+        out,
+        "{} counter groups, {} s each; seal at {} samples or {} s; upload delay <= {} s; \
+         T = {} reports per (counter, day); k = {} contributors; epoch {} h",
+        p.groups,
+        p.group_seconds,
+        p.seal_samples,
+        p.seal_max_age_seconds,
+        p.upload_delay_seconds,
+        p.reports_per_day,
+        p.threshold,
+        p.epoch_hours
+    );
+    let _ = writeln!(
+        out,
+        "\nHours until 97.5% / 100% of the applications the fleet runs are covered \
+         (>{:.0}: not within the run)",
+        p.hours
+    );
+    let _ = writeln!(
+        out,
+        "{:>5} {:>5}  {:<13} {:>7}  {:>13}  {:>13}  {:>13}  {:>7}  {:>7}  {:>7}",
+        "apps",
+        "run",
+        "mix",
+        "budget",
+        "released",
+        "reported",
+        "sampled",
+        "on <k",
+        "samples",
+        "reports"
+    );
+    let _ = writeln!(
+        out,
+        "{:>5} {:>5}  {:<13} {:>7}  {:>6} {:>6}  {:>6} {:>6}  {:>6} {:>6}  {:>7}  {:>7}  {:>7}",
+        "",
+        "",
+        "",
+        "",
+        "97.5%",
+        "100%",
+        "97.5%",
+        "100%",
+        "97.5%",
+        "100%",
+        "GPUs",
+        "/GPU-h",
+        "/GPU-h"
+    );
+    for s in &sim.scenarios {
+        let _ = writeln!(
+            out,
+            "{:>5} {:>5}  {:<13} {:>6}%  {}  {}  {}  {:>7}  {:>7.2}  {:>7.2}",
+            s.apps,
+            s.apps_present,
+            s.mix.name(),
+            s.budget_percent,
+            pair(&s.released, p.hours),
+            pair(&s.reported, p.hours),
+            pair(&s.sampled, p.hours),
+            s.apps_under_k_gpus,
+            s.samples_per_gpu_hour,
+            s.reports_per_gpu_hour
+        );
+    }
+    out
+}
+
+const COLOURS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
+const DASHES: [&str; 4] = ["", "8 4", "2 3", "12 3 2 3"];
+
+/// A tick step of at least `span / 8`: 1, 2, 4 or 5 times a power of ten.
+fn tick_step(span: f64) -> f64 {
+    let raw = (span / 8.0).max(f64::MIN_POSITIVE);
+    let power = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 4.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * power)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * power)
+}
+
+/// The SVG plot: the share of applications released against simulated hours, one line per
+/// scenario (colour: mix; dashes: application count and budget), and the 97.5% line.
+pub fn svg(sim: &Simulation) -> String {
+    let (width, height) = (820.0, 480.0);
+    let (left, right, top, bottom) = (64.0, 230.0, 48.0, 52.0);
+    let (pw, ph) = (width - left - right, height - top - bottom);
+    let horizon = sim.params.hours;
+    let x = |h: f64| left + pw * h / horizon;
+    let y = |share: f64| top + ph * (1.0 - share);
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        o,
+        r##"<rect width="{width}" height="{height}" fill="#ffffff"/>"##
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="24" font-size="14" text-anchor="middle">Applications released ({} GPUs, k = {} contributors per counter group, epoch {} h)</text>"#,
+        left + pw / 2.0,
+        sim.params.gpus,
+        sim.params.threshold,
+        sim.params.epoch_hours
+    );
+    // Grid and axes.
+    let step = tick_step(horizon);
+    for i in 0u32.. {
+        let h = f64::from(i) * step;
+        if h > horizon + 1e-9 {
+            break;
+        }
+        let label = (h * 1000.0).round() / 1000.0;
+        let _ = writeln!(
+            o,
+            r##"<line x1="{0:.1}" y1="{1:.1}" x2="{0:.1}" y2="{2:.1}" stroke="#e0e0e0"/><text x="{0:.1}" y="{3:.1}" text-anchor="middle">{4}</text>"##,
+            x(h),
+            top,
+            top + ph,
+            top + ph + 18.0,
+            label
+        );
+    }
+    for pct in (0..=100).step_by(20) {
+        let share = f64::from(pct) / 100.0;
+        let _ = writeln!(
+            o,
+            r##"<line x1="{0:.1}" y1="{1:.1}" x2="{2:.1}" y2="{1:.1}" stroke="#e0e0e0"/><text x="{3:.1}" y="{4:.1}" text-anchor="end">{pct}%</text>"##,
+            left,
+            y(share),
+            left + pw,
+            left - 6.0,
+            y(share) + 4.0
+        );
+    }
+    let _ = writeln!(
+        o,
+        r##"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#000000"/>"##
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">simulated hours</text>"#,
+        left + pw / 2.0,
+        height - 12.0
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="16" y="{0:.1}" text-anchor="middle" transform="rotate(-90 16 {0:.1})">applications covered</text>"#,
+        top + ph / 2.0
+    );
+    let _ = writeln!(
+        o,
+        r##"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#555555" stroke-dasharray="3 3"/><text x="{2:.1}" y="{3:.1}" fill="#555555">97.5%</text>"##,
+        y(0.975),
+        left + pw,
+        left + 4.0,
+        y(0.975) - 4.0
+    );
+    // One line per scenario.
+    let mut styles: Vec<(u32, u64)> = Vec::new();
+    for (i, s) in sim.scenarios.iter().enumerate() {
+        let colour = COLOURS[match s.mix {
+            Mix::Uniform => 0,
+            Mix::SmallKernel => 1,
+            Mix::LargeKernel => 2,
+        }];
+        let key = (s.apps, s.budget_percent.to_bits());
+        let style = styles.iter().position(|k| *k == key).unwrap_or_else(|| {
+            styles.push(key);
+            styles.len() - 1
+        });
+        let dash = DASHES[style % DASHES.len()];
+        let points: Vec<String> = s
+            .curve
+            .iter()
+            .map(|&(h, share)| format!("{:.1},{:.1}", x(h), y(share)))
+            .collect();
+        let dash_attr = if dash.is_empty() {
+            String::new()
+        } else {
+            format!(r#" stroke-dasharray="{dash}""#)
+        };
+        let _ = writeln!(
+            o,
+            r#"<polyline class="coverage" fill="none" stroke="{colour}" stroke-width="2"{dash_attr} points="{}"/>"#,
+            points.join(" ")
+        );
+        let ly = top + 10.0 + 18.0 * i as f64;
+        let lx = left + pw + 16.0;
+        let budgets = sim.params.budgets_percent.len() > 1;
+        let label = if budgets {
+            format!("{}, A = {}, {}%", s.mix.name(), s.apps, s.budget_percent)
+        } else {
+            format!("{}, A = {}", s.mix.name(), s.apps)
+        };
+        let _ = writeln!(
+            o,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="2"{dash_attr}/><text x="{:.1}" y="{:.1}">{label}</text>"#,
+            lx + 28.0,
+            lx + 34.0,
+            ly + 4.0
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round() {
+        for (span, step) in [
+            (24.0, 4.0),
+            (48.0, 10.0),
+            (8.0, 1.0),
+            (1.0, 0.2),
+            (72.0, 10.0),
+        ] {
+            assert!((tick_step(span) - step).abs() < 1e-12, "{span}");
+        }
+    }
+}

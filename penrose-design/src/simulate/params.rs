@@ -1,0 +1,329 @@
+//! The simulator's parameters, checked once into the models the GPUs run.
+
+use std::time::Duration;
+
+use penrose_core::counters::Catalogue;
+use penrose_core::release::{ReportsPerContributor, Threshold};
+use penrose_core::sampling::{DEFAULT_REOFFSET_INTERVAL, DEFAULT_SAMPLE_PERIOD, SamplePeriod};
+use penrose_core::schedule::{BudgetConfig, DEFAULT_BUDGET, OverheadBudget, ProbeCost};
+use serde::Serialize;
+use thiserror::Error;
+
+use super::fleet::{CaptureModel, Mix};
+use super::gpu::{AgentModel, SamplerModel};
+
+/// Seconds in an hour.
+pub(super) const HOUR: f64 = 3600.0;
+/// The most report counters (applications x groups x epochs x time bins) a run may keep.
+const MAX_BINS: u64 = 400_000_000;
+
+/// Why a simulation could not run.
+#[derive(Debug, Error, PartialEq)]
+pub enum SimulateError {
+    /// A parameter is out of range.
+    #[error("{name}: {why}")]
+    Parameter {
+        /// The parameter (as on the command line).
+        name: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn bad(name: &'static str, why: impl Into<String>) -> SimulateError {
+    SimulateError::Parameter {
+        name,
+        why: why.into(),
+    }
+}
+
+/// Every parameter of a run, in plain units; [`Params::check`] validates them once.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Params {
+    /// N: GPUs in the fleet.
+    pub gpus: u64,
+    /// A: applications, one scenario per value.
+    pub apps: Vec<u32>,
+    /// Workload mixes, one scenario per value.
+    pub mixes: Vec<Mix>,
+    /// Zipf exponent of application popularity (0: uniform).
+    pub zipf: f64,
+    /// Share of GPUs busy with an application (the rest idle for the whole run).
+    pub load: f64,
+    /// Simulated hours.
+    pub hours: f64,
+    /// The sampler model.
+    pub sampler: SamplerModel,
+    /// S.
+    pub sample_period: u32,
+    /// O, seconds.
+    pub reoffset_seconds: f64,
+    /// Overhead budgets, percent of the probed processes' CPU time; one scenario per value.
+    pub budgets_percent: Vec<f64>,
+    /// Probe cost per launch, microseconds.
+    pub probe_cost_us: f64,
+    /// L: launches per process per window.
+    pub window_launches: u64,
+    /// Longest window, seconds.
+    pub max_window_seconds: f64,
+    /// Shortest gap, seconds.
+    pub min_gap_seconds: f64,
+    /// Longest gap, seconds.
+    pub max_gap_seconds: f64,
+    /// CPU cores the probed process keeps busy.
+    pub process_cpu: f64,
+    /// Counter groups rotated.
+    pub groups: u8,
+    /// How long each group stays active, seconds.
+    pub group_seconds: f64,
+    /// Seal size, samples.
+    pub seal_samples: u64,
+    /// Seal age, seconds.
+    pub seal_max_age_seconds: f64,
+    /// T: reports per (counter, day) an agent sends at most, and the servers count with.
+    pub reports_per_day: u32,
+    /// k: contributors a released sum needs.
+    pub threshold: u64,
+    /// Epoch length, hours.
+    pub epoch_hours: f64,
+    /// Longest random upload delay, seconds.
+    pub upload_delay_seconds: f64,
+    /// Time resolution of report arrivals, seconds.
+    pub resolution_seconds: f64,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Default for Params {
+    /// The paper's fleet and the shipped defaults of the agent and the servers.
+    fn default() -> Self {
+        let schedule = BudgetConfig::default();
+        Self {
+            gpus: 100_000,
+            apps: vec![500, 1_000, 2_000],
+            mixes: Mix::ALL.to_vec(),
+            zipf: 1.0,
+            load: 1.0,
+            hours: 24.0,
+            sampler: SamplerModel::Countdown,
+            sample_period: DEFAULT_SAMPLE_PERIOD.get(),
+            reoffset_seconds: DEFAULT_REOFFSET_INTERVAL.as_secs_f64(),
+            budgets_percent: vec![DEFAULT_BUDGET.fraction() * 100.0],
+            probe_cost_us: ProbeCost::ASSUMED.per_launch.as_secs_f64() * 1e6,
+            // The agent's `capture::window::DEFAULT_WINDOW_LAUNCHES`.
+            window_launches: 10_000,
+            max_window_seconds: schedule.max_window.as_secs_f64(),
+            min_gap_seconds: schedule.min_gap.as_secs_f64(),
+            max_gap_seconds: schedule.max_gap.as_secs_f64(),
+            process_cpu: 1.0,
+            groups: Catalogue::current().groups().len() as u8,
+            // The agent's `capture.group_seconds`, `seal.samples`, `seal.max_age_seconds` and
+            // `upload.delay_max_seconds` defaults.
+            group_seconds: 600.0,
+            seal_samples: 10_000,
+            seal_max_age_seconds: 3_600.0,
+            reports_per_day: ReportsPerContributor::DEFAULT.get(),
+            threshold: Threshold::DEFAULT.get(),
+            epoch_hours: 24.0,
+            upload_delay_seconds: 60.0,
+            resolution_seconds: 60.0,
+            seed: 1,
+        }
+    }
+}
+
+fn positive(name: &'static str, v: f64) -> Result<f64, SimulateError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(bad(name, format!("must be a positive number, not {v}")))
+    }
+}
+
+fn non_negative(name: &'static str, v: f64) -> Result<f64, SimulateError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(bad(name, format!("must be zero or more, not {v}")))
+    }
+}
+
+fn duration(name: &'static str, seconds: f64) -> Result<Duration, SimulateError> {
+    Duration::try_from_secs_f64(non_negative(name, seconds)?)
+        .map_err(|e| bad(name, format!("{seconds} s: {e}")))
+}
+
+impl Params {
+    /// Checks every parameter and derives the models the GPUs run.
+    pub fn check(&self) -> Result<Checked, SimulateError> {
+        if self.gpus == 0 {
+            return Err(bad("--gpus", "at least one GPU"));
+        }
+        if self.apps.is_empty() || self.apps.contains(&0) {
+            return Err(bad(
+                "--apps",
+                "one or more application counts, each at least 1",
+            ));
+        }
+        if self.mixes.is_empty() {
+            return Err(bad("--mixes", "at least one mix"));
+        }
+        non_negative("--zipf", self.zipf)?;
+        if !(self.load > 0.0 && self.load <= 1.0) {
+            return Err(bad(
+                "--load",
+                format!("a share in (0, 1], not {}", self.load),
+            ));
+        }
+        let hours = positive("--hours", self.hours)?;
+        if hours > 24.0 * 366.0 {
+            return Err(bad("--hours", "at most a year"));
+        }
+        let period = std::num::NonZeroU32::new(self.sample_period)
+            .map(SamplePeriod)
+            .ok_or_else(|| bad("--sample-period", "S is at least 1"))?;
+        if self.budgets_percent.is_empty() {
+            return Err(bad("--budget", "at least one budget"));
+        }
+        for &b in &self.budgets_percent {
+            OverheadBudget::new(b / 100.0)
+                .ok_or_else(|| bad("--budget", format!("a percentage in (0, 100], not {b}")))?;
+        }
+        let cost = duration(
+            "--probe-cost-us",
+            positive("--probe-cost-us", self.probe_cost_us)? / 1e6,
+        )?;
+        let max_window = duration(
+            "--max-window-seconds",
+            positive("--max-window-seconds", self.max_window_seconds)?,
+        )?;
+        // The simulator steps window by window; gaps under a second would make that a replay.
+        if non_negative("--min-gap-seconds", self.min_gap_seconds)? < 1.0 {
+            return Err(bad(
+                "--min-gap-seconds",
+                format!("at least 1 s here, not {}", self.min_gap_seconds),
+            ));
+        }
+        let min_gap = duration("--min-gap-seconds", self.min_gap_seconds)?;
+        let max_gap = duration("--max-gap-seconds", self.max_gap_seconds)?;
+        if max_gap < min_gap {
+            return Err(bad("--max-gap-seconds", "below --min-gap-seconds"));
+        }
+        if self.window_launches == 0 {
+            return Err(bad("--window-launches", "L is at least 1"));
+        }
+        positive("--process-cpu", self.process_cpu)?;
+        if self.groups == 0 {
+            return Err(bad("--groups", "at least one counter group"));
+        }
+        positive("--group-seconds", self.group_seconds)?;
+        if self.seal_samples == 0 {
+            return Err(bad("--seal-samples", "at least 1"));
+        }
+        positive("--seal-max-age-seconds", self.seal_max_age_seconds)?;
+        if self.reports_per_day == 0 {
+            return Err(bad("--reports-per-day", "T is at least 1"));
+        }
+        if self.threshold == 0 {
+            return Err(bad("--threshold", "k is at least 1"));
+        }
+        let epoch = positive("--epoch-hours", self.epoch_hours)? * HOUR;
+        let upload_delay = non_negative("--upload-delay-seconds", self.upload_delay_seconds)?;
+        let resolution = positive("--resolution-seconds", self.resolution_seconds)?;
+        let horizon = hours * HOUR;
+        let epochs = (horizon / epoch).ceil() as u64;
+        let bins = ((epoch + upload_delay) / resolution).ceil() as u64 + 1;
+        let needed = u64::from(self.apps.iter().copied().max().unwrap_or(1))
+            * u64::from(self.groups)
+            * epochs
+            * bins;
+        if needed > MAX_BINS {
+            return Err(bad(
+                "--resolution-seconds",
+                format!("{needed} report counters would be kept; make the resolution coarser"),
+            ));
+        }
+        let agent = AgentModel {
+            sampler: self.sampler,
+            period,
+            reoffset: duration("--reoffset-seconds", self.reoffset_seconds)?,
+            groups: self.groups,
+            group_seconds: self.group_seconds,
+            seal_samples: self.seal_samples,
+            seal_age: self.seal_max_age_seconds,
+            reports_per_day: self.reports_per_day,
+            upload_delay,
+        };
+        let capture = |budget: OverheadBudget| CaptureModel {
+            schedule: BudgetConfig {
+                budget,
+                max_window,
+                min_gap,
+                max_gap,
+            },
+            cost: ProbeCost {
+                per_launch: cost,
+                bpf_run: None,
+                unprobed_call: Duration::ZERO,
+                probed_call: cost,
+            },
+            window_launches: self.window_launches,
+            process_cpu: self.process_cpu,
+        };
+        let mut scenarios = Vec::new();
+        for &apps in &self.apps {
+            for &mix in &self.mixes {
+                for &b in &self.budgets_percent {
+                    let budget = OverheadBudget::new(b / 100.0).unwrap_or(DEFAULT_BUDGET);
+                    scenarios.push(Scenario {
+                        apps,
+                        mix,
+                        budget_percent: b,
+                        capture: capture(budget),
+                    });
+                }
+            }
+        }
+        Ok(Checked {
+            params: self.clone(),
+            agent,
+            scenarios,
+            horizon,
+            epoch,
+            epochs: epochs as usize,
+            bins: bins as usize,
+        })
+    }
+}
+
+/// Validated parameters and the scenarios they span.
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// What was asked.
+    pub params: Params,
+    /// The agent every GPU runs.
+    pub agent: AgentModel,
+    /// One per (A, mix, budget), in that order.
+    pub scenarios: Vec<Scenario>,
+    /// The simulated time, seconds.
+    pub(super) horizon: f64,
+    /// Epoch length, seconds.
+    pub(super) epoch: f64,
+    /// Epochs that start within the run.
+    pub(super) epochs: usize,
+    /// Time bins of report arrivals per epoch.
+    pub(super) bins: usize,
+}
+
+/// One (A, mix, budget) combination.
+#[derive(Clone, Copy, Debug)]
+pub struct Scenario {
+    /// A.
+    pub apps: u32,
+    /// The mix.
+    pub mix: Mix,
+    /// The budget, percent.
+    pub budget_percent: f64,
+    /// The capture settings with that budget.
+    pub capture: CaptureModel,
+}

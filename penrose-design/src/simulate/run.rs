@@ -1,0 +1,421 @@
+//! Running a scenario: every GPU through [`super::gpu::run`] on a few threads, tallied per
+//! (application, counter group), then the coverage times.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::fleet::{Apps, Mix};
+use super::gpu::{self, GpuSetup, Sink};
+use super::params::{Checked, HOUR, Params, Scenario};
+
+/// GPUs a worker takes at a time.
+const CHUNK: u64 = 1024;
+
+/// SplitMix64's finaliser: spreads related seeds over unrelated streams.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn seed_of(parts: &[u64]) -> u64 {
+    parts.iter().fold(0, |acc, &p| mix64(acc ^ mix64(p)))
+}
+
+/// One scenario's fleet, ready to run GPU by GPU.
+pub struct Fleet<'a> {
+    checked: &'a Checked,
+    scenario: Scenario,
+    /// The applications: popularity and capture profiles.
+    pub apps: Apps,
+}
+
+impl<'a> Fleet<'a> {
+    /// Draws the scenario's applications.
+    pub fn new(checked: &'a Checked, scenario: Scenario) -> Self {
+        let p = &checked.params;
+        let mix_tag = match scenario.mix {
+            Mix::Uniform => 1,
+            Mix::SmallKernel => 2,
+            Mix::LargeKernel => 3,
+        };
+        let seed = seed_of(&[p.seed, 1, u64::from(scenario.apps), mix_tag]);
+        let apps = Apps::draw(scenario.apps, p.zipf, scenario.mix, &scenario.capture, seed);
+        Self {
+            checked,
+            scenario,
+            apps,
+        }
+    }
+
+    /// GPU `index`'s draws, or `None` when it is idle; and its random stream, as the run
+    /// continues it.
+    pub fn setup(&self, index: u64) -> (Option<GpuSetup>, ChaCha8Rng) {
+        let p = &self.checked.params;
+        let seed = seed_of(&[p.seed, 2, u64::from(self.scenario.apps), index]);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let busy = rng.random::<f64>() < p.load;
+        let app = self.apps.popularity.pick(rng.random());
+        let cycle = self.apps.profiles[app as usize].cycle_seconds;
+        let first_window = rng.random::<f64>() * cycle;
+        let rotation = p.group_seconds * f64::from(p.groups);
+        let group_phase = rng.random::<f64>() * rotation;
+        let sampler_seed = rng.random();
+        let setup = GpuSetup {
+            app,
+            first_window,
+            group_phase,
+            sampler_seed,
+        };
+        (busy.then_some(setup), rng)
+    }
+
+    /// Runs GPU `index` into `sink`.
+    pub fn run_gpu(&self, index: u64, sink: &mut impl Sink) {
+        let (setup, mut rng) = self.setup(index);
+        if let Some(setup) = setup {
+            let profile = &self.apps.profiles[setup.app as usize];
+            gpu::run(
+                &self.checked.agent,
+                &setup,
+                profile,
+                self.checked.horizon,
+                &mut rng,
+                sink,
+            );
+        }
+    }
+}
+
+/// What the GPUs of one scenario did, per (application, group) and in all.
+#[derive(Clone, Debug)]
+pub struct Tally {
+    groups: usize,
+    epochs: usize,
+    bins: usize,
+    epoch: f64,
+    resolution: f64,
+    horizon: f64,
+    /// GPUs per application.
+    pub gpus: Vec<u64>,
+    /// Windows opened, all GPUs.
+    pub windows: u64,
+    /// Launches probed, all GPUs.
+    pub launches: u64,
+    /// Sampled launches per (application, group): index `app * groups + group`.
+    pub samples: Vec<u64>,
+    /// Reports sealed before the horizon per (application, group).
+    pub reports: Vec<u64>,
+    /// First sampled launch per (application, group), seconds (infinite: none).
+    pub first_sample: Vec<f64>,
+    /// First report at the aggregation server per (application, group), seconds.
+    pub first_report: Vec<f64>,
+    /// Reports arrived per (application, group, epoch, time bin within the epoch).
+    arrivals: Vec<u32>,
+}
+
+impl Tally {
+    fn new(checked: &Checked, apps: u32) -> Self {
+        let groups = usize::from(checked.params.groups);
+        let cells = apps as usize * groups;
+        Self {
+            groups,
+            epochs: checked.epochs,
+            bins: checked.bins,
+            epoch: checked.epoch,
+            resolution: checked.params.resolution_seconds,
+            horizon: checked.horizon,
+            gpus: vec![0; apps as usize],
+            windows: 0,
+            launches: 0,
+            samples: vec![0; cells],
+            reports: vec![0; cells],
+            first_sample: vec![f64::INFINITY; cells],
+            first_report: vec![f64::INFINITY; cells],
+            arrivals: vec![0; cells * checked.epochs * checked.bins],
+        }
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        let add = |a: &mut [u64], b: &[u64]| a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        let min = |a: &mut [f64], b: &[f64]| a.iter_mut().zip(b).for_each(|(x, y)| *x = x.min(*y));
+        add(&mut self.gpus, &other.gpus);
+        add(&mut self.samples, &other.samples);
+        add(&mut self.reports, &other.reports);
+        min(&mut self.first_sample, &other.first_sample);
+        min(&mut self.first_report, &other.first_report);
+        self.arrivals
+            .iter_mut()
+            .zip(&other.arrivals)
+            .for_each(|(x, y)| *x += y);
+        self.windows += other.windows;
+        self.launches += other.launches;
+    }
+
+    fn cell(&self, app: u32, group: u8) -> usize {
+        app as usize * self.groups + usize::from(group)
+    }
+
+    /// When (application, group)'s reports of one epoch first reach `need(days)` reports,
+    /// seconds (infinite: never within the run).
+    fn release_time(&self, cell: usize, need: impl Fn(u32) -> u64) -> f64 {
+        let mut best = f64::INFINITY;
+        for e in 0..self.epochs {
+            let start = e as f64 * self.epoch;
+            let end = start + self.epoch;
+            let days = ((end / gpu::DAY).ceil() - (start / gpu::DAY).floor()).max(1.0) as u32;
+            let need = need(days);
+            let base = (cell * self.epochs + e) * self.bins;
+            let mut total = 0u64;
+            for (b, &n) in self.arrivals[base..base + self.bins].iter().enumerate() {
+                total += u64::from(n);
+                if total >= need {
+                    let at = (start + (b + 1) as f64 * self.resolution).min(self.horizon);
+                    best = best.min(at);
+                    break;
+                }
+            }
+        }
+        best
+    }
+}
+
+impl Sink for Tally {
+    fn window(&mut self, app: u32, group: u8, at: f64, launches: u64, sampled: u64) {
+        self.windows += 1;
+        self.launches += launches;
+        if sampled > 0 {
+            let c = self.cell(app, group);
+            self.samples[c] += sampled;
+            self.first_sample[c] = self.first_sample[c].min(at);
+        }
+    }
+
+    fn report(&mut self, app: u32, group: u8, sealed: f64, arrives: f64) {
+        let c = self.cell(app, group);
+        self.reports[c] += 1;
+        if arrives >= self.horizon {
+            return;
+        }
+        self.first_report[c] = self.first_report[c].min(arrives);
+        let e = ((sealed / self.epoch).floor() as usize).min(self.epochs - 1);
+        let offset = arrives - e as f64 * self.epoch;
+        let b = ((offset / self.resolution).floor() as usize).min(self.bins - 1);
+        self.arrivals[(c * self.epochs + e) * self.bins + b] += 1;
+    }
+}
+
+/// Hours until a share of applications is covered; `None`: not within the run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Quantiles {
+    /// 97.5% of the applications.
+    pub p97_5: Option<f64>,
+    /// All of them.
+    pub p100: Option<f64>,
+}
+
+/// One scenario's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScenarioResult {
+    /// A.
+    pub apps: u32,
+    /// The mix.
+    pub mix: Mix,
+    /// The budget, percent.
+    pub budget_percent: f64,
+    /// GPUs busy with an application.
+    pub gpus_busy: u64,
+    /// Applications that some busy GPU runs: the ones coverage is counted over.
+    pub apps_present: u32,
+    /// Applications on 1 to k - 1 GPUs: never released however long the run.
+    pub apps_under_k_gpus: u32,
+    /// Mean sampled launches per busy GPU and hour.
+    pub samples_per_gpu_hour: f64,
+    /// Mean reports per busy GPU and hour (all groups).
+    pub reports_per_gpu_hour: f64,
+    /// Launches probed per busy GPU and hour, mean.
+    pub probed_per_gpu_hour: f64,
+    /// Released (k contributors in one epoch, every group).
+    pub released: Quantiles,
+    /// At least one report of every group at the aggregation server.
+    pub reported: Quantiles,
+    /// At least one sampled launch of every group in the fleet.
+    pub sampled: Quantiles,
+    /// (hour, share of applications released) at regular steps, for plots.
+    pub curve: Vec<(f64, f64)>,
+    /// Wall-clock seconds this scenario took.
+    pub seconds: f64,
+}
+
+/// The applications' coverage times (hours, infinite: never) under the three definitions.
+#[derive(Clone, Debug)]
+pub struct AppTimes {
+    /// Released.
+    pub released: Vec<f64>,
+    /// Reported.
+    pub reported: Vec<f64>,
+    /// Sampled.
+    pub sampled: Vec<f64>,
+}
+
+/// Points of the coverage curve.
+const CURVE_POINTS: usize = 240;
+
+/// Hours until 97.5% and 100% of the applications `present` are covered.
+fn quantiles(times: &[f64], present: &[bool]) -> Quantiles {
+    let mut sorted: Vec<f64> = times
+        .iter()
+        .zip(present)
+        .filter_map(|(&t, &p)| p.then_some(t))
+        .collect();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let rank = ((q * sorted.len() as f64).ceil() as usize).max(1);
+        sorted.get(rank - 1).copied().filter(|t| t.is_finite())
+    };
+    Quantiles {
+        p97_5: at(0.975),
+        p100: at(1.0),
+    }
+}
+
+impl Checked {
+    /// The contributors' rule of `penrose_core::release` for T = `reports_per_day`: the fewest
+    /// reports of one epoch spanning `days` days whose bound `ceil(r / (T x days))` reaches k.
+    pub fn reports_needed(&self, days: u32) -> u64 {
+        let per_owner = u64::from(self.params.reports_per_day) * u64::from(days.max(1));
+        (self.params.threshold - 1) * per_owner + 1
+    }
+
+    /// Coverage times per application from a scenario's tally.
+    pub fn app_times(&self, tally: &Tally) -> AppTimes {
+        let apps = tally.gpus.len();
+        let groups = tally.groups;
+        let worst = |f: &dyn Fn(usize) -> f64| -> Vec<f64> {
+            (0..apps)
+                .map(|a| (0..groups).map(|g| f(a * groups + g)).fold(0.0, f64::max) / HOUR)
+                .collect()
+        };
+        AppTimes {
+            released: worst(&|c| tally.release_time(c, |days| self.reports_needed(days))),
+            reported: worst(&|c| tally.first_report[c]),
+            sampled: worst(&|c| tally.first_sample[c]),
+        }
+    }
+
+    /// Runs one scenario on `threads` threads; `progress` is told how many GPUs were done.
+    pub fn run_scenario(
+        &self,
+        scenario: Scenario,
+        threads: usize,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> (ScenarioResult, Tally) {
+        let started = Instant::now();
+        let fleet = Fleet::new(self, scenario);
+        let next = AtomicU64::new(0);
+        let gpus = self.params.gpus;
+        let work = || {
+            let mut tally = Tally::new(self, scenario.apps);
+            loop {
+                let from = next.fetch_add(CHUNK, Ordering::Relaxed);
+                if from >= gpus {
+                    return tally;
+                }
+                let to = (from + CHUNK).min(gpus);
+                for index in from..to {
+                    fleet.run_gpu(index, &mut tally);
+                }
+                progress(to - from);
+            }
+        };
+        let mut tallies: Vec<Tally> = std::thread::scope(|s| {
+            let handles: Vec<_> = (1..threads.max(1)).map(|_| s.spawn(work)).collect();
+            let mut all = vec![work()];
+            // A worker that panicked takes the run down with it rather than leave a hole.
+            all.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))),
+            );
+            all
+        });
+        let mut tally = tallies.swap_remove(0);
+        for other in &tallies {
+            tally.merge(other);
+        }
+        // The applications each GPU runs, counted apart from the workers (idle GPUs too).
+        for index in 0..gpus {
+            if let (Some(setup), _) = fleet.setup(index) {
+                tally.gpus[setup.app as usize] += 1;
+            }
+        }
+        let result = self.summarise(&scenario, &tally, started.elapsed().as_secs_f64());
+        (result, tally)
+    }
+
+    fn summarise(&self, scenario: &Scenario, tally: &Tally, seconds: f64) -> ScenarioResult {
+        let times = self.app_times(tally);
+        let busy: u64 = tally.gpus.iter().sum();
+        let gpu_hours = (busy as f64 * self.horizon / HOUR).max(f64::MIN_POSITIVE);
+        let k = self.params.threshold;
+        let present: Vec<bool> = tally.gpus.iter().map(|&n| n > 0).collect();
+        let apps_present = present.iter().filter(|&&p| p).count();
+        let curve = (0..=CURVE_POINTS)
+            .map(|i| {
+                let hour = self.horizon / HOUR * i as f64 / CURVE_POINTS as f64;
+                let covered = times.released.iter().filter(|&&t| t <= hour).count();
+                (hour, covered as f64 / apps_present.max(1) as f64)
+            })
+            .collect();
+        ScenarioResult {
+            apps: scenario.apps,
+            mix: scenario.mix,
+            budget_percent: scenario.budget_percent,
+            gpus_busy: busy,
+            apps_present: apps_present as u32,
+            apps_under_k_gpus: tally.gpus.iter().filter(|&&n| n > 0 && n < k).count() as u32,
+            samples_per_gpu_hour: tally.samples.iter().sum::<u64>() as f64 / gpu_hours,
+            reports_per_gpu_hour: tally.reports.iter().sum::<u64>() as f64 / gpu_hours,
+            probed_per_gpu_hour: tally.launches as f64 / gpu_hours,
+            released: quantiles(&times.released, &present),
+            reported: quantiles(&times.reported, &present),
+            sampled: quantiles(&times.sampled, &present),
+            curve,
+            seconds,
+        }
+    }
+
+    /// Runs every scenario in order.
+    pub fn run(&self, threads: usize, progress: &(dyn Fn(u64) + Sync)) -> Simulation {
+        let started = Instant::now();
+        let scenarios = self
+            .scenarios
+            .iter()
+            .map(|&s| self.run_scenario(s, threads, progress).0)
+            .collect();
+        Simulation {
+            params: self.params.clone(),
+            threads,
+            scenarios,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// A whole run: its parameters and each scenario's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct Simulation {
+    /// The parameters.
+    pub params: Params,
+    /// Worker threads used.
+    pub threads: usize,
+    /// Per (A, mix, budget).
+    pub scenarios: Vec<ScenarioResult>,
+    /// Wall-clock seconds of the whole run.
+    pub seconds: f64,
+}
