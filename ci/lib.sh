@@ -1,7 +1,7 @@
 # Shared helpers for the CI scripts: stage timing and the cached build locations.
 # Sourced, not run.
 
-# Reuse one target directory between runs on the same machine (DESIGN.md section 8); a cold
+# Reuse one target directory between runs on the same machine (docs/design.md section 8); a cold
 # run simply fills it.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/penrose-target}"
 # Tools CI builds itself (bpf-linker, cargo-fuzz, cargo-deny) live here, outside the clone.

@@ -1,4 +1,4 @@
-//! From snippets to sealed, encrypted reports (DESIGN.md section 3, "Local histograms and
+//! From snippets to sealed, encrypted reports (docs/design.md section 3, "Local histograms and
 //! reports").
 //!
 //! Each snippet is fingerprinted and joins the agent's most similar *local application* (at or

@@ -53,7 +53,7 @@ const ASH_VALUE_FIXED: usize = 24;
 
 impl AshRecord {
     /// The store key: class, catalogue, counter, epoch, generation, big-endian, so that one
-    /// class's records are adjacent (the partitioning key DESIGN.md section 6 names).
+    /// class's records are adjacent (the partitioning key docs/design.md section 6 names).
     pub fn store_key(key: SumKey, generation: Generation) -> [u8; ASH_KEY_BYTES] {
         let mut out = [0u8; ASH_KEY_BYTES];
         out[..4].copy_from_slice(&key.class.0.to_be_bytes());

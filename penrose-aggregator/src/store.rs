@@ -1,5 +1,5 @@
 //! Durable storage behind a small trait, so that a larger fleet can run the same server on a
-//! distributed store (DESIGN.md section 6); [`RocksStore`] is the one implementation.
+//! distributed store (docs/design.md section 6); [`RocksStore`] is the one implementation.
 //!
 //! The contract the rest of the server relies on: [`Store::write`] applies a [`WriteSet`]
 //! atomically and returns only once it is durable (RocksDB: one `WriteBatch`, WAL synced),

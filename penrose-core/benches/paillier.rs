@@ -1,7 +1,7 @@
 //! Packed Paillier costs at the deployed 2048-bit size: what one client pays to encrypt a
 //! histogram, what the aggregator pays per report, what the design server pays per decryption.
 //!
-//! Run: `cargo bench -p penrose-core --bench paillier`. Targets (DESIGN.md section 4):
+//! Run: `cargo bench -p penrose-core --bench paillier`. Targets (docs/design.md section 4):
 //! encrypt <= 3 ms, aggregate >= 60,000 histograms/s/core, report <= 2 KB.
 //!
 //! Every benchmark runs twice: `wall/...` measures elapsed time, `cpu/...` the CPU time of the

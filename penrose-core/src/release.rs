@@ -20,7 +20,7 @@ use thiserror::Error;
 use crate::wire::Day;
 
 /// The fewest contributors a released sum may have, whatever the configuration says
-/// (DESIGN.md section 7).
+/// (docs/design.md section 7).
 pub const MIN_CONTRIBUTORS: u64 = 10;
 
 /// The smallest Paillier modulus any tier accepts.

@@ -1,6 +1,6 @@
 //! When capture windows open: a fixed schedule, or one spaced by an overhead budget.
 //!
-//! A probed launch costs a trap (DESIGN.md section 3), so the agent attaches launch probes
+//! A probed launch costs a trap (docs/design.md section 3), so the agent attaches launch probes
 //! only inside windows. [`Schedule::Budget`] spaces windows so that the probe cost stays under a
 //! share of the probed processes' CPU time: after a window that cost `C` (its launches times
 //! the calibrated per-launch cost, [`ProbeCost`]) while those processes used `T` of CPU time,
@@ -28,7 +28,7 @@ pub struct ProbeCost {
 }
 
 impl ProbeCost {
-    /// The cost assumed when calibration cannot run (DESIGN.md section 3: a trap costs about
+    /// The cost assumed when calibration cannot run (docs/design.md section 3: a trap costs about
     /// 10 us on a VM), so that a scheduler without a measurement errs towards fewer windows.
     pub const ASSUMED: ProbeCost = ProbeCost {
         per_launch: Duration::from_micros(10),
@@ -38,7 +38,7 @@ impl ProbeCost {
     };
 }
 
-/// The default budget: 0.02% of the probed processes' CPU time (DESIGN.md section 3; the
+/// The default budget: 0.02% of the probed processes' CPU time (docs/design.md section 3; the
 /// paper we compete with reports 0.045% overall).
 pub const DEFAULT_BUDGET: OverheadBudget = OverheadBudget(0.0002);
 

@@ -1,7 +1,7 @@
 //! Which program attaches where: the table the loader iterates.
 //!
 //! Launch probes are attached only inside capture windows; name probes and the exit
-//! tracepoint stay attached (DESIGN.md section 3), so each entry says its [`ProbeRole`], and
+//! tracepoint stay attached (docs/design.md section 3), so each entry says its [`ProbeRole`], and
 //! which [`Library`] it attaches to: the driver (libcuda) or the CUDA runtime (libcudart),
 //! through which kernels registered by nvcc's host stubs get their names.
 

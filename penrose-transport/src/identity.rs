@@ -1,7 +1,7 @@
 //! The server's certificate and key, and how a client decides to trust them.
 //!
 //! An aggregator usually runs with a self-signed certificate whose DER the agents pin
-//! (DESIGN.md section 5): no public CA is involved, and a vendor that has its own CA can use
+//! (docs/design.md section 5): no public CA is involved, and a vendor that has its own CA can use
 //! [`Trust::Ca`] instead. Files are PEM (what operators expect) or raw DER (what the agent's
 //! package ships); [`Identity::load`] and [`load_certificates`] tell them apart by content.
 

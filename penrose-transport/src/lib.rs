@@ -1,5 +1,5 @@
 //! The transport that carries Penrose reports from agents to the aggregation server: QUIC
-//! (quinn) with TLS 1.3 (rustls, ring provider) and ALPN [`ALPN`] (DESIGN.md section 5).
+//! (quinn) with TLS 1.3 (rustls, ring provider) and ALPN [`ALPN`] (docs/design.md section 5).
 //!
 //! One bidirectional stream carries one report: the client writes one frame of
 //! [`penrose_core::wire`] and finishes its side; the server checks the announced length before

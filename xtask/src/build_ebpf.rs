@@ -1,7 +1,7 @@
 //! `cargo xtask build-ebpf`: rebuild the committed eBPF object, or check that it is current.
 //!
 //! The object is committed so that the main workspace builds without a BPF toolchain
-//! (DESIGN.md section 8). This task drives the separate toolchain: Debian's `rustc-web`
+//! (docs/design.md section 8). This task drives the separate toolchain: Debian's `rustc-web`
 //! (with `rust-web-src` for `-Z build-std=core`) and `bpf-linker`. Every path that could
 //! end up in the object is remapped, so the bytes do not depend on where the checkout,
 //! the cargo home or the target directory lie; `--check` relies on that.

@@ -20,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Rebuild the committed eBPF object with the BPF toolchain (DESIGN.md section 8).
+    /// Rebuild the committed eBPF object with the BPF toolchain (docs/design.md section 8).
     BuildEbpf(build_ebpf::Args),
     /// Measure how well fingerprints identify applications on a folder of traces.
     EvalFingerprints(eval::Args),

@@ -1,4 +1,4 @@
-//! Live capture of kernel launches through eBPF uprobes on libcuda (DESIGN.md section 3).
+//! Live capture of kernel launches through eBPF uprobes on libcuda (docs/design.md section 3).
 //!
 //! - [`locate`]: which libcuda files exist (ldconfig, configuration, running processes).
 //! - [`loader`]: the committed eBPF object loaded, probes attached and detached.

@@ -1,6 +1,6 @@
 //! Capture windows and the snippets they produce.
 //!
-//! Launch probes cost a trap per launch, so they are attached only inside windows (DESIGN.md
+//! Launch probes cost a trap per launch, so they are attached only inside windows (docs/design.md
 //! section 3). A window lasts at most its duration; inside it each process contributes one
 //! snippet: the kernel names it launched, up to L launches, ended early by the process's exit
 //! or by the window's end.
@@ -30,7 +30,7 @@ use penrose_core::fingerprint::{
 use super::events::{Launch, Pid};
 use crate::counters::CounterValue;
 
-/// L of DESIGN.md: launches per process per window.
+/// L of docs/design.md: launches per process per window.
 pub const DEFAULT_WINDOW_LAUNCHES: usize = 10_000;
 
 /// Most function handles a snippet's repetition tracker remembers (about 60 bytes each): more

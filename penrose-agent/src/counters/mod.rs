@@ -1,4 +1,4 @@
-//! Counter sources: where a sampled launch's performance counters come from (DESIGN.md
+//! Counter sources: where a sampled launch's performance counters come from (docs/design.md
 //! section 3, "Sampling and counters").
 //!
 //! - [`nvml`]: [`NvmlSource`], GPM metrics through NVML, loaded at run time: the product's

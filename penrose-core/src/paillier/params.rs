@@ -15,7 +15,7 @@ pub const SLOT_BITS: u32 = 31;
 /// Largest sum a slot can hold without carrying into its neighbour.
 pub const SLOT_MAX: u64 = (1 << SLOT_BITS) - 1;
 
-/// A histogram is sealed after at most this many samples (DESIGN.md section 3), so no bin of
+/// A histogram is sealed after at most this many samples (docs/design.md section 3), so no bin of
 /// one report can exceed it.
 pub const MAX_REPORT_SAMPLES: u64 = 10_000;
 

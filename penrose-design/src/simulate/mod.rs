@@ -1,5 +1,5 @@
 //! The fleet simulator (`penrose-design simulate`): how many hours until a fleet's
-//! applications are covered (DESIGN.md section 7; the numbers and how they compare with the
+//! applications are covered (docs/design.md section 7; the numbers and how they compare with the
 //! paper's are in docs/evaluation.md, "Fleet coverage (simulated)").
 //!
 //! # Coverage

@@ -39,7 +39,7 @@ pub struct Rule {
     pub merge: bool,
 }
 
-/// The online rule (DESIGN.md section 6): windows arrive in `order`; each joins the class whose
+/// The online rule (docs/design.md section 6): windows arrive in `order`; each joins the class whose
 /// representatives it matches best, if that estimate is >= tau, else founds a class. With
 /// `rule.merge`, every other class it also matches at >= tau is merged into the oldest of them,
 /// representatives and members alike. Returns each window's final class, numbered by the

@@ -432,7 +432,7 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
          Jaccard Σ min / Σ max). *256-bit*: b-bit MinHash, b = 256 / k bits of each value, \
          estimate corrected for chance collisions: Ĵ = (p̂ − 2^-b) / (1 − 2^-b). *64-bit values*: \
          the share of equal full values.\n\
-         - **Classes.** The aggregator's online rule (DESIGN.md section 6): the windows of one \
+         - **Classes.** The aggregator's online rule (docs/design.md section 6): the windows of one \
          (L, p) cell arrive in random order; each joins the class whose representatives it \
          matches best, if the estimated similarity is >= tau, otherwise it founds a new class \
          ({}).\n\
@@ -944,7 +944,7 @@ classes, so the same bound holds for wrong merges.\n\
 points higher, but they are 25 times larger and expose each minimum exactly (see below).\n\
 - **Per process over per stream.** Per-stream snippets score a few points higher, but a \
 process's streams then form separate classes that the design server must join again, and the \
-agent's windows are per process (DESIGN.md section 3); we report both and keep per process.\n\
+agent's windows are per process (docs/design.md section 3); we report both and keep per process.\n\
 - **Against the paper's 95.36%.** Our figure is not comparable one to one: it counts windows \
 that land in a class other than their application's largest as errors, includes perturbed \
 windows and L = 1,000, and treats the two ranks of `trace_filter` (whose 4-gram similarity is \
