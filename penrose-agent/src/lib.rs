@@ -20,6 +20,7 @@ pub mod config;
 pub mod counters;
 pub mod daemon;
 pub mod pipeline;
+pub mod privilege;
 pub mod record;
 pub mod signal;
 pub mod source;

@@ -441,6 +441,17 @@ fn daemon_run(path: &Path) -> Result<()> {
         );
         return Ok(());
     }
+    // Before any thread exists: capabilities are per thread, and threads inherit them.
+    if penrose_agent::capture::loader::is_root() {
+        let kept = penrose_agent::privilege::keep_only_capture_capabilities()
+            .context("dropping the capabilities capture does not need")?;
+        tracing::info!(
+            "capabilities: kept {:#x} (BPF, PERFMON, SYS_ADMIN, SYS_PTRACE, DAC_READ_SEARCH), \
+             {} removed from the bounding set, no_new_privs set",
+            kept.permitted,
+            kept.dropped_from_bounding
+        );
+    }
     let signals = penrose_agent::signal::stop_on_signals().context("installing signal handlers")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

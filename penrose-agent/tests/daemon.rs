@@ -564,3 +564,66 @@ fn opted_out_agent_does_nothing() {
     assert!(text.contains("disabled"), "{text}");
     assert!(!fx.state_dir().exists());
 }
+
+/// A running daemon holds only the capabilities capture needs (effective, permitted and
+/// bounding sets), none inheritable or ambient, with no_new_privs set; and it still does its
+/// job (windows, sealed reports) with them. Read from /proc of the live process.
+#[test]
+fn a_running_daemon_keeps_only_the_capture_capabilities() {
+    if !penrose_agent::capture::loader::is_root() {
+        println!(
+            "SKIPPED: dropping capabilities needs the agent to start as root (CI runs as root)"
+        );
+        return;
+    }
+    let fx = Fixture::new();
+    let config = fx.config(free_addr(), "", "");
+    let log = fx.dir.path().join("agent.log");
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        LONG,
+        || {
+            fx.status()
+                .is_some_and(|s| s.windows >= 2 && s.pipeline.sealed >= 1)
+        },
+        || format!("{:?}", fx.status()),
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let field = |name: &str| -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("{name} missing in {status}"))
+    };
+    let mask = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+    let ours: u64 = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapPrm:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    let want = penrose_agent::privilege::capture_mask() & ours;
+    assert_eq!(mask("CapEff:"), want, "effective");
+    assert_eq!(mask("CapPrm:"), want, "permitted");
+    assert_eq!(mask("CapBnd:"), want, "bounding");
+    assert_eq!(mask("CapInh:"), 0, "inheritable");
+    assert_eq!(mask("CapAmb:"), 0, "ambient");
+    assert_eq!(field("NoNewPrivs:"), "1");
+    // Every thread, not only the main one.
+    for task in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
+        let path = task.unwrap().path().join("status");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue; // the thread ended meanwhile
+        };
+        let eff = text
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .unwrap();
+        assert_eq!(eff, want, "{}", path.display());
+    }
+    assert!(terminate(&mut child).success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("capabilities: kept"), "{text}");
+}
