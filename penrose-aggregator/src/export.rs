@@ -36,7 +36,7 @@ use std::sync::Mutex;
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use penrose_core::bundle::{
-    Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMerge, Cursor, EpochId,
+    Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMap, ClassMerge, Cursor, EpochId,
     EpochKind, EpochSummary, Generation, InstanceId, ReleaseRule,
 };
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PackedCiphertexts, PublicKey};
@@ -50,7 +50,7 @@ use crate::epochs::{self, EpochRecord};
 use crate::ingest::today;
 use crate::state::{StateError, check_format, meta};
 use crate::store::{Store, StoreError, Table, WriteSet};
-use crate::tables::{ClassMap, MERGE_PREFIX, Merge};
+use crate::tables::{MERGE_PREFIX, decode_merge};
 
 const KEY_TAG: &[u8; 5] = b"PNSG\x01";
 
@@ -268,7 +268,7 @@ struct Snapshot {
     /// The store's cursor (the last committed batch).
     cursor: Cursor,
     /// Every merge and the cursor of the batch that made it.
-    merges: Vec<(Merge, Cursor)>,
+    merges: Vec<(ClassMerge, Cursor)>,
     ash: Vec<AshRecord>,
 }
 
@@ -289,10 +289,7 @@ impl Snapshot {
             .merges
             .iter()
             .filter(|(_, at)| *at > after && *at <= as_of)
-            .map(|(m, _)| ClassMerge {
-                absorbed: m.absorbed,
-                into: m.into,
-            })
+            .map(|(m, _)| *m)
             .collect();
         out.sort();
         out
@@ -347,7 +344,7 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
                 Ok(b) => snap.cursor = Cursor(u64::from_be_bytes(b)),
                 Err(_) => bad = Some(damaged("cursor")),
             },
-            Table::Meta if k.starts_with(MERGE_PREFIX) => match Merge::decode(k, v) {
+            Table::Meta if k.starts_with(MERGE_PREFIX) => match decode_merge(k, v) {
                 Ok(merge) => snap.merges.push(merge),
                 Err(e) => bad = Some(ExportError::Record(e.to_string())),
             },

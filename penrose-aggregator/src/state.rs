@@ -46,7 +46,8 @@ use crate::aggregate::{AggregateError, AshRecord, SumKey, Sums};
 use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::store::{Store, StoreError, Table, WriteSet};
 use crate::tables::{
-    DEFAULT_NEW_CLASSES_PER_HOUR, MERGE_PREFIX, Merge, NewClassBudget, RecordError, Tables,
+    DEFAULT_NEW_CLASSES_PER_HOUR, MERGE_PREFIX, NewClassBudget, RecordError, Tables, decode_merge,
+    merge_record,
 };
 use crate::validate::{CiphertextDigest, ValidReport};
 
@@ -360,7 +361,7 @@ impl State {
                     }
                     Table::Meta if k.starts_with(MERGE_PREFIX) => {
                         let (merge, _) =
-                            Merge::decode(k, v).map_err(|e| StoreError::Visit(e.to_string()))?;
+                            decode_merge(k, v).map_err(|e| StoreError::Visit(e.to_string()))?;
                         merges.push(merge);
                     }
                     Table::Meta if k.starts_with(epochs::keys::RECORD) => {
@@ -570,7 +571,7 @@ impl State {
                 set.put(Table::Est, k, v);
             }
             for merge in self.tables.take_merges() {
-                let (k, v) = merge.record(next);
+                let (k, v) = merge_record(&merge, next);
                 set.put(Table::Meta, k, v);
             }
             self.write_sums(&mut set, next);

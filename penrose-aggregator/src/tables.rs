@@ -12,7 +12,7 @@
 //! **Healing splits.** Windows of one application at different offsets can found separate
 //! classes before a window that overlaps both arrives. A snippet that matches two or more
 //! classes at >= tau joins them ([`MERGE_CLASSES`]): the oldest survives, the others point to
-//! it ([`Merge`]), and from then on everything of theirs counts in the survivor. Sums already
+//! it ([`ClassMerge`]), and from then on everything of theirs counts in the survivor. Sums already
 //! accumulated under a merged class stay where they are; export adds them homomorphically
 //! into the survivor's (`crate::export`), and each bundle lists the merges it applies so the
 //! design server can report earlier releases together. The evaluation
@@ -33,7 +33,8 @@ use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::time::Instant;
 
-use penrose_core::bundle::Cursor;
+pub use penrose_core::bundle::{ClassMap, ClassMerge};
+use penrose_core::bundle::{Cursor, MergeRefused};
 use penrose_core::fingerprint::{BandKey, FingerprintParams, LshBands, SnippetHash};
 use penrose_core::wire::Day;
 use thiserror::Error;
@@ -110,99 +111,40 @@ impl NewClassBudget {
 /// cursor of the batch that merged them (u64be).
 pub const MERGE_PREFIX: &[u8] = b"merge/";
 
-/// One class joined into an older one by a snippet that matched both.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Merge {
-    /// The class that no longer takes snippets or sums of its own.
-    pub absorbed: ClassId,
-    /// The class it joined (older: a lower id), itself never merged at that moment.
-    pub into: ClassId,
+/// The meta record of `merge`, made in the batch of `cursor`.
+pub fn merge_record(merge: &ClassMerge, cursor: Cursor) -> Record {
+    let mut key = MERGE_PREFIX.to_vec();
+    key.extend_from_slice(&merge.absorbed.0.to_be_bytes());
+    let mut value = Vec::with_capacity(12);
+    value.extend_from_slice(&merge.into.0.to_be_bytes());
+    value.extend_from_slice(&cursor.0.to_be_bytes());
+    (key, value)
 }
 
-impl Merge {
-    /// The meta record of this merge, made in the batch of `cursor`.
-    pub fn record(&self, cursor: Cursor) -> Record {
-        let mut key = MERGE_PREFIX.to_vec();
-        key.extend_from_slice(&self.absorbed.0.to_be_bytes());
-        let mut value = Vec::with_capacity(12);
-        value.extend_from_slice(&self.into.0.to_be_bytes());
-        value.extend_from_slice(&cursor.0.to_be_bytes());
-        (key, value)
+/// Reads a meta record under [`MERGE_PREFIX`].
+pub fn decode_merge(key: &[u8], value: &[u8]) -> Result<(ClassMerge, Cursor), RecordError> {
+    let absorbed = key
+        .strip_prefix(MERGE_PREFIX)
+        .and_then(|k| <[u8; 4]>::try_from(k).ok())
+        .ok_or_else(|| damaged("merge", "key is not merge/ and 4 bytes"))?;
+    let value: &[u8; 12] = value
+        .try_into()
+        .map_err(|_| damaged("merge", "value is not 12 bytes"))?;
+    let (into, cursor) = value.split_at(4);
+    let merge = ClassMerge {
+        absorbed: ClassId(u32::from_be_bytes(absorbed)),
+        into: ClassId(u32::from_be_bytes(into.try_into().unwrap_or_default())),
+    };
+    if merge.into >= merge.absorbed {
+        return Err(damaged(
+            "merge",
+            "a class merged into a younger one or itself",
+        ));
     }
-
-    /// Reads a meta record under [`MERGE_PREFIX`].
-    pub fn decode(key: &[u8], value: &[u8]) -> Result<(Self, Cursor), RecordError> {
-        let absorbed = key
-            .strip_prefix(MERGE_PREFIX)
-            .and_then(|k| <[u8; 4]>::try_from(k).ok())
-            .ok_or_else(|| damaged("merge", "key is not merge/ and 4 bytes"))?;
-        let value: &[u8; 12] = value
-            .try_into()
-            .map_err(|_| damaged("merge", "value is not 12 bytes"))?;
-        let (into, cursor) = value.split_at(4);
-        let merge = Self {
-            absorbed: ClassId(u32::from_be_bytes(absorbed)),
-            into: ClassId(u32::from_be_bytes(into.try_into().unwrap_or_default())),
-        };
-        if merge.into >= merge.absorbed {
-            return Err(damaged(
-                "merge",
-                "a class merged into a younger one or itself",
-            ));
-        }
-        Ok((
-            merge,
-            Cursor(u64::from_be_bytes(cursor.try_into().unwrap_or_default())),
-        ))
-    }
-}
-
-/// Where every merged class went, as of some cursor: resolves a class to the class that holds
-/// it now (its root). Built by export from the merge records, and by [`Tables`] in memory.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClassMap {
-    into: std::collections::BTreeMap<ClassId, ClassId>,
-}
-
-impl ClassMap {
-    /// Adds one merge; refuses a class merged twice or into a younger class.
-    pub fn insert(&mut self, merge: Merge) -> Result<(), RecordError> {
-        if merge.into >= merge.absorbed {
-            return Err(damaged(
-                "merge",
-                "a class merged into a younger one or itself",
-            ));
-        }
-        if self.into.insert(merge.absorbed, merge.into).is_some() {
-            return Err(damaged("merge", "a class merged twice"));
-        }
-        Ok(())
-    }
-
-    /// The class that holds `class` now. Terminates: every step goes to a lower id.
-    pub fn root(&self, mut class: ClassId) -> ClassId {
-        while let Some(&into) = self.into.get(&class) {
-            class = into;
-        }
-        class
-    }
-
-    /// Number of merged classes.
-    pub fn len(&self) -> usize {
-        self.into.len()
-    }
-
-    /// Whether no class was merged.
-    pub fn is_empty(&self) -> bool {
-        self.into.is_empty()
-    }
-
-    /// Every merge, by absorbed class.
-    pub fn merges(&self) -> impl Iterator<Item = Merge> + '_ {
-        self.into
-            .iter()
-            .map(|(&absorbed, &into)| Merge { absorbed, into })
-    }
+    Ok((
+        merge,
+        Cursor(u64::from_be_bytes(cursor.try_into().unwrap_or_default())),
+    ))
 }
 
 /// A store record: key and value bytes.
@@ -255,6 +197,9 @@ pub enum RecordError {
         /// What is wrong.
         why: &'static str,
     },
+    /// A merge record contradicts the others.
+    #[error("damaged merge record: {0}")]
+    Merge(#[from] MergeRefused),
 }
 
 fn damaged(table: &'static str, why: &'static str) -> RecordError {
@@ -273,7 +218,7 @@ pub struct Tables {
     /// Rows changed since the last [`Tables::take_dirty`].
     dirty_snippets: HashSet<SnippetHash>,
     dirty_classes: HashSet<ClassId>,
-    dirty_merges: Vec<Merge>,
+    dirty_merges: Vec<ClassMerge>,
     /// Per class, the candidate round it was last marked in (avoids clearing a set per query).
     marks: Vec<u32>,
     round: u32,
@@ -476,7 +421,7 @@ impl Tables {
             return fallback;
         };
         for &class in absorbed {
-            let merge = Merge {
+            let merge = ClassMerge {
                 absorbed: class,
                 into,
             };
@@ -513,8 +458,8 @@ impl Tables {
     }
 
     /// The merges made since the last call; the caller records them with its batch's cursor
-    /// ([`Merge::record`]).
-    pub fn take_merges(&mut self) -> Vec<Merge> {
+    /// ([`merge_record`]).
+    pub fn take_merges(&mut self) -> Vec<ClassMerge> {
         std::mem::take(&mut self.dirty_merges)
     }
 
@@ -542,7 +487,7 @@ impl Tables {
         params: FingerprintParams,
         snippets: impl IntoIterator<Item = Record>,
         classes: impl IntoIterator<Item = Record>,
-        merges: impl IntoIterator<Item = Merge>,
+        merges: impl IntoIterator<Item = ClassMerge>,
     ) -> Result<Self, RecordError> {
         let mut tables = Self::new(params);
         let mut loaded: Vec<(ClassId, ClassEntry)> = classes
@@ -785,7 +730,7 @@ mod tests {
         let mut bad = sst.clone();
         bad.insert(vec![1; 32], vec![0; 3]);
         assert!(Tables::load(FingerprintParams::default(), bad, est.clone(), []).is_err());
-        let unknown = Merge {
+        let unknown = ClassMerge {
             absorbed: ClassId(99),
             into: ClassId(0),
         };
@@ -836,7 +781,7 @@ mod tests {
         let merges = tables.take_merges();
         assert_eq!(
             merges,
-            vec![Merge {
+            vec![ClassMerge {
                 absorbed: ca.max(cb),
                 into: joined
             }]
@@ -846,21 +791,23 @@ mod tests {
 
         // Rebuilt from records, including the merge record's round trip.
         let (sst, est) = tables.take_dirty();
-        let (mk, mv) = merges[0].record(Cursor(5));
-        let (back, cursor) = Merge::decode(&mk, &mv).unwrap();
+        let (mk, mv) = merge_record(&merges[0], Cursor(5));
+        let (back, cursor) = decode_merge(&mk, &mv).unwrap();
         assert_eq!((back, cursor), (merges[0], Cursor(5)));
         let rebuilt = Tables::load(FingerprintParams::default(), sst, est, [back]).unwrap();
         assert_eq!(rebuilt.class_of(&b), Some(joined));
         assert_eq!(rebuilt.class_count(), 2);
 
         // A merge record that points to a younger class is damaged.
-        let (k, mut v) = Merge {
-            absorbed: ClassId(1),
-            into: ClassId(0),
-        }
-        .record(Cursor(1));
+        let (k, mut v) = merge_record(
+            &ClassMerge {
+                absorbed: ClassId(1),
+                into: ClassId(0),
+            },
+            Cursor(1),
+        );
         v[..4].copy_from_slice(&2u32.to_be_bytes());
-        assert!(Merge::decode(&k, &v).is_err());
-        assert!(Merge::decode(b"merge/x", &v).is_err());
+        assert!(decode_merge(&k, &v).is_err());
+        assert!(decode_merge(b"merge/x", &v).is_err());
     }
 }

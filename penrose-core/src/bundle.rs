@@ -75,6 +75,67 @@ pub struct ClassMerge {
     pub into: ClassId,
 }
 
+/// A merge a [`ClassMap`] refuses.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum MergeRefused {
+    /// Merges go to an older class (a lower id), which keeps every chain of merges finite.
+    #[error("class {} merged into class {}, which is not older", .0.absorbed.0, .0.into.0)]
+    NotOlder(ClassMerge),
+    /// A class is merged once.
+    #[error("class {} merged twice", .0.absorbed.0)]
+    Twice(ClassMerge),
+}
+
+/// Where every merged class went: resolves a class to the class that holds it now (its root).
+/// The aggregation server keeps one (its tables, and export as of a cursor), the design server
+/// another (from the bundles' merges).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassMap {
+    into: std::collections::BTreeMap<ClassId, ClassId>,
+}
+
+impl ClassMap {
+    /// Adds one merge; refuses, changing nothing, a merge into a younger class or of a class
+    /// merged already.
+    pub fn insert(&mut self, merge: ClassMerge) -> Result<(), MergeRefused> {
+        if merge.into >= merge.absorbed {
+            return Err(MergeRefused::NotOlder(merge));
+        }
+        match self.into.entry(merge.absorbed) {
+            std::collections::btree_map::Entry::Occupied(_) => Err(MergeRefused::Twice(merge)),
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(merge.into);
+                Ok(())
+            }
+        }
+    }
+
+    /// The class that holds `class` now. Terminates: every step goes to a lower id.
+    pub fn root(&self, mut class: ClassId) -> ClassId {
+        while let Some(&into) = self.into.get(&class) {
+            class = into;
+        }
+        class
+    }
+
+    /// Number of merged classes.
+    pub fn len(&self) -> usize {
+        self.into.len()
+    }
+
+    /// Whether no class was merged.
+    pub fn is_empty(&self) -> bool {
+        self.into.is_empty()
+    }
+
+    /// Every merge, by absorbed class.
+    pub fn merges(&self) -> impl Iterator<Item = ClassMerge> + '_ {
+        self.into
+            .iter()
+            .map(|(&absorbed, &into)| ClassMerge { absorbed, into })
+    }
+}
+
 /// Which accumulator of a (class, counter, epoch) this is: a fresh one starts whenever the
 /// previous one reached its report bound, so every generation decrypts on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -767,6 +828,24 @@ mod tests {
         let mut b = bundle();
         b.merges[0].absorbed = ClassId(2);
         assert!(refused(b), "an entry under a class merged away");
+    }
+
+    #[test]
+    fn a_class_map_resolves_chains_and_refuses_bad_merges_unchanged() {
+        let m = |absorbed, into| ClassMerge {
+            absorbed: ClassId(absorbed),
+            into: ClassId(into),
+        };
+        let mut map = ClassMap::default();
+        map.insert(m(5, 1)).unwrap();
+        map.insert(m(9, 5)).unwrap();
+        assert_eq!(map.root(ClassId(9)), ClassId(1));
+        assert_eq!(map.root(ClassId(2)), ClassId(2));
+        let before = map.clone();
+        assert_eq!(map.insert(m(9, 2)), Err(MergeRefused::Twice(m(9, 2))));
+        assert_eq!(map.insert(m(3, 4)), Err(MergeRefused::NotOlder(m(3, 4))));
+        assert_eq!(map, before);
+        assert_eq!(map.merges().collect::<Vec<_>>(), vec![m(5, 1), m(9, 5)]);
     }
 
     #[test]

@@ -36,8 +36,8 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::VerifyingKey;
 use penrose_core::bundle::{
-    Bundle, BundleEntry, BundleError, BundleHash, ClassId, EpochId, EpochKind, EpochSummary,
-    InstanceId, SumId,
+    Bundle, BundleEntry, BundleError, BundleHash, ClassId, ClassMap, EpochId, EpochKind,
+    EpochSummary, InstanceId, SumId,
 };
 use penrose_core::hex::encode as hex;
 use penrose_core::paillier::KeyId;
@@ -157,22 +157,15 @@ pub struct Aggregates {
     pub entries: BTreeMap<SumId, BundleEntry>,
     /// Epochs a later chain released again: refused, never merged.
     pub skipped: Vec<(InstanceId, EpochId)>,
-    /// Classes the aggregator merged into older ones (absorbed -> survivor), from every
-    /// bundle; a later chain's merge that contradicts an earlier one is ignored.
-    pub merged_into: BTreeMap<ClassId, ClassId>,
+    /// Classes the aggregator merged into older ones, from every bundle; a later chain's merge
+    /// that contradicts an earlier one is ignored (the first chain's stands).
+    pub merges: ClassMap,
 }
 
 impl Aggregates {
-    /// The class that holds `class` now: its sums are reported there. Terminates because a
-    /// merge always goes to a lower id.
-    pub fn root(&self, mut class: ClassId) -> ClassId {
-        while let Some(&into) = self.merged_into.get(&class) {
-            if into >= class {
-                break;
-            }
-            class = into;
-        }
-        class
+    /// The class that holds `class` now: its sums are reported there.
+    pub fn root(&self, class: ClassId) -> ClassId {
+        self.merges.root(class)
     }
 }
 
@@ -513,7 +506,9 @@ impl Archive {
                     }
                 }
                 for merge in &bundle.merges {
-                    out.merged_into.entry(merge.absorbed).or_insert(merge.into);
+                    // A repeat (a restored chain's first bundle lists its parent's merges) or
+                    // a contradiction changes nothing: the first chain's merge stands.
+                    let _ = out.merges.insert(*merge);
                 }
             }
             out.chains
