@@ -13,8 +13,8 @@ use penrose_core::tokens::{
 };
 
 static KEYS: LazyLock<(KeySet, Vec<u8>)> = LazyLock::new(|| {
-    let one = IssuerKey::derive(TokenEpoch(1), &[1; 32]).expect("a fixed key derives");
-    let two = IssuerKey::derive(TokenEpoch(2), &[2; 32]).expect("a fixed key derives");
+    let one = IssuerKey::derive(TokenEpoch(1), TokenScope(0), &[1; 32]).expect("a fixed key derives");
+    let two = IssuerKey::derive(TokenEpoch(2), TokenScope(0), &[2; 32]).expect("a fixed key derives");
     let set = KeySet::of_keys([&one, &two]).expect("two epochs make a set");
     let mut header = 1u32.to_be_bytes().to_vec();
     header.extend_from_slice(&one.key_id().0);

@@ -446,6 +446,7 @@ impl Pipeline {
             day,
             samples: histogram.samples(),
             ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
+            token: None,
         };
         let frame = Message::Report(report.clone()).to_frame()?;
         let record = SealedRecord {

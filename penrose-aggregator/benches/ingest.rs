@@ -77,6 +77,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
             day: Day(20_000),
             samples: SampleCount(*samples),
             ciphertexts: PackedBytes::new(ct.clone(), 2).unwrap(),
+            token: None,
         };
         Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
     };

@@ -420,6 +420,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                     day: Day(day.0),
                     samples,
                     ciphertexts,
+                    token: None,
                 };
                 let invalid = i % invalid_every == invalid_every - 1;
                 let sent = Instant::now();

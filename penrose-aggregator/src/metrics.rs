@@ -336,6 +336,9 @@ pub fn reason_label(reason: RejectReason) -> &'static str {
         RejectReason::DayOutOfRange => "day_out_of_range",
         RejectReason::InvalidSnippet => "invalid_snippet",
         RejectReason::NewClassLimit => "new_class_limit",
+        RejectReason::TokenRequired => "token_required",
+        RejectReason::InvalidToken => "invalid_token",
+        RejectReason::TokenSpent => "token_spent",
         RejectReason::Other(_) => "other",
     }
 }

@@ -194,6 +194,7 @@ mod tests {
             day: TODAY,
             samples: SampleCount(10),
             ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
+            token: None,
         };
         (keys, report)
     }
@@ -318,7 +319,7 @@ mod tests {
             RejectReason::TooLarge
         );
         let mut version = frame.clone();
-        version[6] = 2;
+        version[6] = 1;
         assert_eq!(
             validate_frame(&version, key, TODAY).unwrap_err().reason(),
             RejectReason::UnsupportedVersion
@@ -331,7 +332,7 @@ mod tests {
             RejectReason::TooLarge
         );
         assert_eq!(
-            validate_frame(&[0, 0, 0, 3, 9, 0, 1], key, TODAY)
+            validate_frame(&[0, 0, 0, 3, 9, 0, 2], key, TODAY)
                 .unwrap_err()
                 .reason(),
             RejectReason::Malformed

@@ -192,7 +192,7 @@ async fn every_invalid_report_is_rejected_with_its_code_and_changes_nothing() {
     ));
     cases.push((
         "garbage",
-        b"\x07\x00\x01zz".to_vec(),
+        b"\x07\x00\x02zz".to_vec(),
         RejectReason::Malformed,
     ));
     cases.push((

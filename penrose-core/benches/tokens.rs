@@ -16,6 +16,7 @@ use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use penrose_core::tokens::{
     BlindedRequest, IssueResponse, IssuerKey, KeySet, Redemption, TokenEpoch, TokenRequest,
+    TokenScope,
 };
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -32,9 +33,9 @@ const REPORT_BODY_BYTES: usize = 1126;
 
 fn tokens<M: Measurement + 'static>(c: &mut Criterion<M>, clock: &str) {
     let mut rng = ChaCha20Rng::seed_from_u64(9497);
-    let key = IssuerKey::generate(TokenEpoch(1), &mut rng);
+    let key = IssuerKey::generate(TokenEpoch(1), TokenScope(0), &mut rng);
     let set = KeySet::of_keys([&key]).unwrap();
-    let entry = set.get(TokenEpoch(1)).unwrap().clone();
+    let entry = set.get(TokenEpoch(1), TokenScope(0)).unwrap().clone();
     let mut body = vec![0u8; REPORT_BODY_BYTES];
     rng.fill_bytes(&mut body);
 

@@ -5,8 +5,13 @@
 //! body    = kind:u8  version:u16be  payload
 //! report  = key_id:[32]  report_id:[16]  snippet:[32]  counter:u16be  catalogue:u16be
 //!           day:u32be  samples:u32be  n:u8  ct_len:u16be  ciphertexts:[n * ct_len]
+//!           tokens:u8 (0 or 1)  token:[100] * tokens
 //! ack     = report_id:[16]  status:u8  reason:u8  throttle_permille:u16be
 //! ```
+//!
+//! A report's admission token (`penrose_core::tokens::Redemption`, version 2 on) is bound to
+//! the report by a MAC over the body up to and including the ciphertexts: the
+//! [`Report::token_binding`], which is everything but the token itself.
 //!
 //! A report carries nothing that identifies its sender: no host, no address, no clock finer
 //! than a day. The length is checked against [`MAX_FRAME_BODY`] before anything is allocated,
@@ -21,7 +26,11 @@ use crate::histogram::SampleCount;
 use crate::paillier::KeyId;
 
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
+
+/// Bytes of an admission token as a report carries it (an encoded
+/// `penrose_core::tokens::Redemption`: epoch, key id, nonce, tag).
+pub const ADMISSION_TOKEN_BYTES: usize = 4 + 32 + 32 + 32;
 
 /// Largest body a frame may announce. A report of two 512-byte ciphertexts is about 1.2 KB;
 /// the limit leaves room for larger keys without letting a peer claim megabytes.
@@ -64,6 +73,53 @@ pub struct Report {
     pub samples: SampleCount,
     /// The packed ciphertexts.
     pub ciphertexts: PackedBytes,
+    /// The anonymous admission token spent on this report, if the sender has one; servers
+    /// that admit only enrolled agents refuse a report without it.
+    pub token: Option<AdmissionToken>,
+}
+
+/// An admission token as a report carries it: the bytes of a spent token (a
+/// `penrose_core::tokens::Redemption`), checked only by a server that holds the issuer's keys.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionToken(pub [u8; ADMISSION_TOKEN_BYTES]);
+
+impl std::fmt::Debug for AdmissionToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The epoch, then enough of the key id to tell keys apart; the nonce and tag are noise.
+        let epoch = u32::from_be_bytes([self.0[0], self.0[1], self.0[2], self.0[3]]);
+        write!(
+            f,
+            "AdmissionToken(epoch {epoch}, key {:02x}{:02x}{:02x}{:02x}..)",
+            self.0[4], self.0[5], self.0[6], self.0[7]
+        )
+    }
+}
+
+impl Report {
+    /// The bytes an admission token is bound to: the frame body of this report up to and
+    /// including its ciphertexts (kind, version and every field but the token). The agent
+    /// computes the token's tag over them; the server verifies the tag over the same bytes.
+    pub fn token_binding(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(3 + 93 + self.ciphertexts.bytes.len());
+        out.push(KIND_REPORT);
+        out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+        self.encode_fields(&mut out);
+        out
+    }
+
+    fn encode_fields(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.key_id.0);
+        out.extend_from_slice(&self.report_id.0);
+        out.extend_from_slice(&self.snippet.0);
+        out.extend_from_slice(&self.counter.0.to_be_bytes());
+        out.extend_from_slice(&self.catalogue.0.to_be_bytes());
+        out.extend_from_slice(&self.day.0.to_be_bytes());
+        out.extend_from_slice(&self.samples.0.to_be_bytes());
+        // PackedBytes guarantees count <= MAX_CIPHERTEXTS and length <= u16::MAX.
+        out.push(self.ciphertexts.count);
+        out.extend_from_slice(&(self.ciphertexts.ciphertext_len() as u16).to_be_bytes());
+        out.extend_from_slice(&self.ciphertexts.bytes);
+    }
 }
 
 /// A report's ciphertexts as they travel: `count` big-endian ciphertexts of one length,
@@ -160,6 +216,16 @@ pub enum RejectReason {
     /// The report's snippet would found a new application class, and the server has founded
     /// as many classes as it may for now; retry later (the report itself is fine).
     NewClassLimit,
+    /// The server admits only reports that carry an anonymous admission token, and this one
+    /// carries none. The report is kept and sent again once the agent holds a token.
+    TokenRequired,
+    /// The report's admission token does not verify: forged, bound to another report, of
+    /// another scope (counter) or of an epoch other than the report's day, or of a key the
+    /// server does not hold. The agent discards that token and keeps the report.
+    InvalidToken,
+    /// The report's token was already spent on another report. The agent discards that token
+    /// and keeps the report.
+    TokenSpent,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -179,6 +245,9 @@ impl RejectReason {
             RejectReason::DayOutOfRange => 9,
             RejectReason::InvalidSnippet => 10,
             RejectReason::NewClassLimit => 11,
+            RejectReason::TokenRequired => 12,
+            RejectReason::InvalidToken => 13,
+            RejectReason::TokenSpent => 14,
             RejectReason::Other(code) => code,
         }
     }
@@ -197,6 +266,9 @@ impl RejectReason {
             9 => RejectReason::DayOutOfRange,
             10 => RejectReason::InvalidSnippet,
             11 => RejectReason::NewClassLimit,
+            12 => RejectReason::TokenRequired,
+            13 => RejectReason::InvalidToken,
+            14 => RejectReason::TokenSpent,
             other => RejectReason::Other(other),
         }
     }
@@ -206,6 +278,17 @@ impl RejectReason {
     /// is final for these bytes.
     pub fn retry_later(self) -> bool {
         matches!(self, RejectReason::Overloaded | RejectReason::NewClassLimit)
+    }
+
+    /// Whether the refusal is about the report's admission token, not the report: the sender
+    /// keeps the report and sends it again with another token (after discarding this one, for
+    /// [`InvalidToken`](RejectReason::InvalidToken) and
+    /// [`TokenSpent`](RejectReason::TokenSpent)).
+    pub fn token_problem(self) -> bool {
+        matches!(
+            self,
+            RejectReason::TokenRequired | RejectReason::InvalidToken | RejectReason::TokenSpent
+        )
     }
 }
 
@@ -241,6 +324,9 @@ pub struct Ack {
 }
 
 /// A decoded frame.
+// A report with its token is about 230 bytes on the stack against an ack's 24; one message is
+// decoded per stream and moved once, so boxing would only add an allocation per report.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message {
     /// Agent to server.
@@ -291,6 +377,9 @@ pub enum WireError {
     /// An accepted or duplicate ack carried a reject reason; each message has one encoding.
     #[error("reason code {0} on an ack that is not a rejection")]
     UnexpectedReason(u8),
+    /// A report said it carries more than one admission token (or an unknown marker).
+    #[error("a report carries 0 or 1 admission tokens, not {0}")]
+    TokenCount(u8),
     /// The throttle hint is above 1000 permille.
     #[error("throttle hint {0} permille is above 1000")]
     ThrottleOutOfRange(u16),
@@ -316,17 +405,14 @@ impl Message {
             Message::Report(r) => {
                 out.push(KIND_REPORT);
                 out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
-                out.extend_from_slice(&r.key_id.0);
-                out.extend_from_slice(&r.report_id.0);
-                out.extend_from_slice(&r.snippet.0);
-                out.extend_from_slice(&r.counter.0.to_be_bytes());
-                out.extend_from_slice(&r.catalogue.0.to_be_bytes());
-                out.extend_from_slice(&r.day.0.to_be_bytes());
-                out.extend_from_slice(&r.samples.0.to_be_bytes());
-                // PackedBytes guarantees count <= MAX_CIPHERTEXTS and length <= u16::MAX.
-                out.push(r.ciphertexts.count);
-                out.extend_from_slice(&(r.ciphertexts.ciphertext_len() as u16).to_be_bytes());
-                out.extend_from_slice(&r.ciphertexts.bytes);
+                r.encode_fields(out);
+                match &r.token {
+                    None => out.push(0),
+                    Some(token) => {
+                        out.push(1);
+                        out.extend_from_slice(&token.0);
+                    }
+                }
             }
             Message::Ack(a) => {
                 out.push(KIND_ACK);
@@ -430,6 +516,11 @@ fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
     }
     // `bytes` checks the whole payload is present before anything is copied.
     let ciphertexts = PackedBytes::new(r.bytes(count * len, "ciphertexts")?.to_vec(), count)?;
+    let token = match r.u8("token count")? {
+        0 => None,
+        1 => Some(AdmissionToken(r.array("admission token")?)),
+        other => return Err(WireError::TokenCount(other)),
+    };
     Ok(Report {
         key_id,
         report_id,
@@ -439,6 +530,7 @@ fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
         day,
         samples,
         ciphertexts,
+        token,
     })
 }
 
@@ -514,6 +606,7 @@ mod tests {
             samples: SampleCount(10_000),
             ciphertexts: PackedBytes::new((0..n).flat_map(|i| vec![i as u8 + 7; len]).collect(), n)
                 .unwrap(),
+            token: None,
         }
     }
 
@@ -521,9 +614,51 @@ mod tests {
     fn report_round_trip_and_size() {
         let msg = Message::Report(report(2, 512));
         let frame = msg.to_frame().unwrap();
-        // 4 + 3 + 32 + 16 + 32 + 2 + 2 + 4 + 4 + 1 + 2 + 1024
-        assert_eq!(frame.len(), 1126);
+        // 4 + 3 + 32 + 16 + 32 + 2 + 2 + 4 + 4 + 1 + 2 + 1024 + 1
+        assert_eq!(frame.len(), 1127);
         assert_eq!(Message::decode(&frame), Ok((msg, frame.len())));
+    }
+
+    #[test]
+    fn a_token_adds_its_bytes_and_is_not_part_of_what_it_is_bound_to() {
+        let plain = report(2, 512);
+        let mut tokened = plain.clone();
+        tokened.token = Some(AdmissionToken([0xab; ADMISSION_TOKEN_BYTES]));
+        let a = Message::Report(plain.clone()).to_frame().unwrap();
+        let b = Message::Report(tokened.clone()).to_frame().unwrap();
+        assert_eq!(b.len(), a.len() + ADMISSION_TOKEN_BYTES);
+        assert_eq!(
+            Message::decode(&b),
+            Ok((Message::Report(tokened.clone()), b.len()))
+        );
+        // The binding is the body up to the token marker, the same with or without a token.
+        let binding = plain.token_binding();
+        assert_eq!(binding, tokened.token_binding());
+        assert_eq!(
+            &a[LENGTH_PREFIX..LENGTH_PREFIX + binding.len()],
+            &binding[..]
+        );
+        assert_eq!(
+            &b[LENGTH_PREFIX..LENGTH_PREFIX + binding.len()],
+            &binding[..]
+        );
+        // Every field changes it.
+        let mut other = plain.clone();
+        other.day = Day(plain.day.0 + 1);
+        assert_ne!(other.token_binding(), binding);
+        // A marker other than 0 or 1 and a token cut short are refused.
+        let mut marker = a.clone();
+        *marker.last_mut().unwrap() = 2;
+        assert_eq!(Message::decode(&marker), Err(WireError::TokenCount(2)));
+        let mut short = b[..b.len() - 1].to_vec();
+        let len = (short.len() - LENGTH_PREFIX) as u32;
+        short[..LENGTH_PREFIX].copy_from_slice(&len.to_be_bytes());
+        assert_eq!(
+            Message::decode(&short),
+            Err(WireError::Truncated {
+                field: "admission token"
+            })
+        );
     }
 
     #[test]

@@ -7,9 +7,9 @@
 use std::collections::HashSet;
 
 use penrose_core::tokens::{
-    BlindedRequest, ISSUER_KEY_BYTES, IssueResponse, IssuerKey, KeyEntry, KeySet, MAX_BATCH,
-    REDEMPTION_BYTES, Redemption, SpentId, TOKEN_BYTES, Token, TokenEpoch, TokenError, TokenKeyId,
-    TokenRequest,
+    BlindedRequest, ISSUER_KEY_BYTES, IssueResponse, IssuerKey, KeyEntry, KeyRing, KeySet,
+    MAX_BATCH, REDEMPTION_BYTES, Redemption, SpentId, TOKEN_BYTES, Token, TokenEpoch, TokenError,
+    TokenKeyId, TokenRequest, TokenScope,
 };
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -21,8 +21,8 @@ fn rng(seed: u64) -> ChaCha20Rng {
 /// The issuer's keys of epochs 7 and 8 and the set it publishes.
 fn setup() -> (IssuerKey, IssuerKey, KeySet) {
     let mut r = rng(1);
-    let key7 = IssuerKey::generate(TokenEpoch(7), &mut r);
-    let key8 = IssuerKey::generate(TokenEpoch(8), &mut r);
+    let key7 = IssuerKey::generate(TokenEpoch(7), TokenScope(0), &mut r);
+    let key8 = IssuerKey::generate(TokenEpoch(8), TokenScope(0), &mut r);
     let set = KeySet::of_keys([&key7, &key8]).unwrap();
     (key7, key8, set)
 }
@@ -35,7 +35,7 @@ fn issue(key: &IssuerKey, set: &KeySet, count: usize, seed: u64) -> (Vec<Token>,
     let mut issuer_rng = rng(seed + 1000);
     let published = KeySet::decode(&set.encode()).unwrap();
     assert_eq!(published.digest(), set.digest());
-    let entry = published.get(key.epoch()).unwrap();
+    let entry = published.get(key.epoch(), key.scope()).unwrap();
     let pending = TokenRequest::new(entry, count, &mut client_rng).unwrap();
     let request_bytes = pending.request().encode();
     assert_eq!(request_bytes.len(), BlindedRequest::encoded_len(count));
@@ -180,10 +180,10 @@ fn an_issuance_whose_proof_does_not_verify_is_refused() {
     // A partitioning issuer: it answers with a key it did not publish (one made for this
     // client) while naming the published one. The client must refuse the whole issuance.
     let (key7, _, set) = setup();
-    let rogue = IssuerKey::generate(TokenEpoch(7), &mut rng(8));
+    let rogue = IssuerKey::generate(TokenEpoch(7), TokenScope(0), &mut rng(8));
     let rogue_set = KeySet::of_keys([&rogue]).unwrap();
 
-    let entry = set.get(TokenEpoch(7)).unwrap();
+    let entry = set.get(TokenEpoch(7), TokenScope(0)).unwrap();
     let pending = TokenRequest::new(entry, 4, &mut rng(9)).unwrap();
     let mut request = pending.request().encode();
     request[4..36].copy_from_slice(&rogue.key_id().0);
@@ -215,17 +215,37 @@ fn an_issuance_whose_proof_does_not_verify_is_refused() {
 #[test]
 fn a_response_to_another_request_is_refused() {
     let (key7, key8, set) = setup();
-    let pending = TokenRequest::new(set.get(TokenEpoch(7)).unwrap(), 3, &mut rng(15)).unwrap();
+    let pending = TokenRequest::new(
+        set.get(TokenEpoch(7), TokenScope(0)).unwrap(),
+        3,
+        &mut rng(15),
+    )
+    .unwrap();
     // Another epoch.
-    let for8 = TokenRequest::new(set.get(TokenEpoch(8)).unwrap(), 3, &mut rng(16)).unwrap();
+    let for8 = TokenRequest::new(
+        set.get(TokenEpoch(8), TokenScope(0)).unwrap(),
+        3,
+        &mut rng(16),
+    )
+    .unwrap();
     let answer8 = key8.issue(for8.request(), &mut rng(17)).unwrap();
     assert!(matches!(
         pending.finalize(&answer8),
         Err(TokenError::Mismatch(_))
     ));
     // Another count.
-    let pending = TokenRequest::new(set.get(TokenEpoch(7)).unwrap(), 3, &mut rng(18)).unwrap();
-    let two = TokenRequest::new(set.get(TokenEpoch(7)).unwrap(), 2, &mut rng(19)).unwrap();
+    let pending = TokenRequest::new(
+        set.get(TokenEpoch(7), TokenScope(0)).unwrap(),
+        3,
+        &mut rng(18),
+    )
+    .unwrap();
+    let two = TokenRequest::new(
+        set.get(TokenEpoch(7), TokenScope(0)).unwrap(),
+        2,
+        &mut rng(19),
+    )
+    .unwrap();
     let answer2 = key7.issue(two.request(), &mut rng(20)).unwrap();
     assert!(matches!(
         pending.finalize(&answer2),
@@ -292,7 +312,7 @@ fn issuer_transcript_and_redemption_share_no_bytes() {
 #[test]
 fn batch_sizes_are_bounded() {
     let (key7, _, set) = setup();
-    let entry = set.get(TokenEpoch(7)).unwrap();
+    let entry = set.get(TokenEpoch(7), TokenScope(0)).unwrap();
     for count in [0, MAX_BATCH + 1, 1000] {
         assert!(matches!(
             TokenRequest::new(entry, count, &mut rng(23)),
@@ -341,7 +361,12 @@ fn invalid_elements() -> Vec<[u8; 32]> {
 #[test]
 fn decoders_refuse_wrong_lengths() {
     let (key7, _, set) = setup();
-    let pending = TokenRequest::new(set.get(TokenEpoch(7)).unwrap(), 3, &mut rng(26)).unwrap();
+    let pending = TokenRequest::new(
+        set.get(TokenEpoch(7), TokenScope(0)).unwrap(),
+        3,
+        &mut rng(26),
+    )
+    .unwrap();
     let request = pending.request().encode();
     let response = key7
         .issue(pending.request(), &mut rng(27))
@@ -392,7 +417,12 @@ fn decoders_refuse_wrong_lengths() {
 #[test]
 fn decoders_refuse_invalid_elements() {
     let (key7, _, set) = setup();
-    let pending = TokenRequest::new(set.get(TokenEpoch(7)).unwrap(), 3, &mut rng(28)).unwrap();
+    let pending = TokenRequest::new(
+        set.get(TokenEpoch(7), TokenScope(0)).unwrap(),
+        3,
+        &mut rng(28),
+    )
+    .unwrap();
     let request = pending.request().encode();
     let response = key7
         .issue(pending.request(), &mut rng(29))
@@ -422,7 +452,7 @@ fn decoders_refuse_invalid_elements() {
         }
         // A key set with an invalid public key.
         let mut bytes = set.encode();
-        bytes[7..39].copy_from_slice(&bad);
+        bytes[9..41].copy_from_slice(&bad);
         assert!(matches!(
             KeySet::decode(&bytes),
             Err(TokenError::InvalidElement {
@@ -430,7 +460,7 @@ fn decoders_refuse_invalid_elements() {
                 index: 0
             })
         ));
-        assert!(KeyEntry::new(TokenEpoch(1), bad).is_err());
+        assert!(KeyEntry::new(TokenEpoch(1), TokenScope(0), bad).is_err());
     }
     // A proof scalar that is zero or not reduced mod the group order.
     for bad in [[0u8; 32], [0xff; 32]] {
@@ -449,7 +479,12 @@ fn decoders_refuse_invalid_elements() {
 #[test]
 fn decoders_refuse_unknown_epochs_and_key_ids() {
     let (key7, key8, set) = setup();
-    let pending = TokenRequest::new(set.get(TokenEpoch(7)).unwrap(), 2, &mut rng(30)).unwrap();
+    let pending = TokenRequest::new(
+        set.get(TokenEpoch(7), TokenScope(0)).unwrap(),
+        2,
+        &mut rng(30),
+    )
+    .unwrap();
     let request = pending.request().encode();
     let response = key7
         .issue(pending.request(), &mut rng(31))
@@ -507,26 +542,67 @@ fn key_sets_are_canonical() {
     // Out of order on the wire: refused, not repaired.
     let bytes = set.encode();
     let mut swapped = bytes[..3].to_vec();
-    swapped.extend_from_slice(&bytes[39..75]);
-    swapped.extend_from_slice(&bytes[3..39]);
+    swapped.extend_from_slice(&bytes[41..79]);
+    swapped.extend_from_slice(&bytes[3..41]);
     assert!(matches!(
         KeySet::decode(&swapped),
         Err(TokenError::KeySet(_))
     ));
     // Two keys for one epoch; one key for two epochs.
-    let other7 = IssuerKey::generate(TokenEpoch(7), &mut rng(32));
+    let other7 = IssuerKey::generate(TokenEpoch(7), TokenScope(0), &mut rng(32));
     assert!(KeySet::of_keys([&key7, &other7]).is_err());
-    let reused = KeyEntry::new(TokenEpoch(9), *key7.entry().public_key()).unwrap();
+    let reused = KeyEntry::new(TokenEpoch(9), TokenScope(0), *key7.entry().public_key()).unwrap();
     assert!(matches!(
         KeySet::new([key7.entry().clone(), reused]),
         Err(TokenError::KeySet(_))
     ));
     // Another version; an empty set.
     let mut versioned = bytes.clone();
-    versioned[0] = 2;
+    versioned[0] = 1;
     assert!(KeySet::decode(&versioned).is_err());
-    assert!(KeySet::decode(&[1, 0, 0]).is_err());
+    assert!(KeySet::decode(&[2, 0, 0]).is_err());
     assert!(KeySet::new([]).is_err());
+}
+
+#[test]
+fn scopes_have_keys_of_their_own_and_a_token_admits_only_its_scope() {
+    let seed = [5; 32];
+    let a = IssuerKey::derive(TokenEpoch(7), TokenScope(0), &seed).unwrap();
+    let b = IssuerKey::derive(TokenEpoch(7), TokenScope(1), &seed).unwrap();
+    let c = IssuerKey::derive(TokenEpoch(8), TokenScope(0), &seed).unwrap();
+    let set = KeySet::of_keys([&c, &b, &a]).unwrap();
+    // Ordered by (epoch, scope); one epoch's keys are found by key id whatever the scope.
+    let names: Vec<_> = set.entries().iter().map(|e| e.name()).collect();
+    assert_eq!(
+        names,
+        [
+            (TokenEpoch(7), TokenScope(0)),
+            (TokenEpoch(7), TokenScope(1)),
+            (TokenEpoch(8), TokenScope(0))
+        ]
+    );
+    assert_eq!(set.epoch(TokenEpoch(7)).len(), 2);
+    assert_eq!(
+        set.epochs().collect::<Vec<_>>(),
+        [TokenEpoch(7), TokenEpoch(8)]
+    );
+    assert_eq!(
+        set.find(TokenEpoch(7), b.key_id()).unwrap().scope(),
+        TokenScope(1)
+    );
+    assert!(set.find(TokenEpoch(8), b.key_id()).is_err());
+    assert_eq!(KeySet::decode(&set.encode()).unwrap(), set);
+    // Two keys of one (epoch, scope) are refused.
+    let again = IssuerKey::derive(TokenEpoch(7), TokenScope(1), &[6; 32]).unwrap();
+    assert!(KeySet::of_keys([&a, &b, &again]).is_err());
+    // A token of scope 1 does not verify under scope 0's key.
+    let (tokens, _) = issue(&b, &set, 1, 40);
+    let redemption = tokens[0].redeem(b"body");
+    assert!(b.verify(&redemption, b"body").is_ok());
+    assert!(a.verify(&redemption, b"body").is_err());
+    // The secret encoding keeps the scope.
+    let back = IssuerKey::from_secret_bytes(&b.to_secret_bytes()).unwrap();
+    assert_eq!(back.entry(), b.entry());
 }
 
 #[test]
@@ -538,22 +614,24 @@ fn issuer_keys_round_trip_and_never_print_their_secret() {
     assert_eq!(again.key_id(), key7.key_id());
     assert_eq!(again.entry(), key7.entry());
     // Derivation is deterministic per (epoch, seed) and differs across epochs.
-    let a = IssuerKey::derive(TokenEpoch(1), &[3; 32]).unwrap();
-    let b = IssuerKey::derive(TokenEpoch(1), &[3; 32]).unwrap();
-    let c = IssuerKey::derive(TokenEpoch(2), &[3; 32]).unwrap();
+    let a = IssuerKey::derive(TokenEpoch(1), TokenScope(0), &[3; 32]).unwrap();
+    let b = IssuerKey::derive(TokenEpoch(1), TokenScope(0), &[3; 32]).unwrap();
+    let c = IssuerKey::derive(TokenEpoch(2), TokenScope(0), &[3; 32]).unwrap();
+    let d = IssuerKey::derive(TokenEpoch(1), TokenScope(1), &[3; 32]).unwrap();
     assert_eq!(a.key_id(), b.key_id());
     assert_ne!(a.key_id(), c.key_id());
+    assert_ne!(a.key_id(), d.key_id());
     // A zero or unreduced scalar is refused.
     for bad in [[0u8; 32], [0xff; 32]] {
         let mut bytes = stored;
-        bytes[4..].copy_from_slice(&bad);
+        bytes[6..].copy_from_slice(&bad);
         assert_eq!(
             IssuerKey::from_secret_bytes(&bytes).map(|_| ()),
             Err(TokenError::InvalidSecretKey)
         );
     }
     // Debug output names the key, never the secret or a token's output.
-    let secret_hex: String = stored[4..].iter().map(|b| format!("{b:02x}")).collect();
+    let secret_hex: String = stored[6..].iter().map(|b| format!("{b:02x}")).collect();
     let printed = format!("{key7:?}");
     assert!(!printed.contains(&secret_hex[..16]));
     assert!(printed.contains("IssuerKey"));
@@ -565,4 +643,44 @@ fn issuer_keys_round_trip_and_never_print_their_secret() {
         .collect();
     let printed = format!("{:?}", tokens[0]);
     assert!(!printed.contains(&output_hex[..16]));
+}
+
+#[test]
+fn key_rings_round_trip_and_refuse_damage() {
+    let keys: Vec<IssuerKey> = (0..3)
+        .flat_map(|scope| {
+            [7, 8].map(|epoch| {
+                IssuerKey::derive(TokenEpoch(epoch), TokenScope(scope), &[9; 32]).unwrap()
+            })
+        })
+        .collect();
+    let ring = KeyRing::new(keys.clone()).unwrap();
+    let bytes = ring.encode();
+    let back = KeyRing::decode(&bytes).unwrap();
+    assert_eq!(back.key_set(), ring.key_set());
+    assert_eq!(back.key_set(), KeySet::of_keys(&keys).unwrap());
+    let key = back.get(TokenEpoch(8), TokenScope(2)).unwrap();
+    assert_eq!(key.entry(), keys[5].entry());
+    assert_eq!(
+        back.find(TokenEpoch(8), key.key_id()).unwrap().scope(),
+        TokenScope(2)
+    );
+    assert!(back.find(TokenEpoch(7), key.key_id()).is_err());
+    // Cut short, extended, another file, another version, keys swapped, a key twice.
+    assert!(KeyRing::decode(&bytes[..bytes.len() - 1]).is_err());
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(KeyRing::decode(&longer).is_err());
+    assert!(KeyRing::decode(&ring.key_set().encode()).is_err());
+    let mut versioned = bytes.clone();
+    versioned[18] = 2;
+    assert!(KeyRing::decode(&versioned).is_err());
+    let header = 21;
+    let mut swapped = bytes[..header].to_vec();
+    swapped.extend_from_slice(&bytes[header + ISSUER_KEY_BYTES..header + 2 * ISSUER_KEY_BYTES]);
+    swapped.extend_from_slice(&bytes[header..header + ISSUER_KEY_BYTES]);
+    swapped.extend_from_slice(&bytes[header + 2 * ISSUER_KEY_BYTES..]);
+    assert!(KeyRing::decode(&swapped).is_err());
+    assert!(KeyRing::new([keys[0].clone(), keys[0].clone()]).is_err());
+    assert!(KeyRing::new([]).is_err());
 }

@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 
 use penrose_core::tokens::{
     BlindedRequest, IssueResponse, IssuerKey, KeySet, Redemption, Token, TokenEpoch, TokenRequest,
+    TokenScope,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -23,10 +24,11 @@ struct Fixture {
 
 static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
     let mut rng = ChaCha20Rng::seed_from_u64(40);
-    let key = IssuerKey::generate(TokenEpoch(3), &mut rng);
-    let other = IssuerKey::generate(TokenEpoch(4), &mut rng);
+    let key = IssuerKey::generate(TokenEpoch(3), TokenScope(0), &mut rng);
+    let other = IssuerKey::generate(TokenEpoch(4), TokenScope(0), &mut rng);
     let set = KeySet::of_keys([&key, &other]).unwrap();
-    let pending = TokenRequest::new(set.get(TokenEpoch(3)).unwrap(), 4, &mut rng).unwrap();
+    let pending =
+        TokenRequest::new(set.get(TokenEpoch(3), TokenScope(0)).unwrap(), 4, &mut rng).unwrap();
     let request = pending.request().encode();
     let response = key.issue(pending.request(), &mut rng).unwrap();
     let tokens = pending.finalize(&response).unwrap();

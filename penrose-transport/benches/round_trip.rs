@@ -54,6 +54,7 @@ fn report(i: u64) -> Report {
         day: Day(20_000),
         samples: SampleCount(100),
         ciphertexts: PackedBytes::new(vec![0x5a; 1024], 2).unwrap(),
+        token: None,
     }
 }
 

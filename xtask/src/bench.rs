@@ -245,6 +245,7 @@ fn report_sizes() -> Result<String> {
         day: Day(0),
         samples: SampleCount(BIN_COUNT as u32),
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
+        token: None,
     };
     let frame = Message::Report(report).to_frame()?;
     Ok(format!(

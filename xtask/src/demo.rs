@@ -949,6 +949,7 @@ fn report_frame_len(key: &PublicKey) -> Result<usize> {
         day: Day(0),
         samples: SampleCount(1),
         ciphertexts: PackedBytes::new(packed.to_bytes(), count)?,
+        token: None,
     };
     Ok(Message::Report(report).to_frame()?.len())
 }

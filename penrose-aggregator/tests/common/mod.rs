@@ -123,6 +123,7 @@ pub fn report_by(
         day,
         samples: SampleCount(bins.iter().sum()),
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
+        token: None,
     };
     Sent {
         frame: Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec(),

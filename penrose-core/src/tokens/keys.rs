@@ -1,4 +1,4 @@
-//! Issuer keys (one per token epoch) and the key set the issuer publishes.
+//! Issuer keys (one per token epoch and scope) and the key set the issuer publishes.
 
 use std::fmt;
 
@@ -11,15 +11,18 @@ use super::redemption::Redemption;
 use super::suite::{self, Element, Server};
 use super::{
     KEY_INFO, KEY_SET_VERSION, MAX_BATCH, MAX_KEY_SET, REDEEM_DOMAIN, Reader, SpentId, TokenEpoch,
-    TokenError, TokenKeyId, token_input,
+    TokenError, TokenKeyId, TokenScope, token_input,
 };
 
-/// Bytes of a serialized issuer key: epoch and secret scalar.
-pub const ISSUER_KEY_BYTES: usize = 4 + 32;
+/// Bytes of a serialized issuer key: epoch, scope and secret scalar.
+pub const ISSUER_KEY_BYTES: usize = 4 + 2 + 32;
 
-/// One epoch's issuer key: the secret scalar k with its public key and key id. The issuer
-/// issues with it and the aggregation server verifies with it (the tokens are privately
-/// verifiable: both hold k). Never printed: `Debug` shows the epoch and key id only.
+/// Bytes of one key set entry: epoch, scope and public key.
+const ENTRY_BYTES: usize = 4 + 2 + 32;
+
+/// One (epoch, scope)'s issuer key: the secret scalar k with its public key and key id. The
+/// issuer issues with it and the aggregation server verifies with it (the tokens are privately
+/// verifiable: both hold k). Never printed: `Debug` shows the epoch, scope and key id only.
 #[derive(Clone)]
 pub struct IssuerKey {
     server: Server,
@@ -27,37 +30,47 @@ pub struct IssuerKey {
 }
 
 impl IssuerKey {
-    /// A fresh key for `epoch`: RFC 9497 DeriveKeyPair of a 32-byte seed drawn from `rng`, with
-    /// info `"penrose/token/v1/key" || epoch`.
-    pub fn generate<R: RngCore + CryptoRng + ?Sized>(epoch: TokenEpoch, rng: &mut R) -> Self {
+    /// A fresh key for `epoch` and `scope`: RFC 9497 DeriveKeyPair of a 32-byte seed drawn
+    /// from `rng`, with info `"penrose/token/v1/key" || epoch || scope`.
+    pub fn generate<R: RngCore + CryptoRng + ?Sized>(
+        epoch: TokenEpoch,
+        scope: TokenScope,
+        rng: &mut R,
+    ) -> Self {
         let mut seed = [0u8; 32];
         rng.fill_bytes(&mut seed);
         // DeriveKeyPair fails only for an info longer than 65535 bytes (ours is 24) or after 256
         // zero scalars in a row; fall back to drawing again rather than panicking.
         loop {
-            if let Ok(key) = Self::derive(epoch, &seed) {
+            if let Ok(key) = Self::derive(epoch, scope, &seed) {
                 return key;
             }
             rng.fill_bytes(&mut seed);
         }
     }
 
-    /// The key of `epoch` derived from `seed` (RFC 9497 DeriveKeyPair, info
-    /// `"penrose/token/v1/key" || epoch`): an issuer that keeps one secret seed per epoch, or
-    /// tests and benchmarks that need a fixed key.
-    pub fn derive(epoch: TokenEpoch, seed: &[u8; 32]) -> Result<Self, TokenError> {
+    /// The key of `epoch` and `scope` derived from `seed` (RFC 9497 DeriveKeyPair, info
+    /// `"penrose/token/v1/key" || epoch:u32be || scope:u16be`): an issuer that keeps one
+    /// secret seed and derives every epoch's keys from it, or tests that need a fixed key.
+    pub fn derive(
+        epoch: TokenEpoch,
+        scope: TokenScope,
+        seed: &[u8; 32],
+    ) -> Result<Self, TokenError> {
         let mut info = KEY_INFO.to_vec();
         info.extend_from_slice(&epoch.0.to_be_bytes());
+        info.extend_from_slice(&scope.0.to_be_bytes());
         let server = suite::derive_key_pair(seed, &info)?;
-        Ok(Self::of_server(epoch, server))
+        Ok(Self::of_server(epoch, scope, server))
     }
 
-    /// The serialized key, `epoch:u32be || secret scalar`, for the issuer's and the aggregation
-    /// server's key stores. Secret: store it readable by the service alone.
+    /// The serialized key, `epoch:u32be || scope:u16be || secret scalar`, for the issuer's and
+    /// the aggregation server's key stores. Secret: store it readable by the service alone.
     pub fn to_secret_bytes(&self) -> [u8; ISSUER_KEY_BYTES] {
         let mut out = [0u8; ISSUER_KEY_BYTES];
         out[..4].copy_from_slice(&self.entry.epoch.0.to_be_bytes());
-        out[4..].copy_from_slice(&suite::secret_of(&self.server));
+        out[4..6].copy_from_slice(&self.entry.scope.0.to_be_bytes());
+        out[6..].copy_from_slice(&suite::secret_of(&self.server));
         out
     }
 
@@ -73,16 +86,18 @@ impl IssuerKey {
         }
         let mut reader = Reader::new(bytes);
         let epoch = TokenEpoch(reader.u32());
+        let scope = TokenScope(reader.u16());
         let secret: [u8; 32] = reader.take();
         let server = suite::server_from_secret(&secret).ok_or(TokenError::InvalidSecretKey)?;
-        Ok(Self::of_server(epoch, server))
+        Ok(Self::of_server(epoch, scope, server))
     }
 
-    fn of_server(epoch: TokenEpoch, server: Server) -> Self {
+    fn of_server(epoch: TokenEpoch, scope: TokenScope, server: Server) -> Self {
         let point = server.get_public_key();
         let public_key = suite::encode_element(&point);
         let entry = KeyEntry {
             epoch,
+            scope,
             key_id: TokenKeyId::of_public_key(&public_key),
             public_key,
             point,
@@ -93,6 +108,11 @@ impl IssuerKey {
     /// The epoch this key is for.
     pub fn epoch(&self) -> TokenEpoch {
         self.entry.epoch
+    }
+
+    /// The scope: which reports its tokens admit.
+    pub fn scope(&self) -> TokenScope {
+        self.entry.scope
     }
 
     /// The key id (SHA-256 of the public key).
@@ -171,6 +191,7 @@ impl fmt::Debug for IssuerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IssuerKey")
             .field("epoch", &self.entry.epoch)
+            .field("scope", &self.entry.scope)
             .field("key_id", &self.entry.key_id)
             .finish_non_exhaustive()
     }
@@ -187,11 +208,12 @@ pub(crate) fn redeem_mac(output: &[u8; suite::OUTPUT_BYTES]) -> Hmac<Sha256> {
     mac
 }
 
-/// One epoch's published key: epoch, public key and key id. What a client needs to request
-/// tokens and check the issuer's proof.
+/// One (epoch, scope)'s published key: epoch, scope, public key and key id. What a client
+/// needs to request tokens and check the issuer's proof.
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeyEntry {
     epoch: TokenEpoch,
+    scope: TokenScope,
     key_id: TokenKeyId,
     public_key: [u8; 32],
     point: Element,
@@ -199,13 +221,18 @@ pub struct KeyEntry {
 
 impl KeyEntry {
     /// The entry of a public key encoding; refuses a non-canonical encoding and the identity.
-    pub fn new(epoch: TokenEpoch, public_key: [u8; 32]) -> Result<Self, TokenError> {
+    pub fn new(
+        epoch: TokenEpoch,
+        scope: TokenScope,
+        public_key: [u8; 32],
+    ) -> Result<Self, TokenError> {
         let point = suite::decode_element(&public_key).ok_or(TokenError::InvalidElement {
             what: "public key",
             index: 0,
         })?;
         Ok(KeyEntry {
             epoch,
+            scope,
             key_id: TokenKeyId::of_public_key(&public_key),
             public_key,
             point,
@@ -215,6 +242,11 @@ impl KeyEntry {
     /// The epoch.
     pub fn epoch(&self) -> TokenEpoch {
         self.epoch
+    }
+
+    /// The scope: which reports its tokens admit.
+    pub fn scope(&self) -> TokenScope {
+        self.scope
     }
 
     /// The key id (SHA-256 of the public key).
@@ -227,6 +259,11 @@ impl KeyEntry {
         &self.public_key
     }
 
+    /// (epoch, scope): what the key set is ordered and looked up by.
+    pub fn name(&self) -> (TokenEpoch, TokenScope) {
+        (self.epoch, self.scope)
+    }
+
     pub(crate) fn point(&self) -> Element {
         self.point
     }
@@ -236,13 +273,15 @@ impl fmt::Debug for KeyEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyEntry")
             .field("epoch", &self.epoch)
+            .field("scope", &self.scope)
             .field("key_id", &self.key_id)
             .finish_non_exhaustive()
     }
 }
 
-/// The published key set: one public key per epoch, ordered by epoch, no key twice. Canonical,
-/// so that clients that got the same set hold the same bytes and [`digest`](Self::digest).
+/// The published key set: one public key per (epoch, scope), ordered by epoch and scope, no
+/// key twice. Canonical, so that clients that got the same set hold the same bytes and
+/// [`digest`](Self::digest).
 /// Decoders of requests, responses and redemptions take it to refuse keys it does not hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeySet {
@@ -251,10 +290,10 @@ pub struct KeySet {
 
 impl KeySet {
     /// A set of entries in any order; refuses an empty set, more than [`MAX_KEY_SET`], two
-    /// entries of one epoch and one key for two epochs.
+    /// entries of one (epoch, scope) and one key for two.
     pub fn new(entries: impl IntoIterator<Item = KeyEntry>) -> Result<Self, TokenError> {
         let mut entries: Vec<KeyEntry> = entries.into_iter().collect();
-        entries.sort_by_key(|entry| entry.epoch);
+        entries.sort_by_key(KeyEntry::name);
         Self::checked(entries)
     }
 
@@ -273,48 +312,67 @@ impl KeySet {
         }
         if entries
             .windows(2)
-            .any(|pair| pair[0].epoch >= pair[1].epoch)
+            .any(|pair| pair[0].name() >= pair[1].name())
         {
             return Err(TokenError::KeySet(
-                "epochs must be strictly increasing, each once",
+                "(epoch, scope) pairs must be strictly increasing, each once",
             ));
         }
         let mut ids: Vec<TokenKeyId> = entries.iter().map(|entry| entry.key_id).collect();
         ids.sort_unstable();
         if ids.windows(2).any(|pair| pair[0] == pair[1]) {
-            return Err(TokenError::KeySet("one public key for two epochs"));
+            return Err(TokenError::KeySet(
+                "one public key for two (epoch, scope) pairs",
+            ));
         }
         Ok(KeySet { entries })
     }
 
-    /// The entries, by epoch.
+    /// The entries, by epoch and scope.
     pub fn entries(&self) -> &[KeyEntry] {
         &self.entries
     }
 
-    /// The entry of an epoch.
-    pub fn get(&self, epoch: TokenEpoch) -> Option<&KeyEntry> {
+    /// The entry of an (epoch, scope).
+    pub fn get(&self, epoch: TokenEpoch, scope: TokenScope) -> Option<&KeyEntry> {
         self.entries
-            .binary_search_by_key(&epoch, |entry| entry.epoch)
+            .binary_search_by_key(&(epoch, scope), KeyEntry::name)
             .ok()
             .and_then(|at| self.entries.get(at))
     }
 
-    /// The entry of an epoch if its key id is `key_id`; [`TokenError::UnknownKey`] otherwise.
+    /// The entries of one epoch, by scope.
+    pub fn epoch(&self, epoch: TokenEpoch) -> &[KeyEntry] {
+        let start = self.entries.partition_point(|entry| entry.epoch < epoch);
+        let end = self.entries.partition_point(|entry| entry.epoch <= epoch);
+        &self.entries[start..end]
+    }
+
+    /// The epochs the set holds keys for, each once, in order.
+    pub fn epochs(&self) -> impl Iterator<Item = TokenEpoch> + '_ {
+        self.entries
+            .chunk_by(|a, b| a.epoch == b.epoch)
+            .filter_map(|run| run.first().map(|entry| entry.epoch))
+    }
+
+    /// The entry of an epoch whose key id is `key_id` (whatever its scope);
+    /// [`TokenError::UnknownKey`] otherwise.
     pub fn find(&self, epoch: TokenEpoch, key_id: TokenKeyId) -> Result<&KeyEntry, TokenError> {
-        self.get(epoch)
-            .filter(|entry| entry.key_id == key_id)
+        self.epoch(epoch)
+            .iter()
+            .find(|entry| entry.key_id == key_id)
             .ok_or(TokenError::UnknownKey { epoch, key_id })
     }
 
-    /// `version:u8 count:u16be (epoch:u32be public_key:[32]) * count`.
+    /// `version:u8 count:u16be (epoch:u32be scope:u16be public_key:[32]) * count`.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(3 + 36 * self.entries.len());
+        let mut out = Vec::with_capacity(3 + ENTRY_BYTES * self.entries.len());
         out.push(KEY_SET_VERSION);
         // `checked` bounds the count by MAX_KEY_SET, well inside u16.
         out.extend_from_slice(&(self.entries.len() as u16).to_be_bytes());
         for entry in &self.entries {
             out.extend_from_slice(&entry.epoch.0.to_be_bytes());
+            out.extend_from_slice(&entry.scope.0.to_be_bytes());
             out.extend_from_slice(&entry.public_key);
         }
         out
@@ -344,7 +402,7 @@ impl KeySet {
                 max: MAX_KEY_SET,
             });
         }
-        let expected = 3 + 36 * count;
+        let expected = 3 + ENTRY_BYTES * count;
         if bytes.len() != expected {
             return Err(TokenError::Length {
                 what: "key set",
@@ -355,12 +413,14 @@ impl KeySet {
         let mut entries = Vec::with_capacity(count);
         for index in 0..count {
             let epoch = TokenEpoch(reader.u32());
+            let scope = TokenScope(reader.u16());
             let public_key: [u8; 32] = reader.take();
-            let entry =
-                KeyEntry::new(epoch, public_key).map_err(|_| TokenError::InvalidElement {
+            let entry = KeyEntry::new(epoch, scope, public_key).map_err(|_| {
+                TokenError::InvalidElement {
                     what: "public key",
                     index,
-                })?;
+                }
+            })?;
             entries.push(entry);
         }
         Self::checked(entries)
@@ -370,5 +430,129 @@ impl KeySet {
     /// set.
     pub fn digest(&self) -> [u8; 32] {
         Sha256::digest(self.encode()).into()
+    }
+}
+
+/// A set of issuer keys with their secrets, one per (epoch, scope): what the issuer hands the
+/// aggregation server so that it can verify tokens (`penrose-issuer export-keys`), and what
+/// the server loads. Secret as a whole; store it readable by the service alone.
+#[derive(Clone, Debug)]
+pub struct KeyRing {
+    keys: Vec<IssuerKey>,
+}
+
+/// The key ring file format version this build writes and reads.
+pub const KEY_RING_VERSION: u8 = 1;
+
+/// What a key ring file starts with, so that a key set or any other file given by mistake is
+/// named as such rather than misread.
+const KEY_RING_MAGIC: &[u8; 18] = b"penrose-token-keys";
+
+impl KeyRing {
+    /// A ring of keys in any order; refuses an empty ring, more than [`MAX_KEY_SET`] keys and
+    /// two keys of one (epoch, scope).
+    pub fn new(keys: impl IntoIterator<Item = IssuerKey>) -> Result<Self, TokenError> {
+        let mut keys: Vec<IssuerKey> = keys.into_iter().collect();
+        keys.sort_by_key(|key| key.entry().name());
+        // The key set applies every rule (count, order, no key twice) to the public parts.
+        KeySet::checked(keys.iter().map(|key| key.entry().clone()).collect())?;
+        Ok(KeyRing { keys })
+    }
+
+    /// The keys, by epoch and scope.
+    pub fn keys(&self) -> &[IssuerKey] {
+        &self.keys
+    }
+
+    /// The key of an (epoch, scope).
+    pub fn get(&self, epoch: TokenEpoch, scope: TokenScope) -> Option<&IssuerKey> {
+        self.keys
+            .binary_search_by_key(&(epoch, scope), |key| key.entry().name())
+            .ok()
+            .and_then(|at| self.keys.get(at))
+    }
+
+    /// The key of an epoch with this key id (whatever its scope); [`TokenError::UnknownKey`]
+    /// otherwise.
+    pub fn find(&self, epoch: TokenEpoch, key_id: TokenKeyId) -> Result<&IssuerKey, TokenError> {
+        let start = self.keys.partition_point(|key| key.epoch() < epoch);
+        self.keys[start..]
+            .iter()
+            .take_while(|key| key.epoch() == epoch)
+            .find(|key| key.key_id() == key_id)
+            .ok_or(TokenError::UnknownKey { epoch, key_id })
+    }
+
+    /// The public key set of these keys.
+    pub fn key_set(&self) -> KeySet {
+        KeySet {
+            entries: self.keys.iter().map(|key| key.entry().clone()).collect(),
+        }
+    }
+
+    /// `"penrose-token-keys" version:u8 count:u16be (epoch:u32be scope:u16be secret:[32]) *
+    /// count`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out =
+            Vec::with_capacity(KEY_RING_MAGIC.len() + 3 + ISSUER_KEY_BYTES * self.keys.len());
+        out.extend_from_slice(KEY_RING_MAGIC);
+        out.push(KEY_RING_VERSION);
+        // `new` bounds the count by MAX_KEY_SET, well inside u16.
+        out.extend_from_slice(&(self.keys.len() as u16).to_be_bytes());
+        for key in &self.keys {
+            out.extend_from_slice(&key.to_secret_bytes());
+        }
+        out
+    }
+
+    /// Reads a ring back; refuses another file, another version, a wrong length, an invalid
+    /// secret and a ring out of order or with a key twice (not repaired).
+    pub fn decode(bytes: &[u8]) -> Result<Self, TokenError> {
+        let header = KEY_RING_MAGIC.len() + 3;
+        if bytes.len() < header {
+            return Err(TokenError::Length {
+                what: "key ring",
+                expected: header,
+                got: bytes.len(),
+            });
+        }
+        if !bytes.starts_with(KEY_RING_MAGIC) {
+            return Err(TokenError::KeySet("not a penrose token key ring"));
+        }
+        let mut reader = Reader::new(&bytes[KEY_RING_MAGIC.len()..]);
+        let [version] = reader.take::<1>();
+        if version != KEY_RING_VERSION {
+            return Err(TokenError::KeySet("unknown key ring version"));
+        }
+        let count = usize::from(reader.u16());
+        if count == 0 || count > MAX_KEY_SET {
+            return Err(TokenError::Count {
+                what: "key ring",
+                count,
+                max: MAX_KEY_SET,
+            });
+        }
+        let expected = header + ISSUER_KEY_BYTES * count;
+        if bytes.len() != expected {
+            return Err(TokenError::Length {
+                what: "key ring",
+                expected,
+                got: bytes.len(),
+            });
+        }
+        let keys = reader
+            .rest()
+            .chunks_exact(ISSUER_KEY_BYTES)
+            .map(IssuerKey::from_secret_bytes)
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys
+            .windows(2)
+            .any(|pair| pair[0].entry().name() >= pair[1].entry().name())
+        {
+            return Err(TokenError::KeySet(
+                "(epoch, scope) pairs must be strictly increasing, each once",
+            ));
+        }
+        Self::new(keys)
     }
 }

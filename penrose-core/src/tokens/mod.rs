@@ -23,11 +23,14 @@
 //!                                                                       (recorded as spent)
 //! ```
 //!
-//! - **Keys rotate per token epoch** ([`TokenEpoch`], for example the day). Each epoch has its
+//! - **Keys rotate per token epoch** ([`TokenEpoch`], Penrose uses the report's day) and are
+//!   split by [`TokenScope`] (Penrose uses the report's counter id). Each (epoch, scope) has its
 //!   own [`IssuerKey`]: a secret scalar k, its public key `pkS = k G`, and a key id, the SHA-256
-//!   of the public key's 32-byte encoding. The issuer publishes the [`KeySet`] (epoch -> public
-//!   key); it is encoded canonically (epochs strictly increasing, no key twice), so every
-//!   client can compare the same bytes ([`KeySet::digest`]).
+//!   of the public key's 32-byte encoding. The issuer publishes the [`KeySet`] ((epoch, scope)
+//!   -> public key); it is encoded canonically (pairs strictly increasing, no key twice), so
+//!   every client can compare the same bytes ([`KeySet::digest`]). Scopes are public and the
+//!   same for everybody: they let the issuer count a quota per counter (it cannot see inside
+//!   a blinded token), not tell clients apart.
 //! - **A token input** is `"penrose/token/v1/input" || epoch:u32be || key_id:[32] || nonce:[32]`
 //!   with a fresh random 32-byte nonce per token. The agent blinds a batch of inputs
 //!   ([`TokenRequest::new`]) and sends the blinded elements ([`BlindedRequest`]); the issuer
@@ -60,7 +63,7 @@
 //! Blindness alone would not stop an issuer from *partitioning* clients: answering each client
 //! with its own key and, at redemption, trying every key to learn whose token it is. Verifiable
 //! mode closes that: the client accepts an issuance only with a proof that the published key of
-//! the epoch was used, and the published set has one key per epoch, identical for everybody
+//! the epoch was used, and the published set has one key per (epoch, scope), identical for everybody
 //! (so a set that grows per client is itself visible). The agent must fetch the key set over
 //! the same anonymous path as its reports, and refuse one whose digest differs from what other
 //! paths show; distributing and pinning the set is the issuer service's job.
@@ -80,7 +83,7 @@
 //! # Encodings (all integers big-endian, all lengths fixed by the counts)
 //!
 //! ```text
-//! key set     = version:u8(=1)  count:u16  (epoch:u32  public_key:[32]) * count
+//! key set     = version:u8(=2)  count:u16  (epoch:u32  scope:u16  public_key:[32]) * count
 //! request     = epoch:u32  key_id:[32]  count:u16  blinded_element:[32] * count
 //! response    = epoch:u32  key_id:[32]  count:u16  evaluated_element:[32] * count  proof:[64]
 //! redemption  = epoch:u32  key_id:[32]  nonce:[32]  tag:[32]                  (100 bytes)
@@ -98,6 +101,7 @@
 
 mod issuance;
 mod keys;
+pub mod protocol;
 mod redemption;
 mod suite;
 #[cfg(test)]
@@ -109,7 +113,7 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 pub use issuance::{BlindedRequest, IssueResponse, TokenRequest};
-pub use keys::{ISSUER_KEY_BYTES, IssuerKey, KeyEntry, KeySet};
+pub use keys::{ISSUER_KEY_BYTES, IssuerKey, KEY_RING_VERSION, KeyEntry, KeyRing, KeySet};
 pub use redemption::{Redemption, Token};
 
 /// The most tokens one request may ask for (and one issuance answer). It bounds what a single
@@ -118,12 +122,13 @@ pub use redemption::{Redemption, Token};
 /// issuer's per-credential quota, not this number, is what limits how many it gets.
 pub const MAX_BATCH: usize = 64;
 
-/// The most epochs a published key set may hold: with daily epochs, years of keys. It bounds
-/// the decoder's allocation; a real set holds the few epochs that reports may still be for.
-pub const MAX_KEY_SET: usize = 1024;
+/// The most keys a published key set may hold: with daily epochs and one scope per counter,
+/// more than a year of keys. It bounds the decoder's allocation; a real set holds the few
+/// epochs that reports may still be for.
+pub const MAX_KEY_SET: usize = 4096;
 
 /// The key set format version this build writes and reads.
-pub const KEY_SET_VERSION: u8 = 1;
+pub const KEY_SET_VERSION: u8 = 2;
 
 /// Bytes of an encoded [`Redemption`]: what a token adds to a report.
 pub const REDEMPTION_BYTES: usize = 4 + 32 + 32 + 32;
@@ -137,7 +142,7 @@ pub(crate) const INPUT_DOMAIN: &[u8] = b"penrose/token/v1/input";
 pub(crate) const REDEEM_DOMAIN: &[u8] = b"penrose/token/v1/redeem";
 /// Domain tag of the spent-token identifier.
 const SPENT_DOMAIN: &[u8] = b"penrose/token/v1/spent";
-/// `info` of RFC 9497's DeriveKeyPair when an issuer key is made (followed by the epoch).
+/// `info` of RFC 9497's DeriveKeyPair when an issuer key is made (followed by epoch and scope).
 pub(crate) const KEY_INFO: &[u8] = b"penrose/token/v1/key";
 
 /// A token epoch: the period one issuer key is valid for (for example a day number). Keys, and
@@ -146,6 +151,19 @@ pub(crate) const KEY_INFO: &[u8] = b"penrose/token/v1/key";
 pub struct TokenEpoch(pub u32);
 
 impl fmt::Display for TokenEpoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What a token admits: reports of one kind, named by a number the tiers agree on (Penrose
+/// uses the report's counter id). Each (epoch, scope) has its own key, and the issuer's quota
+/// is per (credential, epoch, scope), so one agent can put at most its quota of reports into
+/// the sums of one counter and day: the bound the contributor threshold counts with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TokenScope(pub u16);
+
+impl fmt::Display for TokenScope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }
@@ -251,8 +269,8 @@ pub enum TokenError {
         /// The key id named.
         key_id: TokenKeyId,
     },
-    /// A key set that is not canonical: a version other than [`KEY_SET_VERSION`], epochs out
-    /// of order or repeated, or one key for two epochs.
+    /// A key set that is not canonical: a version other than [`KEY_SET_VERSION`], (epoch,
+    /// scope) pairs out of order or repeated, or one key for two of them.
     #[error("invalid key set: {0}")]
     KeySet(&'static str),
     /// A stored issuer key whose secret is not a canonical non-zero scalar.

@@ -22,5 +22,6 @@ pub fn report(seed: u64) -> Report {
         day: Day(20_500),
         samples: SampleCount(1_000),
         ciphertexts: PackedBytes::new(ciphertexts, 2).unwrap(),
+        token: None,
     }
 }
