@@ -194,7 +194,13 @@ impl Client {
     /// UDP sockets are bound to loopback when the server is on loopback, so tests never open
     /// a socket on another interface. In fresh mode nothing is bound until a report is sent.
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
-        let quic = crate::tls::client_config(&config.trust, ALPN, config.idle_timeout)?;
+        Client::speaking(config, ALPN)
+    }
+
+    /// A client of an endpoint that speaks `alpn` (the report endpoint's, or an exchange
+    /// endpoint's: [`crate::exchange`]).
+    pub(crate) fn speaking(config: ClientConfig, alpn: &[u8]) -> Result<Client, ClientError> {
+        let quic = crate::tls::client_config(&config.trust, alpn, config.idle_timeout)?;
         let bind = config.local_ip.unwrap_or(match config.server.ip() {
             IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -330,7 +336,7 @@ impl Client {
     /// A new endpoint on a new UDP socket (a new ephemeral port) and a connection from it.
     /// The endpoint handle is dropped here: quinn keeps its socket and driver alive for as
     /// long as the connection lives, including the draining period after it is closed.
-    async fn dial_fresh(&self) -> Result<quinn::Connection, ClientError> {
+    pub(crate) async fn dial_fresh(&self) -> Result<quinn::Connection, ClientError> {
         let endpoint = bind_endpoint(self.inner.bind)?;
         self.dial(&endpoint).await
     }

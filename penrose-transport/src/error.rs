@@ -104,6 +104,12 @@ pub enum ClientError {
     /// The report cannot be encoded (too large for a frame).
     #[error("cannot encode the report: {0}")]
     Encode(#[source] WireError),
+    /// An exchange endpoint's answer is not one length-prefixed body within the limit.
+    #[error("the server's answer is malformed: {0}")]
+    BadAnswer(&'static str),
+    /// The request is larger than the exchange endpoint reads.
+    #[error("a request of {0} bytes is larger than the endpoint reads")]
+    RequestTooLarge(usize),
     /// Every attempt failed; the last failure is kept.
     #[error("gave up after {attempts} attempts: {last}")]
     RetriesExhausted {
@@ -142,6 +148,8 @@ impl ClientError {
             | ClientError::NotAnAck
             | ClientError::AckMismatch
             | ClientError::Encode(_)
+            | ClientError::BadAnswer(_)
+            | ClientError::RequestTooLarge(_)
             | ClientError::RetriesExhausted { .. } => false,
         }
     }

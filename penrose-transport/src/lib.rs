@@ -13,10 +13,13 @@
 //! - [`identity`]: the server's certificate and key, and how the client trusts them.
 //! - [`limits`]: the per-endpoint, per-source and per-connection bounds (per source: the
 //!   private `sources` table).
+//! - [`exchange`]: a request/answer endpoint on the same settings, with an ALPN of its own
+//!   (the token issuer's).
 //! - [`error`]: what can go wrong, typed.
 
 pub mod client;
 pub mod error;
+pub mod exchange;
 mod frame;
 pub mod identity;
 pub mod limits;

@@ -129,26 +129,26 @@ pub struct ServerStats {
 }
 
 #[derive(Default)]
-struct Counters {
-    connections_accepted: AtomicU64,
-    connections_refused: AtomicU64,
-    retries_sent: AtomicU64,
-    refused_source_open: AtomicU64,
-    refused_source_rate: AtomicU64,
-    handshake_timeouts: AtomicU64,
-    handshakes_failed: AtomicU64,
-    connections_open: AtomicU64,
-    streams: AtomicU64,
-    frames_handled: AtomicU64,
-    frames_too_large: AtomicU64,
-    frames_malformed: AtomicU64,
-    read_timeouts: AtomicU64,
-    stream_errors: AtomicU64,
-    streams_paced: AtomicU64,
-    acks_sent: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) connections_accepted: AtomicU64,
+    pub(crate) connections_refused: AtomicU64,
+    pub(crate) retries_sent: AtomicU64,
+    pub(crate) refused_source_open: AtomicU64,
+    pub(crate) refused_source_rate: AtomicU64,
+    pub(crate) handshake_timeouts: AtomicU64,
+    pub(crate) handshakes_failed: AtomicU64,
+    pub(crate) connections_open: AtomicU64,
+    pub(crate) streams: AtomicU64,
+    pub(crate) frames_handled: AtomicU64,
+    pub(crate) frames_too_large: AtomicU64,
+    pub(crate) frames_malformed: AtomicU64,
+    pub(crate) read_timeouts: AtomicU64,
+    pub(crate) stream_errors: AtomicU64,
+    pub(crate) streams_paced: AtomicU64,
+    pub(crate) acks_sent: AtomicU64,
 }
 
-fn bump(counter: &AtomicU64) {
+pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -176,11 +176,47 @@ impl Counters {
     }
 }
 
-struct Shared<H> {
-    handler: Arc<H>,
-    limits: Limits,
-    counters: Arc<Counters>,
+/// What an endpoint does with each accepted stream, and the one ALPN it speaks: the report
+/// endpoint ([`serve`]) and the request/answer endpoint ([`crate::exchange`]) share everything
+/// else (address validation, per-source limits, connection slots, handshake timeout, pacing).
+pub(crate) trait Service: Send + Sync + 'static {
+    /// The only ALPN the endpoint accepts.
+    fn alpn(&self) -> &'static [u8];
+
+    /// Reads one stream's request and writes its answer.
+    fn stream(
+        shared: Arc<Shared<Self>>,
+        send: SendStream,
+        recv: RecvStream,
+        origin: Origin,
+    ) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized;
+}
+
+pub(crate) struct Shared<S> {
+    pub(crate) service: S,
+    pub(crate) limits: Limits,
+    pub(crate) counters: Arc<Counters>,
     sources: Sources,
+}
+
+/// The report endpoint's service: frames of [`penrose_core::wire`], answered with acks.
+struct Reports<H>(Arc<H>);
+
+impl<H: ReportHandler> Service for Reports<H> {
+    fn alpn(&self) -> &'static [u8] {
+        ALPN
+    }
+
+    fn stream(
+        shared: Arc<Shared<Self>>,
+        send: SendStream,
+        recv: RecvStream,
+        origin: Origin,
+    ) -> impl Future<Output = ()> + Send {
+        report_stream(send, recv, origin, shared)
+    }
 }
 
 /// A handle on a server's counters that outlives borrowing the [`Server`] (for a metrics
@@ -210,7 +246,15 @@ pub async fn serve<H: ReportHandler>(
     config: ServerConfig,
     handler: Arc<H>,
 ) -> Result<Server, TransportError> {
-    let quic = crate::tls::server_config(&config.identity, &config.limits)?;
+    start(config, Reports(handler)).await
+}
+
+/// Binds an endpoint for `service` and starts accepting connections.
+pub(crate) async fn start<S: Service>(
+    config: ServerConfig,
+    service: S,
+) -> Result<Server, TransportError> {
+    let quic = crate::tls::server_config(&config.identity, &config.limits, service.alpn())?;
     let endpoint =
         quinn::Endpoint::server(quic, config.listen).map_err(|source| TransportError::Bind {
             addr: config.listen,
@@ -224,7 +268,7 @@ pub async fn serve<H: ReportHandler>(
         })?;
     let counters = Arc::new(Counters::default());
     let shared = Arc::new(Shared {
-        handler,
+        service,
         sources: Sources::new(&config.limits),
         limits: config.limits,
         counters: counters.clone(),
@@ -270,9 +314,9 @@ impl Server {
     }
 }
 
-async fn accept_loop<H: ReportHandler>(
+async fn accept_loop<S: Service>(
     endpoint: quinn::Endpoint,
-    shared: Arc<Shared<H>>,
+    shared: Arc<Shared<S>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
@@ -346,9 +390,9 @@ impl Drop for OpenGuard {
     }
 }
 
-async fn connection<H: ReportHandler>(
+async fn connection<S: Service>(
     incoming: Incoming,
-    shared: Arc<Shared<H>>,
+    shared: Arc<Shared<S>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let remote = incoming.remote_address();
@@ -374,11 +418,11 @@ async fn connection<H: ReportHandler>(
             return;
         }
     };
-    if negotiated_alpn(&conn).as_deref() != Some(ALPN) {
+    if negotiated_alpn(&conn).as_deref() != Some(shared.service.alpn()) {
         // rustls already refuses a mismatching offer; this catches a client that offered none.
         bump(&shared.counters.handshakes_failed);
-        debug!(%remote, "closing connection without ALPN penrose/1");
-        conn.close(codes::WRONG_ALPN, b"ALPN penrose/1 required");
+        debug!(%remote, "closing connection without the endpoint's ALPN");
+        conn.close(codes::WRONG_ALPN, b"ALPN required");
         return;
     }
     let number = shared
@@ -416,7 +460,7 @@ async fn connection<H: ReportHandler>(
             remote: conn.remote_address(),
             connection: number,
         };
-        streams.spawn(report_stream(send, recv, origin, shared.clone()));
+        streams.spawn(S::stream(shared.clone(), send, recv, origin));
         if let Some(wait) = pace.as_mut().and_then(Pace::take) {
             bump(&shared.counters.streams_paced);
             tokio::select! {
@@ -445,16 +489,18 @@ async fn report_stream<H: ReportHandler>(
     mut send: SendStream,
     mut recv: RecvStream,
     origin: Origin,
-    shared: Arc<Shared<H>>,
+    shared: Arc<Shared<Reports<H>>>,
 ) {
+    let handler = &shared.service.0;
     let counters = &shared.counters;
     let deadline = shared.limits.stream_read_timeout;
     let refused = |reason| Ack {
         report_id: UNREAD_REPORT_ID,
         status: AckStatus::Rejected(reason),
-        throttle: shared.handler.throttle(),
+        throttle: handler.throttle(),
     };
-    let ack = match tokio::time::timeout(deadline, frame::read_frame(&mut recv)).await {
+    let read = frame::read_frame(&mut recv, penrose_core::wire::MAX_FRAME_BODY);
+    let ack = match tokio::time::timeout(deadline, read).await {
         Err(_) => {
             bump(&counters.read_timeouts);
             debug!(stream = %recv.id(), "frame not complete within {deadline:?}; resetting");
@@ -482,8 +528,8 @@ async fn report_stream<H: ReportHandler>(
         }
         Ok(Ok(FrameRead::Body(body))) => {
             bump(&counters.frames_handled);
-            shared.handler.arrived_from(origin);
-            shared.handler.handle(body).await
+            handler.arrived_from(origin);
+            handler.handle(body).await
         }
     };
     let frame = match Message::Ack(ack).to_frame() {
@@ -495,8 +541,19 @@ async fn report_stream<H: ReportHandler>(
             return;
         }
     };
+    write_answer(send, &frame, deadline, counters).await;
+}
+
+/// Writes an answer on a stream, finishes it and waits (within `deadline`) until the peer has
+/// it, so that a shutdown does not close the connection under it.
+pub(crate) async fn write_answer(
+    mut send: SendStream,
+    answer: &[u8],
+    deadline: Duration,
+    counters: &Counters,
+) {
     let written = tokio::time::timeout(deadline, async {
-        send.write_all(&frame).await?;
+        send.write_all(answer).await?;
         send.finish()?;
         bump(&counters.acks_sent);
         // Wait until the peer has the ack, so a shutdown does not close the connection under it.

@@ -26,7 +26,6 @@ use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::ALPN;
 use crate::error::TransportError;
 use crate::identity::{Identity, Trust};
 use crate::limits::Limits;
@@ -55,6 +54,7 @@ fn idle(timeout: Duration) -> Result<IdleTimeout, TransportError> {
 pub(crate) fn server_config(
     identity: &Identity,
     limits: &Limits,
+    alpn: &[u8],
 ) -> Result<quinn::ServerConfig, TransportError> {
     if limits.max_connections == 0 || limits.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
         return Err(TransportError::InvalidLimits(
@@ -77,7 +77,7 @@ pub(crate) fn server_config(
             "max_connections_per_source must be positive",
         ));
     }
-    let crypto = QuicServerConfig::try_from(server_tls(identity)?)
+    let crypto = QuicServerConfig::try_from(server_tls(identity, alpn)?)
         .map_err(|e| TransportError::QuicTls(e.to_string()))?;
 
     let mut transport = TransportConfig::default();
@@ -112,14 +112,14 @@ pub(crate) fn server_config(
     Ok(config)
 }
 
-/// The server's rustls configuration: TLS 1.3, ALPN `penrose/1`, and no resumption of any
-/// kind (no session cache, no tickets, no early data).
-fn server_tls(identity: &Identity) -> Result<rustls::ServerConfig, TransportError> {
+/// The server's rustls configuration: TLS 1.3, the endpoint's one ALPN, and no resumption of
+/// any kind (no session cache, no tickets, no early data).
+fn server_tls(identity: &Identity, alpn: &[u8]) -> Result<rustls::ServerConfig, TransportError> {
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_no_client_auth()
         .with_single_cert(identity.chain().to_vec(), identity.key().clone_key())?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     // A TLS 1.3 server resumes only with a ticket it issued: it issues none, keeps no
     // sessions, and the builder's ticketer (kept as it is) never produces one.
     tls.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
@@ -239,7 +239,7 @@ mod tests {
     #[test]
     fn neither_side_can_resume_a_session() {
         let identity = Identity::self_signed(["localhost"]).unwrap();
-        let server = server_tls(&identity).unwrap();
+        let server = server_tls(&identity, crate::ALPN).unwrap();
         assert_eq!(server.send_tls13_tickets, 0);
         assert!(
             !server.ticketer.enabled(),
@@ -254,7 +254,7 @@ mod tests {
             Trust::pin(&identity),
             Trust::Ca(vec![identity.certificate().clone()]),
         ] {
-            let client = client_tls(&trust, ALPN).unwrap();
+            let client = client_tls(&trust, crate::ALPN).unwrap();
             assert!(!client.enable_early_data);
             // `Resumption` has no accessors; its Debug names the store and the TLS 1.2 mode.
             let resumption = format!("{:?}", client.resumption);
