@@ -29,6 +29,11 @@ use thiserror::Error;
 
 use super::MAX_BATCH;
 
+/// The ALPN of the issuer's endpoint (a QUIC request/answer endpoint,
+/// `penrose_transport::exchange`): never the report endpoint's, so that neither server can
+/// be handed the other's traffic.
+pub const ALPN: &[u8] = b"penrose-issuer/1";
+
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u8 = 1;
 
