@@ -148,6 +148,8 @@ pub async fn run(config: UploadConfig, shared: Shared) {
     let mut failures: u32 = 0;
     let mut deferred: HashMap<u64, Deferral> = HashMap::new();
     let mut told_token_required = false;
+    // Reports already logged as waiting for a token (logged once each).
+    let mut told_waiting: std::collections::HashSet<u64> = std::collections::HashSet::new();
     // The (day, store generation) reports waiting for tokens were last looked at under.
     let mut token_view = None;
     while !stop.load(Ordering::Relaxed) {
@@ -166,11 +168,12 @@ pub async fn run(config: UploadConfig, shared: Shared) {
         }
         let next = {
             let spool = lock(&shared.spool);
-            if !deferred.is_empty() {
+            if !deferred.is_empty() || !told_waiting.is_empty() {
                 // Forget reports that left the spool meanwhile (delivered, or dropped for room).
                 let spooled: std::collections::HashSet<u64> =
                     spool.entries().iter().map(|e| e.sequence).collect();
                 deferred.retain(|sequence, _| spooled.contains(sequence));
+                told_waiting.retain(|sequence| spooled.contains(sequence));
             }
             next_entry(spool.entries(), &deferred, tokio::time::Instant::now())
         };
@@ -202,12 +205,14 @@ pub async fn run(config: UploadConfig, shared: Shared) {
         if let Some(store) = &shared.tokens
             && !token_available(&lock(store), &entry, &report, today)
         {
-            tracing::info!(
-                "report {} (day {}, counter {}) waits for an admission token",
-                crate::spool::hex(&entry.report_id.0),
-                report.day.0,
-                report.counter.0
-            );
+            if told_waiting.insert(entry.sequence) {
+                tracing::info!(
+                    "report {} (day {}, counter {}) waits for an admission token",
+                    crate::spool::hex(&entry.report_id.0),
+                    report.day.0,
+                    report.counter.0
+                );
+            }
             let until = tokio::time::Instant::now() + config.backoff_max.max(config.delay_max);
             deferred.insert(
                 entry.sequence,
