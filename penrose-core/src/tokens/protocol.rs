@@ -23,7 +23,9 @@
 //!
 //! The credential proves fleet membership at issuance only. It never reaches the aggregation
 //! server, and the tokens it buys are blinded, so the issuer's records of who asked (credential,
-//! epoch, scope, count, time) share no value with the tokens spent on reports.
+//! epoch, scope, count, time) share no value with the tokens spent on reports. A host's
+//! credential is installed as a two-line text file ([`Credential::to_file_text`],
+//! [`Credential::from_file_text`]), the one format the issuer writes and the agent reads.
 
 use thiserror::Error;
 
