@@ -93,6 +93,8 @@ pub struct AgentConfig {
     pub spool: SpoolSection,
     /// Upload timing and retries.
     pub upload: UploadSection,
+    /// Anonymous admission tokens (the issuer, this host's credential).
+    pub admission: AdmissionSection,
 }
 
 /// `[aggregator]`.
@@ -105,6 +107,42 @@ pub struct AggregatorConfig {
     pub server_name: String,
     /// Its certificate (PEM or DER), pinned: no other is accepted.
     pub certificate: PathBuf,
+}
+
+/// `[admission]`: where the agent gets its anonymous admission tokens (issue 11). Not
+/// configured (an empty address, the default), reports go without tokens.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionSection {
+    /// `host:port` of the token issuer's QUIC endpoint (UDP); empty: admission not configured.
+    pub address: String,
+    /// The name its certificate carries.
+    pub server_name: String,
+    /// Its certificate (PEM or DER), pinned: no other is accepted.
+    pub certificate: PathBuf,
+    /// This host's enrolment credential file (`penrose-issuer credential v1`), readable by the
+    /// agent's user alone.
+    pub credential: PathBuf,
+    /// Tokens are fetched at a random time at most this long after the previous fetch.
+    pub refresh_max_seconds: f64,
+    /// Shortest wait before fetching again after a failure or when today's tokens ran out.
+    pub retry_min_seconds: f64,
+}
+
+impl AdmissionSection {
+    /// Whether an issuer is configured.
+    pub fn is_configured(&self) -> bool {
+        !self.address.trim().is_empty()
+    }
+
+    /// The issuer's address, resolved (once, at start).
+    pub fn addr(&self) -> Result<SocketAddr, String> {
+        self.address
+            .to_socket_addrs()
+            .map_err(|e| format!("admission.address {:?}: {e}", self.address))?
+            .next()
+            .ok_or_else(|| format!("admission.address {:?} resolves to nothing", self.address))
+    }
 }
 
 /// `[design]`.
@@ -310,6 +348,20 @@ impl Default for AgentConfig {
             seal: SealSection::default(),
             spool: SpoolSection::default(),
             upload: UploadSection::default(),
+            admission: AdmissionSection::default(),
+        }
+    }
+}
+
+impl Default for AdmissionSection {
+    fn default() -> Self {
+        Self {
+            address: String::new(),
+            server_name: "issuer.penrose".into(),
+            certificate: PathBuf::from("/etc/penrose/issuer.pem"),
+            credential: PathBuf::from("/etc/penrose/agent.credential"),
+            refresh_max_seconds: 43_200.0,
+            retry_min_seconds: 600.0,
         }
     }
 }
@@ -523,6 +575,27 @@ backoff_base_seconds = 0.2
 backoff_max_seconds = 300.0
 connect_timeout_seconds = 5.0
 ack_timeout_seconds = 10.0
+
+[admission]
+# Anonymous admission tokens. With an issuer address, the agent fetches tokens with this host's
+# enrolment credential and spends one on each report, so that the aggregation server admits
+# reports of enrolled hosts only, at most the issuer's quota per counter and day, without
+# learning which host sent which report. Empty (the default): reports carry no token, and a
+# server that requires them answers TokenRequired; the reports then stay spooled.
+address = ""
+# The name in the issuer's certificate.
+server_name = "issuer.penrose"
+# The issuer's certificate (PEM or DER). Pinned: the agent accepts no other.
+certificate = "/etc/penrose/issuer.pem"
+# This host's enrolment credential, installed with the package: owned by root, mode 0600 (a file
+# group or others may access, or a symbolic link, is refused).
+credential = "/etc/penrose/agent.credential"
+# Tokens for today and tomorrow, every counter, the issuer's whole quota, are fetched at a
+# random time at most this long after the previous fetch, and at once when none is held for
+# today; each fetch on connections of its own, never an upload's.
+refresh_max_seconds = 43200.0
+# Shortest wait before fetching again after a failed fetch, or once today's tokens ran out.
+retry_min_seconds = 600.0
 "#;
 
 impl AgentConfig {
@@ -666,6 +739,35 @@ impl AgentConfig {
         secs("upload.ack_timeout_seconds", u.ack_timeout_seconds, false)?;
         if self.aggregator.address.trim().is_empty() {
             return Err(("aggregator.address", "is empty".into()));
+        }
+        let a = &self.admission;
+        secs(
+            "admission.refresh_max_seconds",
+            a.refresh_max_seconds,
+            false,
+        )?;
+        secs("admission.retry_min_seconds", a.retry_min_seconds, false)?;
+        if a.retry_min_seconds > a.refresh_max_seconds {
+            return Err((
+                "admission.retry_min_seconds",
+                "must not exceed admission.refresh_max_seconds".into(),
+            ));
+        }
+        if a.is_configured() {
+            if a.server_name.trim().is_empty() {
+                return Err((
+                    "admission.server_name",
+                    "is empty (the name in the issuer's certificate)".into(),
+                ));
+            }
+            for (key, path) in [
+                ("admission.certificate", &a.certificate),
+                ("admission.credential", &a.credential),
+            ] {
+                if path.as_os_str().is_empty() {
+                    return Err((key, "is empty while admission.address is set".into()));
+                }
+            }
         }
         self.source_plan().map(|_| ())
     }
@@ -986,6 +1088,32 @@ mod tests {
                 .contains("agent.toml:2: key `capture.max_libraries`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn admission_is_off_by_default_and_checked_when_configured() {
+        assert!(!AgentConfig::default().admission.is_configured());
+        let config =
+            parse("[admission]\naddress = \"127.0.0.1:4434\"\ncredential = \"/etc/penrose/c\"\n")
+                .unwrap();
+        assert!(config.admission.is_configured());
+        assert_eq!(
+            config.admission.addr().unwrap(),
+            "127.0.0.1:4434".parse().unwrap()
+        );
+        let e = parse("[admission]\naddress = \"127.0.0.1:1\"\nserver_name = \"\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("agent.toml:3: key `admission.server_name`"),
+            "{e}"
+        );
+        let e = parse("[admission]\nretry_min_seconds = 0\n").unwrap_err();
+        assert!(
+            e.to_string().contains("key `admission.retry_min_seconds`"),
+            "{e}"
+        );
+        let e = parse("[admission]\nissuer = \"x\"\n").unwrap_err();
+        assert!(e.to_string().contains("admission.issuer"), "{e}");
     }
 
     #[test]

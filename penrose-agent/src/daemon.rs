@@ -10,6 +10,10 @@
 //! at stop: they are lost, counted in `status` (`histograms_over_cap`, `samples_over_cap`). A
 //! SIGKILL loses only the histograms not yet sealed: everything spooled is
 //! delivered after the restart, exactly once thanks to the server's deduplication.
+//!
+//! With `[admission]` configured, a fourth strand, the token fetcher
+//! ([`crate::admission::run`]), keeps the token store (`<state_dir>/tokens/`) supplied, and
+//! the uploader spends a token on each report; without it, reports go without tokens.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,12 +27,14 @@ use penrose_transport::{ClientConfig, RetryPolicy, Trust};
 use thiserror::Error;
 use tokio::sync::Notify;
 
+use crate::admission::{self, FetchTiming, Fetcher, ISSUER_PROTOCOL};
 use crate::config::{AgentConfig, SourcePlan, seconds};
-use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed, today};
+use crate::pipeline::{DayClock, Pipeline, PipelineConfig, PipelineError, Sealed, today};
 use crate::record::{RecordBounds, RecordLog, sealed_per_day};
 use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
 use crate::spool::{Spool, SpoolError, create_private_dir};
 use crate::status::AgentStatus;
+use crate::tokens::{TokenStore, TokenStoreError, token_dir};
 use crate::upload::{self, UploadConfig};
 
 /// The spool's folder inside the state directory.
@@ -51,6 +57,9 @@ pub enum DaemonError {
     /// The pipeline could not be built.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    /// The token store could not be opened (or holds files others could read).
+    #[error(transparent)]
+    Tokens(#[from] TokenStoreError),
 }
 
 impl DaemonError {
@@ -170,6 +179,7 @@ pub async fn run_with_source(
     };
     let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?
         .with_rejected_bounds(config.spool.rejected_bounds())?;
+    let admission = admission_setup(&config, &state_dir, &spool)?;
     let mut pipeline = Pipeline::new(
         PipelineConfig {
             tau: config.classes.tau,
@@ -232,13 +242,45 @@ pub async fn run_with_source(
     }));
     let spool = Arc::new(Mutex::new(spool));
     let wake = Arc::new(Notify::new());
-    let shared = upload::Shared {
-        spool: Arc::clone(&spool),
-        status: Arc::clone(&status),
-        wake: Arc::clone(&wake),
-        stop: Arc::clone(&stop),
-    };
-    refresh(&status, &spool, &state_dir);
+    let mut shared = upload::Shared::new(
+        Arc::clone(&spool),
+        Arc::clone(&status),
+        Arc::clone(&wake),
+        Arc::clone(&stop),
+    );
+    let mut fetcher = None;
+    match admission {
+        Some(AdmissionSetup {
+            store,
+            client,
+            credential,
+            timing,
+        }) => {
+            let store = Arc::new(Mutex::new(store));
+            lock(&status).tokens.configured = true;
+            shared.tokens = Some(Arc::clone(&store));
+            let fetch = Fetcher::new(
+                client,
+                credential,
+                store,
+                Arc::clone(&status),
+                DayClock::system(),
+            );
+            fetcher = Some(tokio::spawn(admission::run(
+                fetch,
+                timing,
+                Arc::clone(&stop),
+                Arc::clone(&shared.need_tokens),
+                Arc::clone(&wake),
+            )));
+        }
+        None => tracing::info!(
+            "admission tokens are not configured ([admission] address): reports are sent \
+             without tokens"
+        ),
+    }
+    let tokens = shared.tokens.clone();
+    refresh(&status, &spool, tokens.as_deref(), &state_dir);
 
     // Source thread -> channel -> pipeline thread.
     let (tx, rx) = mpsc::channel::<SourceBatch>();
@@ -277,7 +319,7 @@ pub async fn run_with_source(
     let mut source_thread = Some(source_thread);
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        refresh(&status, &spool, &state_dir);
+        refresh(&status, &spool, tokens.as_deref(), &state_dir);
         if source_thread.as_ref().is_some_and(|t| t.is_finished())
             && let Some(t) = source_thread.take()
             && let Ok(Err(e)) = t.join()
@@ -294,8 +336,11 @@ pub async fn run_with_source(
     }
     let _ = tokio::task::spawn_blocking(move || pipeline_thread.join()).await;
     let _ = uploader.await;
+    if let Some(fetcher) = fetcher {
+        let _ = fetcher.await;
+    }
     lock(&status).running = false;
-    refresh(&status, &spool, &state_dir);
+    refresh(&status, &spool, tokens.as_deref(), &state_dir);
     if let Some(e) = source_error {
         return Err(DaemonError::Source(e));
     }
@@ -303,7 +348,66 @@ pub async fn run_with_source(
     Ok(RunOutcome::Stopped(Box::new(last)))
 }
 
-fn refresh(status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, state_dir: &Path) {
+/// What the daemon needs for admission tokens, checked at start.
+struct AdmissionSetup {
+    store: TokenStore,
+    client: penrose_transport::exchange::ExchangeClient,
+    credential: penrose_core::tokens::protocol::Credential,
+    timing: FetchTiming,
+}
+
+/// With `[admission]` configured: this host's credential, the issuer's pinned certificate
+/// and address, and the token store (pruned against the spool); `None` without it.
+fn admission_setup(
+    config: &AgentConfig,
+    state_dir: &Path,
+    spool: &Spool,
+) -> Result<Option<AdmissionSetup>, DaemonError> {
+    let a = &config.admission;
+    if !a.is_configured() {
+        return Ok(None);
+    }
+    let credential =
+        admission::load_credential(&a.credential).map_err(|e| DaemonError::Setup(e.to_string()))?;
+    let trust = Trust::load_pinned(&a.certificate).map_err(|e| {
+        DaemonError::Setup(format!(
+            "admission.certificate {}: {e}",
+            a.certificate.display()
+        ))
+    })?;
+    let issuer = a.addr().map_err(DaemonError::Setup)?;
+    let u = &config.upload;
+    let mut client = ClientConfig::new(issuer, a.server_name.clone(), trust);
+    client.connect_timeout = seconds(u.connect_timeout_seconds);
+    client.ack_timeout = seconds(u.ack_timeout_seconds);
+    let client = penrose_transport::exchange::ExchangeClient::new(client, ISSUER_PROTOCOL)
+        .map_err(|e| DaemonError::Setup(format!("admission: the issuer's client: {e}")))?;
+    let mut store = TokenStore::open(&token_dir(state_dir))?;
+    let spooled = spool.entries().iter().map(|e| e.report_id).collect();
+    store.prune(today(), &spooled)?;
+    let held: u32 = store.counts().iter().map(|c| c.unspent).sum();
+    tracing::info!(
+        "admission tokens from {issuer} ({}): {held} held",
+        a.server_name
+    );
+    Ok(Some(AdmissionSetup {
+        store,
+        client,
+        credential,
+        timing: FetchTiming {
+            refresh_max: seconds(a.refresh_max_seconds),
+            retry_min: seconds(a.retry_min_seconds),
+        },
+    }))
+}
+
+fn refresh(
+    status: &Mutex<AgentStatus>,
+    spool: &Mutex<Spool>,
+    tokens: Option<&Mutex<TokenStore>>,
+    state_dir: &Path,
+) {
+    let held = tokens.map(|store| lock(store).counts());
     let snapshot = {
         let spool = lock(spool);
         let mut s = lock(status);
@@ -311,6 +415,9 @@ fn refresh(status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, state_dir: &Path) 
         s.spool.bytes = spool.bytes();
         s.spool.max_bytes = spool.max_bytes();
         s.spool.counts = spool.counts();
+        if let Some(held) = held {
+            s.tokens.held = held;
+        }
         s.clone()
     };
     if let Err(e) = snapshot.write(state_dir) {

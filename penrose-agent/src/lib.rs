@@ -9,11 +9,15 @@
 //! - [`pipeline`]: snippets -> local applications -> histograms -> sealed, encrypted reports.
 //! - [`record`]: the agent's own plaintext record of what it sealed (for `inspect`).
 //! - [`spool`]: the durable, bounded directory of reports waiting to be sent.
-//! - [`upload`]: spooled reports to the aggregator, with delays, retries and throttling.
+//! - [`tokens`]: the store of anonymous admission tokens and the issuer's key set as seen.
+//! - [`admission`]: this host's enrolment credential and the fetcher that gets tokens.
+//! - [`upload`]: spooled reports to the aggregator, with delays, retries, throttling and a
+//!   token on each report.
 //! - [`status`]: the status file `penrose-agent status` reads.
 //! - [`daemon`]: `penrose-agent run`, which ties them together.
 //! - [`signal`]: SIGINT/SIGTERM end long work cleanly.
 
+pub mod admission;
 pub mod capture;
 pub mod cli;
 pub mod config;
@@ -26,4 +30,5 @@ pub mod signal;
 pub mod source;
 pub mod spool;
 pub mod status;
+pub mod tokens;
 pub mod upload;

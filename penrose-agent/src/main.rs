@@ -558,10 +558,50 @@ fn status(path: &Path, json: bool) -> Result<()> {
             .as_ref()
             .map_or(String::new(), |e| format!("; last error: {e}"))
     );
+    let t = &s.tokens;
+    if t.configured || t.token_required > 0 {
+        println!(
+            "admission tokens: {}; {} fetches ({} failed), {} received, {} spent, {} discarded, \
+             {} reports re-stamped to today, {} reports waiting for one, {} TokenRequired acks, \
+             {} partition warnings{}",
+            if t.configured {
+                "configured"
+            } else {
+                "NOT configured, and the server requires them"
+            },
+            t.fetches,
+            t.fetch_failures,
+            t.issued,
+            t.spent,
+            t.discarded,
+            t.restamped,
+            t.waiting,
+            t.token_required,
+            t.partition_warnings,
+            t.last_fetch_error
+                .as_ref()
+                .map_or(String::new(), |e| format!("; last fetch: {e}"))
+        );
+        print_token_counts(&t.held);
+    }
     if let Some(e) = &s.last_error {
         println!("last error: {e}");
     }
     Ok(())
+}
+
+/// Tokens held per (day, counter): counts only, never a token.
+fn print_token_counts(held: &[penrose_agent::tokens::TokenCount]) {
+    let catalogue = Catalogue::current();
+    for c in held {
+        let name = catalogue
+            .counter(penrose_core::counters::CounterId(c.scope))
+            .map_or("?", |counter| counter.name);
+        println!(
+            "  day {} counter {} ({name}): {} unspent, {} attached to a report in flight",
+            c.epoch, c.scope, c.unspent, c.in_flight
+        );
+    }
 }
 
 fn inspect(path: &Path, json: bool) -> Result<()> {
@@ -570,10 +610,24 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
         penrose_agent::spool::list_ids(&penrose_agent::daemon::spool_dir(&config.state_dir))?
             .into_iter()
             .collect();
+    // The day each spooled report carries now (a report re-stamped to another day for want of
+    // an admission token carries that day, not the one it was sealed on).
+    let days =
+        penrose_agent::spool::spooled_days(&penrose_agent::daemon::spool_dir(&config.state_dir))?;
+    let mut restamped = HashSet::new();
     let records: Vec<_> =
         read_records(penrose_agent::record::RecordLog::in_state_dir(&config.state_dir).path())?
             .into_iter()
             .filter(|r| r.id().is_some_and(|id| spooled.contains(&id)))
+            .map(|mut r| {
+                if let Some(day) = r.id().and_then(|id| days.get(&id))
+                    && day.0 != r.day
+                {
+                    restamped.insert(r.report_id.clone());
+                    r.day = day.0;
+                }
+                r
+            })
             .collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&records)?);
@@ -582,13 +636,35 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
     let catalogue = Catalogue::current();
     println!(
         "{} reports waiting to be sent; each carries only what is shown here, encrypted \
-         (the bins), plus the snippet hash, counter, sample count and day in clear.",
-        records.len()
+         (the bins), plus the snippet hash, counter, sample count and day in clear{}.",
+        records.len(),
+        if config.admission.is_configured() {
+            ", and an anonymous admission token of that day and counter (a key id every agent \
+             shares for them, a random nonce and a tag binding it to the report)"
+        } else {
+            ""
+        }
     );
+    let held =
+        penrose_agent::tokens::read_counts(&penrose_agent::tokens::token_dir(&config.state_dir))?;
+    if !held.is_empty() {
+        println!("admission tokens held (counts only; the tokens are secrets):");
+        print_token_counts(&held);
+    }
     for r in &records {
         println!(
-            "\nreport {}  snippet {}  {} ({} samples, day {}, sealed by {:?})",
-            r.report_id, r.snippet, r.counter_name, r.samples, r.day, r.reason
+            "\nreport {}  snippet {}  {} ({} samples, day {}{}, sealed by {:?})",
+            r.report_id,
+            r.snippet,
+            r.counter_name,
+            r.samples,
+            r.day,
+            if restamped.contains(&r.report_id) {
+                ", re-stamped for want of a token of the day it was sealed on"
+            } else {
+                ""
+            },
+            r.reason
         );
         let binning = catalogue
             .counter(penrose_core::counters::CounterId(r.counter))

@@ -1,7 +1,11 @@
 //! The spool: encrypted reports on disk between sealing and the server's ack.
 //!
 //! One file per report, named `<sequence>-<report id>.report` (the sequence orders them, oldest
-//! first), holding the report's wire frame. A report is written to a temporary file, synced,
+//! first), holding the report's wire frame; once the uploader has sent it at least once it is
+//! renamed `<sequence>-<report id>.sent` ([`Spool::mark_attempted`], before the first send), so
+//! that a report that may have reached the server keeps the day it was sent with (the server
+//! deduplicates by report id and day), while one that never left may be re-stamped to a day
+//! it has an admission token for ([`Spool::rewrite`]: same size, atomic replace). A report is written to a temporary file, synced,
 //! renamed into place and the directory synced, so after a crash (SIGKILL, power loss) a report
 //! is either whole in the spool or absent, never half there; temporary files left by a crash
 //! are removed at open. The spool is bounded in bytes: a report that would exceed the bound
@@ -29,6 +33,8 @@ use penrose_core::wire::ReportId;
 use thiserror::Error;
 
 const SUFFIX: &str = ".report";
+/// A report the uploader has sent at least once.
+const SENT_SUFFIX: &str = ".sent";
 const TEMP_PREFIX: &str = ".tmp-";
 
 /// Why the spool refused an operation.
@@ -79,6 +85,8 @@ pub struct SpoolEntry {
     pub bytes: u64,
     /// Its file.
     pub path: PathBuf,
+    /// Whether it was sent at least once (it may have reached the server).
+    pub attempted: bool,
 }
 
 /// Counts since the spool was opened, for `status`.
@@ -152,7 +160,7 @@ impl Spool {
                 fs::remove_file(&path).map_err(io(&path))?;
                 continue;
             }
-            let Some((sequence, report_id)) = parse_name(name) else {
+            let Some((sequence, report_id, attempted)) = parse_name(name) else {
                 tracing::warn!("spool: ignoring {name}, not a report file");
                 continue;
             };
@@ -162,6 +170,7 @@ impl Spool {
                 report_id,
                 bytes,
                 path,
+                attempted,
             });
         }
         entries.sort_by_key(|e| e.sequence);
@@ -312,8 +321,86 @@ impl Spool {
             report_id,
             bytes: size,
             path,
+            attempted: false,
         });
         Ok(dropped)
+    }
+
+    /// Marks a report as sent (renames it `<sequence>-<id>.sent`, durably) before its first
+    /// upload; returns the entry as it is now. A report already marked is returned unchanged.
+    pub fn mark_attempted(&mut self, entry: &SpoolEntry) -> Result<SpoolEntry, SpoolError> {
+        let Some(at) = self
+            .entries
+            .iter()
+            .position(|e| e.sequence == entry.sequence)
+        else {
+            return Err(SpoolError::Io {
+                path: entry.path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the report left the spool",
+                ),
+            });
+        };
+        let current = self.entries[at].clone();
+        if current.attempted {
+            return Ok(current);
+        }
+        let name = format!(
+            "{:020}-{}{SENT_SUFFIX}",
+            current.sequence,
+            hex(&current.report_id.0)
+        );
+        let path = self.dir.join(name);
+        fs::rename(&current.path, &path).map_err(io(&path))?;
+        sync_dir(&self.dir)?;
+        let marked = SpoolEntry {
+            path,
+            attempted: true,
+            ..current
+        };
+        self.entries[at] = marked.clone();
+        Ok(marked)
+    }
+
+    /// Replaces a report that never left the agent with `frame` (the same report re-stamped
+    /// to another day: the same size), atomically: temporary file, sync, rename, directory
+    /// sync. Refuses a report already sent and a frame of another size (the spool's bound
+    /// counts the old one).
+    pub fn rewrite(&mut self, entry: &SpoolEntry, frame: &[u8]) -> Result<(), SpoolError> {
+        let current = self
+            .entries
+            .iter()
+            .find(|e| e.sequence == entry.sequence)
+            .cloned();
+        let refused = |why: &str| SpoolError::Io {
+            path: entry.path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string()),
+        };
+        let Some(current) = current else {
+            return Err(refused("the report left the spool"));
+        };
+        if current.attempted {
+            return Err(refused("a report already sent keeps its bytes"));
+        }
+        if frame.len() as u64 != current.bytes {
+            return Err(refused("a rewritten report must keep its size"));
+        }
+        let Some(name) = current.path.file_name() else {
+            return Err(refused("no file name"));
+        };
+        let temp = self
+            .dir
+            .join(format!("{TEMP_PREFIX}{}", name.to_string_lossy()));
+        if let Err(e) = write_synced(&temp, frame) {
+            let _ = fs::remove_file(&temp);
+            return Err(e);
+        }
+        if let Err(e) = fs::rename(&temp, &current.path).map_err(io(&current.path)) {
+            let _ = fs::remove_file(&temp);
+            return Err(e);
+        }
+        sync_dir(&self.dir)
     }
 
     /// The reports, oldest first.
@@ -415,7 +502,7 @@ pub fn open_nofollow(options: &mut OpenOptions, path: &Path) -> std::io::Result<
 
 /// This process's effective user id.
 #[allow(unsafe_code)]
-fn effective_uid() -> u32 {
+pub(crate) fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -431,18 +518,58 @@ pub fn list_ids(dir: &Path) -> Result<Vec<ReportId>, SpoolError> {
     };
     for item in items {
         let item = item.map_err(io(dir))?;
-        if let Some((_, id)) = item.file_name().to_str().and_then(parse_name) {
+        if let Some((_, id, _)) = item.file_name().to_str().and_then(parse_name) {
             out.push(id);
         }
     }
     Ok(out)
 }
 
-fn parse_name(name: &str) -> Option<(u64, ReportId)> {
-    let stem = name.strip_suffix(SUFFIX)?;
+/// `<sequence>-<id>.report` or `.sent`: (sequence, id, sent at least once).
+/// The day each report in a spool directory carries (for `inspect`, which must not take the
+/// daemon's spool). Reports that do not read back are left out.
+pub fn spooled_days(
+    dir: &Path,
+) -> Result<std::collections::HashMap<ReportId, penrose_core::wire::Day>, SpoolError> {
+    let mut out = std::collections::HashMap::new();
+    let items = match fs::read_dir(dir) {
+        Ok(items) => items,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    for item in items {
+        let item = item.map_err(io(dir))?;
+        let Some((sequence, report_id, attempted)) = item.file_name().to_str().and_then(parse_name)
+        else {
+            continue;
+        };
+        let entry = SpoolEntry {
+            sequence,
+            report_id,
+            bytes: 0,
+            path: item.path(),
+            attempted,
+        };
+        let Ok(frame) = read_frame(&entry) else {
+            continue;
+        };
+        if let Ok((penrose_core::wire::Message::Report(report), _)) =
+            penrose_core::wire::Message::decode(&frame)
+        {
+            out.insert(report_id, report.day);
+        }
+    }
+    Ok(out)
+}
+
+fn parse_name(name: &str) -> Option<(u64, ReportId, bool)> {
+    let (stem, attempted) = match name.strip_suffix(SUFFIX) {
+        Some(stem) => (stem, false),
+        None => (name.strip_suffix(SENT_SUFFIX)?, true),
+    };
     let (sequence, id) = stem.split_once('-')?;
     let sequence = sequence.parse().ok()?;
-    Some((sequence, ReportId(parse_hex16(id)?)))
+    Some((sequence, ReportId(parse_hex16(id)?), attempted))
 }
 
 /// Creates `dir` (and parents) readable by the owner only, and checks it: a directory that
@@ -651,6 +778,46 @@ mod tests {
             "no old report lost for a failed write"
         );
         assert_eq!(spool.counts().write_failures, 1);
+    }
+
+    /// A report is marked sent before its first upload (durably: a reopened spool knows), and
+    /// only a report never sent can be rewritten, keeping its size.
+    #[test]
+    fn sent_reports_are_marked_and_only_unsent_ones_can_be_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool_dir = dir.path().join("spool");
+        let mut spool = Spool::open(&spool_dir, 1 << 20).unwrap();
+        spool.push(id(1), &[1; 100]).unwrap();
+        spool.push(id(2), &[2; 100]).unwrap();
+        let first = spool.oldest().unwrap().clone();
+        assert!(!first.attempted);
+        spool.rewrite(&first, &[7; 100]).unwrap();
+        assert_eq!(read_frame(&first).unwrap(), vec![7; 100]);
+        assert!(spool.rewrite(&first, &[7; 99]).is_err(), "size kept");
+        let marked = spool.mark_attempted(&first).unwrap();
+        assert!(marked.attempted && marked.path.to_string_lossy().ends_with(".sent"));
+        assert_eq!(read_frame(&marked).unwrap(), vec![7; 100]);
+        assert!(
+            spool.rewrite(&marked, &[8; 100]).is_err(),
+            "a sent report keeps its bytes"
+        );
+        assert_eq!(spool.mark_attempted(&marked).unwrap(), marked);
+        assert_eq!(spool.bytes(), 200);
+        drop(spool);
+        let mut spool = Spool::open(&spool_dir, 1 << 20).unwrap();
+        let attempted: Vec<_> = spool.entries().iter().map(|e| e.attempted).collect();
+        assert_eq!(attempted, vec![true, false]);
+        assert_eq!(list_ids(&spool_dir).unwrap().len(), 2);
+        // Delivered and rejected work on sent reports as on the others.
+        let sent = spool.oldest().unwrap().clone();
+        spool.move_rejected(&sent, "InvalidSnippet").unwrap();
+        assert!(
+            dir.path()
+                .join("rejected")
+                .join(sent.path.file_name().unwrap())
+                .exists()
+        );
+        assert_eq!(spool.entries().len(), 1);
     }
 
     /// A pre-existing state directory that group or others may write to (0777) is refused,

@@ -83,6 +83,39 @@ pub struct UploadCounts {
     pub last_error: Option<String>,
 }
 
+/// Admission tokens: counts only (tokens are secrets; nothing here identifies one).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TokenStatus {
+    /// Whether an issuer is configured (`[admission] address`).
+    pub configured: bool,
+    /// Tokens held per (epoch = day, scope = counter).
+    pub held: Vec<crate::tokens::TokenCount>,
+    /// Fetches that got an answer (key set and issuance).
+    pub fetches: u64,
+    /// Fetches that failed (issuer unreachable, refused, malformed answers).
+    pub fetch_failures: u64,
+    /// Tokens received and stored.
+    pub issued: u64,
+    /// Issuances discarded because the issuer's proof did not verify against the published
+    /// key (or named a key it never published), and key sets refused because a key changed:
+    /// the issuer tried to tell this agent apart from the others.
+    pub partition_warnings: u64,
+    /// Tokens spent: the server took their reports.
+    pub spent: u64,
+    /// Tokens discarded because the server refused them (InvalidToken, TokenSpent), or because
+    /// their report was refused for good.
+    pub discarded: u64,
+    /// Reports re-stamped to today because their own day had no token left.
+    pub restamped: u64,
+    /// Reports waiting now for a token of their day and counter.
+    pub waiting: u64,
+    /// Acks TokenRequired (the server requires tokens and the report carried none).
+    pub token_required: u64,
+    /// The last fetch's failure.
+    pub last_fetch_error: Option<String>,
+}
+
 /// The status file's contents.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentStatus {
@@ -116,6 +149,9 @@ pub struct AgentStatus {
     pub record: RecordStatus,
     /// Uploads.
     pub uploads: UploadCounts,
+    /// Admission tokens.
+    #[serde(default)]
+    pub tokens: TokenStatus,
     /// The last error outside uploads (sealing, spooling).
     pub last_error: Option<String>,
 }

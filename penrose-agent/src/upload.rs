@@ -18,19 +18,36 @@
 //! handshake without TLS resumption or address-validation token, closed after the ack. Nothing
 //! at the transport layer links two reports of this machine; the uploader refuses a client
 //! configuration that would share a connection (docs/transport.md).
+//!
+//! **Admission tokens** (when `[admission]` is configured, [`Shared::tokens`]): before a report
+//! is sent it gets a token of its own day and counter from the store, attached to it durably
+//! ([`TokenStore::reserve`]), and carries `token.redeem(report.token_binding())`; a retry, also
+//! after a restart, carries the same token. Accepted and Duplicate remove the token (spent);
+//! InvalidToken and TokenSpent discard it and the report goes again, after a short backoff,
+//! with another; a report refused for good takes its token with it (a token is never put on a
+//! second report: one nonce on two reports would link them). A report with no token of its
+//! day and counter waits in the spool, never dropped for lack of tokens: if it has never been
+//! sent and today's tokens of its counter exist, it is re-stamped to today (rewritten in the
+//! spool, then sent with today's token); a report sent before keeps its day, since the server
+//! deduplicates by report id and day. Without `[admission]` reports go without tokens; a
+//! server that requires them answers TokenRequired, the reports stay spooled, and the uploader
+//! says so once, at error level.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use penrose_core::wire::{AckStatus, Message, RejectReason};
+use penrose_core::tokens::{TokenEpoch, TokenScope};
+use penrose_core::wire::{AckStatus, AdmissionToken, Day, Message, RejectReason, Report};
 use penrose_transport::{Client, ClientConfig, Reuse};
 use rand::Rng;
 use tokio::sync::Notify;
 
+use crate::pipeline::DayClock;
 use crate::spool::{Spool, SpoolEntry, read_frame};
 use crate::status::AgentStatus;
+use crate::tokens::TokenStore;
 
 /// Upload timing.
 #[derive(Clone, Debug)]
@@ -56,6 +73,32 @@ pub struct Shared {
     pub wake: Arc<Notify>,
     /// Set to stop.
     pub stop: Arc<AtomicBool>,
+    /// The token store when `[admission]` is configured; `None`: reports go without tokens.
+    pub tokens: Option<Arc<Mutex<TokenStore>>>,
+    /// Notified when a report waits for a token (wakes the fetcher).
+    pub need_tokens: Arc<Notify>,
+    /// The day (tokens are per day; tests move it).
+    pub clock: DayClock,
+}
+
+impl Shared {
+    /// Everything for an uploader without admission tokens, on the system clock.
+    pub fn new(
+        spool: Arc<Mutex<Spool>>,
+        status: Arc<Mutex<AgentStatus>>,
+        wake: Arc<Notify>,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            spool,
+            status,
+            wake,
+            stop,
+            tokens: None,
+            need_tokens: Arc::new(Notify::new()),
+            clock: DayClock::system(),
+        }
+    }
 }
 
 /// Sleeps `d`, or less if `stop` is set meanwhile; returns whether to go on.
@@ -104,17 +147,40 @@ pub async fn run(config: UploadConfig, shared: Shared) {
     let mut throttle_permille: u16 = 1000;
     let mut failures: u32 = 0;
     let mut deferred: HashMap<u64, Deferral> = HashMap::new();
+    let mut told_token_required = false;
+    // Reports already logged as waiting for a token (logged once each).
+    let mut told_waiting: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    // The (day, store generation) reports waiting for tokens were last looked at under.
+    let mut token_view = None;
     while !stop.load(Ordering::Relaxed) {
+        let today = shared.clock.today();
+        if let Some(store) = &shared.tokens {
+            let view = (today, lock(store).generation());
+            if token_view != Some(view) {
+                // A new day or new tokens: the reports that waited for one go again, and
+                // tokens of past epochs and of reports gone from the spool are dropped.
+                deferred.retain(|_, d| d.kind != Wait::Token);
+                if token_view.is_none_or(|(day, _)| day != today) {
+                    prune_tokens(&shared, store, today);
+                }
+                token_view = Some((today, lock(store).generation()));
+            }
+        }
         let next = {
             let spool = lock(&shared.spool);
-            if !deferred.is_empty() {
+            if !deferred.is_empty() || !told_waiting.is_empty() {
                 // Forget reports that left the spool meanwhile (delivered, or dropped for room).
                 let spooled: std::collections::HashSet<u64> =
                     spool.entries().iter().map(|e| e.sequence).collect();
                 deferred.retain(|sequence, _| spooled.contains(sequence));
+                told_waiting.retain(|sequence| spooled.contains(sequence));
             }
             next_entry(spool.entries(), &deferred, tokio::time::Instant::now())
         };
+        if shared.tokens.is_some() {
+            lock(&shared.status).tokens.waiting =
+                deferred.values().filter(|d| d.kind == Wait::Token).count() as u64;
+        }
         let entry = match next {
             Next::Send(entry) => entry,
             Next::Empty | Next::Wait(_) => {
@@ -131,6 +197,34 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                 continue;
             }
         };
+        let Some(report) = read_report(&shared, &entry) else {
+            continue;
+        };
+        // No token of its day and counter (nor of today's, for a report never sent): it
+        // waits for the fetcher, without holding up the others.
+        if let Some(store) = &shared.tokens
+            && !token_available(&lock(store), &entry, &report, today)
+        {
+            if told_waiting.insert(entry.sequence) {
+                tracing::info!(
+                    "report {} (day {}, counter {}) waits for an admission token",
+                    crate::spool::hex(&entry.report_id.0),
+                    report.day.0,
+                    report.counter.0
+                );
+            }
+            let until = tokio::time::Instant::now() + config.backoff_max.max(config.delay_max);
+            deferred.insert(
+                entry.sequence,
+                Deferral {
+                    tries: 0,
+                    until,
+                    kind: Wait::Token,
+                },
+            );
+            shared.need_tokens.notify_one();
+            continue;
+        }
         // The random delay, stretched by the throttle hint (0: wait the longest backoff).
         let stretch = if throttle_permille == 0 {
             None
@@ -151,25 +245,33 @@ pub async fn run(config: UploadConfig, shared: Shared) {
         if !lock(&shared.spool).contains(&entry) {
             continue; // dropped to make room meanwhile
         }
-        let report =
-            match read_frame(&entry)
-                .map_err(|e| e.to_string())
-                .and_then(|f| match Message::decode(&f) {
-                    Ok((Message::Report(r), used)) if used == f.len() => Ok(r),
-                    Ok(_) => Err("not one report frame".to_string()),
-                    Err(e) => Err(e.to_string()),
-                }) {
-                Ok(r) => r,
-                Err(why) => {
-                    tracing::warn!(
-                        "spooled report {} unreadable ({why}); moved aside",
-                        entry.path.display()
-                    );
-                    let _ =
-                        lock(&shared.spool).move_rejected(&entry, &format!("unreadable: {why}"));
-                    continue;
-                }
+        // The report as it goes: with its token (re-stamped to today if it must), marked sent.
+        let prepared = match &shared.tokens {
+            Some(store) => attach_token(&shared, store, &entry, report, shared.clock.today()),
+            None => Ok(Some(report)),
+        }
+        .and_then(|report| {
+            let Some(report) = report else {
+                return Ok(None);
             };
+            let marked = lock(&shared.spool).mark_attempted(&entry)?;
+            Ok(Some((report, marked)))
+        });
+        let (report, entry) = match prepared {
+            Ok(Some(ready)) => ready,
+            Ok(None) => continue, // its tokens went meanwhile: it waits as above next round
+            Err(e) => {
+                // The spool or the token store could not be written (a full disk).
+                failures += 1;
+                let wait = backoff(&config, failures);
+                tracing::warn!("preparing an upload: {e}; next try in {wait:?}");
+                lock(&shared.status).last_error = Some(e.to_string());
+                if !pause(wait, stop).await {
+                    break;
+                }
+                continue;
+            }
+        };
         lock(&shared.status).uploads.attempts += 1;
         let outcome = tokio::select! {
             r = client.send_with_retry(&report) => Some(r),
@@ -180,7 +282,24 @@ pub async fn run(config: UploadConfig, shared: Shared) {
             Ok(ack) => {
                 failures = 0;
                 throttle_permille = ack.throttle.permille();
-                match settle(&shared, &entry, ack.status, throttle_permille) {
+                let settled = settle(&shared, &entry, ack.status, throttle_permille);
+                if settled == Settled::TokenRequired && !told_token_required {
+                    told_token_required = true;
+                    if shared.tokens.is_none() {
+                        tracing::error!(
+                            "the aggregation server requires admission tokens, and this agent \
+                             has none configured ([admission] in its configuration): reports \
+                             stay in the spool until it has (docs/operations.md, \"Admission \
+                             tokens\")"
+                        );
+                    } else {
+                        tracing::error!(
+                            "the aggregation server answered TokenRequired to a report that \
+                             carried a token; the report stays in the spool"
+                        );
+                    }
+                }
+                match settled {
                     Settled::Done => {
                         deferred.remove(&entry.sequence);
                     }
@@ -190,10 +309,17 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                             break;
                         }
                     }
-                    Settled::Deferred => {
+                    Settled::Deferred | Settled::TokenRefused | Settled::TokenRequired => {
                         let tries = deferred.get(&entry.sequence).map_or(0, |d| d.tries) + 1;
                         let until = tokio::time::Instant::now() + backoff(&config, tries);
-                        deferred.insert(entry.sequence, Deferral { tries, until });
+                        deferred.insert(
+                            entry.sequence,
+                            Deferral {
+                                tries,
+                                until,
+                                kind: Wait::Server,
+                            },
+                        );
                     }
                 }
             }
@@ -219,12 +345,129 @@ pub async fn run(config: UploadConfig, shared: Shared) {
     client.close().await;
 }
 
-/// A spooled report the server could not take for now (it would found a class): not sent
-/// again before `until`.
+/// Reads and decodes a spooled report; one that does not read back is moved aside.
+fn read_report(shared: &Shared, entry: &SpoolEntry) -> Option<Report> {
+    let read =
+        read_frame(entry)
+            .map_err(|e| e.to_string())
+            .and_then(|f| match Message::decode(&f) {
+                Ok((Message::Report(r), used)) if used == f.len() => Ok(r),
+                Ok(_) => Err("not one report frame".to_string()),
+                Err(e) => Err(e.to_string()),
+            });
+    match read {
+        Ok(report) => Some(report),
+        Err(why) => {
+            tracing::warn!(
+                "spooled report {} unreadable ({why}); moved aside",
+                entry.path.display()
+            );
+            let _ = lock(&shared.spool).move_rejected(entry, &format!("unreadable: {why}"));
+            None
+        }
+    }
+}
+
+/// The (epoch, scope) of the token a report needs: its day and counter.
+fn token_key(report: &Report) -> (TokenEpoch, TokenScope) {
+    (TokenEpoch(report.day.0), TokenScope(report.counter.0))
+}
+
+/// Whether [`attach_token`] would find a token for the report now.
+fn token_available(store: &TokenStore, entry: &SpoolEntry, report: &Report, today: Day) -> bool {
+    let (epoch, scope) = token_key(report);
+    store.in_flight_for(&report.report_id).is_some()
+        || store.unspent(epoch, scope) > 0
+        || (!entry.attempted
+            && report.day != today
+            && store.unspent(TokenEpoch(today.0), scope) > 0)
+}
+
+/// Attaches a token to the report, durably: the one it already carries (a retry), else one of
+/// its day and counter, else, for a report never sent, one of today's after re-stamping the
+/// report to today in the spool. `None`: no token for it now.
+fn attach_token(
+    shared: &Shared,
+    store: &Mutex<TokenStore>,
+    entry: &SpoolEntry,
+    mut report: Report,
+    today: Day,
+) -> Result<Option<Report>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut spool = lock(&shared.spool);
+    let mut store = lock(store);
+    let (epoch, scope) = token_key(&report);
+    let token = match store.in_flight_for(&report.report_id) {
+        Some((e, s, token)) if (e, s) == (epoch, scope) => Some(token),
+        other => {
+            if other.is_some() {
+                // A token of another day or counter cannot admit this report.
+                store.forget_in_flight(&report.report_id)?;
+            }
+            match store.reserve(epoch, scope, report.report_id)? {
+                Some(token) => Some(token),
+                None if !entry.attempted
+                    && report.day != today
+                    && store.unspent(TokenEpoch(today.0), scope) > 0 =>
+                {
+                    let from = report.day;
+                    report.day = today;
+                    let frame = Message::Report(report.clone()).to_frame()?;
+                    spool.rewrite(entry, &frame)?;
+                    let token = store.reserve(TokenEpoch(today.0), scope, report.report_id)?;
+                    lock(&shared.status).tokens.restamped += 1;
+                    tracing::info!(
+                        "report {} had no token left for day {}: re-stamped to today ({})",
+                        crate::spool::hex(&report.report_id.0),
+                        from.0,
+                        today.0
+                    );
+                    token
+                }
+                None => None,
+            }
+        }
+    };
+    Ok(token.map(|token| {
+        let redemption = token.redeem(&report.token_binding());
+        report.token = Some(AdmissionToken(redemption.encode()));
+        report
+    }))
+}
+
+/// Drops tokens the server can no longer accept and those of reports gone from the spool.
+fn prune_tokens(shared: &Shared, store: &Mutex<TokenStore>, today: Day) {
+    let spooled = lock(&shared.spool)
+        .entries()
+        .iter()
+        .map(|e| e.report_id)
+        .collect();
+    match lock(store).prune(today, &spooled) {
+        Ok(pruned) if pruned.expired + pruned.orphaned > 0 => tracing::info!(
+            "admission tokens: {} of past days and {} of reports no longer spooled dropped",
+            pruned.expired,
+            pruned.orphaned
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("pruning the token store: {e}"),
+    }
+}
+
+/// A spooled report not sent again before `until`.
 #[derive(Clone, Copy, Debug)]
 struct Deferral {
     tries: u32,
     until: tokio::time::Instant,
+    kind: Wait,
+}
+
+/// What a deferred report waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// The server could not take it for now (it would found a class, or its token was
+    /// refused, or the server requires a token).
+    Server,
+    /// A token of its day and counter; looked at again when tokens arrive or the day changes.
+    Token,
 }
 
 /// What to do next.
@@ -266,14 +509,34 @@ enum Settled {
     /// Kept and set aside for a while; the others go first (a class the server cannot found
     /// now, or any other retry-later reason a newer server may add).
     Deferred,
+    /// The server refused the report's token (invalid or spent): the token is discarded and
+    /// the report, kept, goes again with another.
+    TokenRefused,
+    /// The server requires a token and the report carried none: kept.
+    TokenRequired,
 }
 
-/// Applies an ack to the spool and the counts.
+/// Applies an ack to the spool, the token store and the counts.
 fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille: u16) -> Settled {
     let mut spool = lock(&shared.spool);
+    let mut store = shared.tokens.as_deref().map(lock);
     let mut status = lock(&shared.status);
     status.uploads.server_reachable = true;
     status.uploads.throttle_permille = throttle_permille;
+    // Removes the report's token, if it carries one; whether it did.
+    let mut drop_token = |status: &mut AgentStatus| match store.as_mut() {
+        Some(store) => match store.forget_in_flight(&entry.report_id) {
+            Ok(had) => had,
+            Err(e) => {
+                // Left attached: the report is gone (or goes again with it), and the next
+                // prune removes a token whose report left the spool.
+                tracing::warn!("token store: {e}");
+                status.last_error = Some(e.to_string());
+                false
+            }
+        },
+        None => false,
+    };
     match ack {
         AckStatus::Accepted | AckStatus::Duplicate => {
             if ack == AckStatus::Accepted {
@@ -285,7 +548,25 @@ fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille
                 tracing::warn!("removing a delivered report: {e}");
                 status.last_error = Some(e.to_string());
             }
+            if drop_token(&mut status) {
+                status.tokens.spent += 1;
+            }
             Settled::Done
+        }
+        AckStatus::Rejected(reason @ (RejectReason::InvalidToken | RejectReason::TokenSpent)) => {
+            if drop_token(&mut status) {
+                status.tokens.discarded += 1;
+            }
+            tracing::warn!(
+                "the server refused the admission token of report {} ({reason:?}); token \
+                 discarded, the report goes again with another",
+                crate::spool::hex(&entry.report_id.0)
+            );
+            Settled::TokenRefused
+        }
+        AckStatus::Rejected(RejectReason::TokenRequired) => {
+            status.tokens.token_required += 1;
+            Settled::TokenRequired
         }
         AckStatus::Rejected(RejectReason::Overloaded) => {
             status.uploads.overloaded += 1;
@@ -300,6 +581,10 @@ fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille
             Settled::Deferred
         }
         AckStatus::Rejected(reason) => {
+            // Its token, if it was not spent, is never put on another report.
+            if drop_token(&mut status) {
+                status.tokens.discarded += 1;
+            }
             status.uploads.rejected += 1;
             tracing::warn!(
                 "report {} rejected by the server ({reason:?}); moved aside",
@@ -330,14 +615,14 @@ mod tests {
     use super::*;
 
     fn shared(dir: &std::path::Path) -> Shared {
-        Shared {
-            spool: Arc::new(Mutex::new(
+        Shared::new(
+            Arc::new(Mutex::new(
                 Spool::open(&dir.join("spool"), 1 << 20).unwrap(),
             )),
-            status: Arc::new(Mutex::new(AgentStatus::default())),
-            wake: Arc::new(Notify::new()),
-            stop: Arc::new(AtomicBool::new(false)),
-        }
+            Arc::new(Mutex::new(AgentStatus::default())),
+            Arc::new(Notify::new()),
+            Arc::new(AtomicBool::new(false)),
+        )
     }
 
     #[test]
@@ -375,6 +660,7 @@ mod tests {
             Deferral {
                 tries: 1,
                 until: later,
+                kind: Wait::Server,
             },
         );
         assert_eq!(
@@ -383,7 +669,14 @@ mod tests {
         );
         for e in &entries[1..] {
             let until = later + Duration::from_secs(1);
-            deferred.insert(e.sequence, Deferral { tries: 1, until });
+            deferred.insert(
+                e.sequence,
+                Deferral {
+                    tries: 1,
+                    until,
+                    kind: Wait::Token,
+                },
+            );
         }
         assert_eq!(next_entry(&entries, &deferred, now), Next::Wait(later));
         assert_eq!(

@@ -2,7 +2,13 @@
 //! penrose-transport server whose handler decodes reports and deduplicates them by report id),
 //! agent configurations and `penrose-agent run` children.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, dead_code)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    dead_code,
+    unused_imports
+)]
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -268,3 +274,5 @@ pub fn wait_until(limit: Duration, mut what: impl FnMut() -> bool, describe: imp
 }
 
 pub use penrose_agent::capture::loader::is_root;
+
+pub mod tokens;
