@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use penrose_aggregator::admission::Admission;
 use penrose_aggregator::state::State;
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
@@ -82,7 +83,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
         Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
     };
     let template: Vec<ValidReport> = (0..BATCH)
-        .map(|_| validate_body(&body(&mut rng), &key, Day(20_000)).unwrap())
+        .map(|_| validate_body(&body(&mut rng), &key, Day(20_000), &Admission::Open).unwrap())
         .collect();
 
     let dir = tempfile::tempdir().unwrap();
@@ -126,7 +127,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
     group.throughput(Throughput::Elements(1));
     let one = body(&mut rng);
     group.bench_function("validate_body_one_report", |b| {
-        b.iter(|| validate_body(&one, &key, Day(20_000)).unwrap())
+        b.iter(|| validate_body(&one, &key, Day(20_000), &Admission::Open).unwrap())
     });
     group.finish();
 }

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
 
+use penrose_aggregator::admission::Admission;
 use penrose_aggregator::epochs::EpochPolicy;
 use penrose_aggregator::epochs::EpochRecord;
 use penrose_aggregator::export;
@@ -151,12 +152,24 @@ pub fn start(dir: &Path, bound: u64, config: IngestConfig) -> (Ingest, Writer, A
     start_with(dir, bound, config, None)
 }
 
-/// Opens a store with an epoch policy and starts ingest over it.
+/// Opens a store with an epoch policy and starts ingest over it, with open admission (these
+/// tests are not about admission tokens; tests/tokens.rs is).
 pub fn start_with(
     dir: &Path,
     bound: u64,
     config: IngestConfig,
     policy: Option<EpochPolicy>,
+) -> (Ingest, Writer, Arc<dyn Store>) {
+    start_admitting(dir, bound, config, policy, Admission::Open)
+}
+
+/// Opens a store and starts ingest over it, admitting reports as `admission` says.
+pub fn start_admitting(
+    dir: &Path,
+    bound: u64,
+    config: IngestConfig,
+    policy: Option<EpochPolicy>,
+    admission: Admission,
 ) -> (Ingest, Writer, Arc<dyn Store>) {
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir).unwrap());
     let state = State::open(
@@ -168,19 +181,33 @@ pub fn start_with(
     )
     .unwrap();
     let throttle = stored_throttle(store.as_ref()).unwrap();
-    let (ingest, writer) =
-        Ingest::start(state, throttle, config, Arc::new(Metrics::default())).unwrap();
+    let (ingest, writer) = Ingest::start(
+        state,
+        throttle,
+        config,
+        admission,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap();
     (ingest, writer, store)
 }
 
-/// Starts the `penrose-aggregator serve` binary on `data` with `key` and `args`, and waits for
-/// the JSON line it prints once it listens (returned, with the child).
+/// Starts the `penrose-aggregator serve` binary on `data` with `key` and `args`, with open
+/// admission (`--open-admission`: these tests are not about admission tokens) unless `args`
+/// name a key ring (`--token-keys`), and waits for the JSON line it prints once it listens
+/// (returned, with the child).
 pub fn spawn_serve(data: &Path, key: &Path, args: &[&str]) -> (Child, serde_json::Value) {
+    let admission: &[&str] = if args.contains(&"--token-keys") {
+        &[]
+    } else {
+        &["--open-admission"]
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .args(["serve", "--data-dir"])
         .arg(data)
         .arg("--public-key")
         .arg(key)
+        .args(admission)
         .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
