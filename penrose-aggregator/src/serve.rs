@@ -238,6 +238,10 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         }
         None => None,
     };
+    // Signals are handled from before the ready line on: a SIGHUP sent once the server says
+    // it listens reloads the key ring rather than ending the process.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     // One line on stdout for whoever started the server (scripts, tests).
     println!(
         "{}",
@@ -249,8 +253,6 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         })
     );
     info!(listen = %server.local_addr(), "serving");
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     let mut health = tokio::time::interval(Duration::from_millis(200));
     // Epochs close by the clock even when no report arrives to trigger it.
     let mut epochs = tokio::time::interval(EPOCH_TICK);
