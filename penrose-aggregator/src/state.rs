@@ -969,6 +969,45 @@ mod tests {
         )
     }
 
+    /// A store of format 5 (written before the Spent table existed) is refused with the format
+    /// error, and opening it adds no table, so the build that wrote it still opens it.
+    #[test]
+    fn a_format_5_store_is_refused_and_gets_no_spent_table() {
+        let keys =
+            Keypair::generate_with_size(KeySize::Bits1024, &mut ChaCha20Rng::seed_from_u64(4));
+        let key = keys.public_key();
+        let dir = tempfile::tempdir().unwrap();
+        let old = ["seen", "sst", "est", "ash", "meta"];
+        {
+            let mut options = rocksdb::Options::default();
+            options.create_if_missing(true);
+            options.create_missing_column_families(true);
+            let db = rocksdb::DB::open_cf(&options, dir.path(), old).unwrap();
+            let meta_cf = db.cf_handle("meta").unwrap();
+            db.put_cf(meta_cf, meta::KEY_ID, key.key_id().0).unwrap();
+            db.put_cf(meta_cf, meta::PUBLIC_KEY, key.to_bytes()).unwrap();
+            db.put_cf(meta_cf, meta::FORMAT, 5u32.to_be_bytes()).unwrap();
+        }
+        let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+        let error = open(&store, key).err().unwrap();
+        assert!(matches!(
+            error,
+            StateError::Format {
+                found: 5,
+                expected: STORE_FORMAT
+            }
+        ));
+        assert!(error.to_string().contains("export it with the aggregator that wrote it"));
+        drop(store);
+        let mut tables =
+            rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
+        tables.sort();
+        let mut expected: Vec<String> = old.iter().map(|t| t.to_string()).collect();
+        expected.push("default".into());
+        expected.sort();
+        assert_eq!(tables, expected);
+    }
+
     #[test]
     fn stores_of_another_format_are_refused_and_left_alone() {
         let keys =
