@@ -10,10 +10,9 @@
 //! Give the same file to `serve --token-keys` and `loadgen --token-keys`.
 
 use anyhow::{Context, Result};
-use penrose_aggregator::admission::write_key_ring;
+use penrose_aggregator::admission::{test_equipment_key_ring, write_key_ring};
 use penrose_aggregator::ingest::today;
-use penrose_core::counters::Catalogue;
-use penrose_core::tokens::{IssuerKey, KeyRing, TokenEpoch, TokenScope};
+use penrose_core::wire::Day;
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -23,24 +22,17 @@ fn main() -> Result<()> {
     let before: u32 = args.next().map_or(Ok(1), |a| a.parse())?;
     let after: u32 = args.next().map_or(Ok(1), |a| a.parse())?;
     let day = today();
-    let mut rng = rand::rng();
-    let mut keys = Vec::new();
-    for epoch in day.0.saturating_sub(before)..=day.0.saturating_add(after) {
-        for counter in Catalogue::current().counters {
-            keys.push(IssuerKey::generate(
-                TokenEpoch(epoch),
-                TokenScope(counter.id.0),
-                &mut rng,
-            ));
-        }
-    }
-    let ring = KeyRing::new(keys)?;
+    let (first, last) = (
+        Day(day.0.saturating_sub(before)),
+        Day(day.0.saturating_add(after)),
+    );
+    let ring = test_equipment_key_ring(first, last)?;
     write_key_ring(out.as_ref(), &ring)?;
     println!(
         "{out}: {} keys, epochs {} to {}",
         ring.keys().len(),
-        day.0.saturating_sub(before),
-        day.0.saturating_add(after)
+        first.0,
+        last.0
     );
     Ok(())
 }

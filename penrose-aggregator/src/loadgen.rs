@@ -297,7 +297,8 @@ fn mint_tokens(ring: &KeyRing, day: Day, plan: &[CounterId], seed: u64) -> Resul
             .map(|(t, part)| {
                 let set = &set;
                 scope.spawn(move || -> Result<Vec<(usize, Token)>> {
-                    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed ^ ((t as u64) << 32));
+                    let mut rng =
+                        rand_chacha::ChaCha20Rng::seed_from_u64(seed ^ ((t as u64) << 32));
                     let mut out = Vec::new();
                     for (counter, indices) in part {
                         let (epoch, scope) = (TokenEpoch(day.0), TokenScope(counter.0));
@@ -546,11 +547,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                 }
                 let ack = if invalid {
                     client
-                        .send_raw(&invalid_frame(
-                            i / invalid_every,
-                            report,
-                            tokens.is_some(),
-                        ))
+                        .send_raw(&invalid_frame(i / invalid_every, report, tokens.is_some()))
                         .await
                 } else {
                     client.send(&report).await

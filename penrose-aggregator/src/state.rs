@@ -985,8 +985,10 @@ mod tests {
             let db = rocksdb::DB::open_cf(&options, dir.path(), old).unwrap();
             let meta_cf = db.cf_handle("meta").unwrap();
             db.put_cf(meta_cf, meta::KEY_ID, key.key_id().0).unwrap();
-            db.put_cf(meta_cf, meta::PUBLIC_KEY, key.to_bytes()).unwrap();
-            db.put_cf(meta_cf, meta::FORMAT, 5u32.to_be_bytes()).unwrap();
+            db.put_cf(meta_cf, meta::PUBLIC_KEY, key.to_bytes())
+                .unwrap();
+            db.put_cf(meta_cf, meta::FORMAT, 5u32.to_be_bytes())
+                .unwrap();
         }
         let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
         let error = open(&store, key).err().unwrap();
@@ -997,10 +999,13 @@ mod tests {
                 expected: STORE_FORMAT
             }
         ));
-        assert!(error.to_string().contains("export it with the aggregator that wrote it"));
+        assert!(
+            error
+                .to_string()
+                .contains("export it with the aggregator that wrote it")
+        );
         drop(store);
-        let mut tables =
-            rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
+        let mut tables = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
         tables.sort();
         let mut expected: Vec<String> = old.iter().map(|t| t.to_string()).collect();
         expected.push("default".into());
