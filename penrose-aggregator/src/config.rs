@@ -185,6 +185,8 @@ mod tests {
         let data_dir = config.data_dir.unwrap();
         assert_eq!(data_dir, Path::new("/var/lib/penrose-aggregator"));
         assert!(config.public_key.is_some() && config.listen.is_some() && config.metrics.is_some());
+        // The product admits by tokens: never open by default.
+        assert!(config.token_keys.is_some() && config.open_admission.is_none());
         let unit = std::fs::read_to_string(dir.join("penrose-aggregator.service")).unwrap();
         assert!(
             unit.lines()
