@@ -436,6 +436,7 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
                 "epochs": b.epochs.iter().map(|e| e.id.0).collect::<Vec<_>>(), "day": b.day.0,
                 "threshold": b.rule.threshold, "cap": b.rule.cap,
                 "entries": b.entries.len(), "classes": classes.len(), "reports": reports,
+                "bound_enforced_by_tokens": b.epochs.iter().all(|e| e.bound_enforced_by_tokens()),
                 "pinned": trusted.is_some(),
             });
             if json {

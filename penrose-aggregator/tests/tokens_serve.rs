@@ -134,6 +134,76 @@ fn serve_refuses_to_start_without_admission_or_with_an_exposed_or_linked_key_rin
     }
 }
 
+/// `check-report --token-keys` checks the frames' tokens as ingest does (not whether they were
+/// spent): a frame with a valid token passes, one without and one with a token of another
+/// counter are refused with their reasons (exit code 3); without `--token-keys` all pass.
+#[test]
+fn check_report_checks_tokens_with_a_key_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("public.key");
+    std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
+    let t = today();
+    let ring = ring_of(&[t], &[CounterId(4), CounterId(5)]);
+    let ring_path = dir.path().join("token-keys");
+    write_ring(&ring_path, &ring);
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(75);
+    let four = mint(&ring, t, CounterId(4), 1, 76);
+    let five = mint(&ring, t, CounterId(5), 1, 77).remove(0);
+    let mut frames = Vec::new();
+    for body in [
+        with_token(
+            &report_2048(snippet, CounterId(4), &mut rng).frame,
+            &four[0],
+        ),
+        report_2048(snippet, CounterId(4), &mut rng).frame,
+        with_token(&report_2048(snippet, CounterId(4), &mut rng).frame, &five),
+    ] {
+        frames.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        frames.extend_from_slice(&body);
+    }
+    let file = dir.path().join("captured.frames");
+    std::fs::write(&file, &frames).unwrap();
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+            .arg("check-report")
+            .arg("--key")
+            .arg(&key)
+            .args(extra)
+            .arg(&file)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let lines: Vec<Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (out.status.code(), lines)
+    };
+    let (code, lines) = run(&["--token-keys", ring_path.to_str().unwrap()]);
+    assert_eq!(code, Some(3));
+    let verdicts: Vec<(bool, String)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["valid"] == true,
+                l["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            (true, String::new()),
+            (false, "TokenRequired".into()),
+            (false, "InvalidToken".into())
+        ]
+    );
+    let (code, lines) = run(&[]);
+    assert_eq!(code, Some(0), "{lines:?}");
+}
+
 fn cli(data: &Path, args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .args(args)
