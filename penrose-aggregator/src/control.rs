@@ -1,6 +1,7 @@
 //! The admin channel: requests from the CLI (`status`, `top`, `throttle`, `compact`,
-//! `backup`, `export`, `reload-keys`) executed against a running server over a Unix socket in its data
-//! directory, or, when no server runs, against the data directory opened directly.
+//! `backup`, `export`, `reload-keys`) executed against a running server over a Unix socket in
+//! its data directory, or, when no server runs, against the data directory opened directly
+//! (`reload-keys` needs a running server).
 //!
 //! Both paths run the same [`execute`] on the same [`Admin`] context, so an admin command
 //! behaves the same whether the server is up or not. The socket is created 0600 inside the
