@@ -264,7 +264,10 @@ pub async fn run(options: ServeOptions) -> Result<()> {
                 let ingest = admin.ingest.clone();
                 match tokio::task::spawn_blocking(move || control::reload_key_ring(&ingest)).await {
                     Ok(Ok(_)) => log_admission(&admin.ingest.admission()),
-                    Ok(Err(e)) => error!(error = %e, "SIGHUP: the key ring was not reloaded; the previous one stays in use"),
+                    Ok(Err(e)) => error!(
+                        error = %e,
+                        "SIGHUP: the key ring was not reloaded; the previous one stays in use"
+                    ),
                     Err(e) => error!(error = %e, "SIGHUP: reloading the key ring failed"),
                 }
             }

@@ -157,10 +157,10 @@ pub mod spent {
 }
 
 /// The layout this build reads and writes. 6: the Spent table (admission tokens) and epoch
-/// records that count their reports admitted by tokens; 5: Seen keys begin with the report's day (so that
-/// days expire) and the meta record `seen/floor`; 4: class merges (meta records) and the
-/// cursor each exported bundle applied them as of; 3: sums per epoch (the ASH key holds the epoch),
-/// epoch records, the instance id and the export chain; 2 kept one running sum per
+/// records that count their reports admitted by tokens; 5: Seen keys begin with the report's
+/// day (so that days expire) and the meta record `seen/floor`; 4: class merges (meta records)
+/// and the cursor each exported bundle applied them as of; 3: sums per epoch (the ASH key holds
+/// the epoch), epoch records, the instance id and the export chain; 2 kept one running sum per
 /// (class, counter), which could be differenced, and stored accumulator states as 3 does; 1
 /// stored the sums themselves. Opening a store of another format is refused rather than
 /// misread.
