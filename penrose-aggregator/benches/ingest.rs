@@ -3,6 +3,11 @@
 //! ciphertext, the RocksDB write batch with its WAL sync) per report, and the validation each
 //! report costs before it (which runs on the runtime's threads, beside the writer).
 //!
+//! Both also run with admission tokens (`..._with_tokens`): the writer then looks up and
+//! records each report's spent token; validation then checks the token (its key, day and
+//! counter, and its MAC: the VOPRF evaluation whose cost alone `penrose-core`'s `tokens`
+//! bench measures, `verify_batch_of_24`).
+//!
 //! The writer benchmark runs twice: `ingest_2048/...` measures elapsed time, the sync's wait
 //! included; `ingest_2048_cpu/...` the CPU time of the benchmarking thread (which does the
 //! whole batch, WAL write and sync call included), which is what "per core" means and what
@@ -13,6 +18,7 @@ use std::sync::Arc;
 
 use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use penrose_aggregator::admission::{Admission, SpentToken, TokenRing};
 use penrose_aggregator::state::State;
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
@@ -20,6 +26,7 @@ use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Keypair};
+use penrose_core::tokens::{IssuerKey, KeyRing, SpentId, TokenEpoch, TokenRequest, TokenScope};
 use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -82,7 +89,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
         Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
     };
     let template: Vec<ValidReport> = (0..BATCH)
-        .map(|_| validate_body(&body(&mut rng), &key, Day(20_000)).unwrap())
+        .map(|_| validate_body(&body(&mut rng), &key, Day(20_000), &Admission::Open).unwrap())
         .collect();
 
     let dir = tempfile::tempdir().unwrap();
@@ -117,6 +124,27 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
             BatchSize::LargeInput,
         )
     });
+    group.bench_function("writer_apply_batch_of_1024_synced_with_tokens", |b| {
+        b.iter_batched(
+            || {
+                // As above, each report with a fresh spent token to look up and record.
+                let mut batch = template.clone();
+                for r in &mut batch {
+                    rng.fill_bytes(&mut r.report.report_id.0);
+                    rng.fill_bytes(&mut r.digest.0);
+                    let mut id = [0u8; 32];
+                    rng.fill_bytes(&mut id);
+                    r.token = Some(SpentToken {
+                        epoch: TokenEpoch(20_000),
+                        id: SpentId(id),
+                    });
+                }
+                batch
+            },
+            |batch| state.apply(&batch, Day(20_000)).unwrap(),
+            BatchSize::LargeInput,
+        )
+    });
     group.finish();
     if !validation {
         return;
@@ -126,7 +154,27 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
     group.throughput(Throughput::Elements(1));
     let one = body(&mut rng);
     group.bench_function("validate_body_one_report", |b| {
-        b.iter(|| validate_body(&one, &key, Day(20_000)).unwrap())
+        b.iter(|| validate_body(&one, &key, Day(20_000), &Admission::Open).unwrap())
+    });
+    // The same report with a token of the ring's key of its day and counter.
+    let mut report = match Message::decode_body(&one).unwrap() {
+        Message::Report(r) => r,
+        Message::Ack(_) => unreachable!(),
+    };
+    let (epoch, scope) = (TokenEpoch(20_000), TokenScope(report.counter.0));
+    let issuer = IssuerKey::generate(epoch, scope, &mut rng);
+    let ring = KeyRing::new([issuer.clone()]).unwrap();
+    let set = ring.key_set();
+    let pending = TokenRequest::new(set.get(epoch, scope).unwrap(), 1, &mut rng).unwrap();
+    let response = issuer.issue(pending.request(), &mut rng).unwrap();
+    let token = pending.finalize(&response).unwrap().remove(0);
+    report.token = Some(penrose_core::wire::AdmissionToken(
+        token.redeem(&report.token_binding()).encode(),
+    ));
+    let tokened = Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec();
+    let admission = Admission::Tokens(TokenRing::new(ring));
+    group.bench_function("validate_body_one_report_with_token", |b| {
+        b.iter(|| validate_body(&tokened, &key, Day(20_000), &admission).unwrap())
     });
     group.finish();
 }

@@ -110,7 +110,7 @@ pub enum Command {
     /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
     ///
     /// Flags override the configuration file, whose keys are: data_dir, listen, public_key,
-    /// metrics, tls_cert, tls_key, max_batch, queue, max_connections,
+    /// token_keys, open_admission, metrics, tls_cert, tls_key, max_batch, queue, max_connections,
     /// max_connections_per_source, new_connections_per_source_per_second, handshake_timeout,
     /// reports_per_second, new_classes_per_hour, epochs, threshold, reports_per_contributor.
     ///
@@ -125,12 +125,21 @@ pub enum Command {
     /// sums with at least --threshold contributors, counted as reports / (T x days) rounded
     /// up with T = --reports-per-contributor (agents send at most T per counter and day). k is
     /// at least 10 and T at least 24: both can only be raised.
+    /// Admission: with --token-keys every report must carry an admission token of the
+    /// issuer's key of its day and counter, bound to the report, spent once (refused:
+    /// token_required, invalid_token, token_spent), verified before anything is stored. The key
+    /// ring file (the issuer exports it ahead of time) must be readable by the server's user
+    /// alone and not a symbolic link; SIGHUP or `reload-keys` reads it again. Without
+    /// --token-keys the server refuses to start unless --open-admission says that anyone who
+    /// can reach it may report.
+    ///
     /// On first start it needs the design server's public key, creates the data directory
     /// (0700), a signing key for bundles (server.key, 0600) and, unless given one, a
     /// self-signed TLS certificate (tls/cert.pem) for agents to pin. It prints one JSON line
     /// with its addresses, then logs to stderr. SIGINT/SIGTERM stop it after the reports in
     /// flight are acked. Example:
-    ///   penrose-aggregator serve -d /var/lib/penrose --public-key public.key --metrics 127.0.0.1:9464
+    ///   penrose-aggregator serve -d /var/lib/penrose --public-key public.key \
+    ///     --token-keys /etc/penrose/token-keys --metrics 127.0.0.1:9464
     Serve {
         /// The data directory and configuration file.
         #[command(flatten)]
@@ -141,6 +150,14 @@ pub enum Command {
         /// The design server's public key file (`penrose-design keygen` writes it).
         #[arg(long)]
         public_key: Option<PathBuf>,
+        /// The admission key ring the issuer exported (mode 0600): admit only reports with a
+        /// valid, unspent token of its keys.
+        #[arg(long, conflicts_with = "open_admission")]
+        token_keys: Option<PathBuf>,
+        /// Admit reports without admission tokens: anyone who can reach this server can report
+        /// (tests, demos, a fleet without an issuer). Required when --token-keys is not given.
+        #[arg(long)]
+        open_admission: bool,
         /// Prometheus metrics address (HTTP); none by default.
         #[arg(long)]
         metrics: Option<SocketAddr>,
@@ -277,6 +294,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Read the admission key ring file again (a running server admitting by tokens; SIGHUP
+    /// does the same). The ring in use stays when the file is refused.
+    ///
+    /// The issuer exports rings ahead of time (keys of the coming days); replace the file
+    /// (keeping mode 0600) and run this. Example:
+    ///   penrose-aggregator reload-keys -c /etc/penrose/aggregator.toml
+    ReloadKeys {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Load generator: many concurrent clients sending valid encrypted reports built from
     /// the real traces' fingerprints, plus a share of invalid ones.
     Loadgen(crate::loadgen::Args),
@@ -284,12 +315,16 @@ pub enum Command {
     ///
     /// Each file holds one or more length-delimited frames back to back. Every frame is
     /// decoded and validated against the public key (format version, sizes, key id, counter
-    /// catalogue, sample count, ciphertext range and unit check). Example:
+    /// catalogue, sample count, ciphertext range and unit check) and, with --token-keys, its
+    /// admission token (not whether it was spent). Example:
     ///   penrose-aggregator check-report --key public.key captured.frames
     CheckReport {
         /// The design server's public key file (`penrose-design keygen` writes it).
         #[arg(long)]
         key: PathBuf,
+        /// Check admission tokens against this key ring too.
+        #[arg(long)]
+        token_keys: Option<PathBuf>,
         /// Files of frames.
         #[arg(required = true)]
         files: Vec<PathBuf>,

@@ -21,6 +21,8 @@ use thiserror::Error;
 /// data_dir = "/var/lib/penrose-aggregator"
 /// listen = "127.0.0.1:4433"          # UDP, QUIC
 /// public_key = "/etc/penrose/public.key"
+/// token_keys = "/etc/penrose/token-keys"  # the issuer's exported key ring (0600); or instead
+/// # open_admission = true                 # admit reports without tokens (anyone can report)
 /// metrics = "127.0.0.1:9464"         # HTTP, Prometheus; omit to disable
 /// tls_cert = "/etc/penrose/cert.pem" # default: DATA/tls/cert.pem, self-signed on first start
 /// tls_key = "/etc/penrose/key.pem"
@@ -45,6 +47,10 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     /// The design server's Paillier public key file.
     pub public_key: Option<PathBuf>,
+    /// The admission key ring file the issuer exported: reports are admitted by tokens.
+    pub token_keys: Option<PathBuf>,
+    /// Admit reports without tokens (must be said explicitly when `token_keys` is absent).
+    pub open_admission: Option<bool>,
     /// The metrics listen address.
     pub metrics: Option<SocketAddr>,
     /// The TLS certificate file.
@@ -179,6 +185,8 @@ mod tests {
         let data_dir = config.data_dir.unwrap();
         assert_eq!(data_dir, Path::new("/var/lib/penrose-aggregator"));
         assert!(config.public_key.is_some() && config.listen.is_some() && config.metrics.is_some());
+        // The product admits by tokens: never open by default.
+        assert!(config.token_keys.is_some() && config.open_admission.is_none());
         let unit = std::fs::read_to_string(dir.join("penrose-aggregator.service")).unwrap();
         assert!(
             unit.lines()

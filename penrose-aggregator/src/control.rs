@@ -1,6 +1,7 @@
 //! The admin channel: requests from the CLI (`status`, `top`, `throttle`, `compact`,
-//! `backup`, `export`) executed against a running server over a Unix socket in its data
-//! directory, or, when no server runs, against the data directory opened directly.
+//! `backup`, `export`, `reload-keys`) executed against a running server over a Unix socket in
+//! its data directory, or, when no server runs, against the data directory opened directly
+//! (`reload-keys` needs a running server).
 //!
 //! Both paths run the same [`execute`] on the same [`Admin`] context, so an admin command
 //! behaves the same whether the server is up or not. The socket is created 0600 inside the
@@ -20,8 +21,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
+use crate::admission::{Admission, TokenRing};
 use crate::export::{self, ReleaseConfig};
-use crate::ingest::Ingest;
+use crate::ingest::{Ingest, today};
 use crate::metrics::reason_label;
 use crate::store::Store;
 
@@ -57,6 +59,8 @@ pub enum Request {
         /// Write bundle `seq` again instead of the next one.
         seq: Option<u64>,
     },
+    /// Reads the admission key ring file again (a running server admitting by tokens).
+    ReloadKeys,
 }
 
 /// Why an admin request failed.
@@ -142,6 +146,15 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
             let new = export::make_new_instance(&copy, instance).map_err(|e| fail(&e))?;
             json!({ "backup": dir, "instance": new.to_string(), "parent": instance.to_string() })
         }
+        Request::ReloadKeys => {
+            if !admin.serving {
+                return Err(ControlError::Failed(
+                    "no server is running here; `serve` reads the key ring when it starts".into(),
+                ));
+            }
+            reload_key_ring(&admin.ingest)?;
+            json!({ "admission": admin.ingest.admission().describe(today()) })
+        }
         Request::CloseEpochs => {
             let closed = admin.ingest.close_epochs(true).map_err(|e| fail(&e))?;
             let epochs: Vec<Value> = closed
@@ -180,6 +193,8 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
                     "reports": bundle.entries.iter().map(|e| e.reports).sum::<u64>(),
                     "withheld_sums": bundle.epochs.iter().map(|e| u64::from(e.withheld_sums)).sum::<u64>(),
                     "withheld_reports": bundle.epochs.iter().map(|e| e.withheld_reports).sum::<u64>(),
+                    "reports_with_tokens": bundle.epochs.iter().map(|e| e.reports_with_tokens).sum::<u64>(),
+                    "epoch_reports": bundle.epochs.iter().map(|e| e.reports).sum::<u64>(),
                     "threshold": bundle.rule.threshold,
                     "cap": bundle.rule.cap,
                     "signer": export::hex(&bundle.signer),
@@ -192,6 +207,25 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
         json,
         payload: None,
     })
+}
+
+/// Reads the key ring file of a server admitting by tokens again and puts it in use (SIGHUP,
+/// `reload-keys`); on any failure the ring in use stays. Blocking (reads a file).
+pub fn reload_key_ring(ingest: &Ingest) -> Result<(), ControlError> {
+    let admission = ingest.admission();
+    let Admission::Tokens(ring) = admission.as_ref() else {
+        return Err(ControlError::Failed(
+            crate::state::StateError::OpenAdmission.to_string(),
+        ));
+    };
+    let path = ring
+        .path()
+        .ok_or_else(|| ControlError::Failed("the key ring was not read from a file".into()))?
+        .to_path_buf();
+    let fresh = TokenRing::load(&path).map_err(|e| ControlError::Failed(e.to_string()))?;
+    ingest
+        .replace_key_ring(fresh)
+        .map_err(|e| ControlError::Failed(e.to_string()))
 }
 
 fn status(admin: &Admin) -> Value {
@@ -212,9 +246,25 @@ fn status(admin: &Admin) -> Value {
             )
         })
         .collect();
+    let spent_keys = admin
+        .store
+        .sizes()
+        .iter()
+        .find(|t| t.table == crate::store::Table::Spent.name())
+        .map(|t| t.keys);
+    // Offline (no server) nothing is admitted, whatever the server would do.
+    let admission = if admin.serving {
+        let mut described = admin.ingest.admission().describe(today());
+        described["tokens_verified"] = json!(metrics.tokens_verified.load(Relaxed));
+        described
+    } else {
+        Value::Null
+    };
     json!({
         "serving": admin.serving,
         "healthy": admin.ingest.is_healthy(),
+        "admission": admission,
+        "spent_tokens": spent_keys,
         "key_id": state.key().key_id().to_string(),
         "cursor": state.cursor().0,
         "reports_accepted_total": state.accepted(),

@@ -99,6 +99,9 @@ pub mod keys {
     pub const RECORD: &[u8] = b"epoch/r/";
 }
 
+/// Bytes of a stored epoch record.
+const RECORD_BYTES: usize = 4 + 4 + 8 + 8 + 1;
+
 /// What the server knows of one epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpochRecord {
@@ -110,6 +113,8 @@ pub struct EpochRecord {
     pub last_day: Day,
     /// Reports accepted into it.
     pub reports: u64,
+    /// Those of them admitted by a verified admission token (`crate::admission`).
+    pub reports_with_tokens: u64,
     /// Whether it is closed (final).
     pub closed: bool,
 }
@@ -122,12 +127,13 @@ impl EpochRecord {
         k
     }
 
-    /// The meta value.
+    /// The meta value: first day, last day, reports, reports with tokens, closed.
     pub fn store_value(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(17);
+        let mut v = Vec::with_capacity(RECORD_BYTES);
         v.extend_from_slice(&self.first_day.0.to_be_bytes());
         v.extend_from_slice(&self.last_day.0.to_be_bytes());
         v.extend_from_slice(&self.reports.to_be_bytes());
+        v.extend_from_slice(&self.reports_with_tokens.to_be_bytes());
         v.push(u8::from(self.closed));
         v
     }
@@ -135,7 +141,7 @@ impl EpochRecord {
     /// Reads a stored record (`None`: damaged).
     pub fn decode(key: &[u8], value: &[u8]) -> Option<Self> {
         let id = u32::from_be_bytes(key.strip_prefix(keys::RECORD)?.try_into().ok()?);
-        if value.len() != 17 {
+        if value.len() != RECORD_BYTES {
             return None;
         }
         let u32_at = |i: usize| {
@@ -143,14 +149,18 @@ impl EpochRecord {
             b.copy_from_slice(&value[i..i + 4]);
             u32::from_be_bytes(b)
         };
-        let mut reports = [0u8; 8];
-        reports.copy_from_slice(&value[8..16]);
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&value[i..i + 8]);
+            u64::from_be_bytes(b)
+        };
         Some(Self {
             id: EpochId(id),
             first_day: Day(u32_at(0)),
             last_day: Day(u32_at(4)),
-            reports: u64::from_be_bytes(reports),
-            closed: match value[16] {
+            reports: u64_at(8),
+            reports_with_tokens: u64_at(16),
+            closed: match value[24] {
                 0 => false,
                 1 => true,
                 _ => return None,
@@ -222,8 +232,9 @@ impl Epochs {
         self.closed_through.is_none_or(|c| id > c)
     }
 
-    /// The epoch a report stamped `day` joins, counted in it.
-    pub fn admit(&mut self, day: Day) -> EpochId {
+    /// The epoch a report stamped `day` joins, counted in it (and among those admitted by a
+    /// token, with `tokened`).
+    pub fn admit(&mut self, day: Day, tokened: bool) -> EpochId {
         let id = match self.policy {
             EpochPolicy::Day => {
                 let first_open = self.closed_through.map_or(0, |c| c.0.saturating_add(1));
@@ -236,11 +247,13 @@ impl Epochs {
             first_day: day,
             last_day: day,
             reports: 0,
+            reports_with_tokens: 0,
             closed: false,
         });
         record.first_day = record.first_day.min(day);
         record.last_day = record.last_day.max(day);
         record.reports += 1;
+        record.reports_with_tokens += u64::from(tokened);
         if !self.dirty.contains(&id) {
             self.dirty.push(id);
         }
@@ -360,17 +373,20 @@ mod tests {
     #[test]
     fn day_epochs_close_after_the_tolerance_and_late_reports_move_on() {
         let mut e = Epochs::new(EpochPolicy::Day);
-        assert_eq!(e.admit(Day(100)), EpochId(100));
-        assert_eq!(e.admit(Day(101)), EpochId(101));
+        assert_eq!(e.admit(Day(100), true), EpochId(100));
+        assert_eq!(e.admit(Day(101), false), EpochId(101));
         assert!(e.due(Day(101)).is_empty());
         assert_eq!(e.due(Day(102)), vec![EpochId(100)]);
         let closed = e.close(&[EpochId(100)]);
         assert_eq!(closed.len(), 1);
         assert!(!e.is_open(EpochId(100)) && e.is_open(EpochId(101)));
         // A late report of day 100 joins the first open epoch, which now spans two days.
-        assert_eq!(e.admit(Day(100)), EpochId(101));
+        assert_eq!(e.admit(Day(100), true), EpochId(101));
         let r = e.open().find(|r| r.id == EpochId(101)).copied();
-        assert_eq!(r.map(|r| (r.reports, r.days())), Some((2, 2)));
+        assert_eq!(
+            r.map(|r| (r.reports, r.reports_with_tokens, r.days())),
+            Some((2, 1, 2))
+        );
     }
 
     #[test]
@@ -378,11 +394,11 @@ mod tests {
         let n = NonZeroU64::new(3).map(EpochPolicy::Count);
         let mut e = Epochs::new(n.unwrap_or_default());
         for _ in 0..3 {
-            assert_eq!(e.admit(Day(7)), EpochId(1));
+            assert_eq!(e.admit(Day(7), true), EpochId(1));
         }
         assert_eq!(e.due(Day(7)), vec![EpochId(1)]);
         e.close(&[EpochId(1)]);
-        assert_eq!(e.admit(Day(8)), EpochId(2));
+        assert_eq!(e.admit(Day(8), true), EpochId(2));
         assert_eq!(e.all_open(), vec![EpochId(2)]);
     }
 
@@ -393,10 +409,14 @@ mod tests {
             first_day: Day(19_999),
             last_day: Day(20_000),
             reports: 12,
+            reports_with_tokens: 11,
             closed: true,
         };
         let k = EpochRecord::store_key(r.id);
         assert_eq!(EpochRecord::decode(&k, &r.store_value()), Some(r));
-        assert_eq!(EpochRecord::decode(&k, &[0; 16]), None);
+        assert_eq!(EpochRecord::decode(&k, &[0; 17]), None, "a format 5 record");
+        let mut value = r.store_value();
+        value[24] = 2;
+        assert_eq!(EpochRecord::decode(&k, &value), None);
     }
 }

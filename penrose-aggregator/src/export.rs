@@ -462,6 +462,7 @@ fn build(
                 reports: record.reports,
                 withheld_sums: 0,
                 withheld_reports: 0,
+                reports_with_tokens: record.reports_with_tokens,
             },
         );
     }

@@ -1,8 +1,9 @@
 //! The ingest pipeline a transport calls with each received frame: validate, queue, batch,
 //! durable write, and only then the ack.
 //!
-//! Validation (decoding and the ciphertext range checks) runs on the caller's task, so it
-//! spreads over the runtime's threads. Valid reports go to one writer thread through a bounded
+//! Validation (decoding, the ciphertext range checks and, under admission by tokens, the
+//! token's MAC: [`crate::admission`]) runs on the caller's task, so it spreads over the
+//! runtime's threads. Valid reports go to one writer thread through a bounded
 //! queue; the writer takes whatever has queued up (up to `max_batch`) and prepares it
 //! ([`State::prepare`]: the batch's unit check, deduplication, classes, sums, the write set).
 //! A second thread, the committer, makes each prepared batch durable in order
@@ -18,7 +19,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc as sync_mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, mpsc as sync_mpsc};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,7 @@ use penrose_core::wire::{
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info};
 
+use crate::admission::{Admission, TokenRing};
 use crate::epochs::EpochRecord;
 use crate::metrics::Metrics;
 use crate::state::{Outcome, Prepared, State, StateError, store_throttle};
@@ -76,6 +78,8 @@ enum Job {
 
 struct Inner {
     key: PublicKey,
+    /// How reports are admitted; the key ring is replaced on reload.
+    admission: RwLock<Arc<Admission>>,
     queue: mpsc::Sender<Job>,
     throttle: AtomicU16,
     shared: Arc<Shared>,
@@ -115,11 +119,12 @@ impl Writer {
 }
 
 impl Ingest {
-    /// Starts the writer thread over `state`.
+    /// Starts the writer thread over `state`, admitting reports as `admission` says.
     pub fn start(
         mut state: State,
         throttle: ThrottleHint,
         config: IngestConfig,
+        admission: Admission,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<(Ingest, Writer)> {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
@@ -150,6 +155,7 @@ impl Ingest {
             })?;
         let inner = Arc::new(Inner {
             key,
+            admission: RwLock::new(Arc::new(admission)),
             queue: tx,
             throttle: AtomicU16::new(throttle.permille()),
             shared,
@@ -166,12 +172,18 @@ impl Ingest {
         metrics
             .bytes
             .fetch_add((body.len() + LENGTH_PREFIX) as u64, Ordering::Relaxed);
-        let status = match validate_body(&body, &self.inner.key, today()) {
+        let admission = self.admission();
+        let status = match validate_body(&body, &self.inner.key, today(), &admission) {
             Err(rejection) => {
                 debug!(%rejection, "report rejected");
                 AckStatus::Rejected(rejection.reason())
             }
-            Ok(report) => self.enqueue(report).await,
+            Ok(report) => {
+                if report.token.is_some() {
+                    metrics.tokens_verified.fetch_add(1, Ordering::Relaxed);
+                }
+                self.enqueue(report).await
+            }
         };
         match status {
             AckStatus::Accepted => {
@@ -230,6 +242,32 @@ impl Ingest {
             .await
             .map_err(|_| StateError::WriterStopped)?;
         answer.await.map_err(|_| StateError::WriterStopped)
+    }
+
+    /// How reports are admitted now.
+    pub fn admission(&self) -> Arc<Admission> {
+        let guard = self
+            .inner
+            .admission
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(&guard)
+    }
+
+    /// Replaces the key ring tokens are verified with (the issuer's next export); reports
+    /// validated from now on use it. Refused under open admission, which a reload does not
+    /// change: the admission mode is chosen when the server starts.
+    pub fn replace_key_ring(&self, ring: TokenRing) -> Result<(), StateError> {
+        let mut guard = self
+            .inner
+            .admission
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !guard.by_tokens() {
+            return Err(StateError::OpenAdmission);
+        }
+        *guard = Arc::new(Admission::Tokens(ring));
+        Ok(())
     }
 
     /// The hint every ack carries.
@@ -414,6 +452,9 @@ fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result
                                 }
                                 Outcome::NewClassLimit => {
                                     AckStatus::Rejected(RejectReason::NewClassLimit)
+                                }
+                                Outcome::TokenSpent => {
+                                    AckStatus::Rejected(RejectReason::TokenSpent)
                                 }
                             };
                             // The caller may have gone away; the report is counted regardless.

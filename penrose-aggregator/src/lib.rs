@@ -4,8 +4,11 @@
 //! A report's way through the server, module by module:
 //!
 //! - [`validate`]: the checks every report passes before it may touch a sum.
+//! - [`admission`]: which reports may reach the tables at all: admission tokens, verified
+//!   before anything is stored and spent once.
 //! - [`ingest`]: the pipeline a transport calls: validate, queue, batch, durable write, ack.
-//! - [`state`]: applying a batch: deduplication, classes, sums, all in one synced write.
+//! - [`state`]: applying a batch: spent tokens, deduplication, classes, sums, all in one synced
+//!   write.
 //! - [`epochs`]: which released sum each report joins, and when a sum is final.
 //! - [`tables`]: the SST and EST, snippet hash -> application class, with the LSH index.
 //! - [`aggregate`]: per (class, counter, epoch) the homomorphic sums, in generations that
@@ -23,6 +26,7 @@
 //! - [`serve`]: the server process: transport, writer, control channel, metrics.
 //! - [`loadgen`]: the load generator.
 
+pub mod admission;
 pub mod aggregate;
 pub mod cli;
 pub mod config;

@@ -12,6 +12,14 @@
 //! its own random report id, snippet and counter and is stamped with today's day, and the
 //! server does the full work for each (validation with the unit checks, deduplication,
 //! classes, multiplication, write).
+//!
+//! With `--token-keys` (the key ring the server verifies with) the generator is its own
+//! issuer: before the timed phase it mints one admission token per report, for the report's
+//! day and counter, through the real issuance protocol (blinded request, evaluation with its
+//! proof, the client's check and unblinding), and in the timed phase spends each on its
+//! report (one MAC over the report body, as an agent does). The invalid share then also holds
+//! reports without a token and with a forged one. This is test equipment: it holds the
+//! issuer's secret keys, which no agent ever does.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,7 +35,8 @@ use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{Accumulator, KeyId, PackedCiphertexts, PublicKey};
-use penrose_core::wire::{AckStatus, Day, Message, PackedBytes, Report, ReportId};
+use penrose_core::tokens::{KeyRing, MAX_BATCH, Token, TokenEpoch, TokenRequest, TokenScope};
+use penrose_core::wire::{AckStatus, AdmissionToken, Day, Message, PackedBytes, Report, ReportId};
 use penrose_traces::{TraceFolder, job_name};
 use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
 use rand::{Rng, RngCore, SeedableRng};
@@ -79,6 +88,11 @@ pub struct Args {
     /// Seed of the workload's choices (report ids always come from the OS generator).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The admission key ring the server verifies with (`serve --token-keys`): mint a token
+    /// per report from it before sending, and spend it on the report (module docs). Test
+    /// equipment only: it is the issuer's secret.
+    #[arg(long)]
+    pub token_keys: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -253,10 +267,81 @@ pub struct Outcome {
     pub snippets: usize,
     /// Traces they came from.
     pub traces: usize,
+    /// Whether every valid report carried an admission token.
+    pub tokens: bool,
+    /// Seconds spent minting tokens before the timed phase.
+    pub minting_seconds: f64,
 }
 
-fn invalid_frame(kind: u64, mut report: Report) -> Vec<u8> {
-    match kind % 5 {
+/// One token per report of the run, for `day` and the report's counter in `plan`, minted with
+/// `ring` on every core (module docs).
+fn mint_tokens(ring: &KeyRing, day: Day, plan: &[CounterId], seed: u64) -> Result<Vec<Token>> {
+    let set = ring.key_set();
+    let mut by_counter: BTreeMap<CounterId, Vec<usize>> = BTreeMap::new();
+    for (i, counter) in plan.iter().enumerate() {
+        by_counter.entry(*counter).or_default().push(i);
+    }
+    // Batches of at most MAX_BATCH tokens of one counter, spread over the threads.
+    let mut batches: Vec<(CounterId, Vec<usize>)> = Vec::new();
+    for (counter, indices) in by_counter {
+        for chunk in indices.chunks(MAX_BATCH) {
+            batches.push((counter, chunk.to_vec()));
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let per = batches.len().div_ceil(threads).max(1);
+    let minted: Vec<Vec<(usize, Token)>> = std::thread::scope(|scope| {
+        let parts: Vec<_> = batches
+            .chunks(per)
+            .enumerate()
+            .map(|(t, part)| {
+                let set = &set;
+                scope.spawn(move || -> Result<Vec<(usize, Token)>> {
+                    let mut rng =
+                        rand_chacha::ChaCha20Rng::seed_from_u64(seed ^ ((t as u64) << 32));
+                    let mut out = Vec::new();
+                    for (counter, indices) in part {
+                        let (epoch, scope) = (TokenEpoch(day.0), TokenScope(counter.0));
+                        let key = ring.get(epoch, scope).with_context(|| {
+                            format!(
+                                "the key ring holds no key of day {} and counter {}",
+                                day.0, counter.0
+                            )
+                        })?;
+                        let entry = set.get(epoch, scope).context("key set")?;
+                        let pending = TokenRequest::new(entry, indices.len(), &mut rng)?;
+                        let response = key.issue(pending.request(), &mut rng)?;
+                        out.extend(indices.iter().copied().zip(pending.finalize(&response)?));
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .map(|part| {
+                part.join()
+                    .map_err(|_| anyhow::anyhow!("a minting thread panicked"))?
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let mut tokens: Vec<Option<Token>> = vec![None; plan.len()];
+    for (i, token) in minted.into_iter().flatten() {
+        if let Some(slot) = tokens.get_mut(i) {
+            *slot = Some(token);
+        }
+    }
+    tokens
+        .into_iter()
+        .map(|t| t.context("a report without a token"))
+        .collect()
+}
+
+/// An invalid variant of `report` of kind `kind`: wrong key, unknown counter, zero samples, a
+/// zero ciphertext, garbage; with tokens also no token and a forged one.
+fn invalid_frame(kind: u64, mut report: Report, tokens: bool) -> Vec<u8> {
+    let kinds = if tokens { 7 } else { 5 };
+    match kind % kinds {
         0 => report.key_id = KeyId([0xee; 32]),
         1 => report.counter = CounterId(60_000),
         2 => report.samples = SampleCount(0),
@@ -268,7 +353,13 @@ fn invalid_frame(kind: u64, mut report: Report) -> Vec<u8> {
                 report.ciphertexts = p;
             }
         }
-        _ => return b"\x00\x00\x00\x08not a report".to_vec(),
+        4 => return b"\x00\x00\x00\x08not a report".to_vec(),
+        5 => report.token = None,
+        _ => {
+            if let Some(token) = &mut report.token {
+                token.0[99] ^= 1;
+            }
+        }
     }
     Message::Report(report).to_frame().unwrap_or_default()
 }
@@ -310,6 +401,12 @@ pub async fn run(args: Args) -> Result<ExitCode> {
             outcome.errors
         );
         println!("reject reasons: {:?}", outcome.reasons);
+        if outcome.tokens {
+            println!(
+                "admission tokens: one per report, minted in {:.2} s before sending",
+                outcome.minting_seconds
+            );
+        }
     }
     let ok = outcome.accepted == outcome.valid
         && outcome.invalid_accepted == 0
@@ -347,8 +444,27 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
     let pool = encrypt_pool(&key, args.pool, args.reports, args.seed)?;
     let ciphertexts = Arc::new(pool.all_ciphertexts(&key, args.reports)?);
     drop(pool);
-    let counters: Arc<Vec<CounterId>> =
-        Arc::new(Catalogue::current().counters.iter().map(|c| c.id).collect());
+    let counters: Vec<CounterId> = Catalogue::current().counters.iter().map(|c| c.id).collect();
+    ensure!(!counters.is_empty(), "the catalogue has no counters");
+    // Every report's counter, chosen up front so that tokens can be minted for it.
+    let plan: Arc<Vec<CounterId>> = {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ 0x706c_616e);
+        Arc::new(
+            (0..args.reports)
+                .map(|_| counters[rng.random_range(0..counters.len())])
+                .collect(),
+        )
+    };
+    let day = crate::ingest::today();
+    let minting = Instant::now();
+    let tokens: Option<Arc<Vec<Token>>> = match &args.token_keys {
+        Some(path) => {
+            let ring = crate::admission::read_key_ring(path)?;
+            Some(Arc::new(mint_tokens(&ring, day, &plan, args.seed)?))
+        }
+        None => None,
+    };
+    let minting_seconds = minting.elapsed().as_secs_f64();
     let mut clients = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
         // Throughput over privacy: test data only, never an agent's reports.
@@ -381,15 +497,15 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
     } else {
         u64::MAX
     };
-    let day = crate::ingest::today();
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(args.clients);
     for task in 0..args.clients {
-        let (clients, snippets, ciphertexts, counters, tally, reasons, next, bar) = (
+        let (clients, snippets, ciphertexts, plan, tokens, tally, reasons, next, bar) = (
             Arc::clone(&clients),
             Arc::clone(&snippets),
             Arc::clone(&ciphertexts),
-            Arc::clone(&counters),
+            Arc::clone(&plan),
+            tokens.clone(),
             Arc::clone(&tally),
             Arc::clone(&reasons),
             Arc::clone(&next),
@@ -411,11 +527,11 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                 let (ciphertexts, samples) = ciphertexts[i as usize].clone();
                 let mut id = [0u8; 16];
                 rand::rng().fill_bytes(&mut id);
-                let report = Report {
+                let mut report = Report {
                     key_id,
                     report_id: ReportId(id),
                     snippet,
-                    counter: counters[rng.random_range(0..counters.len())],
+                    counter: plan[i as usize],
                     catalogue: Catalogue::current().version,
                     day: Day(day.0),
                     samples,
@@ -424,9 +540,14 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                 };
                 let invalid = i % invalid_every == invalid_every - 1;
                 let sent = Instant::now();
+                // Spending the token is the sender's work, inside the timed phase.
+                if let Some(token) = tokens.as_ref().and_then(|t| t.get(i as usize)) {
+                    let redemption = token.redeem(&report.token_binding());
+                    report.token = Some(AdmissionToken(redemption.encode()));
+                }
                 let ack = if invalid {
                     client
-                        .send_raw(&invalid_frame(i / invalid_every, report))
+                        .send_raw(&invalid_frame(i / invalid_every, report, tokens.is_some()))
                         .await
                 } else {
                     client.send(&report).await
@@ -514,5 +635,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         .collect(),
         snippets: snippets.len(),
         traces,
+        tokens: args.token_keys.is_some(),
+        minting_seconds,
     })
 }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use penrose_aggregator::admission::{Admission, AdmissionConfig, TokenRing};
 use penrose_aggregator::cli::{Cli, Command, DataArg, ReleaseArgs};
 use penrose_aggregator::control::{self, Request, Response};
 use penrose_aggregator::export;
@@ -48,11 +49,18 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::CheckReport { key, files, json } => check_reports(&key, &files, json),
+        Command::CheckReport {
+            key,
+            token_keys,
+            files,
+            json,
+        } => check_reports(&key, token_keys.as_deref(), &files, json),
         Command::Serve {
             data,
             listen,
             public_key,
+            token_keys,
+            open_admission,
             metrics,
             max_batch,
             reports_per_second,
@@ -64,6 +72,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let (dir, file) = data.resolve()?;
             let (epochs, release) = release.resolve(&file)?;
+            let admission = admission_config(
+                token_keys.or(file.token_keys.clone()),
+                open_admission || file.open_admission == Some(true),
+            )?;
             let mut limits = Limits::default();
             if let Some(max) = file.max_connections {
                 limits.max_connections = max;
@@ -116,6 +128,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 limits,
                 epochs,
                 release,
+                admission,
             };
             serve::run(options).await?;
             Ok(ExitCode::SUCCESS)
@@ -126,6 +139,28 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&r.json)?);
             } else {
                 print_status(&r.json);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ReloadKeys { data, json } => {
+            let (dir, _) = data.resolve()?;
+            let Some(r) = control::request(&dir.control_socket(), &Request::ReloadKeys).await?
+            else {
+                bail!(
+                    "no server is running on {}; `serve` reads the key ring when it starts",
+                    dir.0.display()
+                );
+            };
+            if json {
+                println!("{}", r.json);
+            } else {
+                let a = &r.json["admission"];
+                println!(
+                    "key ring {} reloaded: {} keys, epochs {}",
+                    a["key_ring"].as_str().unwrap_or("?"),
+                    a["keys"],
+                    a["epochs"]
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -267,7 +302,15 @@ async fn admin_with(data: &DataArg, request: Request, release: &ReleaseArgs) -> 
         bail!("{} holds no store (wrong --data-dir?)", dir.0.display());
     }
     let (epochs, release) = release.resolve(&file)?;
-    let (admin, writer) = serve::open(&dir, None, IngestConfig::default(), epochs, release)?;
+    // Offline, nothing is ingested: admission does not apply.
+    let (admin, writer) = serve::open(
+        &dir,
+        None,
+        IngestConfig::default(),
+        epochs,
+        release,
+        Admission::Open,
+    )?;
     let response = tokio::task::spawn_blocking(move || {
         let response = control::execute(&admin, &request);
         drop(admin);
@@ -276,6 +319,24 @@ async fn admin_with(data: &DataArg, request: Request, release: &ReleaseArgs) -> 
     .await?;
     response.1?;
     Ok(response.0?)
+}
+
+/// How `serve` admits reports: by tokens with a key ring, or open only when asked explicitly.
+fn admission_config(token_keys: Option<PathBuf>, open: bool) -> Result<AdmissionConfig> {
+    match (token_keys, open) {
+        (Some(_), true) => bail!(
+            "both a token key ring (token_keys, --token-keys) and open admission \
+             (open_admission, --open-admission) are set; choose one"
+        ),
+        (Some(path), false) => Ok(AdmissionConfig::Tokens(path)),
+        (None, true) => Ok(AdmissionConfig::Open),
+        (None, false) => bail!(
+            "no admission is configured: give the issuer's key ring (--token-keys PATH, or \
+             token_keys in the configuration file) so that only reports with admission tokens \
+             are counted, or --open-admission (open_admission = true) to let anyone who can \
+             reach this server report"
+        ),
+    }
 }
 
 fn parse_rate(text: &str) -> Result<u16> {
@@ -296,6 +357,32 @@ fn parse_rate(text: &str) -> Result<u16> {
 fn print_status(s: &serde_json::Value) {
     println!("serving:              {}", s["serving"]);
     println!("healthy:              {}", s["healthy"]);
+    let a = &s["admission"];
+    match a["mode"].as_str() {
+        Some("tokens") => println!(
+            "admission:            tokens (key ring {}, {} keys, epochs {}; today {}, \
+             tomorrow {}; {} verified since start)",
+            a["key_ring"].as_str().unwrap_or("?"),
+            a["keys"],
+            a["epochs"],
+            if a["covers_today"] == true {
+                "covered"
+            } else {
+                "NOT COVERED"
+            },
+            if a["covers_tomorrow"] == true {
+                "covered"
+            } else {
+                "NOT COVERED"
+            },
+            a["tokens_verified"]
+        ),
+        Some(mode) => {
+            println!("admission:            {mode} (anyone who can reach the server can report)")
+        }
+        None => println!("admission:            (no server running)"),
+    }
+    println!("spent tokens (est.):  {}", s["spent_tokens"]);
     println!(
         "key id:               {}",
         s["key_id"].as_str().unwrap_or("?")
@@ -349,6 +436,7 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
                 "epochs": b.epochs.iter().map(|e| e.id.0).collect::<Vec<_>>(), "day": b.day.0,
                 "threshold": b.rule.threshold, "cap": b.rule.cap,
                 "entries": b.entries.len(), "classes": classes.len(), "reports": reports,
+                "bound_enforced_by_tokens": b.epochs.iter().all(|e| e.bound_enforced_by_tokens()),
                 "pinned": trusted.is_some(),
             });
             if json {
@@ -388,10 +476,19 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
     }
 }
 
-fn check_reports(key: &Path, files: &[PathBuf], json: bool) -> Result<ExitCode> {
+fn check_reports(
+    key: &Path,
+    token_keys: Option<&Path>,
+    files: &[PathBuf],
+    json: bool,
+) -> Result<ExitCode> {
     let bytes = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
     let key = PublicKey::from_bytes(&bytes)
         .with_context(|| format!("{} is not a Penrose public key", key.display()))?;
+    let admission = match token_keys {
+        Some(path) => Admission::Tokens(TokenRing::load(path)?),
+        None => Admission::Open,
+    };
     let today = penrose_aggregator::ingest::today();
     let mut rejected = 0usize;
     for file in files {
@@ -405,7 +502,7 @@ fn check_reports(key: &Path, files: &[PathBuf], json: bool) -> Result<ExitCode> 
                 Ok(body) => (wire::LENGTH_PREFIX + body).min(rest.len()),
                 Err(_) => rest.len(),
             };
-            let verdict = validate_frame(&rest[..len], &key, today);
+            let verdict = validate_frame(&rest[..len], &key, today, &admission);
             if verdict.is_err() {
                 rejected += 1;
             }

@@ -21,7 +21,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Every reject reason a build knows, in code order (index = code - 1).
-pub const REASONS: [RejectReason; 11] = [
+pub const REASONS: [RejectReason; 14] = [
     RejectReason::UnsupportedVersion,
     RejectReason::Malformed,
     RejectReason::TooLarge,
@@ -33,6 +33,9 @@ pub const REASONS: [RejectReason; 11] = [
     RejectReason::DayOutOfRange,
     RejectReason::InvalidSnippet,
     RejectReason::NewClassLimit,
+    RejectReason::TokenRequired,
+    RejectReason::InvalidToken,
+    RejectReason::TokenSpent,
 ];
 
 /// The server's counters and gauges.
@@ -44,6 +47,9 @@ pub struct Metrics {
     pub duplicates: AtomicU64,
     /// One counter per reason of [`REASONS`], and one for reasons this build does not know.
     rejected: [AtomicU64; REASONS.len() + 1],
+    /// Admission tokens whose MAC verified (each then spent, or its report refused by the
+    /// writer as `TokenSpent` or another reason).
+    pub tokens_verified: AtomicU64,
     /// Frame bytes received by ingest.
     pub bytes: AtomicU64,
     /// Durable write batches committed.
@@ -155,6 +161,13 @@ impl Metrics {
             &rejected,
         );
         metric(
+            "penrose_tokens_verified_total",
+            "counter",
+            "Admission tokens verified (refusals are in penrose_reports_rejected_total: \
+             token_required, invalid_token, token_spent).",
+            &[(String::new(), get(&self.tokens_verified))],
+        );
+        metric(
             "penrose_ingest_bytes_total",
             "counter",
             "Frame bytes received.",
@@ -233,6 +246,14 @@ impl Metrics {
             "Oldest report day the deduplication record keeps (days since 1970).",
             get(&self.seen_floor),
         );
+        if let Some(spent) = sizes.iter().find(|s| s.table == "spent") {
+            gauge(
+                "penrose_spent_tokens",
+                "Spent admission tokens remembered (estimated keys of the spent table; they \
+                 expire with their day).",
+                spent.keys,
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP penrose_store_bytes Bytes of each store table on disk and in memtables."
@@ -402,9 +423,25 @@ mod tests {
         assert_eq!(m.rejected_count(RejectReason::InvalidCiphertext), 1);
         m.rejected(RejectReason::NewClassLimit);
         m.rejected(RejectReason::InvalidSnippet);
-        let text = m.render(&[]);
+        m.rejected(RejectReason::TokenSpent);
+        m.rejected(RejectReason::TokenRequired);
+        m.rejected(RejectReason::TokenRequired);
+        m.tokens_verified.fetch_add(5, Ordering::Relaxed);
+        let spent = TableSize {
+            table: "spent",
+            keys: 42,
+            sst_bytes: 0,
+            memtable_bytes: 0,
+        };
+        let text = m.render(&[spent]);
         assert!(text.contains("penrose_reports_rejected_total{reason=\"new_class_limit\"} 1"));
         assert!(text.contains("penrose_reports_rejected_total{reason=\"invalid_snippet\"} 1"));
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"token_spent\"} 1"));
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"token_required\"} 2"));
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"invalid_token\"} 0"));
+        assert!(text.contains("penrose_reports_rejected_total{reason=\"other\"} 1"));
+        assert!(text.contains("penrose_tokens_verified_total 5"));
+        assert!(text.contains("penrose_spent_tokens 42"));
         let transport = render_transport(&penrose_transport::ServerStats {
             retries_sent: 7,
             refused_source_rate: 2,

@@ -1,6 +1,7 @@
-//! The server process: opens the data directory, rebuilds the state, and runs the QUIC
-//! transport, the writer, the admin socket and the metrics responder until it is told to stop
-//! (SIGINT/SIGTERM) or a durable write fails.
+//! The server process: reads the admission key ring, opens the data directory, rebuilds the
+//! state, and runs the QUIC transport, the writer, the admin socket and the metrics responder
+//! until it is told to stop (SIGINT/SIGTERM) or a durable write fails. SIGHUP reads the key
+//! ring file again (`crate::control::reload_key_ring`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,8 +14,9 @@ use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
 use penrose_core::release::check_key_bits;
 use penrose_transport::{Encoding, Identity, Limits, ServerConfig};
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
+use crate::admission::{Admission, AdmissionConfig};
 use crate::config::DataDir;
 use crate::control::{self, Admin};
 use crate::epochs::EpochPolicy;
@@ -50,16 +52,20 @@ pub struct ServeOptions {
     pub epochs: Option<EpochPolicy>,
     /// The release rule exports apply.
     pub release: ReleaseConfig,
+    /// How reports are admitted: by tokens of a key ring file, or open (only when asked).
+    pub admission: AdmissionConfig,
 }
 
-/// Opens a data directory and starts ingest over it (no transport): what `serve` runs on, and
-/// what admin commands use when no server is running.
+/// Opens a data directory and starts ingest over it (no transport), admitting reports as
+/// `admission` says: what `serve` runs on, and what admin commands use when no server is
+/// running (they ingest nothing).
 pub fn open(
     data: &DataDir,
     key_file: Option<&PathBuf>,
     config: IngestConfig,
     epochs: Option<EpochPolicy>,
     release: ReleaseConfig,
+    admission: Admission,
 ) -> Result<(Admin, Writer)> {
     // A given key is checked before anything is created, so a refused key leaves no data
     // directory behind.
@@ -104,8 +110,14 @@ pub fn open(
         epochs,
     )?;
     let throttle = stored_throttle(store.as_ref())?;
-    let (ingest, writer) = Ingest::start(state, throttle, config, Arc::new(Metrics::default()))
-        .context("starting the writer thread")?;
+    let (ingest, writer) = Ingest::start(
+        state,
+        throttle,
+        config,
+        admission,
+        Arc::new(Metrics::default()),
+    )
+    .context("starting the writer thread")?;
     let signing = load_or_create_signing_key(&data.signing_key())?;
     Ok((
         Admin {
@@ -117,6 +129,38 @@ pub fn open(
         },
         writer,
     ))
+}
+
+/// Logs how reports are admitted: a warning when open, or when the key ring holds no key of
+/// today or of tomorrow (the issuer exports rings ahead of time).
+pub fn log_admission(admission: &Admission) {
+    let today = crate::ingest::today();
+    match admission {
+        Admission::Open => {
+            warn!("admission open: anyone who can reach this server can report");
+        }
+        Admission::Tokens(ring) => {
+            let epochs = ring.epochs();
+            info!(
+                key_ring = %ring.path().map_or_else(String::new, |p| p.display().to_string()),
+                keys = ring.ring().keys().len(),
+                first_epoch = epochs.first().map(|e| e.0),
+                last_epoch = epochs.last().map(|e| e.0),
+                "admission by tokens"
+            );
+            for day in [today, penrose_core::wire::Day(today.0.saturating_add(1))] {
+                if !ring.covers(day) {
+                    warn!(
+                        day = day.0,
+                        "the key ring holds no key of day {}: every report of that day will be \
+                         refused (invalid_token) until the issuer's next ring is loaded \
+                         (SIGHUP or `penrose-aggregator reload-keys`)",
+                        day.0
+                    );
+                }
+            }
+        }
+    }
 }
 
 fn identity(options: &ServeOptions) -> Result<Identity> {
@@ -144,12 +188,16 @@ fn identity(options: &ServeOptions) -> Result<Identity> {
 
 /// Runs the server until SIGINT/SIGTERM (Ok) or a failed durable write (Err).
 pub async fn run(options: ServeOptions) -> Result<()> {
+    // The key ring is read before anything is created: a refused file leaves nothing behind.
+    let admission = options.admission.load()?;
+    log_admission(&admission);
     let (mut admin, writer) = open(
         &options.data,
         options.public_key.as_ref(),
         options.ingest,
         options.epochs,
         options.release,
+        admission,
     )?;
     admin.serving = true;
     let identity = identity(&options)?;
@@ -190,6 +238,10 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         }
         None => None,
     };
+    // Signals are handled from before the ready line on: a SIGHUP sent once the server says
+    // it listens reloads the key ring rather than ending the process.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     // One line on stdout for whoever started the server (scripts, tests).
     println!(
         "{}",
@@ -201,7 +253,6 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         })
     );
     info!(listen = %server.local_addr(), "serving");
-    let mut term = signal(SignalKind::terminate())?;
     let mut health = tokio::time::interval(Duration::from_millis(200));
     // Epochs close by the clock even when no report arrives to trigger it.
     let mut epochs = tokio::time::interval(EPOCH_TICK);
@@ -209,6 +260,17 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break false,
             _ = term.recv() => break false,
+            _ = hangup.recv() => {
+                let ingest = admin.ingest.clone();
+                match tokio::task::spawn_blocking(move || control::reload_key_ring(&ingest)).await {
+                    Ok(Ok(_)) => log_admission(&admin.ingest.admission()),
+                    Ok(Err(e)) => error!(
+                        error = %e,
+                        "SIGHUP: the key ring was not reloaded; the previous one stays in use"
+                    ),
+                    Err(e) => error!(error = %e, "SIGHUP: reloading the key ring failed"),
+                }
+            }
             _ = health.tick() => {
                 if !admin.ingest.is_healthy() {
                     break true;

@@ -15,6 +15,15 @@
 //! later, so a retry of an expired report can only be refused (`DayOutOfRange`), never
 //! counted twice: every report that could still be counted has its Seen rows.
 //!
+//! **Admission tokens are spent in the same write.** A report admitted by a token
+//! (`crate::admission`) records the token's spent id, under its epoch (the report's day), in
+//! the Spent table of the same write batch as its Seen rows and sums. A token already recorded
+//! for another report, in the store, in a batch still syncing or earlier in the same batch,
+//! refuses the report (`TokenSpent`) and changes nothing; recorded for this very report id it
+//! is a retry, answered `Duplicate`. Spent rows expire with their day, in the same range
+//! deletion and behind the same floor as Seen rows: a token of a day below the floor can never
+//! be accepted again, since its report's day cannot.
+//!
 //! Applying a batch has two halves, so that the writer can aggregate one batch while the
 //! previous one syncs: [`State::prepare`] deduplicates, classifies and sums in memory and
 //! builds the write; [`Prepared::commit`] makes it durable. Prepared batches must be committed
@@ -29,7 +38,7 @@
 //! (the server stops; the next start rebuilds from the store), the way a database stops on a
 //! failed WAL sync.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -42,6 +51,7 @@ use penrose_core::wire::{Day, ReportId, ThrottleHint};
 use rand::RngCore;
 use thiserror::Error;
 
+use crate::admission::SpentToken;
 use crate::aggregate::{AggregateError, AshRecord, SumKey, Sums};
 use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::store::{Store, StoreError, Table, WriteSet};
@@ -114,14 +124,47 @@ pub mod seen {
     }
 }
 
-/// The layout this build reads and writes. 5: Seen keys begin with the report's day (so that
-/// days expire) and the meta record `seen/floor`; 4: class merges (meta records) and the
-/// cursor each exported bundle applied them as of; 3: sums per epoch (the ASH key holds the epoch),
-/// epoch records, the instance id and the export chain; 2 kept one running sum per
+/// Keys of the Spent table: the token's epoch (u32be, the report's day) then its spent id
+/// ([u8; 32]); the value is the report id ([u8; 16]) it admitted. The epoch comes first so
+/// that whole days expire with one range deletion, as Seen rows do.
+pub mod spent {
+    use penrose_core::wire::{Day, ReportId};
+
+    use crate::admission::SpentToken;
+
+    /// The key recording that `token` was spent.
+    pub fn key(token: &SpentToken) -> [u8; 36] {
+        let mut key = [0u8; 36];
+        key[..4].copy_from_slice(&token.epoch.0.to_be_bytes());
+        key[4..].copy_from_slice(&token.id.0);
+        key
+    }
+
+    /// The value: the report the token admitted.
+    pub fn value(report: &ReportId) -> [u8; 16] {
+        report.0
+    }
+
+    /// The report id a stored value names (`None`: damaged).
+    pub fn decode_value(value: &[u8]) -> Option<ReportId> {
+        Some(ReportId(value.try_into().ok()?))
+    }
+
+    /// The first key of `day`'s epoch: every key of earlier epochs sorts before it.
+    pub fn epoch_start(day: Day) -> Vec<u8> {
+        day.0.to_be_bytes().to_vec()
+    }
+}
+
+/// The layout this build reads and writes. 6: the Spent table (admission tokens) and epoch
+/// records that count their reports admitted by tokens; 5: Seen keys begin with the report's
+/// day (so that days expire) and the meta record `seen/floor`; 4: class merges (meta records)
+/// and the cursor each exported bundle applied them as of; 3: sums per epoch (the ASH key holds
+/// the epoch), epoch records, the instance id and the export chain; 2 kept one running sum per
 /// (class, counter), which could be differenced, and stored accumulator states as 3 does; 1
 /// stored the sums themselves. Opening a store of another format is refused rather than
 /// misread.
-pub const STORE_FORMAT: u32 = 5;
+pub const STORE_FORMAT: u32 = 6;
 
 /// What happened to one report of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +181,9 @@ pub enum Outcome {
     /// The report's snippet would found a new class and the new-class budget is spent; not
     /// counted, not remembered, nothing changed (retry later).
     NewClassLimit,
+    /// The report's admission token was already spent on another report; not counted, nothing
+    /// changed.
+    TokenSpent,
 }
 
 /// Why the state could not be opened or a batch applied.
@@ -172,6 +218,15 @@ pub enum StateError {
     /// A meta value has the wrong length.
     #[error("damaged meta record {0}")]
     Meta(&'static str),
+    /// A Spent row's value is not a report id.
+    #[error("damaged spent-token record")]
+    Spent,
+    /// A key ring reload was asked of a server that admits reports without tokens.
+    #[error(
+        "this server admits reports without tokens (--open-admission); restart it with \
+         --token-keys to admit by tokens"
+    )]
+    OpenAdmission,
     /// The store cuts epochs another way than the server was asked to.
     #[error(
         "this data directory cuts epochs by {stored:?}, but the server was started with {given}; \
@@ -209,15 +264,32 @@ pub struct State {
     accepted: u64,
     durable: Arc<Durable>,
     /// Accepted report ids of prepared batches, by cursor, until they are durable.
-    in_flight: VecDeque<(Cursor, Vec<ReportId>, Vec<CiphertextDigest>)>,
+    in_flight: VecDeque<InFlight>,
     in_flight_ids: HashSet<ReportId>,
     in_flight_digests: HashSet<CiphertextDigest>,
+    /// Tokens spent by accepted reports of prepared batches, until they are durable.
+    in_flight_spent: HashMap<SpentToken, ReportId>,
     /// The oldest report day whose Seen rows are kept (module docs).
     seen_floor: Day,
     /// Classes that may still be founded.
     class_budget: NewClassBudget,
     /// Reports refused because they would have founded a class beyond the budget.
     class_refusals: u64,
+}
+
+/// What a prepared batch accepted, remembered until it is durable (module docs).
+#[derive(Debug, Default)]
+struct Accepted {
+    ids: Vec<ReportId>,
+    digests: Vec<CiphertextDigest>,
+    spent: Vec<(SpentToken, ReportId)>,
+}
+
+/// A prepared batch's [`Accepted`] under its cursor.
+#[derive(Debug)]
+struct InFlight {
+    cursor: Cursor,
+    accepted: Accepted,
 }
 
 /// What the last committed batch made durable, published by whoever commits.
@@ -419,6 +491,7 @@ impl State {
             in_flight: VecDeque::new(),
             in_flight_ids: HashSet::new(),
             in_flight_digests: HashSet::new(),
+            in_flight_spent: HashMap::new(),
             seen_floor,
             class_budget: NewClassBudget::new(DEFAULT_NEW_CLASSES_PER_HOUR, Instant::now()),
             class_refusals: 0,
@@ -455,14 +528,15 @@ impl State {
     }
 
     /// The in-memory half of [`apply`](Self::apply): epochs due by `today` are closed and Seen
-    /// rows of days no longer acceptable deleted, then the unit check of the batch's
-    /// ciphertexts (one gcd), deduplication by report id and by ciphertext digest against the
-    /// store and the batches still syncing, the day check (and the Seen floor), classes (a
-    /// report that would found one beyond the new-class budget is refused and changes
-    /// nothing), epochs, one multiplication per ciphertext, and the write that records it all;
-    /// an epoch the batch fills (count policy) is closed with it. On an error nothing of this
-    /// batch may be committed or acknowledged and this state must be dropped; batches prepared
-    /// before it may still be committed.
+    /// and Spent rows of days no longer acceptable deleted, then the unit check of the batch's
+    /// ciphertexts (one gcd), the admission tokens (one spent elsewhere refuses its report),
+    /// deduplication by report id and by ciphertext digest against the store and the batches
+    /// still syncing, the day check (and the Seen floor), classes (a report that would found
+    /// one beyond the new-class budget is refused and changes nothing), epochs, one
+    /// multiplication per ciphertext, and the write that records it all; an epoch the batch
+    /// fills (count policy) is closed with it. On an error nothing of this batch may be
+    /// committed or acknowledged and this state must be dropped; batches prepared before it may
+    /// still be committed.
     pub fn prepare(&mut self, batch: &[ValidReport], today: Day) -> Result<Prepared, StateError> {
         self.forget_durable();
         let now = Instant::now();
@@ -487,19 +561,41 @@ impl State {
         let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let seen = self.store.contains_many(Table::Seen, &key_refs)?;
         let (seen_ids, seen_digests) = seen.split_at(batch.len());
+        let spent_by = self.spent_in_store(batch)?;
         let per_report = digest_days.len().max(1);
         let next = Cursor(self.cursor.0 + 1);
         let mut in_batch: HashSet<ReportId> = HashSet::with_capacity(batch.len());
         let mut in_batch_digests: HashSet<CiphertextDigest> = HashSet::with_capacity(batch.len());
+        let mut in_batch_spent: HashMap<SpentToken, ReportId> = HashMap::new();
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut accepted_ids = Vec::with_capacity(batch.len());
         let mut accepted_digests = Vec::with_capacity(batch.len());
+        let mut accepted_spent = Vec::new();
         for (i, ((valid, &seen_id), unit)) in batch.iter().zip(seen_ids).zip(units).enumerate() {
             let report = &valid.report;
             let Ok(ciphertexts) = unit else {
                 outcomes.push(Outcome::NotUnit);
                 continue;
             };
+            // A token recorded for another report refuses this one; recorded for this report
+            // id, this is a retry of a counted report.
+            if let Some(token) = &valid.token {
+                let holder = in_batch_spent
+                    .get(token)
+                    .or_else(|| self.in_flight_spent.get(token))
+                    .or_else(|| spent_by.get(i).and_then(Option::as_ref));
+                match holder {
+                    Some(id) if *id == report.report_id => {
+                        outcomes.push(Outcome::Duplicate);
+                        continue;
+                    }
+                    Some(_) => {
+                        outcomes.push(Outcome::TokenSpent);
+                        continue;
+                    }
+                    None => {}
+                }
+            }
             let seen_digest = seen_digests
                 .get(i * per_report..(i + 1) * per_report)
                 .is_some_and(|days| days.iter().any(|&s| s));
@@ -530,7 +626,11 @@ impl State {
             // one is judged on its own, not answered Duplicate.
             in_batch.insert(report.report_id);
             in_batch_digests.insert(valid.digest);
-            let epoch = self.epochs.admit(report.day);
+            if let Some(token) = valid.token {
+                in_batch_spent.insert(token, report.report_id);
+                accepted_spent.push((token, report.report_id));
+            }
+            let epoch = self.epochs.admit(report.day, valid.token.is_some());
             let key = SumKey {
                 class: placement.class,
                 catalogue: report.catalogue,
@@ -549,6 +649,7 @@ impl State {
             // which saves most of each skip-list search when the keys come sorted.
             accepted_ids.sort_unstable();
             accepted_digests.sort_unstable();
+            accepted_spent.sort_unstable();
             for (day, id) in &accepted_ids {
                 set.put(
                     Table::Seen,
@@ -561,6 +662,13 @@ impl State {
                     Table::Seen,
                     seen::digest_key(*day, digest),
                     next.0.to_be_bytes().to_vec(),
+                );
+            }
+            for (token, id) in &accepted_spent {
+                set.put(
+                    Table::Spent,
+                    spent::key(token).to_vec(),
+                    spent::value(id).to_vec(),
                 );
             }
             let (snippets, classes) = self.tables.take_dirty();
@@ -578,20 +686,53 @@ impl State {
             // The count policy closes the epoch this batch filled, with the batch.
             closed.extend(self.close_epochs(&self.epochs.due(today)));
         }
-        let accepted_ids = accepted_ids.into_iter().map(|(_, id)| id).collect();
-        let accepted_digests = accepted_digests.into_iter().map(|(_, d)| d).collect();
-        Ok(self.finish(set, outcomes, accepted_ids, accepted_digests, closed, next))
+        let accepted = Accepted {
+            ids: accepted_ids.into_iter().map(|(_, id)| id).collect(),
+            digests: accepted_digests.into_iter().map(|(_, d)| d).collect(),
+            spent: accepted_spent,
+        };
+        Ok(self.finish(set, outcomes, accepted, closed, next))
+    }
+
+    /// Per report of `batch`, the report id its token is recorded as spent for in the store
+    /// (`None`: no token, or not spent), in one lookup for the batch.
+    fn spent_in_store(&self, batch: &[ValidReport]) -> Result<Vec<Option<ReportId>>, StateError> {
+        let tokened: Vec<(usize, [u8; 36])> = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.token.as_ref().map(|t| (i, spent::key(t))))
+            .collect();
+        let mut out = vec![None; batch.len()];
+        if tokened.is_empty() {
+            return Ok(out);
+        }
+        let keys: Vec<&[u8]> = tokened.iter().map(|(_, k)| k.as_slice()).collect();
+        let values = self.store.get_many(Table::Spent, &keys)?;
+        for ((i, _), value) in tokened.iter().zip(values) {
+            if let Some(value) = value {
+                let id = spent::decode_value(&value).ok_or(StateError::Spent)?;
+                if let Some(slot) = out.get_mut(*i) {
+                    *slot = Some(id);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Raises the Seen floor to the oldest day a report may still have (`today` less the
-    /// tolerance) when the day has moved on, deleting the Seen rows of the days below it in
-    /// the same write (module docs). The floor never goes down, whatever the clock does.
+    /// tolerance) when the day has moved on, deleting the Seen and Spent rows of the days below
+    /// it in the same write (module docs). The floor never goes down, whatever the clock does.
     fn expire_seen(&mut self, today: Day, set: &mut WriteSet) {
         let floor = Day(today.0.saturating_sub(DAY_TOLERANCE));
         if floor <= self.seen_floor {
             return;
         }
         set.delete_range(Table::Seen, seen::day_start(Day(0)), seen::day_start(floor));
+        set.delete_range(
+            Table::Spent,
+            spent::epoch_start(Day(0)),
+            spent::epoch_start(floor),
+        );
         set.put(
             Table::Meta,
             meta::SEEN_FLOOR,
@@ -601,9 +742,9 @@ impl State {
     }
 
     /// Closes open epochs now, in order with the batches: those due by `today`, or with
-    /// `all`, every open epoch that holds reports (an operator's close); and the Seen rows of
-    /// days that can no longer be accepted are deleted. The returned batch holds only that
-    /// write; commit it like any other.
+    /// `all`, every open epoch that holds reports (an operator's close); and the Seen and Spent
+    /// rows of days that can no longer be accepted are deleted. The returned batch holds only
+    /// that write; commit it like any other.
     pub fn prepare_close(&mut self, today: Day, all: bool) -> Prepared {
         self.forget_durable();
         let ids = if all {
@@ -615,23 +756,27 @@ impl State {
         let mut set = WriteSet::new();
         self.expire_seen(today, &mut set);
         let next = Cursor(self.cursor.0 + 1);
-        self.finish(set, Vec::new(), Vec::new(), Vec::new(), closed, next)
+        self.finish(set, Vec::new(), Accepted::default(), closed, next)
     }
 
     /// Forgets the in-flight ids of batches committed since the last call: they are visible in
     /// the store now.
     fn forget_durable(&mut self) {
         let durable = self.durable.cursor.load(Ordering::Acquire);
-        while let Some((cursor, _, _)) = self.in_flight.front() {
-            if cursor.0 > durable {
-                break;
-            }
-            if let Some((_, ids, digests)) = self.in_flight.pop_front() {
-                for id in ids {
+        while self
+            .in_flight
+            .front()
+            .is_some_and(|batch| batch.cursor.0 <= durable)
+        {
+            if let Some(InFlight { accepted, .. }) = self.in_flight.pop_front() {
+                for id in accepted.ids {
                     self.in_flight_ids.remove(&id);
                 }
-                for digest in digests {
+                for digest in accepted.digests {
                     self.in_flight_digests.remove(&digest);
+                }
+                for (token, _) in accepted.spent {
+                    self.in_flight_spent.remove(&token);
                 }
             }
         }
@@ -664,12 +809,11 @@ impl State {
         &mut self,
         mut set: WriteSet,
         outcomes: Vec<Outcome>,
-        accepted_ids: Vec<ReportId>,
-        accepted_digests: Vec<CiphertextDigest>,
+        accepted: Accepted,
         closed: Vec<EpochRecord>,
         next: Cursor,
     ) -> Prepared {
-        let accepted = accepted_ids.len() as u64;
+        let count = accepted.ids.len() as u64;
         self.epochs.write_dirty(&mut set);
         let mut prepared = Prepared {
             outcomes,
@@ -681,16 +825,19 @@ impl State {
         if set.is_empty() {
             return prepared;
         }
-        let total = self.accepted + accepted;
+        let total = self.accepted + count;
         set.put(Table::Meta, meta::CURSOR, next.0.to_be_bytes().to_vec());
         set.put(Table::Meta, meta::ACCEPTED, total.to_be_bytes().to_vec());
         self.cursor = next;
         self.accepted = total;
-        self.in_flight_ids.extend(accepted_ids.iter().copied());
+        self.in_flight_ids.extend(accepted.ids.iter().copied());
         self.in_flight_digests
-            .extend(accepted_digests.iter().copied());
-        self.in_flight
-            .push_back((next, accepted_ids, accepted_digests));
+            .extend(accepted.digests.iter().copied());
+        self.in_flight_spent.extend(accepted.spent.iter().copied());
+        self.in_flight.push_back(InFlight {
+            cursor: next,
+            accepted,
+        });
         prepared.write = Some((set, next, total));
         prepared
     }
@@ -820,6 +967,50 @@ mod tests {
             1_000,
             None,
         )
+    }
+
+    /// A store of format 5 (written before the Spent table existed) is refused with the format
+    /// error, and opening it adds no table, so the build that wrote it still opens it.
+    #[test]
+    fn a_format_5_store_is_refused_and_gets_no_spent_table() {
+        let keys =
+            Keypair::generate_with_size(KeySize::Bits1024, &mut ChaCha20Rng::seed_from_u64(4));
+        let key = keys.public_key();
+        let dir = tempfile::tempdir().unwrap();
+        let old = ["seen", "sst", "est", "ash", "meta"];
+        {
+            let mut options = rocksdb::Options::default();
+            options.create_if_missing(true);
+            options.create_missing_column_families(true);
+            let db = rocksdb::DB::open_cf(&options, dir.path(), old).unwrap();
+            let meta_cf = db.cf_handle("meta").unwrap();
+            db.put_cf(meta_cf, meta::KEY_ID, key.key_id().0).unwrap();
+            db.put_cf(meta_cf, meta::PUBLIC_KEY, key.to_bytes())
+                .unwrap();
+            db.put_cf(meta_cf, meta::FORMAT, 5u32.to_be_bytes())
+                .unwrap();
+        }
+        let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+        let error = open(&store, key).err().unwrap();
+        assert!(matches!(
+            error,
+            StateError::Format {
+                found: 5,
+                expected: STORE_FORMAT
+            }
+        ));
+        assert!(
+            error
+                .to_string()
+                .contains("export it with the aggregator that wrote it")
+        );
+        drop(store);
+        let mut tables = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
+        tables.sort();
+        let mut expected: Vec<String> = old.iter().map(|t| t.to_string()).collect();
+        expected.push("default".into());
+        expected.sort();
+        assert_eq!(tables, expected);
     }
 
     #[test]

@@ -29,11 +29,21 @@ pub enum Table {
     Ash,
     /// Counters and settings of the server itself (cursor, throttle, key ids).
     Meta,
+    /// Admission tokens spent: the token's epoch (the report's day) and spent id -> the
+    /// report it admitted (keys in `crate::state::spent`).
+    Spent,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 5] = [Table::Seen, Table::Sst, Table::Est, Table::Ash, Table::Meta];
+    pub const ALL: [Table; 6] = [
+        Table::Seen,
+        Table::Sst,
+        Table::Est,
+        Table::Ash,
+        Table::Meta,
+        Table::Spent,
+    ];
 
     /// The column family name.
     pub fn name(self) -> &'static str {
@@ -43,6 +53,7 @@ impl Table {
             Table::Est => "est",
             Table::Ash => "ash",
             Table::Meta => "meta",
+            Table::Spent => "spent",
         }
     }
 }
@@ -145,6 +156,8 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Which of `keys` exist in `table`, in order (one round trip for a whole batch).
     fn contains_many(&self, table: Table, keys: &[&[u8]]) -> Result<Vec<bool>, StoreError>;
+    /// The values of `keys` in `table`, in order (one round trip for a whole batch).
+    fn get_many(&self, table: Table, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
     /// Applies every put atomically and returns once they are durable.
     fn write(&self, set: WriteSet) -> Result<(), StoreError>;
     /// Visits every row of `tables`, all read at one consistent point in time.
@@ -161,6 +174,10 @@ pub trait Store: Send + Sync + 'static {
 /// of a day shares, and 4 bytes of the random report id or digest after them.
 const SEEN_BUCKET_PREFIX: usize = 9;
 
+/// Bytes of a Spent key that choose its memtable bucket: the epoch (4) and 4 bytes of the
+/// random spent id.
+const SPENT_BUCKET_PREFIX: usize = 8;
+
 /// The RocksDB store: one column family per [`Table`].
 pub struct RocksStore {
     db: DB,
@@ -168,7 +185,10 @@ pub struct RocksStore {
 }
 
 impl RocksStore {
-    /// Opens (creating if needed) the database at `path`.
+    /// Opens (creating if needed) the database at `path`. A database that exists is opened
+    /// with the tables it has, and none is added: a store of an older format (without a table
+    /// of this build's) is left exactly as it was, for `crate::state` to refuse by its format
+    /// and for the build that wrote it to open again.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let mut options = Options::default();
         options.create_if_missing(true);
@@ -178,22 +198,37 @@ impl RocksStore {
         options.set_keep_log_file_num(4);
         // One writer thread; the hash memtable of Seen (below) requires it.
         options.set_allow_concurrent_memtable_write(false);
-        let families = Table::ALL.map(|table| {
+        let existing = DB::list_cf(&Options::default(), path).ok();
+        let tables = Table::ALL.into_iter().filter(|table| {
+            existing
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| n == table.name()))
+        });
+        if existing.is_some() {
+            options.create_missing_column_families(false);
+        }
+        let families = tables.map(|table| {
             let mut cf = Options::default();
             let mut block = BlockBasedOptions::default();
             // Dedupe looks up mostly absent report ids: a bloom filter answers those without
             // reading a block.
             block.set_bloom_filter(10.0, false);
             cf.set_block_based_table_factory(&block);
-            if table == Table::Seen {
+            let bucket_prefix = match table {
+                Table::Seen => Some(SEEN_BUCKET_PREFIX),
+                Table::Spent => Some(SPENT_BUCKET_PREFIX),
+                _ => None,
+            };
+            if let Some(prefix) = bucket_prefix {
                 // Random 128-bit ids and digests behind a day: point lookups, and range
                 // deletions of whole days. A hash memtable (buckets by the day and the first
                 // bytes of the id, each a short skip list) inserts a batch's ids in about one
                 // cache miss each, where one skip list over every id of the memtable cost a
                 // fifth of the writer's time; range tombstones live in a skip list of their
-                // own, and scans (admin only) still work, with a total-order iterator.
+                // own, and scans (admin only) still work, with a total-order iterator. Spent
+                // ids (random, behind their epoch) are looked up and expire the same way.
                 cf.optimize_for_point_lookup(64);
-                cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(SEEN_BUCKET_PREFIX));
+                cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(prefix));
                 cf.set_memtable_factory(MemtableFactory::HashSkipList {
                     bucket_count: 1 << 20,
                     height: 4,
@@ -202,7 +237,7 @@ impl RocksStore {
             }
             ColumnFamilyDescriptor::new(table.name(), cf)
         });
-        let db = DB::open_cf_descriptors(&options, path, families)?;
+        let db = DB::open_cf_descriptors(&options, path, families.collect::<Vec<_>>())?;
         Ok(Self {
             db,
             path: path.to_path_buf(),
@@ -232,6 +267,15 @@ impl Store for RocksStore {
             .batched_multi_get_cf(cf, keys, false)
             .into_iter()
             .map(|r| Ok(r?.is_some()))
+            .collect()
+    }
+
+    fn get_many(&self, table: Table, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let cf = self.cf(table)?;
+        self.db
+            .batched_multi_get_cf(cf, keys, false)
+            .into_iter()
+            .map(|r| Ok(r?.map(|v| v.to_vec())))
             .collect()
     }
 

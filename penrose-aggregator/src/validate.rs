@@ -1,5 +1,8 @@
 //! The checks a report passes before it may touch a sum. Everything a client controls is
-//! checked here, cheapest first, so that a bad report costs little and changes nothing.
+//! checked here, cheapest first, so that a bad report costs little and changes nothing. Under
+//! admission by tokens ([`crate::admission`]) that includes the report's token: whether it has
+//! one of the right key comes before the ciphertexts are parsed, and its MAC, the most
+//! expensive check, comes last.
 //!
 //! All but one: whether each ciphertext is a unit (gcd(c, n) = 1) is checked by the writer
 //! for a whole batch with one gcd ([`penrose_core::paillier::units`]), because a gcd per
@@ -13,6 +16,8 @@ use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
 use penrose_core::wire::{Day, Message, RejectReason, Report, WireError};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
+
+use crate::admission::{Admission, SpentToken, TokenRefusal};
 
 /// Why a report was refused: the code the ack carries and the reason in words for the log.
 #[derive(Debug, Error)]
@@ -60,6 +65,12 @@ pub enum Rejection {
     /// A ciphertext is malformed, out of range or not a unit.
     #[error("invalid ciphertext: {0}")]
     Ciphertext(#[from] PaillierError),
+    /// The server admits reports by token only, and this one carries none.
+    #[error("no admission token (this server admits reports by token only)")]
+    TokenRequired,
+    /// The report's admission token is not a valid token for it.
+    #[error("invalid admission token: {0}")]
+    InvalidToken(#[from] TokenRefusal),
 }
 
 impl Rejection {
@@ -76,6 +87,8 @@ impl Rejection {
             Rejection::Day { .. } => RejectReason::DayOutOfRange,
             Rejection::Snippet(_) => RejectReason::InvalidSnippet,
             Rejection::Ciphertext(_) => RejectReason::InvalidCiphertext,
+            Rejection::TokenRequired => RejectReason::TokenRequired,
+            Rejection::InvalidToken(_) => RejectReason::InvalidToken,
         }
     }
 }
@@ -92,6 +105,9 @@ pub struct ValidReport {
     /// SHA-256 of the ciphertext bytes: an exact copy of a counted report under a fresh report
     /// id is folded by it, so resending the same histogram does not count twice.
     pub digest: CiphertextDigest,
+    /// The verified admission token it spends (admission by tokens); `None` under open
+    /// admission.
+    pub token: Option<SpentToken>,
 }
 
 /// The SHA-256 of a report's ciphertexts.
@@ -99,34 +115,46 @@ pub struct ValidReport {
 pub struct CiphertextDigest(pub [u8; 32]);
 
 /// Decodes one whole frame and checks it against the server's key, the catalogues this
-/// build knows and the server's day.
-pub fn validate_frame(frame: &[u8], key: &PublicKey, today: Day) -> Result<ValidReport, Rejection> {
+/// build knows, the server's day and its admission.
+pub fn validate_frame(
+    frame: &[u8],
+    key: &PublicKey,
+    today: Day,
+    admission: &Admission,
+) -> Result<ValidReport, Rejection> {
     let (message, used) = Message::decode(frame)?;
     if used != frame.len() {
         return Err(WireError::TrailingBytes(frame.len() - used).into());
     }
     match message {
-        Message::Report(report) => validate_report(report, key, today),
+        Message::Report(report) => validate_report(report, key, today, admission),
         Message::Ack(_) => Err(Rejection::NotAReport),
     }
 }
 
 /// Decodes one frame body (the bytes after the length prefix, as a transport that already
 /// checked the prefix hands them over) and checks it like [`validate_frame`].
-pub fn validate_body(body: &[u8], key: &PublicKey, today: Day) -> Result<ValidReport, Rejection> {
+pub fn validate_body(
+    body: &[u8],
+    key: &PublicKey,
+    today: Day,
+    admission: &Admission,
+) -> Result<ValidReport, Rejection> {
     match Message::decode_body(body)? {
-        Message::Report(report) => validate_report(report, key, today),
+        Message::Report(report) => validate_report(report, key, today, admission),
         Message::Ack(_) => Err(Rejection::NotAReport),
     }
 }
 
 /// Checks a decoded report: key, catalogue, counter, sample count, day, snippet hash (against
-/// the shipped fingerprint parameters, which agents and server share), then the ciphertexts
-/// (the one expensive check, last; its gcd is deferred to the batch, module docs).
+/// the shipped fingerprint parameters, which agents and server share), under admission by
+/// tokens that it carries a token of its day's and counter's key, then the ciphertexts (their
+/// gcd is deferred to the batch, module docs), and last the token's MAC.
 pub fn validate_report(
     report: Report,
     key: &PublicKey,
     today: Day,
+    admission: &Admission,
 ) -> Result<ValidReport, Rejection> {
     if report.key_id != key.key_id() {
         return Err(Rejection::UnknownKey {
@@ -153,13 +181,16 @@ pub fn validate_report(
         });
     }
     report.snippet.check(&FingerprintParams::default())?;
+    let claimed = admission.claim(&report)?;
     let bytes = report.ciphertexts.as_bytes();
     let ciphertexts = key.validate_packed_deferring_units(bytes)?;
     let digest = CiphertextDigest(Sha256::digest(bytes).into());
+    let token = claimed.map(|claim| claim.verify(&report)).transpose()?;
     Ok(ValidReport {
         report,
         ciphertexts,
         digest,
+        token,
     })
 }
 
@@ -201,7 +232,7 @@ mod tests {
 
     fn reason(report: Report, keys: &Keypair) -> RejectReason {
         let frame = Message::Report(report).to_frame().unwrap();
-        validate_frame(&frame, keys.public_key(), TODAY)
+        validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open)
             .unwrap_err()
             .reason()
     }
@@ -216,7 +247,7 @@ mod tests {
     fn a_valid_report_passes_and_decrypts() {
         let (keys, report) = setup();
         let frame = Message::Report(report.clone()).to_frame().unwrap();
-        let valid = validate_frame(&frame, keys.public_key(), TODAY).unwrap();
+        let valid = validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open).unwrap();
         assert_eq!(valid.report, report);
         let checked = keys.public_key().check_units([&valid.ciphertexts]);
         let bins = keys
@@ -270,7 +301,7 @@ mod tests {
             let mut r = report.clone();
             r.day = day;
             let frame = Message::Report(r).to_frame().unwrap();
-            assert!(validate_frame(&frame, keys.public_key(), TODAY).is_ok());
+            assert!(validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open).is_ok());
         }
 
         let len = report.ciphertexts.as_bytes().len();
@@ -305,34 +336,41 @@ mod tests {
         let (keys, report) = setup();
         let frame = Message::Report(report).to_frame().unwrap();
         let key = keys.public_key();
-        let truncated = validate_frame(&frame[..frame.len() - 1], key, TODAY).unwrap_err();
+        let truncated =
+            validate_frame(&frame[..frame.len() - 1], key, TODAY, &Admission::Open).unwrap_err();
         assert_eq!(truncated.reason(), RejectReason::Malformed);
         let mut trailing = frame.clone();
         trailing.push(0);
         assert_eq!(
-            validate_frame(&trailing, key, TODAY).unwrap_err().reason(),
+            validate_frame(&trailing, key, TODAY, &Admission::Open)
+                .unwrap_err()
+                .reason(),
             RejectReason::Malformed
         );
         let huge = u32::MAX.to_be_bytes();
         assert_eq!(
-            validate_frame(&huge, key, TODAY).unwrap_err().reason(),
+            validate_frame(&huge, key, TODAY, &Admission::Open)
+                .unwrap_err()
+                .reason(),
             RejectReason::TooLarge
         );
         let mut version = frame.clone();
         version[6] = 1;
         assert_eq!(
-            validate_frame(&version, key, TODAY).unwrap_err().reason(),
+            validate_frame(&version, key, TODAY, &Admission::Open)
+                .unwrap_err()
+                .reason(),
             RejectReason::UnsupportedVersion
         );
         // Garbage announcing a huge frame is refused on its length, other garbage as malformed.
         assert_eq!(
-            validate_frame(b"garbage bytes!", key, TODAY)
+            validate_frame(b"garbage bytes!", key, TODAY, &Admission::Open)
                 .unwrap_err()
                 .reason(),
             RejectReason::TooLarge
         );
         assert_eq!(
-            validate_frame(&[0, 0, 0, 3, 9, 0, 2], key, TODAY)
+            validate_frame(&[0, 0, 0, 3, 9, 0, 2], key, TODAY, &Admission::Open)
                 .unwrap_err()
                 .reason(),
             RejectReason::Malformed

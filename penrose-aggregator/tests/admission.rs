@@ -11,6 +11,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use common::*;
+use penrose_aggregator::admission::Admission;
 use penrose_aggregator::ingest::{IngestConfig, today};
 use penrose_aggregator::state::{Outcome, State, seen};
 use penrose_aggregator::store::{RocksStore, Store, Table};
@@ -21,7 +22,7 @@ use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 
 fn valid(sent: &Sent, today: Day) -> ValidReport {
-    validate_body(&sent.frame, KEYS.public_key(), today).unwrap()
+    validate_body(&sent.frame, KEYS.public_key(), today, &Admission::Open).unwrap()
 }
 
 fn open_state(store: &Arc<dyn Store>) -> State {
@@ -219,7 +220,7 @@ fn seen_expires_by_day_and_no_report_is_counted_twice() {
         // The day sits after kind, version, key id, report id, snippet, counter, catalogue.
         let at = 1 + 2 + 32 + 16 + 32 + 2 + 2;
         copy[at..at + 4].copy_from_slice(&next.0.to_be_bytes());
-        validate_body(&copy, KEYS.public_key(), next).unwrap()
+        validate_body(&copy, KEYS.public_key(), next, &Admission::Open).unwrap()
     };
     assert_eq!(b_copy.report.day, next);
     let outcomes = state.apply(&[valid(&b, next), b_copy], next).unwrap();

@@ -5,7 +5,10 @@
 mod common;
 
 use common::*;
+use penrose_aggregator::ingest::today;
 use penrose_aggregator::loadgen::{Args, generate};
+use penrose_core::counters::Catalogue;
+use penrose_core::wire::Day;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refused() {
@@ -29,6 +32,7 @@ async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refuse
         traces: None,
         seed: 3,
         json: true,
+        token_keys: None,
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();
@@ -40,4 +44,61 @@ async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refuse
     assert_eq!(outcome.accepted, outcome.valid);
     assert_eq!(outcome.rejected_invalid, outcome.invalid);
     assert_eq!(outcome.invalid_accepted, 0);
+}
+
+/// With `--token-keys` the generator mints a token per report and spends it: against a server
+/// admitting by tokens every valid report is counted once, and every invalid one (seven kinds,
+/// among them reports without a token and with a forged one) refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loadgen_with_tokens_is_counted_by_a_server_admitting_by_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = dir.path().join("public.key");
+    std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
+    let t = today();
+    let counters: Vec<_> = Catalogue::current().counters.iter().map(|c| c.id).collect();
+    let ring = token_ring(&[t, Day(t.0 + 1)], &counters, 81);
+    let ring_path = dir.path().join("token-keys");
+    write_ring(&ring_path, &ring);
+    let (mut server, started) = spawn_serve(
+        &data,
+        &key,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--token-keys",
+            ring_path.to_str().unwrap(),
+        ],
+    );
+    let args = Args {
+        server: started["listening"].as_str().unwrap().parse().unwrap(),
+        cert: data.join("tls").join("cert.pem"),
+        public_key: key,
+        reports: 420,
+        clients: 16,
+        connections: 2,
+        invalid_share: 0.05,
+        pool: 4,
+        windows: 1,
+        window_len: 2_000,
+        traces: None,
+        seed: 4,
+        json: true,
+        token_keys: Some(ring_path),
+    };
+    let outcome = generate(&args).await.unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(outcome.tokens);
+    assert_eq!(outcome.invalid, 21);
+    assert_eq!(outcome.errors, 0);
+    assert_eq!(outcome.accepted, outcome.valid);
+    assert_eq!(outcome.rejected_invalid, outcome.invalid);
+    assert_eq!(outcome.invalid_accepted, 0);
+    assert_eq!(outcome.reasons.get("token_required"), Some(&3));
+    assert_eq!(outcome.reasons.get("invalid_token"), Some(&3));
+    let (_, state) = reopen_served(&data);
+    assert_eq!(state.accepted(), outcome.valid);
+    let tokened: u64 = state.epochs().open().map(|e| e.reports_with_tokens).sum();
+    assert_eq!(tokened, outcome.valid);
 }

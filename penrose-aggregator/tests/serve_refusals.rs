@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Runs `serve` with `args` and returns its exit code and stderr; fails the test if it is
-/// still running (serving) after a minute.
+/// Runs `serve` with `args` (and open admission) and returns its exit code and stderr; fails
+/// the test if it is still running (serving) after a minute.
 fn refused(data: &Path, args: &[&str]) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .arg("serve")
         .arg("--data-dir")
         .arg(data)
         .args(["--listen", "127.0.0.1:0"])
+        // Admission is not what these tests refuse (tests/tokens_serve.rs is about it).
+        .arg("--open-admission")
         .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

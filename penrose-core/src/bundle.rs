@@ -9,7 +9,7 @@
 //!           epoch_count:u32be  epoch * epoch_count  entry_count:u32be  entry * entry_count
 //!           merge_count:u32be  merge * merge_count
 //! epoch   = id:u32be  first_day:u32be  last_day:u32be  reports:u64be
-//!           withheld_sums:u32be  withheld_reports:u64be
+//!           withheld_sums:u32be  withheld_reports:u64be  reports_with_tokens:u64be
 //! entry   = epoch:u32be  class:u32be  catalogue:u16be  counter:u16be  generation:u32be
 //!           reports:u64be  samples:u64be  n:u8  ct_len:u16be  sums:[n * ct_len]
 //! merge   = absorbed:u32be  into:u32be
@@ -20,6 +20,11 @@
 //! epoch's `withheld_*` fields and never leave the aggregator. A closed epoch's sums never
 //! change and every report is in exactly one of them, so no two released sums can be
 //! differenced down to a few reports.
+//!
+//! **Admission.** Each epoch says how many of its reports were admitted by a verified,
+//! once-spent admission token (`crate::tokens`; version 4 on, 0 in a version 3 bundle). When
+//! all of them were, the contributor bound of its sums rests on the issuer's quota of T tokens
+//! per agent, counter and day, enforced on every sender, not on agents keeping their own cap.
 //!
 //! **Merges.** The aggregator joins classes that turned out to be one application (a snippet
 //! matched both). A bundle's entries are under the classes that hold them as of the bundle,
@@ -47,14 +52,20 @@ use crate::counters::{CatalogueVersion, CounterId};
 use crate::paillier::KeyId;
 use crate::wire::{Day, MAX_CIPHERTEXTS, PackedBytes, WireError};
 
-/// The bundle format version this build writes and reads. 3: class merges; 2: epochs, release
-/// threshold and the chain; 1 carried running totals, which could be differenced. Other
-/// versions are refused.
-pub const BUNDLE_VERSION: u8 = 3;
+/// The bundle format version this build writes. 4: each epoch counts its reports admitted by
+/// admission tokens; 3: class merges; 2: epochs, release threshold and the chain; 1 carried
+/// running totals, which could be differenced. This build reads 4 and 3 (a version 3 epoch
+/// has no token-admitted reports), and refuses the others.
+pub const BUNDLE_VERSION: u8 = 4;
+
+/// The oldest bundle version this build still reads ([`BUNDLE_VERSION`] less the admission
+/// count), so that archives of bundles written before it keep importing.
+pub const OLDEST_READABLE_VERSION: u8 = 3;
 
 const MAGIC: [u8; 4] = *b"PNBD";
 const HEADER_BYTES: usize = 4 + 1 + 32 + 32 + 16 + 16 + 8 + 32 + 4 + 1 + 8 + 4 + 4;
-const EPOCH_BYTES: usize = 4 + 4 + 4 + 8 + 4 + 8;
+const EPOCH_BYTES_V3: usize = 4 + 4 + 4 + 8 + 4 + 8;
+const EPOCH_BYTES: usize = EPOCH_BYTES_V3 + 8;
 const ENTRY_FIXED_BYTES: usize = 4 + 4 + 2 + 2 + 4 + 8 + 8 + 1 + 2;
 const MERGE_BYTES: usize = 4 + 4;
 const SIGNATURE_BYTES: usize = 64;
@@ -263,12 +274,21 @@ pub struct EpochSummary {
     pub withheld_sums: u32,
     /// Reports in those sums.
     pub withheld_reports: u64,
+    /// Reports of it (released or withheld) that the aggregation server admitted by a verified
+    /// admission token, each spent once (0 in a version 3 bundle).
+    pub reports_with_tokens: u64,
 }
 
 impl EpochSummary {
     /// Days its reports span (at least 1): an agent's cap applies per day.
     pub fn days(&self) -> u32 {
         self.last_day.0.saturating_sub(self.first_day.0) + 1
+    }
+
+    /// Whether every report of the epoch was admitted by a spent admission token, so that the
+    /// contributor bound of its sums is enforced on every sender by the issuer's quota.
+    pub fn bound_enforced_by_tokens(&self) -> bool {
+        self.reports_with_tokens == self.reports
     }
 }
 
@@ -349,7 +369,10 @@ pub enum BundleError {
     #[error("not a Penrose bundle (bad magic)")]
     BadMagic,
     /// Written by a format version this build does not read.
-    #[error("unsupported bundle version {0} (this build reads {BUNDLE_VERSION})")]
+    #[error(
+        "unsupported bundle version {0} (this build reads {OLDEST_READABLE_VERSION} to \
+         {BUNDLE_VERSION})"
+    )]
     UnsupportedVersion(u8),
     /// The bytes end before a field.
     #[error("bundle truncated while reading {0}")]
@@ -396,12 +419,23 @@ pub enum BundleError {
 impl Bundle {
     /// Encodes the bundle and signs it with `key`; the signer field is set from `key`.
     pub fn sign(&self, key: &SigningKey) -> Result<Vec<u8>, BundleError> {
+        self.sign_as(BUNDLE_VERSION, key)
+    }
+
+    /// [`sign`](Self::sign) in format `version` (this one, or version 3 without the admission
+    /// counts: for tests of reading older bundles).
+    fn sign_as(&self, version: u8, key: &SigningKey) -> Result<Vec<u8>, BundleError> {
+        let epoch_bytes = if version >= 4 {
+            EPOCH_BYTES
+        } else {
+            EPOCH_BYTES_V3
+        };
         let epochs = u32::try_from(self.epochs.len()).map_err(|_| BundleError::TooLarge)?;
         let count = u32::try_from(self.entries.len()).map_err(|_| BundleError::TooLarge)?;
         let merges = u32::try_from(self.merges.len()).map_err(|_| BundleError::TooLarge)?;
         let mut out = Vec::with_capacity(
             HEADER_BYTES
-                + self.epochs.len() * EPOCH_BYTES
+                + self.epochs.len() * epoch_bytes
                 + self
                     .entries
                     .iter()
@@ -412,7 +446,7 @@ impl Bundle {
                 + SIGNATURE_BYTES,
         );
         out.extend_from_slice(&MAGIC);
-        out.push(BUNDLE_VERSION);
+        out.push(version);
         out.extend_from_slice(key.verifying_key().as_bytes());
         out.extend_from_slice(&self.key_id.0);
         out.extend_from_slice(&self.link.instance.0);
@@ -431,6 +465,9 @@ impl Bundle {
             out.extend_from_slice(&e.reports.to_be_bytes());
             out.extend_from_slice(&e.withheld_sums.to_be_bytes());
             out.extend_from_slice(&e.withheld_reports.to_be_bytes());
+            if version >= 4 {
+                out.extend_from_slice(&e.reports_with_tokens.to_be_bytes());
+            }
         }
         out.extend_from_slice(&count.to_be_bytes());
         for e in &self.entries {
@@ -466,9 +503,15 @@ impl Bundle {
         if bytes[..4] != MAGIC {
             return Err(BundleError::BadMagic);
         }
-        if bytes[4] != BUNDLE_VERSION {
-            return Err(BundleError::UnsupportedVersion(bytes[4]));
+        let version = bytes[4];
+        if !(OLDEST_READABLE_VERSION..=BUNDLE_VERSION).contains(&version) {
+            return Err(BundleError::UnsupportedVersion(version));
         }
+        let epoch_bytes = if version >= 4 {
+            EPOCH_BYTES
+        } else {
+            EPOCH_BYTES_V3
+        };
         if bytes.len() < HEADER_BYTES + SIGNATURE_BYTES {
             return Err(BundleError::Truncated("header"));
         }
@@ -503,7 +546,7 @@ impl Bundle {
             ));
         }
         let epoch_count = u32::from_be_bytes(r.array("epoch count")?);
-        let room = r.0.len() / EPOCH_BYTES;
+        let room = r.0.len() / epoch_bytes;
         if epoch_count as usize > room {
             return Err(BundleError::TooMany {
                 what: "epochs",
@@ -520,7 +563,17 @@ impl Bundle {
                 reports: u64::from_be_bytes(r.array("epoch reports")?),
                 withheld_sums: u32::from_be_bytes(r.array("epoch withheld sums")?),
                 withheld_reports: u64::from_be_bytes(r.array("epoch withheld reports")?),
+                reports_with_tokens: if version >= 4 {
+                    u64::from_be_bytes(r.array("epoch reports with tokens")?)
+                } else {
+                    0
+                },
             };
+            if e.reports_with_tokens > e.reports {
+                return Err(BundleError::Inconsistent(
+                    "an epoch with more token-admitted reports than reports",
+                ));
+            }
             if epochs.last().is_some_and(|last| last.id >= e.id) {
                 return Err(BundleError::Inconsistent("epochs not in increasing order"));
             }
@@ -707,6 +760,7 @@ mod tests {
                     reports: 500,
                     withheld_sums: 1,
                     withheld_reports: 3,
+                    reports_with_tokens: 500,
                 },
                 EpochSummary {
                     id: EpochId(19_999),
@@ -715,6 +769,7 @@ mod tests {
                     reports: 400,
                     withheld_sums: 0,
                     withheld_reports: 0,
+                    reports_with_tokens: 17,
                 },
             ],
             entries: (0..3)
@@ -828,6 +883,9 @@ mod tests {
         let mut b = bundle();
         b.merges[0].absorbed = ClassId(2);
         assert!(refused(b), "an entry under a class merged away");
+        let mut b = bundle();
+        b.epochs[1].reports_with_tokens = 401;
+        assert!(refused(b), "more token-admitted reports than reports");
     }
 
     #[test]
@@ -857,8 +915,37 @@ mod tests {
     }
 
     #[test]
-    fn earlier_versions_are_refused_by_version() {
-        for version in [1, 2] {
+    fn version_3_bundles_still_verify_with_no_token_admitted_reports() {
+        let key = key(1);
+        let bytes = bundle().sign_as(3, &key).unwrap();
+        assert_eq!(bytes[4], 3);
+        assert_eq!(
+            bytes.len() + 2 * 8,
+            bundle().sign(&key).unwrap().len(),
+            "version 4 adds a count per epoch"
+        );
+        let decoded = Bundle::verify(&bytes, Some(&key.verifying_key())).unwrap();
+        let mut expected = bundle();
+        expected.signer = *key.verifying_key().as_bytes();
+        for e in &mut expected.epochs {
+            e.reports_with_tokens = 0;
+        }
+        assert_eq!(decoded, expected);
+        assert!(decoded.epochs.iter().all(|e| !e.bound_enforced_by_tokens()));
+        let current = Bundle::verify(&bundle().sign(&key).unwrap(), None).unwrap();
+        assert_eq!(
+            current
+                .epochs
+                .iter()
+                .map(EpochSummary::bound_enforced_by_tokens)
+                .collect::<Vec<_>>(),
+            [true, false]
+        );
+    }
+
+    #[test]
+    fn other_versions_are_refused_by_version() {
+        for version in [1, 2, 5] {
             let mut bytes = bundle().sign(&key(1)).unwrap();
             bytes[4] = version;
             assert_eq!(

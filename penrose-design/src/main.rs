@@ -196,6 +196,7 @@ fn print_report(
         report.withheld_sums,
         report.withheld_reports,
     );
+    println!("{}", report.admission_line());
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     for c in &report.decrypted {
         println!(

@@ -12,6 +12,12 @@
 //! at most that many, the bins adding up to it. A sum whose decryption fails (a slot carried
 //! past its width) or whose bins do not add up was poisoned by a malformed report; it is
 //! **quarantined**: listed with the reason, not added, and every other sum still decrypts.
+//!
+//! The bound counts on each agent sending at most T reports per (counter, day). Where the
+//! aggregation server admitted every report of an epoch by a spent admission token (the
+//! bundle's epoch summary says so, `EpochSummary::bound_enforced_by_tokens`), the issuer's
+//! quota of T tokens per agent enforced that on every sender; otherwise it rests on agents
+//! keeping their own cap. The report states which, per (class, counter) and overall.
 
 use std::collections::BTreeMap;
 
@@ -65,6 +71,10 @@ pub struct CounterReport {
     pub epochs: Vec<u32>,
     /// Reports in released sums held back (below the threshold on their own).
     pub held_back_reports: u64,
+    /// Whether every report of the epochs its decrypted sums come from was admitted by an
+    /// admission token (the contributor bound enforced on every sender, not only on agents
+    /// that keep their cap).
+    pub bound_enforced_by_tokens: bool,
     /// Bin sums, 128 of them.
     pub bins: Vec<u64>,
     /// Mean at bin resolution (bin representatives).
@@ -131,9 +141,30 @@ pub struct Report {
     pub quarantined: Vec<Quarantined>,
     /// Epochs a restored chain released again, never merged (chain, epoch).
     pub skipped_epochs: Vec<(String, u32)>,
+    /// Whether every report of every released epoch was admitted by an admission token.
+    pub bound_enforced_by_tokens: bool,
+    /// Released epochs with reports admitted without a token (open admission, or bundles
+    /// written before admission counts existed).
+    pub epochs_without_tokens: usize,
 }
 
 impl Report {
+    /// The report's line on admission: "contributor bound enforced by admission tokens: yes"
+    /// or "no", with how many epochs are why.
+    pub fn admission_line(&self) -> String {
+        if self.bound_enforced_by_tokens {
+            "contributor bound enforced by admission tokens: yes".to_string()
+        } else if self.epochs == 0 {
+            "contributor bound enforced by admission tokens: no (no epoch released)".to_string()
+        } else {
+            format!(
+                "contributor bound enforced by admission tokens: no ({} of {} epochs admitted \
+                 reports without tokens; there the bound rests on agents keeping their cap)",
+                self.epochs_without_tokens, self.epochs
+            )
+        }
+    }
+
     /// Classes with at least one decrypted counter.
     pub fn classes(&self) -> usize {
         let mut classes: Vec<u32> = self.decrypted.iter().map(|c| c.class).collect();
@@ -200,6 +231,7 @@ pub fn build(
         let (mut contributors, mut best_held) = (0u64, 0u64);
         let mut epochs = Vec::new();
         let mut merged_from = Vec::new();
+        let mut by_tokens = true;
         for entry in entries {
             let days = aggregates.epochs.get(&entry.epoch).map_or(1, |e| e.days());
             let bound = contributors_at_least(entry.reports, days, cap);
@@ -217,6 +249,10 @@ pub fn build(
                     samples += entry.samples;
                     contributors += bound;
                     sums += 1;
+                    by_tokens &= aggregates
+                        .epochs
+                        .get(&entry.epoch)
+                        .is_some_and(|e| e.bound_enforced_by_tokens());
                     if !epochs.contains(&entry.epoch.0) {
                         epochs.push(entry.epoch.0);
                     }
@@ -262,6 +298,7 @@ pub fn build(
             sums,
             epochs,
             held_back_reports: held,
+            bound_enforced_by_tokens: by_tokens,
             mean: binning.and_then(|b| mean(&bins, &b)),
             p50: binning.and_then(|b| quantile(&bins, &b, 0.5)),
             p90: binning.and_then(|b| quantile(&bins, &b, 0.9)),
@@ -269,7 +306,14 @@ pub fn build(
             bins: bins.to_vec(),
         });
     }
+    let epochs_without_tokens = aggregates
+        .epochs
+        .values()
+        .filter(|e| !e.bound_enforced_by_tokens())
+        .count();
     Ok(Report {
+        bound_enforced_by_tokens: !aggregates.epochs.is_empty() && epochs_without_tokens == 0,
+        epochs_without_tokens,
         threshold,
         reports_per_contributor: cap,
         bundles: aggregates.bundles,

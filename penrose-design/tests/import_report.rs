@@ -36,6 +36,8 @@ struct Fixture {
     /// Bytes of the last bundle written per chain, for the next one's `prev`.
     last: Option<Vec<u8>>,
     seq: u64,
+    /// Epochs whose reports the aggregation server admitted by tokens, all of them.
+    tokened: Vec<u32>,
 }
 
 impl Fixture {
@@ -49,6 +51,7 @@ impl Fixture {
             parent: None,
             last: None,
             seq: 0,
+            tokened: Vec::new(),
         }
     }
 
@@ -119,17 +122,25 @@ impl Fixture {
             },
             epochs: epochs
                 .iter()
-                .map(|&e| EpochSummary {
-                    id: EpochId(e),
-                    first_day: Day(e),
-                    last_day: Day(e),
-                    reports: entries
+                .map(|&e| {
+                    let reports = entries
                         .iter()
                         .filter(|x| x.epoch.0 == e)
                         .map(|x| x.reports)
-                        .sum(),
-                    withheld_sums: 0,
-                    withheld_reports: 0,
+                        .sum();
+                    EpochSummary {
+                        id: EpochId(e),
+                        first_day: Day(e),
+                        last_day: Day(e),
+                        reports,
+                        withheld_sums: 0,
+                        withheld_reports: 0,
+                        reports_with_tokens: if self.tokened.contains(&e) {
+                            reports
+                        } else {
+                            0
+                        },
+                    }
                 })
                 .collect(),
             entries,
@@ -245,6 +256,57 @@ fn released_sums_decrypt_exactly_above_the_contributor_bound_and_not_below() {
     assert!(Threshold::new(9).is_err() && ReportsPerContributor::for_servers(23).is_err());
     let csv = report::to_csv(&report);
     assert!(csv.lines().count() > 1 && csv.starts_with("class,counter"));
+}
+
+/// The report says whether the contributor bound was enforced by admission tokens: yes when
+/// every report of every released epoch was admitted by a token, per (class, counter) for the
+/// epochs its decrypted sums come from, and no as soon as one released epoch admitted a report
+/// without one.
+#[test]
+fn the_report_states_whether_admission_tokens_enforced_the_bound() {
+    let mut f = Fixture::new();
+    f.tokened = vec![DAY];
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::open(&dir.path().join("archive")).unwrap();
+    let (a, _) = f.entry(DAY, 0, 5, ENOUGH);
+    let b1 = f.bundle(dir.path(), &[DAY], vec![a]);
+    archive
+        .import(&b1, Some(&f.signing.verifying_key()), false)
+        .unwrap();
+    let report = build(&archive, &f.keys);
+    assert!(report.bound_enforced_by_tokens);
+    assert!(report.decrypted[0].bound_enforced_by_tokens);
+    assert_eq!(
+        report.admission_line(),
+        "contributor bound enforced by admission tokens: yes"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["bound_enforced_by_tokens"], true);
+
+    // The next day's epoch admitted reports without tokens (class 1 only): the report says no,
+    // and the class whose sums come from the tokened epoch alone still says yes.
+    let (b, _) = f.entry(DAY + 1, 1, 5, ENOUGH);
+    let b2 = f.bundle(dir.path(), &[DAY + 1], vec![b]);
+    archive.import(&b2, None, false).unwrap();
+    let report = build(&archive, &f.keys);
+    assert!(!report.bound_enforced_by_tokens);
+    assert_eq!(report.epochs_without_tokens, 1);
+    let by_class: Vec<(u32, bool)> = report
+        .decrypted
+        .iter()
+        .map(|c| (c.class, c.bound_enforced_by_tokens))
+        .collect();
+    assert_eq!(by_class, [(0, true), (1, false)]);
+    assert!(
+        report
+            .admission_line()
+            .starts_with("contributor bound enforced by admission tokens: no (1 of 2 epochs"),
+        "{}",
+        report.admission_line()
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["bound_enforced_by_tokens"], false);
+    assert_eq!(json["decrypted"][1]["bound_enforced_by_tokens"], false);
 }
 
 #[test]

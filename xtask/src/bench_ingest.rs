@@ -3,6 +3,10 @@
 //! thread, for one binary or alternately for several (an A/B comparison on a machine whose
 //! other load changes from minute to minute: alternating keeps both sides under the same
 //! conditions, and CPU per report is a figure that load moves far less than the rate).
+//!
+//! `--admission tokens` runs the server with `--token-keys` (a test key ring of every counter,
+//! yesterday to tomorrow) and the load generator minting and spending a token per report;
+//! `--admission both` alternates open and token admission the same way as binaries.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -10,7 +14,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use penrose_aggregator::admission::{test_equipment_key_ring, write_key_ring};
 use penrose_aggregator::config::DataDir;
+use penrose_aggregator::ingest::today;
 use penrose_core::paillier::Keypair;
 use serde::Serialize;
 
@@ -37,12 +43,38 @@ pub struct Args {
     /// the reports on a connection; agents always use a fresh connection per report).
     #[arg(long, default_value_t = 16)]
     connections: usize,
+    /// How the server admits reports: `open`, `tokens` (a token per report, minted by the
+    /// load generator before sending), or `both` in turn.
+    #[arg(long, value_enum, default_value_t = AdmissionArg::Open)]
+    admission: AdmissionArg,
     /// Write the result as Markdown here as well (for example docs/benchmarks-ingest.md).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// `--admission`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum AdmissionArg {
+    /// Without tokens.
+    Open,
+    /// By tokens.
+    Tokens,
+    /// Both, in turn.
+    Both,
+}
+
+impl AdmissionArg {
+    /// The modes to run, as (by tokens, label suffix).
+    fn modes(self) -> &'static [(bool, &'static str)] {
+        match self {
+            AdmissionArg::Open => &[(false, "")],
+            AdmissionArg::Tokens => &[(true, "")],
+            AdmissionArg::Both => &[(false, " open"), (true, " tokens")],
+        }
+    }
 }
 
 /// One run of one binary.
@@ -113,12 +145,32 @@ pub fn run(args: Args) -> Result<()> {
     let key_path = dir.path().join("public.key");
     let keys = Keypair::generate(&mut rand::rng());
     std::fs::write(&key_path, keys.public_key().to_bytes())?;
+    let ring_path = dir.path().join("token-keys");
+    if args.admission != AdmissionArg::Open {
+        let t = today();
+        let ring = test_equipment_key_ring(
+            penrose_core::wire::Day(t.0 - 1),
+            penrose_core::wire::Day(t.0 + 1),
+        )?;
+        write_key_ring(&ring_path, &ring)?;
+    }
 
     let mut runs = Vec::new();
+    let mut labels = Vec::new();
     for round in 1..=args.rounds {
-        for (label, binary) in &binaries {
+        for ((label, binary), &(tokens, suffix)) in binaries
+            .iter()
+            .flat_map(|b| args.admission.modes().iter().map(move |m| (b, m)))
+        {
+            let label = format!("{label}{suffix}");
+            if !labels.contains(&label) {
+                labels.push(label.clone());
+            }
+            let admission = Admission::of(binary, tokens.then_some(ring_path.as_path()))?;
             let data = DataDir(dir.path().join(format!("data-{round}-{label}")));
-            let run = run_once(&args, label, round, binary, &loadgen, &data, &key_path)?;
+            let run = run_once(
+                &args, &label, round, binary, &loadgen, &data, &key_path, &admission,
+            )?;
             if !args.json {
                 eprintln!(
                     "round {round} {label}: {:.0} reports/s, p50 {:.1} ms, p99 {:.1} ms, server \
@@ -134,7 +186,7 @@ pub fn run(args: Args) -> Result<()> {
             runs.push(run);
         }
     }
-    let text = markdown(&args, &binaries, &runs);
+    let text = markdown(&args, &labels, &runs);
     if let Some(out) = &args.out {
         std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
     }
@@ -146,6 +198,47 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The admission flags of one run: the server's, and the load generator's.
+struct Admission {
+    serve: Vec<std::ffi::OsString>,
+    loadgen: Vec<std::ffi::OsString>,
+}
+
+impl Admission {
+    /// By tokens with the key ring `ring`, or open: `--open-admission`, unless `binary` is a
+    /// build from before admission tokens (which admits every report and knows no such flag).
+    fn of(binary: &Path, ring: Option<&Path>) -> Result<Self> {
+        let help = Command::new(binary)
+            .args(["serve", "--help"])
+            .output()
+            .context("running serve --help")?;
+        let knows = String::from_utf8_lossy(&help.stdout).contains("--open-admission");
+        Ok(match ring {
+            Some(ring) => {
+                ensure!(
+                    knows,
+                    "{} does not admit by tokens (no --token-keys)",
+                    binary.display()
+                );
+                let flags = vec!["--token-keys".into(), ring.as_os_str().to_owned()];
+                Admission {
+                    serve: flags.clone(),
+                    loadgen: flags,
+                }
+            }
+            None => Admission {
+                serve: if knows {
+                    vec!["--open-admission".into()]
+                } else {
+                    Vec::new()
+                },
+                loadgen: Vec::new(),
+            },
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_once(
     args: &Args,
     label: &str,
@@ -154,12 +247,14 @@ fn run_once(
     loadgen: &Path,
     data: &DataDir,
     key: &Path,
+    admission: &Admission,
 ) -> Result<Run> {
     let load_before = load_average();
-    let (mut server, listen) = start_server(binary, data, "127.0.0.1:0", key)?;
+    let (mut server, listen) = start_server(binary, data, "127.0.0.1:0", key, &admission.serve)?;
     let result = (|| -> Result<Run> {
         let out = Command::new(loadgen)
             .arg("loadgen")
+            .args(&admission.loadgen)
             .args(["--server", &listen, "--public-key"])
             .arg(key)
             .arg("--cert")
@@ -268,7 +363,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String {
+fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
     let mut s = String::new();
     let binaries_arg: String = if args.binaries.is_empty() {
         String::new()
@@ -278,18 +373,32 @@ fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String
             .map(|b| format!(" --binary {b}"))
             .collect()
     };
+    let admission_arg = match args.admission {
+        AdmissionArg::Open => "",
+        AdmissionArg::Tokens => " --admission tokens",
+        AdmissionArg::Both => " --admission both",
+    };
     let _ = writeln!(
         s,
-        "`cargo xtask bench-ingest{binaries_arg} --rounds {} --reports {} --clients {} \
-         --connections {}` on {}, {}: each run a fresh data directory, `serve` on 127.0.0.1 \
-         and `loadgen` (5% invalid reports) as separate processes; the binaries in turn, round \
-         after round. Server CPU is read from /proc per thread after the run.\n",
+        "`cargo xtask bench-ingest{binaries_arg}{admission_arg} --rounds {} --reports {} \
+         --clients {} --connections {}` on {}, {}: each run a fresh data directory, `serve` on \
+         127.0.0.1 and `loadgen` (5% invalid reports) as separate processes; the binaries (and \
+         admission modes) in turn, round after round. Server CPU is read from /proc per thread \
+         after the run.{}\n",
         args.rounds,
         args.reports,
         args.clients,
         args.connections,
         machine(),
         today_utc(),
+        if args.admission == AdmissionArg::Open {
+            ""
+        } else {
+            " With tokens the server verifies and spends a token per report (`--token-keys`), \
+             and the load generator, its own issuer, mints them before the timed phase and \
+             spends each (a MAC) in it; the invalid reports then include reports without and \
+             with forged tokens."
+        },
     );
     let _ = writeln!(
         s,
@@ -320,7 +429,7 @@ fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String
         );
     }
     let _ = writeln!(s);
-    for (label, _) in binaries {
+    for label in labels {
         let mine = || runs.iter().filter(|r| &r.label == label);
         let _ = writeln!(
             s,
@@ -330,6 +439,23 @@ fn markdown(args: &Args, binaries: &[(String, PathBuf)], runs: &[Run]) -> String
             median(mine().map(|r| r.cpu_us_per_report).collect()),
             median(mine().filter_map(|r| r.p50_ms).collect()),
             median(mine().filter_map(|r| r.p99_ms).collect()),
+        );
+    }
+    // With both admission modes: what tokens cost, per binary, from the medians.
+    for binary in labels.iter().filter_map(|l| l.strip_suffix(" tokens")) {
+        let of = |mode: &str, f: fn(&Run) -> f64| {
+            let label = format!("{binary} {mode}");
+            median(runs.iter().filter(|r| r.label == label).map(f).collect())
+        };
+        let rate = |r: &Run| r.reports_per_second;
+        let cpu = |r: &Run| r.cpu_us_per_report;
+        let _ = writeln!(
+            s,
+            "- {binary}, tokens against open: {:.2} x the reports/s, {:.2} x the server CPU per \
+             report ({:+.1} us)",
+            of("tokens", rate) / of("open", rate),
+            of("tokens", cpu) / of("open", cpu),
+            of("tokens", cpu) - of("open", cpu),
         );
     }
     s

@@ -456,8 +456,13 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
 
     // 2. The aggregation server.
     let agg = DataDir(dir.join("aggregator"));
-    let (server, listen) =
-        start_server(&bin("penrose-aggregator"), &agg, "127.0.0.1:0", &public_key)?;
+    let (server, listen) = start_server(
+        &bin("penrose-aggregator"),
+        &agg,
+        "127.0.0.1:0",
+        &public_key,
+        OPEN_ADMISSION,
+    )?;
     let server_index = children.push("penrose-aggregator", server);
     say(&format!(
         "aggregation server: listening on {listen} (QUIC), data in {}",
@@ -597,7 +602,13 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             server.wait()?;
             bar.println("fault: the aggregation server was killed with SIGKILL; down for 2 s");
             std::thread::sleep(Duration::from_secs(2));
-            let (server, _) = start_server(&bin("penrose-aggregator"), &agg, &listen, &public_key)?;
+            let (server, _) = start_server(
+                &bin("penrose-aggregator"),
+                &agg,
+                &listen,
+                &public_key,
+                OPEN_ADMISSION,
+            )?;
             children.0[server_index].1 = server;
             killed.push("penrose-aggregator".to_string());
         }
@@ -891,11 +902,18 @@ fn trace_name(path: &Path) -> String {
 }
 
 /// Starts `penrose-aggregator serve` on `listen` and returns it with the address it printed.
-pub(crate) fn start_server(
+/// The demo's agents carry no admission tokens yet (no issuer runs in it): its aggregation
+/// server admits reports without them, which it must be told.
+const OPEN_ADMISSION: &[&str] = &["--open-admission"];
+
+/// Starts `penrose-aggregator serve` with `admission` (`--open-admission`, or `--token-keys
+/// PATH`) and returns it with the address it listens on.
+pub(crate) fn start_server<S: AsRef<std::ffi::OsStr>>(
     bin: &Path,
     agg: &DataDir,
     listen: &str,
     key: &Path,
+    admission: &[S],
 ) -> Result<(Child, String)> {
     let mut server = Command::new(bin)
         .arg("serve")
@@ -903,6 +921,7 @@ pub(crate) fn start_server(
         .arg(&agg.0)
         .args(["--listen", listen, "--public-key"])
         .arg(key)
+        .args(admission)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

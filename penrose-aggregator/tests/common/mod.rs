@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
 
+use penrose_aggregator::admission::{Admission, TokenRing};
 use penrose_aggregator::epochs::EpochPolicy;
 use penrose_aggregator::epochs::EpochRecord;
 use penrose_aggregator::export;
@@ -21,9 +22,14 @@ use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, KeySize, Keypair};
-use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
+use penrose_core::tokens::{
+    IssuerKey, KeyRing, MAX_BATCH, REDEMPTION_BYTES, Token, TokenEpoch, TokenRequest, TokenScope,
+};
+use penrose_core::wire::{
+    AdmissionToken, Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId,
+};
 use rand::{Rng, RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand_chacha::{ChaCha8Rng, ChaCha20Rng};
 
 /// A 1024-bit key (insecure, fast) shared by all tests of a binary: for tests that run the
 /// state and ingest in-process, which do not check the key size.
@@ -151,12 +157,24 @@ pub fn start(dir: &Path, bound: u64, config: IngestConfig) -> (Ingest, Writer, A
     start_with(dir, bound, config, None)
 }
 
-/// Opens a store with an epoch policy and starts ingest over it.
+/// Opens a store with an epoch policy and starts ingest over it, with open admission (these
+/// tests are not about admission tokens; tests/tokens.rs is).
 pub fn start_with(
     dir: &Path,
     bound: u64,
     config: IngestConfig,
     policy: Option<EpochPolicy>,
+) -> (Ingest, Writer, Arc<dyn Store>) {
+    start_admitting(dir, bound, config, policy, Admission::Open)
+}
+
+/// Opens a store and starts ingest over it, admitting reports as `admission` says.
+pub fn start_admitting(
+    dir: &Path,
+    bound: u64,
+    config: IngestConfig,
+    policy: Option<EpochPolicy>,
+    admission: Admission,
 ) -> (Ingest, Writer, Arc<dyn Store>) {
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir).unwrap());
     let state = State::open(
@@ -168,19 +186,33 @@ pub fn start_with(
     )
     .unwrap();
     let throttle = stored_throttle(store.as_ref()).unwrap();
-    let (ingest, writer) =
-        Ingest::start(state, throttle, config, Arc::new(Metrics::default())).unwrap();
+    let (ingest, writer) = Ingest::start(
+        state,
+        throttle,
+        config,
+        admission,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap();
     (ingest, writer, store)
 }
 
-/// Starts the `penrose-aggregator serve` binary on `data` with `key` and `args`, and waits for
-/// the JSON line it prints once it listens (returned, with the child).
+/// Starts the `penrose-aggregator serve` binary on `data` with `key` and `args`, with open
+/// admission (`--open-admission`: these tests are not about admission tokens) unless `args`
+/// name a key ring (`--token-keys`), and waits for the JSON line it prints once it listens
+/// (returned, with the child).
 pub fn spawn_serve(data: &Path, key: &Path, args: &[&str]) -> (Child, serde_json::Value) {
+    let admission: &[&str] = if args.contains(&"--token-keys") {
+        &[]
+    } else {
+        &["--open-admission"]
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .args(["serve", "--data-dir"])
         .arg(data)
         .arg("--public-key")
         .arg(key)
+        .args(admission)
         .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -310,4 +342,92 @@ pub fn reopen_served(data: &Path) -> (Arc<dyn Store>, State) {
 /// A seeded generator for a test.
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// An issuer's key ring of `days` x `counters` (token epoch = day, scope = counter), from
+/// `seed`.
+pub fn token_ring(days: &[Day], counters: &[CounterId], seed: u64) -> KeyRing {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let keys = days.iter().flat_map(|day| {
+        counters
+            .iter()
+            .map(|c| (TokenEpoch(day.0), TokenScope(c.0)))
+            .collect::<Vec<_>>()
+    });
+    KeyRing::new(
+        keys.map(|(epoch, scope)| IssuerKey::generate(epoch, scope, &mut rng))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+}
+
+/// `n` tokens of `ring`'s key of (`day`, `counter`), issued as the issuer would (blinded
+/// request, evaluation with its proof, the client's check and unblinding).
+pub fn mint(ring: &KeyRing, day: Day, counter: CounterId, n: usize, seed: u64) -> Vec<Token> {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let key = ring.get(TokenEpoch(day.0), TokenScope(counter.0)).unwrap();
+    let set = ring.key_set();
+    let entry = set.get(key.epoch(), key.scope()).unwrap();
+    let mut tokens = Vec::with_capacity(n);
+    while tokens.len() < n {
+        let batch = (n - tokens.len()).min(MAX_BATCH);
+        let pending = TokenRequest::new(entry, batch, &mut rng).unwrap();
+        let response = key.issue(pending.request(), &mut rng).unwrap();
+        tokens.extend(pending.finalize(&response).unwrap());
+    }
+    tokens
+}
+
+/// The report in a frame body.
+pub fn decode_report(body: &[u8]) -> Report {
+    match Message::decode_body(body).unwrap() {
+        Message::Report(r) => r,
+        Message::Ack(_) => panic!("not a report"),
+    }
+}
+
+/// A report's frame body.
+pub fn report_body(report: Report) -> Vec<u8> {
+    Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
+}
+
+/// The frame body with `token` spent on it (its redemption over this very report).
+pub fn with_token(body: &[u8], token: &Token) -> Vec<u8> {
+    let mut report = decode_report(body);
+    report.token = Some(AdmissionToken(
+        token.redeem(&report.token_binding()).encode(),
+    ));
+    report_body(report)
+}
+
+/// The frame body carrying these 100 token bytes, whatever they are.
+pub fn with_token_bytes(body: &[u8], bytes: [u8; REDEMPTION_BYTES]) -> Vec<u8> {
+    let mut report = decode_report(body);
+    report.token = Some(AdmissionToken(bytes));
+    report_body(report)
+}
+
+/// Writes `ring` to `path` (mode 0600), as the issuer exports it.
+pub fn write_ring(path: &Path, ring: &KeyRing) {
+    penrose_aggregator::admission::write_key_ring(path, ring).unwrap();
+}
+
+/// Admission by tokens of `ring`.
+pub fn by_tokens(ring: &KeyRing) -> Admission {
+    Admission::Tokens(TokenRing::new(ring.clone()))
+}
+
+/// Resident memory of this process in KiB (VmRSS).
+pub fn own_rss_kib() -> u64 {
+    rss_kib_of("self")
+}
+
+/// Resident memory of process `pid` (or "self") in KiB (VmRSS).
+pub fn rss_kib_of(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
 }

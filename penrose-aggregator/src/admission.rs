@@ -1,0 +1,441 @@
+//! Admission: which reports may reach the tables at all.
+//!
+//! With [`Admission::Tokens`] every report must carry an anonymous admission token
+//! (`penrose_core::tokens`, Privacy Pass style): a token of the issuer key of the report's own
+//! day (token epoch = `Day.0`) and counter (token scope = `CounterId.0`), whose MAC covers
+//! exactly this report's body ([`Report::token_binding`]). The issuer hands each enrolled
+//! agent at most T tokens per (counter, day), so a sum's contributor bound
+//! (`penrose_core::release::contributors_at_least`) holds for every sender, not only for
+//! agents that keep their own cap. The checks, all before any table is touched:
+//!
+//! 1. no token: `TokenRequired`;
+//! 2. a token naming a key the ring does not hold, of another day than the report's, or of
+//!    another counter: `InvalidToken` (cheap, before the ciphertexts are parsed);
+//! 3. its MAC over the report body does not verify (forged, or moved to another report):
+//!    `InvalidToken` (about 36 us of CPU, the last check of validation; it runs on the
+//!    handler's task, so verifications spread over the runtime's threads, never on the
+//!    writer).
+//!
+//! A token that passes gives its [`SpentToken`] (epoch and spent id); the writer refuses it
+//! when it is already recorded for another report (`TokenSpent`) and records it in the same
+//! synced write as the report (`crate::state`).
+//!
+//! [`Admission::Open`] admits reports without tokens (and ignores any token a report carries):
+//! anyone who can reach the server can report. The product binary runs open only when told so
+//! explicitly (`serve --open-admission`); library callers choose one or the other.
+//!
+//! The key ring is the file the issuer exports (`KeyRing`, secret keys of the epochs it issues
+//! for, ahead of time). [`TokenRing::load`] refuses a symbolic link and a file that group or
+//! others may read, like the design server's private key file.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use penrose_core::counters::CounterId;
+use penrose_core::tokens::{
+    IssuerKey, KeyRing, KeySet, Redemption, SpentId, TokenEpoch, TokenError, TokenScope,
+};
+use penrose_core::wire::{Day, Report};
+use thiserror::Error;
+
+use crate::validate::Rejection;
+
+/// The largest key ring file read: 4096 keys (the most a ring holds) of 38 bytes and a header.
+const MAX_KEY_RING_FILE: u64 = 256 * 1024;
+
+/// How the server admits reports.
+#[derive(Debug)]
+pub enum Admission {
+    /// Every report must carry a valid, unspent admission token of this key ring.
+    Tokens(TokenRing),
+    /// Reports need no token; anyone who can reach the server can report.
+    Open,
+}
+
+/// How `serve` is told to admit reports, before the key ring is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdmissionConfig {
+    /// By tokens verified with the key ring in this file (`--token-keys`).
+    Tokens(PathBuf),
+    /// Without tokens (`--open-admission`).
+    Open,
+}
+
+impl AdmissionConfig {
+    /// Reads the key ring (for [`AdmissionConfig::Tokens`]).
+    pub fn load(&self) -> Result<Admission, KeyRingFileError> {
+        Ok(match self {
+            AdmissionConfig::Tokens(path) => Admission::Tokens(TokenRing::load(path)?),
+            AdmissionConfig::Open => Admission::Open,
+        })
+    }
+}
+
+impl Admission {
+    /// What `status` shows of it: the mode and, by tokens, the key ring's file, epochs and
+    /// whether it holds keys for `today` and the next day (the issuer exports rings ahead of
+    /// time; a server without keys of a day refuses every report of it as `InvalidToken`).
+    pub fn describe(&self, today: Day) -> serde_json::Value {
+        match self {
+            Admission::Open => serde_json::json!({ "mode": "open" }),
+            Admission::Tokens(ring) => serde_json::json!({
+                "mode": "tokens",
+                "key_ring": ring.path(),
+                "keys": ring.ring().keys().len(),
+                "epochs": ring.epochs().iter().map(|e| e.0).collect::<Vec<_>>(),
+                "covers_today": ring.covers(today),
+                "covers_tomorrow": ring.covers(Day(today.0.saturating_add(1))),
+            }),
+        }
+    }
+
+    /// Whether reports are admitted by tokens.
+    pub fn by_tokens(&self) -> bool {
+        matches!(self, Admission::Tokens(_))
+    }
+
+    /// The cheap half of the token check (module docs, 1 and 2): the report carries a token
+    /// of a key this ring holds, of the report's day and counter. `None` under open admission.
+    /// The MAC is checked by [`ClaimedToken::verify`], after the rest of validation.
+    pub fn claim(&self, report: &Report) -> Result<Option<ClaimedToken<'_>>, Rejection> {
+        let Admission::Tokens(ring) = self else {
+            return Ok(None);
+        };
+        let token = report.token.as_ref().ok_or(Rejection::TokenRequired)?;
+        let redemption =
+            Redemption::decode(&token.0, &ring.set).map_err(TokenRefusal::UnknownKey)?;
+        let key = ring
+            .ring
+            .find(redemption.epoch(), redemption.key_id())
+            .map_err(TokenRefusal::UnknownKey)?;
+        if key.epoch() != TokenEpoch(report.day.0) {
+            return Err(TokenRefusal::OtherDay {
+                token: key.epoch(),
+                day: report.day,
+            }
+            .into());
+        }
+        if key.scope() != TokenScope(report.counter.0) {
+            return Err(TokenRefusal::OtherCounter {
+                scope: key.scope(),
+                counter: report.counter,
+            }
+            .into());
+        }
+        Ok(Some(ClaimedToken { key, redemption }))
+    }
+}
+
+/// A token that named the right key (epoch and scope) for its report; not yet verified.
+#[derive(Debug)]
+pub struct ClaimedToken<'a> {
+    key: &'a IssuerKey,
+    redemption: Redemption,
+}
+
+impl ClaimedToken<'_> {
+    /// Verifies the token's MAC over `report`'s body (the report it was claimed for) and
+    /// returns what the writer records as spent.
+    pub fn verify(self, report: &Report) -> Result<SpentToken, Rejection> {
+        let id = self
+            .key
+            .verify(&self.redemption, &report.token_binding())
+            .map_err(TokenRefusal::DoesNotVerify)?;
+        Ok(SpentToken {
+            epoch: self.key.epoch(),
+            id,
+        })
+    }
+}
+
+/// A verified token: what the spent table records (keyed by epoch, which is the report's day,
+/// so that spent ids expire with the day).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SpentToken {
+    /// The token's epoch (= the report's day).
+    pub epoch: TokenEpoch,
+    /// Its spent id.
+    pub id: SpentId,
+}
+
+/// Why a report's token was refused (`InvalidToken`): the detail for the log.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TokenRefusal {
+    /// The token names a key the ring does not hold (an epoch not issued for, a retired or
+    /// foreign key).
+    #[error("{0}")]
+    UnknownKey(TokenError),
+    /// The token's key is of another day than the report's.
+    #[error("token of epoch {token} on a report of day {}", .day.0)]
+    OtherDay {
+        /// The token's epoch.
+        token: TokenEpoch,
+        /// The report's day.
+        day: Day,
+    },
+    /// The token's key is of another counter than the report's.
+    #[error("token of scope {scope} on a report of counter {}", .counter.0)]
+    OtherCounter {
+        /// The token's scope.
+        scope: TokenScope,
+        /// The report's counter.
+        counter: CounterId,
+    },
+    /// The MAC does not verify: forged, or bound to another report body.
+    #[error("{0}")]
+    DoesNotVerify(TokenError),
+}
+
+/// The issuer's secret keys the server verifies with, and their public set (which redemptions
+/// are decoded against).
+#[derive(Debug)]
+pub struct TokenRing {
+    ring: KeyRing,
+    set: KeySet,
+    path: Option<PathBuf>,
+}
+
+impl TokenRing {
+    /// A ring held in memory (tests, tools).
+    pub fn new(ring: KeyRing) -> Self {
+        let set = ring.key_set();
+        TokenRing {
+            ring,
+            set,
+            path: None,
+        }
+    }
+
+    /// Reads the key ring file the issuer exported (module docs: refuses a symbolic link and a
+    /// file group or others may read).
+    pub fn load(path: &Path) -> Result<Self, KeyRingFileError> {
+        let ring = read_key_ring(path)?;
+        Ok(TokenRing {
+            path: Some(path.to_path_buf()),
+            ..TokenRing::new(ring)
+        })
+    }
+
+    /// The keys.
+    pub fn ring(&self) -> &KeyRing {
+        &self.ring
+    }
+
+    /// The file it was read from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The epochs it holds keys for, in order.
+    pub fn epochs(&self) -> Vec<TokenEpoch> {
+        self.set.epochs().collect()
+    }
+
+    /// Whether it holds any key of `day`'s epoch.
+    pub fn covers(&self, day: Day) -> bool {
+        !self.set.epoch(TokenEpoch(day.0)).is_empty()
+    }
+}
+
+/// Why a key ring file was not loaded.
+#[derive(Debug, Error)]
+pub enum KeyRingFileError {
+    /// The file system refused.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The path is a symbolic link; the ring is read only from the file named.
+    #[error("{0} is a symbolic link; name the key ring file itself")]
+    Symlink(PathBuf),
+    /// Not a regular file.
+    #[error("{0} is not a regular file")]
+    NotAFile(PathBuf),
+    /// Group or others may read it.
+    #[error(
+        "{path} is readable by group or others (mode {mode:o}); its keys may be exposed, and \
+         whoever holds them can mint tokens: `chmod 600` it only if you are sure they were not, \
+         else have the issuer rotate its keys"
+    )]
+    TooOpen {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Larger than any key ring.
+    #[error("{0} is too large to be a key ring")]
+    TooLarge(PathBuf),
+    /// Not a key ring this build reads.
+    #[error("{path} is not a valid token key ring: {source}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: TokenError,
+    },
+    /// The file already exists (writing never replaces a ring).
+    #[error("{0} already exists; key rings are never overwritten")]
+    Exists(PathBuf),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyRingFileError + '_ {
+    move |source| KeyRingFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads a key ring file: opened without following a symbolic link, refused when group or
+/// others may read it, when it is not a regular file, or when it is larger than any ring.
+pub fn read_key_ring(path: &Path) -> Result<KeyRing, KeyRingFileError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                KeyRingFileError::Symlink(path.to_path_buf())
+            } else {
+                io(path)(e)
+            }
+        })?;
+    let meta = file.metadata().map_err(io(path))?;
+    if !meta.is_file() {
+        return Err(KeyRingFileError::NotAFile(path.to_path_buf()));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyRingFileError::TooOpen {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    let bytes = read_limited(file, path)?;
+    KeyRing::decode(&bytes).map_err(|source| KeyRingFileError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read_limited(file: File, path: &Path) -> Result<Vec<u8>, KeyRingFileError> {
+    let mut bytes = Vec::new();
+    file.take(MAX_KEY_RING_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io(path))?;
+    if bytes.len() as u64 > MAX_KEY_RING_FILE {
+        return Err(KeyRingFileError::TooLarge(path.to_path_buf()));
+    }
+    Ok(bytes)
+}
+
+/// Writes a key ring file readable by its owner alone (0600), never replacing one: for tests
+/// and test equipment (the issuer exports the real ones).
+pub fn write_key_ring(path: &Path, ring: &KeyRing) -> Result<(), KeyRingFileError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => KeyRingFileError::Exists(path.to_path_buf()),
+            _ => io(path)(e),
+        })?;
+    file.write_all(&ring.encode()).map_err(io(path))?;
+    file.sync_all().map_err(io(path))
+}
+
+/// Test equipment: a key ring of fresh issuer keys for every counter of the current catalogue
+/// and every day from `first` to `last`, as an issuer would export it (tests, benchmarks,
+/// `examples/token_keys.rs`). A real server verifies with the issuer's export instead.
+pub fn test_equipment_key_ring(first: Day, last: Day) -> Result<KeyRing, TokenError> {
+    let mut rng = rand::rng();
+    let mut keys = Vec::new();
+    for epoch in first.0..=last.0 {
+        for counter in penrose_core::counters::Catalogue::current().counters {
+            keys.push(IssuerKey::generate(
+                TokenEpoch(epoch),
+                TokenScope(counter.id.0),
+                &mut rng,
+            ));
+        }
+    }
+    KeyRing::new(keys)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use penrose_core::tokens::IssuerKey;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+
+    use super::*;
+
+    fn ring() -> KeyRing {
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        KeyRing::new(
+            [(7, 4), (7, 5), (8, 4)]
+                .map(|(e, s)| IssuerKey::generate(TokenEpoch(e), TokenScope(s), &mut rng)),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn key_ring_files_are_owner_only_and_never_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ring");
+        write_key_ring(&path, &ring()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let loaded = TokenRing::load(&path).unwrap();
+        assert_eq!(loaded.epochs(), [TokenEpoch(7), TokenEpoch(8)]);
+        assert!(loaded.covers(Day(8)) && !loaded.covers(Day(9)));
+        assert_eq!(loaded.path(), Some(path.as_path()));
+        assert!(matches!(
+            write_key_ring(&path, &ring()),
+            Err(KeyRingFileError::Exists(_))
+        ));
+
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(matches!(
+            TokenRing::load(&link),
+            Err(KeyRingFileError::Symlink(_))
+        ));
+
+        for mode in [0o640, 0o604, 0o644] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            match TokenRing::load(&path) {
+                Err(KeyRingFileError::TooOpen { mode: m, .. }) => assert_eq!(m, mode),
+                other => panic!("mode {mode:o}: {other:?}"),
+            }
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(TokenRing::load(&path).is_ok());
+
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"penrose-token-keys but not really").unwrap();
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(
+            TokenRing::load(&other),
+            Err(KeyRingFileError::Invalid { .. })
+        ));
+        assert!(matches!(
+            TokenRing::load(dir.path()),
+            Err(KeyRingFileError::NotAFile(_) | KeyRingFileError::Io { .. })
+        ));
+        assert!(matches!(
+            TokenRing::load(&dir.path().join("missing")),
+            Err(KeyRingFileError::Io { .. })
+        ));
+    }
+}
