@@ -9,9 +9,12 @@
 //! agents that keep their own cap. The checks, all before any table is touched:
 //!
 //! 1. no token: `TokenRequired`;
-//! 2. a token naming a key the ring does not hold, of another day than the report's, or of
+//! 2. a token of the report's day when the ring holds no key of that day at all (the
+//!    operator has not loaded it yet): `TokenKeyMissing`, which agents treat as "retry later"
+//!    and keep their token;
+//! 3. a token naming a key the ring does not hold, of another day than the report's, or of
 //!    another counter: `InvalidToken` (cheap, before the ciphertexts are parsed);
-//! 3. its MAC over the report body does not verify (forged, or moved to another report):
+//! 4. its MAC over the report body does not verify (forged, or moved to another report):
 //!    `InvalidToken` (about 36 us of CPU, the last check of validation; it runs on the
 //!    handler's task, so verifications spread over the runtime's threads, never on the
 //!    writer).
@@ -104,6 +107,14 @@ impl Admission {
             return Ok(None);
         };
         let token = report.token.as_ref().ok_or(Rejection::TokenRequired)?;
+        // A token of the report's day when no key of that day is loaded: the operator's ring
+        // does not reach it yet. Refusing it as invalid would make agents throw good tokens
+        // away; they keep report and token and retry instead.
+        let [a, b, c, d, ..] = token.0;
+        let claimed = TokenEpoch(u32::from_be_bytes([a, b, c, d]));
+        if claimed == TokenEpoch(report.day.0) && ring.set.epoch(claimed).is_empty() {
+            return Err(Rejection::TokenKeyMissing(report.day.0));
+        }
         let redemption =
             Redemption::decode(&token.0, &ring.set).map_err(TokenRefusal::UnknownKey)?;
         let key = ring

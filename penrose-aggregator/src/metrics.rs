@@ -21,7 +21,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Every reject reason a build knows, in code order (index = code - 1).
-pub const REASONS: [RejectReason; 14] = [
+pub const REASONS: [RejectReason; 15] = [
     RejectReason::UnsupportedVersion,
     RejectReason::Malformed,
     RejectReason::TooLarge,
@@ -36,6 +36,7 @@ pub const REASONS: [RejectReason; 14] = [
     RejectReason::TokenRequired,
     RejectReason::InvalidToken,
     RejectReason::TokenSpent,
+    RejectReason::TokenKeyMissing,
 ];
 
 /// The server's counters and gauges.
@@ -360,6 +361,7 @@ pub fn reason_label(reason: RejectReason) -> &'static str {
         RejectReason::TokenRequired => "token_required",
         RejectReason::InvalidToken => "invalid_token",
         RejectReason::TokenSpent => "token_spent",
+        RejectReason::TokenKeyMissing => "token_key_missing",
         RejectReason::Other(_) => "other",
     }
 }

@@ -71,6 +71,10 @@ pub enum Rejection {
     /// The report's admission token is not a valid token for it.
     #[error("invalid admission token: {0}")]
     InvalidToken(#[from] TokenRefusal),
+    /// The token is of the report's day, and the key ring holds no key of that day at all
+    /// (not loaded yet): the token may well be good, so the agent keeps it and retries.
+    #[error("no key of day {0} is loaded; the token cannot be checked yet")]
+    TokenKeyMissing(u32),
 }
 
 impl Rejection {
@@ -89,6 +93,7 @@ impl Rejection {
             Rejection::Ciphertext(_) => RejectReason::InvalidCiphertext,
             Rejection::TokenRequired => RejectReason::TokenRequired,
             Rejection::InvalidToken(_) => RejectReason::InvalidToken,
+            Rejection::TokenKeyMissing(_) => RejectReason::TokenKeyMissing,
         }
     }
 }

@@ -504,3 +504,36 @@ async fn bundles_count_the_reports_admitted_by_tokens() {
     drop(ingest);
     writer.join().unwrap();
 }
+
+/// A token of the report's day when the server's ring holds no key of that day (the operator
+/// has not loaded it yet) is answered "retry later", not "invalid": the agent keeps the token,
+/// which is good, and once a ring with that day is loaded the same bytes are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_a_day_the_ring_does_not_hold_yet_is_retried_not_burnt() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = today();
+    // The issuer's keys of today; the server was only given yesterday's.
+    let issuer = token_ring(&[Day(t.0 - 1), t], &[COUNTER], 11);
+    let stale = token_ring(&[Day(t.0 - 1)], &[COUNTER], 11);
+    let token = mint(&issuer, t, COUNTER, 1, 3).remove(0);
+    let mut rng = rng(3);
+    let frame = with_token(
+        &report(snippets(1, 1)[0].1, COUNTER, &mut rng).frame,
+        &token,
+    );
+
+    let (ingest, writer, store) = start_tokens(dir.path(), &stale);
+    let before = dump(store.as_ref());
+    let refused = status(&ingest, &frame).await;
+    assert_eq!(refused, AckStatus::Rejected(RejectReason::TokenKeyMissing));
+    assert!(RejectReason::TokenKeyMissing.retry_later());
+    assert_eq!(dump(store.as_ref()), before);
+    drop((ingest, store));
+    writer.join().unwrap();
+
+    let (ingest, writer, store) = start_tokens(dir.path(), &issuer);
+    assert_eq!(status(&ingest, &frame).await, AckStatus::Accepted);
+    assert_eq!(spent_rows(store.as_ref()).len(), 1);
+    drop((ingest, store));
+    writer.join().unwrap();
+}

@@ -226,6 +226,10 @@ pub enum RejectReason {
     /// The report's token was already spent on another report. The agent discards that token
     /// and keeps the report.
     TokenSpent,
+    /// The server holds no key of the token's epoch (the report's day) yet: its key ring does
+    /// not reach that day. The report and its token are fine; the sender keeps both and sends
+    /// them again later, when the operator has loaded the day's keys.
+    TokenKeyMissing,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -248,6 +252,7 @@ impl RejectReason {
             RejectReason::TokenRequired => 12,
             RejectReason::InvalidToken => 13,
             RejectReason::TokenSpent => 14,
+            RejectReason::TokenKeyMissing => 15,
             RejectReason::Other(code) => code,
         }
     }
@@ -269,15 +274,19 @@ impl RejectReason {
             12 => RejectReason::TokenRequired,
             13 => RejectReason::InvalidToken,
             14 => RejectReason::TokenSpent,
+            15 => RejectReason::TokenKeyMissing,
             other => RejectReason::Other(other),
         }
     }
 
     /// Whether the report itself is fine and the sender should keep it and send it again
-    /// later: the server is overloaded, or founds no new class for now. Every other reason
-    /// is final for these bytes.
+    /// later: the server is overloaded, founds no new class for now, or does not hold the
+    /// key of the report's token yet. Every other reason is final for these bytes.
     pub fn retry_later(self) -> bool {
-        matches!(self, RejectReason::Overloaded | RejectReason::NewClassLimit)
+        matches!(
+            self,
+            RejectReason::Overloaded | RejectReason::NewClassLimit | RejectReason::TokenKeyMissing
+        )
     }
 
     /// Whether the refusal is about the report's admission token, not the report: the sender
