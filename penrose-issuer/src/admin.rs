@@ -26,9 +26,7 @@ use crate::error::IssuerError;
 use crate::issuer::{Issuer, IssuerStats};
 use crate::seed::MasterSeed;
 use crate::state::StateDir;
-use crate::store::{
-    CredentialRecord, STORE_FORMAT, Store, Table, WriteSet, parse_issued_key,
-};
+use crate::store::{CredentialRecord, STORE_FORMAT, Store, Table, WriteSet, parse_issued_key};
 
 /// The longest request or reply line on the control socket.
 const MAX_LINE: u64 = 4 << 20;
@@ -256,39 +254,43 @@ pub fn status(
     let mut epochs: BTreeMap<u32, (u64, u64, BTreeMap<u16, u64>)> = BTreeMap::new();
     let mut credentials_per_epoch: BTreeMap<u32, std::collections::BTreeSet<[u8; 32]>> =
         BTreeMap::new();
-    store.scan(&[Table::Credentials, Table::Issued], &mut |table, key, value| {
-        match table {
-            Table::Credentials => {
-                if CredentialRecord::decode(value)?.revoked.is_some() {
-                    revoked += 1;
-                } else {
-                    enrolled += 1;
+    store.scan(
+        &[Table::Credentials, Table::Issued],
+        &mut |table, key, value| {
+            match table {
+                Table::Credentials => {
+                    if CredentialRecord::decode(value)?.revoked.is_some() {
+                        revoked += 1;
+                    } else {
+                        enrolled += 1;
+                    }
                 }
+                Table::Issued => {
+                    let (epoch, TokenScope(scope), id) =
+                        parse_issued_key(key).ok_or(IssuerError::Corrupt {
+                            table: "issued",
+                            what: "a key is not 38 bytes",
+                        })?;
+                    let tokens =
+                        <[u8; 2]>::try_from(value)
+                            .map(u16::from_be_bytes)
+                            .map_err(|_| IssuerError::Corrupt {
+                                table: "issued",
+                                what: "a count is not 2 bytes",
+                            })?;
+                    let entry = epochs.entry(epoch.0).or_default();
+                    entry.0 += u64::from(tokens);
+                    *entry.2.entry(scope).or_default() += u64::from(tokens);
+                    credentials_per_epoch
+                        .entry(epoch.0)
+                        .or_default()
+                        .insert(id.0);
+                }
+                Table::Rate | Table::Meta => {}
             }
-            Table::Issued => {
-                let (epoch, TokenScope(scope), id) =
-                    parse_issued_key(key).ok_or(IssuerError::Corrupt {
-                        table: "issued",
-                        what: "a key is not 38 bytes",
-                    })?;
-                let tokens = <[u8; 2]>::try_from(value)
-                    .map(u16::from_be_bytes)
-                    .map_err(|_| IssuerError::Corrupt {
-                        table: "issued",
-                        what: "a count is not 2 bytes",
-                    })?;
-                let entry = epochs.entry(epoch.0).or_default();
-                entry.0 += u64::from(tokens);
-                *entry.2.entry(scope).or_default() += u64::from(tokens);
-                credentials_per_epoch
-                    .entry(epoch.0)
-                    .or_default()
-                    .insert(id.0);
-            }
-            Table::Rate | Table::Meta => {}
-        }
-        Ok(())
-    })?;
+            Ok(())
+        },
+    )?;
     let epochs = epochs
         .into_iter()
         .map(|(epoch, (tokens, _, per_scope))| EpochIssued {
@@ -365,13 +367,7 @@ async fn answer_one(stream: UnixStream, issuer: Arc<Issuer>) -> Result<(), Issue
             tokio::task::spawn_blocking(move || {
                 let today = issuer.clock().today();
                 let state = issuer.store().path().parent().unwrap_or(Path::new("."));
-                execute(
-                    issuer.store(),
-                    state,
-                    today,
-                    Some(issuer.stats()),
-                    &request,
-                )
+                execute(issuer.store(), state, today, Some(issuer.stats()), &request)
             })
             .await
             .map_err(|e| IssuerError::Control(e.to_string()))?
@@ -385,7 +381,8 @@ async fn answer_one(stream: UnixStream, issuer: Arc<Issuer>) -> Result<(), Issue
             refused: true,
         },
     };
-    let mut text = serde_json::to_string(&reply).map_err(|e| IssuerError::Control(e.to_string()))?;
+    let mut text =
+        serde_json::to_string(&reply).map_err(|e| IssuerError::Control(e.to_string()))?;
     text.push('\n');
     write
         .write_all(text.as_bytes())
@@ -401,7 +398,8 @@ pub async fn call(state: &StateDir, request: &Request) -> Result<Option<Reply>, 
         return Ok(None);
     };
     let (read, mut write) = stream.into_split();
-    let mut text = serde_json::to_string(request).map_err(|e| IssuerError::Control(e.to_string()))?;
+    let mut text =
+        serde_json::to_string(request).map_err(|e| IssuerError::Control(e.to_string()))?;
     text.push('\n');
     write
         .write_all(text.as_bytes())
@@ -419,16 +417,14 @@ pub async fn call(state: &StateDir, request: &Request) -> Result<Option<Reply>, 
 
 /// Runs `request` on the issuer serving `state`, or on its store opened directly when none
 /// runs. A reply of [`Reply::Error`] becomes an error.
-pub async fn run(
-    state: &StateDir,
-    today: Day,
-    request: &Request,
-) -> Result<Reply, IssuerError> {
+pub async fn run(state: &StateDir, today: Day, request: &Request) -> Result<Reply, IssuerError> {
     let reply = match call(state, request).await? {
         Some(reply) => reply,
         None => {
             let store = Store::open(&state.db(), None).map_err(|e| match e {
-                IssuerError::NotInitialised(_) => IssuerError::NotInitialised(state.path().to_owned()),
+                IssuerError::NotInitialised(_) => {
+                    IssuerError::NotInitialised(state.path().to_owned())
+                }
                 other => other,
             })?;
             execute(&store, state.path(), today, None, request)?

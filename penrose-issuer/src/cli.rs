@@ -307,7 +307,15 @@ mod tests {
         ] {
             assert_eq!(text.parse::<DaySpec>().unwrap().resolve(today), Day(day));
         }
-        for bad in ["today+", "today*2", "tomorrow", "", "2024-02-30", "-1", "today+-1"] {
+        for bad in [
+            "today+",
+            "today*2",
+            "tomorrow",
+            "",
+            "2024-02-30",
+            "-1",
+            "today+-1",
+        ] {
             assert!(bad.parse::<DaySpec>().is_err(), "{bad}");
         }
         command().debug_assert();

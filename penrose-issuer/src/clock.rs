@@ -127,7 +127,14 @@ mod tests {
         for day in [0, 59, 60, 365, 11_016, 20_423, 20_513, 40_000] {
             assert_eq!(day_of_date(&date_of(Day(day))), Some(Day(day)));
         }
-        for bad in ["2026-02-30", "2026-13-01", "1969-12-31", "2026-1-01", "x", "2026-01-01-1"] {
+        for bad in [
+            "2026-02-30",
+            "2026-13-01",
+            "1969-12-31",
+            "2026-1-01",
+            "x",
+            "2026-01-01-1",
+        ] {
             assert_eq!(day_of_date(bad), None, "{bad}");
         }
         let clock = ManualClock::at_day(Day(20_000));

@@ -90,7 +90,9 @@ impl FromStr for IdPrefix {
         if text.len() < 2 * SHORT_ID_BYTES || text.len() > 64 {
             return Err(bad());
         }
-        penrose_core::hex::decode(text).map(IdPrefix).ok_or_else(bad)
+        penrose_core::hex::decode(text)
+            .map(IdPrefix)
+            .ok_or_else(bad)
     }
 }
 
@@ -187,6 +189,9 @@ mod tests {
         let wrong = dir.path().join("wrong");
         std::fs::write(&wrong, "-----BEGIN CERTIFICATE-----\n").unwrap();
         let err = read_file(&wrong).unwrap_err().to_string();
-        assert!(err.contains("not a penrose issuer credential file"), "{err}");
+        assert!(
+            err.contains("not a penrose issuer credential file"),
+            "{err}"
+        );
     }
 }

@@ -48,7 +48,7 @@ use crate::error::IssuerError;
 use crate::keys::{Keys, PublishWindow, Published};
 use crate::seed::MasterSeed;
 use crate::state::StateDir;
-use crate::store::{RateRecord, Store, Table, WriteSet, issued_key};
+use crate::store::{RATE_UNITS, RateRecord, Store, Table, WriteSet, issued_key};
 
 /// Requests per credential per hour by default.
 pub const DEFAULT_REQUESTS_PER_HOUR: u32 = 12;
@@ -327,32 +327,28 @@ impl Issuer {
 
     /// Takes one request from the credential's bucket; `None` when it is empty.
     fn take_rate(&self, id: &CredentialId, now: u64) -> Result<Option<RateRecord>, IssuerError> {
+        // Levels in 3600ths of a request: N requests an hour refill N units a second.
         let per_hour = u64::from(self.config.requests_per_hour);
-        let capacity = per_hour * 1000;
+        let capacity = per_hour.saturating_mul(RATE_UNITS);
         let refilled = |record: &RateRecord| -> u64 {
-            let elapsed = u128::from(now.saturating_sub(record.at));
-            let refill = elapsed * u128::from(per_hour) * 1000 / 3600;
-            capacity.min(
-                record
-                    .level_millis
-                    .saturating_add(u64::try_from(refill).unwrap_or(u64::MAX)),
-            )
+            let refill = now.saturating_sub(record.at).saturating_mul(per_hour);
+            capacity.min(record.level.saturating_add(refill))
         };
         let mut rates = lock(&self.rates);
         let record = match rates.get(id) {
             Some(record) => *record,
             None => self.store.rate(id)?.unwrap_or(RateRecord {
-                level_millis: capacity,
+                level: capacity,
                 at: now,
             }),
         };
         let level = refilled(&record);
-        let (taken, level) = match level.checked_sub(1000) {
+        let (taken, level) = match level.checked_sub(RATE_UNITS) {
             Some(left) => (true, left),
             None => (false, level),
         };
         let record = RateRecord {
-            level_millis: level,
+            level,
             at: now.max(record.at),
         };
         rates.insert(*id, record);

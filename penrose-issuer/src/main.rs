@@ -87,7 +87,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let made = admin::init(&state.dir())?;
             print(json, &made, |m| {
                 println!("initialised {}", m.state.display());
-                println!("  master seed  {} (0600; back it up, keep it secret)", m.seed.display());
+                println!(
+                    "  master seed  {} (0600; back it up, keep it secret)",
+                    m.seed.display()
+                );
                 println!("  store        {}", m.store.display());
                 println!(
                     "next: enrol hosts (penrose-issuer enrol), export the aggregation server's \
@@ -151,7 +154,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     ..
                 } = reply
                 {
-                    let label = label.as_deref().map(|l| format!(" ({l})")).unwrap_or_default();
+                    let label = label
+                        .as_deref()
+                        .map(|l| format!(" ({l})"))
+                        .unwrap_or_default();
                     if *already {
                         println!("{short_id}{label} was revoked already");
                     } else {
@@ -342,7 +348,11 @@ fn print_status(status: &Status) {
     println!(
         "issuer {} ({}), today {} (day {})",
         status.state.display(),
-        if status.serving { "serving" } else { "not serving" },
+        if status.serving {
+            "serving"
+        } else {
+            "not serving"
+        },
         status.date,
         status.today
     );
@@ -351,9 +361,15 @@ fn print_status(status: &Status) {
         status.enrolled, status.revoked
     );
     if status.epochs.is_empty() {
-        println!("no tokens issued in the days kept (from day {})", status.prune_floor);
+        println!(
+            "no tokens issued in the days kept (from day {})",
+            status.prune_floor
+        );
     } else {
-        println!("{:>10} {:>8} {:>10} {:>12}", "date", "day", "tokens", "credentials");
+        println!(
+            "{:>10} {:>8} {:>10} {:>12}",
+            "date", "day", "tokens", "credentials"
+        );
         for epoch in &status.epochs {
             println!(
                 "{:>10} {:>8} {:>10} {:>12}",

@@ -6,7 +6,7 @@
 //! credentials  id:[32]                         -> enrolled:u32be revoked:u8 revoked_day:u32be
 //!                                                 label_len:u8 label:[label_len]
 //! issued       epoch:u32be scope:u16be id:[32] -> tokens:u16be
-//! rate         id:[32]                         -> level_millis:u64be at_seconds:u64be
+//! rate         id:[32]                         -> level:u64be at_seconds:u64be  (level in 1/3600 request)
 //! meta         "format"                        -> u32be (STORE_FORMAT)
 //!              "seed_id"                       -> [32], SHA-256 of the seed under a domain tag
 //!              "prune_floor"                   -> u32be, the oldest epoch whose counts are kept
@@ -229,11 +229,7 @@ impl Store {
 
     /// Visits every row of `tables`, all read at one point in time; a visitor error stops the
     /// scan and is returned.
-    pub fn scan(
-        &self,
-        tables: &[Table],
-        visit: &mut Visitor<'_>,
-    ) -> Result<(), IssuerError> {
+    pub fn scan(&self, tables: &[Table], visit: &mut Visitor<'_>) -> Result<(), IssuerError> {
         let snapshot = self.db.snapshot();
         for &table in tables {
             let mut read = ReadOptions::default();
@@ -324,6 +320,9 @@ pub fn parse_issued_key(key: &[u8]) -> Option<(TokenEpoch, TokenScope, Credentia
     Some((epoch, scope, CredentialId(id)))
 }
 
+/// Units of a [`RateRecord`]'s level per request.
+pub const RATE_UNITS: u64 = 3600;
+
 /// The most bytes of an operator's label.
 pub const MAX_LABEL: usize = 64;
 
@@ -373,7 +372,9 @@ impl CredentialRecord {
         let enrolled = Day(u32::from_be_bytes([head[0], head[1], head[2], head[3]]));
         let revoked = match head[4] {
             0 => None,
-            1 => Some(Day(u32::from_be_bytes([head[5], head[6], head[7], head[8]]))),
+            1 => Some(Day(u32::from_be_bytes([
+                head[5], head[6], head[7], head[8],
+            ]))),
             _ => return Err(corrupt("revoked flag is neither 0 nor 1")),
         };
         if label.len() != usize::from(head[9]) {
@@ -381,9 +382,9 @@ impl CredentialRecord {
         }
         let label = match label {
             [] => None,
-            bytes => Some(
-                String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("label is not UTF-8"))?,
-            ),
+            bytes => {
+                Some(String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("label is not UTF-8"))?)
+            }
         };
         Ok(CredentialRecord {
             enrolled,
@@ -393,12 +394,13 @@ impl CredentialRecord {
     }
 }
 
-/// A credential's request-rate bucket as stored: its level in thousandths of a request and
+/// A credential's request-rate bucket as stored: its level in 3600ths of a request (so that a
+/// bucket of N requests an hour refills by exactly N units a second, without rounding) and
 /// when it was last updated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateRecord {
-    /// Requests left, in thousandths.
-    pub level_millis: u64,
+    /// Requests left, in 3600ths ([`RATE_UNITS`] a request).
+    pub level: u64,
     /// Seconds since the Unix epoch of the last update.
     pub at: u64,
 }
@@ -407,7 +409,7 @@ impl RateRecord {
     /// The stored value.
     pub fn encode(&self) -> [u8; 16] {
         let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&self.level_millis.to_be_bytes());
+        out[..8].copy_from_slice(&self.level.to_be_bytes());
         out[8..].copy_from_slice(&self.at.to_be_bytes());
         out
     }
@@ -423,7 +425,7 @@ impl RateRecord {
         level.copy_from_slice(&value[..8]);
         at.copy_from_slice(&value[8..]);
         Ok(RateRecord {
-            level_millis: u64::from_be_bytes(level),
+            level: u64::from_be_bytes(level),
             at: u64::from_be_bytes(at),
         })
     }
@@ -486,7 +488,14 @@ mod tests {
         drop(store);
         let err = Store::open(&path, None).unwrap_err();
         assert!(
-            matches!(err, IssuerError::Format { found: 2, expected: 1, .. }),
+            matches!(
+                err,
+                IssuerError::Format {
+                    found: 2,
+                    expected: 1,
+                    ..
+                }
+            ),
             "{err}"
         );
     }
@@ -511,7 +520,7 @@ mod tests {
         assert!(CredentialRecord::decode(&[0, 0, 0, 0, 2, 0, 0, 0, 0, 0]).is_err());
         assert!(CredentialRecord::decode(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 1]).is_err());
         let rate = RateRecord {
-            level_millis: 12_000,
+            level: 12_000,
             at: 1_700_000_000,
         };
         assert_eq!(RateRecord::decode(&rate.encode()).unwrap(), rate);
