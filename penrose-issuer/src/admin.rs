@@ -97,8 +97,17 @@ pub struct EpochIssued {
     pub tokens: u64,
     /// Credentials that got tokens.
     pub credentials: u64,
-    /// Tokens per scope (counter id).
-    pub per_scope: BTreeMap<u16, u64>,
+    /// Tokens per scope (counter id), by scope.
+    pub per_scope: Vec<ScopeIssued>,
+}
+
+/// Tokens issued under one (epoch, scope).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScopeIssued {
+    /// The scope: a counter id.
+    pub scope: u16,
+    /// Tokens issued.
+    pub tokens: u64,
 }
 
 /// What `status` shows.
@@ -300,7 +309,10 @@ pub fn status(
             credentials: credentials_per_epoch
                 .get(&epoch)
                 .map_or(0, |ids| ids.len() as u64),
-            per_scope,
+            per_scope: per_scope
+                .into_iter()
+                .map(|(scope, tokens)| ScopeIssued { scope, tokens })
+                .collect(),
         })
         .collect();
     Ok(Status {
