@@ -19,6 +19,12 @@ pub enum IssuerError {
     /// RocksDB refused.
     #[error("store: {0}")]
     Store(#[from] rocksdb::Error),
+    /// Another process holds the store (RocksDB's lock).
+    #[error(
+        "{0} is open in another process (an issuer serving this state directory?); admin \
+         commands reach a running issuer through its control socket"
+    )]
+    Busy(PathBuf),
     /// A column family is missing from an opened store.
     #[error("store: column family {0} missing")]
     MissingTable(&'static str),

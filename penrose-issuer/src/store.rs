@@ -169,7 +169,14 @@ impl Store {
                 expected: STORE_FORMAT,
             });
         }
-        let db = DB::open_cf_descriptors(&options(false), path, descriptors())?;
+        let db = DB::open_cf_descriptors(&options(false), path, descriptors()).map_err(|e| {
+            // RocksDB says so only in words: "IO error: While lock file: .../LOCK: ...".
+            if e.to_string().contains("LOCK") {
+                IssuerError::Busy(path.to_owned())
+            } else {
+                IssuerError::Store(e)
+            }
+        })?;
         let store = Store {
             db,
             path: path.to_owned(),
@@ -464,6 +471,10 @@ mod tests {
             3u16.to_be_bytes(),
         );
         store.write(set).unwrap();
+        assert!(matches!(
+            Store::open(&path, None),
+            Err(IssuerError::Busy(_))
+        ));
         drop(store);
         assert!(matches!(
             Store::create(&path, [1; 32]),
