@@ -139,7 +139,7 @@ pub enum Command {
     /// Install the file with the agent on that host (the agent's configuration names it);
     /// whoever holds it gets that host's tokens. Prints each credential's short id, which
     /// `revoke` takes. One host: `--out FILE`; a fleet: `--count N --out-dir DIR` (files
-    /// DIR/<short id>.credential). Examples:
+    /// DIR/SHORT_ID.credential). Examples:
     ///   penrose-issuer enrol --state /var/lib/penrose-issuer --out gpu17.credential --label gpu17
     ///   penrose-issuer enrol --state /var/lib/penrose-issuer --count 500 --out-dir fleet/
     #[command(group(ArgGroup::new("target").required(true).args(["out", "out_dir"])))]

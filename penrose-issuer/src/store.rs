@@ -12,7 +12,7 @@
 //!              "prune_floor"                   -> u32be, the oldest epoch whose counts are kept
 //! ```
 //!
-//! `id` is a [`CredentialId`](crate::CredentialId), never the credential. Nothing of an
+//! `id` is a [`crate::CredentialId`], never the credential. Nothing of an
 //! issuance but its count is kept: no blinded element, no evaluated element, no proof, no
 //! time beyond the rate record's last request. Issued rows sort by epoch first so that whole
 //! past epochs are pruned with one range deletion.
