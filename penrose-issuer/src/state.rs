@@ -9,11 +9,10 @@
 //! STATE/control.sock   the admin channel while `serve` runs (0600)
 //! ```
 //!
-//! What to back up: `seed` (without it no key can be derived again, and every enrolled host's
-//! tokens and every exported key ring stop matching a new one) and `db/` (the enrolments;
-//! losing the counts only lets hosts ask again for the current day's tokens). Use `penrose-issuer
-//! status` and the RocksDB files while the issuer is stopped, or copy `db/` from a stopped
-//! issuer.
+//! What to back up: `seed` (without it no key can be derived again, and a new seed means new
+//! keys, so every exported key ring and every issued token stops matching) and `db/` (the
+//! enrolments; copy it while the issuer is stopped; losing only the counts lets hosts ask
+//! again for the current day's tokens). docs/operations.md, "The token issuer".
 
 use std::path::{Path, PathBuf};
 
