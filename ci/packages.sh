@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The packages stage of ci/test.sh (docs/operations.md, "Install from packages"): builds the
-# three Debian packages with `cargo xtask dist` (release binaries, man pages, completions,
+# four Debian packages with `cargo xtask dist` (release binaries, man pages, completions,
 # cargo-deb), checks each file list against packaging/contents/<package>.txt and the control
 # data, installs them with dpkg into a throwaway root (maintainer scripts included, run
 # chrootless against that root), checks the systemd units (`systemd-analyze verify` and
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 source ci/lib.sh
 
 CARGO_DEB_VERSION=3.8
-PACKAGES=(penrose-agent penrose-aggregator penrose-design)
+PACKAGES=(penrose-agent penrose-aggregator penrose-design penrose-issuer)
 # systemd-analyze security exposure (0.0 best .. 10.0 worst), the highest accepted: what was
 # measured on Debian 12 (systemd 252) plus a little, so that a weakened unit fails here. The
 # agent keeps root and five capabilities until it drops privileges (issue 13; 3.6 measured),
@@ -96,8 +96,8 @@ for pkg in "${PACKAGES[@]}"; do
             grep -q 'systemd-sysusers' "$ctrl/postinst" || fail "the postinst does not create the user"
             [[ "$depends" == *systemd-sysusers* ]] || fail "Depends lacks systemd-sysusers"
             ;;
-        penrose-design)
-            [ ! -e "$ctrl/postinst" ] || fail "penrose-design has a postinst; it should need none"
+        penrose-design | penrose-issuer)
+            [ ! -e "$ctrl/postinst" ] || fail "$pkg has a postinst; it should need none"
             ;;
     esac
     for script in preinst postinst prerm postrm; do

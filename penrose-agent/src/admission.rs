@@ -24,7 +24,7 @@
 //! spent, or the issuer has no key for today).
 //!
 //! **The credential** ([`load_credential`]) is a file installed with the package (format:
-//! `penrose_core::tokens::protocol::Credential::from_file_text`), refused when group or others
+//! `penrose_core::tokens::protocol::Credential::from_file`), refused when group or others
 //! may access it, when another user owns it, or when it is a symbolic link. It is sent only in
 //! issue requests, to the pinned issuer, and never logged.
 
@@ -36,11 +36,11 @@ use std::time::Duration;
 
 use penrose_core::counters::Catalogue;
 use penrose_core::tokens::protocol::{
-    self, BatchOutcome, Credential, CredentialFileError, IssuerAnswer, IssuerRequest,
-    ProtocolError, Refusal,
+    self, BatchOutcome, Credential, IssuerAnswer, IssuerRequest, ProtocolError, Refusal,
 };
 use penrose_core::tokens::{
-    IssueResponse, KeyEntry, KeySet, MAX_BATCH, TokenEpoch, TokenError, TokenRequest, TokenScope,
+    CredentialFileError, IssueResponse, KeyEntry, KeySet, MAX_BATCH, MAX_CREDENTIAL_FILE,
+    TokenEpoch, TokenError, TokenRequest, TokenScope,
 };
 use penrose_transport::ClientError;
 use penrose_transport::exchange::{ExchangeClient, Protocol};
@@ -58,7 +58,8 @@ use crate::tokens::{KeySetConflict, TokenStore, TokenStoreError};
 pub const TOKENS_PER_KEY: usize = 24;
 
 /// Largest credential file read.
-const MAX_CREDENTIAL_FILE: u64 = 4096;
+/// One byte past the longest credential file, so that a longer one is named as such.
+const CREDENTIAL_READ_LIMIT: u64 = MAX_CREDENTIAL_FILE as u64 + 1;
 
 /// The issuance protocol on the exchange transport.
 pub const ISSUER_PROTOCOL: Protocol = Protocol {
@@ -97,7 +98,7 @@ pub enum CredentialError {
 
 /// Reads this host's credential from `path`: a regular file (not a symbolic link) of the
 /// agent's user that neither group nor others may access, in the
-/// `penrose-issuer credential v1` format.
+/// `penrose-issuer-credential 1` format (`penrose_core::tokens::CREDENTIAL_FILE_MAGIC`).
 pub fn load_credential(path: &Path) -> Result<Credential, CredentialError> {
     let unsafe_file = |reason: String| CredentialError::Unsafe {
         path: path.to_owned(),
@@ -137,17 +138,17 @@ pub fn load_credential(path: &Path) -> Result<Credential, CredentialError> {
         source,
     };
     std::io::Read::read_to_string(
-        &mut std::io::Read::take(file, MAX_CREDENTIAL_FILE),
+        &mut std::io::Read::take(file, CREDENTIAL_READ_LIMIT),
         &mut text,
     )
     .map_err(|e| {
         if e.kind() == std::io::ErrorKind::InvalidData {
-            format(CredentialFileError::Header)
+            format(CredentialFileError::NotACredential)
         } else {
             io(e)
         }
     })?;
-    Credential::from_file_text(&text).map_err(format)
+    Credential::from_file(&text).map_err(format)
 }
 
 /// Why a fetch got no tokens.
@@ -512,7 +513,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.credential");
         let credential = Credential([0x3c; 32]);
-        crate::spool::write_synced(&path, credential.to_file_text().as_bytes()).unwrap();
+        crate::spool::write_synced(&path, credential.to_file("test host").as_bytes()).unwrap();
         assert_eq!(load_credential(&path).unwrap(), credential);
         fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
         let e = load_credential(&path).unwrap_err().to_string();
@@ -525,9 +526,9 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).unwrap();
         let e = load_credential(&link).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
-        crate::spool::write_synced(&path, b"penrose-issuer credential v1\nnot hex\n").unwrap();
+        crate::spool::write_synced(&path, b"penrose-issuer-credential 1\nnot hex\n").unwrap();
         let e = load_credential(&path).unwrap_err().to_string();
-        assert!(e.contains("64 hex digits") && !e.contains("not hex"), "{e}");
+        assert!(e.contains("64-hex-digit") && !e.contains("not hex"), "{e}");
         let e = load_credential(&dir.path().join("absent"))
             .unwrap_err()
             .to_string();

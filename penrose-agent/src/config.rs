@@ -120,7 +120,7 @@ pub struct AdmissionSection {
     pub server_name: String,
     /// Its certificate (PEM or DER), pinned: no other is accepted.
     pub certificate: PathBuf,
-    /// This host's enrolment credential file (`penrose-issuer credential v1`), readable by the
+    /// This host's enrolment credential file (`penrose-issuer-credential 1`), readable by the
     /// agent's user alone.
     pub credential: PathBuf,
     /// Tokens are fetched at a random time at most this long after the previous fetch.

@@ -515,7 +515,7 @@ fn an_issuer_answering_with_unpublished_keys_yields_no_tokens_and_a_partition_wa
 }
 
 fn write_credential(path: &Path) {
-    penrose_agent::spool::write_synced(path, CREDENTIAL.to_file_text().as_bytes()).unwrap();
+    penrose_agent::spool::write_synced(path, CREDENTIAL.to_file("test host").as_bytes()).unwrap();
 }
 
 /// `penrose-agent run` with `[admission]`: it fetches tokens, every report it delivers carries

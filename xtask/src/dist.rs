@@ -1,8 +1,9 @@
-//! `cargo xtask dist`: the Debian packages of the three product binaries.
+//! `cargo xtask dist`: the Debian packages of the four product binaries.
 //!
-//! It builds the release binaries (`penrose-agent`, `penrose-aggregator`, `penrose-design`, in
-//! one cargo invocation so they share one feature resolution), renders what the packages
-//! carry beside them from the code itself, and runs `cargo deb --no-build` for each:
+//! It builds the release binaries (`penrose-agent`, `penrose-aggregator`, `penrose-design`,
+//! `penrose-issuer`, in one cargo invocation so they share one feature resolution), renders
+//! what the packages carry beside them from the code itself, and runs `cargo deb --no-build`
+//! for each:
 //!
 //! - man pages, from each CLI's clap definition (`penrose_*::cli::command`), one per command
 //!   and subcommand, gzipped (`-9n`-like: no name, no time stamp, so the bytes are
@@ -43,7 +44,7 @@ struct Package {
 
 /// The packages. Daemons and system administration commands are man section 8; the design
 /// server's CLI, run by the vendor's architects, section 1.
-const PACKAGES: [Package; 3] = [
+const PACKAGES: [Package; 4] = [
     Package {
         name: "penrose-agent",
         section: "8",
@@ -58,6 +59,11 @@ const PACKAGES: [Package; 3] = [
         name: "penrose-design",
         section: "1",
         command: penrose_design::cli::command,
+    },
+    Package {
+        name: "penrose-issuer",
+        section: "8",
+        command: penrose_issuer::cli::command,
     },
 ];
 

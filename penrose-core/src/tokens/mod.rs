@@ -99,6 +99,7 @@
 //! canonical ristretto255 encodings or are the identity, and refuses an epoch and key id that
 //! the key set it is given does not hold.
 
+mod credential;
 mod issuance;
 mod keys;
 pub mod protocol;
@@ -112,6 +113,9 @@ use std::fmt;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+pub use credential::{
+    CREDENTIAL_FILE_MAGIC, CREDENTIAL_FILE_VERSION, CredentialFileError, MAX_CREDENTIAL_FILE,
+};
 pub use issuance::{BlindedRequest, IssueResponse, TokenRequest};
 pub use keys::{ISSUER_KEY_BYTES, IssuerKey, KEY_RING_VERSION, KeyEntry, KeyRing, KeySet};
 pub use redemption::{Redemption, Token};

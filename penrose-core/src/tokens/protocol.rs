@@ -24,8 +24,9 @@
 //! The credential proves fleet membership at issuance only. It never reaches the aggregation
 //! server, and the tokens it buys are blinded, so the issuer's records of who asked (credential,
 //! epoch, scope, count, time) share no value with the tokens spent on reports. A host's
-//! credential is installed as a two-line text file ([`Credential::to_file_text`],
-//! [`Credential::from_file_text`]), the one format the issuer writes and the agent reads.
+//! credential is installed as a small text file ([`Credential::to_file`],
+//! [`Credential::from_file`] in `super::credential`), the one format the issuer writes and the
+//! agent reads.
 
 use thiserror::Error;
 
@@ -64,58 +65,6 @@ pub struct Credential(pub [u8; CREDENTIAL_BYTES]);
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Credential(..)")
-    }
-}
-
-/// The first line of a credential file.
-pub const CREDENTIAL_FILE_HEADER: &str = "penrose-issuer credential v1";
-
-/// Why a credential file's text was refused. Never quotes the file's contents (the second
-/// line is the secret).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
-pub enum CredentialFileError {
-    /// The first line is not [`CREDENTIAL_FILE_HEADER`].
-    #[error("the first line is not `{CREDENTIAL_FILE_HEADER}`")]
-    Header,
-    /// The second line is not 64 hex digits.
-    #[error("the second line is not 64 hex digits (the 32-byte credential)")]
-    Secret,
-    /// Something other than an empty line follows the credential.
-    #[error("unexpected text after the credential line")]
-    Trailing,
-}
-
-impl Credential {
-    /// The text of a credential file, as the issuer writes it at enrolment and the agent's
-    /// package installs it (readable by its owner only):
-    ///
-    /// ```text
-    /// penrose-issuer credential v1
-    /// <64 lower-case hex digits>
-    /// ```
-    pub fn to_file_text(&self) -> String {
-        format!(
-            "{CREDENTIAL_FILE_HEADER}\n{}\n",
-            crate::hex::encode(&self.0)
-        )
-    }
-
-    /// Reads [`to_file_text`](Self::to_file_text)'s format back: the header line, 64 hex digits
-    /// (either case), optional trailing newline and empty lines; `\r\n` line ends are
-    /// accepted, surrounding spaces are not.
-    pub fn from_file_text(text: &str) -> Result<Self, CredentialFileError> {
-        let mut lines = text.lines().map(|l| l.strip_suffix('\r').unwrap_or(l));
-        if lines.next() != Some(CREDENTIAL_FILE_HEADER) {
-            return Err(CredentialFileError::Header);
-        }
-        let secret = lines
-            .next()
-            .and_then(crate::hex::decode_array::<CREDENTIAL_BYTES>)
-            .ok_or(CredentialFileError::Secret)?;
-        if lines.any(|l| !l.is_empty()) {
-            return Err(CredentialFileError::Trailing);
-        }
-        Ok(Credential(secret))
     }
 }
 
@@ -552,51 +501,5 @@ mod tests {
             Err(ProtocolError::Unknown { code: 9, .. })
         ));
         assert!(!format!("{:?}", Credential([0x5a; 32])).contains("5a"));
-    }
-
-    #[test]
-    fn credential_files_round_trip_and_refusals_do_not_quote_the_secret() {
-        let credential = Credential([0xc3; 32]);
-        let text = credential.to_file_text();
-        assert_eq!(
-            text,
-            format!("penrose-issuer credential v1\n{}\n", "c3".repeat(32))
-        );
-        assert_eq!(Credential::from_file_text(&text), Ok(credential.clone()));
-        let crlf = text.replace('\n', "\r\n");
-        assert_eq!(Credential::from_file_text(&crlf), Ok(credential.clone()));
-        let upper = text
-            .to_uppercase()
-            .replace("PENROSE-ISSUER CREDENTIAL V1", CREDENTIAL_FILE_HEADER);
-        assert_eq!(Credential::from_file_text(&upper), Ok(credential));
-        let secret = "c3".repeat(32);
-        for (bad, want) in [
-            (String::new(), CredentialFileError::Header),
-            (
-                format!("penrose-issuer credential v2\n{secret}\n"),
-                CredentialFileError::Header,
-            ),
-            (format!("{secret}\n"), CredentialFileError::Header),
-            (
-                format!("{CREDENTIAL_FILE_HEADER}\n"),
-                CredentialFileError::Secret,
-            ),
-            (
-                format!("{CREDENTIAL_FILE_HEADER}\n{}\n", &secret[2..]),
-                CredentialFileError::Secret,
-            ),
-            (
-                format!("{CREDENTIAL_FILE_HEADER}\n {secret}\n"),
-                CredentialFileError::Secret,
-            ),
-            (
-                format!("{CREDENTIAL_FILE_HEADER}\n{secret}\nmore\n"),
-                CredentialFileError::Trailing,
-            ),
-        ] {
-            let got = Credential::from_file_text(&bad);
-            assert_eq!(got, Err(want), "{bad:?}");
-            assert!(!want.to_string().contains("c3c3"));
-        }
     }
 }

@@ -1,0 +1,397 @@
+//! `penrose-issuer`: parses the command line (its definition is `penrose_issuer::cli`) and runs
+//! it.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::num::NonZeroU32;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use penrose_core::wire::Day;
+use penrose_issuer::admin::{self, ENROL_CHUNK, Reply, Request, Status};
+use penrose_issuer::cli::{Cli, Command};
+use penrose_issuer::clock::{Clock, SystemClock, date_of};
+use penrose_issuer::credential::{self, CredentialId};
+use penrose_issuer::keys::{self, PublishWindow, Published};
+use penrose_issuer::service::{self, ServeOptions};
+use penrose_issuer::{IssuerConfig, IssuerError, MasterSeed};
+use serde::Serialize;
+
+/// Exit code of a refused request (revoke: no such credential; a bad label).
+const REFUSED: u8 = 3;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(Cli::parse())) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let refused = e
+                .downcast_ref::<IssuerError>()
+                .is_some_and(IssuerError::is_refusal);
+            ExitCode::from(if refused { REFUSED } else { 1 })
+        }
+    }
+}
+
+fn print<T: Serialize>(json: bool, value: &T, text: impl FnOnce(&T)) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        text(value);
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Enrolled {
+    id: String,
+    short_id: String,
+    file: String,
+}
+
+#[derive(Serialize)]
+struct Written {
+    file: String,
+    from: u32,
+    to: u32,
+    from_date: String,
+    to_date: String,
+    keys: usize,
+    key_set_digest: String,
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let today = SystemClock.today();
+    match cli.command {
+        Command::Init { state, json } => {
+            let made = admin::init(&state.dir())?;
+            print(json, &made, |m| {
+                println!("initialised {}", m.state.display());
+                println!(
+                    "  master seed  {} (0600; back it up, keep it secret)",
+                    m.seed.display()
+                );
+                println!("  store        {}", m.store.display());
+                println!(
+                    "next: enrol hosts (penrose-issuer enrol), export the aggregation server's \
+                     keys (penrose-issuer export-keys), serve (penrose-issuer serve)"
+                );
+            })?;
+        }
+        Command::Enrol {
+            state,
+            out,
+            count,
+            out_dir,
+            label,
+            json,
+        } => {
+            let dir = state.dir();
+            if let Some(label) = &label {
+                penrose_issuer::store::CredentialRecord::check_label(label)?;
+            }
+            let (files, named_by_id): (Vec<PathBuf>, bool) = match (out, count, out_dir) {
+                (Some(out), _, _) => (vec![out], false),
+                (None, count, Some(out_dir)) => {
+                    std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(&out_dir)
+                        .with_context(|| format!("creating {}", out_dir.display()))?;
+                    // Named by their ids once made; the directory stands for each of them.
+                    (vec![out_dir; count.unwrap_or(1) as usize], true)
+                }
+                (None, _, None) => bail!("give --out FILE or --out-dir DIR"),
+            };
+            let enrolled = enrol(&dir, today, &files, named_by_id, label).await?;
+            print(json, &enrolled, |list| {
+                for e in list {
+                    println!("{}  {}", e.short_id, e.file);
+                }
+                println!(
+                    "enrolled {} credential(s); install each file with the agent of its host",
+                    list.len()
+                );
+            })?;
+        }
+        Command::Revoke {
+            state,
+            id,
+            credential,
+            json,
+        } => {
+            let id = match (id, credential) {
+                (Some(id), _) => id,
+                (None, Some(file)) => CredentialId::of(&credential::read_file(&file)?).to_string(),
+                (None, None) => bail!("give the credential's id or --credential FILE"),
+            };
+            let reply = admin::run(&state.dir(), today, &Request::Revoke { id }).await?;
+            print(json, &reply, |reply| {
+                if let Reply::Revoked {
+                    short_id,
+                    already,
+                    label,
+                    ..
+                } = reply
+                {
+                    let label = label
+                        .as_deref()
+                        .map(|l| format!(" ({l})"))
+                        .unwrap_or_default();
+                    if *already {
+                        println!("{short_id}{label} was revoked already");
+                    } else {
+                        println!("revoked {short_id}{label}");
+                    }
+                }
+            })?;
+        }
+        Command::Serve {
+            state,
+            listen,
+            cert,
+            key,
+            name,
+            tokens_per_epoch,
+            requests_per_hour,
+            connections_per_source,
+            new_connections_per_source,
+        } => {
+            let mut options = ServeOptions::new(state.dir(), listen);
+            options.config = IssuerConfig::new(tokens_per_epoch, requests_per_hour)?;
+            options.tls = cert.zip(key);
+            options.names = name;
+            if let Some(max) = connections_per_source {
+                if max == 0 {
+                    bail!("--connections-per-source must be at least 1");
+                }
+                options.limits.max_connections_per_source = max;
+            }
+            if let Some(rate) = new_connections_per_source {
+                options.limits.new_connections_per_source_per_second = NonZeroU32::new(rate);
+            }
+            service::run(options).await?;
+        }
+        Command::KeySet {
+            state,
+            out,
+            day,
+            json,
+        } => {
+            let seed = MasterSeed::load(&state.dir().seed())?;
+            let day = day.resolve(today);
+            let published = Published::of(&seed, PublishWindow::default(), day)?;
+            write_file(&out, &published.encoded, 0o644)?;
+            let (from, to) = PublishWindow::default().range(day);
+            let written = written(&out, from, to, published.set.entries().len(), &published);
+            print(json, &written, |w| {
+                println!(
+                    "wrote the key set of {} ({} keys, {} to {}) to {}",
+                    date_of(day),
+                    w.keys,
+                    w.from_date,
+                    w.to_date,
+                    w.file
+                );
+                println!("sha-256 {}", w.key_set_digest);
+            })?;
+        }
+        Command::ExportKeys {
+            state,
+            out,
+            from,
+            to,
+            json,
+        } => {
+            let seed = MasterSeed::load(&state.dir().seed())?;
+            let (from, to) = (from.resolve(today), to.resolve(today));
+            let ring = keys::key_ring(&seed, from, to)?;
+            write_file(&out, &ring.encode(), 0o600)?;
+            let published = Published::of(&seed, PublishWindow::default(), today)?;
+            let written = written(&out, from, to, ring.keys().len(), &published);
+            print(json, &written, |w| {
+                println!(
+                    "wrote {} secret keys ({} to {}, every counter) to {} (0600)",
+                    w.keys, w.from_date, w.to_date, w.file
+                );
+                println!(
+                    "give it to the aggregation server; export the next range before {}",
+                    w.to_date
+                );
+            })?;
+        }
+        Command::Status { state, json } => {
+            let reply = admin::run(&state.dir(), today, &Request::Status).await?;
+            let Reply::Status(status) = reply else {
+                bail!("the issuer answered status with {reply:?}");
+            };
+            print(json, &status, print_status)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn written(file: &Path, from: Day, to: Day, keys: usize, published: &Published) -> Written {
+    Written {
+        file: file.display().to_string(),
+        from: from.0,
+        to: to.0,
+        from_date: date_of(from),
+        to_date: date_of(to),
+        keys,
+        key_set_digest: penrose_core::hex::encode(&published.set.digest()),
+    }
+}
+
+/// Enrols one credential per file of `files`; with `named_by_id` each is a directory and the
+/// file in it is named by the credential's short id.
+async fn enrol(
+    state: &penrose_issuer::StateDir,
+    today: Day,
+    files: &[PathBuf],
+    named_by_id: bool,
+    label: Option<String>,
+) -> Result<Vec<Enrolled>> {
+    let mut enrolled = Vec::new();
+    let mut written = Vec::new();
+    for target in files {
+        let secret = credential::generate();
+        let id = CredentialId::of(&secret);
+        let file = if named_by_id {
+            target.join(format!("{}.credential", id.short()))
+        } else {
+            target.clone()
+        };
+        // The file first: an enrolment whose file could not be written would be a credential
+        // nobody holds.
+        credential::write_file(&file, &secret)?;
+        written.push(file.clone());
+        enrolled.push(Enrolled {
+            id: id.to_string(),
+            short_id: id.short(),
+            file: file.display().to_string(),
+        });
+    }
+    for chunk in enrolled.chunks(ENROL_CHUNK) {
+        let request = Request::Enrol {
+            ids: chunk.iter().map(|e| e.id.clone()).collect(),
+            label: label.clone(),
+        };
+        if let Err(e) = admin::run(state, today, &request).await {
+            // Files of credentials not enrolled are removed; earlier chunks stay enrolled.
+            let done = enrolled.len() - written.len();
+            for file in &written {
+                let _ = std::fs::remove_file(file);
+            }
+            return Err(anyhow::Error::new(e).context(format!(
+                "enrolling (credentials enrolled before the failure: {done})"
+            )));
+        }
+        written.drain(..chunk.len());
+    }
+    Ok(enrolled)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory (created with
+/// `mode`), synced and renamed over it: readers see the old file or the new one.
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .context("the output path has no file name")?
+        .to_string_lossy()
+        .into_owned();
+    let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| -> Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&temp)
+            .with_context(|| format!("creating {}", temp.display()))?;
+        file.write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .with_context(|| format!("writing {}", temp.display()))?;
+        std::fs::rename(&temp, path).with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
+
+fn print_status(status: &Status) {
+    println!(
+        "issuer {} ({}), today {} (day {})",
+        status.state.display(),
+        if status.serving {
+            "serving"
+        } else {
+            "not serving"
+        },
+        status.date,
+        status.today
+    );
+    println!(
+        "credentials: {} enrolled, {} revoked",
+        status.enrolled, status.revoked
+    );
+    if status.epochs.is_empty() {
+        println!(
+            "no tokens issued in the days kept (from day {})",
+            status.prune_floor
+        );
+    } else {
+        println!(
+            "{:>10} {:>8} {:>10} {:>12}",
+            "date", "day", "tokens", "credentials"
+        );
+        for epoch in &status.epochs {
+            println!(
+                "{:>10} {:>8} {:>10} {:>12}",
+                epoch.date, epoch.epoch, epoch.tokens, epoch.credentials
+            );
+        }
+    }
+    if let Some(stats) = &status.since_start {
+        println!(
+            "since start: {} key set requests, {} issue requests, {} tokens issued; refused: {} \
+             unknown credential, {} rate limited, {} malformed, {} unavailable; batches over \
+             quota {}, unknown key {}, invalid {}",
+            stats.key_set_requests,
+            stats.issue_requests,
+            stats.tokens_issued,
+            stats.refused_unknown_credential,
+            stats.refused_rate_limited,
+            stats.refused_malformed,
+            stats.refused_unavailable,
+            stats.batches_quota,
+            stats.batches_unknown_key,
+            stats.batches_invalid
+        );
+    }
+}
