@@ -701,9 +701,13 @@ mod tests {
             .collect();
         assert_eq!(
             later,
-            [8, 11],
-            "only Overloaded and NewClassLimit are retried"
+            [8, 11, 15],
+            "only Overloaded, NewClassLimit and TokenKeyMissing are retried"
         );
+        let token: Vec<u8> = (0..=u8::MAX)
+            .filter(|&c| RejectReason::from_code(c).token_problem())
+            .collect();
+        assert_eq!(token, [12, 13, 14]);
     }
 
     #[test]
