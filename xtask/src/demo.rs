@@ -1472,6 +1472,146 @@ mod tests {
         if faults {
             assert_eq!(outcome.killed, ["penrose-agent", "penrose-aggregator"]);
         }
+        // Every counted report came with a token, spent once: the bundle and the design
+        // server's report say so, and the aggregator's Spent table holds one row per counted
+        // report.
+        let a = &outcome.admission;
+        assert!(a.admitted, "{outcome:?}");
+        assert_eq!(a.spent_rows, outcome.counted, "{outcome:?}");
+        assert_eq!(a.reports_with_tokens, outcome.counted as u64, "{outcome:?}");
+        assert!(a.bound_enforced_by_tokens, "{outcome:?}");
+        assert_eq!(a.enrolled, outcome.agents as u64, "{outcome:?}");
+        assert!(a.tokens_issued >= outcome.counted as u64, "{outcome:?}");
+        assert_eq!(a.partition_warnings, 0, "{outcome:?}");
+        the_issuers_and_the_aggregators_stored_bytes_share_no_value(dir.path(), &outcome);
+    }
+
+    /// Bytes of a stored record compared, as in penrose-issuer/tests/unlinkable.rs: every run
+    /// of this many bytes is looked for, not just whole values.
+    const RUN: usize = 12;
+
+    /// Every key and value of every column family of the issuer's store, each as one record
+    /// named by its table.
+    fn issuer_records(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        use penrose_issuer::store::{Store, Table};
+        let store = Store::open(&penrose_issuer::StateDir::new(issuer_state(dir)).db(), None)
+            .expect("the issuer's store");
+        let mut rows = Vec::new();
+        store
+            .scan(&Table::ALL, &mut |table, key, value| {
+                rows.push((format!("issuer {} key", table.name()), key.to_vec()));
+                rows.push((format!("issuer {} value", table.name()), value.to_vec()));
+                Ok(())
+            })
+            .expect("scanning the issuer's store");
+        rows
+    }
+
+    /// Every key and value of every column family of the aggregation server's store.
+    fn aggregator_records(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let store = RocksStore::open(&DataDir(dir.join("aggregator")).db())
+            .expect("the aggregator's store");
+        let mut rows = Vec::new();
+        store
+            .scan(&Table::ALL, &mut |table, key, value| {
+                rows.push((format!("aggregator {} key", table.name()), key.to_vec()));
+                rows.push((format!("aggregator {} value", table.name()), value.to_vec()));
+                Ok(())
+            })
+            .expect("scanning the aggregator's store");
+        rows
+    }
+
+    /// The runs of [`RUN`] bytes that occur both in a record of `a` and in a record of `b`
+    /// (which makes it symmetric: a run of an `a` record found in a `b` record is a run of
+    /// that `b` record found in the `a` record), with where each was found.
+    ///
+    /// Excepted are runs of zero bytes only: the high bytes of small integers, which both
+    /// stores hold in numbers (a drained rate bucket at the issuer is a level of 0 then a
+    /// timestamp with 4 zero high bytes: 12 zero bytes; the aggregator's sums and counts have
+    /// many) and which are no value of either tier. No other public value both tiers keep is
+    /// as long as a run: day numbers are 4 bytes and counter ids 2 (in the issuer's issued
+    /// keys and the aggregator's Spent, Seen and sum keys), and the one key name both stores
+    /// use (`format`, in their meta tables) is 6.
+    fn shared_runs(
+        a: &[(String, Vec<u8>)],
+        b: &[(String, Vec<u8>)],
+    ) -> Vec<(String, String, [u8; RUN])> {
+        let runs = |bytes: &[u8]| -> Vec<[u8; RUN]> {
+            bytes
+                .windows(RUN)
+                .filter(|w| w.iter().any(|&x| x != 0))
+                .map(|w| w.try_into().expect("a window of RUN bytes"))
+                .collect()
+        };
+        let mut in_a: HashMap<[u8; RUN], &str> = HashMap::new();
+        for (place, bytes) in a {
+            for run in runs(bytes) {
+                in_a.entry(run).or_insert(place);
+            }
+        }
+        let mut shared = Vec::new();
+        for (place, bytes) in b {
+            for run in runs(bytes) {
+                if let Some(found) = in_a.get(&run) {
+                    shared.push((found.to_string(), place.clone(), run));
+                }
+            }
+        }
+        shared
+    }
+
+    /// Issue 11's cross-tier unlinkability, on the stored bytes of a real run: the issuer's
+    /// record of an issuance (credentials, issued counts per (day, counter, credential), rate
+    /// records, meta) and the aggregation server's record of a redemption (Spent rows, and
+    /// every other table) share no value.
+    fn the_issuers_and_the_aggregators_stored_bytes_share_no_value(dir: &Path, outcome: &Outcome) {
+        let issuer = issuer_records(dir);
+        let aggregator = aggregator_records(dir);
+        // Not vacuous: the issuer recorded every host's credential and issuance, the
+        // aggregator every report and its token.
+        let count = |rows: &[(String, Vec<u8>)], place: &str| {
+            rows.iter().filter(|(p, _)| p == place).count()
+        };
+        assert_eq!(count(&issuer, "issuer credentials key"), outcome.agents);
+        assert!(count(&issuer, "issuer issued key") >= outcome.agents);
+        assert_eq!(count(&aggregator, "aggregator spent key"), outcome.counted);
+        let shared = shared_runs(&issuer, &aggregator);
+        assert!(
+            shared.is_empty(),
+            "{} runs of {RUN} bytes in both stores, the first: {:?}",
+            shared.len(),
+            shared.first()
+        );
+    }
+
+    /// The comparison finds a value the two stores share anywhere in their records (here a
+    /// credential id planted in a Spent value), in either direction, and passes over runs of
+    /// zero bytes only.
+    #[test]
+    fn shared_runs_finds_a_planted_value_and_passes_over_zero_bytes() {
+        let id: Vec<u8> = (1..=32).collect();
+        let issuer = vec![
+            ("issuer credentials key".to_string(), id.clone()),
+            ("issuer issued value".to_string(), vec![0; 16]),
+        ];
+        let mut value = vec![7u8; 5];
+        value.extend_from_slice(&id[10..22]);
+        value.extend_from_slice(&[0; 20]);
+        let aggregator = vec![
+            ("aggregator spent value".to_string(), value),
+            ("aggregator ash value".to_string(), vec![0; 64]),
+        ];
+        let shared = shared_runs(&issuer, &aggregator);
+        assert_eq!(shared.len(), 1, "{shared:?}");
+        assert_eq!(shared[0].0, "issuer credentials key");
+        assert_eq!(shared[0].1, "aggregator spent value");
+        assert_eq!(shared[0].2.as_slice(), &id[10..22]);
+        assert!(shared_runs(&aggregator, &issuer).len() == 1);
+        assert!(shared_runs(&issuer, &aggregator[1..]).is_empty());
+        // Only zeros are passed over: any other repeated byte is a value like any other.
+        let sevens = |n| vec![("record".to_string(), vec![7u8; n])];
+        assert_eq!(shared_runs(&sevens(12), &sevens(13)).len(), 2);
     }
 
     #[test]
