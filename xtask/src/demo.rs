@@ -201,7 +201,7 @@ pub struct Admission {
     /// The design server's report: "contributor bound enforced by admission tokens: yes".
     pub bound_enforced_by_tokens: bool,
     /// Partition attempts the agents saw (key sets or issuances not matching the keys
-    /// published): none may be.
+    /// published), per their status files: none may be.
     pub partition_warnings: u64,
     /// Every report the aggregator counted was admitted by a token spent once: the bundle
     /// counts each of them as admitted with a token, the design server's report says the bound
@@ -462,7 +462,8 @@ certificate = {issuer_cert:?}
 # This host's own credential, enrolled by the demo's issuer (mode 0600, the agent user's).
 credential = {credential:?}
 # Tokens are fetched at start (none held for today yet); a failed fetch is tried again after
-# a second rather than ten minutes. The regular refresh keeps the design's bound.
+# a second rather than ten minutes. refresh_max_seconds keeps its default (12 h): the regular
+# refresh does not come up during the run.
 retry_min_seconds = 1.0
 "#,
         listen = servers.listen,
