@@ -1,34 +1,48 @@
 //! `cargo xtask demo`: the whole system on this machine, as the separate processes it is.
 //!
 //! 1. The design server makes a key pair (`penrose-design keygen`).
-//! 2. The aggregation server starts on loopback with its RocksDB under a temporary directory
-//!    (`penrose-aggregator serve`).
-//! 3. A small fleet of agents starts (`penrose-agent run`, one process and state directory
-//!    each). A sum is released only with at least k = 10 contributors behind it, counted as
-//!    ceil(reports / 24) since an agent sends at most 24 reports per counter and day; so one
-//!    agent alone can never be decrypted, and the demo runs `--agents` hosts (12) that all run
-//!    one popular application (one of the real traces in `../shared/traces/`), and two more
-//!    hosts that each run another application alone. As root the first agent probes a
-//!    stand-in libcuda with eBPF under a `penrose-replay` process replaying the popular trace;
-//!    the others (and every agent without root, since eBPF needs it) replay their trace in
-//!    place of the probes. Without a trace folder a small synthetic workload is used. All of
-//!    this is test equipment, and each agent's configuration names it as such
-//!    (`capture.source = "test-replay"`, `capture.counters = "test-standin-ring"`,
-//!    `capture.allow_untrusted_libs = true` for the stand-in copy in the run's temporary
-//!    directory); a product agent's defaults reach none of it.
-//! 4. Time is compressed (L, S, the seal size, the windows and the upload delay are scaled
-//!    down and said so on screen) so that the run takes about half a minute.
-//! 5. The aggregation server closes the day's epoch (`close-epoch`) and exports the first
+//! 2. The token issuer is set up in the run's temporary directory (`penrose-issuer init`),
+//!    enrols one credential per host (`enrol --count N --out-dir`), exports the key ring the
+//!    aggregation server verifies tokens with (`export-keys`) and starts on loopback
+//!    (`penrose-issuer serve`).
+//! 3. The aggregation server starts on loopback with its RocksDB under the temporary directory
+//!    (`penrose-aggregator serve --token-keys RING`): it admits only reports that carry an
+//!    admission token of the issuer's, each spent once.
+//! 4. A small fleet of agents starts (`penrose-agent run`, one process, state directory and
+//!    credential file each; each fetches its tokens from the issuer at start and spends one on
+//!    every report). A sum is released only with at least k = 10 contributors behind it,
+//!    counted as ceil(reports / 24) since an agent sends at most 24 reports per counter and
+//!    day (and the issuer gives it at most 24 tokens per counter and day); so one agent alone
+//!    can never be decrypted, and the demo runs `--agents` hosts (12) that all run one popular
+//!    application (one of the real traces in `../shared/traces/`), and two more hosts that
+//!    each run another application alone. As root the first agent probes a stand-in libcuda
+//!    with eBPF under a `penrose-replay` process replaying the popular trace; the others (and
+//!    every agent without root, since eBPF needs it) replay their trace in place of the
+//!    probes. Without a trace folder a small synthetic workload is used. All of this is test
+//!    equipment, and each agent's configuration names it as such (`capture.source =
+//!    "test-replay"`, `capture.counters = "test-standin-ring"`, `capture.allow_untrusted_libs =
+//!    true` for the stand-in copy in the run's temporary directory); a product agent's
+//!    defaults reach none of it.
+//! 5. Time is compressed (L, S, the seal size, the windows, the upload delay and the wait
+//!    before a failed token fetch is tried again are scaled down and said so on screen) so
+//!    that the run takes about half a minute.
+//! 6. The aggregation server closes the day's epoch (`close-epoch`) and exports the first
 //!    bundle of its chain while it serves; the design server imports it and decrypts every
 //!    released sum with at least k contributors.
-//! 6. The demo checks the result: every decrypted (class, counter) histogram must equal, bin
+//! 7. The demo checks the result: every decrypted (class, counter) histogram must equal, bin
 //!    for bin, the sum of the histograms the agents sealed (read from their own records) for
 //!    the reports the aggregator counted in that class; nothing under k contributors may be
-//!    decrypted, and no application run by one host alone is.
+//!    decrypted, and no application run by one host alone is. And every report the aggregator
+//!    counted was admitted by a token: the bundle's epoch summary counts every one of them as
+//!    admitted with a token, the design server's report says the contributor bound was
+//!    enforced by admission tokens, the aggregator's Spent table holds one row per counted
+//!    report, and no agent saw a partition attempt.
 //!
-//! `run_demo` is also what the end-to-end test runs (see the tests below).
+//! `run_demo` is also what the end-to-end tests run (see the tests below); they also check
+//! that the issuer's stored bytes and the aggregation server's share no value.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -152,12 +166,48 @@ pub struct Outcome {
     /// Every decrypted aggregate equals the sealed histograms, nothing under k contributors
     /// was decrypted, and nothing of a lone host was.
     pub exact: bool,
+    /// Admission: the issuer, the tokens, and whether every counted report was admitted by one.
+    pub admission: Admission,
     /// The decrypted aggregates.
     pub rows: Vec<Row>,
     /// Processes killed with SIGKILL and restarted mid-run.
     pub killed: Vec<String>,
     /// Seconds per stage.
     pub seconds: BTreeMap<String, f64>,
+}
+
+/// What the run's admission tokens did.
+#[derive(Debug, Serialize)]
+pub struct Admission {
+    /// The token issuer's QUIC address.
+    pub issuer: String,
+    /// Credentials enrolled at the issuer (one per host), per its `status`.
+    pub enrolled: u64,
+    /// Tokens the issuer issued (every day it keeps counts of), per its `status`.
+    pub tokens_issued: u64,
+    /// Tokens the agents received and stored, per their status files (a restarted agent's
+    /// count starts again).
+    pub tokens_fetched: u64,
+    /// Tokens whose MAC the aggregation server verified since its last start (retries of a
+    /// report already counted are verified again), per its `status`.
+    pub tokens_verified: u64,
+    /// Reports of the exported epochs, and of those the ones admitted with a spent token, per
+    /// the bundle's epoch summaries (`export --json`).
+    pub epoch_reports: u64,
+    /// See `epoch_reports`.
+    pub reports_with_tokens: u64,
+    /// Rows of the aggregation server's Spent table: one per report admitted by a token.
+    pub spent_rows: usize,
+    /// The design server's report: "contributor bound enforced by admission tokens: yes".
+    pub bound_enforced_by_tokens: bool,
+    /// Partition attempts the agents saw (key sets or issuances not matching the keys
+    /// published), per their status files: none may be.
+    pub partition_warnings: u64,
+    /// Every report the aggregator counted was admitted by a token spent once: the bundle
+    /// counts each of them as admitted with a token, the design server's report says the bound
+    /// was enforced by tokens, the Spent table holds one row per counted report; and no agent
+    /// saw a partition attempt.
+    pub admitted: bool,
 }
 
 /// One decrypted (class, counter).
@@ -200,12 +250,16 @@ pub fn run(args: Args) -> Result<()> {
     let bins = match &args.bins {
         Some(bins) => bins.clone(),
         None => {
-            say("building the release binaries (agent, aggregator, design server, replayer)");
+            say(
+                "building the release binaries (agent, aggregator, token issuer, design server, \
+                 replayer)",
+            );
             let status = Command::new(env!("CARGO"))
                 .current_dir(&root)
                 .args(["build", "--release", "--bins"])
                 .args(["-p", "penrose-agent", "-p", "penrose-aggregator"])
-                .args(["-p", "penrose-design", "-p", "penrose-standin"])
+                .args(["-p", "penrose-issuer", "-p", "penrose-design"])
+                .args(["-p", "penrose-standin"])
                 .status()
                 .context("running cargo build")?;
             ensure!(status.success(), "cargo build failed: {status}");
@@ -239,6 +293,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     if !outcome.exact {
         bail!("a decrypted aggregate differs from what the agent sealed");
+    }
+    if !outcome.admission.admitted {
+        bail!(
+            "a counted report was not admitted by an admission token: {:?}",
+            outcome.admission
+        );
     }
     if outcome.decrypted == 0 {
         bail!(
@@ -327,15 +387,30 @@ fn spinner(quiet: bool, prefix: &'static str) -> ProgressBar {
     bar
 }
 
-/// The compressed-time agent configuration.
+/// What every agent of the fleet is given: the aggregation server, the design server's key
+/// and the token issuer.
+struct Servers<'a> {
+    /// The aggregation server's QUIC address.
+    listen: &'a str,
+    /// Its data directory (its TLS certificate is pinned).
+    agg: &'a DataDir,
+    /// The design server's public key.
+    key: &'a Path,
+    /// The token issuer's QUIC address.
+    issuer: &'a str,
+    /// Its certificate, pinned.
+    issuer_cert: &'a Path,
+}
+
+/// The compressed-time agent configuration: its state directory, its snippet source, the
+/// traces it replays and its own credential file.
 fn agent_config(
     dir: &Path,
-    listen: &str,
-    agg: &DataDir,
-    key: &Path,
+    servers: &Servers<'_>,
     source: &str,
     lib: Option<&Path>,
     traces: &Path,
+    credential: &Path,
 ) -> String {
     let libraries = lib.map_or(String::new(), |l| format!("{:?}", l.display().to_string()));
     format!(
@@ -379,10 +454,25 @@ max_age_seconds = 1.0
 delay_max_seconds = 0.005
 backoff_base_seconds = 0.05
 backoff_max_seconds = 1.0
+
+[admission]
+address = {issuer:?}
+server_name = "localhost"
+certificate = {issuer_cert:?}
+# This host's own credential, enrolled by the demo's issuer (mode 0600, the agent user's).
+credential = {credential:?}
+# Tokens are fetched at start (none held for today yet); a failed fetch is tried again after
+# a second rather than ten minutes. refresh_max_seconds keeps its default (12 h): the regular
+# refresh does not come up during the run.
+retry_min_seconds = 1.0
 "#,
+        listen = servers.listen,
+        issuer = servers.issuer,
+        issuer_cert = servers.issuer_cert.display().to_string(),
+        credential = credential.display().to_string(),
         state = dir.display().to_string(),
-        cert = agg.tls_cert().display().to_string(),
-        key = key.display().to_string(),
+        cert = servers.agg.tls_cert().display().to_string(),
+        key = servers.key.display().to_string(),
         traces = traces.display().to_string(),
     )
 }
@@ -393,6 +483,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     for name in [
         "penrose-agent",
         "penrose-aggregator",
+        "penrose-issuer",
         "penrose-design",
         "penrose-replay",
     ] {
@@ -433,7 +524,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     say(
         "compressed time: L = 2,000 launches per window (design: 10,000), 1 launch in 20 sampled \
          (10,000), histograms sealed at 40 samples or 1 s (10,000 or 1 h) and at most 24 per counter and day as in the design, windows of at most 2 s \
-         at least 0.3 s apart under a 100% budget (0.02%), uploads after a random delay of at most 5 ms (60 s)",
+         at least 0.3 s apart under a 100% budget (0.02%), uploads after a random delay of at most 5 ms (60 s), \
+         a failed admission token fetch tried again after 1 s (600 s)",
     );
 
     // 1. Keys.
@@ -454,27 +546,88 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     );
     say(&format!("design server: key {}", public.key_id()));
 
-    // 2. The aggregation server.
+    // 2. The token issuer: its state, a credential per host, the aggregation server's key
+    // ring; then it serves.
+    let (popular, alone) = choose_applications(&traces)?;
+    let t = Instant::now();
+    let host_count = options.agents + alone.len();
+    let issuer_state = issuer_state(dir);
+    let issuer_cmd = |command: &str| {
+        let mut cmd = Command::new(bin("penrose-issuer"));
+        cmd.arg(command).arg("--state").arg(&issuer_state);
+        cmd
+    };
+    output(&mut issuer_cmd("init"), "penrose-issuer init")?;
+    let enrolled: Vec<serde_json::Value> = serde_json::from_str(&output(
+        issuer_cmd("enrol")
+            .args(["--count", &host_count.to_string(), "--out-dir"])
+            .arg(dir.join("credentials"))
+            .arg("--json"),
+        "penrose-issuer enrol",
+    )?)?;
+    let credentials: Vec<PathBuf> = enrolled
+        .iter()
+        .map(|e| e["file"].as_str().map(PathBuf::from))
+        .collect::<Option<_>>()
+        .context("a credential file in penrose-issuer enrol's output")?;
+    ensure!(
+        credentials.len() == host_count,
+        "penrose-issuer enrol wrote {} credentials for {host_count} hosts",
+        credentials.len()
+    );
+    let ring = dir.join("aggregator-token-keys");
+    let exported: serde_json::Value = serde_json::from_str(&output(
+        issuer_cmd("export-keys")
+            .arg("--out")
+            .arg(&ring)
+            .arg("--json"),
+        "penrose-issuer export-keys",
+    )?)?;
+    let (issuer, issuer_ready) = start_issuer(&bin("penrose-issuer"), &issuer_state, dir)?;
+    let issuer_index = children.push("penrose-issuer", issuer);
+    let issuer_listen = issuer_ready["listening"]
+        .as_str()
+        .context("the issuer's listening address")?
+        .to_string();
+    let issuer_cert = PathBuf::from(
+        issuer_ready["certificate"]
+            .as_str()
+            .context("the issuer's certificate")?,
+    );
+    seconds.insert(
+        "issuer: init, enrol, export keys, start".to_string(),
+        t.elapsed().as_secs_f64(),
+    );
+    say(&format!(
+        "token issuer: listening on {issuer_listen} (QUIC), {host_count} hosts enrolled (one \
+         credential file each, in {}); key ring of {} to {} exported to the aggregation server",
+        dir.join("credentials").display(),
+        exported["from_date"].as_str().unwrap_or("?"),
+        exported["to_date"].as_str().unwrap_or("?"),
+    ));
+
+    // 3. The aggregation server, admitting reports by tokens of that ring.
     let agg = DataDir(dir.join("aggregator"));
+    let admission = [OsString::from("--token-keys"), ring.into_os_string()];
     let (server, listen) = start_server(
         &bin("penrose-aggregator"),
         &agg,
         "127.0.0.1:0",
         &public_key,
-        OPEN_ADMISSION,
+        &admission,
     )?;
     let server_index = children.push("penrose-aggregator", server);
     say(&format!(
-        "aggregation server: listening on {listen} (QUIC), data in {}",
+        "aggregation server: listening on {listen} (QUIC), data in {}; admits reports with an \
+         admission token only",
         agg.0.display()
     ));
 
-    // 3. The fleet: `agents` hosts run the popular application, and two more hosts each run
-    // another one alone. Each agent gets its own state directory and a folder holding its
-    // one trace.
-    let (popular, alone) = choose_applications(&traces)?;
+    // 4. The fleet: `agents` hosts run the popular application, and two more hosts each run
+    // another one alone. Each agent gets its own state directory, credential file and a
+    // folder holding its one trace.
     let mut hosts: Vec<Host> = Vec::new();
-    for i in 0..options.agents + alone.len() {
+    for i in 0..host_count {
         let trace = if i < options.agents {
             &popular
         } else {
@@ -514,7 +667,14 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         None
     };
     let source = if lib.is_some() { "ebpf" } else { "test-replay" };
-    for (i, host) in hosts.iter_mut().enumerate() {
+    let servers = Servers {
+        listen: &listen,
+        agg: &agg,
+        key: &public_key,
+        issuer: &issuer_listen,
+        issuer_cert: &issuer_cert,
+    };
+    for ((i, host), credential) in hosts.iter_mut().enumerate().zip(&credentials) {
         // Host 0 probes the stand-in with eBPF (as root); the rest replay their trace.
         let (source, lib) = match (&lib, i) {
             (Some(lib), 0) => ("ebpf", Some(lib.as_path())),
@@ -522,15 +682,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         };
         std::fs::write(
             &host.config,
-            agent_config(
-                &host.state,
-                &listen,
-                &agg,
-                &public_key,
-                source,
-                lib,
-                &host.folder,
-            ),
+            agent_config(&host.state, &servers, source, lib, &host.folder, credential),
         )?;
         let agent = start_agent(&bin("penrose-agent"), &host.config, &host.log)?;
         host.child = children.push("penrose-agent", agent);
@@ -565,7 +717,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         say("agents: replaying their traces as if captured (trace-replay source)");
     }
 
-    // 4. Capture for the chosen time, with progress.
+    // 5. Capture for the chosen time, with progress.
     let t = Instant::now();
     let bar = spinner(options.quiet, "capturing");
     let mut killed = Vec::new();
@@ -607,7 +759,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
                 &agg,
                 &listen,
                 &public_key,
-                OPEN_ADMISSION,
+                &admission,
             )?;
             children.0[server_index].1 = server;
             killed.push("penrose-aggregator".to_string());
@@ -651,13 +803,25 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         children.stop(host.child, Duration::from_secs(60))?;
     }
     bar.finish_and_clear();
+    // What the agents did with their tokens, from their last status files.
+    let (mut tokens_fetched, mut partition_warnings) = (0, 0);
+    for host in &hosts {
+        let status = read_status(&host.state).context("an agent's last status")?;
+        tokens_fetched += status["tokens"]["issued"].as_u64().unwrap_or(0);
+        partition_warnings += status["tokens"]["partition_warnings"].as_u64().unwrap_or(0);
+    }
+    let issuer_status: serde_json::Value = serde_json::from_str(&output(
+        issuer_cmd("status").arg("--json"),
+        "penrose-issuer status",
+    )?)?;
+    children.stop(issuer_index, Duration::from_secs(30))?;
     seconds.insert(
         "agents: capture and upload".to_string(),
         t.elapsed().as_secs_f64(),
     );
     let status = read_status(&first).context("host 0's last status")?;
 
-    // 5. Close the epoch and export while serving, import, decrypt.
+    // 6. Close the epoch and export while serving, import, decrypt.
     let t = Instant::now();
     let release = ["--threshold".to_string(), options.threshold.to_string()];
     output(
@@ -668,15 +832,24 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         "penrose-aggregator close-epoch",
     )?;
     let bundle = dir.join("0001.bundle");
-    output(
+    let exported: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-aggregator"))
             .arg("export")
             .arg("-d")
             .arg(&agg.0)
             .arg("--out")
-            .arg(&bundle),
+            .arg(&bundle)
+            .arg("--json"),
         "penrose-aggregator export",
-    )?;
+    )?)?;
+    let agg_status: serde_json::Value = serde_json::from_str(&output(
+        Command::new(bin("penrose-aggregator"))
+            .arg("status")
+            .arg("-d")
+            .arg(&agg.0)
+            .arg("--json"),
+        "penrose-aggregator status",
+    )?)?;
     children.stop(server_index, Duration::from_secs(30))?;
     seconds.insert(
         "aggregator: close epoch, export".to_string(),
@@ -710,7 +883,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         t.elapsed().as_secs_f64(),
     );
 
-    // 6. The check: the agents' own records against what the aggregator counted and the
+    // 7. The check: the agents' own records against what the aggregator counted and the
     // design server decrypted.
     let mut records = Vec::new();
     for host in &hosts {
@@ -820,6 +993,39 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         + report["withheld_sums"].as_u64().unwrap_or(0) as usize;
     exact &= held_back == pairs.len() - expected.len();
     exact &= report["quarantined"].as_array().is_some_and(Vec::is_empty);
+
+    // Admission: every counted report came with a token, spent once.
+    let counted_reports = counted.iter().filter(|c| **c).count();
+    let mut spent_rows = 0usize;
+    store.scan(&[Table::Spent], &mut |_, _, _| {
+        spent_rows += 1;
+        Ok(())
+    })?;
+    let epoch_reports = exported["epoch_reports"].as_u64().unwrap_or(0);
+    let reports_with_tokens = exported["reports_with_tokens"].as_u64().unwrap_or(0);
+    let bound_enforced_by_tokens = report["bound_enforced_by_tokens"].as_bool() == Some(true);
+    let admission = Admission {
+        issuer: issuer_listen,
+        enrolled: issuer_status["enrolled"].as_u64().unwrap_or(0),
+        tokens_issued: issuer_status["epochs"]
+            .as_array()
+            .map_or(0, |e| e.iter().filter_map(|e| e["tokens"].as_u64()).sum()),
+        tokens_fetched,
+        tokens_verified: agg_status["admission"]["tokens_verified"]
+            .as_u64()
+            .unwrap_or(0),
+        epoch_reports,
+        reports_with_tokens,
+        spent_rows,
+        bound_enforced_by_tokens,
+        partition_warnings,
+        admitted: counted_reports > 0
+            && epoch_reports == counted_reports as u64
+            && reports_with_tokens == epoch_reports
+            && spent_rows == counted_reports
+            && bound_enforced_by_tokens
+            && partition_warnings == 0,
+    };
     Ok(Outcome {
         source: source.to_string(),
         workload,
@@ -831,7 +1037,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         launches: status["launches"].as_u64().unwrap_or(0),
         samples: status["pipeline"]["samples"].as_u64().unwrap_or(0),
         sealed: records.len(),
-        counted: counted.iter().filter(|c| **c).count(),
+        counted: counted_reports,
         report_bytes: report_frame_len(&public)?,
         classes: state.tables().class_count(),
         decrypted: decrypted.len(),
@@ -839,6 +1045,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         alone_counted,
         alone_decrypted,
         exact,
+        admission,
         rows,
         killed,
         seconds,
@@ -901,10 +1108,40 @@ fn trace_name(path: &Path) -> String {
     penrose_traces::job_name(path)
 }
 
-/// Starts `penrose-aggregator serve` on `listen` and returns it with the address it printed.
-/// The demo's agents carry no admission tokens yet (no issuer runs in it): its aggregation
-/// server admits reports without them, which it must be told.
-const OPEN_ADMISSION: &[&str] = &["--open-admission"];
+/// The issuer's state directory in a demo run's directory.
+pub fn issuer_state(dir: &Path) -> PathBuf {
+    dir.join("issuer")
+}
+
+/// Starts `penrose-issuer serve` on a free loopback port, its log in `dir/issuer.log`, and
+/// returns it with the JSON line it printed (`listening`, `certificate`, ...).
+fn start_issuer(bin: &Path, state: &Path, dir: &Path) -> Result<(Child, serde_json::Value)> {
+    let log = std::fs::File::create(dir.join("issuer.log"))?;
+    let mut issuer = Command::new(bin)
+        .arg("serve")
+        .arg("--state")
+        .arg(state)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .context("starting penrose-issuer serve")?;
+    let mut line = String::new();
+    BufReader::new(issuer.stdout.take().context("issuer stdout")?).read_line(&mut line)?;
+    match serde_json::from_str(&line) {
+        Ok(ready) => Ok((issuer, ready)),
+        Err(e) => {
+            let _ = issuer.kill();
+            let _ = issuer.wait();
+            Err(e).with_context(|| {
+                format!(
+                    "the issuer's first line: {line:?}; see {}",
+                    dir.join("issuer.log").display()
+                )
+            })
+        }
+    }
+}
 
 /// Starts `penrose-aggregator serve` with `admission` (`--open-admission`, or `--token-keys
 /// PATH`) and returns it with the address it listens on.
@@ -1097,6 +1334,33 @@ fn print_outcome(o: &Outcome, threshold: u64) {
          (counted as reports / 24, rounded up).",
         o.classes, o.decrypted, o.held_back
     );
+    let a = &o.admission;
+    println!(
+        "admission: token issuer on {}, {} credentials enrolled (one per host); {} tokens issued \
+         ({} received by the agents), {} verified by the aggregation server{}; of the {} reports \
+         of the released epoch {} were admitted with a token, each spent once ({} rows in the \
+         spent table); contributor bound enforced by admission tokens: {}; partition warnings: \
+         {}.",
+        a.issuer,
+        a.enrolled,
+        a.tokens_issued,
+        a.tokens_fetched,
+        a.tokens_verified,
+        if o.killed.iter().any(|k| k == "penrose-aggregator") {
+            " since its restart"
+        } else {
+            ""
+        },
+        a.epoch_reports,
+        a.reports_with_tokens,
+        a.spent_rows,
+        if a.bound_enforced_by_tokens {
+            "yes"
+        } else {
+            "NO"
+        },
+        a.partition_warnings,
+    );
     println!(
         "reports of the hosts that ran an application alone: {} counted, {} decrypted.",
         o.alone_counted, o.alone_decrypted
@@ -1105,6 +1369,10 @@ fn print_outcome(o: &Outcome, threshold: u64) {
         "every decrypted aggregate equals the agents' sealed histograms bin for bin, and nothing \
          under k contributors was decrypted: {}",
         if o.exact { "yes" } else { "NO" }
+    );
+    println!(
+        "every report the aggregation server counted was admitted by an admission token: {}",
+        if a.admitted { "yes" } else { "NO" }
     );
     for (stage, s) in &o.seconds {
         println!("  {stage:<38} {s:>7.2} s");
@@ -1205,6 +1473,146 @@ mod tests {
         if faults {
             assert_eq!(outcome.killed, ["penrose-agent", "penrose-aggregator"]);
         }
+        // Every counted report came with a token, spent once: the bundle and the design
+        // server's report say so, and the aggregator's Spent table holds one row per counted
+        // report.
+        let a = &outcome.admission;
+        assert!(a.admitted, "{outcome:?}");
+        assert_eq!(a.spent_rows, outcome.counted, "{outcome:?}");
+        assert_eq!(a.reports_with_tokens, outcome.counted as u64, "{outcome:?}");
+        assert!(a.bound_enforced_by_tokens, "{outcome:?}");
+        assert_eq!(a.enrolled, outcome.agents as u64, "{outcome:?}");
+        assert!(a.tokens_issued >= outcome.counted as u64, "{outcome:?}");
+        assert_eq!(a.partition_warnings, 0, "{outcome:?}");
+        the_issuers_and_the_aggregators_stored_bytes_share_no_value(dir.path(), &outcome);
+    }
+
+    /// Bytes of a stored record compared, as in penrose-issuer/tests/unlinkable.rs: every run
+    /// of this many bytes is looked for, not just whole values.
+    const RUN: usize = 12;
+
+    /// Every key and value of every column family of the issuer's store, each as one record
+    /// named by its table.
+    fn issuer_records(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        use penrose_issuer::store::{Store, Table};
+        let store = Store::open(&penrose_issuer::StateDir::new(issuer_state(dir)).db(), None)
+            .expect("the issuer's store");
+        let mut rows = Vec::new();
+        store
+            .scan(&Table::ALL, &mut |table, key, value| {
+                rows.push((format!("issuer {} key", table.name()), key.to_vec()));
+                rows.push((format!("issuer {} value", table.name()), value.to_vec()));
+                Ok(())
+            })
+            .expect("scanning the issuer's store");
+        rows
+    }
+
+    /// Every key and value of every column family of the aggregation server's store.
+    fn aggregator_records(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let store = RocksStore::open(&DataDir(dir.join("aggregator")).db())
+            .expect("the aggregator's store");
+        let mut rows = Vec::new();
+        store
+            .scan(&Table::ALL, &mut |table, key, value| {
+                rows.push((format!("aggregator {} key", table.name()), key.to_vec()));
+                rows.push((format!("aggregator {} value", table.name()), value.to_vec()));
+                Ok(())
+            })
+            .expect("scanning the aggregator's store");
+        rows
+    }
+
+    /// The runs of [`RUN`] bytes that occur both in a record of `a` and in a record of `b`
+    /// (which makes it symmetric: a run of an `a` record found in a `b` record is a run of
+    /// that `b` record found in the `a` record), with where each was found.
+    ///
+    /// Excepted are runs of zero bytes only: the high bytes of small integers, which both
+    /// stores hold in numbers (a drained rate bucket at the issuer is a level of 0 then a
+    /// timestamp with 4 zero high bytes: 12 zero bytes; the aggregator's sums and counts have
+    /// many) and which are no value of either tier. No other public value both tiers keep is
+    /// as long as a run: day numbers are 4 bytes and counter ids 2 (in the issuer's issued
+    /// keys and the aggregator's Spent, Seen and sum keys), and the one key name both stores
+    /// use (`format`, in their meta tables) is 6.
+    fn shared_runs(
+        a: &[(String, Vec<u8>)],
+        b: &[(String, Vec<u8>)],
+    ) -> Vec<(String, String, [u8; RUN])> {
+        let runs = |bytes: &[u8]| -> Vec<[u8; RUN]> {
+            bytes
+                .windows(RUN)
+                .filter(|w| w.iter().any(|&x| x != 0))
+                .map(|w| w.try_into().expect("a window of RUN bytes"))
+                .collect()
+        };
+        let mut in_a: HashMap<[u8; RUN], &str> = HashMap::new();
+        for (place, bytes) in a {
+            for run in runs(bytes) {
+                in_a.entry(run).or_insert(place);
+            }
+        }
+        let mut shared = Vec::new();
+        for (place, bytes) in b {
+            for run in runs(bytes) {
+                if let Some(found) = in_a.get(&run) {
+                    shared.push((found.to_string(), place.clone(), run));
+                }
+            }
+        }
+        shared
+    }
+
+    /// Issue 11's cross-tier unlinkability, on the stored bytes of a real run: the issuer's
+    /// record of an issuance (credentials, issued counts per (day, counter, credential), rate
+    /// records, meta) and the aggregation server's record of a redemption (Spent rows, and
+    /// every other table) share no value.
+    fn the_issuers_and_the_aggregators_stored_bytes_share_no_value(dir: &Path, outcome: &Outcome) {
+        let issuer = issuer_records(dir);
+        let aggregator = aggregator_records(dir);
+        // Not vacuous: the issuer recorded every host's credential and issuance, the
+        // aggregator every report and its token.
+        let count = |rows: &[(String, Vec<u8>)], place: &str| {
+            rows.iter().filter(|(p, _)| p == place).count()
+        };
+        assert_eq!(count(&issuer, "issuer credentials key"), outcome.agents);
+        assert!(count(&issuer, "issuer issued key") >= outcome.agents);
+        assert_eq!(count(&aggregator, "aggregator spent key"), outcome.counted);
+        let shared = shared_runs(&issuer, &aggregator);
+        assert!(
+            shared.is_empty(),
+            "{} runs of {RUN} bytes in both stores, the first: {:?}",
+            shared.len(),
+            shared.first()
+        );
+    }
+
+    /// The comparison finds a value the two stores share anywhere in their records (here a
+    /// credential id planted in a Spent value), in either direction, and passes over runs of
+    /// zero bytes only.
+    #[test]
+    fn shared_runs_finds_a_planted_value_and_passes_over_zero_bytes() {
+        let id: Vec<u8> = (1..=32).collect();
+        let issuer = vec![
+            ("issuer credentials key".to_string(), id.clone()),
+            ("issuer issued value".to_string(), vec![0; 16]),
+        ];
+        let mut value = vec![7u8; 5];
+        value.extend_from_slice(&id[10..22]);
+        value.extend_from_slice(&[0; 20]);
+        let aggregator = vec![
+            ("aggregator spent value".to_string(), value),
+            ("aggregator ash value".to_string(), vec![0; 64]),
+        ];
+        let shared = shared_runs(&issuer, &aggregator);
+        assert_eq!(shared.len(), 1, "{shared:?}");
+        assert_eq!(shared[0].0, "issuer credentials key");
+        assert_eq!(shared[0].1, "aggregator spent value");
+        assert_eq!(shared[0].2.as_slice(), &id[10..22]);
+        assert!(shared_runs(&aggregator, &issuer).len() == 1);
+        assert!(shared_runs(&issuer, &aggregator[1..]).is_empty());
+        // Only zeros are passed over: any other repeated byte is a value like any other.
+        let sevens = |n| vec![("record".to_string(), vec![7u8; n])];
+        assert_eq!(shared_runs(&sevens(12), &sevens(13)).len(), 2);
     }
 
     #[test]
