@@ -254,8 +254,8 @@ fn released_sums_decrypt_exactly_above_the_contributor_bound_and_not_below() {
     .unwrap();
     assert!(strict.decrypted.is_empty());
     assert!(Threshold::new(9).is_err() && ReportsPerContributor::for_servers(23).is_err());
-    let csv = report::to_csv(&report);
-    assert!(csv.lines().count() > 1 && csv.starts_with("class,counter"));
+    let csv = report::to_csv_bins(&report);
+    assert!(csv.lines().count() > 1 && csv.starts_with("class,label,counter"));
 }
 
 /// The report says whether the contributor bound was enforced by admission tokens: yes when
