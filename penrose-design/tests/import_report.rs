@@ -671,3 +671,149 @@ fn the_cli_refuses_a_tampered_bundle_with_exit_code_3() {
         "{stderr}"
     );
 }
+
+/// An archive of one bundle under a 2048-bit key (the CLI refuses smaller ones): class 0's
+/// kernel durations above the threshold, class 1's under it; the key files written. Returns
+/// the temporary directory, the archive and the private key file.
+fn cli_archive() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let mut f = Fixture::new();
+    f.keys = Keypair::generate_with_size(KeySize::Bits2048, &mut f.rng);
+    let dir = tempfile::tempdir().unwrap();
+    let (above, _) = f.entry(DAY, 0, 5, ENOUGH);
+    let (below, _) = f.entry(DAY, 1, 5, ENOUGH - 1);
+    let path = f.bundle(dir.path(), &[DAY], vec![above, below]);
+    let archive_dir = dir.path().join("archive");
+    Archive::open(&archive_dir)
+        .unwrap()
+        .import(&path, Some(&f.signing.verifying_key()), false)
+        .unwrap();
+    let keys_dir = dir.path().join("keys");
+    std::fs::create_dir_all(&keys_dir).unwrap();
+    let (private, _) = penrose_design::keyfile::write_keypair(&keys_dir, &f.keys).unwrap();
+    (dir, archive_dir, private)
+}
+
+fn design(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_penrose-design"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A label that would run a script, if it were not escaped.
+const HOSTILE: &str = "<script>alert(1)</script> & bert";
+
+/// Labels the archive's class 0 with [`HOSTILE`] and writes the report as CSV (stdout), HTML
+/// and SVG files; returns the HTML page's path and the CSV.
+fn labelled_report(dir: &Path, archive: &Path, private: &Path) -> (PathBuf, String) {
+    let out = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "0".as_ref(),
+        HOSTILE.as_ref(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let html = dir.join("html");
+    let svg = dir.join("svg");
+    let out = design(&[
+        "report".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--key".as_ref(),
+        private.as_os_str(),
+        "--csv".as_ref(),
+        "--html".as_ref(),
+        html.as_os_str(),
+        "--svg".as_ref(),
+        svg.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(svg.join("overview.svg").exists() && svg.join("class-0-counter-5.svg").exists());
+    (
+        html.join("index.html"),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
+    let (dir, archive, private) = cli_archive();
+    // A class in no bundle, and an invalid label, are refused.
+    let refused = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "99".as_ref(),
+        "x".as_ref(),
+    ]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let long = "x".repeat(65);
+    let refused = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "0".as_ref(),
+        long.as_ref(),
+    ]);
+    assert_eq!(refused.status.code(), Some(2), "a usage error: {refused:?}");
+
+    let (page, csv) = labelled_report(dir.path(), &archive, &private);
+    // The labels file: owner only, listed by `labels`.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(archive.join("labels"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let listed = design(&[
+        "labels".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed, serde_json::json!([{"class": 0, "label": HOSTILE}]));
+
+    // CSV: a header and one row, class 0 with its label and statistics.
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 2, "{csv}");
+    assert!(lines[0].starts_with("class,label,counter,name,unit,catalogue,reports"));
+    assert!(
+        lines[1].starts_with(&format!("0,{HOSTILE},5,kernel_duration,ns,1,{ENOUGH},")),
+        "{csv}"
+    );
+
+    // The page: the label escaped, the overview and one histogram, class 1 listed as withheld.
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(!html.contains("<script"), "escaped");
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; bert"));
+    assert_eq!(html.matches("<svg").count(), 2);
+    assert!(html.contains(r#"id="class-0""#) && !html.contains(r#"id="class-1""#));
+    assert!(html.contains("Withheld") && html.contains("<td>class 1</td>"));
+    assert!(html.contains("threshold k</dt><dd>10 contributors"));
+    assert!(
+        !html.contains("http://") || html.matches("http://").count() == 2,
+        "only xmlns"
+    );
+
+    // The text report shows the label too; removing it leaves none.
+    let text = design(&[
+        "report".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--key".as_ref(),
+        private.as_os_str(),
+    ]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("class    0 ({HOSTILE})")));
+    let removed = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--remove".as_ref(),
+        "0".as_ref(),
+    ]);
+    assert!(removed.status.success(), "{removed:?}");
+    let listed = design(&["labels".as_ref(), "--archive".as_ref(), archive.as_os_str()]);
+    assert!(listed.stdout.is_empty());
+}
