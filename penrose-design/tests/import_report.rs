@@ -817,3 +817,108 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
     let listed = design(&["labels".as_ref(), "--archive".as_ref(), archive.as_os_str()]);
     assert!(listed.stdout.is_empty());
 }
+
+/// `chromium` or `chromium-browser` on PATH.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|d| [d.join("chromium"), d.join("chromium-browser")])
+        .find(|p| p.is_file())
+}
+
+/// Runs headless Chromium on `page` with `args`, killed after two minutes; returns stdout.
+fn headless(chromium: &Path, profile: &Path, page: &Path, args: &[&str]) -> Vec<u8> {
+    let mut child = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--window-size=1280,2000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .env("HOME", profile)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut out).map(|_| out)
+    });
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("chromium did not finish in two minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    reader.join().unwrap().unwrap()
+}
+
+/// The value of attribute `name` in the tag text `tag`.
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    tag[at..].split('"').next()
+}
+
+/// The HTML report renders in a browser: headless Chromium's DOM holds the plots as SVG
+/// elements of non-zero size, and its screenshot is a full page, not a blank one.
+#[test]
+fn the_html_report_renders_in_headless_chromium() {
+    let Some(chromium) = chromium() else {
+        // Not captured by the test harness, so CI's summary counts it (ci/test.sh).
+        std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"SKIPPED: chromium not installed (Debian's chromium package)\n",
+        )
+        .unwrap();
+        return;
+    };
+    let (dir, archive, private) = cli_archive();
+    let (page, _) = labelled_report(dir.path(), &archive, &private);
+    let profile = dir.path().join("chromium");
+    std::fs::create_dir_all(&profile).unwrap();
+
+    let dom = String::from_utf8(headless(&chromium, &profile, &page, &["--dump-dom"])).unwrap();
+    assert!(dom.contains("Penrose design report"), "{dom}");
+    assert!(!dom.contains("<script"), "the label stayed text: {dom}");
+    let svgs: Vec<&str> = dom
+        .match_indices("<svg")
+        .map(|(at, _)| &dom[at..at + dom[at..].find('>').unwrap()])
+        .collect();
+    assert_eq!(svgs.len(), 2, "the overview and one histogram: {dom}");
+    for svg in &svgs {
+        let size = |n| attribute(svg, n).and_then(|v| v.parse::<f64>().ok());
+        assert!(
+            size("width").unwrap() > 0.0 && size("height").unwrap() > 0.0,
+            "{svg}"
+        );
+        let view: Vec<f64> = attribute(svg, "viewBox")
+            .unwrap()
+            .split(' ')
+            .map(|v| v.parse().unwrap())
+            .collect();
+        assert!(view[2] > 0.0 && view[3] > 0.0, "{svg}");
+    }
+    assert!(dom.matches("<rect").count() >= 2, "bars drawn");
+
+    let shot = dir.path().join("report.png");
+    let arg = format!("--screenshot={}", shot.display());
+    headless(&chromium, &profile, &page, &["--hide-scrollbars", &arg]);
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(&png[12..16], b"IHDR");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert!(width >= 1000 && height >= 1000, "{width} x {height}");
+    // A blank 1280 x 2000 page compresses to a few kilobytes; text and plots do not.
+    assert!(png.len() > 40_000, "{} bytes", png.len());
+    if let Some(keep) = std::env::var_os("PENROSE_KEEP_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
+}
