@@ -8,12 +8,15 @@ set -euo pipefail
 # built: .cargo/config.toml), clang for its bindgen.
 # eBPF: Debian's rustc-web/cargo-web 1.96 (LLVM 22) and its library sources for build-std;
 # llvm-22-dev (+ the libraries its llvm-config names) to build bpf-linker.
+# chromium: the design server's HTML report is rendered headless in a test (about 124 MB to
+# download, 414 MB installed with its 24 dependencies; without it that test says SKIPPED).
 packages=(
     build-essential pkg-config libgmp-dev librocksdb-dev
     clang libclang-dev
     rustc-web cargo-web rust-web-src
     llvm-22-dev libpolly-22-dev zlib1g-dev libzstd-dev
     python3-pip
+    chromium
 )
 
 step "apt packages: ${packages[*]}"

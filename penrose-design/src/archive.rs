@@ -28,6 +28,7 @@
 //! chains                         the store instances followed, one per line, oldest first;
 //!                                the last is the one imports extend
 //! bundles/INSTANCE/SEQ.bundle    each imported bundle (SEQ: 20 digits)
+//! labels                         architects' names for classes (`crate::labels`; mode 0600)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -88,6 +89,14 @@ pub enum ArchiveError {
         expected: KeyId,
         /// The bundle's key.
         actual: KeyId,
+    },
+    /// The labels file is damaged, or a label is refused.
+    #[error("{path}: {why}")]
+    Labels {
+        /// The labels file.
+        path: PathBuf,
+        /// What is wrong, in words.
+        why: String,
     },
     /// The bundle contradicts the chain already imported.
     #[error("{path}: refused, {why}")]
@@ -175,7 +184,7 @@ pub struct Archive {
     dir: PathBuf,
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
     move |source| ArchiveError::Io {
         path: path.to_owned(),
         source,
@@ -194,10 +203,31 @@ fn parse_signer(text: &str) -> Option<VerifyingKey> {
 
 /// Writes `bytes` to `path` so that a crash leaves either the old state or the whole file.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ArchiveError> {
+    write_atomically_mode(path, bytes, None)
+}
+
+/// [`write_atomically`], the file created with `mode` (e.g. 0o600, owner only) when given.
+pub(crate) fn write_atomically_mode(
+    path: &Path,
+    bytes: &[u8],
+    mode: Option<u32>,
+) -> Result<(), ArchiveError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = path.with_extension("tmp");
     {
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        if let Some(mode) = mode {
+            options.mode(mode);
+        }
+        let mut f = options.open(&tmp).map_err(io(&tmp))?;
+        if let Some(mode) = mode {
+            // An older temporary file keeps its mode through `open`: set it.
+            use std::os::unix::fs::PermissionsExt as _;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(io(&tmp))?;
+        }
         f.write_all(bytes).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
     }
@@ -220,6 +250,11 @@ impl Archive {
         Ok(Self {
             dir: dir.to_owned(),
         })
+    }
+
+    /// The archive directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     fn signer_path(&self) -> PathBuf {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use clap::{CommandFactory, Parser, Subcommand};
 use penrose_core::release::{ReportsPerContributor, Threshold};
 
+use crate::labels::Label;
+
 /// The clap command `penrose-design` parses (man pages and completions are made from it).
 pub fn command() -> clap::Command {
     Cli::command()
@@ -77,12 +79,16 @@ pub enum Command {
     /// Decrypt the released sums above the contributor threshold and print them.
     ///
     /// Per class and counter: reports, samples, the contributor bound, mean and percentiles
-    /// at bin resolution, and (with --json or --csv) the 128 bin sums. A released sum is
+    /// at bin resolution, and (with --json or --csv-bins) the 128 bin sums; classes with their
+    /// labels (`penrose-design label`). --html DIR also writes DIR/index.html, one page with
+    /// the plots and tables that opens in a browser from the file; --svg DIR the plots as .svg
+    /// files. A released sum is
     /// decrypted only when at least --threshold contributors are behind it, counted as
     /// reports / (T x days of its epoch) rounded up, T = --reports-per-contributor; others are
     /// listed as held back. A sum whose bins do not add up to the samples its reports declared
     /// is quarantined (listed, not added); the rest still decrypt. Example:
     ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key
+    ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key --html out
     Report {
         /// The archive directory.
         #[arg(long)]
@@ -97,11 +103,50 @@ pub enum Command {
         #[arg(long, default_value_t = ReportsPerContributor::DEFAULT.get())]
         reports_per_contributor: u32,
         /// Print JSON (every bin).
-        #[arg(long, conflicts_with = "csv")]
+        #[arg(long, conflicts_with_all = ["csv", "csv_bins"])]
         json: bool,
-        /// Print CSV: one row per non-empty bin.
-        #[arg(long)]
+        /// Print CSV: one row per decrypted (class, counter) with its statistics.
+        #[arg(long, conflicts_with = "csv_bins")]
         csv: bool,
+        /// Print CSV: one row per non-empty bin, with its edges.
+        #[arg(long)]
+        csv_bins: bool,
+        /// Also write DIR/index.html: the report as one self-contained page (created if
+        /// missing; an existing index.html is replaced).
+        #[arg(long, value_name = "DIR")]
+        html: Option<PathBuf>,
+        /// Also write the plots as SVG files into DIR: overview.svg and
+        /// class-C-counter-N.svg.
+        #[arg(long, value_name = "DIR")]
+        svg: Option<PathBuf>,
+    },
+    /// Label a class (or with --remove, remove its label); reports show the label.
+    ///
+    /// Classes are named by their id (stable along the archive's chains). A label is 1 to 64
+    /// printable characters, kept in the archive directory's `labels` file (mode 0600), never
+    /// sent anywhere. Only classes of imported bundles can be labelled. Example:
+    ///   penrose-design label --archive /var/lib/penrose-design 7 "bert-train"
+    Label {
+        /// The archive directory.
+        #[arg(long)]
+        archive: PathBuf,
+        /// Remove the class's label.
+        #[arg(long)]
+        remove: bool,
+        /// The class id.
+        class: u32,
+        /// The label.
+        #[arg(required_unless_present = "remove", conflicts_with = "remove")]
+        label: Option<Label>,
+    },
+    /// List the classes' labels.
+    Labels {
+        /// The archive directory.
+        #[arg(long)]
+        archive: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     // Its help is `SimulateArgs`'s documentation (a doc comment here would replace it);
     // boxed, it keeps `Command` small.

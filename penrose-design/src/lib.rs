@@ -7,14 +7,20 @@
 //! - [`archive`]: imported export bundles, verified against the pinned aggregation server's
 //!   key and accepted only in chain order (forks, gaps, replays and unannounced new chains
 //!   refused); each released epoch merged once.
+//! - [`labels`]: architects' names for classes, kept in the archive directory.
 //! - [`report`]: decryption above the contributor bound, quarantine of sums that do not
 //!   decrypt to their declared samples; histograms, means and percentiles per (class,
 //!   counter) as text, JSON or CSV.
+//! - [`plot`] and [`html`]: the report's plots as SVG (histograms, the fleet overview) and
+//!   one self-contained HTML page with them and the tables.
 //! - [`simulate`]: the fleet simulator: hours until a fleet's applications are covered, under
 //!   the agent's sampler, window scheduler and sealing and the servers' release rule.
 
 pub mod archive;
 pub mod cli;
+pub mod html;
 pub mod keyfile;
+pub mod labels;
+pub mod plot;
 pub mod report;
 pub mod simulate;

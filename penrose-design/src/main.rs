@@ -11,6 +11,7 @@ use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_design::archive::{self, Archive, Imported};
 use penrose_design::cli::{Cli, Command};
 use penrose_design::keyfile;
+use penrose_design::labels::Label;
 use penrose_design::report;
 
 fn main() -> ExitCode {
@@ -63,10 +64,60 @@ fn run(cli: Cli) -> Result<()> {
             reports_per_contributor,
             json,
             csv,
+            csv_bins,
+            html,
+            svg,
         } => {
             let threshold = Threshold::new(threshold)?;
             let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
-            print_report(&archive, &key, threshold, cap, json, csv)?
+            let format = if json {
+                Format::Json
+            } else if csv {
+                Format::Csv
+            } else if csv_bins {
+                Format::CsvBins
+            } else {
+                Format::Text
+            };
+            let outputs = Outputs {
+                format,
+                html: html.as_deref(),
+                svg: svg.as_deref(),
+            };
+            print_report(&archive, &key, threshold, cap, &outputs)?
+        }
+        Command::Label {
+            archive,
+            remove,
+            class,
+            label,
+        } => {
+            let archive = Archive::open(&archive)?;
+            let new = if remove { None } else { label };
+            let old = archive.set_label(class, new.clone())?;
+            match (
+                new.as_ref().map(Label::as_str),
+                old.as_ref().map(Label::as_str),
+            ) {
+                (Some(l), Some(o)) => println!("class {class}: label {l:?} (was {o:?})"),
+                (Some(l), None) => println!("class {class}: label {l:?}"),
+                (None, Some(o)) => println!("class {class}: label {o:?} removed"),
+                (None, None) => println!("class {class} had no label"),
+            }
+        }
+        Command::Labels { archive, json } => {
+            let labels = Archive::open(&archive)?.labels()?;
+            if json {
+                let list: Vec<serde_json::Value> = labels
+                    .iter()
+                    .map(|(c, l)| serde_json::json!({"class": c, "label": l}))
+                    .collect();
+                println!("{}", serde_json::Value::Array(list));
+            } else {
+                for (class, label) in labels.iter() {
+                    println!("{class}\t{label}");
+                }
+            }
         }
         Command::Simulate(args) => penrose_design::simulate::cli::main(&args)?,
         Command::KeyInfo { file, json } => {
@@ -161,25 +212,77 @@ fn import(
     Ok(())
 }
 
+/// What `report` prints.
+enum Format {
+    Text,
+    Json,
+    Csv,
+    CsvBins,
+}
+
+/// What `report` prints and writes.
+struct Outputs<'a> {
+    format: Format,
+    html: Option<&'a Path>,
+    svg: Option<&'a Path>,
+}
+
+/// Writes `text` to `dir/name`, creating `dir`.
+fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(name);
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
 fn print_report(
     dir: &Path,
     key: &Path,
     threshold: Threshold,
     cap: ReportsPerContributor,
-    json: bool,
-    csv: bool,
+    outputs: &Outputs<'_>,
 ) -> Result<()> {
     let archive = Archive::open(dir)?;
     let merged = archive.merged()?;
+    let labels = archive.labels()?;
     let key = keyfile::read_private_key(key)?;
-    let report = report::build(&merged, &key, threshold, cap)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+    let mut report = report::build(&merged, &key, threshold, cap)?;
+    report.apply_labels(&labels);
+    if let Some(out) = outputs.html {
+        let path = write_file(out, "index.html", &penrose_design::html::render(&report))?;
+        eprintln!("wrote {}", path.display());
     }
-    if csv {
-        print!("{}", report::to_csv(&report));
-        return Ok(());
+    if let Some(out) = outputs.svg {
+        write_file(
+            out,
+            "overview.svg",
+            &penrose_design::plot::overview(&report),
+        )?;
+        for c in &report.decrypted {
+            let name = format!("class-{}-counter-{}.svg", c.class, c.counter);
+            let label = c.label.as_ref().map(|l| l.as_str());
+            write_file(out, &name, &penrose_design::plot::histogram(c, label))?;
+        }
+        eprintln!(
+            "wrote {} SVG files into {}",
+            report.decrypted.len() + 1,
+            out.display()
+        );
+    }
+    match outputs.format {
+        Format::Json => {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            return Ok(());
+        }
+        Format::Csv => {
+            print!("{}", report::to_csv_table(&report));
+            return Ok(());
+        }
+        Format::CsvBins => {
+            print!("{}", report::to_csv_bins(&report));
+            return Ok(());
+        }
+        Format::Text => {}
     }
     println!(
         "{} bundles, {} epochs; threshold k = {} contributors (T = {} reports per contributor and \
@@ -200,8 +303,11 @@ fn print_report(
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     for c in &report.decrypted {
         println!(
-            "class {:>4}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
+            "class {:>4}{}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
             c.class,
+            c.label
+                .as_ref()
+                .map_or(String::new(), |l| format!(" ({l})")),
             c.name,
             c.reports,
             c.contributors_at_least,
@@ -213,7 +319,14 @@ fn print_report(
             u = c.unit
         );
         if !c.merged_from.is_empty() {
-            let merged: Vec<String> = c.merged_from.iter().map(u32::to_string).collect();
+            let merged: Vec<String> = c
+                .merged_from
+                .iter()
+                .map(|m| match report.labels.get(m) {
+                    Some(l) => format!("{m} ({l})"),
+                    None => m.to_string(),
+                })
+                .collect();
             println!(
                 "           (with classes {} that the aggregator merged into it)",
                 merged.join(", ")
@@ -222,8 +335,15 @@ fn print_report(
     }
     for h in &report.held_back {
         println!(
-            "class {:>4}  counter {:>3}: {} reports, at least {} contributors: under the threshold, not decrypted",
-            h.class, h.counter, h.reports, h.contributors_at_least
+            "class {:>4}{}  counter {:>3}: {} reports, at least {} contributors: under the threshold, not decrypted",
+            h.class,
+            report
+                .labels
+                .get(&h.class)
+                .map_or(String::new(), |l| format!(" ({l})")),
+            h.counter,
+            h.reports,
+            h.contributors_at_least
         );
     }
     for q in &report.quarantined {

@@ -28,6 +28,7 @@ use penrose_core::release::{ReportsPerContributor, Threshold, contributors_at_le
 use thiserror::Error;
 
 use crate::archive::Aggregates;
+use crate::labels::{Label, Labels};
 
 /// Why a report could not be made at all (a single bad sum is quarantined instead).
 #[derive(Debug, Error)]
@@ -85,6 +86,8 @@ pub struct CounterReport {
     pub p90: Option<f64>,
     /// 99th percentile.
     pub p99: Option<f64>,
+    /// The architect's label of the class (`penrose-design label`), if any.
+    pub label: Option<Label>,
 }
 
 /// A (class, counter) not decrypted: every released sum of it is under the threshold.
@@ -146,6 +149,9 @@ pub struct Report {
     /// Released epochs with reports admitted without a token (open admission, or bundles
     /// written before admission counts existed).
     pub epochs_without_tokens: usize,
+    /// The architects' labels of the classes this report names (decrypted, merged, held
+    /// back, quarantined), by class id; filled by [`Report::apply_labels`].
+    pub labels: BTreeMap<u32, Label>,
 }
 
 impl Report {
@@ -162,6 +168,22 @@ impl Report {
                  reports without tokens; there the bound rests on agents keeping their cap)",
                 self.epochs_without_tokens, self.epochs
             )
+        }
+    }
+
+    /// Attaches the labels of the classes this report names.
+    pub fn apply_labels(&mut self, labels: &Labels) {
+        let named = self
+            .decrypted
+            .iter()
+            .flat_map(|c| std::iter::once(c.class).chain(c.merged_from.iter().copied()))
+            .chain(self.held_back.iter().map(|h| h.class))
+            .chain(self.quarantined.iter().map(|q| q.class));
+        self.labels = named
+            .filter_map(|c| labels.get(c).map(|l| (c, l.clone())))
+            .collect();
+        for c in &mut self.decrypted {
+            c.label = labels.get(c.class).cloned();
         }
     }
 
@@ -304,6 +326,7 @@ pub fn build(
             p90: binning.and_then(|b| quantile(&bins, &b, 0.9)),
             p99: binning.and_then(|b| quantile(&bins, &b, 0.99)),
             bins: bins.to_vec(),
+            label: None,
         });
     }
     let epochs_without_tokens = aggregates
@@ -327,6 +350,7 @@ pub fn build(
         decrypted,
         held_back,
         quarantined,
+        labels: BTreeMap::new(),
         skipped_epochs: aggregates
             .skipped
             .iter()
@@ -370,22 +394,93 @@ pub fn quantile(bins: &[u64; BIN_COUNT], binning: &Binning, q: f64) -> Option<f6
     None
 }
 
-/// The report as CSV: one row per non-empty bin of each decrypted (class, counter), with the
-/// bin's edges, so a spreadsheet can plot it.
-pub fn to_csv(report: &Report) -> String {
-    let mut out = String::from("class,counter,name,unit,reports,samples,bin,low,high,count\n");
+/// One CSV field: quoted when it holds a comma, quote or line break (RFC 4180), and a text
+/// that a spreadsheet would take for a formula (`=`, `+`, `-`, `@`) prefixed with `'`.
+fn csv_text(text: &str) -> String {
+    let text = if text.starts_with(['=', '+', '-', '@']) {
+        format!("'{text}")
+    } else {
+        text.to_string()
+    };
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text
+    }
+}
+
+fn csv_number(v: Option<f64>) -> String {
+    v.map_or(String::new(), |v| v.to_string())
+}
+
+fn csv_ids(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+}
+
+/// The report as CSV, one row per decrypted (class, counter) with what the text report shows:
+/// `class,label,counter,name,unit,catalogue,reports,samples,contributors_at_least,sums,
+/// epochs,held_back_reports,bound_enforced_by_tokens,mean,p50,p90,p99,merged_from` (epochs and
+/// merged_from: ids separated by spaces; statistics empty where unknown).
+pub fn to_csv_table(report: &Report) -> String {
+    let mut out = String::from(
+        "class,label,counter,name,unit,catalogue,reports,samples,contributors_at_least,sums,\
+         epochs,held_back_reports,bound_enforced_by_tokens,mean,p50,p90,p99,merged_from\n",
+    );
     for c in &report.decrypted {
-        let binning = Catalogue::by_version(CatalogueVersion(c.catalogue))
-            .and_then(|cat| cat.counter(CounterId(c.counter)))
-            .map(|k| k.binning);
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            c.class,
+            csv_text(c.label.as_ref().map_or("", Label::as_str)),
+            c.counter,
+            csv_text(&c.name),
+            csv_text(&c.unit),
+            c.catalogue,
+            c.reports,
+            c.samples,
+            c.contributors_at_least,
+            c.sums,
+            csv_ids(&c.epochs),
+            c.held_back_reports,
+            c.bound_enforced_by_tokens,
+            csv_number(c.mean),
+            csv_number(c.p50),
+            csv_number(c.p90),
+            csv_number(c.p99),
+            csv_ids(&c.merged_from),
+        ));
+    }
+    out
+}
+
+/// The bins as CSV: one row per non-empty bin of each decrypted (class, counter), with the
+/// bin's edges from the catalogue (empty for a counter it does not know), so a spreadsheet can
+/// plot it: `class,label,counter,name,unit,reports,samples,bin,low,high,count`.
+pub fn to_csv_bins(report: &Report) -> String {
+    let mut out =
+        String::from("class,label,counter,name,unit,reports,samples,bin,low,high,count\n");
+    for c in &report.decrypted {
+        let binning = crate::plot::binning(c);
         for (i, &count) in c.bins.iter().enumerate() {
             if count == 0 {
                 continue;
             }
-            let (lo, hi) = binning.map_or((f64::NAN, f64::NAN), |b| b.edges(bin(i)));
+            let (lo, hi) = binning.map_or((None, None), |b| {
+                let (lo, hi) = b.edges(bin(i));
+                (Some(lo), Some(hi))
+            });
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{}\n",
-                c.class, c.counter, c.name, c.unit, c.reports, c.samples, i, lo, hi, count
+                "{},{},{},{},{},{},{},{},{},{},{}\n",
+                c.class,
+                csv_text(c.label.as_ref().map_or("", Label::as_str)),
+                c.counter,
+                csv_text(&c.name),
+                csv_text(&c.unit),
+                c.reports,
+                c.samples,
+                i,
+                csv_number(lo),
+                csv_number(hi),
+                count
             ));
         }
     }
@@ -411,5 +506,14 @@ mod tests {
         let m = mean(&bins, &binning).unwrap();
         assert!((m - (0.9 * 10.5 + 0.1 * 100.5)).abs() < 1e-9);
         assert_eq!(mean(&[0; BIN_COUNT], &binning), None);
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_and_formulas_defused() {
+        assert_eq!(csv_text("bert-train"), "bert-train");
+        assert_eq!(csv_text("a,b"), "\"a,b\"");
+        assert_eq!(csv_text("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_text("=cmd()"), "'=cmd()");
+        assert_eq!(csv_text("-1,2"), "\"'-1,2\"");
     }
 }

@@ -254,8 +254,8 @@ fn released_sums_decrypt_exactly_above_the_contributor_bound_and_not_below() {
     .unwrap();
     assert!(strict.decrypted.is_empty());
     assert!(Threshold::new(9).is_err() && ReportsPerContributor::for_servers(23).is_err());
-    let csv = report::to_csv(&report);
-    assert!(csv.lines().count() > 1 && csv.starts_with("class,counter"));
+    let csv = report::to_csv_bins(&report);
+    assert!(csv.lines().count() > 1 && csv.starts_with("class,label,counter"));
 }
 
 /// The report says whether the contributor bound was enforced by admission tokens: yes when
@@ -670,4 +670,255 @@ fn the_cli_refuses_a_tampered_bundle_with_exit_code_3() {
         !out.status.success() && stderr.contains("floor"),
         "{stderr}"
     );
+}
+
+/// An archive of one bundle under a 2048-bit key (the CLI refuses smaller ones): class 0's
+/// kernel durations above the threshold, class 1's under it; the key files written. Returns
+/// the temporary directory, the archive and the private key file.
+fn cli_archive() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let mut f = Fixture::new();
+    f.keys = Keypair::generate_with_size(KeySize::Bits2048, &mut f.rng);
+    let dir = tempfile::tempdir().unwrap();
+    let (above, _) = f.entry(DAY, 0, 5, ENOUGH);
+    let (below, _) = f.entry(DAY, 1, 5, ENOUGH - 1);
+    let path = f.bundle(dir.path(), &[DAY], vec![above, below]);
+    let archive_dir = dir.path().join("archive");
+    Archive::open(&archive_dir)
+        .unwrap()
+        .import(&path, Some(&f.signing.verifying_key()), false)
+        .unwrap();
+    let keys_dir = dir.path().join("keys");
+    std::fs::create_dir_all(&keys_dir).unwrap();
+    let (private, _) = penrose_design::keyfile::write_keypair(&keys_dir, &f.keys).unwrap();
+    (dir, archive_dir, private)
+}
+
+fn design(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_penrose-design"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A label that would run a script, if it were not escaped.
+const HOSTILE: &str = "<script>alert(1)</script> & bert";
+
+/// Labels the archive's class 0 with [`HOSTILE`] and writes the report as CSV (stdout), HTML
+/// and SVG files; returns the HTML page's path and the CSV.
+fn labelled_report(dir: &Path, archive: &Path, private: &Path) -> (PathBuf, String) {
+    let out = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "0".as_ref(),
+        HOSTILE.as_ref(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let html = dir.join("html");
+    let svg = dir.join("svg");
+    let out = design(&[
+        "report".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--key".as_ref(),
+        private.as_os_str(),
+        "--csv".as_ref(),
+        "--html".as_ref(),
+        html.as_os_str(),
+        "--svg".as_ref(),
+        svg.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(svg.join("overview.svg").exists() && svg.join("class-0-counter-5.svg").exists());
+    (
+        html.join("index.html"),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+#[test]
+fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
+    let (dir, archive, private) = cli_archive();
+    // A class in no bundle, and an invalid label, are refused.
+    let refused = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "99".as_ref(),
+        "x".as_ref(),
+    ]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let long = "x".repeat(65);
+    let refused = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "0".as_ref(),
+        long.as_ref(),
+    ]);
+    assert_eq!(refused.status.code(), Some(2), "a usage error: {refused:?}");
+
+    let (page, csv) = labelled_report(dir.path(), &archive, &private);
+    // The labels file: owner only, listed by `labels`.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(archive.join("labels"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let listed = design(&[
+        "labels".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed, serde_json::json!([{"class": 0, "label": HOSTILE}]));
+
+    // CSV: a header and one row, class 0 with its label and statistics.
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 2, "{csv}");
+    assert!(lines[0].starts_with("class,label,counter,name,unit,catalogue,reports"));
+    assert!(
+        lines[1].starts_with(&format!("0,{HOSTILE},5,kernel_duration,ns,1,{ENOUGH},")),
+        "{csv}"
+    );
+
+    // The page: the label escaped, the overview and one histogram, class 1 listed as withheld.
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(!html.contains("<script"), "escaped");
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; bert"));
+    assert_eq!(html.matches("<svg").count(), 2);
+    assert!(html.contains(r#"id="class-0""#) && !html.contains(r#"id="class-1""#));
+    assert!(html.contains("Withheld") && html.contains("<td>class 1</td>"));
+    assert!(html.contains("threshold k</dt><dd>10 contributors"));
+    assert!(
+        !html.contains("http://") || html.matches("http://").count() == 2,
+        "only xmlns"
+    );
+
+    // The text report shows the label too; removing it leaves none.
+    let text = design(&[
+        "report".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--key".as_ref(),
+        private.as_os_str(),
+    ]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("class    0 ({HOSTILE})")));
+    let removed = design(&[
+        "label".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--remove".as_ref(),
+        "0".as_ref(),
+    ]);
+    assert!(removed.status.success(), "{removed:?}");
+    let listed = design(&["labels".as_ref(), "--archive".as_ref(), archive.as_os_str()]);
+    assert!(listed.stdout.is_empty());
+}
+
+/// `chromium` or `chromium-browser` on PATH.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|d| [d.join("chromium"), d.join("chromium-browser")])
+        .find(|p| p.is_file())
+}
+
+/// Runs headless Chromium on `page` with `args`, killed after two minutes; returns stdout.
+fn headless(chromium: &Path, profile: &Path, page: &Path, args: &[&str]) -> Vec<u8> {
+    let mut child = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--window-size=1280,2000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .env("HOME", profile)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut out).map(|_| out)
+    });
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("chromium did not finish in two minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    reader.join().unwrap().unwrap()
+}
+
+/// The value of attribute `name` in the tag text `tag`.
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    tag[at..].split('"').next()
+}
+
+/// The HTML report renders in a browser: headless Chromium's DOM holds the plots as SVG
+/// elements of non-zero size, and its screenshot is a full page, not a blank one.
+#[test]
+fn the_html_report_renders_in_headless_chromium() {
+    let Some(chromium) = chromium() else {
+        // Not captured by the test harness, so CI's summary counts it (ci/test.sh).
+        std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"SKIPPED: chromium not installed (Debian's chromium package)\n",
+        )
+        .unwrap();
+        return;
+    };
+    let (dir, archive, private) = cli_archive();
+    let (page, _) = labelled_report(dir.path(), &archive, &private);
+    let profile = dir.path().join("chromium");
+    std::fs::create_dir_all(&profile).unwrap();
+
+    let dom = String::from_utf8(headless(&chromium, &profile, &page, &["--dump-dom"])).unwrap();
+    assert!(dom.contains("Penrose design report"), "{dom}");
+    assert!(!dom.contains("<script"), "the label stayed text: {dom}");
+    let svgs: Vec<&str> = dom
+        .match_indices("<svg")
+        .map(|(at, _)| &dom[at..at + dom[at..].find('>').unwrap()])
+        .collect();
+    assert_eq!(svgs.len(), 2, "the overview and one histogram: {dom}");
+    for svg in &svgs {
+        let size = |n| attribute(svg, n).and_then(|v| v.parse::<f64>().ok());
+        assert!(
+            size("width").unwrap() > 0.0 && size("height").unwrap() > 0.0,
+            "{svg}"
+        );
+        let view: Vec<f64> = attribute(svg, "viewBox")
+            .unwrap()
+            .split(' ')
+            .map(|v| v.parse().unwrap())
+            .collect();
+        assert!(view[2] > 0.0 && view[3] > 0.0, "{svg}");
+    }
+    assert!(dom.matches("<rect").count() >= 2, "bars drawn");
+
+    let shot = dir.path().join("report.png");
+    let arg = format!("--screenshot={}", shot.display());
+    headless(&chromium, &profile, &page, &["--hide-scrollbars", &arg]);
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(&png[12..16], b"IHDR");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert!(width >= 1000 && height >= 1000, "{width} x {height}");
+    // A blank 1280 x 2000 page compresses to a few kilobytes; text and plots do not.
+    assert!(png.len() > 40_000, "{} bytes", png.len());
+    if let Some(keep) = std::env::var_os("PENROSE_KEEP_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
 }

@@ -1,0 +1,499 @@
+//! Plots as SVG, written by hand: a histogram per decrypted (class, counter) and a fleet
+//! overview of classes by reports.
+//!
+//! Only what [`crate::report`] decrypted is drawn: a [`CounterReport`] exists only for
+//! released sums above the threshold, and a bin is drawn only when its sum is non-zero.
+//! Sums under the threshold have no bins to draw; the HTML page lists them as withheld.
+//!
+//! Every text (labels are user input) goes through [`escape`]; numbers are formatted here.
+//! The SVG needs no script and no external resource, so it can be inlined into an HTML page or
+//! saved on its own (`--svg DIR`).
+
+use std::fmt::Write as _;
+
+use penrose_core::counters::{BIN_COUNT, Bin, Binning, Catalogue, CatalogueVersion, CounterId};
+
+use crate::report::{CounterReport, Report};
+
+/// Escapes text for XML and HTML content and attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A value with its unit, to three significant digits, scaled to a readable prefix (ns to
+/// µs, ms, s; bytes to kB, MB, GB; counts to k, M, G).
+pub fn human(value: f64, unit: &str) -> String {
+    if !value.is_finite() {
+        return "-".to_string();
+    }
+    let sig = |v: f64| {
+        let a = v.abs();
+        if a >= 100.0 || a == 0.0 {
+            format!("{v:.0}")
+        } else if a >= 10.0 {
+            format!("{v:.1}")
+        } else {
+            format!("{v:.2}")
+        }
+    };
+    let scaled = |v: f64, steps: [&str; 4], space: &str| {
+        let a = v.abs();
+        let (d, p) = if a >= 1e9 {
+            (1e9, steps[3])
+        } else if a >= 1e6 {
+            (1e6, steps[2])
+        } else if a >= 1e3 {
+            (1e3, steps[1])
+        } else {
+            (1.0, steps[0])
+        };
+        format!("{}{space}{p}", sig(v / d))
+    };
+    match unit {
+        "ns" => scaled(value, ["ns", "µs", "ms", "s"], " "),
+        "B" => scaled(value, ["B", "kB", "MB", "GB"], " "),
+        "%" => format!("{}%", sig(value)),
+        "" => scaled(value, ["", "k", "M", "G"], ""),
+        other => format!("{} {other}", sig(value)),
+    }
+}
+
+/// Where a text is anchored.
+#[derive(Clone, Copy, Debug)]
+pub enum Anchor {
+    /// At its start.
+    Start,
+    /// At its middle.
+    Middle,
+    /// At its end.
+    End,
+}
+
+impl Anchor {
+    fn as_str(self) -> &'static str {
+        match self {
+            Anchor::Start => "start",
+            Anchor::Middle => "middle",
+            Anchor::End => "end",
+        }
+    }
+}
+
+/// An SVG document being drawn; every text added is escaped.
+#[derive(Debug)]
+pub struct Svg {
+    width: u32,
+    height: u32,
+    title: String,
+    body: String,
+}
+
+/// The bars' colour.
+const BAR: &str = "#3b6ea8";
+/// Axes and text.
+const INK: &str = "#222";
+/// Grid lines.
+const GRID: &str = "#ccc";
+
+impl Svg {
+    /// An empty drawing of `width` x `height` pixels, titled `title` (its `<title>`).
+    pub fn new(width: u32, height: u32, title: &str) -> Self {
+        Self {
+            width,
+            height,
+            title: title.to_string(),
+            body: String::new(),
+        }
+    }
+
+    /// A filled rectangle, with a tooltip (`<title>`) if given.
+    pub fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: &'static str, tip: Option<&str>) {
+        let _ = write!(
+            self.body,
+            r#"<rect class="bar" x="{x:.2}" y="{y:.2}" width="{w:.2}" height="{h:.2}" fill="{fill}">"#
+        );
+        if let Some(tip) = tip {
+            let _ = write!(self.body, "<title>{}</title>", escape(tip));
+        }
+        self.body.push_str("</rect>");
+    }
+
+    /// A line.
+    pub fn line(&mut self, x1: f64, y1: f64, x2: f64, y2: f64, stroke: &'static str) {
+        let _ = write!(
+            self.body,
+            r#"<line x1="{x1:.2}" y1="{y1:.2}" x2="{x2:.2}" y2="{y2:.2}" stroke="{stroke}" stroke-width="1"/>"#
+        );
+    }
+
+    /// A text at (x, y) (its baseline), `size` pixels high.
+    pub fn text(&mut self, x: f64, y: f64, anchor: Anchor, size: u32, text: &str) {
+        let _ = write!(
+            self.body,
+            r#"<text x="{x:.2}" y="{y:.2}" text-anchor="{}" font-size="{size}" fill="{INK}">{}</text>"#,
+            anchor.as_str(),
+            escape(text)
+        );
+    }
+
+    /// The SVG element, to inline in HTML or save as a file.
+    pub fn finish(self) -> String {
+        format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" role="img"><title>{t}</title>{b}</svg>"#,
+            w = self.width,
+            h = self.height,
+            t = escape(&self.title),
+            b = self.body
+        )
+    }
+}
+
+/// The catalogue's binning of a decrypted counter (`None` for a counter it does not know).
+pub fn binning(c: &CounterReport) -> Option<Binning> {
+    Catalogue::by_version(CatalogueVersion(c.catalogue))
+        .and_then(|cat| cat.counter(CounterId(c.counter)))
+        .map(|k| k.binning)
+}
+
+fn bin(i: usize) -> Bin {
+    Bin::new(i).unwrap_or(Bin::LAST)
+}
+
+/// The histogram of one decrypted (class, counter): its 128 bins on the catalogue's edges,
+/// one bar per non-empty bin (its tooltip the bin's range and count).
+pub fn histogram(c: &CounterReport, label: Option<&str>) -> String {
+    const W: f64 = 640.0;
+    const H: f64 = 230.0;
+    const LEFT: f64 = 64.0;
+    const RIGHT: f64 = 16.0;
+    const TOP: f64 = 28.0;
+    const BOTTOM: f64 = 48.0;
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let bw = pw / BIN_COUNT as f64;
+    let who = match label {
+        Some(l) => format!("class {} ({l})", c.class),
+        None => format!("class {}", c.class),
+    };
+    let title = format!("{who}: {} histogram, {} samples", c.name, c.samples);
+    let mut svg = Svg::new(W as u32, H as u32, &title);
+    svg.text(LEFT, 18.0, Anchor::Start, 13, &title);
+    let max = c.bins.iter().copied().max().unwrap_or(0);
+    let binning = binning(c);
+    let edge = |i: usize| -> String {
+        match binning {
+            // The upper edge of the last bin for i = BIN_COUNT.
+            Some(b) if i >= BIN_COUNT => human(b.edges(Bin::LAST).1, &c.unit),
+            Some(b) => human(b.edges(bin(i)).0, &c.unit),
+            None => format!("bin {i}"),
+        }
+    };
+    // Axes, the top grid line and the count scale.
+    let base = TOP + ph;
+    svg.line(LEFT, base, LEFT + pw, base, INK);
+    svg.line(LEFT, TOP, LEFT, base, INK);
+    svg.line(LEFT, TOP, LEFT + pw, TOP, GRID);
+    svg.text(LEFT - 6.0, base + 4.0, Anchor::End, 11, "0");
+    svg.text(
+        LEFT - 6.0,
+        TOP + 4.0,
+        Anchor::End,
+        11,
+        &human(max as f64, ""),
+    );
+    for i in (0..=BIN_COUNT).step_by(BIN_COUNT / 4) {
+        let x = LEFT + i as f64 * bw;
+        svg.line(x, base, x, base + 4.0, INK);
+        svg.text(x, base + 16.0, Anchor::Middle, 11, &edge(i));
+    }
+    let scale = match binning {
+        Some(Binning::Log { .. }) => "logarithmic bins",
+        Some(Binning::Linear { .. }) => "linear bins",
+        None => "bins of a counter the catalogue does not know",
+    };
+    let unit = if c.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", c.unit)
+    };
+    svg.text(
+        LEFT + pw / 2.0,
+        H - 8.0,
+        Anchor::Middle,
+        12,
+        &format!(
+            "{}{unit}, {BIN_COUNT} {scale}; bars: samples per bin",
+            c.name
+        ),
+    );
+    if max > 0 {
+        for (i, &count) in c.bins.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let h = (count as f64 / max as f64 * ph).max(1.0);
+            let tip = match binning {
+                Some(b) => {
+                    let (lo, hi) = b.edges(bin(i));
+                    format!(
+                        "bin {i}: [{}, {}): {count} samples",
+                        human(lo, &c.unit),
+                        human(hi, &c.unit)
+                    )
+                }
+                None => format!("bin {i}: {count} samples"),
+            };
+            svg.rect(LEFT + i as f64 * bw, base - h, bw, h, BAR, Some(&tip));
+        }
+    }
+    svg.finish()
+}
+
+/// The most classes the overview draws; the rest are in the page's tables.
+pub const OVERVIEW_CLASSES: usize = 40;
+
+/// Reports per class over its decrypted counters, most first (ties by class id).
+pub fn classes_by_reports(report: &Report) -> Vec<(u32, u64)> {
+    let mut per: Vec<(u32, u64)> = Vec::new();
+    for c in &report.decrypted {
+        match per.iter_mut().find(|(k, _)| *k == c.class) {
+            Some((_, r)) => *r += c.reports,
+            None => per.push((c.class, c.reports)),
+        }
+    }
+    per.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    per
+}
+
+/// The fleet overview: one horizontal bar per decrypted class, its reports (all counters
+/// added), most first; at most [`OVERVIEW_CLASSES`].
+pub fn overview(report: &Report) -> String {
+    const W: f64 = 640.0;
+    const LEFT: f64 = 210.0;
+    const RIGHT: f64 = 70.0;
+    const TOP: f64 = 30.0;
+    const ROW: f64 = 20.0;
+    let per = classes_by_reports(report);
+    let shown = &per[..per.len().min(OVERVIEW_CLASSES)];
+    let h = TOP + ROW * shown.len().max(1) as f64 + 28.0;
+    let title = "Fleet overview: decrypted reports per class (all counters)";
+    let mut svg = Svg::new(W as u32, h as u32, title);
+    svg.text(8.0, 18.0, Anchor::Start, 13, title);
+    if shown.is_empty() {
+        svg.text(
+            8.0,
+            TOP + 14.0,
+            Anchor::Start,
+            12,
+            "no class reached the threshold",
+        );
+        return svg.finish();
+    }
+    let max = shown.first().map_or(1, |(_, r)| (*r).max(1)) as f64;
+    let pw = W - LEFT - RIGHT;
+    for (row, (class, reports)) in shown.iter().enumerate() {
+        let y = TOP + row as f64 * ROW;
+        let name = match report.labels.get(class) {
+            Some(l) => format!("class {class} {}", shorten(l.as_str(), 22)),
+            None => format!("class {class}"),
+        };
+        svg.text(LEFT - 8.0, y + 14.0, Anchor::End, 12, &name);
+        let w = (*reports as f64 / max * pw).max(1.0);
+        svg.rect(
+            LEFT,
+            y + 3.0,
+            w,
+            ROW - 6.0,
+            BAR,
+            Some(&format!("class {class}: {reports} reports")),
+        );
+        svg.text(
+            LEFT + w + 4.0,
+            y + 14.0,
+            Anchor::Start,
+            11,
+            &reports.to_string(),
+        );
+    }
+    let base = TOP + ROW * shown.len() as f64;
+    svg.line(LEFT, TOP, LEFT, base, INK);
+    if per.len() > shown.len() {
+        svg.text(
+            LEFT,
+            base + 18.0,
+            Anchor::Start,
+            11,
+            &format!(
+                "{} more classes in the tables below",
+                per.len() - shown.len()
+            ),
+        );
+    }
+    svg.finish()
+}
+
+/// `text` cut to `max` characters, with an ellipsis when cut.
+fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+    s.push('…');
+    s
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Checks that `xml` is well formed as far as tags go: every element closed in order,
+    /// attribute values quoted, no stray `<` or `&`. Returns the element names opened.
+    pub(crate) fn check_tags(xml: &str) -> Result<Vec<String>, String> {
+        let mut stack: Vec<String> = Vec::new();
+        let mut opened = Vec::new();
+        let mut rest = xml;
+        while let Some(at) = rest.find(['<', '&']) {
+            let (text, tail) = rest.split_at(at);
+            if text.contains('>') {
+                return Err(format!("stray '>' in {text:?}"));
+            }
+            if let Some(entity) = tail.strip_prefix('&') {
+                let end = entity.find(';').ok_or("unterminated entity")?;
+                let name = &entity[..end];
+                let known = ["amp", "lt", "gt", "quot", "#39"].contains(&name);
+                if !known {
+                    return Err(format!("unknown entity &{name};"));
+                }
+                rest = &entity[end + 1..];
+                continue;
+            }
+            let end = tail.find('>').ok_or("unterminated tag")?;
+            let tag = &tail[1..end];
+            rest = &tail[end + 1..];
+            if tag.starts_with('!') || tag.starts_with('?') {
+                continue;
+            }
+            if tag.matches('"').count() % 2 != 0 || tag.contains('<') {
+                return Err(format!("malformed tag <{tag}>"));
+            }
+            if let Some(name) = tag.strip_prefix('/') {
+                match stack.pop() {
+                    Some(open) if open == name => {}
+                    other => return Err(format!("</{name}> closes {other:?}")),
+                }
+                continue;
+            }
+            let name: String = tag
+                .chars()
+                .take_while(|c| !c.is_whitespace() && *c != '/')
+                .collect();
+            opened.push(name.clone());
+            if !tag.ends_with('/') {
+                stack.push(name);
+            }
+        }
+        if rest.contains('>') {
+            return Err("stray '>' at the end".into());
+        }
+        match stack.last() {
+            Some(open) => Err(format!("<{open}> never closed")),
+            None => Ok(opened),
+        }
+    }
+
+    pub(crate) fn counter(class: u32, bins: &[(usize, u64)]) -> CounterReport {
+        let mut all = vec![0u64; BIN_COUNT];
+        for &(i, c) in bins {
+            all[i] = c;
+        }
+        CounterReport {
+            class,
+            merged_from: Vec::new(),
+            catalogue: 1,
+            counter: 5,
+            name: "kernel_duration".into(),
+            unit: "ns".into(),
+            reports: 300,
+            samples: all.iter().sum(),
+            contributors_at_least: 13,
+            sums: 1,
+            epochs: vec![20_000],
+            held_back_reports: 0,
+            bound_enforced_by_tokens: false,
+            bins: all,
+            mean: Some(1.0),
+            p50: Some(1.0),
+            p90: Some(2.0),
+            p99: Some(3.0),
+            label: None,
+        }
+    }
+
+    #[test]
+    fn text_is_escaped() {
+        assert_eq!(
+            escape(r#"<script>alert("x" & 'y')</script>"#),
+            "&lt;script&gt;alert(&quot;x&quot; &amp; &#39;y&#39;)&lt;/script&gt;"
+        );
+        let mut svg = Svg::new(10, 10, "a < b");
+        svg.text(0.0, 0.0, Anchor::Start, 10, "<script>&");
+        let out = svg.finish();
+        assert!(!out.contains("<script"), "{out}");
+        assert!(out.contains("&lt;script&gt;&amp;"), "{out}");
+        check_tags(&out).unwrap();
+    }
+
+    #[test]
+    fn a_histogram_draws_one_bar_per_non_empty_bin_and_is_well_formed() {
+        let c = counter(7, &[(0, 5), (10, 90), (127, 1)]);
+        let svg = histogram(&c, Some("<script>alert(1)</script> & co"));
+        let tags = check_tags(&svg).unwrap();
+        assert_eq!(tags.iter().filter(|t| *t == "rect").count(), 3, "{svg}");
+        assert_eq!(svg.matches(r#"class="bar""#).count(), 3);
+        assert!(svg.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; co"));
+        assert!(!svg.contains("<script"));
+        // The catalogue's edges: kernel_duration is log-binned in ns.
+        assert!(svg.contains("logarithmic bins"), "{svg}");
+        assert!(svg.contains(r#"viewBox="0 0 640 230""#));
+        // An empty histogram draws axes and no bar.
+        let empty = histogram(&counter(7, &[]), None);
+        assert_eq!(
+            check_tags(&empty)
+                .unwrap()
+                .iter()
+                .filter(|t| *t == "rect")
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn numbers_read_with_their_units() {
+        assert_eq!(human(1500.0, "ns"), "1.50 µs");
+        assert_eq!(human(2.5e7, "ns"), "25.0 ms");
+        assert_eq!(human(512.0, "B"), "512 B");
+        assert_eq!(human(3.0e9, "B"), "3.00 GB");
+        assert_eq!(human(42.25, "%"), "42.2%");
+        assert_eq!(human(12_345.0, ""), "12.3k");
+        assert_eq!(human(f64::NAN, "ns"), "-");
+    }
+
+    #[test]
+    fn check_tags_finds_damage() {
+        assert!(check_tags("<a><b></a></b>").is_err());
+        assert!(check_tags("<a>").is_err());
+        assert!(check_tags("<a>x & y</a>").is_err());
+        assert!(check_tags("<a x=\"1></a>").is_err());
+        assert!(check_tags("<a><b/></a>").is_ok());
+    }
+}
