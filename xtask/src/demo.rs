@@ -174,6 +174,9 @@ pub struct Outcome {
     pub killed: Vec<String>,
     /// Seconds per stage.
     pub seconds: BTreeMap<String, f64>,
+    /// The architects' page of this run (`penrose-design report --html`): `html/index.html`
+    /// in the run's directory, kept with `--keep`.
+    pub html: PathBuf,
 }
 
 /// What the run's admission tokens did.
@@ -878,6 +881,27 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .arg("--json"),
         "penrose-design report",
     )?)?;
+    // The same release as the page architects read; it must show the decrypted histograms.
+    let html_dir = dir.join("html");
+    output(
+        Command::new(bin("penrose-design"))
+            .arg("report")
+            .arg("--archive")
+            .arg(&archive)
+            .arg("--key")
+            .arg(keys.join("private.key"))
+            .args(&release)
+            .arg("--html")
+            .arg(&html_dir),
+        "penrose-design report --html",
+    )?;
+    let html = html_dir.join("index.html");
+    let page = std::fs::read_to_string(&html).context("reading the report page")?;
+    ensure!(
+        page.contains("<svg"),
+        "the report page {} holds no plot",
+        html.display()
+    );
     seconds.insert(
         "design server: import and decrypt".to_string(),
         t.elapsed().as_secs_f64(),
@@ -1027,6 +1051,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             && partition_warnings == 0,
     };
     Ok(Outcome {
+        html,
         source: source.to_string(),
         workload,
         replayers: replayers.len(),
@@ -1373,6 +1398,10 @@ fn print_outcome(o: &Outcome, threshold: u64) {
     println!(
         "every report the aggregation server counted was admitted by an admission token: {}",
         if a.admitted { "yes" } else { "NO" }
+    );
+    println!(
+        "the architects' page of this run: {} (one file; kept with --keep)",
+        o.html.display()
     );
     for (stage, s) in &o.seconds {
         println!("  {stage:<38} {s:>7.2} s");
