@@ -379,7 +379,9 @@ fn a_default_agent_that_cannot_capture_exits_with_an_error_instead_of_replaying(
         .arg(agent_binary());
     let out = run(nobody);
     if matches!(out.status.code(), Some(126 | 127)) {
-        eprintln!("SKIPPED (plain user): setpriv cannot run the agent here");
+        skipped(format_args!(
+            "SKIPPED (plain user): setpriv cannot run the agent here"
+        ));
     } else {
         check("plain user (uid 65534)", out, "needs root");
     }
@@ -396,12 +398,16 @@ fn a_default_agent_that_cannot_capture_exits_with_an_error_instead_of_replaying(
     let out = run(no_btf);
     let err = String::from_utf8_lossy(&out.stderr);
     if err.contains("unshare failed") || err.contains("mount:") || out.status.code() == Some(127) {
-        eprintln!("SKIPPED (no BTF): no mount namespace here: {err}");
+        skipped(format_args!(
+            "SKIPPED (no BTF): no mount namespace here: {err}"
+        ));
     } else {
         check("root without kernel BTF", out, "kernel BTF is missing");
     }
     if std::path::Path::new("/dev/nvidiactl").exists() {
-        eprintln!("SKIPPED (no NVML): this host has an NVIDIA driver");
+        skipped(format_args!(
+            "SKIPPED (no NVML): this host has an NVIDIA driver"
+        ));
     } else {
         check(
             "root without NVML",
@@ -571,9 +577,9 @@ fn opted_out_agent_does_nothing() {
 #[test]
 fn a_running_daemon_keeps_only_the_capture_capabilities() {
     if !penrose_agent::capture::loader::is_root() {
-        println!(
+        skipped(format_args!(
             "SKIPPED: dropping capabilities needs the agent to start as root (CI runs as root)"
-        );
+        ));
         return;
     }
     let fx = Fixture::new();
