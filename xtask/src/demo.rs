@@ -59,7 +59,9 @@ use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
-use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId};
+use penrose_core::wire::{
+    ADMISSION_TOKEN_BYTES, AdmissionToken, Day, Message, PackedBytes, Report, ReportId,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -1218,6 +1220,7 @@ fn start_agent(bin: &Path, config: &Path, log: &Path) -> Result<Child> {
 
 /// Bytes of one report frame under `key`, as the wire encoder writes it (every report has the
 /// same size: the format and the key size fix it).
+/// Bytes of one report frame as the demo's agents send it: with its admission token.
 fn report_frame_len(key: &PublicKey) -> Result<usize> {
     let packed = key.encrypt_packed(&[0u32; BIN_COUNT], &mut rand::rng())?;
     let count = packed.ciphertexts().len();
@@ -1230,7 +1233,7 @@ fn report_frame_len(key: &PublicKey) -> Result<usize> {
         day: Day(0),
         samples: SampleCount(1),
         ciphertexts: PackedBytes::new(packed.to_bytes(), count)?,
-        token: None,
+        token: Some(AdmissionToken([0; ADMISSION_TOKEN_BYTES])),
     };
     Ok(Message::Report(report).to_frame()?.len())
 }
@@ -1400,7 +1403,8 @@ fn print_outcome(o: &Outcome, threshold: u64) {
         if a.admitted { "yes" } else { "NO" }
     );
     println!(
-        "the architects' page of this run: {} (one file; kept with --keep)",
+        "the architects' page of this run: {} (one file; the run's directory is removed at \
+         the end unless --keep is given)",
         o.html.display()
     );
     for (stage, s) in &o.seconds {
