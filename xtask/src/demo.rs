@@ -1338,8 +1338,8 @@ fn print_outcome(o: &Outcome, threshold: u64) {
     );
     println!(
         "host 0 ({} source{}): {} windows, {} launches, {} samples. All agents: {} histograms \
-         sealed and encrypted, {} counted by the aggregation server; a report is {} bytes on the \
-         wire.",
+         sealed and encrypted, {} counted by the aggregation server; a report (with its token) is {} bytes \
+         on the wire.",
         o.source,
         if o.replayers > 0 {
             format!(
