@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::str::FromStr;
@@ -109,8 +109,8 @@ pub fn generate() -> Credential {
     Credential(secret)
 }
 
-/// Writes a credential file at `path` (mode 0600, never replacing a file or following a link),
-/// with a comment naming its short id.
+/// Writes a credential file at `path` (mode 0600, never replacing a file or following a link,
+/// synced), with a comment naming its short id.
 pub fn write_file(path: &Path, credential: &Credential) -> Result<(), IssuerError> {
     let id = CredentialId::of(credential);
     let text = credential.to_file(&format!(
@@ -119,22 +119,7 @@ pub fn write_file(path: &Path, credential: &Credential) -> Result<(), IssuerErro
         id.short(),
         id.short()
     ));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => IssuerError::Exists(path.to_owned()),
-            _ => IssuerError::Io {
-                path: path.to_owned(),
-                source: e,
-            },
-        })?;
-    file.write_all(text.as_bytes())
-        .map_err(IssuerError::io(path))?;
-    file.sync_all().map_err(IssuerError::io(path))
+    crate::seed::create_secret(path, text.as_bytes())
 }
 
 /// Reads a credential file (at most [`MAX_CREDENTIAL_FILE`] bytes).

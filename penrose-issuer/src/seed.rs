@@ -63,27 +63,7 @@ impl MasterSeed {
     /// Writes a new seed file at `path`, mode 0600, never replacing anything (not even a
     /// dangling symbolic link), synced with its directory.
     pub fn create(&self, path: &Path) -> Result<(), IssuerError> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => IssuerError::Exists(path.to_owned()),
-                _ => IssuerError::Io {
-                    path: path.to_owned(),
-                    source: e,
-                },
-            })?;
-        file.write_all(&self.0).map_err(IssuerError::io(path))?;
-        file.sync_all().map_err(IssuerError::io(path))?;
-        if let Some(dir) = path.parent() {
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(IssuerError::io(dir))?;
-        }
-        Ok(())
+        create_secret(path, &self.0)
     }
 
     /// Reads a seed file; refuses a symbolic link, anything but a regular file, a file that
@@ -135,6 +115,32 @@ impl MasterSeed {
         }
         Ok(MasterSeed(seed))
     }
+}
+
+/// Writes a new secret file at `path` (the seed, a host's credential): mode 0600, never
+/// replacing anything (not even a dangling symbolic link), synced with its directory.
+pub(crate) fn create_secret(path: &Path, bytes: &[u8]) -> Result<(), IssuerError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => IssuerError::Exists(path.to_owned()),
+            _ => IssuerError::Io {
+                path: path.to_owned(),
+                source: e,
+            },
+        })?;
+    file.write_all(bytes).map_err(IssuerError::io(path))?;
+    file.sync_all().map_err(IssuerError::io(path))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(IssuerError::io(dir))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
