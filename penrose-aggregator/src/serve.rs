@@ -206,6 +206,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             listen: options.listen,
             identity,
             limits: options.limits.clone(),
+            stream_listen: None,
         },
         Arc::new(admin.ingest.clone()),
     )

@@ -194,6 +194,7 @@ pub async fn start(options: ServeOptions, clock: Arc<dyn Clock>) -> Result<Runni
             listen: options.listen,
             identity,
             limits: options.limits.clone(),
+            stream_listen: None,
         },
         PROTOCOL,
         Handler::new(Arc::clone(&issuer), concurrent),

@@ -352,6 +352,7 @@ async fn an_issuer_that_evaluates_with_a_key_it_did_not_publish_is_caught_by_the
                 listen: "127.0.0.1:0".parse().unwrap(),
                 identity: identity.clone(),
                 limits: Limits::default(),
+                stream_listen: None,
             },
             PROTOCOL,
             Rogue {

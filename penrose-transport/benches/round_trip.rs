@@ -80,6 +80,7 @@ fn bench(c: &mut Criterion) {
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 identity: identity.clone(),
                 limits,
+                stream_listen: None,
             },
             Arc::new(AckAll),
         ))

@@ -18,6 +18,7 @@ use rand::Rng;
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
+use crate::carrier::{self, Dialer};
 use crate::error::{ClientError, TransportError};
 use crate::identity::Trust;
 use crate::{ALPN, UNREAD_REPORT_ID};
@@ -51,6 +52,18 @@ pub enum Reuse {
     SharedConnectionLinksUploads,
 }
 
+/// How a client's QUIC connections reach the server.
+#[derive(Clone, Debug, Default)]
+pub enum Route {
+    /// QUIC over UDP, from the host's own address.
+    #[default]
+    Direct,
+    /// QUIC carried on a stream that the dialer opens for each connection
+    /// ([`crate::carrier`]); the agent's dialer opens each on a Tor circuit of its own. Only
+    /// with [`Reuse::FreshPerReport`].
+    Carried(Arc<dyn Dialer>),
+}
+
 /// Where to send and whom to trust.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -61,6 +74,8 @@ pub struct ClientConfig {
     pub server_name: String,
     /// What certificate to accept.
     pub trust: Trust,
+    /// UDP from this host, or a stream per connection (over Tor); direct by default.
+    pub route: Route,
     /// How [`Client::send_with_retry`] retries.
     pub retry: RetryPolicy,
     /// Longest wait for a handshake before the attempt counts as failed.
@@ -90,6 +105,7 @@ impl ClientConfig {
             server,
             server_name: server_name.into(),
             trust,
+            route: Route::Direct,
             retry: RetryPolicy::default(),
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
@@ -208,6 +224,13 @@ impl Client {
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
         });
         let bind = SocketAddr::new(bind, 0);
+        if matches!(config.route, Route::Carried(_))
+            && config.reuse == Reuse::SharedConnectionLinksUploads
+        {
+            return Err(ClientError::Unsupported(
+                "a shared connection over a carried route",
+            ));
+        }
         let shared = match config.reuse {
             Reuse::FreshPerReport => None,
             Reuse::SharedConnectionLinksUploads => Some(SharedConnection {
@@ -336,8 +359,21 @@ impl Client {
     /// A new endpoint on a new UDP socket (a new ephemeral port) and a connection from it.
     /// The endpoint handle is dropped here: quinn keeps its socket and driver alive for as
     /// long as the connection lives, including the draining period after it is closed.
+    /// Over a carried route, the endpoint's only path is a new stream from the dialer.
     pub(crate) async fn dial_fresh(&self) -> Result<quinn::Connection, ClientError> {
-        let endpoint = bind_endpoint(self.inner.bind)?;
+        let endpoint = match &self.inner.config.route {
+            Route::Direct => bind_endpoint(self.inner.bind)?,
+            Route::Carried(dialer) => {
+                let timeout = self.inner.config.connect_timeout;
+                let stream = match tokio::time::timeout(timeout, dialer.open()).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => return Err(ClientError::Carrier(e)),
+                    Err(_) => return Err(ClientError::ConnectTimeout(timeout)),
+                };
+                carrier::client_endpoint(stream, self.inner.config.server)
+                    .map_err(ClientError::Carrier)?
+            }
+        };
         self.dial(&endpoint).await
     }
 

@@ -104,6 +104,13 @@ pub enum ClientError {
     /// The report cannot be encoded (too large for a frame).
     #[error("cannot encode the report: {0}")]
     Encode(#[source] WireError),
+    /// No stream to the server could be opened for a carried connection
+    /// ([`crate::client::Route::Carried`]): over Tor, no circuit or the exit could not connect.
+    #[error("cannot open a stream to the server: {0}")]
+    Carrier(#[source] std::io::Error),
+    /// The client was configured with a combination that cannot work.
+    #[error("unsupported client configuration: {0}")]
+    Unsupported(&'static str),
     /// An exchange endpoint's answer is not one length-prefixed body within the limit.
     #[error("the server's answer is malformed: {0}")]
     BadAnswer(&'static str),
@@ -141,7 +148,8 @@ impl ClientError {
             ClientError::ConnectTimeout(_)
             | ClientError::Write(_)
             | ClientError::Read(_)
-            | ClientError::AckTimeout(_) => true,
+            | ClientError::AckTimeout(_)
+            | ClientError::Carrier(_) => true,
             ClientError::Setup(_)
             | ClientError::Connect(_)
             | ClientError::BadAck(_)
@@ -150,6 +158,7 @@ impl ClientError {
             | ClientError::Encode(_)
             | ClientError::BadAnswer(_)
             | ClientError::RequestTooLarge(_)
+            | ClientError::Unsupported(_)
             | ClientError::RetriesExhausted { .. } => false,
         }
     }

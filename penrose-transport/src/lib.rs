@@ -13,10 +13,13 @@
 //! - [`identity`]: the server's certificate and key, and how the client trusts them.
 //! - [`limits`]: the per-endpoint, per-source and per-connection bounds (per source: the
 //!   private `sources` table).
+//! - [`carrier`]: the same QUIC carried on byte streams (Tor carries nothing else): the
+//!   client's [`carrier::Dialer`] and the server's stream port.
 //! - [`exchange`]: a request/answer endpoint on the same settings, with an ALPN of its own
 //!   (the token issuer's).
 //! - [`error`]: what can go wrong, typed.
 
+pub mod carrier;
 pub mod client;
 pub mod error;
 pub mod exchange;
@@ -27,7 +30,7 @@ pub mod server;
 mod sources;
 mod tls;
 
-pub use client::{Client, ClientConfig, RetryPolicy, Reuse};
+pub use client::{Client, ClientConfig, RetryPolicy, Reuse, Route};
 pub use error::{ClientError, IdentityError, TransportError};
 pub use identity::{Encoding, Identity, Trust, load_certificates};
 pub use limits::Limits;

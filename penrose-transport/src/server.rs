@@ -20,6 +20,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
+use crate::carrier::{CarrierLookup, CarrierStats, StreamIntake};
 use crate::error::TransportError;
 use crate::frame::{self, FrameRead};
 use crate::identity::Identity;
@@ -74,6 +75,9 @@ pub struct Origin {
     /// The connection, numbered by this server from 1 in the order connections were
     /// accepted; meaningful within one server only.
     pub connection: u64,
+    /// For a connection carried on a stream ([`ServerConfig::stream_listen`]), the stream's
+    /// TCP peer: over Tor, the exit relay, never the agent. `None` for plain QUIC over UDP.
+    pub carrier: Option<SocketAddr>,
 }
 
 /// Where to listen, as whom, within which limits.
@@ -85,6 +89,9 @@ pub struct ServerConfig {
     pub identity: Identity,
     /// Bounds against slow or abusive peers.
     pub limits: Limits,
+    /// A TCP address whose streams carry QUIC connections too ([`crate::carrier`]): where Tor
+    /// exits deliver agents' reports. `None` for UDP only.
+    pub stream_listen: Option<SocketAddr>,
 }
 
 /// Counters since the server started, for metrics and tests.
@@ -126,6 +133,9 @@ pub struct ServerStats {
     pub streams_paced: u64,
     /// Acks written and finished (the peer may still lose them with its connection).
     pub acks_sent: u64,
+    /// The stream port's own counters (all zero without [`ServerConfig::stream_listen`]);
+    /// connections it carried are counted above too.
+    pub carrier: CarrierStats,
 }
 
 #[derive(Default)]
@@ -153,7 +163,7 @@ pub(crate) fn bump(counter: &AtomicU64) {
 }
 
 impl Counters {
-    fn snapshot(&self) -> ServerStats {
+    fn snapshot(&self, carrier: Option<&CarrierLookup>) -> ServerStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ServerStats {
             connections_accepted: get(&self.connections_accepted),
@@ -172,6 +182,7 @@ impl Counters {
             stream_errors: get(&self.stream_errors),
             streams_paced: get(&self.streams_paced),
             acks_sent: get(&self.acks_sent),
+            carrier: carrier.map(CarrierLookup::stats).unwrap_or_default(),
         }
     }
 }
@@ -222,12 +233,12 @@ impl<H: ReportHandler> Service for Reports<H> {
 /// A handle on a server's counters that outlives borrowing the [`Server`] (for a metrics
 /// page served by another task). Cheap to clone.
 #[derive(Clone)]
-pub struct StatsHandle(Arc<Counters>);
+pub struct StatsHandle(Arc<Counters>, Option<CarrierLookup>);
 
 impl StatsHandle {
     /// Counters so far.
     pub fn snapshot(&self) -> ServerStats {
-        self.0.snapshot()
+        self.0.snapshot(self.1.as_ref())
     }
 }
 
@@ -239,6 +250,15 @@ pub struct Server {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
     counters: Arc<Counters>,
+    streams: Option<StreamPort>,
+}
+
+/// The stream port's endpoint and accept loop, beside the UDP one.
+struct StreamPort {
+    endpoint: quinn::Endpoint,
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+    lookup: CarrierLookup,
 }
 
 /// Binds the endpoint and starts accepting connections; must run inside a tokio runtime.
@@ -255,11 +275,12 @@ pub(crate) async fn start<S: Service>(
     service: S,
 ) -> Result<Server, TransportError> {
     let quic = crate::tls::server_config(&config.identity, &config.limits, service.alpn())?;
-    let endpoint =
-        quinn::Endpoint::server(quic, config.listen).map_err(|source| TransportError::Bind {
+    let endpoint = quinn::Endpoint::server(quic.clone(), config.listen).map_err(|source| {
+        TransportError::Bind {
             addr: config.listen,
             source,
-        })?;
+        }
+    })?;
     let local_addr = endpoint
         .local_addr()
         .map_err(|source| TransportError::Bind {
@@ -274,7 +295,37 @@ pub(crate) async fn start<S: Service>(
         counters: counters.clone(),
     });
     let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(accept_loop(endpoint.clone(), shared, stopped));
+    let streams = match config.stream_listen {
+        None => None,
+        Some(listen) => {
+            let intake = StreamIntake::bind(
+                listen,
+                quic,
+                shared.limits.max_connections,
+                shared.limits.idle_timeout,
+            )
+            .await
+            .map_err(|source| TransportError::Bind {
+                addr: listen,
+                source,
+            })?;
+            let lookup = intake.lookup();
+            let task = tokio::spawn(accept_loop(
+                intake.endpoint.clone(),
+                shared.clone(),
+                stopped.clone(),
+                Some(lookup.clone()),
+            ));
+            info!(local_addr = %intake.local_addr, "penrose transport listening for QUIC on streams");
+            Some(StreamPort {
+                endpoint: intake.endpoint,
+                local_addr: intake.local_addr,
+                task,
+                lookup,
+            })
+        }
+    };
+    let task = tokio::spawn(accept_loop(endpoint.clone(), shared, stopped, None));
     info!(%local_addr, "penrose transport listening");
     Ok(Server {
         endpoint,
@@ -282,6 +333,7 @@ pub(crate) async fn start<S: Service>(
         stop,
         task,
         counters,
+        streams,
     })
 }
 
@@ -291,14 +343,23 @@ impl Server {
         self.local_addr
     }
 
+    /// The TCP address whose streams carry QUIC ([`ServerConfig::stream_listen`]), if any.
+    pub fn stream_addr(&self) -> Option<SocketAddr> {
+        self.streams.as_ref().map(|port| port.local_addr)
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> ServerStats {
-        self.counters.snapshot()
+        self.counters
+            .snapshot(self.streams.as_ref().map(|port| &port.lookup))
     }
 
     /// A handle that reads the counters from elsewhere.
     pub fn stats_handle(&self) -> StatsHandle {
-        StatsHandle(self.counters.clone())
+        StatsHandle(
+            self.counters.clone(),
+            self.streams.as_ref().map(|port| port.lookup.clone()),
+        )
     }
 
     /// Stops taking connections and streams, lets the reports in flight be handled and acked
@@ -310,14 +371,24 @@ impl Server {
         if let Err(e) = self.task.await {
             warn!(error = %e, "accept loop ended abnormally");
         }
+        if let Some(port) = self.streams {
+            if let Err(e) = port.task.await {
+                warn!(error = %e, "stream accept loop ended abnormally");
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), port.endpoint.wait_idle()).await;
+        }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
     }
 }
 
+/// Accepts connections on one endpoint. `carriers` is set for the stream port's endpoint:
+/// its peers' addresses were proven by their TCP handshakes (so no Retry), and each
+/// connection's origin names the stream's TCP peer.
 async fn accept_loop<S: Service>(
     endpoint: quinn::Endpoint,
     shared: Arc<Shared<S>>,
     mut stop: watch::Receiver<bool>,
+    carriers: Option<CarrierLookup>,
 ) {
     let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
     let mut connections = JoinSet::new();
@@ -331,7 +402,11 @@ async fn accept_loop<S: Service>(
         };
         while connections.try_join_next().is_some() {}
         let remote = incoming.remote_address();
-        if shared.limits.require_address_validation && !incoming.remote_address_validated() {
+        let carrier = carriers.as_ref().and_then(|c| c.carrier_of(remote));
+        if carriers.is_none()
+            && shared.limits.require_address_validation
+            && !incoming.remote_address_validated()
+        {
             // Stateless: the Retry carries everything the server needs to recognise the
             // attempt when it comes back, so a flood of Initials (spoofed sources included)
             // costs one small packet each and holds nothing.
@@ -365,7 +440,7 @@ async fn accept_loop<S: Service>(
         let shared = shared.clone();
         let stop = stop.clone();
         connections.spawn(async move {
-            connection(incoming, shared, stop).await;
+            connection(incoming, shared, stop, carrier).await;
             drop(slot);
             drop(source);
         });
@@ -394,6 +469,7 @@ async fn connection<S: Service>(
     incoming: Incoming,
     shared: Arc<Shared<S>>,
     mut stop: watch::Receiver<bool>,
+    carrier: Option<SocketAddr>,
 ) {
     let remote = incoming.remote_address();
     let connecting = match incoming.accept() {
@@ -459,6 +535,7 @@ async fn connection<S: Service>(
         let origin = Origin {
             remote: conn.remote_address(),
             connection: number,
+            carrier,
         };
         streams.spawn(S::stream(shared.clone(), send, recv, origin));
         if let Some(wait) = pace.as_mut().and_then(Pace::take) {

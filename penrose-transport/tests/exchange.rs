@@ -31,6 +31,7 @@ fn server_config(identity: &Identity) -> ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         identity: identity.clone(),
         limits: Limits::default(),
+        stream_listen: None,
     }
 }
 

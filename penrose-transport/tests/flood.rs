@@ -67,6 +67,7 @@ async fn start(limits: Limits) -> Fixture {
                 shutdown_grace: Duration::from_millis(200),
                 ..limits
             },
+            stream_listen: None,
         },
         handler.clone(),
     )

@@ -113,6 +113,7 @@ async fn start_on(listen: SocketAddr, limits: Limits, handler: Recorder) -> Fixt
             listen,
             identity: identity.clone(),
             limits,
+            stream_listen: None,
         },
         handler.clone(),
     )
@@ -539,6 +540,7 @@ async fn a_ca_signed_certificate_is_trusted_by_its_ca_only_for_its_name() {
             listen: loopback(),
             identity,
             limits: Limits::default(),
+            stream_listen: None,
         },
         handler.clone(),
     )
@@ -605,6 +607,7 @@ async fn a_client_that_starts_before_the_server_delivers_exactly_once() {
             listen: addr,
             identity,
             limits: Limits::default(),
+            stream_listen: None,
         },
         handler.clone(),
     )
@@ -745,6 +748,7 @@ async fn shutdown_closes_connections_and_a_retrying_client_reaches_the_next_serv
             listen: addr,
             identity,
             limits: Limits::default(),
+            stream_listen: None,
         },
         handler.clone(),
     )
@@ -779,6 +783,7 @@ async fn identities_saved_as_pem_or_der_load_and_serve() {
                 listen: loopback(),
                 identity: loaded,
                 limits: Limits::default(),
+                stream_listen: None,
             },
             handler,
         )
@@ -827,6 +832,7 @@ async fn limits_that_cannot_work_are_refused() {
                 listen: loopback(),
                 identity: identity.clone(),
                 limits,
+                stream_listen: None,
             },
             Arc::new(Recorder::default()),
         )

@@ -74,6 +74,7 @@ async fn start(handler: Origins) -> (Server, Arc<Origins>, Identity) {
             listen: loopback(),
             identity: identity.clone(),
             limits,
+            stream_listen: None,
         },
         handler.clone(),
     )

@@ -206,6 +206,7 @@ pub async fn start_server(identity: &Identity, addr: SocketAddr) -> (Server, Arc
             listen: addr,
             identity: identity.clone(),
             limits: Limits::default(),
+            stream_listen: None,
         },
         handler.clone(),
     )

@@ -165,6 +165,7 @@ pub async fn start_issuer(identity: &Identity, state: Arc<IssuerState>) -> Serve
             listen: "127.0.0.1:0".parse().unwrap(),
             identity: identity.clone(),
             limits: Limits::default(),
+            stream_listen: None,
         },
         Protocol {
             alpn: ALPN,
@@ -268,6 +269,7 @@ pub async fn start_token_server(
             listen: addr,
             identity: identity.clone(),
             limits: Limits::default(),
+            stream_listen: None,
         },
         handler,
     )
