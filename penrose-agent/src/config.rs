@@ -95,6 +95,67 @@ pub struct AgentConfig {
     pub upload: UploadSection,
     /// Anonymous admission tokens (the issuer, this host's credential).
     pub admission: AdmissionSection,
+    /// How reports and token requests reach the servers: direct, or over Tor.
+    pub transport: TransportSection,
+}
+
+/// How the agent's QUIC connections reach the servers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouteChoice {
+    /// QUIC over UDP from this host's address: the servers see which address sent each
+    /// report (docs/threat-model.md).
+    #[default]
+    Direct,
+    /// QUIC over Tor (arti), each connection on a Tor stream and circuit of its own: the
+    /// servers see only exit relays.
+    Tor,
+}
+
+/// `[transport]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TransportSection {
+    /// `direct` or `tor`.
+    pub route: RouteChoice,
+    /// (`tor`) `public`, or the path of an arti configuration file that replaces arti's
+    /// directory authorities and fallback relays. No default: the public Tor network is used
+    /// only where a configuration names it.
+    pub tor_network: String,
+    /// (`tor`) The aggregation server's stream port, `host:port` as the exit reaches it (a host
+    /// name is resolved by the exit, never by this host).
+    pub aggregator_stream: String,
+    /// (`tor`, with admission) The issuer's stream port, `host:port`.
+    pub issuer_stream: String,
+    /// (`tor`) Longest wait for a Tor stream and the QUIC handshake on it (circuits take
+    /// seconds on the public network); replaces `upload.connect_timeout_seconds`.
+    pub tor_connect_timeout_seconds: f64,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        Self {
+            route: RouteChoice::Direct,
+            tor_network: String::new(),
+            aggregator_stream: String::new(),
+            issuer_stream: String::new(),
+            tor_connect_timeout_seconds: 60.0,
+        }
+    }
+}
+
+impl TransportSection {
+    /// The Tor network, when the route is Tor.
+    pub fn tor_network(&self) -> Result<Option<penrose_tor::TorNetwork>, String> {
+        match self.route {
+            RouteChoice::Direct => Ok(None),
+            RouteChoice::Tor => self
+                .tor_network
+                .parse()
+                .map(Some)
+                .map_err(|e: penrose_tor::TorError| e.to_string()),
+        }
+    }
 }
 
 /// `[aggregator]`.
@@ -349,6 +410,7 @@ impl Default for AgentConfig {
             spool: SpoolSection::default(),
             upload: UploadSection::default(),
             admission: AdmissionSection::default(),
+            transport: TransportSection::default(),
         }
     }
 }
@@ -596,7 +658,37 @@ credential = "/etc/penrose/agent.credential"
 refresh_max_seconds = 43200.0
 # Shortest wait before fetching again after a failed fetch, or once today's tokens ran out.
 retry_min_seconds = 600.0
+
+[transport]
+# How reports and token requests leave this host. "direct": QUIC over UDP from this host's
+# address, so the servers see which address sent each report. "tor": QUIC over Tor (arti),
+# every connection (each upload attempt, each token fetch) on a Tor circuit of its own, so the
+# servers see only Tor exit relays.
+route = "direct"
+# (route = "tor") Which Tor network: "public" for the Tor network, or the path of an arti
+# configuration file that replaces arti's directory authorities and fallback relays (a private
+# network). There is no default: the public network is used only where it is named here.
+tor_network = ""
+# (route = "tor") The aggregation server's stream port (its `serve --stream-listen`), host:port
+# as the exit reaches it; a host name is resolved by the exit, never by this host.
+aggregator_stream = ""
+# (route = "tor", with [admission]) The issuer's stream port, host:port.
+issuer_stream = ""
+# (route = "tor") Longest wait for a Tor stream and the QUIC handshake on it.
+tor_connect_timeout_seconds = 60.0
 "#;
+
+/// Checks a `host:port` the exit is to connect to, without resolving it.
+fn stream_target(value: &str) -> Result<(), String> {
+    let (host, port) = value
+        .trim()
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{value:?} is not host:port"))?;
+    if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(format!("{value:?} is not host:port"));
+    }
+    Ok(())
+}
 
 impl AgentConfig {
     /// Reads and validates `path`.
@@ -767,6 +859,22 @@ impl AgentConfig {
                 if path.as_os_str().is_empty() {
                     return Err((key, "is empty while admission.address is set".into()));
                 }
+            }
+        }
+        let t = &self.transport;
+        secs(
+            "transport.tor_connect_timeout_seconds",
+            t.tor_connect_timeout_seconds,
+            false,
+        )?;
+        if t.route == RouteChoice::Tor {
+            t.tor_network().map_err(|e| ("transport.tor_network", e))?;
+            let mut streams = vec![("transport.aggregator_stream", &t.aggregator_stream)];
+            if a.is_configured() {
+                streams.push(("transport.issuer_stream", &t.issuer_stream));
+            }
+            for (key, value) in streams {
+                stream_target(value).map_err(|e| (key, e))?;
             }
         }
         self.source_plan().map(|_| ())
@@ -1088,6 +1196,41 @@ mod tests {
                 .contains("agent.toml:2: key `capture.max_libraries`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_tor_route_needs_a_named_network_and_stream_ports() {
+        let config = AgentConfig::default();
+        assert_eq!(config.transport.route, RouteChoice::Direct);
+        assert_eq!(config.transport.tor_network(), Ok(None));
+        // Tor without a network: refused, never the public network by default.
+        let e = parse("[transport]\nroute = \"tor\"\naggregator_stream = \"a.example:443\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("transport.tor_network"), "{e}");
+        let e = parse("[transport]\nroute = \"tor\"\ntor_network = \"public\"\n").unwrap_err();
+        assert!(e.to_string().contains("transport.aggregator_stream"), "{e}");
+        let e = parse(
+            "[transport]\nroute = \"tor\"\ntor_network = \"public\"\naggregator_stream = \"host\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("is not host:port"), "{e}");
+        let config = parse(
+            "[transport]\nroute = \"tor\"\ntor_network = \"public\"\naggregator_stream = \"agg.example:9443\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.transport.tor_network(),
+            Ok(Some(penrose_tor::TorNetwork::Public))
+        );
+        // With admission over Tor, the issuer's stream port is needed too.
+        let e = parse(
+            "[transport]\nroute = \"tor\"\ntor_network = \"public\"\naggregator_stream = \"a:1\"\n\
+             [admission]\naddress = \"127.0.0.1:4434\"\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("transport.issuer_stream"), "{e}");
+        let e = parse("[transport]\nroute = \"onion\"\n").unwrap_err();
+        assert!(e.to_string().contains("transport.route"), "{e}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use penrose_core::paillier::PublicKey;
 use penrose_core::release::{ReportsPerContributor, check_key_bits};
-use penrose_transport::{ClientConfig, RetryPolicy, Trust};
+use penrose_transport::{ClientConfig, RetryPolicy, Route, Trust};
 use thiserror::Error;
 use tokio::sync::Notify;
 
@@ -160,7 +160,12 @@ pub async fn run_with_source(
             config.aggregator.certificate.display()
         ))
     })?;
-    let server = config.aggregator_addr().map_err(DaemonError::Setup)?;
+    let tor = tor_setup(&config, &state_dir)?;
+    let server = match &tor {
+        None => config.aggregator_addr().map_err(DaemonError::Setup)?,
+        // Over Tor the exit resolves and reaches the server; this host never looks it up.
+        Some(_) => penrose_transport::carrier::STREAM_SERVER,
+    };
     let u = &config.upload;
     let mut client = ClientConfig::new(server, config.aggregator.server_name.clone(), trust);
     client.retry = RetryPolicy {
@@ -171,6 +176,14 @@ pub async fn run_with_source(
     };
     client.connect_timeout = seconds(u.connect_timeout_seconds);
     client.ack_timeout = seconds(u.ack_timeout_seconds);
+    if let Some(tor) = &tor {
+        carry_over_tor(
+            &mut client,
+            tor,
+            &config.transport.aggregator_stream,
+            &config,
+        );
+    }
     let upload_config = UploadConfig {
         client,
         delay_max: seconds(u.delay_max_seconds),
@@ -179,7 +192,7 @@ pub async fn run_with_source(
     };
     let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?
         .with_rejected_bounds(config.spool.rejected_bounds())?;
-    let admission = admission_setup(&config, &state_dir, &spool)?;
+    let admission = admission_setup(&config, &state_dir, &spool, tor.as_ref())?;
     let mut pipeline = Pipeline::new(
         PipelineConfig {
             tau: config.classes.tau,
@@ -280,6 +293,10 @@ pub async fn run_with_source(
         ),
     }
     let tokens = shared.tokens.clone();
+    lock(&status).route.route = config.transport.route;
+    let refresh = |status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, tokens, state_dir: &Path| {
+        refresh(status, spool, tokens, tor.as_deref(), state_dir)
+    };
     refresh(&status, &spool, tokens.as_deref(), &state_dir);
 
     // Source thread -> channel -> pipeline thread.
@@ -362,6 +379,7 @@ fn admission_setup(
     config: &AgentConfig,
     state_dir: &Path,
     spool: &Spool,
+    tor: Option<&Arc<penrose_tor::Tor>>,
 ) -> Result<Option<AdmissionSetup>, DaemonError> {
     let a = &config.admission;
     if !a.is_configured() {
@@ -375,11 +393,17 @@ fn admission_setup(
             a.certificate.display()
         ))
     })?;
-    let issuer = a.addr().map_err(DaemonError::Setup)?;
+    let issuer = match tor {
+        None => a.addr().map_err(DaemonError::Setup)?,
+        Some(_) => penrose_transport::carrier::STREAM_SERVER,
+    };
     let u = &config.upload;
     let mut client = ClientConfig::new(issuer, a.server_name.clone(), trust);
     client.connect_timeout = seconds(u.connect_timeout_seconds);
     client.ack_timeout = seconds(u.ack_timeout_seconds);
+    if let Some(tor) = tor {
+        carry_over_tor(&mut client, tor, &config.transport.issuer_stream, config);
+    }
     let client = penrose_transport::exchange::ExchangeClient::new(client, ISSUER_PROTOCOL)
         .map_err(|e| DaemonError::Setup(format!("admission: the issuer's client: {e}")))?;
     let mut store = TokenStore::open(&token_dir(state_dir))?;
@@ -405,6 +429,7 @@ fn refresh(
     status: &Mutex<AgentStatus>,
     spool: &Mutex<Spool>,
     tokens: Option<&Mutex<TokenStore>>,
+    tor: Option<&penrose_tor::Tor>,
     state_dir: &Path,
 ) {
     let held = tokens.map(|store| lock(store).counts());
@@ -418,11 +443,53 @@ fn refresh(
         if let Some(held) = held {
             s.tokens.held = held;
         }
+        if let Some(tor) = tor {
+            let (opened, failed) = tor.counts();
+            s.route.tor_network = Some(tor.network().to_string());
+            s.route.tor_ready = tor.is_ready();
+            s.route.tor_streams = opened;
+            s.route.tor_stream_failures = failed;
+            s.route.tor_recent_circuits = tor
+                .streams()
+                .into_iter()
+                .map(|r| r.circuit.unwrap_or_else(|| "?".into()))
+                .collect();
+        }
         s.clone()
     };
     if let Err(e) = snapshot.write(state_dir) {
         tracing::warn!("writing the status file: {e}");
     }
+}
+
+/// The Tor client when `transport.route = "tor"`: state under `<state_dir>/tor`, bootstrapped
+/// by the first stream.
+fn tor_setup(
+    config: &AgentConfig,
+    state_dir: &Path,
+) -> Result<Option<Arc<penrose_tor::Tor>>, DaemonError> {
+    let Some(network) = config
+        .transport
+        .tor_network()
+        .map_err(|e| DaemonError::Setup(format!("transport.tor_network: {e}")))?
+    else {
+        return Ok(None);
+    };
+    let tor = penrose_tor::Tor::new(network, &state_dir.join("tor"))
+        .map_err(|e| DaemonError::Setup(format!("transport: {e}")))?;
+    Ok(Some(tor))
+}
+
+/// Sends `client`'s connections over Tor to `target` (a server's stream port), each on a
+/// circuit of its own, with the Tor connect timeout.
+fn carry_over_tor(
+    client: &mut ClientConfig,
+    tor: &Arc<penrose_tor::Tor>,
+    target: &str,
+    config: &AgentConfig,
+) {
+    client.route = Route::Carried(Arc::new(tor.dialer(target.trim())));
+    client.connect_timeout = seconds(config.transport.tor_connect_timeout_seconds);
 }
 
 struct PipelineThread {

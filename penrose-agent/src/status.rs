@@ -152,8 +152,29 @@ pub struct AgentStatus {
     /// Admission tokens.
     #[serde(default)]
     pub tokens: TokenStatus,
+    /// How reports leave the host (direct, or over Tor).
+    #[serde(default)]
+    pub route: RouteStatus,
     /// The last error outside uploads (sealing, spooling).
     pub last_error: Option<String>,
+}
+
+/// `transport.route` and, over Tor, what the Tor client did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouteStatus {
+    /// `direct` or `tor`.
+    pub route: crate::config::RouteChoice,
+    /// The Tor network (`public`, or a network file), over Tor.
+    pub tor_network: Option<String>,
+    /// Whether arti has a usable directory now.
+    pub tor_ready: bool,
+    /// Tor streams opened (one per QUIC connection: per upload attempt and per token fetch).
+    pub tor_streams: u64,
+    /// Tor streams that could not be opened.
+    pub tor_stream_failures: u64,
+    /// The circuits of the last streams, oldest first (arti's process-unique circuit names:
+    /// each stream should name a different one).
+    pub tor_recent_circuits: Vec<String>,
 }
 
 impl AgentStatus {

@@ -109,7 +109,7 @@ impl ReleaseArgs {
 pub enum Command {
     /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
     ///
-    /// Flags override the configuration file, whose keys are: data_dir, listen, public_key,
+    /// Flags override the configuration file, whose keys are: data_dir, listen, stream_listen, public_key,
     /// token_keys, open_admission, metrics, tls_cert, tls_key, max_batch, queue, max_connections,
     /// max_connections_per_source, new_connections_per_source_per_second, handshake_timeout,
     /// reports_per_second, new_classes_per_hour, epochs, threshold, reports_per_contributor.
@@ -147,6 +147,10 @@ pub enum Command {
         /// QUIC listen address (UDP) [default: 127.0.0.1:4433].
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Also accept QUIC carried on TCP streams here: the port agents that send over Tor
+        /// name as `transport.aggregator_stream`, reached by Tor exits [default: off].
+        #[arg(long)]
+        stream_listen: Option<SocketAddr>,
         /// The design server's public key file (`penrose-design keygen` writes it).
         #[arg(long)]
         public_key: Option<PathBuf>,

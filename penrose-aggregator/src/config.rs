@@ -45,6 +45,8 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     /// The QUIC listen address.
     pub listen: Option<SocketAddr>,
+    /// The TCP address whose streams carry QUIC (Tor exits deliver agents' reports there).
+    pub stream_listen: Option<SocketAddr>,
     /// The design server's Paillier public key file.
     pub public_key: Option<PathBuf>,
     /// The admission key ring file the issuer exported: reports are admitted by tokens.

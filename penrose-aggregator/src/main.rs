@@ -58,6 +58,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Serve {
             data,
             listen,
+            stream_listen,
             public_key,
             token_keys,
             open_admission,
@@ -117,6 +118,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 listen: listen
                     .or(file.listen)
                     .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 4433))),
+                stream_listen: stream_listen.or(file.stream_listen),
                 public_key: public_key.or(file.public_key),
                 metrics: metrics.or(file.metrics),
                 tls,

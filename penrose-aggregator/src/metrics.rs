@@ -341,6 +341,39 @@ pub fn render_transport(stats: &penrose_transport::ServerStats) -> String {
             "penrose_transport_streams_total{{outcome=\"{outcome}\"}} {value}"
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP penrose_transport_carrier_streams_total TCP streams on the stream port (--stream-listen, where Tor exits deliver) by what became of them."
+    );
+    let _ = writeln!(
+        out,
+        "# TYPE penrose_transport_carrier_streams_total counter"
+    );
+    let c = &stats.carrier;
+    for (outcome, value) in [
+        ("accepted", c.streams),
+        ("refused_server_full", c.streams_refused),
+        ("idle", c.streams_idle),
+        ("malformed", c.streams_malformed),
+    ] {
+        let _ = writeln!(
+            out,
+            "penrose_transport_carrier_streams_total{{outcome=\"{outcome}\"}} {value}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP penrose_transport_carrier_datagrams_dropped_total Datagrams on the stream port dropped at a full queue or a closed stream (QUIC sends them again)."
+    );
+    let _ = writeln!(
+        out,
+        "# TYPE penrose_transport_carrier_datagrams_dropped_total counter"
+    );
+    let _ = writeln!(
+        out,
+        "penrose_transport_carrier_datagrams_dropped_total {}",
+        c.datagrams_dropped
+    );
     out
 }
 

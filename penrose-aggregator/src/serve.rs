@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub data: DataDir,
     /// QUIC listen address (UDP).
     pub listen: SocketAddr,
+    /// TCP address for QUIC carried on streams (from Tor exits); `None`: UDP only.
+    pub stream_listen: Option<SocketAddr>,
     /// The Paillier public key (required on first start; later the stored one is used and a
     /// different one refused).
     pub public_key: Option<PathBuf>,
@@ -206,7 +208,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             listen: options.listen,
             identity,
             limits: options.limits.clone(),
-            stream_listen: None,
+            stream_listen: options.stream_listen,
         },
         Arc::new(admin.ingest.clone()),
     )
@@ -248,6 +250,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         "{}",
         serde_json::json!({
             "listening": server.local_addr().to_string(),
+            "stream_listening": server.stream_addr().map(|a| a.to_string()),
             "metrics": metrics_addr.map(|a| a.to_string()),
             "control": socket,
             "signer": crate::export::hex(admin.signing.verifying_key().as_bytes()),

@@ -206,6 +206,10 @@ pub enum Command {
         /// QUIC listen address (UDP).
         #[arg(long, default_value = crate::service::DEFAULT_LISTEN)]
         listen: SocketAddr,
+        /// Also accept QUIC carried on TCP streams here: the port agents that fetch tokens
+        /// over Tor name as `transport.issuer_stream` [default: off].
+        #[arg(long)]
+        stream_listen: Option<SocketAddr>,
         /// TLS certificate (PEM or DER) [default: STATE/tls/cert.pem, self-signed on first
         /// start].
         #[arg(long, requires = "key")]

@@ -169,6 +169,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Serve {
             state,
             listen,
+            stream_listen,
             cert,
             key,
             name,
@@ -178,6 +179,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             new_connections_per_source,
         } => {
             let mut options = ServeOptions::new(state.dir(), listen);
+            options.stream_listen = stream_listen;
             options.config = IssuerConfig::new(tokens_per_epoch, requests_per_hour)?;
             options.tls = cert.zip(key);
             options.names = name;

@@ -73,6 +73,8 @@ pub struct ServeOptions {
     pub state: StateDir,
     /// QUIC listen address (UDP).
     pub listen: SocketAddr,
+    /// TCP address for QUIC carried on streams (agents that fetch over Tor); `None`: UDP only.
+    pub stream_listen: Option<SocketAddr>,
     /// TLS certificate and key; default: STATE/tls/, self-signed on first start.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Extra names for a self-signed certificate (besides `localhost` and the listen address).
@@ -89,6 +91,7 @@ impl ServeOptions {
         ServeOptions {
             state,
             listen,
+            stream_listen: None,
             tls: None,
             names: Vec::new(),
             limits: Limits::default(),
@@ -110,6 +113,11 @@ impl Running {
     /// The address the endpoint is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.server.local_addr()
+    }
+
+    /// The stream port's TCP address, when it has one.
+    pub fn stream_addr(&self) -> Option<SocketAddr> {
+        self.server.stream_addr()
     }
 
     /// The issuer behind it.
@@ -194,7 +202,7 @@ pub async fn start(options: ServeOptions, clock: Arc<dyn Clock>) -> Result<Runni
             listen: options.listen,
             identity,
             limits: options.limits.clone(),
-            stream_listen: None,
+            stream_listen: options.stream_listen,
         },
         PROTOCOL,
         Handler::new(Arc::clone(&issuer), concurrent),
@@ -217,6 +225,9 @@ pub async fn start(options: ServeOptions, clock: Arc<dyn Clock>) -> Result<Runni
 pub struct Listening {
     /// The QUIC address.
     pub listening: String,
+    /// The stream port's TCP address, when it has one.
+    #[serde(default)]
+    pub stream_listening: Option<String>,
     /// The certificate agents pin.
     pub certificate: PathBuf,
     /// The control socket.
@@ -235,6 +246,7 @@ pub async fn run(options: ServeOptions) -> Result<(), IssuerError> {
     let issuer = Arc::clone(running.issuer());
     let line = Listening {
         listening: running.local_addr().to_string(),
+        stream_listening: running.stream_addr().map(|a| a.to_string()),
         certificate: running.certificate().clone(),
         control: running.socket.clone(),
         key_set_digest: penrose_core::hex::encode(&issuer.published()?.set.digest()),

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,8 @@ pub struct Tor {
     network: TorNetwork,
     state_dir: PathBuf,
     streams: Mutex<VecDeque<StreamRecord>>,
+    opened: AtomicU64,
+    failed: AtomicU64,
 }
 
 impl std::fmt::Debug for Tor {
@@ -73,6 +76,8 @@ impl Tor {
             network,
             state_dir: state_dir.to_owned(),
             streams: Mutex::new(VecDeque::new()),
+            opened: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         }))
     }
 
@@ -98,6 +103,19 @@ impl Tor {
         }
     }
 
+    /// Streams opened, and attempts that failed, since the start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.opened.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The network this client uses.
+    pub fn network(&self) -> &TorNetwork {
+        &self.network
+    }
+
     /// The streams opened lately, oldest first (at most the last 64).
     pub fn streams(&self) -> Vec<StreamRecord> {
         self.streams
@@ -113,7 +131,14 @@ impl Tor {
         let started = Instant::now();
         let mut prefs = StreamPrefs::new();
         prefs.set_isolation(IsolationToken::new());
-        let stream = self.client.connect_with_prefs(target, &prefs).await?;
+        let stream = match self.client.connect_with_prefs(target, &prefs).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                return Err(e.into());
+            }
+        };
+        self.opened.fetch_add(1, Ordering::Relaxed);
         let circuit = stream
             .client_stream_ctrl()
             .and_then(|ctrl| ctrl.tunnel())

@@ -94,6 +94,16 @@ pub fn carrier_address(n: u64) -> SocketAddr {
     SocketAddr::new(IpAddr::V6(Ipv6Addr::new(0xfd70, a, b, c, 0, 0, 0, 1)), 443)
 }
 
+/// The address a client endpoint calls the server by when its only path is a stream: the
+/// real address is the dialer's business (over Tor the exit resolves it; this host never
+/// does). Nothing is ever sent to it but on the stream.
+pub const STREAM_SERVER: SocketAddr = SocketAddr::V6(std::net::SocketAddrV6::new(
+    Ipv6Addr::new(0xfd70, 0, 0, 0, 0, 0, 0, 1),
+    443,
+    0,
+    0,
+));
+
 /// Counters of a stream socket, for metrics and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CarrierStats {
