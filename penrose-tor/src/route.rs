@@ -60,11 +60,12 @@ impl Tor {
     /// A client of `network` with its state under `state_dir` (created 0700 if missing). It
     /// does not bootstrap yet: the first stream does. Must be called inside a tokio runtime.
     pub fn new(network: TorNetwork, state_dir: &Path) -> Result<Arc<Tor>, TorError> {
+        // The network is checked before anything is written.
+        let config = network.arti_config(state_dir)?;
         create_private_dir(state_dir)?;
         // arti no longer installs a rustls provider itself; the workspace uses ring. Another
         // part of the process may have installed one already, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = network.arti_config(state_dir)?;
         let runtime = PreferredRuntime::current().map_err(|e| TorError::Config(e.to_string()))?;
         let client = TorClient::with_runtime(runtime)
             .config(config)

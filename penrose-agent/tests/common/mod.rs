@@ -38,9 +38,15 @@ pub struct Handler {
     /// Per report id: how many times it was stored (accepted), and answered duplicate.
     pub stored: Mutex<HashMap<ReportId, (u32, u32)>>,
     pub key_id: Option<penrose_core::paillier::KeyId>,
+    /// Where each frame came from, as the transport saw it.
+    pub origins: Mutex<Vec<penrose_transport::Origin>>,
 }
 
 impl ReportHandler for Handler {
+    fn arrived_from(&self, origin: penrose_transport::Origin) {
+        self.origins.lock().unwrap().push(origin);
+    }
+
     async fn handle(&self, body: Vec<u8>) -> Ack {
         self.bodies.lock().unwrap().push(body.clone());
         let ack = |report_id, status| Ack {
@@ -197,6 +203,16 @@ pub fn free_addr() -> SocketAddr {
 }
 
 pub async fn start_server(identity: &Identity, addr: SocketAddr) -> (Server, Arc<Handler>) {
+    start_server_with_streams(identity, addr, None).await
+}
+
+/// A stand-in aggregator that also takes QUIC carried on TCP streams at `stream_listen` (where
+/// Tor exits deliver).
+pub async fn start_server_with_streams(
+    identity: &Identity,
+    addr: SocketAddr,
+    stream_listen: Option<SocketAddr>,
+) -> (Server, Arc<Handler>) {
     let handler = Arc::new(Handler {
         key_id: Some(public_key().key_id()),
         ..Handler::default()
@@ -206,7 +222,7 @@ pub async fn start_server(identity: &Identity, addr: SocketAddr) -> (Server, Arc
             listen: addr,
             identity: identity.clone(),
             limits: Limits::default(),
-            stream_listen: None,
+            stream_listen,
         },
         handler.clone(),
     )
