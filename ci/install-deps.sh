@@ -10,6 +10,8 @@ set -euo pipefail
 # llvm-22-dev (+ the libraries its llvm-config names) to build bpf-linker.
 # chromium: the design server's HTML report is rendered headless in a test (about 124 MB to
 # download, 414 MB installed with its 24 dependencies; without it that test says SKIPPED).
+# tor: penrose-tornet's private Tor network on loopback (tor and tor-gencert; without them its
+# test says SKIPPED).
 packages=(
     build-essential pkg-config libgmp-dev librocksdb-dev
     clang libclang-dev
@@ -17,6 +19,7 @@ packages=(
     llvm-22-dev libpolly-22-dev zlib1g-dev libzstd-dev
     python3-pip
     chromium
+    tor
 )
 
 step "apt packages: ${packages[*]}"

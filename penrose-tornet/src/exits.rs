@@ -1,0 +1,133 @@
+//! Which connections came through Tor: a server on 127.0.0.1 asks which exit made a TCP
+//! connection it accepted.
+//!
+//! tor binds its exit connections to `OutboundBindAddressExit` only when the destination is
+//! not loopback (`connection_connect` in tor's `connection.c` skips the bind for 127.0.0.0/8
+//! and ::1), so on a loopback network every exit connection comes from 127.0.0.1 like
+//! everything else. What does tell them apart is who owns the far end of the connection: the
+//! server's peer address is the local address of a socket in one exit's process. This looks
+//! it up in `/proc`: the socket's inode in the namespace's TCP table, then the exits' open
+//! descriptors.
+
+use std::fs;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+
+use crate::error::TorNetError;
+
+/// The exits' process ids at one moment, to ask about connections from another task or
+/// thread. Take a new one after [`crate::TorNetwork::restart`]: the exits' pids change.
+#[derive(Debug, Clone)]
+pub struct ExitFinder {
+    /// (nickname, pid) of each running exit.
+    pub(crate) exits: Vec<(String, u32)>,
+}
+
+impl ExitFinder {
+    /// The nickname of the exit whose process holds the other end of a connection whose peer
+    /// (as the accepting server sees it) is `peer`; `None` when no exit does, i.e. the
+    /// connection did not come out of this Tor network. Ask while the connection is open
+    /// (at accept, say): once closed, its socket is gone.
+    ///
+    /// # Errors
+    /// [`TorNetError::Io`] when the namespace's TCP table cannot be read.
+    pub fn exit_of(&self, peer: SocketAddr) -> Result<Option<&str>, TorNetError> {
+        let Some(inode) = socket_inode(peer)? else {
+            return Ok(None);
+        };
+        let wanted = format!("socket:[{inode}]");
+        for (nickname, pid) in &self.exits {
+            if process_holds(*pid, &wanted) {
+                return Ok(Some(nickname));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The inode of the TCP socket in this thread's namespace whose local address is `local`
+/// (any state but LISTEN).
+fn socket_inode(local: SocketAddr) -> Result<Option<u64>, TorNetError> {
+    let table = match local.ip() {
+        IpAddr::V4(_) => "/proc/thread-self/net/tcp",
+        IpAddr::V6(_) => "/proc/thread-self/net/tcp6",
+    };
+    let text = fs::read_to_string(table).map_err(|source| TorNetError::Io {
+        path: table.into(),
+        source,
+    })?;
+    Ok(text.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+        let addr = parse_proc_addr(fields.get(1)?)?;
+        let listening = *fields.get(3)? == "0A";
+        let inode: u64 = fields.get(9)?.parse().ok()?;
+        (addr == local && !listening && inode != 0).then_some(inode)
+    }))
+}
+
+/// An address as `/proc/net/tcp{,6}` writes it: the address's bytes as native-endian 32-bit
+/// words in hex, a colon, the port in hex.
+fn parse_proc_addr(text: &str) -> Option<SocketAddr> {
+    let (addr, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| -> Option<[u8; 4]> {
+        let hex = addr.get(i * 8..i * 8 + 8)?;
+        Some(u32::from_str_radix(hex, 16).ok()?.to_ne_bytes())
+    };
+    let ip = match addr.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for (i, chunk) in bytes.chunks_exact_mut(4).enumerate() {
+                chunk.copy_from_slice(&word(i)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(bytes))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// Whether a process has a descriptor open on `target` (`socket:[inode]`).
+fn process_holds(pid: u32, target: &str) -> bool {
+    let fds = Path::new("/proc").join(pid.to_string()).join("fd");
+    let Ok(entries) = fs::read_dir(fds) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .any(|entry| fs::read_link(entry.path()).is_ok_and(|link| link.as_os_str() == target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn proc_addresses_parse() {
+        let v4 = parse_proc_addr("0100007F:1F90").unwrap();
+        if cfg!(target_endian = "little") {
+            assert_eq!(v4, "127.0.0.1:8080".parse().unwrap());
+        }
+        assert!(parse_proc_addr("zz:1").is_none());
+    }
+
+    #[test]
+    fn a_connection_of_ours_is_found_and_attributed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server_side, peer) = listener.accept().unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        let mine = ExitFinder {
+            exits: vec![("me".into(), std::process::id())],
+        };
+        assert_eq!(mine.exit_of(peer).unwrap(), Some("me"));
+        // PID 1 is not us and holds no socket of this test.
+        let other = ExitFinder {
+            exits: vec![("init".into(), 1)],
+        };
+        assert_eq!(other.exit_of(peer).unwrap(), None);
+    }
+}
