@@ -132,13 +132,14 @@ impl Tor {
         let started = Instant::now();
         let mut prefs = StreamPrefs::new();
         prefs.set_isolation(IsolationToken::new());
-        let stream = match self.client.connect_with_prefs(target, &prefs).await {
-            Ok(stream) => stream,
-            Err(e) => {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-                return Err(e.into());
-            }
+        // Counts a failure however the attempt ends without a stream: an error, or the caller's
+        // timeout dropping this future while arti still looks for a circuit.
+        let mut attempt = Attempt {
+            failed: &self.failed,
+            done: false,
         };
+        let stream = self.client.connect_with_prefs(target, &prefs).await?;
+        attempt.done = true;
         self.opened.fetch_add(1, Ordering::Relaxed);
         let circuit = stream
             .client_stream_ctrl()
@@ -156,6 +157,20 @@ impl Tor {
         }
         streams.push_back(record);
         Ok(stream)
+    }
+}
+
+/// One stream attempt; counted as failed unless marked done before it is dropped.
+struct Attempt<'a> {
+    failed: &'a AtomicU64,
+    done: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
