@@ -147,10 +147,15 @@ async fn up(options: TorNetworkOptions, json: bool, timeout: Duration) -> Result
             }
             .into());
         }
-        tokio::select! {
-            _ = interrupt.recv() => return Ok(network.stop()?),
-            _ = terminate.recv() => return Ok(network.stop()?),
-            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        let stop = tokio::select! {
+            _ = interrupt.recv() => true,
+            _ = terminate.recv() => true,
+            () = tokio::time::sleep(Duration::from_millis(500)) => false,
+        };
+        if stop {
+            network.stop()?;
+            eprintln!("penrose-tornet: stopped every tor before the network was ready");
+            return Ok(());
         }
     }
     let ready_after = started.elapsed();
