@@ -13,6 +13,7 @@
 //! - [`histogram`]: 128-bin histograms of sampled counter values.
 //! - [`paillier`]: packed Paillier encryption of histograms, homomorphic sums, decryption.
 //! - [`wire`]: the versioned, length-delimited report and ack messages.
+//! - [`datagrams`]: QUIC datagrams framed on a byte stream (the Tor path).
 //! - [`release`]: what must hold before a sum reaches the key holder (epochs, contributor
 //!   bound, floors on k, T and key size, the day tolerance).
 //! - `bundle` (feature `bundle`): the signed export bundle of encrypted sums that the
@@ -24,6 +25,7 @@
 #[cfg(feature = "bundle")]
 pub mod bundle;
 pub mod counters;
+pub mod datagrams;
 pub mod fingerprint;
 pub mod hex;
 pub mod histogram;

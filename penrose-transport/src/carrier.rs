@@ -2,7 +2,8 @@
 //! (docs/design.md section 5).
 //!
 //! The same QUIC + TLS protocol as the direct path runs unchanged; only its datagrams travel
-//! differently: each one is written on a stream as a 2-byte big-endian length and its bytes.
+//! differently: each one is written on a stream as a 2-byte big-endian length and its bytes
+//! ([`penrose_core::datagrams`]).
 //! A stream is reliable and ordered, so nothing is lost or reordered on it, and QUIC's own
 //! loss recovery only ever acts on datagrams this module drops when a queue is full (as a UDP
 //! socket drops them when its buffer is).
@@ -32,6 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use penrose_core::datagrams::{self, Decoder};
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -40,9 +42,12 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 use tracing::debug;
 
-/// The longest datagram a stream carries: the largest UDP payload QUIC can ask for (65,527
-/// bytes), which also fits the 2-byte length. quinn sends at most 1,452 by default.
-pub const MAX_DATAGRAM: usize = 65_527;
+/// The longest datagram a stream carries ([`penrose_core::datagrams`], which frames them): the
+/// largest UDP payload QUIC can ask for. quinn sends at most 1,452 by default.
+pub const MAX_DATAGRAM: usize = datagrams::MAX_DATAGRAM;
+
+/// Bytes read from a stream at a time.
+const READ_CHUNK: usize = 16 * 1024;
 
 /// Datagrams a stream's outbound queue, and an endpoint's inbound queue per stream, hold
 /// before further ones are dropped (QUIC then sends them again, more slowly).
@@ -214,14 +219,20 @@ async fn read_datagrams(
     peer: SocketAddr,
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
+    let mut decoder = Decoder::new();
+    let mut chunk = vec![0u8; READ_CHUNK];
+    // Idle is counted from the last whole datagram, not the last byte, so that a peer
+    // trickling a byte now and then cannot hold a stream (and its slot) without ever
+    // completing one.
+    let mut last_datagram = tokio::time::Instant::now();
     let result: io::Result<()> = async {
         loop {
-            let mut prefix = [0u8; 2];
-            match inner.idle {
-                None => stream.read_exact(&mut prefix).await.map(drop)?,
+            let read = match inner.idle {
+                None => stream.read(&mut chunk).await?,
                 Some(idle) => {
-                    match tokio::time::timeout(idle, stream.read_exact(&mut prefix)).await {
-                        Ok(read) => read.map(drop)?,
+                    let deadline = last_datagram + idle;
+                    match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+                        Ok(read) => read?,
                         Err(_) => {
                             bump(&inner.counters.streams_idle);
                             return Err(io::Error::new(
@@ -231,19 +242,25 @@ async fn read_datagrams(
                         }
                     }
                 }
+            };
+            if read == 0 {
+                return Ok(());
             }
-            let len = usize::from(u16::from_be_bytes(prefix));
-            if len == 0 || len > MAX_DATAGRAM {
-                bump(&inner.counters.streams_malformed);
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("datagram of {len} bytes announced"),
-                ));
-            }
-            let mut datagram = vec![0u8; len];
-            stream.read_exact(&mut datagram).await?;
-            if inner.inbound.try_send((peer, datagram)).is_err() {
-                bump(&inner.counters.datagrams_dropped);
+            decoder.push(&chunk[..read]);
+            loop {
+                match decoder.next_datagram() {
+                    Ok(Some(datagram)) => {
+                        last_datagram = tokio::time::Instant::now();
+                        if inner.inbound.try_send((peer, datagram)).is_err() {
+                            bump(&inner.counters.datagrams_dropped);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        bump(&inner.counters.streams_malformed);
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                    }
+                }
             }
         }
     }
@@ -263,11 +280,12 @@ async fn write_datagrams(
     mut queue: mpsc::Receiver<Vec<u8>>,
     peer: SocketAddr,
 ) {
+    let mut framed = Vec::new();
     let result: io::Result<()> = async {
         while let Some(datagram) = queue.recv().await {
-            write_one(&mut stream, &datagram).await?;
+            write_one(&mut stream, &datagram, &mut framed).await?;
             while let Ok(datagram) = queue.try_recv() {
-                write_one(&mut stream, &datagram).await?;
+                write_one(&mut stream, &datagram, &mut framed).await?;
             }
             stream.flush().await?;
         }
@@ -283,13 +301,12 @@ async fn write_datagrams(
 async fn write_one(
     stream: &mut tokio::io::WriteHalf<BoxedStream>,
     datagram: &[u8],
+    framed: &mut Vec<u8>,
 ) -> io::Result<()> {
-    let len = u16::try_from(datagram.len())
-        .ok()
-        .filter(|len| usize::from(*len) <= MAX_DATAGRAM && *len > 0)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "datagram size"))?;
-    stream.write_all(&len.to_be_bytes()).await?;
-    stream.write_all(datagram).await
+    framed.clear();
+    datagrams::encode(datagram, framed)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    stream.write_all(framed).await
 }
 
 /// A `quinn::AsyncUdpSocket` whose datagrams travel on byte streams.

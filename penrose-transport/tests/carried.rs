@@ -197,6 +197,22 @@ async fn malformed_idle_and_excess_streams_are_closed_and_counted() {
     let started = std::time::Instant::now();
     closed_within(&mut idle, Duration::from_secs(5)).await;
     assert!(started.elapsed() >= Duration::from_millis(300));
+    // So is one that trickles a byte every 100 ms and never completes a datagram.
+    let mut trickle = TcpStream::connect(port).await.unwrap();
+    let started = std::time::Instant::now();
+    trickle.write_all(&[0x04]).await.unwrap();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if trickle.write_all(&[0]).await.is_err() {
+            break;
+        }
+    }
+    closed_within(&mut trickle, Duration::from_secs(5)).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "a trickle does not keep the stream open: {:?}",
+        started.elapsed()
+    );
 
     // With two streams open, a third is closed at once.
     let _a = TcpStream::connect(port).await.unwrap();
@@ -207,7 +223,7 @@ async fn malformed_idle_and_excess_streams_are_closed_and_counted() {
 
     let stats = server.stats().carrier;
     assert_eq!(stats.streams_malformed, 2, "{stats:?}");
-    assert_eq!(stats.streams_idle, 1, "{stats:?}");
+    assert_eq!(stats.streams_idle, 2, "{stats:?}");
     assert_eq!(stats.streams_refused, 1, "{stats:?}");
     assert!(origins.seen.lock().unwrap().is_empty());
     server.shutdown().await;
