@@ -92,8 +92,8 @@ impl Dialer for TcpDialer {
 /// per stream and in a /64 of its own (the per-source limits count IPv6 sources by /64), under
 /// the unique-local prefix fd70::/16 that no real peer of the server uses. Over Tor every
 /// stream comes from some exit, so the real TCP peer would lump unrelated agents together;
-/// per-sender bounds over Tor come from admission tokens instead. The client side of a single
-/// stream addresses the server by its real address.
+/// per-sender bounds over Tor come from admission tokens instead. (A client calls the server
+/// whatever its configuration says: [`STREAM_SERVER`] over Tor.)
 pub fn carrier_address(n: u64) -> SocketAddr {
     let [a, b, c] = [(n >> 32) as u16, (n >> 16) as u16, n as u16];
     SocketAddr::new(IpAddr::V6(Ipv6Addr::new(0xfd70, a, b, c, 0, 0, 0, 1)), 443)
