@@ -73,6 +73,25 @@ impl ReportHandler for TorHandler {
     }
 }
 
+/// An agent process that is killed if a case fails before it terminated it, so that no agent
+/// outlives the test.
+struct Agent(std::process::Child);
+
+impl Agent {
+    fn spawn(config: &Path, log: &Path) -> Agent {
+        Agent(spawn_agent(config, log))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 struct World {
     net: TorNetwork,
     arti_file: std::path::PathBuf,
@@ -108,7 +127,7 @@ fn main() {
     let mut world = runtime.block_on(start_world());
     let mut failed = Vec::new();
     type Case = fn(&mut World, &tokio::runtime::Runtime);
-    let cases: [(&str, Case); 4] = [
+    let cases: [(&str, Case); 5] = [
         (
             "several_agents_upload_through_tor_each_report_once_from_exits_only",
             several_agents,
@@ -124,6 +143,11 @@ fn main() {
         (
             "tokens_are_fetched_and_spent_over_tor_on_circuits_of_their_own",
             tokens_over_tor,
+        ),
+        // Last: it stops the network.
+        (
+            "an_agent_whose_tor_network_is_gone_still_stops_promptly",
+            network_gone,
         ),
     ];
     for (name, case) in cases {
@@ -251,7 +275,7 @@ fn several_agents(world: &mut World, _runtime: &tokio::runtime::Runtime) {
     let agents: Vec<_> = (0..3).map(|_| tor_agent(world, "")).collect();
     let mut children: Vec<_> = agents
         .iter()
-        .map(|(fixture, config)| spawn_agent(config, &fixture.dir.path().join("agent.log")))
+        .map(|(fixture, config)| Agent::spawn(config, &fixture.dir.path().join("agent.log")))
         .collect();
     wait_until(
         UPLOADS,
@@ -272,7 +296,7 @@ fn several_agents(world: &mut World, _runtime: &tokio::runtime::Runtime) {
         },
     );
     for child in &mut children {
-        assert!(terminate(child).success());
+        assert!(terminate(&mut child.0).success());
     }
 
     let stored = stored_once(&world.handler);
@@ -347,7 +371,7 @@ fn several_agents(world: &mut World, _runtime: &tokio::runtime::Runtime) {
 fn outage(world: &mut World, _runtime: &tokio::runtime::Runtime) {
     let (fixture, config) = tor_agent(world, "");
     let log = fixture.dir.path().join("agent.log");
-    let mut child = spawn_agent(&config, &log);
+    let mut child = Agent::spawn(&config, &log);
     wait_until(
         UPLOADS,
         || accepted(&fixture) >= 1,
@@ -398,7 +422,7 @@ fn outage(world: &mut World, _runtime: &tokio::runtime::Runtime) {
         "spool drained {:.1?} after the relays came back",
         back.elapsed()
     );
-    assert!(terminate(&mut child).success());
+    assert!(terminate(&mut child.0).success());
     let stored = stored_once(&world.handler);
     let spooled = spooled(&fixture);
     for record in fixture.records() {
@@ -428,8 +452,8 @@ fn unreplaced_network(world: &mut World, _runtime: &tokio::runtime::Runtime) {
     );
     std::fs::write(&config, text).unwrap();
     let log = fixture.dir.path().join("agent.log");
-    let mut child = spawn_agent(&config, &log);
-    let status = wait_exit(&mut child, Duration::from_secs(30));
+    let mut child = Agent::spawn(&config, &log);
+    let status = wait_exit(&mut child.0, Duration::from_secs(30));
     assert!(!status.success());
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -515,13 +539,13 @@ tor_connect_timeout_seconds = 10.0
         .replace("ack_timeout_seconds = 2.0", "ack_timeout_seconds = 20.0");
     std::fs::write(&config, text).unwrap();
     let log = fixture.dir.path().join("agent.log");
-    let mut child = spawn_agent(&config, &log);
+    let mut child = Agent::spawn(&config, &log);
     wait_until(
         UPLOADS,
         || verifier.seen.lock().unwrap().accepted.len() >= 3,
         || log_tail(&log),
     );
-    assert!(terminate(&mut child).success());
+    assert!(terminate(&mut child.0).success());
     let seen = verifier.seen.lock().unwrap();
     assert!(
         seen.received
@@ -556,6 +580,34 @@ tor_connect_timeout_seconds = 10.0
         issuer_server.shutdown().await;
         aggregator.shutdown().await;
     });
+}
+
+fn network_gone(world: &mut World, _runtime: &tokio::runtime::Runtime) {
+    world.net.stop().unwrap();
+    let (fixture, config) = tor_agent(world, "");
+    let log = fixture.dir.path().join("agent.log");
+    let mut child = Agent::spawn(&config, &log);
+    // It seals reports and tries to send them into a Tor network that is not there.
+    wait_until(
+        Duration::from_secs(60),
+        || {
+            !fixture.spool_ids().is_empty()
+                && fixture.status().is_some_and(|s| s.uploads.attempts > 0)
+        },
+        || log_tail(&log),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let asked = Instant::now();
+    let status = terminate(&mut child.0);
+    let took = asked.elapsed();
+    eprintln!("stopped {took:.1?} after SIGTERM with its Tor network gone");
+    assert!(status.success(), "{status:?}: {}", log_tail(&log));
+    assert!(
+        took < Duration::from_secs(10),
+        "SIGTERM took {took:?}: {}",
+        log_tail(&log)
+    );
+    assert!(!fixture.spool_ids().is_empty(), "its reports stay spooled");
 }
 
 fn log_tail(path: &Path) -> String {
