@@ -324,6 +324,11 @@ fn report(root: &Path, rows: &[Row], machine: &str, sizes: &str) -> String {
     if let Ok(extra) = std::fs::read_to_string(&notes) {
         let _ = writeln!(s, "\n{extra}");
     }
+    // The Tor route (issue 12): `cargo xtask bench-tor` (as root, a private Tor network) and
+    // figures measured by hand (binary size, build time), kept in its own file.
+    if let Ok(tor) = std::fs::read_to_string(root.join("docs/benchmarks-tor.md")) {
+        let _ = writeln!(s, "\n{tor}");
+    }
     s
 }
 

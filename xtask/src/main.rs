@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_capture;
 mod bench_ingest;
+mod bench_tor;
 mod build_ebpf;
 mod demo;
 mod dist;
@@ -31,6 +32,10 @@ enum Command {
     /// Measure the aggregation server end to end under the load generator (A/B with
     /// `--binary LABEL=PATH` twice).
     BenchIngest(bench_ingest::Args),
+    /// Measure the Tor route on a private Tor network (as root, in a loopback-only network
+    /// namespace): bootstrap, isolated streams, reports over Tor against direct, the agent's
+    /// memory.
+    BenchTor(bench_tor::Args),
     /// Run the system end to end on this machine.
     Demo(demo::Args),
     /// Build the Debian packages of the three product binaries (man pages, completions and
@@ -39,12 +44,19 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    // The safety rule (docs/design.md section 5): bench-tor runs tor and arti, so it leaves
+    // the host's network first, while the process still has one thread (no runtime yet).
+    if matches!(cli.command, Command::BenchTor(_)) {
+        bench_tor::enter_loopback_namespace()?;
+    }
+    match cli.command {
         Command::BuildEbpf(args) => build_ebpf::run(args),
         Command::EvalFingerprints(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchCapture(args) => bench_capture::run(args),
         Command::BenchIngest(args) => bench_ingest::run(args),
+        Command::BenchTor(args) => bench_tor::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Dist(args) => dist::run(args),
     }
