@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use penrose_core::wire::Ack;
-use penrose_tornet::{ExitFinder, TorNetwork, TorNetworkOptions};
+use penrose_core::wire::{Ack, AckStatus};
+use penrose_tornet::{ExitFinder, Holder, TorNetwork, TorNetworkOptions};
 use penrose_transport::{Identity, Limits, Origin, ReportHandler, Server, ServerConfig};
 
 const READY: Duration = Duration::from_secs(300);
@@ -39,21 +39,32 @@ const UPLOADS: Duration = Duration::from_secs(240);
 struct TorHandler {
     inner: Handler,
     finder: Mutex<ExitFinder>,
-    /// Per frame: the carrier's TCP peer and the exit that holds it (`None`: not an exit).
-    seen: Mutex<Vec<(Option<SocketAddr>, Option<String>)>>,
+    /// Per frame: the carrier's TCP peer and who held its far end (`None`: came over UDP).
+    seen: Mutex<Vec<(Option<SocketAddr>, Option<Held>)>>,
+}
+
+/// Who held a connection's far end when its report arrived.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Held {
+    Exit(String),
+    /// A live socket of another process: not from the Tor network.
+    Other,
+    /// Closed before it could be looked up (the agent gave up on an attempt that was slow
+    /// under load, and its report was still read).
+    Gone,
 }
 
 impl ReportHandler for TorHandler {
     fn arrived_from(&self, origin: Origin) {
-        let exit = origin.carrier.and_then(|peer| {
-            self.finder
-                .lock()
-                .unwrap()
-                .exit_of(peer)
-                .unwrap()
-                .map(str::to_owned)
-        });
-        self.seen.lock().unwrap().push((origin.carrier, exit));
+        let holder =
+            origin.carrier.map(
+                |peer| match self.finder.lock().unwrap().holder_of(peer).unwrap() {
+                    Holder::Exit(nickname) => Held::Exit(nickname.to_owned()),
+                    Holder::Other => Held::Other,
+                    Holder::Gone => Held::Gone,
+                },
+            );
+        self.seen.lock().unwrap().push((origin.carrier, holder));
         self.inner.arrived_from(origin);
     }
 
@@ -97,7 +108,7 @@ fn main() {
     let mut world = runtime.block_on(start_world());
     let mut failed = Vec::new();
     type Case = fn(&mut World, &tokio::runtime::Runtime);
-    let cases: [(&str, Case); 3] = [
+    let cases: [(&str, Case); 4] = [
         (
             "several_agents_upload_through_tor_each_report_once_from_exits_only",
             several_agents,
@@ -109,6 +120,10 @@ fn main() {
         (
             "an_agent_with_a_network_file_that_keeps_the_public_relays_refuses_to_start",
             unreplaced_network,
+        ),
+        (
+            "tokens_are_fetched_and_spent_over_tor_on_circuits_of_their_own",
+            tokens_over_tor,
         ),
     ];
     for (name, case) in cases {
@@ -297,19 +312,34 @@ fn several_agents(world: &mut World, _runtime: &tokio::runtime::Runtime) {
     // that one exit's process holds; no UDP connection, no agent's socket.
     let seen = world.handler.seen.lock().unwrap().clone();
     assert!(!seen.is_empty());
-    for (carrier, exit) in &seen {
-        assert!(
-            carrier.is_some(),
-            "a report came over UDP, not from an exit"
-        );
-        assert!(
-            exit.is_some(),
-            "connection from {carrier:?} is not held by an exit"
+    for (carrier, held) in &seen {
+        let Some(held) = held else {
+            panic!("a report came over UDP, not from an exit");
+        };
+        assert_ne!(
+            *held,
+            Held::Other,
+            "connection from {carrier:?} is held by a process that is not an exit"
         );
     }
-    let exits: HashSet<_> = seen.iter().filter_map(|(_, e)| e.clone()).collect();
+    let exits: HashSet<_> = seen
+        .iter()
+        .filter_map(|(_, held)| match held {
+            Some(Held::Exit(nickname)) => Some(nickname.clone()),
+            _ => None,
+        })
+        .collect();
+    let gone = seen
+        .iter()
+        .filter(|(_, held)| *held == Some(Held::Gone))
+        .count();
+    assert!(
+        gone * 2 < seen.len(),
+        "most connections are found at their exit: {gone} of {} closed before the lookup",
+        seen.len()
+    );
     eprintln!(
-        "{} reports from 3 agents through exits {exits:?}",
+        "{} reports from 3 agents through exits {exits:?} ({gone} closed before the lookup)",
         seen.len()
     );
 }
@@ -410,6 +440,122 @@ fn unreplaced_network(world: &mut World, _runtime: &tokio::runtime::Runtime) {
         !fixture.state_dir().join("tor").exists(),
         "nothing of Tor was set up"
     );
+}
+
+fn tokens_over_tor(world: &mut World, runtime: &tokio::runtime::Runtime) {
+    use common::tokens::*;
+    use penrose_core::tokens::protocol::Credential;
+    const CREDENTIAL: Credential = Credential([0x5a; 32]);
+
+    let today = penrose_agent::pipeline::today().0;
+    let scopes: Vec<u16> = penrose_core::counters::Catalogue::current()
+        .counters
+        .iter()
+        .map(|c| c.id.0)
+        .collect();
+    let issuer = IssuerState::new(&[today, today + 1], &scopes, 24, CREDENTIAL);
+    let issuer_identity = Identity::self_signed(vec![ISSUER_NAME.to_string()]).unwrap();
+    let stream_port = Some("127.0.0.1:0".parse().unwrap());
+    let (issuer_server, aggregator, verifier) = runtime.block_on(async {
+        let issuer_server =
+            start_issuer_with_streams(&issuer_identity, Arc::clone(&issuer), stream_port).await;
+        let verifier = TokenServer::new(Arc::clone(&issuer));
+        let aggregator = start_token_server_with_streams(
+            &world.identity,
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::clone(&verifier),
+            stream_port,
+        )
+        .await;
+        (issuer_server, aggregator, verifier)
+    });
+    let (fixture, _) = tor_agent(world, "");
+    let issuer_cert = fixture.dir.path().join("issuer.pem");
+    issuer_identity
+        .save(
+            &issuer_cert,
+            &fixture.dir.path().join("issuer.key"),
+            penrose_transport::Encoding::Pem,
+        )
+        .unwrap();
+    let credential = fixture.dir.path().join("agent.credential");
+    penrose_agent::spool::write_synced(&credential, CREDENTIAL.to_file("tor host").as_bytes())
+        .unwrap();
+    // The agent sends to this test's verifying stand-in and fetches from its issuer, both
+    // through Tor only: their UDP addresses are given but never used.
+    let config = fixture.config(
+        aggregator.local_addr(),
+        "",
+        &format!(
+            r#"
+[admission]
+address = "{}"
+server_name = "{ISSUER_NAME}"
+certificate = "{}"
+credential = "{}"
+retry_min_seconds = 0.5
+
+[transport]
+route = "tor"
+tor_network = "{}"
+aggregator_stream = "{}"
+issuer_stream = "{}"
+tor_connect_timeout_seconds = 10.0
+"#,
+            issuer_server.local_addr(),
+            issuer_cert.display(),
+            credential.display(),
+            world.arti_file.display(),
+            aggregator.stream_addr().unwrap(),
+            issuer_server.stream_addr().unwrap(),
+        ),
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("ack_timeout_seconds = 2.0", "ack_timeout_seconds = 20.0");
+    std::fs::write(&config, text).unwrap();
+    let log = fixture.dir.path().join("agent.log");
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        UPLOADS,
+        || verifier.seen.lock().unwrap().accepted.len() >= 3,
+        || log_tail(&log),
+    );
+    assert!(terminate(&mut child).success());
+    let seen = verifier.seen.lock().unwrap();
+    assert!(
+        seen.received
+            .iter()
+            .all(|(r, status, _)| r.token.is_some() && *status == AckStatus::Accepted),
+        "every report carried a token the server verified"
+    );
+    drop(seen);
+    // Both servers were reached on their stream ports only: a UDP attempt would have been
+    // answered with a Retry first.
+    for (name, server) in [("issuer", &issuer_server), ("aggregator", &aggregator)] {
+        let stats = server.stats();
+        assert_eq!(stats.retries_sent, 0, "{name} saw UDP: {stats:?}");
+        assert!(stats.carrier.streams > 0, "{name}: {stats:?}");
+        assert!(
+            stats.connections_accepted <= stats.carrier.streams,
+            "{name}: {stats:?}"
+        );
+    }
+    // The key set and the issue request each went on a stream, and circuit, of their own,
+    // and so did every upload.
+    let status = fixture.status().unwrap();
+    assert!(status.tokens.spent >= 3, "{:?}", status.tokens);
+    assert!(
+        issuer_server.stats().carrier.streams >= 2,
+        "key set and issuance on separate streams"
+    );
+    let circuits = &status.route.tor_recent_circuits;
+    let distinct: HashSet<_> = circuits.iter().collect();
+    assert_eq!(distinct.len(), circuits.len(), "{circuits:?}");
+    runtime.block_on(async {
+        issuer_server.shutdown().await;
+        aggregator.shutdown().await;
+    });
 }
 
 fn log_tail(path: &Path) -> String {

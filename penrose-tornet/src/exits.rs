@@ -32,17 +32,41 @@ impl ExitFinder {
     /// # Errors
     /// [`TorNetError::Io`] when the namespace's TCP table cannot be read.
     pub fn exit_of(&self, peer: SocketAddr) -> Result<Option<&str>, TorNetError> {
+        Ok(match self.holder_of(peer)? {
+            Holder::Exit(nickname) => Some(nickname),
+            Holder::Other | Holder::Gone => None,
+        })
+    }
+
+    /// Who holds the other end of a connection whose peer is `peer`: an exit (by nickname),
+    /// some other process, or nobody any more (the socket is closed or orphaned, so the
+    /// question came too late to answer).
+    ///
+    /// # Errors
+    /// [`TorNetError::Io`] when the namespace's TCP table cannot be read.
+    pub fn holder_of(&self, peer: SocketAddr) -> Result<Holder<'_>, TorNetError> {
         let Some(inode) = socket_inode(peer)? else {
-            return Ok(None);
+            return Ok(Holder::Gone);
         };
         let wanted = format!("socket:[{inode}]");
         for (nickname, pid) in &self.exits {
             if process_holds(*pid, &wanted) {
-                return Ok(Some(nickname));
+                return Ok(Holder::Exit(nickname));
             }
         }
-        Ok(None)
+        Ok(Holder::Other)
     }
+}
+
+/// Who holds the far end of a connection ([`ExitFinder::holder_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder<'a> {
+    /// The exit of this nickname.
+    Exit(&'a str),
+    /// A live socket that no exit holds: the connection did not come out of this network.
+    Other,
+    /// No live socket has that address any more.
+    Gone,
 }
 
 /// The inode of the TCP socket in this thread's namespace whose local address is `local`
@@ -129,5 +153,10 @@ mod tests {
             exits: vec![("init".into(), 1)],
         };
         assert_eq!(other.exit_of(peer).unwrap(), None);
+        assert_eq!(other.holder_of(peer).unwrap(), Holder::Other);
+        drop(client);
+        drop(_server_side);
+        // Both ends closed: the peer's socket is gone (or orphaned in a closing state).
+        assert_eq!(mine.holder_of(peer).unwrap(), Holder::Gone);
     }
 }

@@ -128,6 +128,11 @@ impl ClientConfig {
     pub fn reuse(&self) -> Reuse {
         self.reuse
     }
+
+    /// Back to a fresh connection per exchange, whatever a tool asked for.
+    pub(crate) fn force_fresh(&mut self) {
+        self.reuse = Reuse::FreshPerReport;
+    }
 }
 
 /// Exponential backoff with jitter: retry `k` (from 0) waits `min(max_delay, base_delay *

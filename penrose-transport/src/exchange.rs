@@ -140,19 +140,12 @@ pub struct ExchangeClient {
 impl ExchangeClient {
     /// A client that dials on each exchange; must be called inside a tokio runtime. The
     /// configuration's reuse mode is ignored: exchanges always use fresh connections.
-    pub fn new(config: ClientConfig, protocol: Protocol) -> Result<Self, ClientError> {
-        let mut fresh = ClientConfig::new(
-            config.server,
-            config.server_name.clone(),
-            config.trust.clone(),
-        );
-        fresh.retry = config.retry.clone();
-        fresh.connect_timeout = config.connect_timeout;
-        fresh.ack_timeout = config.ack_timeout;
-        fresh.idle_timeout = config.idle_timeout;
-        fresh.local_ip = config.local_ip;
+    pub fn new(mut config: ClientConfig, protocol: Protocol) -> Result<Self, ClientError> {
+        // Everything else as configured (the route above all: over Tor, each exchange on a
+        // stream and circuit of its own).
+        config.force_fresh();
         Ok(ExchangeClient {
-            client: Client::speaking(fresh, protocol.alpn)?,
+            client: Client::speaking(config, protocol.alpn)?,
             protocol,
         })
     }

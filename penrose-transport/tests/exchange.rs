@@ -96,3 +96,35 @@ async fn an_exchange_endpoint_refuses_the_report_alpn() {
             .is_err()
     );
 }
+
+/// An exchange client keeps its configuration's route: over a carried route (Tor) every
+/// exchange goes on a stream of its own and nothing is sent over UDP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exchanges_over_a_carried_route_use_the_stream_port_only() {
+    let identity = Identity::self_signed(["localhost"]).unwrap();
+    let handler = Reverser::default();
+    let mut config = server_config(&identity);
+    config.stream_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = serve_exchange(config, PROTOCOL, handler.clone())
+        .await
+        .unwrap();
+    let stream_port = server.stream_addr().unwrap();
+    let mut config = ClientConfig::new(
+        penrose_transport::carrier::STREAM_SERVER,
+        "localhost",
+        Trust::pin(&identity),
+    );
+    config.route = penrose_transport::Route::Carried(Arc::new(
+        penrose_transport::carrier::TcpDialer(stream_port),
+    ));
+    let client = ExchangeClient::new(config, PROTOCOL).unwrap();
+    for request in [&b"abc"[..], b"de"] {
+        let mut want = request.to_vec();
+        want.reverse();
+        assert_eq!(client.exchange(request).await.unwrap(), want);
+    }
+    let stats = server.stats();
+    assert_eq!(stats.carrier.streams, 2, "a stream per exchange: {stats:?}");
+    assert_eq!(stats.retries_sent, 0, "nothing came over UDP: {stats:?}");
+    server.shutdown().await;
+}

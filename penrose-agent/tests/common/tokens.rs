@@ -160,12 +160,21 @@ impl ExchangeHandler for IssuerHandler {
 }
 
 pub async fn start_issuer(identity: &Identity, state: Arc<IssuerState>) -> Server {
+    start_issuer_with_streams(identity, state, None).await
+}
+
+/// The in-test issuer, also taking QUIC carried on TCP streams at `stream_listen` (Tor exits).
+pub async fn start_issuer_with_streams(
+    identity: &Identity,
+    state: Arc<IssuerState>,
+    stream_listen: Option<SocketAddr>,
+) -> Server {
     serve_exchange(
         ServerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             identity: identity.clone(),
             limits: Limits::default(),
-            stream_listen: None,
+            stream_listen,
         },
         Protocol {
             alpn: ALPN,
@@ -264,12 +273,22 @@ pub async fn start_token_server(
     addr: SocketAddr,
     handler: Arc<TokenServer>,
 ) -> Server {
+    start_token_server_with_streams(identity, addr, handler, None).await
+}
+
+/// The verifying aggregation stand-in, also taking QUIC carried on TCP streams.
+pub async fn start_token_server_with_streams(
+    identity: &Identity,
+    addr: SocketAddr,
+    handler: Arc<TokenServer>,
+    stream_listen: Option<SocketAddr>,
+) -> Server {
     penrose_transport::serve(
         ServerConfig {
             listen: addr,
             identity: identity.clone(),
             limits: Limits::default(),
-            stream_listen: None,
+            stream_listen,
         },
         handler,
     )
