@@ -39,7 +39,16 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    // `demo --tor` leaves the host's network first thing, while the process has one thread:
+    // a network namespace belongs to a thread, and everything started afterwards (tor, the
+    // agents' arti) inherits it (docs/design.md section 5).
+    if let Command::Demo(args) = &cli.command
+        && args.tor
+    {
+        demo::enter_tor_namespace()?;
+    }
+    match cli.command {
         Command::BuildEbpf(args) => build_ebpf::run(args),
         Command::EvalFingerprints(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
