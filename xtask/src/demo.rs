@@ -62,6 +62,7 @@ use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{
     ADMISSION_TOKEN_BYTES, AdmissionToken, Day, Message, PackedBytes, Report, ReportId,
 };
+use penrose_tornet::{Role, TorNetwork, TorNetworkOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -103,6 +104,38 @@ pub struct Args {
     /// example to run the demo as another user than the one who built it).
     #[arg(long)]
     bins: Option<PathBuf>,
+    /// Run the whole system over a private Tor network on loopback (test equipment: 3
+    /// directory authorities, 2 middles, 2 exits): every agent sends its reports and fetches
+    /// its tokens through it, to the servers' stream ports. Needs root (the demo moves into a
+    /// network namespace that has only loopback) and Debian's tor; never falls back to the
+    /// direct route.
+    #[arg(long)]
+    pub(crate) tor: bool,
+}
+
+/// `demo --tor`, first thing in `main` while the process has one thread: checks what the Tor
+/// run needs and moves the process into a new network namespace that has only loopback, so
+/// that nothing the demo starts (the tors, the agents' arti) can reach another machine
+/// (docs/design.md section 5). An explicit request: without root or tor it fails, it does not
+/// fall back to the direct route.
+pub fn enter_tor_namespace() -> Result<()> {
+    ensure!(
+        is_root(),
+        "--tor needs root: the demo runs the Tor network and the agents in a network namespace \
+         that has only loopback (docs/design.md section 5), and making one needs root; run it \
+         as root, or without --tor for the direct route"
+    );
+    ensure!(
+        penrose_tornet::tor_installed(),
+        "--tor needs Debian's tor (the tor and tor-gencert programs; `apt-get install tor`), \
+         which runs the private Tor network; install it, or run without --tor for the direct \
+         route"
+    );
+    penrose_tornet::enter_loopback_namespace()
+        .context("--tor: entering a network namespace that has only loopback")?;
+    penrose_tornet::check_loopback_only()
+        .context("--tor: checking the network namespace has only loopback")?;
+    Ok(())
 }
 
 /// How one demo run is set up.
@@ -124,6 +157,9 @@ pub struct Options {
     pub quiet: bool,
     /// SIGKILL and restart the agent, then the aggregation server, mid-run.
     pub faults: bool,
+    /// Over a private Tor network on loopback: the caller must already be in a loopback-only
+    /// network namespace ([`enter_tor_namespace`]).
+    pub tor: bool,
 }
 
 /// What a run produced.
@@ -179,6 +215,75 @@ pub struct Outcome {
     /// The architects' page of this run (`penrose-design report --html`): `html/index.html`
     /// in the run's directory, kept with `--keep`.
     pub html: PathBuf,
+    /// With `--tor`: what went over the private Tor network.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tor: Option<TorFigures>,
+}
+
+/// What went over the private Tor network in a `--tor` run.
+#[derive(Debug, Serialize)]
+pub struct TorFigures {
+    /// Where the network lived (keys, torrc files, logs), in the run's directory.
+    pub network_dir: PathBuf,
+    /// Seconds from starting the seven tors until a client could use them.
+    pub ready_seconds: f64,
+    /// Reports acked to the agents, every one over Tor (their status files' `uploads.accepted`;
+    /// a restarted agent's count starts again).
+    pub reports: u64,
+    /// Tor streams the agents opened (one per QUIC connection: per upload attempt and per token
+    /// fetch), and attempts that failed, per their status files.
+    pub streams: u64,
+    /// See `streams`.
+    pub stream_failures: u64,
+    /// Per agent: the circuits of its last streams (at most 64), and how many distinct.
+    pub circuits: Vec<AgentCircuits>,
+    /// Every agent's last streams each ran on a circuit of its own.
+    pub isolated: bool,
+    /// The aggregation server's metrics page: `penrose_transport_carrier_streams_total`
+    /// (TCP streams on its stream port) by outcome, and
+    /// `penrose_transport_connections_total{outcome="accepted"}` (QUIC connections that
+    /// completed the handshake, UDP or stream alike), since its last start.
+    pub carrier_streams: BTreeMap<String, u64>,
+    /// See `carrier_streams`.
+    pub connections_accepted: u64,
+    /// UDP datagrams received in the demo's network namespace (`Udp: InDatagrams` of
+    /// `/proc/thread-self/net/snmp`) from before the agents started until they stopped: a
+    /// QUIC report over UDP would need some, nothing else there sends UDP.
+    pub udp_datagrams: u64,
+    /// Connections on the servers' stream ports seen while open (sampled every 250 ms during
+    /// the capture), by the exit whose process held the other end: "none" when a process
+    /// that is no exit held it, "closed before the lookup" when no process held it any more
+    /// by the time it was looked up.
+    pub sampled_connections: BTreeMap<String, u64>,
+    /// Every tor the demo started was stopped and reaped.
+    pub stopped: bool,
+}
+
+/// One agent's recent Tor circuits.
+#[derive(Debug, Serialize)]
+pub struct AgentCircuits {
+    /// Streams listed in its status.
+    pub recent: usize,
+    /// Distinct circuits among them.
+    pub distinct: usize,
+}
+
+impl TorFigures {
+    /// Everything went over Tor: reports were acked; the aggregation server accepted streams
+    /// on its stream port and no more QUIC connections than that (a connection over UDP would
+    /// have no stream); no UDP datagram arrived in the namespace; every connection sampled on
+    /// the stream ports came from an exit; every agent's streams had circuits of their own;
+    /// and the network was stopped.
+    pub fn over_tor(&self) -> bool {
+        let accepted = self.carrier_streams.get("accepted").copied().unwrap_or(0);
+        self.reports > 0
+            && accepted > 0
+            && self.connections_accepted <= accepted
+            && self.udp_datagrams == 0
+            && !self.sampled_connections.contains_key("none")
+            && self.isolated
+            && self.stopped
+    }
 }
 
 /// What the run's admission tokens did.
@@ -259,15 +364,28 @@ pub fn run(args: Args) -> Result<()> {
                 "building the release binaries (agent, aggregator, token issuer, design server, \
                  replayer)",
             );
-            let status = Command::new(env!("CARGO"))
+            let mut build = Command::new(env!("CARGO"));
+            build
                 .current_dir(&root)
                 .args(["build", "--release", "--bins"])
                 .args(["-p", "penrose-agent", "-p", "penrose-aggregator"])
                 .args(["-p", "penrose-issuer", "-p", "penrose-design"])
-                .args(["-p", "penrose-standin"])
-                .status()
-                .context("running cargo build")?;
-            ensure!(status.success(), "cargo build failed: {status}");
+                .args(["-p", "penrose-standin"]);
+            if args.tor {
+                // The namespace has no network: the build uses what cargo already fetched.
+                build.arg("--offline");
+            }
+            let status = build.status().context("running cargo build")?;
+            ensure!(
+                status.success(),
+                "cargo build failed: {status}{}",
+                if args.tor {
+                    " (with --tor it runs offline, inside the loopback-only namespace: fetch \
+                     the dependencies first, e.g. with `cargo fetch` or a demo without --tor)"
+                } else {
+                    ""
+                }
+            );
             target_dir(&root).join("release")
         }
     };
@@ -284,6 +402,7 @@ pub fn run(args: Args) -> Result<()> {
         ebpf: root_user && !args.no_ebpf,
         quiet: args.json,
         faults: args.faults,
+        tor: args.tor,
     };
     let dir = tempfile::Builder::new().prefix("penrose-demo-").tempdir()?;
     let outcome = run_demo(&options, dir.path())?;
@@ -310,6 +429,11 @@ pub fn run(args: Args) -> Result<()> {
             "no aggregate reached the threshold of {} contributors",
             options.threshold
         );
+    }
+    if let Some(tor) = &outcome.tor
+        && !tor.over_tor()
+    {
+        bail!("not everything went over the private Tor network: {tor:?}");
     }
     Ok(())
 }
@@ -405,6 +529,18 @@ struct Servers<'a> {
     issuer: &'a str,
     /// Its certificate, pinned.
     issuer_cert: &'a Path,
+    /// With `--tor`: the route through the private Tor network.
+    tor: Option<TorRoute<'a>>,
+}
+
+/// How the agents reach the servers with `--tor`.
+struct TorRoute<'a> {
+    /// The arti configuration of the private network ([`TorNetwork::arti_toml`]).
+    network: &'a Path,
+    /// The aggregation server's stream port.
+    aggregator_stream: &'a str,
+    /// The token issuer's stream port.
+    issuer_stream: &'a str,
 }
 
 /// The compressed-time agent configuration: its state directory, its snippet source, the
@@ -418,6 +554,24 @@ fn agent_config(
     credential: &Path,
 ) -> String {
     let libraries = lib.map_or(String::new(), |l| format!("{:?}", l.display().to_string()));
+    let transport = servers.tor.as_ref().map_or(String::new(), |tor| {
+        format!(
+            r#"
+[transport]
+# --tor: every report and every token fetch goes through the private Tor network on loopback
+# (test equipment; its arti configuration replaces the public relays), each QUIC connection
+# on a Tor stream and circuit of its own, to the servers' stream ports.
+route = "tor"
+tor_network = {network:?}
+aggregator_stream = {aggregator:?}
+issuer_stream = {issuer:?}
+tor_connect_timeout_seconds = 60.0
+"#,
+            network = tor.network.display().to_string(),
+            aggregator = tor.aggregator_stream,
+            issuer = tor.issuer_stream,
+        )
+    });
     format!(
         r#"# Written by cargo xtask demo: the design's settings compressed in time.
 state_dir = {state:?}
@@ -470,7 +624,7 @@ credential = {credential:?}
 # a second rather than ten minutes. refresh_max_seconds keeps its default (12 h): the regular
 # refresh does not come up during the run.
 retry_min_seconds = 1.0
-"#,
+{transport}"#,
         listen = servers.listen,
         issuer = servers.issuer,
         issuer_cert = servers.issuer_cert.display().to_string(),
@@ -533,6 +687,29 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
          a failed admission token fetch tried again after 1 s (600 s)",
     );
 
+    // 0. With --tor, the private Tor network, first: it takes 20-60 s to become usable, and
+    // the servers are set up meanwhile. It lives in the run's directory; dropping it (at the
+    // end, or on any error) stops every tor by its process id.
+    let mut tor = if options.tor {
+        let started = Instant::now();
+        let net = TorNetwork::start(TorNetworkOptions::new(dir.join("tor-net")))
+            .context("starting the private Tor network (--tor)")?;
+        say(&format!(
+            "tor: a private Tor network on loopback is starting in {} (test equipment: 3 \
+             directory authorities, 2 middles, 2 exits; tor processes {:?}), inside a network \
+             namespace that has only loopback",
+            net.dir().display(),
+            net.pids(),
+        ));
+        Some(TorRun {
+            net,
+            started,
+            ready_seconds: 0.0,
+        })
+    } else {
+        None
+    };
+
     // 1. Keys.
     let t = Instant::now();
     let keys = dir.join("keys");
@@ -588,7 +765,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .arg("--json"),
         "penrose-issuer export-keys",
     )?)?;
-    let (issuer, issuer_ready) = start_issuer(&bin("penrose-issuer"), &issuer_state, dir)?;
+    let (issuer, issuer_ready) =
+        start_issuer(&bin("penrose-issuer"), &issuer_state, dir, tor.is_some())?;
     let issuer_index = children.push("penrose-issuer", issuer);
     let issuer_listen = issuer_ready["listening"]
         .as_str()
@@ -599,13 +777,26 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .as_str()
             .context("the issuer's certificate")?,
     );
+    let issuer_stream = if tor.is_some() {
+        issuer_ready["stream_listening"]
+            .as_str()
+            .context("the issuer's stream port (--stream-listen)")?
+            .to_string()
+    } else {
+        String::new()
+    };
     seconds.insert(
         "issuer: init, enrol, export keys, start".to_string(),
         t.elapsed().as_secs_f64(),
     );
     say(&format!(
-        "token issuer: listening on {issuer_listen} (QUIC), {host_count} hosts enrolled (one \
+        "token issuer: listening on {issuer_listen} (QUIC){}, {host_count} hosts enrolled (one \
          credential file each, in {}); key ring of {} to {} exported to the aggregation server",
+        if tor.is_some() {
+            format!(" and {issuer_stream} (stream port, for Tor)")
+        } else {
+            String::new()
+        },
         dir.join("credentials").display(),
         exported["from_date"].as_str().unwrap_or("?"),
         exported["to_date"].as_str().unwrap_or("?"),
@@ -613,20 +804,75 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
 
     // 3. The aggregation server, admitting reports by tokens of that ring.
     let agg = DataDir(dir.join("aggregator"));
-    let admission = [OsString::from("--token-keys"), ring.into_os_string()];
-    let (server, listen) = start_server(
+    let mut admission = vec![OsString::from("--token-keys"), ring.into_os_string()];
+    // With --tor: a stream port, where the exits deliver, and the metrics page (its transport
+    // counters say what came on the stream port).
+    let tor_flags = |stream: &str, metrics: &str| {
+        ["--stream-listen", stream, "--metrics", metrics].map(OsString::from)
+    };
+    let mut serve_args = admission.clone();
+    if tor.is_some() {
+        serve_args.extend(tor_flags("127.0.0.1:0", "127.0.0.1:0"));
+    }
+    let (server, server_ready) = start_server_ready(
         &bin("penrose-aggregator"),
         &agg,
         "127.0.0.1:0",
         &public_key,
-        &admission,
+        &serve_args,
     )?;
     let server_index = children.push("penrose-aggregator", server);
+    let listen = server_ready["listening"]
+        .as_str()
+        .context("the aggregator's listening address")?
+        .to_string();
+    let (agg_stream, agg_metrics) = if tor.is_some() {
+        let field = |name: &str| {
+            server_ready[name]
+                .as_str()
+                .map(str::to_string)
+                .with_context(|| format!("the aggregator's {name} address"))
+        };
+        let (stream, metrics) = (field("stream_listening")?, field("metrics")?);
+        // A restart (--faults) binds the same ports again.
+        admission.extend(tor_flags(&stream, &metrics));
+        (stream, metrics)
+    } else {
+        (String::new(), String::new())
+    };
     say(&format!(
-        "aggregation server: listening on {listen} (QUIC), data in {}; admits reports with an \
+        "aggregation server: listening on {listen} (QUIC){}, data in {}; admits reports with an \
          admission token only",
+        if tor.is_some() {
+            format!(" and {agg_stream} (stream port, for Tor; metrics on {agg_metrics})")
+        } else {
+            String::new()
+        },
         agg.0.display()
     ));
+
+    // With --tor, the network must be usable before the agents start (they fetch their tokens
+    // through it at once); its arti configuration replaces the public relays.
+    let arti_file = dir.join("arti-network.toml");
+    if let Some(tor) = &mut tor {
+        let t = Instant::now();
+        let readiness = tor
+            .net
+            .wait_ready(Duration::from_secs(300))
+            .context("the private Tor network did not become usable")?;
+        tor.ready_seconds = tor.started.elapsed().as_secs_f64();
+        std::fs::write(&arti_file, tor.net.arti_toml())?;
+        seconds.insert(
+            "tor: waiting for the network".to_string(),
+            t.elapsed().as_secs_f64(),
+        );
+        say(&format!(
+            "tor: the private network is usable {:.1} s after it started ({readiness:?}); the \
+             agents' arti configuration is {}",
+            tor.ready_seconds,
+            arti_file.display()
+        ));
+    }
 
     // 4. The fleet: `agents` hosts run the popular application, and two more hosts each run
     // another one alone. Each agent gets its own state directory, credential file and a
@@ -678,7 +924,14 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         key: &public_key,
         issuer: &issuer_listen,
         issuer_cert: &issuer_cert,
+        tor: tor.as_ref().map(|_| TorRoute {
+            network: &arti_file,
+            aggregator_stream: &agg_stream,
+            issuer_stream: &issuer_stream,
+        }),
     };
+    // No UDP datagram should arrive in the namespace while the agents run over Tor.
+    let udp_before = if tor.is_some() { udp_datagrams()? } else { 0 };
     for ((i, host), credential) in hosts.iter_mut().enumerate().zip(&credentials) {
         // Host 0 probes the stand-in with eBPF (as root); the rest replay their trace.
         let (source, lib) = match (&lib, i) {
@@ -734,6 +987,22 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         read_status(state_dir).map_or(0, |s| s["uploads"]["accepted"].as_u64().unwrap_or(0))
     };
     let hard_stop = options.capture + Duration::from_secs(120);
+    // With --tor: the servers' stream ports, and per connection seen on one while open, the
+    // exit whose process held its other end.
+    let exits: Vec<(String, u32)> = tor.as_ref().map_or_else(Vec::new, |t| {
+        t.net
+            .relays()
+            .iter()
+            .filter(|r| r.role() == Role::Exit)
+            .filter_map(|r| Some((r.nickname().to_string(), r.pid()?)))
+            .collect()
+    });
+    let stream_ports: Vec<u16> = [&agg_stream, &issuer_stream]
+        .iter()
+        .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
+        .collect();
+    let mut sampled: HashMap<(u16, std::net::SocketAddr), String> = HashMap::new();
     while t.elapsed() < options.capture || (options.faults && killed.len() < 2) {
         ensure!(
             t.elapsed() < hard_stop,
@@ -741,6 +1010,9 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             hosts[0].log.display()
         );
         std::thread::sleep(Duration::from_millis(250));
+        if tor.is_some() {
+            sample_stream_connections(&exits, &stream_ports, &mut sampled)?;
+        }
         if options.faults && killed.is_empty() && delivered(&first) >= 20 {
             let (_, agent) = &mut children.0[first_index];
             agent.kill()?;
@@ -796,7 +1068,9 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     // Let the spools drain before stopping the agents (what they seal on stop stays spooled):
     // an empty spool in a status written after the replayers stopped.
     let stopped = std::time::SystemTime::now();
-    let _ = wait_for(Duration::from_secs(30), || {
+    // Over Tor a report takes a circuit of its own and a few hundred ms more.
+    let drain = Duration::from_secs(if tor.is_some() { 90 } else { 30 });
+    let _ = wait_for(drain, || {
         Ok(hosts.iter().all(|h| {
             let fresh = std::fs::metadata(h.state.join("status.json"))
                 .and_then(|m| m.modified())
@@ -808,12 +1082,41 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         children.stop(host.child, Duration::from_secs(60))?;
     }
     bar.finish_and_clear();
-    // What the agents did with their tokens, from their last status files.
+    let udp_datagrams = if tor.is_some() {
+        udp_datagrams()?.saturating_sub(udp_before)
+    } else {
+        0
+    };
+    // What the agents did with their tokens, from their last status files; and with --tor, what
+    // went through Tor.
     let (mut tokens_fetched, mut partition_warnings) = (0, 0);
+    let (mut tor_reports, mut tor_streams, mut tor_failures) = (0, 0, 0);
+    let mut circuits = Vec::new();
     for host in &hosts {
         let status = read_status(&host.state).context("an agent's last status")?;
         tokens_fetched += status["tokens"]["issued"].as_u64().unwrap_or(0);
         partition_warnings += status["tokens"]["partition_warnings"].as_u64().unwrap_or(0);
+        if tor.is_some() {
+            let route = &status["route"];
+            ensure!(
+                route["route"] == "tor",
+                "an agent did not run over Tor: {route}; see {}",
+                host.log.display()
+            );
+            tor_reports += status["uploads"]["accepted"].as_u64().unwrap_or(0);
+            tor_streams += route["tor_streams"].as_u64().unwrap_or(0);
+            tor_failures += route["tor_stream_failures"].as_u64().unwrap_or(0);
+            let recent: Vec<&str> = route["tor_recent_circuits"]
+                .as_array()
+                .map(|c| c.iter().filter_map(|c| c.as_str()).collect())
+                .unwrap_or_default();
+            let distinct: std::collections::BTreeSet<&str> =
+                recent.iter().copied().filter(|c| *c != "?").collect();
+            circuits.push(AgentCircuits {
+                recent: recent.len(),
+                distinct: distinct.len(),
+            });
+        }
     }
     let issuer_status: serde_json::Value = serde_json::from_str(&output(
         issuer_cmd("status").arg("--json"),
@@ -855,7 +1158,55 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .arg("--json"),
         "penrose-aggregator status",
     )?)?;
+    let metrics = if tor.is_some() {
+        fetch_metrics(&agg_metrics)?
+    } else {
+        String::new()
+    };
     children.stop(server_index, Duration::from_secs(30))?;
+    // Every server is stopped: so is the Tor network (its Drop would do it on an error).
+    let tor_figures = match tor.as_mut() {
+        Some(run) => {
+            run.net.stop().context("stopping the private Tor network")?;
+            let carrier_streams: BTreeMap<String, u64> =
+                ["accepted", "refused_server_full", "idle", "malformed"]
+                    .into_iter()
+                    .map(|outcome| {
+                        let value = metric(
+                            &metrics,
+                            &format!(
+                                "penrose_transport_carrier_streams_total{{outcome=\"{outcome}\"}}"
+                            ),
+                        );
+                        value.map(|v| (outcome.to_string(), v))
+                    })
+                    .collect::<Result<_>>()?;
+            let mut by_exit = BTreeMap::new();
+            for owner in sampled.values() {
+                *by_exit.entry(owner.clone()).or_insert(0) += 1;
+            }
+            Some(TorFigures {
+                network_dir: run.net.dir().to_path_buf(),
+                ready_seconds: run.ready_seconds,
+                reports: tor_reports,
+                streams: tor_streams,
+                stream_failures: tor_failures,
+                isolated: circuits
+                    .iter()
+                    .all(|c| c.recent > 0 && c.distinct == c.recent),
+                circuits,
+                carrier_streams,
+                connections_accepted: metric(
+                    &metrics,
+                    "penrose_transport_connections_total{outcome=\"accepted\"}",
+                )?,
+                udp_datagrams,
+                sampled_connections: by_exit,
+                stopped: run.net.pids().is_empty(),
+            })
+        }
+        None => None,
+    };
     seconds.insert(
         "aggregator: close epoch, export".to_string(),
         t.elapsed().as_secs_f64(),
@@ -1076,7 +1427,137 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         rows,
         killed,
         seconds,
+        tor: tor_figures,
     })
+}
+
+/// The private Tor network of a `--tor` run.
+struct TorRun {
+    net: TorNetwork,
+    started: Instant,
+    /// Seconds from `started` until it was usable.
+    ready_seconds: f64,
+}
+
+/// `Udp: InDatagrams` of this thread's network namespace.
+fn udp_datagrams() -> Result<u64> {
+    let path = "/proc/thread-self/net/snmp";
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next(), udp.next());
+    let (Some(names), Some(values)) = (names, values) else {
+        bail!("no Udp lines in {path}");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "InDatagrams")
+        .and_then(|(_, value)| value.parse().ok())
+        .with_context(|| format!("no Udp InDatagrams in {path}"))
+}
+
+/// Records every established TCP connection on one of `ports` (127.0.0.1) in this thread's
+/// namespace now, with the exit (`exits`: nickname, pid) whose process holds its other end.
+///
+/// The other end is the socket whose local address is the connection's peer *and* whose
+/// remote address is the server's port: an exit's ephemeral port is often also the local port
+/// of unrelated sockets (an agent's connection to a relay), so the peer address alone can name
+/// the wrong socket. A connection whose other end no process holds any more (closed since the
+/// table was read) is "closed before the lookup"; one that a process other than an exit holds
+/// is "none".
+fn sample_stream_connections(
+    exits: &[(String, u32)],
+    ports: &[u16],
+    seen: &mut HashMap<(u16, std::net::SocketAddr), String>,
+) -> Result<()> {
+    let table = tcp_table()?;
+    for &(local, peer, state, _) in &table {
+        // 01 is ESTABLISHED.
+        if state != 0x01
+            || !ports.contains(&local.port())
+            || seen.contains_key(&(local.port(), peer))
+        {
+            continue;
+        }
+        let other_end = |table: &[(std::net::SocketAddr, std::net::SocketAddr, u8, u64)]| {
+            table
+                .iter()
+                .find(|(l, r, _, inode)| *l == peer && *r == local && *inode != 0)
+                .map(|entry| entry.3)
+        };
+        let owner = match other_end(&table) {
+            None => "closed before the lookup".to_string(),
+            Some(inode) => {
+                let socket = format!("socket:[{inode}]");
+                match exits.iter().find(|(_, pid)| process_holds(*pid, &socket)) {
+                    Some((exit, _)) => exit.clone(),
+                    // Still held (by the same process as before: sockets do not move)?
+                    None if other_end(&tcp_table()?) == Some(inode) => "none".to_string(),
+                    None => "closed before the lookup".to_string(),
+                }
+            }
+        };
+        seen.insert((local.port(), peer), owner);
+    }
+    Ok(())
+}
+
+/// This thread's namespace's IPv4 TCP sockets: (local, remote, state, inode); an inode of 0 is
+/// a socket no process holds any more.
+fn tcp_table() -> Result<Vec<(std::net::SocketAddr, std::net::SocketAddr, u8, u64)>> {
+    let path = "/proc/thread-self/net/tcp";
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    Ok(text
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+            Some((
+                proc_v4_addr(fields.get(1)?)?,
+                proc_v4_addr(fields.get(2)?)?,
+                u8::from_str_radix(fields.get(3)?, 16).ok()?,
+                fields.get(9)?.parse().ok()?,
+            ))
+        })
+        .collect())
+}
+
+/// Whether process `pid` has a descriptor open on `socket` (`socket:[inode]`).
+fn process_holds(pid: u32, socket: &str) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == socket))
+}
+
+/// An IPv4 address as `/proc/net/tcp` writes it: the address as a native-endian 32-bit word
+/// in hex, a colon, the port in hex.
+fn proc_v4_addr(text: &str) -> Option<std::net::SocketAddr> {
+    let (addr, port) = text.split_once(':')?;
+    let addr = u32::from_str_radix(addr, 16).ok()?.to_ne_bytes();
+    let port = u16::from_str_radix(port, 16).ok()?;
+    Some((std::net::Ipv4Addr::from(addr), port).into())
+}
+
+/// The aggregation server's metrics page (Prometheus text), from its `--metrics` address.
+fn fetch_metrics(addr: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)
+        .with_context(|| format!("connecting to the metrics page on {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut page = String::new();
+    stream.read_to_string(&mut page)?;
+    Ok(page)
+}
+
+/// The value of the sample `name` (with its labels, as written) on a metrics page.
+fn metric(page: &str, name: &str) -> Result<u64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .with_context(|| format!("no {name} on the aggregation server's metrics page"))
 }
 
 /// One host of the demo's fleet.
@@ -1140,15 +1621,25 @@ pub fn issuer_state(dir: &Path) -> PathBuf {
     dir.join("issuer")
 }
 
-/// Starts `penrose-issuer serve` on a free loopback port, its log in `dir/issuer.log`, and
-/// returns it with the JSON line it printed (`listening`, `certificate`, ...).
-fn start_issuer(bin: &Path, state: &Path, dir: &Path) -> Result<(Child, serde_json::Value)> {
+/// Starts `penrose-issuer serve` on a free loopback port (and a stream port, for Tor, with
+/// `stream`), its log in `dir/issuer.log`, and returns it with the JSON line it printed
+/// (`listening`, `stream_listening`, `certificate`, ...).
+fn start_issuer(
+    bin: &Path,
+    state: &Path,
+    dir: &Path,
+    stream: bool,
+) -> Result<(Child, serde_json::Value)> {
     let log = std::fs::File::create(dir.join("issuer.log"))?;
-    let mut issuer = Command::new(bin)
-        .arg("serve")
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve")
         .arg("--state")
         .arg(state)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", "127.0.0.1:0"]);
+    if stream {
+        cmd.args(["--stream-listen", "127.0.0.1:0"]);
+    }
+    let mut issuer = cmd
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
@@ -1179,26 +1670,44 @@ pub(crate) fn start_server<S: AsRef<std::ffi::OsStr>>(
     key: &Path,
     admission: &[S],
 ) -> Result<(Child, String)> {
+    let (server, ready) = start_server_ready(bin, agg, listen, key, admission)?;
+    let listen = ready["listening"]
+        .as_str()
+        .context("listening address")?
+        .to_string();
+    Ok((server, listen))
+}
+
+/// [`start_server`], with more flags after `--public-key` if need be (`args`), returning the
+/// JSON line the server printed once ready (`listening`, `stream_listening`, `metrics`, ...).
+fn start_server_ready<S: AsRef<std::ffi::OsStr>>(
+    bin: &Path,
+    agg: &DataDir,
+    listen: &str,
+    key: &Path,
+    args: &[S],
+) -> Result<(Child, serde_json::Value)> {
     let mut server = Command::new(bin)
         .arg("serve")
         .arg("-d")
         .arg(&agg.0)
         .args(["--listen", listen, "--public-key"])
         .arg(key)
-        .args(admission)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .context("starting penrose-aggregator serve")?;
     let mut line = String::new();
     BufReader::new(server.stdout.take().context("server stdout")?).read_line(&mut line)?;
-    let ready: serde_json::Value = serde_json::from_str(&line)
-        .with_context(|| format!("the aggregator's first line: {line:?}"))?;
-    let listen = ready["listening"]
-        .as_str()
-        .context("listening address")?
-        .to_string();
-    Ok((server, listen))
+    match serde_json::from_str(&line) {
+        Ok(ready) => Ok((server, ready)),
+        Err(e) => {
+            let _ = server.kill();
+            let _ = server.wait();
+            Err(e).with_context(|| format!("the aggregator's first line: {line:?}"))
+        }
+    }
 }
 
 /// Starts `penrose-agent run`, its log appended to `log`.
@@ -1402,6 +1911,9 @@ fn print_outcome(o: &Outcome, threshold: u64) {
         "every report the aggregation server counted was admitted by an admission token: {}",
         if a.admitted { "yes" } else { "NO" }
     );
+    if let Some(t) = &o.tor {
+        print_tor(t);
+    }
     println!(
         "the architects' page of this run: {} (one file; the run's directory is removed at \
          the end unless --keep is given)",
@@ -1410,6 +1922,62 @@ fn print_outcome(o: &Outcome, threshold: u64) {
     for (stage, s) in &o.seconds {
         println!("  {stage:<38} {s:>7.2} s");
     }
+}
+
+fn print_tor(t: &TorFigures) {
+    let yes = |b: bool| if b { "yes" } else { "NO" };
+    let carrier = |outcome: &str| t.carrier_streams.get(outcome).copied().unwrap_or(0);
+    println!(
+        "tor: the private network (in {}) was usable {:.1} s after it started; {} reports were \
+         acked over Tor; the agents opened {} Tor streams (one per upload attempt and per token \
+         fetch), {} attempts failed.",
+        t.network_dir.display(),
+        t.ready_seconds,
+        t.reports,
+        t.streams,
+        t.stream_failures,
+    );
+    println!(
+        "tor: distinct circuits among each agent's last streams (distinct/streams): {}; a \
+         circuit of its own for every stream: {}.",
+        t.circuits
+            .iter()
+            .map(|c| format!("{}/{}", c.distinct, c.recent))
+            .collect::<Vec<_>>()
+            .join(" "),
+        yes(t.isolated),
+    );
+    println!(
+        "tor: the aggregation server's metrics: penrose_transport_carrier_streams_total \
+         accepted {}, idle {}, refused {}, malformed {}; QUIC connections accepted in all {} \
+         (none without a stream: {}). UDP datagrams received in the demo's network namespace \
+         while the agents ran: {}.",
+        carrier("accepted"),
+        carrier("idle"),
+        carrier("refused_server_full"),
+        carrier("malformed"),
+        t.connections_accepted,
+        yes(t.connections_accepted <= carrier("accepted")),
+        t.udp_datagrams,
+    );
+    println!(
+        "tor: connections seen open on the servers' stream ports (sampled every 250 ms), by the \
+         exit holding their other end: {}.",
+        if t.sampled_connections.is_empty() {
+            "none seen".to_string()
+        } else {
+            t.sampled_connections
+                .iter()
+                .map(|(exit, n)| format!("{exit} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    println!(
+        "tor: every tor process the demo started was stopped: {}; everything went over Tor: {}",
+        yes(t.stopped),
+        yes(t.over_tor()),
+    );
 }
 
 /// A value with its unit, scaled to read at a glance (durations in s/ms/µs, sizes in KiB/MiB).
@@ -1493,6 +2061,7 @@ mod tests {
             ebpf,
             quiet: true,
             faults,
+            tor: false,
         };
         let outcome = run_demo(&options, dir.path()).unwrap();
         eprintln!(

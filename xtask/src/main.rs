@@ -45,10 +45,16 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // The safety rule (docs/design.md section 5): bench-tor runs tor and arti, so it leaves
-    // the host's network first, while the process still has one thread (no runtime yet).
+    // The safety rule (docs/design.md section 5): bench-tor and demo --tor run tor and arti,
+    // so they leave the host's network first thing, while the process still has one thread (a
+    // network namespace belongs to a thread; everything started afterwards inherits it).
     if matches!(cli.command, Command::BenchTor(_)) {
         bench_tor::enter_loopback_namespace()?;
+    }
+    if let Command::Demo(args) = &cli.command
+        && args.tor
+    {
+        demo::enter_tor_namespace()?;
     }
     match cli.command {
         Command::BuildEbpf(args) => build_ebpf::run(args),
