@@ -39,6 +39,8 @@ const UPLOADS: Duration = Duration::from_secs(240);
 struct TorHandler {
     inner: Handler,
     finder: Mutex<ExitFinder>,
+    /// The server's stream port: the far end of every connection an exit makes to it.
+    server: std::sync::OnceLock<SocketAddr>,
     /// Per frame: the carrier's TCP peer and who held its far end (`None`: came over UDP).
     seen: Mutex<Vec<(Option<SocketAddr>, Option<Held>)>>,
 }
@@ -56,14 +58,19 @@ enum Held {
 
 impl ReportHandler for TorHandler {
     fn arrived_from(&self, origin: Origin) {
-        let holder =
-            origin.carrier.map(
-                |peer| match self.finder.lock().unwrap().holder_of(peer).unwrap() {
-                    Holder::Exit(nickname) => Held::Exit(nickname.to_owned()),
-                    Holder::Other => Held::Other,
-                    Holder::Gone => Held::Gone,
-                },
-            );
+        let holder = origin.carrier.map(|peer| {
+            match self
+                .finder
+                .lock()
+                .unwrap()
+                .holder_of(peer, *self.server.get().expect("the server's stream port"))
+                .unwrap()
+            {
+                Holder::Exit(nickname) => Held::Exit(nickname.to_owned()),
+                Holder::Other => Held::Other,
+                Holder::Gone => Held::Gone,
+            }
+        });
         self.seen.lock().unwrap().push((origin.carrier, holder));
         self.inner.arrived_from(origin);
     }
@@ -191,6 +198,7 @@ async fn start_world() -> World {
             ..Handler::default()
         },
         finder: Mutex::new(net.exit_finder()),
+        server: std::sync::OnceLock::new(),
         seen: Mutex::new(Vec::new()),
     });
     let server = penrose_transport::serve(
@@ -204,6 +212,7 @@ async fn start_world() -> World {
     )
     .await
     .unwrap();
+    let _ = handler.server.set(server.stream_addr().unwrap());
     World {
         net,
         arti_file,

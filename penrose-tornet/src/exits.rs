@@ -24,28 +24,39 @@ pub struct ExitFinder {
 }
 
 impl ExitFinder {
-    /// The nickname of the exit whose process holds the other end of a connection whose peer
-    /// (as the accepting server sees it) is `peer`; `None` when no exit does, i.e. the
-    /// connection did not come out of this Tor network. Ask while the connection is open
-    /// (at accept, say): once closed, its socket is gone.
+    /// The nickname of the exit whose process holds the other end of the connection from
+    /// `peer` to `server` (as the accepting server sees it: its peer, and its own local
+    /// address); `None` when no exit does, i.e. the connection did not come out of this Tor
+    /// network. Ask while the connection is open (at accept, say): once closed, its socket is
+    /// gone.
     ///
     /// # Errors
     /// [`TorNetError::Io`] when the namespace's TCP table cannot be read.
-    pub fn exit_of(&self, peer: SocketAddr) -> Result<Option<&str>, TorNetError> {
-        Ok(match self.holder_of(peer)? {
+    pub fn exit_of(
+        &self,
+        peer: SocketAddr,
+        server: SocketAddr,
+    ) -> Result<Option<&str>, TorNetError> {
+        Ok(match self.holder_of(peer, server)? {
             Holder::Exit(nickname) => Some(nickname),
             Holder::Other | Holder::Gone => None,
         })
     }
 
-    /// Who holds the other end of a connection whose peer is `peer`: an exit (by nickname),
-    /// some other process, or nobody any more (the socket is closed or orphaned, so the
-    /// question came too late to answer).
+    /// Who holds the far end of the connection from `peer` to `server`: an exit (by
+    /// nickname), some other process, or nobody any more (the socket is closed or orphaned,
+    /// so the question came too late to answer). The socket is found by both its ends: the
+    /// kernel gives one local port to several connections that go to different places (an
+    /// exit's port to the server may also be another process's port to a relay).
     ///
     /// # Errors
     /// [`TorNetError::Io`] when the namespace's TCP table cannot be read.
-    pub fn holder_of(&self, peer: SocketAddr) -> Result<Holder<'_>, TorNetError> {
-        let Some(inode) = socket_inode(peer)? else {
+    pub fn holder_of(
+        &self,
+        peer: SocketAddr,
+        server: SocketAddr,
+    ) -> Result<Holder<'_>, TorNetError> {
+        let Some(inode) = socket_inode(peer, server)? else {
             return Ok(Holder::Gone);
         };
         let wanted = format!("socket:[{inode}]");
@@ -69,9 +80,9 @@ pub enum Holder<'a> {
     Gone,
 }
 
-/// The inode of the TCP socket in this thread's namespace whose local address is `local`
-/// (any state but LISTEN).
-fn socket_inode(local: SocketAddr) -> Result<Option<u64>, TorNetError> {
+/// The inode of the TCP socket in this thread's namespace whose local address is `local` and
+/// whose remote address is `remote` (any state but LISTEN).
+fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Result<Option<u64>, TorNetError> {
     let table = match local.ip() {
         IpAddr::V4(_) => "/proc/thread-self/net/tcp",
         IpAddr::V6(_) => "/proc/thread-self/net/tcp6",
@@ -84,9 +95,10 @@ fn socket_inode(local: SocketAddr) -> Result<Option<u64>, TorNetError> {
         let fields: Vec<&str> = line.split_ascii_whitespace().collect();
         // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
         let addr = parse_proc_addr(fields.get(1)?)?;
+        let far = parse_proc_addr(fields.get(2)?)?;
         let listening = *fields.get(3)? == "0A";
         let inode: u64 = fields.get(9)?.parse().ok()?;
-        (addr == local && !listening && inode != 0).then_some(inode)
+        (addr == local && far == remote && !listening && inode != 0).then_some(inode)
     }))
 }
 
@@ -141,22 +153,30 @@ mod tests {
     #[test]
     fn a_connection_of_ours_is_found_and_attributed() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let server = listener.local_addr().unwrap();
+        let client = TcpStream::connect(server).unwrap();
         let (_server_side, peer) = listener.accept().unwrap();
         assert_eq!(peer, client.local_addr().unwrap());
         let mine = ExitFinder {
             exits: vec![("me".into(), std::process::id())],
         };
-        assert_eq!(mine.exit_of(peer).unwrap(), Some("me"));
+        assert_eq!(mine.exit_of(peer, server).unwrap(), Some("me"));
         // PID 1 is not us and holds no socket of this test.
         let other = ExitFinder {
             exits: vec![("init".into(), 1)],
         };
-        assert_eq!(other.exit_of(peer).unwrap(), None);
-        assert_eq!(other.holder_of(peer).unwrap(), Holder::Other);
+        assert_eq!(other.exit_of(peer, server).unwrap(), None);
+        assert_eq!(other.holder_of(peer, server).unwrap(), Holder::Other);
+        // The same local port towards another server is another connection.
+        let elsewhere = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(
+            mine.holder_of(peer, elsewhere.local_addr().unwrap())
+                .unwrap(),
+            Holder::Gone
+        );
         drop(client);
         drop(_server_side);
         // Both ends closed: the peer's socket is gone (or orphaned in a closing state).
-        assert_eq!(mine.holder_of(peer).unwrap(), Holder::Gone);
+        assert_eq!(mine.holder_of(peer, server).unwrap(), Holder::Gone);
     }
 }

@@ -135,7 +135,7 @@ fn check_not_an_exit(network: &TorNetwork) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let _client = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
     let (_conn, peer) = listener.accept().map_err(|e| e.to_string())?;
-    match finder.exit_of(peer) {
+    match finder.exit_of(peer, addr) {
         Ok(None) => Ok(()),
         other => Err(format!(
             "our own connection from {peer} attributed: {other:?}"
