@@ -65,8 +65,58 @@ impl ExitFinder {
                 return Ok(Holder::Exit(nickname));
             }
         }
-        Ok(Holder::Other)
+        // An exit that closed the socket between the two reads would look like another
+        // process: only a socket still there is held by one.
+        if socket_inode(peer, server)? == Some(inode) {
+            Ok(Holder::Other)
+        } else {
+            Ok(Holder::Gone)
+        }
     }
+}
+
+/// The TCP connections established now to one of `ports` on this thread's namespace's IPv4
+/// addresses, as (the server's address, the peer's): what a test server has open, to ask
+/// [`ExitFinder::holder_of`] about.
+///
+/// # Errors
+/// [`TorNetError::Io`] when the namespace's TCP table cannot be read.
+pub fn connections_to(ports: &[u16]) -> Result<Vec<(SocketAddr, SocketAddr)>, TorNetError> {
+    Ok(tcp_table("/proc/thread-self/net/tcp")?
+        .into_iter()
+        // 01 is ESTABLISHED.
+        .filter(|s| s.state == 0x01 && ports.contains(&s.local.port()))
+        .map(|s| (s.local, s.remote))
+        .collect())
+}
+
+/// One line of `/proc/net/tcp{,6}`.
+struct TcpSocket {
+    local: SocketAddr,
+    remote: SocketAddr,
+    state: u8,
+    inode: u64,
+}
+
+fn tcp_table(path: &str) -> Result<Vec<TcpSocket>, TorNetError> {
+    let text = fs::read_to_string(path).map_err(|source| TorNetError::Io {
+        path: path.into(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+            Some(TcpSocket {
+                local: parse_proc_addr(fields.get(1)?)?,
+                remote: parse_proc_addr(fields.get(2)?)?,
+                state: u8::from_str_radix(fields.get(3)?, 16).ok()?,
+                inode: fields.get(9)?.parse().ok()?,
+            })
+        })
+        .collect())
 }
 
 /// Who holds the far end of a connection ([`ExitFinder::holder_of`]).
@@ -87,19 +137,11 @@ fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Result<Option<u64>, To
         IpAddr::V4(_) => "/proc/thread-self/net/tcp",
         IpAddr::V6(_) => "/proc/thread-self/net/tcp6",
     };
-    let text = fs::read_to_string(table).map_err(|source| TorNetError::Io {
-        path: table.into(),
-        source,
-    })?;
-    Ok(text.lines().skip(1).find_map(|line| {
-        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
-        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
-        let addr = parse_proc_addr(fields.get(1)?)?;
-        let far = parse_proc_addr(fields.get(2)?)?;
-        let listening = *fields.get(3)? == "0A";
-        let inode: u64 = fields.get(9)?.parse().ok()?;
-        (addr == local && far == remote && !listening && inode != 0).then_some(inode)
-    }))
+    // 0A is LISTEN; an inode of 0 is a socket no process holds any more.
+    Ok(tcp_table(table)?
+        .into_iter()
+        .find(|s| s.local == local && s.remote == remote && s.state != 0x0A && s.inode != 0)
+        .map(|s| s.inode))
 }
 
 /// An address as `/proc/net/tcp{,6}` writes it: the address's bytes as native-endian 32-bit
@@ -161,6 +203,11 @@ mod tests {
             exits: vec![("me".into(), std::process::id())],
         };
         assert_eq!(mine.exit_of(peer, server).unwrap(), Some("me"));
+        assert!(
+            connections_to(&[server.port()])
+                .unwrap()
+                .contains(&(server, peer))
+        );
         // PID 1 is not us and holds no socket of this test.
         let other = ExitFinder {
             exits: vec![("init".into(), 1)],

@@ -37,7 +37,7 @@ mod torrc;
 
 pub use consensus::Readiness;
 pub use error::TorNetError;
-pub use exits::{ExitFinder, Holder};
+pub use exits::{ExitFinder, Holder, connections_to};
 pub use namespace::{check_loopback_only, enter_loopback_namespace};
 pub use network::{Relay, TorNetwork, TorNetworkOptions};
 pub use torrc::Role;

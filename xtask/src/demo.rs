@@ -62,7 +62,7 @@ use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{
     ADMISSION_TOKEN_BYTES, AdmissionToken, Day, Message, PackedBytes, Report, ReportId,
 };
-use penrose_tornet::{Role, TorNetwork, TorNetworkOptions};
+use penrose_tornet::{TorNetwork, TorNetworkOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -989,14 +989,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let hard_stop = options.capture + Duration::from_secs(120);
     // With --tor: the servers' stream ports, and per connection seen on one while open, the
     // exit whose process held its other end.
-    let exits: Vec<(String, u32)> = tor.as_ref().map_or_else(Vec::new, |t| {
-        t.net
-            .relays()
-            .iter()
-            .filter(|r| r.role() == Role::Exit)
-            .filter_map(|r| Some((r.nickname().to_string(), r.pid()?)))
-            .collect()
-    });
+    let exits = tor.as_ref().map(|t| t.net.exit_finder());
     let stream_ports: Vec<u16> = [&agg_stream, &issuer_stream]
         .iter()
         .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
@@ -1010,8 +1003,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             hosts[0].log.display()
         );
         std::thread::sleep(Duration::from_millis(250));
-        if tor.is_some() {
-            sample_stream_connections(&exits, &stream_ports, &mut sampled)?;
+        if let Some(exits) = &exits {
+            sample_stream_connections(exits, &stream_ports, &mut sampled)?;
         }
         if options.faults && killed.is_empty() && delivered(&first) >= 20 {
             let (_, agent) = &mut children.0[first_index];
@@ -1457,88 +1450,25 @@ fn udp_datagrams() -> Result<u64> {
 }
 
 /// Records every established TCP connection on one of `ports` (127.0.0.1) in this thread's
-/// namespace now, with the exit (`exits`: nickname, pid) whose process holds its other end.
-///
-/// The other end is the socket whose local address is the connection's peer *and* whose
-/// remote address is the server's port: an exit's ephemeral port is often also the local port
-/// of unrelated sockets (an agent's connection to a relay), so the peer address alone can name
-/// the wrong socket. A connection whose other end no process holds any more (closed since the
-/// table was read) is "closed before the lookup"; one that a process other than an exit holds
-/// is "none".
+/// namespace now, with who holds its other end (`penrose_tornet::ExitFinder::holder_of`): an
+/// exit by nickname, "none" (a process that is not an exit), or "closed before the lookup".
 fn sample_stream_connections(
-    exits: &[(String, u32)],
+    exits: &penrose_tornet::ExitFinder,
     ports: &[u16],
     seen: &mut HashMap<(u16, std::net::SocketAddr), String>,
 ) -> Result<()> {
-    let table = tcp_table()?;
-    for &(local, peer, state, _) in &table {
-        // 01 is ESTABLISHED.
-        if state != 0x01
-            || !ports.contains(&local.port())
-            || seen.contains_key(&(local.port(), peer))
-        {
+    for (local, peer) in penrose_tornet::connections_to(ports)? {
+        if seen.contains_key(&(local.port(), peer)) {
             continue;
         }
-        let other_end = |table: &[(std::net::SocketAddr, std::net::SocketAddr, u8, u64)]| {
-            table
-                .iter()
-                .find(|(l, r, _, inode)| *l == peer && *r == local && *inode != 0)
-                .map(|entry| entry.3)
-        };
-        let owner = match other_end(&table) {
-            None => "closed before the lookup".to_string(),
-            Some(inode) => {
-                let socket = format!("socket:[{inode}]");
-                match exits.iter().find(|(_, pid)| process_holds(*pid, &socket)) {
-                    Some((exit, _)) => exit.clone(),
-                    // Still held (by the same process as before: sockets do not move)?
-                    None if other_end(&tcp_table()?) == Some(inode) => "none".to_string(),
-                    None => "closed before the lookup".to_string(),
-                }
-            }
+        let owner = match exits.holder_of(peer, local)? {
+            penrose_tornet::Holder::Exit(exit) => exit.to_string(),
+            penrose_tornet::Holder::Other => "none".to_string(),
+            penrose_tornet::Holder::Gone => "closed before the lookup".to_string(),
         };
         seen.insert((local.port(), peer), owner);
     }
     Ok(())
-}
-
-/// This thread's namespace's IPv4 TCP sockets: (local, remote, state, inode); an inode of 0 is
-/// a socket no process holds any more.
-fn tcp_table() -> Result<Vec<(std::net::SocketAddr, std::net::SocketAddr, u8, u64)>> {
-    let path = "/proc/thread-self/net/tcp";
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    Ok(text
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            let fields: Vec<&str> = line.split_ascii_whitespace().collect();
-            Some((
-                proc_v4_addr(fields.get(1)?)?,
-                proc_v4_addr(fields.get(2)?)?,
-                u8::from_str_radix(fields.get(3)?, 16).ok()?,
-                fields.get(9)?.parse().ok()?,
-            ))
-        })
-        .collect())
-}
-
-/// Whether process `pid` has a descriptor open on `socket` (`socket:[inode]`).
-fn process_holds(pid: u32, socket: &str) -> bool {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten()
-        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == socket))
-}
-
-/// An IPv4 address as `/proc/net/tcp` writes it: the address as a native-endian 32-bit word
-/// in hex, a colon, the port in hex.
-fn proc_v4_addr(text: &str) -> Option<std::net::SocketAddr> {
-    let (addr, port) = text.split_once(':')?;
-    let addr = u32::from_str_radix(addr, 16).ok()?.to_ne_bytes();
-    let port = u16::from_str_radix(port, 16).ok()?;
-    Some((std::net::Ipv4Addr::from(addr), port).into())
 }
 
 /// The aggregation server's metrics page (Prometheus text), from its `--metrics` address.
