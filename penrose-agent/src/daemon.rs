@@ -197,6 +197,7 @@ pub async fn run_with_source(
         PipelineConfig {
             tau: config.classes.tau,
             max_local_apps: config.classes.max_local_apps,
+            arch: penrose_core::gpu::GpuArch::UNKNOWN,
             seal_samples: config.seal.samples,
             max_age: seconds(config.seal.max_age_seconds),
             reports_per_counter_per_day: ReportsPerContributor::for_agent(

@@ -30,7 +30,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use penrose_core::counters::{Catalogue, CounterId};
-use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, ParamsError, SnippetHash};
+use penrose_core::fingerprint::{
+    Fingerprint, FingerprintParams, Fingerprinter, ParamsError, SnippetHash,
+};
+use penrose_core::gpu::GpuArch;
 use penrose_core::histogram::{Histogram, HistogramError};
 use penrose_core::paillier::{PaillierError, PublicKey};
 use penrose_core::release::ReportsPerContributor;
@@ -77,6 +80,8 @@ pub struct PipelineConfig {
     pub max_age: Duration,
     /// T: the most reports sealed per (counter, day), across all local applications.
     pub reports_per_counter_per_day: ReportsPerContributor,
+    /// The GPU architecture every report names (the machine's, from the counter source).
+    pub arch: GpuArch,
 }
 
 impl Default for PipelineConfig {
@@ -87,6 +92,7 @@ impl Default for PipelineConfig {
             seal_samples: 10_000,
             max_age: Duration::from_secs(3600),
             reports_per_counter_per_day: ReportsPerContributor::DEFAULT,
+            arch: GpuArch::UNKNOWN,
         }
     }
 }
@@ -147,8 +153,8 @@ pub struct PipelineCounts {
 struct OpenHistogram {
     histogram: Histogram,
     opened: Instant,
-    /// The hash of the most recent snippet that contributed samples to this histogram.
-    snippet: SnippetHash,
+    /// The fingerprint of the most recent snippet that contributed samples to this histogram.
+    snippet: Fingerprint,
     /// Due, but held back by the report cap.
     held: bool,
 }
@@ -292,8 +298,8 @@ impl Pipeline {
         }
         self.prune(day);
         self.counts.snippets += 1;
-        let hash = snippet.snippet_hash(&self.fingerprinter);
-        let index = self.local_app(hash, now, day, &mut out)?;
+        let fingerprint = snippet.fingerprint(&self.fingerprinter);
+        let index = self.local_app(fingerprint.hash, now, day, &mut out)?;
         self.apps[index].last_seen = now;
         let limit = self.config.seal_samples;
         for sample in &snippet.samples {
@@ -325,11 +331,11 @@ impl Pipeline {
                     .or_insert(OpenHistogram {
                         histogram: Histogram::new(),
                         opened: now,
-                        snippet: hash,
+                        snippet: fingerprint,
                         held: false,
                     });
                 open.histogram.record(bin)?;
-                open.snippet = hash;
+                open.snippet = fingerprint;
                 self.counts.values += 1;
                 if open.histogram.samples().0 >= limit {
                     self.try_seal(index, counter.id, SealReason::Size, day, &mut out)?;
@@ -440,7 +446,9 @@ impl Pipeline {
         let report = Report {
             key_id: self.key.key_id(),
             report_id,
-            snippet,
+            snippet: snippet.hash,
+            locator: snippet.locator,
+            arch: self.config.arch,
             counter,
             catalogue: self.catalogue.version,
             day,
@@ -451,7 +459,7 @@ impl Pipeline {
         let frame = Message::Report(report.clone()).to_frame()?;
         let record = SealedRecord {
             report_id: hex(&report_id.0),
-            snippet: hex(&snippet.0),
+            snippet: hex(&snippet.hash.0),
             local_app,
             counter: counter.0,
             counter_name: self

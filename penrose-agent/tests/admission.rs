@@ -55,6 +55,8 @@ fn report(day: u32, counter: u16) -> Report {
         key_id: KeyId([9; 32]),
         report_id: ReportId(id),
         snippet: SnippetHash(snippet),
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter: CounterId(counter),
         catalogue: CatalogueVersion(1),
         day: Day(day),

@@ -79,6 +79,10 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
             key_id: key.key_id(),
             report_id: ReportId(id),
             snippet: snippets[rng.random_range(0..snippets.len())],
+            locator: penrose_core::fingerprint::Locator(
+                [0; penrose_core::fingerprint::LOCATOR_BANDS],
+            ),
+            arch: penrose_core::gpu::GpuArch::UNKNOWN,
             counter: CounterId(rng.random_range(0..9)),
             catalogue: CatalogueVersion(1),
             day: Day(20_000),

@@ -32,7 +32,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
-use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
+use penrose_core::fingerprint::{Fingerprint, FingerprintParams, Fingerprinter};
+use penrose_core::gpu::GpuArch;
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{Accumulator, KeyId, PackedCiphertexts, PublicKey};
 use penrose_core::tokens::{KeyRing, MAX_BATCH, Token, TokenEpoch, TokenRequest, TokenScope};
@@ -98,7 +99,7 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Snippet hashes of `windows` capture windows at random offsets of each trace's main
+/// Fingerprints of `windows` capture windows at random offsets of each trace's main
 /// process (looped, as a long run repeats its iterations), labelled with the trace's file
 /// name.
 pub fn trace_snippets(
@@ -106,7 +107,7 @@ pub fn trace_snippets(
     windows: usize,
     window_len: usize,
     seed: u64,
-) -> Result<Vec<(String, SnippetHash)>> {
+) -> Result<Vec<(String, Fingerprint)>> {
     let folder = TraceFolder::open(dir).with_context(|| format!("listing {}", dir.display()))?;
     ensure!(!folder.files().is_empty(), "no traces in {}", dir.display());
     let f = Fingerprinter::new(FingerprintParams::default())?;
@@ -129,7 +130,7 @@ pub fn trace_snippets(
             let label = path
                 .file_name()
                 .map_or_else(|| job_name(path), |n| n.to_string_lossy().into_owned());
-            out.push((label, f.snippet_hash(&window)));
+            out.push((label, f.fingerprint_of_names(&window)));
         }
     }
     Ok(out)
@@ -530,7 +531,9 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                 let mut report = Report {
                     key_id,
                     report_id: ReportId(id),
-                    snippet,
+                    snippet: snippet.hash,
+                    locator: snippet.locator,
+                    arch: GpuArch::UNKNOWN,
                     counter: plan[i as usize],
                     catalogue: Catalogue::current().version,
                     day: Day(day.0),

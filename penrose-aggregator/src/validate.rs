@@ -225,6 +225,10 @@ mod tests {
             snippet: Fingerprinter::new(FingerprintParams::default())
                 .unwrap()
                 .snippet_hash(&["a", "b", "c", "d", "e"]),
+            locator: penrose_core::fingerprint::Locator(
+                [0; penrose_core::fingerprint::LOCATOR_BANDS],
+            ),
+            arch: penrose_core::gpu::GpuArch::UNKNOWN,
             counter: CounterId(4),
             catalogue: CatalogueVersion(1),
             day: TODAY,

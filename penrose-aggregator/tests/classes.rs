@@ -26,11 +26,11 @@ fn one_class_per_trace(len: usize) {
     let mut tables = Tables::new(FingerprintParams::default());
     let mut classes_of: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
     for (_, snippet) in &snippets {
-        tables.record(*snippet, Day(20_000));
+        tables.record(snippet.hash, Day(20_000));
     }
     // Where each snippet counts once every window arrived (a later window may join classes).
     for (app, snippet) in &snippets {
-        let class = tables.class_of(snippet).unwrap();
+        let class = tables.class_of(&snippet.hash).unwrap();
         classes_of.entry(app.clone()).or_default().insert(class.0);
     }
     assert!(

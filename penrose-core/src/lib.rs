@@ -8,6 +8,7 @@
 //!   snippets into applications).
 //! - [`schedule`]: when capture windows open (the overhead-budget scheduler and the probe cost
 //!   it consumes), shared by the agent and the design server's fleet simulator.
+//! - [`gpu`]: the GPU architecture a report's counters were read on.
 //! - [`sampling`]: which launches are sampled (1 in S, offset re-drawn every O seconds).
 //! - [`counters`]: the versioned counter catalogue and the mapping of a value to one of 128 bins.
 //! - [`histogram`]: 128-bin histograms of sampled counter values.
@@ -27,6 +28,7 @@ pub mod bundle;
 pub mod counters;
 pub mod datagrams;
 pub mod fingerprint;
+pub mod gpu;
 pub mod hex;
 pub mod histogram;
 pub mod paillier;

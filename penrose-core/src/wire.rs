@@ -3,8 +3,9 @@
 //! ```text
 //! frame   = length:u32be  body                 (length = bytes in body, <= MAX_FRAME_BODY)
 //! body    = kind:u8  version:u16be  payload
-//! report  = key_id:[32]  report_id:[16]  snippet:[32]  counter:u16be  catalogue:u16be
-//!           day:u32be  samples:u32be  n:u8  ct_len:u16be  ciphertexts:[n * ct_len]
+//! report  = key_id:[32]  report_id:[16]  snippet:[32]  locator:[200]  arch:[2]
+//!           counter:u16be  catalogue:u16be  day:u32be  samples:u32be
+//!           n:u8  ct_len:u16be  ciphertexts:[n * ct_len]
 //!           tokens:u8 (0 or 1)  token:[100] * tokens
 //! ack     = report_id:[16]  status:u8  reason:u8  throttle_permille:u16be
 //! ```
@@ -12,6 +13,10 @@
 //! A report's admission token (`penrose_core::tokens::Redemption`, version 2 on) is bound to
 //! the report by a MAC over the body up to and including the ciphertexts: the
 //! [`Report::token_binding`], which is everything but the token itself.
+//!
+//! Version 3 added the locator (`crate::fingerprint::locator`: how the aggregator finds a
+//! snippet's class among many) and the GPU architecture (`crate::gpu`: counters of different
+//! generations are summed apart). What each reveals is written down in docs/threat-model.md.
 //!
 //! A report carries nothing that identifies its sender: no host, no address, no clock finer
 //! than a day. The length is checked against [`MAX_FRAME_BODY`] before anything is allocated,
@@ -21,12 +26,13 @@
 use thiserror::Error;
 
 use crate::counters::{CatalogueVersion, CounterId};
-use crate::fingerprint::SnippetHash;
+use crate::fingerprint::{LOCATOR_BYTES, Locator, SnippetHash};
+use crate::gpu::GpuArch;
 use crate::histogram::SampleCount;
 use crate::paillier::KeyId;
 
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 
 /// Bytes of an admission token as a report carries it (an encoded
 /// `penrose_core::tokens::Redemption`: epoch, key id, nonce, tag).
@@ -63,6 +69,10 @@ pub struct Report {
     pub report_id: ReportId,
     /// The fingerprint of the snippet the samples belong to.
     pub snippet: SnippetHash,
+    /// Band keys of the same snippet, for the aggregator's class search.
+    pub locator: Locator,
+    /// The GPU architecture the counters were read on.
+    pub arch: GpuArch,
     /// The counter the histogram is of.
     pub counter: CounterId,
     /// The catalogue the counter and its binning come from.
@@ -100,7 +110,7 @@ impl Report {
     /// including its ciphertexts (kind, version and every field but the token). The agent
     /// computes the token's tag over them; the server verifies the tag over the same bytes.
     pub fn token_binding(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(3 + 93 + self.ciphertexts.bytes.len());
+        let mut out = Vec::with_capacity(3 + 95 + LOCATOR_BYTES + self.ciphertexts.bytes.len());
         out.push(KIND_REPORT);
         out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
         self.encode_fields(&mut out);
@@ -111,6 +121,8 @@ impl Report {
         out.extend_from_slice(&self.key_id.0);
         out.extend_from_slice(&self.report_id.0);
         out.extend_from_slice(&self.snippet.0);
+        out.extend_from_slice(&self.locator.to_bytes());
+        out.extend_from_slice(&self.arch.to_bytes());
         out.extend_from_slice(&self.counter.0.to_be_bytes());
         out.extend_from_slice(&self.catalogue.0.to_be_bytes());
         out.extend_from_slice(&self.day.0.to_be_bytes());
@@ -511,6 +523,8 @@ fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
     let key_id = KeyId(r.array("key id")?);
     let report_id = ReportId(r.array("report id")?);
     let snippet = SnippetHash(r.array("snippet hash")?);
+    let locator = Locator::from_bytes(&r.array("locator")?);
+    let arch = GpuArch::from_bytes(r.array("GPU architecture")?);
     let counter = CounterId(r.u16("counter id")?);
     let catalogue = CatalogueVersion(r.u16("catalogue version")?);
     let day = Day(r.u32("day")?);
@@ -534,6 +548,8 @@ fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
         key_id,
         report_id,
         snippet,
+        locator,
+        arch,
         counter,
         catalogue,
         day,
@@ -609,6 +625,8 @@ mod tests {
             key_id: KeyId([1; 32]),
             report_id: ReportId([2; 16]),
             snippet: SnippetHash([3; 32]),
+            locator: crate::fingerprint::Locator([0; crate::fingerprint::LOCATOR_BANDS]),
+            arch: crate::gpu::GpuArch::UNKNOWN,
             counter: CounterId(5),
             catalogue: CatalogueVersion(1),
             day: Day(20_000),
@@ -623,8 +641,8 @@ mod tests {
     fn report_round_trip_and_size() {
         let msg = Message::Report(report(2, 512));
         let frame = msg.to_frame().unwrap();
-        // 4 + 3 + 32 + 16 + 32 + 2 + 2 + 4 + 4 + 1 + 2 + 1024 + 1
-        assert_eq!(frame.len(), 1127);
+        // 4 + 3 + 32 + 16 + 32 + 200 + 2 + 2 + 2 + 4 + 4 + 1 + 2 + 1024 + 1
+        assert_eq!(frame.len(), 1329);
         assert_eq!(Message::decode(&frame), Ok((msg, frame.len())));
     }
 

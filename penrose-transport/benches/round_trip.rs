@@ -49,6 +49,8 @@ fn report(i: u64) -> Report {
         key_id: KeyId([1; 32]),
         report_id: ReportId(id),
         snippet: SnippetHash([2; 32]),
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter: CounterId(1),
         catalogue: CatalogueVersion(1),
         day: Day(20_000),

@@ -240,6 +240,8 @@ fn report_sizes() -> Result<String> {
         key_id: keys.public_key().key_id(),
         report_id: ReportId([0; 16]),
         snippet: SnippetHash([0; 32]),
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter: CounterId(0),
         catalogue: Catalogue::current().version,
         day: Day(0),

@@ -634,6 +634,8 @@ fn report() -> Result<Report> {
         key_id: KeyId([1; 32]),
         report_id: ReportId([0; 16]),
         snippet: SnippetHash([2; 32]),
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter: CounterId(1),
         catalogue: CatalogueVersion(1),
         day: Day(20_000),

@@ -1667,6 +1667,8 @@ fn report_frame_len(key: &PublicKey) -> Result<usize> {
         key_id: key.key_id(),
         report_id: ReportId([0; 16]),
         snippet: SnippetHash([0; 32]),
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter: CounterId(0),
         catalogue: CatalogueVersion(1),
         day: Day(0),

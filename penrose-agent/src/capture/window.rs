@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use penrose_core::counters::CounterGroup;
 use penrose_core::fingerprint::{
-    Element, Fingerprinter, LaunchConfig, LaunchToken, NameDigest, RepetitionTracker, SnippetHash,
+    Element, Fingerprint, Fingerprinter, LaunchConfig, LaunchToken, NameDigest, RepetitionTracker,
+    SnippetHash,
 };
 
 use super::events::{Launch, Pid};
@@ -122,6 +123,11 @@ impl Snippet {
     /// [`Fingerprinter::snippet_hash`] of its names.
     pub fn snippet_hash(&self, fingerprinter: &Fingerprinter) -> SnippetHash {
         fingerprinter.snippet_hash_of_elements(&self.elements())
+    }
+
+    /// What a report of this snippet carries: its hash and its locator, from one signature.
+    pub fn fingerprint(&self, fingerprinter: &Fingerprinter) -> Fingerprint {
+        fingerprinter.fingerprint_of_elements(&self.elements())
     }
 }
 

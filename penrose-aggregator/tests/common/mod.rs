@@ -124,6 +124,8 @@ pub fn report_by(
         key_id: public.key_id(),
         report_id: ReportId(id),
         snippet,
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter,
         catalogue: CatalogueVersion(1),
         day,

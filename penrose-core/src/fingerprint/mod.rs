@@ -13,11 +13,15 @@
 //!   their *counts* (weighted MinHash), which tolerates perturbed launches better.
 //! - [`snippet`]: the compact 256-bit [`SnippetHash`] (b-bit MinHash) that reports carry, and the
 //!   Jaccard estimator that corrects for accidental b-bit collisions.
-//! - [`lsh`]: banding of snippet hashes, so the aggregator finds candidate classes without
-//!   comparing against every class.
+//! - [`locator`]: band keys over the full MinHash values, which reports carry beside the hash
+//!   so that the aggregator finds a snippet's class by a fixed number of look-ups however many
+//!   classes it holds.
+//! - [`lsh`]: banding of the snippet hash's 2-bit values: too unselective to place reports
+//!   (an unrelated class is a candidate 4 times in 10), kept for the measurement that shows it.
 //! - [`params`]: the tunable parameters and their defaults, chosen by `cargo xtask
 //!   eval-fingerprints` (see `docs/evaluation.md`).
 
+pub mod locator;
 pub mod lsh;
 pub mod minhash;
 pub mod params;
@@ -28,6 +32,7 @@ pub mod tokens;
 #[cfg(test)]
 mod proptests;
 
+pub use locator::{Fingerprint, LOCATOR_BANDS, LOCATOR_BYTES, Locator, LocatorKey};
 pub use lsh::{BandKey, LshBands};
 pub use minhash::{MinHashSignature, MinHasher};
 pub use params::{

@@ -12,6 +12,7 @@
 
 use thiserror::Error;
 
+use super::locator::{Fingerprint, Locator};
 use super::minhash::{MinHashSignature, MinHasher};
 use super::params::{FingerprintParams, ParamsError, SNIPPET_HASH_BITS};
 use super::shingle::{Element, ShingleKey, shingle_keys, shingle_keys_of_elements};
@@ -216,6 +217,24 @@ impl Fingerprinter {
     /// Packs a signature into a snippet hash.
     pub fn encode(&self, signature: &MinHashSignature) -> SnippetHash {
         SnippetHash::from_signature(signature, self.params.bits_per_value())
+    }
+
+    /// What a report carries about a snippet: its hash and its locator.
+    pub fn fingerprint(&self, signature: &MinHashSignature) -> Fingerprint {
+        Fingerprint {
+            hash: self.encode(signature),
+            locator: Locator::from_signature(signature),
+        }
+    }
+
+    /// The fingerprint of a sequence of names and precomputed digests.
+    pub fn fingerprint_of_elements(&self, elements: &[Element<'_>]) -> Fingerprint {
+        self.fingerprint(&self.signature_of_elements(elements))
+    }
+
+    /// The fingerprint of a kernel-name sequence.
+    pub fn fingerprint_of_names<S: AsRef<str>>(&self, names: &[S]) -> Fingerprint {
+        self.fingerprint(&self.signature(names))
     }
 
     /// Estimated Jaccard similarity of two snippet hashes.

@@ -17,6 +17,8 @@ pub fn report(seed: u64) -> Report {
         key_id: KeyId([7; 32]),
         report_id: ReportId(rng.random()),
         snippet: SnippetHash(rng.random()),
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter: CounterId(3),
         catalogue: CatalogueVersion(1),
         day: Day(20_500),
