@@ -56,7 +56,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
             let names: Vec<String> = (0..2_000)
                 .map(|j| format!("app{}_k{}", i / 4, ((i % 4) * 37 + j) % 300 % 40))
                 .collect();
-            f.snippet_hash(&names)
+            f.fingerprint_of_names(&names)
         })
         .collect();
     let pool: Vec<(Vec<u8>, u32)> = (0..32)
@@ -73,15 +73,14 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
         .collect();
     let body = |rng: &mut ChaCha20Rng| {
         let (ct, samples) = &pool[rng.random_range(0..pool.len())];
+        let snippet = snippets[rng.random_range(0..snippets.len())];
         let mut id = [0u8; 16];
         rng.fill_bytes(&mut id);
         let report = Report {
             key_id: key.key_id(),
             report_id: ReportId(id),
-            snippet: snippets[rng.random_range(0..snippets.len())],
-            locator: penrose_core::fingerprint::Locator(
-                [0; penrose_core::fingerprint::LOCATOR_BANDS],
-            ),
+            snippet: snippet.hash,
+            locator: snippet.locator,
             arch: penrose_core::gpu::GpuArch::UNKNOWN,
             counter: CounterId(rng.random_range(0..9)),
             catalogue: CatalogueVersion(1),

@@ -37,7 +37,7 @@ fn main() {
                         format!("app{app}_k{}", (step * 7 + step / 13) % 40)
                     })
                     .collect();
-                f.snippet_hash(&names)
+                f.fingerprint_of_names(&names)
             })
         })
         .collect();

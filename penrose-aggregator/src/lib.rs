@@ -10,7 +10,8 @@
 //! - [`state`]: applying a batch: spent tokens, deduplication, classes, sums, all in one synced
 //!   write.
 //! - [`epochs`]: which released sum each report joins, and when a sum is final.
-//! - [`tables`]: the SST and EST, snippet hash -> application class, with the LSH index.
+//! - [`tables`]: the SST and EST, snippet hash -> application class, found through the
+//!   reports' locators.
 //! - [`aggregate`]: per (class, counter, epoch) the homomorphic sums, in generations that
 //!   never overflow a slot.
 //! - [`store`]: durable storage behind a trait; RocksDB.
@@ -24,7 +25,8 @@
 //! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`config`]: the data directory and the server's configuration file.
 //! - [`serve`]: the server process: transport, writer, control channel, metrics.
-//! - [`loadgen`]: the load generator.
+//! - [`loadgen`]: the load generator, and [`fleet`], the synthetic fleet it and the fleet
+//!   benchmark draw reports from (test equipment).
 
 pub mod admission;
 pub mod aggregate;
@@ -33,6 +35,7 @@ pub mod config;
 pub mod control;
 pub mod epochs;
 pub mod export;
+pub mod fleet;
 pub mod ingest;
 pub mod loadgen;
 pub mod metrics;

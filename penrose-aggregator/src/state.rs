@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use penrose_core::bundle::{Cursor, EpochId, EpochKind, InstanceId};
-use penrose_core::fingerprint::FingerprintParams;
+use penrose_core::fingerprint::{Fingerprint, FingerprintParams, SnippetHash};
 use penrose_core::paillier::{KeyId, PublicKey};
 use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
 use penrose_core::wire::{Day, ReportId, ThrottleHint};
@@ -56,8 +56,8 @@ use crate::aggregate::{AggregateError, AshRecord, SumKey, Sums};
 use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::store::{Store, StoreError, Table, WriteSet};
 use crate::tables::{
-    DEFAULT_NEW_CLASSES_PER_HOUR, MERGE_PREFIX, NewClassBudget, RecordError, Tables, decode_merge,
-    merge_record,
+    DEFAULT_NEW_CLASSES_PER_HOUR, DEFAULT_SNIPPET_CACHE, MERGE_PREFIX, NewClassBudget, RecordError,
+    Tables, decode_merge, merge_record,
 };
 use crate::validate::{CiphertextDigest, ValidReport};
 
@@ -156,7 +156,8 @@ pub mod spent {
     }
 }
 
-/// The layout this build reads and writes. 6: the Spent table (admission tokens) and epoch
+/// The layout this build reads and writes. 7: EST records keep each representative's locator
+/// beside its hash (class search by locator) and SST rows are read on demand; 6: the Spent table (admission tokens) and epoch
 /// records that count their reports admitted by tokens; 5: Seen keys begin with the report's
 /// day (so that days expire) and the meta record `seen/floor`; 4: class merges (meta records)
 /// and the cursor each exported bundle applied them as of; 3: sums per epoch (the ASH key holds
@@ -164,7 +165,7 @@ pub mod spent {
 /// (class, counter), which could be differenced, and stored accumulator states as 3 does; 1
 /// stored the sums themselves. Opening a store of another format is refused rather than
 /// misread.
-pub const STORE_FORMAT: u32 = 6;
+pub const STORE_FORMAT: u32 = 7;
 
 /// What happened to one report of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -376,7 +377,7 @@ impl State {
                 store.write(set)?;
             }
         }
-        let (mut sst, mut est, mut ash) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut est, mut ash) = (Vec::new(), Vec::new());
         let mut cursor = Cursor(0);
         let mut accepted = 0;
         let (mut instance, mut kind, mut count) = (None, None, None);
@@ -386,10 +387,9 @@ impl State {
         let mut seen_floor = Day(0);
         let damaged = |what: &str| StoreError::Visit(format!("damaged meta record {what}"));
         store.scan(
-            &[Table::Sst, Table::Est, Table::Ash, Table::Meta],
+            &[Table::Est, Table::Ash, Table::Meta],
             &mut |table, k, v| {
                 match table {
-                    Table::Sst => sst.push((k.to_vec(), v.to_vec())),
                     Table::Est => est.push((k.to_vec(), v.to_vec())),
                     Table::Ash => ash.push(
                         AshRecord::decode(k, v).map_err(|e| StoreError::Visit(e.to_string()))?,
@@ -473,7 +473,7 @@ impl State {
             }
         };
         let epochs = Epochs::load(policy, closed_through, current, epoch_records);
-        let tables = Tables::load(params, sst, est, merges)?;
+        let tables = Tables::load(params, DEFAULT_SNIPPET_CACHE, est, merges)?;
         let sums = Sums::load(key, bound, ash, |e| epochs.is_open(e))?;
         Ok(Self {
             store,
@@ -562,6 +562,7 @@ impl State {
         let seen = self.store.contains_many(Table::Seen, &key_refs)?;
         let (seen_ids, seen_digests) = seen.split_at(batch.len());
         let spent_by = self.spent_in_store(batch)?;
+        self.load_snippets(batch)?;
         let per_report = digest_days.len().max(1);
         let next = Cursor(self.cursor.0 + 1);
         let mut in_batch: HashSet<ReportId> = HashSet::with_capacity(batch.len());
@@ -614,9 +615,13 @@ impl State {
                 continue;
             }
             let budget = &mut self.class_budget;
+            let fingerprint = Fingerprint {
+                hash: report.snippet,
+                locator: report.locator,
+            };
             let Some(placement) =
                 self.tables
-                    .record_if_founding_allowed(report.snippet, today, || budget.try_take(now))
+                    .record_if_founding_allowed(fingerprint, today, || budget.try_take(now))
             else {
                 self.class_refusals += 1;
                 outcomes.push(Outcome::NewClassLimit);
@@ -696,6 +701,28 @@ impl State {
 
     /// Per report of `batch`, the report id its token is recorded as spent for in the store
     /// (`None`: no token, or not spent), in one lookup for the batch.
+    /// Reads the SST rows of the batch's snippets that are in the store but not in memory.
+    fn load_snippets(&mut self, batch: &[ValidReport]) -> Result<(), StateError> {
+        let mut missing: Vec<SnippetHash> = batch
+            .iter()
+            .map(|r| r.report.snippet)
+            .filter(|hash| !self.tables.knows(hash))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let keys: Vec<&[u8]> = missing.iter().map(|h| h.0.as_slice()).collect();
+        let rows = self.store.get_many(Table::Sst, &keys)?;
+        for (hash, row) in missing.iter().zip(rows) {
+            if let Some(value) = row {
+                self.tables.load_snippet(*hash, &value)?;
+            }
+        }
+        Ok(())
+    }
+
     fn spent_in_store(&self, batch: &[ValidReport]) -> Result<Vec<Option<ReportId>>, StateError> {
         let tokened: Vec<(usize, [u8; 36])> = batch
             .iter()

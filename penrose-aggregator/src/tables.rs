@@ -2,9 +2,12 @@
 //! hash belongs to.
 //!
 //! A snippet hash seen before is looked up in the SST. A new one is compared with the
-//! representatives of the classes an LSH index over their band keys names as candidates; it
-//! joins the class with the highest estimated similarity at or above tau, or founds a new
-//! class with itself as representative. A class keeps up to [`MAX_REPRESENTATIVES`]
+//! representatives of the classes that share a band key of its locator
+//! (`penrose_core::fingerprint::locator`): a fixed number of look-ups (50) however many classes
+//! there are, and candidates that are almost only related classes, so that placement costs
+//! about the same with 1,000 classes as with 100,000 (`cargo xtask bench-fleet`,
+//! docs/benchmarks.md). It joins the class with the highest estimated similarity (from the
+//! snippet hashes) at or above tau, or founds a new class with itself as representative. A class keeps up to [`MAX_REPRESENTATIVES`]
 //! representatives: a joining snippet that is not already close to one
 //! ([`NOVELTY`] below) becomes another, so that a class covers an application whose windows
 //! vary.
@@ -24,8 +27,17 @@
 //! is refused ([`Tables::record_if_founding_allowed`] changes nothing then) and may be sent
 //! again later. Snippets of existing classes are never rationed.
 //!
-//! Both tables live in memory and are recorded in the store (records below), from which
-//! [`Tables::load`] rebuilds them on start. Merges are recorded in the meta table
+//! **Memory.** The class table (EST) and its index live in memory, bounded by the number of
+//! classes (at most [`MAX_REPRESENTATIVES`] representatives of 232 bytes each). The SST grows
+//! with every distinct snippet hash, which at fleet scale is nearly every report, so it is
+//! kept in the store and only its recently used rows in memory ([`SnippetCache`]): a row the
+//! cache lacks is read from the store by the caller ([`Tables::knows`],
+//! [`Tables::load_snippet`]) before the report is placed. A row changed is kept in memory until
+//! at least one whole rotation of the cache after it was handed out for writing, so a row is
+//! never both missing from memory and not yet in the store.
+//!
+//! Both tables are recorded in the store (records below), from which [`Tables::load`] rebuilds
+//! the class table on start (the SST is read on demand). Merges are recorded in the meta table
 //! ([`MERGE_PREFIX`]), stamped with the write batch's cursor, so that an export can apply
 //! exactly the merges made before it.
 
@@ -35,7 +47,9 @@ use std::time::Instant;
 
 pub use penrose_core::bundle::{ClassMap, ClassMerge};
 use penrose_core::bundle::{Cursor, MergeRefused};
-use penrose_core::fingerprint::{BandKey, FingerprintParams, LshBands, SnippetHash};
+use penrose_core::fingerprint::{
+    Fingerprint, FingerprintParams, LOCATOR_BYTES, Locator, LocatorKey, SnippetHash,
+};
 use penrose_core::wire::Day;
 use thiserror::Error;
 
@@ -43,6 +57,19 @@ pub use penrose_core::bundle::ClassId;
 
 /// Most representatives a class keeps.
 pub const MAX_REPRESENTATIVES: usize = 8;
+
+/// Most classes one locator key indexes. A key is shared by classes whose representatives have
+/// the same two minima in a band, so a full bucket means many classes alike in that band; the
+/// cap bounds what one report can make the server compare (50 buckets x 64 classes), also for a
+/// client that sends a made-up locator naming the fullest buckets. A class left out of a full
+/// bucket is still found through its other 49 bands.
+pub const MAX_BUCKET_CLASSES: usize = 64;
+
+/// SST rows kept in memory by default ([`SnippetCache`]): about 60 MB.
+pub const DEFAULT_SNIPPET_CACHE: usize = 1 << 20;
+
+/// Bytes of one representative in an EST record: its hash and its locator.
+const REPRESENTATIVE_BYTES: usize = 32 + LOCATOR_BYTES;
 
 /// A joining snippet whose best similarity to the class's representatives is below
 /// `tau + NOVELTY * (1 - tau)` becomes a representative (while there is room).
@@ -165,9 +192,9 @@ pub struct SnippetEntry {
 /// One EST row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClassEntry {
-    /// Snippet hashes new snippets are compared with; the first founded the class. A merge
-    /// adds the absorbed classes' while there is room.
-    pub representatives: Vec<SnippetHash>,
+    /// Fingerprints new snippets are compared with (by hash) and found by (by locator); the
+    /// first founded the class. A merge adds the absorbed classes' while there is room.
+    pub representatives: Vec<Fingerprint>,
     /// The server's day when the class was founded.
     pub first_seen: Day,
     /// Reports counted in this class (a survivor's include those of the classes it absorbed,
@@ -206,13 +233,80 @@ fn damaged(table: &'static str, why: &'static str) -> RecordError {
     RecordError::Damaged { table, why }
 }
 
-/// The SST and EST with the LSH index over the EST's representatives.
+/// The recently used SST rows, in two generations: rows are looked up in both and inserted into
+/// the young one; when the young one holds half the capacity, the old one is dropped and the
+/// young one becomes old. A row therefore stays at least half a capacity of insertions after
+/// its last use, and memory stays within the capacity.
+#[derive(Debug)]
+pub struct SnippetCache {
+    young: HashMap<SnippetHash, SnippetEntry>,
+    old: HashMap<SnippetHash, SnippetEntry>,
+    capacity: usize,
+    /// Rows dropped from memory so far (they are in the store).
+    dropped: u64,
+}
+
+impl SnippetCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            young: HashMap::new(),
+            old: HashMap::new(),
+            capacity: capacity.max(2),
+            dropped: 0,
+        }
+    }
+
+    fn get(&self, hash: &SnippetHash) -> Option<&SnippetEntry> {
+        self.young.get(hash).or_else(|| self.old.get(hash))
+    }
+
+    /// The row, moved into the young generation (it is being used).
+    fn get_mut(&mut self, hash: &SnippetHash) -> Option<&mut SnippetEntry> {
+        if !self.young.contains_key(hash) {
+            let entry = self.old.remove(hash)?;
+            self.insert(*hash, entry);
+        }
+        self.young.get_mut(hash)
+    }
+
+    fn insert(&mut self, hash: SnippetHash, entry: SnippetEntry) {
+        if self.young.len() >= self.capacity / 2 {
+            self.dropped += self.old.len() as u64;
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(hash, entry);
+    }
+
+    fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+
+    fn heap_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(SnippetHash, SnippetEntry)>() + 1;
+        (self.young.capacity() + self.old.capacity()) * entry
+    }
+}
+
+/// Counts of the class search, for benchmarks and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SearchStats {
+    /// Snippets searched for (new to the SST).
+    pub searches: u64,
+    /// Classes compared with (representatives' estimates taken), over all searches.
+    pub candidates: u64,
+    /// Estimates computed (one per representative of each candidate).
+    pub estimates: u64,
+}
+
+/// The SST and EST with the locator index over the EST's representatives.
 pub struct Tables {
     params: FingerprintParams,
-    bands: LshBands,
-    sst: HashMap<SnippetHash, SnippetEntry>,
+    sst: SnippetCache,
     classes: Vec<ClassEntry>,
-    index: HashMap<BandKey, Vec<ClassId>>,
+    index: HashMap<LocatorKey, Vec<ClassId>>,
+    /// Distinct snippet hashes ever placed (the SST's rows, counted without holding them).
+    snippets: u64,
+    stats: SearchStats,
     /// Merged classes and where they went.
     merged: ClassMap,
     /// Rows changed since the last [`Tables::take_dirty`].
@@ -227,12 +321,18 @@ pub struct Tables {
 impl Tables {
     /// Empty tables for `params` (agents and server must agree on them).
     pub fn new(params: FingerprintParams) -> Self {
+        Self::with_snippet_cache(params, DEFAULT_SNIPPET_CACHE)
+    }
+
+    /// Empty tables that keep at most `capacity` SST rows in memory.
+    pub fn with_snippet_cache(params: FingerprintParams, capacity: usize) -> Self {
         Self {
             params,
-            bands: LshBands::for_params(&params),
-            sst: HashMap::new(),
+            sst: SnippetCache::new(capacity),
             classes: Vec::new(),
             index: HashMap::new(),
+            snippets: 0,
+            stats: SearchStats::default(),
             merged: ClassMap::default(),
             dirty_snippets: HashSet::new(),
             dirty_classes: HashSet::new(),
@@ -242,13 +342,30 @@ impl Tables {
         }
     }
 
-    /// Assigns one report's snippet to a class and counts the report there.
-    pub fn record(&mut self, snippet: SnippetHash, today: Day) -> Placement {
-        if let Some(placement) = self.count_known(&snippet) {
+    /// Assigns one report's snippet to a class and counts the report there. A snippet whose
+    /// SST row is in the store but not in memory must be loaded first
+    /// ([`Tables::load_snippet`]), or it is placed anew.
+    pub fn record(&mut self, snippet: Fingerprint, today: Day) -> Placement {
+        if let Some(placement) = self.count_known(&snippet.hash) {
             return placement;
         }
         let matches = self.matches(&snippet);
         self.add_new(snippet, today, &matches)
+    }
+
+    /// Whether the snippet's SST row is in memory (if not, the caller looks in the store).
+    pub fn knows(&self, snippet: &SnippetHash) -> bool {
+        self.sst.get(snippet).is_some()
+    }
+
+    /// Takes in an SST row read from the store.
+    pub fn load_snippet(&mut self, hash: SnippetHash, value: &[u8]) -> Result<(), RecordError> {
+        let entry = decode_snippet(value)?;
+        if entry.class.0 as usize >= self.classes.len() {
+            return Err(damaged("sst", "snippet of an unknown class"));
+        }
+        self.sst.insert(hash, entry);
+        Ok(())
     }
 
     /// [`record`](Self::record), except that a snippet that would found a new class does so
@@ -256,11 +373,11 @@ impl Tables {
     /// on classes actually founded); otherwise nothing changes and `None` is returned.
     pub fn record_if_founding_allowed(
         &mut self,
-        snippet: SnippetHash,
+        snippet: Fingerprint,
         today: Day,
         may_found: impl FnOnce() -> bool,
     ) -> Option<Placement> {
-        if let Some(placement) = self.count_known(&snippet) {
+        if let Some(placement) = self.count_known(&snippet.hash) {
             return Some(placement);
         }
         let matches = self.matches(&snippet);
@@ -286,13 +403,14 @@ impl Tables {
     /// the report there.
     fn add_new(
         &mut self,
-        snippet: SnippetHash,
+        snippet: Fingerprint,
         today: Day,
         matches: &[(ClassId, f64)],
     ) -> Placement {
         let placement = self.place(snippet, today, matches);
+        self.snippets += 1;
         self.sst.insert(
-            snippet,
+            snippet.hash,
             SnippetEntry {
                 class: placement.class,
                 first_seen: today,
@@ -302,7 +420,7 @@ impl Tables {
         if let Some(class) = self.classes.get_mut(placement.class.0 as usize) {
             class.snippets += 1;
         }
-        self.count(snippet, placement.class);
+        self.count(snippet.hash, placement.class);
         placement
     }
 
@@ -315,14 +433,15 @@ impl Tables {
     }
 
     /// The class a snippet would join, without changing anything (for tests and tools).
-    pub fn best_class(&mut self, snippet: &SnippetHash) -> Option<ClassId> {
-        if let Some(class) = self.class_of(snippet) {
+    pub fn best_class(&mut self, snippet: &Fingerprint) -> Option<ClassId> {
+        if let Some(class) = self.class_of(&snippet.hash) {
             return Some(class);
         }
         self.matches(snippet).first().map(|&(class, _)| class)
     }
 
-    /// The class a known snippet counts in now (its own, or the one that absorbed it).
+    /// The class a known snippet counts in now (its own, or the one that absorbed it), if its
+    /// row is in memory.
     pub fn class_of(&self, snippet: &SnippetHash) -> Option<ClassId> {
         self.sst.get(snippet).map(|e| self.merged.root(e.class))
     }
@@ -337,7 +456,7 @@ impl Tables {
         &self.merged
     }
 
-    fn place(&mut self, snippet: SnippetHash, today: Day, matches: &[(ClassId, f64)]) -> Placement {
+    fn place(&mut self, snippet: Fingerprint, today: Day, matches: &[(ClassId, f64)]) -> Placement {
         match matches.first() {
             Some(&(best, similarity)) => {
                 let class = if MERGE_CLASSES && matches.len() > 1 {
@@ -349,7 +468,7 @@ impl Tables {
                 let entry = &mut self.classes[class.0 as usize];
                 if novel && entry.representatives.len() < MAX_REPRESENTATIVES {
                     entry.representatives.push(snippet);
-                    self.index_representative(class, &snippet);
+                    self.index_representative(class, &snippet.locator);
                 }
                 Placement {
                     class,
@@ -367,7 +486,7 @@ impl Tables {
                     snippets: 0,
                 });
                 self.marks.push(0);
-                self.index_representative(class, &snippet);
+                self.index_representative(class, &snippet.locator);
                 Placement {
                     class,
                     new_class: true,
@@ -378,14 +497,16 @@ impl Tables {
 
     /// Every candidate class (merged classes resolved to the class that holds them) whose
     /// representatives the snippet matches at >= tau, best first (ties: older class first).
-    fn matches(&mut self, snippet: &SnippetHash) -> Vec<(ClassId, f64)> {
+    /// Candidates are the classes indexed under the snippet's locator keys.
+    fn matches(&mut self, snippet: &Fingerprint) -> Vec<(ClassId, f64)> {
         self.round = self.round.wrapping_add(1);
         if self.round == 0 {
             self.marks.iter_mut().for_each(|m| *m = 0);
             self.round = 1;
         }
+        self.stats.searches += 1;
         let mut found: Vec<(ClassId, f64)> = Vec::new();
-        for key in self.bands.band_keys(snippet, &self.params) {
+        for key in snippet.locator.keys(&self.params) {
             let Some(bucket) = self.index.get(&key) else {
                 continue;
             };
@@ -396,10 +517,12 @@ impl Tables {
                     continue;
                 }
                 *mark = self.round;
-                let similarity = self.classes[class.0 as usize]
-                    .representatives
+                let representatives = &self.classes[class.0 as usize].representatives;
+                self.stats.candidates += 1;
+                self.stats.estimates += representatives.len() as u64;
+                let similarity = representatives
                     .iter()
-                    .map(|r| r.estimate_jaccard(snippet, &self.params))
+                    .map(|r| r.hash.estimate_jaccard(&snippet.hash, &self.params))
                     .fold(0.0, f64::max);
                 if similarity >= self.params.tau {
                     found.push((class, similarity));
@@ -437,10 +560,10 @@ impl Tables {
             survivor.reports += reports;
             survivor.snippets += snippets;
             let room = MAX_REPRESENTATIVES.saturating_sub(survivor.representatives.len());
-            let moved: Vec<SnippetHash> = reps.into_iter().take(room).collect();
+            let moved: Vec<Fingerprint> = reps.into_iter().take(room).collect();
             survivor.representatives.extend(moved.iter().copied());
             for rep in &moved {
-                self.index_representative(into, rep);
+                self.index_representative(into, &rep.locator);
             }
             self.dirty_merges.push(merge);
         }
@@ -448,13 +571,23 @@ impl Tables {
         into
     }
 
-    fn index_representative(&mut self, class: ClassId, snippet: &SnippetHash) {
-        for key in self.bands.band_keys(snippet, &self.params) {
+    fn index_representative(&mut self, class: ClassId, locator: &Locator) {
+        for key in locator.keys(&self.params) {
             let bucket = self.index.entry(key).or_default();
-            if bucket.last() != Some(&class) {
+            if bucket.len() < MAX_BUCKET_CLASSES && !bucket.contains(&class) {
                 bucket.push(class);
             }
         }
+    }
+
+    /// The search counts so far.
+    pub fn search_stats(&self) -> SearchStats {
+        self.stats
+    }
+
+    /// SST rows in memory, and rows dropped from memory so far (they are in the store).
+    pub fn snippet_cache(&self) -> (usize, u64) {
+        (self.sst.len(), self.sst.dropped)
     }
 
     /// The merges made since the last call; the caller records them with its batch's cursor
@@ -482,14 +615,15 @@ impl Tables {
         (snippets, classes)
     }
 
-    /// Rebuilds the tables from their records (any order) and merges.
+    /// Rebuilds the class table and its index from their records (any order) and merges; SST
+    /// rows are read on demand ([`Tables::load_snippet`]).
     pub fn load(
         params: FingerprintParams,
-        snippets: impl IntoIterator<Item = Record>,
+        snippet_cache: usize,
         classes: impl IntoIterator<Item = Record>,
         merges: impl IntoIterator<Item = ClassMerge>,
     ) -> Result<Self, RecordError> {
-        let mut tables = Self::new(params);
+        let mut tables = Self::with_snippet_cache(params, snippet_cache);
         let mut loaded: Vec<(ClassId, ClassEntry)> = classes
             .into_iter()
             .map(|(k, v)| {
@@ -506,21 +640,10 @@ impl Tables {
                 return Err(damaged("est", "class ids are not contiguous"));
             }
             for rep in &entry.representatives {
-                tables.index_representative(class, rep);
+                tables.index_representative(class, &rep.locator);
             }
             tables.classes.push(entry);
             tables.marks.push(0);
-        }
-        for (k, v) in snippets {
-            let hash: [u8; 32] = k
-                .as_slice()
-                .try_into()
-                .map_err(|_| damaged("sst", "key is not 32 bytes"))?;
-            let entry = decode_snippet(&v)?;
-            if entry.class.0 as usize >= tables.classes.len() {
-                return Err(damaged("sst", "snippet of an unknown class"));
-            }
-            tables.sst.insert(SnippetHash(hash), entry);
         }
         for merge in merges {
             if merge.absorbed.0 as usize >= tables.classes.len() {
@@ -528,6 +651,11 @@ impl Tables {
             }
             tables.merged.insert(merge)?;
         }
+        // A survivor's count includes those of the classes it absorbed.
+        tables.snippets = (0..tables.classes.len())
+            .filter(|&i| tables.merged.root(ClassId(i as u32)) == ClassId(i as u32))
+            .map(|i| tables.classes[i].snippets)
+            .sum();
         Ok(tables)
     }
 
@@ -541,9 +669,10 @@ impl Tables {
         self.classes.len()
     }
 
-    /// Number of distinct snippet hashes.
-    pub fn snippet_count(&self) -> usize {
-        self.sst.len()
+    /// Number of distinct snippet hashes placed (rows of the SST, most of them in the store
+    /// only).
+    pub fn snippet_count(&self) -> u64 {
+        self.snippets
     }
 
     /// One class.
@@ -551,7 +680,7 @@ impl Tables {
         self.classes.get(class.0 as usize)
     }
 
-    /// One snippet's row.
+    /// One snippet's row, if it is in memory.
     pub fn snippet(&self, hash: &SnippetHash) -> Option<&SnippetEntry> {
         self.sst.get(hash)
     }
@@ -577,16 +706,17 @@ impl Tables {
         use std::mem::size_of;
         // hashbrown: one control byte per bucket plus the bucket itself.
         let map = |capacity: usize, entry: usize| capacity * (entry + 1);
-        map(
-            self.sst.capacity(),
-            size_of::<(SnippetHash, SnippetEntry)>(),
-        ) + self.classes.capacity() * size_of::<ClassEntry>()
+        self.sst.heap_bytes()
+            + self.classes.capacity() * size_of::<ClassEntry>()
             + self
                 .classes
                 .iter()
-                .map(|c| c.representatives.capacity() * size_of::<SnippetHash>())
+                .map(|c| c.representatives.capacity() * size_of::<Fingerprint>())
                 .sum::<usize>()
-            + map(self.index.capacity(), size_of::<(BandKey, Vec<ClassId>)>())
+            + map(
+                self.index.capacity(),
+                size_of::<(LocatorKey, Vec<ClassId>)>(),
+            )
             + self
                 .index
                 .values()
@@ -619,14 +749,15 @@ fn decode_snippet(bytes: &[u8]) -> Result<SnippetEntry, RecordError> {
 }
 
 fn encode_class(entry: &ClassEntry) -> Vec<u8> {
-    let mut out = Vec::with_capacity(21 + 32 * entry.representatives.len());
+    let mut out = Vec::with_capacity(21 + REPRESENTATIVE_BYTES * entry.representatives.len());
     out.extend_from_slice(&entry.first_seen.0.to_be_bytes());
     out.extend_from_slice(&entry.reports.to_be_bytes());
     out.extend_from_slice(&entry.snippets.to_be_bytes());
     // At most MAX_REPRESENTATIVES (8), which fits a byte.
     out.push(entry.representatives.len() as u8);
     for rep in &entry.representatives {
-        out.extend_from_slice(&rep.0);
+        out.extend_from_slice(&rep.hash.0);
+        out.extend_from_slice(&rep.locator.to_bytes());
     }
     out
 }
@@ -638,15 +769,21 @@ fn decode_class(bytes: &[u8]) -> Result<ClassEntry, RecordError> {
     let (snippets, rest) = rest.split_first_chunk::<8>().ok_or_else(short)?;
     let (&[count], reps) = rest.split_first_chunk::<1>().ok_or_else(short)?;
     let count = usize::from(count);
-    if count == 0 || count > MAX_REPRESENTATIVES || reps.len() != count * 32 {
+    if count == 0 || count > MAX_REPRESENTATIVES || reps.len() != count * REPRESENTATIVE_BYTES {
         return Err(damaged("est", "representatives do not match their count"));
     }
     let representatives = reps
-        .chunks_exact(32)
+        .chunks_exact(REPRESENTATIVE_BYTES)
         .map(|c| {
-            let mut hash = [0u8; 32];
-            hash.copy_from_slice(c);
-            SnippetHash(hash)
+            let (hash, locator) = c.split_at(32);
+            let mut h = [0u8; 32];
+            h.copy_from_slice(hash);
+            let mut l = [0u8; LOCATOR_BYTES];
+            l.copy_from_slice(locator);
+            Fingerprint {
+                hash: SnippetHash(h),
+                locator: Locator::from_bytes(&l),
+            }
         })
         .collect();
     Ok(ClassEntry {
@@ -682,7 +819,7 @@ mod tests {
         for app in 0..5 {
             let mut of_app = HashSet::new();
             for window in 0..6 {
-                let snippet = f.snippet_hash(&names(app, window * 37, 2_000));
+                let snippet = f.fingerprint_of_names(&names(app, window * 37, 2_000));
                 of_app.insert(tables.record(snippet, day).class);
             }
             assert_eq!(of_app.len(), 1, "app {app} split over {of_app:?}");
@@ -701,24 +838,34 @@ mod tests {
         let (mut sst, mut est) = (HashMap::new(), HashMap::new());
         for app in 0..4 {
             for window in 0..3 {
-                tables.record(f.snippet_hash(&names(app, window * 11, 1_000)), Day(7));
+                tables.record(
+                    f.fingerprint_of_names(&names(app, window * 11, 1_000)),
+                    Day(7),
+                );
                 let (s, e) = tables.take_dirty();
                 sst.extend(s);
                 est.extend(e);
             }
         }
-        let rebuilt =
-            Tables::load(FingerprintParams::default(), sst.clone(), est.clone(), []).unwrap();
+        let rebuilt = Tables::load(FingerprintParams::default(), 64, est.clone(), []).unwrap();
         assert_eq!(rebuilt.class_count(), tables.class_count());
         assert_eq!(rebuilt.snippet_count(), tables.snippet_count());
+        assert_eq!(rebuilt.snippet_count(), 12);
         for class in 0..tables.class_count() as u32 {
             assert_eq!(rebuilt.class(ClassId(class)), tables.class(ClassId(class)));
         }
         // A new window of a known application finds its class in the rebuilt index.
         let mut rebuilt = rebuilt;
-        let fresh = f.snippet_hash(&names(2, 101, 1_000));
+        let fresh = f.fingerprint_of_names(&names(2, 101, 1_000));
         assert_eq!(rebuilt.best_class(&fresh), tables.best_class(&fresh));
         assert!(rebuilt.best_class(&fresh).is_some());
+        // SST rows come back on demand, with their counts.
+        let (key, value) = sst.iter().next().unwrap();
+        let hash = SnippetHash(key.as_slice().try_into().unwrap());
+        assert!(!rebuilt.knows(&hash));
+        rebuilt.load_snippet(hash, value).unwrap();
+        assert_eq!(rebuilt.snippet(&hash), tables.snippet(&hash));
+        assert_eq!(rebuilt.class_of(&hash), tables.class_of(&hash));
 
         // Damaged records are refused, not guessed at.
         let mut bad = est.clone();
@@ -726,15 +873,20 @@ mod tests {
             9u32.to_be_bytes().to_vec(),
             bad[&0u32.to_be_bytes().to_vec()].clone(),
         );
-        assert!(Tables::load(FingerprintParams::default(), sst.clone(), bad, []).is_err());
-        let mut bad = sst.clone();
-        bad.insert(vec![1; 32], vec![0; 3]);
-        assert!(Tables::load(FingerprintParams::default(), bad, est.clone(), []).is_err());
+        assert!(Tables::load(FingerprintParams::default(), 64, bad, []).is_err());
+        assert!(rebuilt.load_snippet(hash, &[0; 3]).is_err());
+        let mut of_unknown = value.clone();
+        of_unknown[..4].copy_from_slice(&99u32.to_be_bytes());
+        assert!(rebuilt.load_snippet(hash, &of_unknown).is_err());
+        let mut cut = est.clone();
+        let row = cut.get_mut(&0u32.to_be_bytes().to_vec()).unwrap();
+        row.pop();
+        assert!(Tables::load(FingerprintParams::default(), 64, cut, []).is_err());
         let unknown = ClassMerge {
             absorbed: ClassId(99),
             into: ClassId(0),
         };
-        assert!(Tables::load(FingerprintParams::default(), sst, est, [unknown]).is_err());
+        assert!(Tables::load(FingerprintParams::default(), 64, est, [unknown]).is_err());
     }
 
     /// Two windows of one application far apart found two classes; a window that overlaps
@@ -755,16 +907,16 @@ mod tests {
                 let seq: Vec<String> = (0..2_000u64)
                     .map(|i| format!("k{}", (i * 7_919 + seed * 104_729) % 3_001))
                     .collect();
-                let window = |at: usize| f.snippet_hash(&seq[at..at + 1_000]);
+                let window = |at: usize| f.fingerprint_of_names(&seq[at..at + 1_000]);
                 (window(0), window(550), window(275))
             })
             .find(|(a, b, bridge)| {
-                a.estimate_jaccard(b, &params) < params.tau
-                    && bridge.estimate_jaccard(a, &params) >= params.tau
-                    && bridge.estimate_jaccard(b, &params) >= params.tau
+                a.hash.estimate_jaccard(&b.hash, &params) < params.tau
+                    && bridge.hash.estimate_jaccard(&a.hash, &params) >= params.tau
+                    && bridge.hash.estimate_jaccard(&b.hash, &params) >= params.tau
             })
             .unwrap();
-        let other = f.snippet_hash(&names(3, 0, 2_000));
+        let other = f.fingerprint_of_names(&names(3, 0, 2_000));
         let ca = tables.record(a, day).class;
         let cb = tables.record(b, day).class;
         let co = tables.record(other, day).class;
@@ -774,10 +926,10 @@ mod tests {
         assert_eq!(joined, ca.min(cb));
         assert_eq!(tables.class_count(), 2);
         assert_eq!(tables.founded_count(), 3);
-        assert_eq!(tables.class_of(&b), Some(joined));
-        assert_eq!(tables.class_of(&a), Some(joined));
+        assert_eq!(tables.class_of(&b.hash), Some(joined));
+        assert_eq!(tables.class_of(&a.hash), Some(joined));
         assert_eq!(tables.record(b, day).class, joined);
-        assert_eq!(tables.class_of(&other), Some(co));
+        assert_eq!(tables.class_of(&other.hash), Some(co));
         let merges = tables.take_merges();
         assert_eq!(
             merges,
@@ -794,8 +946,10 @@ mod tests {
         let (mk, mv) = merge_record(&merges[0], Cursor(5));
         let (back, cursor) = decode_merge(&mk, &mv).unwrap();
         assert_eq!((back, cursor), (merges[0], Cursor(5)));
-        let rebuilt = Tables::load(FingerprintParams::default(), sst, est, [back]).unwrap();
-        assert_eq!(rebuilt.class_of(&b), Some(joined));
+        let mut rebuilt = Tables::load(FingerprintParams::default(), 64, est, [back]).unwrap();
+        let row = sst.iter().find(|(k, _)| k.as_slice() == b.hash.0).unwrap();
+        rebuilt.load_snippet(b.hash, &row.1).unwrap();
+        assert_eq!(rebuilt.class_of(&b.hash), Some(joined));
         assert_eq!(rebuilt.class_count(), 2);
 
         // A merge record that points to a younger class is damaged.
@@ -809,5 +963,91 @@ mod tests {
         v[..4].copy_from_slice(&2u32.to_be_bytes());
         assert!(decode_merge(&k, &v).is_err());
         assert!(decode_merge(b"merge/x", &v).is_err());
+    }
+
+    #[test]
+    fn rows_leave_memory_after_rotations_and_come_back_from_their_records() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let mut tables = Tables::with_snippet_cache(FingerprintParams::default(), 4);
+        let mut records = HashMap::new();
+        let snippets: Vec<Fingerprint> = (0..10)
+            .map(|app| f.fingerprint_of_names(&names(app, 0, 1_000)))
+            .collect();
+        for s in &snippets {
+            tables.record(*s, Day(7));
+            records.extend(tables.take_dirty().0);
+        }
+        let (held, dropped) = tables.snippet_cache();
+        assert!(held <= 4, "{held} rows in memory");
+        assert_eq!(held as u64 + dropped, 10);
+        assert_eq!(tables.snippet_count(), 10);
+        let first = snippets[0].hash;
+        assert!(!tables.knows(&first));
+        tables
+            .load_snippet(first, &records[&first.0.to_vec()])
+            .unwrap();
+        let class = tables.class_of(&first).unwrap();
+        // Loaded, a resent snippet is counted on its row, not placed anew.
+        assert_eq!(tables.record(snippets[0], Day(7)).class, class);
+        assert_eq!(tables.snippet(&first).unwrap().reports, 2);
+        assert_eq!(tables.snippet_count(), 10);
+    }
+
+    #[test]
+    fn a_made_up_locator_cannot_place_a_snippet_in_a_class_it_does_not_match() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let mut tables = Tables::new(FingerprintParams::default());
+        let real = f.fingerprint_of_names(&names(1, 0, 2_000));
+        let class = tables.record(real, Day(7)).class;
+        // Another application's hash with the class's locator: found as a candidate, refused
+        // by the estimate, so it founds a class of its own.
+        let forged = Fingerprint {
+            hash: f.snippet_hash(&names(2, 0, 2_000)),
+            locator: real.locator,
+        };
+        let placed = tables.record(forged, Day(7));
+        assert!(placed.new_class);
+        assert_ne!(placed.class, class);
+        assert_eq!(tables.search_stats().candidates, 1);
+        // The class's own hash with a locator of nothing: not found, so a class is founded
+        // (a sender can always split its own reports off; it cannot join others').
+        let hidden = Fingerprint {
+            hash: f.snippet_hash(&names(1, 50, 2_000)),
+            locator: Locator([7; penrose_core::fingerprint::LOCATOR_BANDS]),
+        };
+        assert!(tables.record(hidden, Day(7)).new_class);
+    }
+
+    #[test]
+    fn a_bucket_indexes_at_most_its_cap_of_classes() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let mut tables = Tables::new(FingerprintParams::default());
+        let shared = f.fingerprint_of_names(&names(0, 0, 500)).locator;
+        for app in 0..MAX_BUCKET_CLASSES + 20 {
+            let snippet = Fingerprint {
+                hash: f.snippet_hash(&names(app + 1, 0, 500)),
+                locator: shared,
+            };
+            assert!(tables.record(snippet, Day(7)).new_class);
+        }
+        assert!(
+            tables
+                .index
+                .values()
+                .all(|bucket| bucket.len() <= MAX_BUCKET_CLASSES)
+        );
+        // One report naming those keys is compared with at most the cap's classes.
+        let before = tables.search_stats().candidates;
+        tables.record(
+            Fingerprint {
+                hash: f.snippet_hash(&names(999, 0, 500)),
+                locator: shared,
+            },
+            Day(7),
+        );
+        assert_eq!(
+            tables.search_stats().candidates - before,
+            MAX_BUCKET_CLASSES as u64
+        );
     }
 }

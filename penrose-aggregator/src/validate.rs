@@ -379,9 +379,18 @@ mod tests {
             RejectReason::TooLarge
         );
         assert_eq!(
-            validate_frame(&[0, 0, 0, 3, 9, 0, 2], key, TODAY, &Admission::Open)
-                .unwrap_err()
-                .reason(),
+            validate_frame(
+                &[
+                    [0, 0, 0, 3, 9].as_slice(),
+                    &penrose_core::wire::FORMAT_VERSION.to_be_bytes()
+                ]
+                .concat(),
+                key,
+                TODAY,
+                &Admission::Open
+            )
+            .unwrap_err()
+            .reason(),
             RejectReason::Malformed
         );
     }

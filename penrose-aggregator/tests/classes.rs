@@ -26,7 +26,7 @@ fn one_class_per_trace(len: usize) {
     let mut tables = Tables::new(FingerprintParams::default());
     let mut classes_of: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
     for (_, snippet) in &snippets {
-        tables.record(snippet.hash, Day(20_000));
+        tables.record(*snippet, Day(20_000));
     }
     // Where each snippet counts once every window arrived (a later window may join classes).
     for (app, snippet) in &snippets {

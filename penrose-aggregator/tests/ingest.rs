@@ -71,7 +71,7 @@ async fn concurrent_clients_are_all_acked_and_the_sums_decrypt_exactly() {
         assert_eq!(tables.class_count(), 4);
         let classes: BTreeMap<_, _> = snippets
             .iter()
-            .map(|(app, s)| (*s, (*app, tables.class_of(s).unwrap())))
+            .map(|(app, s)| (s.hash, (*app, tables.class_of(&s.hash).unwrap())))
             .collect();
         for (app, class) in classes.values() {
             let same: HashSet<_> = classes

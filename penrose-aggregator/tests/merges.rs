@@ -13,7 +13,7 @@ use penrose_aggregator::export::{self, ReleaseConfig};
 use penrose_aggregator::tables::ClassId;
 use penrose_core::bundle::{Bundle, ClassMerge};
 use penrose_core::counters::CounterId;
-use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
+use penrose_core::fingerprint::{Fingerprint, FingerprintParams, Fingerprinter};
 use penrose_core::paillier::BIN_COUNT;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire::AckStatus;
@@ -27,23 +27,24 @@ const COUNTER: CounterId = CounterId(4);
 /// to both of its neighbours only. Checked with the server's own estimator, so that this
 /// tests merging and not the luck of one hash.
 struct Split {
-    a: SnippetHash,
-    b: SnippetHash,
-    c: SnippetHash,
-    ab: SnippetHash,
-    bc: SnippetHash,
+    a: Fingerprint,
+    b: Fingerprint,
+    c: Fingerprint,
+    ab: Fingerprint,
+    bc: Fingerprint,
 }
 
 fn split_application() -> Split {
     let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
     let params = FingerprintParams::default();
-    let similar = |x: &SnippetHash, y: &SnippetHash| x.estimate_jaccard(y, &params) >= params.tau;
+    let similar =
+        |x: &Fingerprint, y: &Fingerprint| x.hash.estimate_jaccard(&y.hash, &params) >= params.tau;
     (1..200u64)
         .map(|seed| {
             let seq: Vec<String> = (0..2_200u64)
                 .map(|i| format!("kernel_{}", (i * 7_919 + seed * 104_729) % 3_001))
                 .collect();
-            let window = |at: usize| f.snippet_hash(&seq[at..at + 1_000]);
+            let window = |at: usize| f.fingerprint_of_names(&seq[at..at + 1_000]);
             Split {
                 a: window(0),
                 b: window(550),
@@ -103,7 +104,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
     let Split { a, b, c, ab, bc } = split_application();
     let mut sent = Vec::new();
     let (ingest, writer, store) = start_default(&data);
-    let send = |snippet: SnippetHash, n: usize, rng: &mut rand_chacha::ChaCha8Rng| {
+    let send = |snippet: Fingerprint, n: usize, rng: &mut rand_chacha::ChaCha8Rng| {
         (0..n)
             .map(|_| report(snippet, COUNTER, rng))
             .collect::<Vec<_>>()
@@ -124,7 +125,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
     let (class_a, class_b) = {
         let state = ingest.state();
         let t = state.tables();
-        (t.class_of(&a).unwrap(), t.class_of(&b).unwrap())
+        (t.class_of(&a.hash).unwrap(), t.class_of(&b.hash).unwrap())
     };
     assert_ne!(class_a, class_b, "the parts must found two classes");
     let (first, first_bytes) = close_and_export(&ingest, store.as_ref(), &signing).await;
@@ -141,8 +142,8 @@ async fn a_split_application_is_healed_and_released_as_one() {
     {
         let state = ingest.state();
         let t = state.tables();
-        assert_eq!(t.class_of(&b), Some(class_a.min(class_b)));
-        assert_eq!(t.class_of(&ab), Some(class_a.min(class_b)));
+        assert_eq!(t.class_of(&b.hash), Some(class_a.min(class_b)));
+        assert_eq!(t.class_of(&ab.hash), Some(class_a.min(class_b)));
         assert_eq!(t.class_count(), 1);
     }
     let survivor = class_a.min(class_b);
@@ -150,7 +151,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
     accept(send(b, 120, &mut rng), &mut sent).await;
     let c_reports = send(c, 240, &mut rng);
     accept(c_reports.clone(), &mut sent).await;
-    let class_c = ingest.state().tables().class_of(&c).unwrap();
+    let class_c = ingest.state().tables().class_of(&c.hash).unwrap();
     assert!(class_c > survivor);
     let (second, second_bytes) = close_and_export(&ingest, store.as_ref(), &signing).await;
     assert_eq!(
@@ -176,10 +177,10 @@ async fn a_split_application_is_healed_and_released_as_one() {
     drop(store);
     writer.join().unwrap();
     let (ingest, writer, store) = start_default(&data);
-    assert_eq!(ingest.state().tables().class_of(&b), Some(survivor));
+    assert_eq!(ingest.state().tables().class_of(&b.hash), Some(survivor));
     let late = report(bc, COUNTER, &mut rng);
     assert_eq!(ingest.handle(late.frame).await.status, AckStatus::Accepted);
-    assert_eq!(ingest.state().tables().class_of(&c), Some(survivor));
+    assert_eq!(ingest.state().tables().class_of(&c.hash), Some(survivor));
     for (seq, bytes) in [(1, &first_bytes), (2, &second_bytes)] {
         let (_, again) =
             export::reexport(store.as_ref(), KEYS.public_key(), seq, &signing).unwrap();

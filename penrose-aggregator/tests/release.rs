@@ -22,7 +22,7 @@ use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
 use penrose_core::bundle::{Bundle, BundleEntry, BundleHash, EpochId, EpochKind, InstanceId};
 use penrose_core::counters::{BIN_COUNT, CounterId};
-use penrose_core::fingerprint::{FingerprintParams, SnippetHash};
+use penrose_core::fingerprint::{Fingerprint, FingerprintParams};
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 
@@ -60,7 +60,7 @@ fn export_next(store: &Arc<dyn Store>) -> Option<(Bundle, Vec<u8>)> {
 /// `n` reports of `counter` for `snippet`, stamped `day`.
 fn reports(
     n: usize,
-    snippet: SnippetHash,
+    snippet: Fingerprint,
     counter: u16,
     day: Day,
     rng: &mut impl rand::RngCore,
@@ -116,7 +116,7 @@ struct TwoBundles {
     _dir: tempfile::TempDir,
     store: Arc<dyn Store>,
     state: State,
-    snippet: SnippetHash,
+    snippet: Fingerprint,
     second: Vec<Sent>,
     b1: (Bundle, Vec<u8>),
     b2: (Bundle, Vec<u8>),
@@ -347,7 +347,7 @@ async fn exact_copies_under_a_fresh_report_id_are_folded_but_re_encryptions_coun
     );
     assert_eq!(ingest.state().accepted(), 2);
     let sums = decrypt_store(store.as_ref());
-    let class = ingest.state().tables().class_of(&snippet).unwrap();
+    let class = ingest.state().tables().class_of(&snippet.hash).unwrap();
     let (got, reports, _) = &sums[&(class, CounterId(4))];
     assert_eq!(*reports, 2);
     assert_eq!(*got, plain_sum(&[&original, &again]));

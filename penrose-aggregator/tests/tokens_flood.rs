@@ -52,7 +52,7 @@ fn variant(template: &[u8], snippets: &[[u8; 32]], rng: &mut impl RngCore) -> Ve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_without_tokens_changes_nothing_and_memory_stays_bounded() {
-    let snippets: Vec<[u8; 32]> = snippets(64, 4).into_iter().map(|(_, s)| s.0).collect();
+    let snippets: Vec<[u8; 32]> = snippets(64, 4).into_iter().map(|(_, s)| s.hash.0).collect();
     let ring = ring();
 
     // 1. In-process: one tokened report counted, then 100,000 without a token.

@@ -462,7 +462,7 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
 }
 
 /// Today's date (UTC) as YYYY-MM-DD, from the system clock (no time-zone database needed).
-fn today_utc() -> String {
+pub(crate) fn today_utc() -> String {
     let days = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() / 86_400) as i64;

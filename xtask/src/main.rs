@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod bench_capture;
+mod bench_fleet;
 mod bench_ingest;
 mod bench_tor;
 mod build_ebpf;
@@ -32,6 +33,9 @@ enum Command {
     /// Measure the aggregation server end to end under the load generator (A/B with
     /// `--binary LABEL=PATH` twice).
     BenchIngest(bench_ingest::Args),
+    /// Measure class placement and the writer as the number of classes grows (1,000 to
+    /// 100,000), every report a fresh fingerprint, against the old 2-bit banding.
+    BenchFleet(bench_fleet::Args),
     /// Measure the Tor route on a private Tor network (as root, in a loopback-only network
     /// namespace): bootstrap, isolated streams, reports over Tor against direct, the agent's
     /// memory.
@@ -62,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::BenchCapture(args) => bench_capture::run(args),
         Command::BenchIngest(args) => bench_ingest::run(args),
+        Command::BenchFleet(args) => bench_fleet::run(args),
         Command::BenchTor(args) => bench_tor::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Dist(args) => dist::run(args),

@@ -19,7 +19,9 @@ use penrose_aggregator::state::{State, stored_throttle};
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_core::bundle::{BundleEntry, ClassId};
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
-use penrose_core::fingerprint::{FingerprintParams, Fingerprinter, SnippetHash};
+use penrose_core::fingerprint::{
+    Fingerprint, FingerprintParams, Fingerprinter, LOCATOR_BANDS, Locator, SnippetHash,
+};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, KeySize, Keypair};
 use penrose_core::tokens::{
@@ -63,15 +65,37 @@ pub fn names(app: usize, offset: usize, len: usize) -> Vec<String> {
         .collect()
 }
 
-/// Snippet hashes of `windows` windows of each of `apps` synthetic applications.
-pub fn snippets(apps: usize, windows: usize) -> Vec<(usize, SnippetHash)> {
+/// Fingerprints of `windows` windows of each of `apps` synthetic applications.
+pub fn snippets(apps: usize, windows: usize) -> Vec<(usize, Fingerprint)> {
     let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
     (0..apps)
         .flat_map(|app| {
             let f = f.clone();
-            (0..windows).map(move |w| (app, f.snippet_hash(&names(app, w * 41, 1_500))))
+            (0..windows).map(move |w| (app, f.fingerprint_of_names(&names(app, w * 41, 1_500))))
         })
         .collect()
+}
+
+/// What a report helper takes as its snippet: a fingerprint, or a bare snippet hash, which is
+/// sent with a locator of zeros (for tests about one snippet or about malformed hashes, not
+/// about class search: such snippets find each other only through that one shared key).
+pub trait IntoFingerprint {
+    fn into_fingerprint(self) -> Fingerprint;
+}
+
+impl IntoFingerprint for Fingerprint {
+    fn into_fingerprint(self) -> Fingerprint {
+        self
+    }
+}
+
+impl IntoFingerprint for SnippetHash {
+    fn into_fingerprint(self) -> Fingerprint {
+        Fingerprint {
+            hash: self,
+            locator: Locator([0; LOCATOR_BANDS]),
+        }
+    }
 }
 
 /// Random bins of a report (samples = their sum).
@@ -84,20 +108,24 @@ pub fn random_bins(rng: &mut impl RngCore) -> [u32; BIN_COUNT] {
 }
 
 /// A valid report of random bins under [`KEYS`], stamped with the server's day.
-pub fn report(snippet: SnippetHash, counter: CounterId, rng: &mut impl RngCore) -> Sent {
+pub fn report(snippet: impl IntoFingerprint, counter: CounterId, rng: &mut impl RngCore) -> Sent {
     let bins = random_bins(rng);
     report_with(snippet, counter, bins, rng)
 }
 
 /// A valid report of random bins under [`KEYS_2048`], stamped with the server's day.
-pub fn report_2048(snippet: SnippetHash, counter: CounterId, rng: &mut impl RngCore) -> Sent {
+pub fn report_2048(
+    snippet: impl IntoFingerprint,
+    counter: CounterId,
+    rng: &mut impl RngCore,
+) -> Sent {
     let bins = random_bins(rng);
     report_by(&KEYS_2048, snippet, counter, bins, today(), rng)
 }
 
 /// A valid report of the given bins under [`KEYS`], stamped with the server's day.
 pub fn report_with(
-    snippet: SnippetHash,
+    snippet: impl IntoFingerprint,
     counter: CounterId,
     bins: [u32; BIN_COUNT],
     rng: &mut impl RngCore,
@@ -109,12 +137,13 @@ pub fn report_with(
 /// encryption.
 pub fn report_by(
     keys: &Keypair,
-    snippet: SnippetHash,
+    snippet: impl IntoFingerprint,
     counter: CounterId,
     bins: [u32; BIN_COUNT],
     day: Day,
     rng: &mut impl RngCore,
 ) -> Sent {
+    let snippet = snippet.into_fingerprint();
     let public = keys.public_key();
     let mut rng = ChaCha8Rng::seed_from_u64(rng.next_u64());
     let packed = public.encrypt_packed(&bins, &mut rng).unwrap();
@@ -123,8 +152,8 @@ pub fn report_by(
     let report = Report {
         key_id: public.key_id(),
         report_id: ReportId(id),
-        snippet,
-        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        snippet: snippet.hash,
+        locator: snippet.locator,
         arch: penrose_core::gpu::GpuArch::UNKNOWN,
         counter,
         catalogue: CatalogueVersion(1),
@@ -136,7 +165,7 @@ pub fn report_by(
     Sent {
         frame: Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec(),
         report_id: ReportId(id),
-        snippet,
+        snippet: snippet.hash,
         counter,
         day,
         bins,

@@ -1,0 +1,638 @@
+//! `cargo xtask bench-fleet`: what placing a report costs as the number of classes grows, with
+//! every report a fresh snippet fingerprint (`penrose_aggregator::fleet`, at the similarities
+//! measured on the real traces).
+//!
+//! For each class count N (a child process each, so that resident memory is its own):
+//!
+//! 1. **Placement** (the class tables alone): N applications found their classes, then
+//!    `--reports` reports are placed. Measured: time and candidate classes per report, and
+//!    recall (a report placed in its application's class), both for all reports and for those
+//!    whose estimated similarity to their application is at or above tau. Beside it the
+//!    2-bit banding the server used before the locator (`LshBands` over the snippet hash,
+//!    33 bands of 3 values) runs on the same reports against the same N representatives:
+//!    candidates and time per report, and its recall.
+//! 2. **Writer** (the aggregation server's whole batch work in process, RocksDB and its synced
+//!    WAL included, as `cargo bench -p penrose-aggregator --bench ingest` measures it): the N
+//!    founders, then the same number of reports in batches of 1,024. Measured: reports/s, the
+//!    writer thread's CPU per report, resident memory, bytes on disk, and the time and memory
+//!    of a restart on that data directory (a fresh process opens it).
+//!
+//! The end-to-end figures (QUIC, validation, load generator) come from
+//! `cargo xtask bench-ingest --fleet-apps N`.
+
+use std::fmt::Write as _;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use penrose_aggregator::admission::Admission;
+use penrose_aggregator::fleet::{Drawn, Origin, SimilarityProfile, SyntheticFleet};
+use penrose_aggregator::state::{Outcome, State};
+use penrose_aggregator::store::{RocksStore, Store};
+use penrose_aggregator::tables::Tables;
+use penrose_aggregator::validate::{ValidReport, validate_body};
+use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
+use penrose_core::fingerprint::{BandKey, FingerprintParams, LshBands};
+use penrose_core::histogram::SampleCount;
+use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Keypair, PublicKey};
+use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
+use penrose_traces::TraceFolder;
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::bench::machine;
+use crate::bench_ingest::today_utc;
+
+/// Arguments of `cargo xtask bench-fleet`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Class counts to measure (one application founds each class).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000u32, 10_000, 100_000])]
+    classes: Vec<u32>,
+    /// Reports placed (and written) per class count after the founders.
+    #[arg(long, default_value_t = 50_000)]
+    reports: usize,
+    /// Share of reports from applications never seen before (each founds a class).
+    #[arg(long, default_value_t = 0.01)]
+    new_share: f64,
+    /// Reports the 2-bit banding is measured on (it compares far more per report).
+    #[arg(long, default_value_t = 2_000)]
+    banding_reports: usize,
+    /// Seed of the fleet and the reports.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the result as Markdown here as well (for example docs/benchmarks-fleet.md).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Draw the cost per report against N as SVG here (for example docs/fleet-placement.svg).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// (internal) Measure one class count and print its JSON.
+    #[arg(long, hide = true)]
+    single: Option<u32>,
+    /// (internal) Open the data directory and print the time and memory it took.
+    #[arg(long, hide = true)]
+    reopen: Option<PathBuf>,
+}
+
+/// The measurements of one class count.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Row {
+    classes: u32,
+    reports: usize,
+    profile_pairs: usize,
+    profile_median: f64,
+    profile_p1: f64,
+    profile_share_below_tau: f64,
+    founding_us_per_class: f64,
+    placement_us_per_report: f64,
+    candidates_per_report: f64,
+    estimates_per_report: f64,
+    recall_at_or_above_tau: f64,
+    reports_at_or_above_tau: usize,
+    recall_all_known: f64,
+    classes_after: usize,
+    banding_reports: usize,
+    banding_us_per_report: f64,
+    banding_candidates_per_report: f64,
+    banding_recall_at_or_above_tau: f64,
+    writer_reports_per_second: f64,
+    writer_cpu_us_per_report: f64,
+    writer_accepted: usize,
+    rss_mib: f64,
+    tables_heap_mib: f64,
+    disk_mib: f64,
+    restart_seconds: f64,
+    restart_rss_mib: f64,
+}
+
+/// What a reopen child prints.
+#[derive(Serialize, Deserialize)]
+struct Reopen {
+    seconds: f64,
+    rss_mib: f64,
+}
+
+/// Runs the task.
+pub fn run(args: Args) -> Result<()> {
+    if let Some(dir) = &args.reopen {
+        let reopen = reopen(dir)?;
+        println!("{}", serde_json::to_string(&reopen)?);
+        return Ok(());
+    }
+    if let Some(n) = args.single {
+        let row = single(&args, n)?;
+        println!("{}", serde_json::to_string(&row)?);
+        return Ok(());
+    }
+    ensure!(!args.classes.is_empty(), "--classes names no class count");
+    let exe = std::env::current_exe().context("finding this program")?;
+    let mut rows = Vec::new();
+    for &n in &args.classes {
+        if !args.json {
+            eprintln!("measuring {n} classes");
+        }
+        let mut child = Command::new(&exe);
+        child.args([
+            "bench-fleet",
+            "--single",
+            &n.to_string(),
+            "--reports",
+            &args.reports.to_string(),
+            "--new-share",
+            &args.new_share.to_string(),
+            "--banding-reports",
+            &args.banding_reports.to_string(),
+            "--seed",
+            &args.seed.to_string(),
+        ]);
+        let output = child.output().context("running the measuring child")?;
+        if !output.status.success() {
+            bail!(
+                "measuring {n} classes failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let row: Row = serde_json::from_slice(&output.stdout)
+            .context("reading the measuring child's result")?;
+        rows.push(row);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    let markdown = markdown(&args, &rows);
+    if !args.json {
+        print!("{markdown}");
+    }
+    if let Some(out) = &args.out {
+        std::fs::write(out, &markdown).with_context(|| format!("writing {}", out.display()))?;
+    }
+    if let Some(svg) = &args.svg {
+        std::fs::write(svg, plot(&rows)).with_context(|| format!("writing {}", svg.display()))?;
+    }
+    Ok(())
+}
+
+fn single(args: &Args, n: u32) -> Result<Row> {
+    let params = FingerprintParams::default();
+    let profile = SimilarityProfile::from_traces(&TraceFolder::default_dir(), 12, 10_000, 7)
+        .context("measuring the similarity profile on the real traces")?;
+    let fleet = SyntheticFleet::new(n, args.new_share, profile, args.seed)?;
+    let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
+    let day = Day(20_000);
+
+    // 1. Placement.
+    let founders: Vec<Drawn> = (0..n).map(|app| fleet.founder(app, &mut rng)).collect();
+    let draws: Vec<Drawn> = (0..args.reports).map(|_| fleet.draw(&mut rng)).collect();
+    let estimates: Vec<Option<f64>> = draws.iter().map(|d| fleet.estimate_to_center(d)).collect();
+    let mut tables = Tables::new(params);
+    let started = Instant::now();
+    let class_of_app: Vec<_> = founders
+        .iter()
+        .map(|f| tables.record(f.fingerprint, day).class)
+        .collect();
+    let founding = started.elapsed();
+    let before = tables.search_stats();
+    let started = Instant::now();
+    let placed: Vec<_> = draws
+        .iter()
+        .map(|d| tables.record(d.fingerprint, day).class)
+        .collect();
+    let placing = started.elapsed();
+    let after = tables.search_stats();
+    let searches = (after.searches - before.searches).max(1) as f64;
+    let (mut at_tau, mut at_tau_right, mut known, mut known_right) = (0usize, 0usize, 0, 0);
+    for ((d, class), estimate) in draws.iter().zip(&placed).zip(&estimates) {
+        let Origin::Known(app) = d.origin else {
+            continue;
+        };
+        let right = tables.root(*class) == tables.root(class_of_app[app as usize]);
+        known += 1;
+        known_right += usize::from(right);
+        if estimate.is_some_and(|e| e >= params.tau) {
+            at_tau += 1;
+            at_tau_right += usize::from(right);
+        }
+    }
+
+    // The 2-bit banding on the same representatives and reports.
+    let bands = LshBands::for_params(&params);
+    let mut index: std::collections::HashMap<BandKey, Vec<u32>> = Default::default();
+    for (app, f) in founders.iter().enumerate() {
+        for key in bands.band_keys(&f.fingerprint.hash, &params) {
+            index.entry(key).or_default().push(app as u32);
+        }
+    }
+    let queries: Vec<(&Drawn, &Option<f64>)> = draws
+        .iter()
+        .zip(&estimates)
+        .take(args.banding_reports)
+        .collect();
+    let mut marks = vec![u32::MAX; n as usize];
+    let (mut banding_candidates, mut banding_at_tau, mut banding_found) = (0u64, 0usize, 0usize);
+    let started = Instant::now();
+    for (round, (d, estimate)) in queries.iter().enumerate() {
+        let mut best = None::<(u32, f64)>;
+        let mut own = false;
+        for key in bands.band_keys(&d.fingerprint.hash, &params) {
+            let Some(bucket) = index.get(&key) else {
+                continue;
+            };
+            for &app in bucket {
+                let mark = &mut marks[app as usize];
+                if *mark == round as u32 {
+                    continue;
+                }
+                *mark = round as u32;
+                banding_candidates += 1;
+                let similarity = founders[app as usize]
+                    .fingerprint
+                    .hash
+                    .estimate_jaccard(&d.fingerprint.hash, &params);
+                if similarity >= params.tau && best.is_none_or(|(_, s)| similarity > s) {
+                    best = Some((app, similarity));
+                }
+                own |= d.origin == Origin::Known(app);
+            }
+        }
+        if estimate.is_some_and(|e| e >= params.tau) {
+            banding_at_tau += 1;
+            banding_found += usize::from(own);
+        }
+        std::hint::black_box(best);
+    }
+    let banding = started.elapsed();
+    let banding_n = queries.len().max(1) as f64;
+    drop(index);
+
+    // 2. Writer.
+    let rss_start = rss_mib()?;
+    let key = Keypair::generate(&mut rng).public_key().clone();
+    let template = template_report(&key, &mut rng)?;
+    let dir = tempfile::tempdir()?;
+    let writer = {
+        let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path())?);
+        let mut state = State::open(store, &key, params, ACCUMULATOR_REPORT_BOUND, None)?;
+        state.set_new_classes_per_hour(NonZeroU32::MAX);
+        let today = penrose_aggregator::ingest::today();
+        let batch_of = |drawn: &[Drawn], rng: &mut ChaCha20Rng| -> Vec<ValidReport> {
+            drawn
+                .iter()
+                .map(|d| {
+                    let mut r = template.clone();
+                    rng.fill_bytes(&mut r.report.report_id.0);
+                    rng.fill_bytes(&mut r.digest.0);
+                    r.report.snippet = d.fingerprint.hash;
+                    r.report.locator = d.fingerprint.locator;
+                    r.report.arch = d.arch;
+                    r.report.counter = CounterId(rng.random_range(0..9));
+                    r.report.day = today;
+                    r
+                })
+                .collect()
+        };
+        for chunk in founders.chunks(1024) {
+            let batch = batch_of(chunk, &mut rng);
+            state.apply(&batch, today)?;
+        }
+        let batches: Vec<Vec<ValidReport>> = draws
+            .chunks(1024)
+            .map(|chunk| batch_of(chunk, &mut rng))
+            .collect();
+        let cpu_start = thread_cpu_seconds()?;
+        let started = Instant::now();
+        let mut accepted = 0;
+        for batch in &batches {
+            let outcomes = state.apply(batch, today)?;
+            accepted += outcomes.iter().filter(|o| **o == Outcome::Accepted).count();
+        }
+        let wall = started.elapsed().as_secs_f64();
+        let cpu = thread_cpu_seconds()? - cpu_start;
+        let heap = state.tables().heap_bytes() as f64 / 1_048_576.0;
+        (wall, cpu, accepted, heap)
+    };
+    let rss = rss_mib()? - rss_start;
+    let disk = dir_bytes(dir.path())? as f64 / 1_048_576.0;
+    let reopened = {
+        let output = Command::new(std::env::current_exe()?)
+            .arg("bench-fleet")
+            .arg("--reopen")
+            .arg(dir.path())
+            .output()
+            .context("running the restart child")?;
+        ensure!(
+            output.status.success(),
+            "the restart failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<Reopen>(&output.stdout)?
+    };
+    let (wall, cpu, accepted, heap) = writer;
+    let profile = fleet.profile();
+    Ok(Row {
+        classes: n,
+        reports: args.reports,
+        profile_pairs: profile.len(),
+        profile_median: profile.quantile(0.5),
+        profile_p1: profile.quantile(0.01),
+        profile_share_below_tau: profile.share_below(params.tau),
+        founding_us_per_class: founding.as_secs_f64() * 1e6 / f64::from(n),
+        placement_us_per_report: placing.as_secs_f64() * 1e6 / args.reports as f64,
+        candidates_per_report: (after.candidates - before.candidates) as f64 / searches,
+        estimates_per_report: (after.estimates - before.estimates) as f64 / searches,
+        recall_at_or_above_tau: at_tau_right as f64 / at_tau.max(1) as f64,
+        reports_at_or_above_tau: at_tau,
+        recall_all_known: known_right as f64 / f64::from(known.max(1)),
+        classes_after: tables.class_count(),
+        banding_reports: queries.len(),
+        banding_us_per_report: banding.as_secs_f64() * 1e6 / banding_n,
+        banding_candidates_per_report: banding_candidates as f64 / banding_n,
+        banding_recall_at_or_above_tau: banding_found as f64 / banding_at_tau.max(1) as f64,
+        writer_reports_per_second: draws.len() as f64 / wall,
+        writer_cpu_us_per_report: cpu * 1e6 / draws.len() as f64,
+        writer_accepted: accepted,
+        rss_mib: rss,
+        tables_heap_mib: heap,
+        disk_mib: disk,
+        restart_seconds: reopened.seconds,
+        restart_rss_mib: reopened.rss_mib,
+    })
+}
+
+/// A valid report (2048-bit key, two ciphertexts) that the writer phase copies.
+fn template_report(key: &PublicKey, rng: &mut ChaCha20Rng) -> Result<ValidReport> {
+    let mut bins = [0u32; BIN_COUNT];
+    for _ in 0..20 {
+        bins[rng.random_range(0..BIN_COUNT)] += rng.random_range(1..100);
+    }
+    let packed = key.encrypt_packed(&bins, rng)?;
+    let report = Report {
+        key_id: key.key_id(),
+        report_id: ReportId([1; 16]),
+        snippet: penrose_core::fingerprint::Fingerprinter::new(FingerprintParams::default())?
+            .snippet_hash(&["a", "b", "c", "d", "e"]),
+        locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
+        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        counter: CounterId(4),
+        catalogue: Catalogue::current().version,
+        day: Day(20_000),
+        samples: SampleCount(bins.iter().sum()),
+        ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
+        token: None,
+    };
+    let frame = Message::Report(report).to_frame()?;
+    Ok(validate_body(
+        &frame[LENGTH_PREFIX..],
+        key,
+        Day(20_000),
+        &Admission::Open,
+    )?)
+}
+
+fn reopen(dir: &Path) -> Result<Reopen> {
+    let before = rss_mib()?;
+    let started = Instant::now();
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir)?);
+    let key = penrose_aggregator::state::stored_public_key(store.as_ref())?
+        .context("the data directory holds no key")?;
+    let state = State::open(
+        store,
+        &key,
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+        None,
+    )?;
+    let seconds = started.elapsed().as_secs_f64();
+    std::hint::black_box(state.tables().class_count());
+    Ok(Reopen {
+        seconds,
+        rss_mib: rss_mib()? - before,
+    })
+}
+
+/// This process's resident set, from /proc.
+fn rss_mib() -> Result<f64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .context("no VmRSS in /proc/self/status")?
+        .parse()?;
+    Ok(kib / 1024.0)
+}
+
+/// CPU seconds of the calling thread (its first schedstat field, in nanoseconds).
+fn thread_cpu_seconds() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")?;
+    let ns: f64 = stat
+        .split_whitespace()
+        .next()
+        .context("empty schedstat")?
+        .parse()?;
+    Ok(ns / 1e9)
+}
+
+fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+fn markdown(args: &Args, rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "`cargo xtask bench-fleet --classes {} --reports {} --new-share {}` on {}, {}.\n",
+        args.classes
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        args.reports,
+        args.new_share,
+        machine(),
+        today_utc(),
+    );
+    if let Some(r) = rows.first() {
+        let _ = writeln!(
+            out,
+            "Similarity profile (same-application window pairs of the real traces, L = 10,000): \
+             {} pairs, median {:.2}, 1st percentile {:.2}, {:.1}% below tau.\n",
+            r.profile_pairs,
+            r.profile_median,
+            r.profile_p1,
+            r.profile_share_below_tau * 100.0
+        );
+    }
+    out.push_str(
+        "| classes | placement us/report | candidates/report | recall >= tau | recall, all | \
+         2-bit bands us/report | 2-bit candidates/report | 2-bit recall >= tau | writer reports/s | \
+         writer CPU us/report | RSS MiB | tables MiB | disk MiB | restart s | restart RSS MiB |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {:.2} | {:.4} ({}) | {:.4} | {:.1} | {:.0} | {:.4} | {:.0} | {:.1} | \
+             {:.0} | {:.1} | {:.0} | {:.2} | {:.0} |",
+            r.classes,
+            r.placement_us_per_report,
+            r.candidates_per_report,
+            r.recall_at_or_above_tau,
+            r.reports_at_or_above_tau,
+            r.recall_all_known,
+            r.banding_us_per_report,
+            r.banding_candidates_per_report,
+            r.banding_recall_at_or_above_tau,
+            r.writer_reports_per_second,
+            r.writer_cpu_us_per_report,
+            r.rss_mib,
+            r.tables_heap_mib,
+            r.disk_mib,
+            r.restart_seconds,
+            r.restart_rss_mib,
+        );
+    }
+    if let (Some(first), Some(last)) = (rows.first(), rows.last())
+        && rows.len() > 1
+    {
+        let _ = writeln!(
+            out,
+            "\nFrom {} to {} classes: placement {:.2}x, 2-bit banding {:.1}x, writer CPU per report \
+             {:.2}x.",
+            first.classes,
+            last.classes,
+            last.placement_us_per_report / first.placement_us_per_report,
+            last.banding_us_per_report / first.banding_us_per_report,
+            last.writer_cpu_us_per_report / first.writer_cpu_us_per_report,
+        );
+    }
+    out
+}
+
+/// Placement cost per report against N, both indexes, log-log.
+fn plot(rows: &[Row]) -> String {
+    let (w, h, left, bottom, top, right) = (640.0, 360.0, 70.0, 50.0, 30.0, 180.0);
+    let xs: Vec<f64> = rows.iter().map(|r| f64::from(r.classes).log10()).collect();
+    let series = [
+        (
+            "locator",
+            "#1f77b4",
+            rows.iter()
+                .map(|r| r.placement_us_per_report)
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "2-bit bands",
+            "#d62728",
+            rows.iter().map(|r| r.banding_us_per_report).collect(),
+        ),
+        (
+            "writer CPU",
+            "#2ca02c",
+            rows.iter().map(|r| r.writer_cpu_us_per_report).collect(),
+        ),
+    ];
+    let ys: Vec<f64> = series
+        .iter()
+        .flat_map(|(_, _, v)| v.iter().map(|y| y.max(0.01).log10()))
+        .collect();
+    let (x0, x1) = (
+        xs.iter().copied().fold(f64::MAX, f64::min).floor(),
+        xs.iter().copied().fold(f64::MIN, f64::max).ceil(),
+    );
+    let (y0, y1) = (
+        ys.iter().copied().fold(f64::MAX, f64::min).floor(),
+        ys.iter().copied().fold(f64::MIN, f64::max).ceil(),
+    );
+    let px = |x: f64| left + (x - x0) / (x1 - x0).max(1e-9) * (w - left - right);
+    let py = |y: f64| h - bottom - (y - y0) / (y1 - y0).max(1e-9) * (h - bottom - top);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n\
+         <text x=\"{left}\" y=\"18\" font-size=\"14\">Cost per report against the number of \
+         classes (log-log)</text>\n"
+    );
+    let mut decade = x0;
+    while decade <= x1 {
+        let x = px(decade);
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{top}\" stroke=\"#ddd\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.0}</text>",
+            h - bottom,
+            h - bottom + 16.0,
+            10f64.powf(decade)
+        );
+        decade += 1.0;
+    }
+    let mut decade = y0;
+    while decade <= y1 {
+        let y = py(decade);
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{} us</text>",
+            w - right,
+            left - 6.0,
+            y + 4.0,
+            10f64.powf(decade)
+        );
+        decade += 1.0;
+    }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">classes</text>",
+        (left + w - right) / 2.0,
+        h - 12.0
+    );
+    for (i, (name, color, values)) in series.iter().enumerate() {
+        let points: Vec<String> = xs
+            .iter()
+            .zip(values)
+            .map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(y.max(0.01).log10())))
+            .collect();
+        let _ = writeln!(
+            svg,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
+            points.join(" ")
+        );
+        for p in &points {
+            let (x, y) = p.split_once(',').unwrap_or(("0", "0"));
+            let _ = writeln!(
+                svg,
+                "<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{color}\"/>"
+            );
+        }
+        let ly = top + 20.0 + i as f64 * 18.0;
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" \
+             stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\">{name}</text>",
+            w - right + 10.0,
+            w - right + 30.0,
+            w - right + 36.0,
+            ly + 4.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
