@@ -7,7 +7,9 @@
 //! 100,000 applications cost no memory. A report of a draws a similarity J from the
 //! [`SimilarityProfile`] and keeps each of the center's values with probability J, replacing the
 //! others with fresh random values: its weighted Jaccard to the center is J in expectation, as
-//! MinHash positions agree with probability J. The first report of every application is the
+//! MinHash positions agree with probability J. (A draw that kept every value gets one fresh
+//! value, so that every report is a snippet the server has not seen: windows of real traces are
+//! often identical, which would make part of the load cheap look-ups.) The first report of every application is the
 //! center itself ([`SyntheticFleet::founder`]), so the server's class representative is the
 //! center, and every later report relates to it as same-application windows of the real traces
 //! relate to each other. A share of reports comes from applications never seen before
@@ -16,10 +18,13 @@
 //! Popularity follows Zipf with exponent 1 (as the design server's fleet simulator assumes),
 //! and each report names a GPU architecture drawn from a fixed mix.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use penrose_core::fingerprint::{Fingerprint, FingerprintParams, Fingerprinter, MinHashSignature};
+use penrose_core::fingerprint::{
+    Fingerprint, FingerprintParams, Fingerprinter, MinHashSignature, SnippetHash,
+};
 use penrose_core::gpu::GpuArch;
 use penrose_traces::TraceFolder;
 use rand::{Rng, SeedableRng};
@@ -232,7 +237,7 @@ impl SyntheticFleet {
             .partition_point(|&c| c < u)
             .min(self.apps as usize - 1) as u32;
         let similarity = self.profile.draw(rng);
-        let signature = MinHashSignature(
+        let mut signature = MinHashSignature(
             (0..k)
                 .map(|i| {
                     if rng.random_bool(similarity) {
@@ -243,11 +248,30 @@ impl SyntheticFleet {
                 })
                 .collect(),
         );
+        // Every report a fresh snippet: a draw that kept every value (the real traces have
+        // identical windows, similarity 1) gets one value of its own.
+        if (0..k).all(|i| signature.0[i] == self.center_value(app, i)) {
+            signature.0[rng.random_range(0..k)] = rng.random();
+        }
         Drawn {
             fingerprint: self.fingerprinter.fingerprint(&signature),
             origin: Origin::Known(app),
             similarity,
             arch: draw_arch(rng),
+        }
+    }
+
+    /// [`SyntheticFleet::draw`] until the snippet hash is one not in `seen` (which it joins):
+    /// the load the server sees when every report is a snippet it has not met. Founders go
+    /// into `seen` by the caller. Redrawing skews the similarities a little low: two 2-bit
+    /// hashes of windows that differ in one or two minima coincide one time in four or
+    /// sixteen.
+    pub fn draw_fresh(&self, seen: &mut HashSet<SnippetHash>, rng: &mut impl Rng) -> Drawn {
+        loop {
+            let drawn = self.draw(rng);
+            if seen.insert(drawn.fingerprint.hash) {
+                return drawn;
+            }
         }
     }
 

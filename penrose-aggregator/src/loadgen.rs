@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::fleet::{SimilarityProfile, SyntheticFleet};
 use anyhow::{Context, Result, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
@@ -86,6 +87,16 @@ pub struct Args {
     /// Folder of traces [default: $PENROSE_TRACES, else ../shared/traces].
     #[arg(long)]
     pub traces: Option<PathBuf>,
+    /// Draw reports from a synthetic fleet of this many applications (`crate::fleet`) instead
+    /// of the traces' windows: each application first founds its class (one report each,
+    /// before the timed phase; the server's new-class budget must allow them), then every
+    /// report carries a fresh fingerprint near its application's.
+    #[arg(long)]
+    pub fleet_apps: Option<u32>,
+    /// With --fleet-apps: the share of reports from applications never seen (each founds a
+    /// class).
+    #[arg(long, default_value_t = 0.01)]
+    pub new_app_share: f64,
     /// Seed of the workload's choices (report ids always come from the OS generator).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -266,8 +277,14 @@ pub struct Outcome {
     pub latency_ms: BTreeMap<&'static str, f64>,
     /// Distinct snippet hashes used.
     pub snippets: usize,
-    /// Traces they came from.
+    /// Traces they came from (0 with a synthetic fleet).
     pub traces: usize,
+    /// Applications of the synthetic fleet, if one was used.
+    pub fleet_apps: Option<u32>,
+    /// Founding reports sent before the timed phase (one per fleet application).
+    pub founders: u64,
+    /// Seconds the founders took.
+    pub founding_seconds: f64,
     /// Whether every valid report carried an admission token.
     pub tokens: bool,
     /// Seconds spent minting tokens before the timed phase.
@@ -431,37 +448,63 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         .with_context(|| format!("{} is not a Penrose public key", args.public_key.display()))?;
     let trust = Trust::load_pinned(&args.cert).context("loading the server certificate")?;
     let dir = args.traces.clone().unwrap_or_else(TraceFolder::default_dir);
-    let snippets = Arc::new(trace_snippets(
-        &dir,
-        args.windows,
-        args.window_len,
-        args.seed,
-    )?);
-    let traces = snippets
-        .iter()
-        .map(|(a, _)| a.as_str())
-        .collect::<std::collections::BTreeSet<_>>()
-        .len();
-    let pool = encrypt_pool(&key, args.pool, args.reports, args.seed)?;
-    let ciphertexts = Arc::new(pool.all_ciphertexts(&key, args.reports)?);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ 0x736e_6970);
+    // Every report's snippet, founders (with --fleet-apps) first.
+    let (snippets, founders, distinct, traces) = match args.fleet_apps {
+        None => {
+            let windows = trace_snippets(&dir, args.windows, args.window_len, args.seed)?;
+            let traces = windows
+                .iter()
+                .map(|(a, _)| a.as_str())
+                .collect::<std::collections::BTreeSet<_>>()
+                .len();
+            let snippets: Vec<(Fingerprint, GpuArch)> = (0..args.reports)
+                .map(|_| {
+                    (
+                        windows[rng.random_range(0..windows.len())].1,
+                        GpuArch::UNKNOWN,
+                    )
+                })
+                .collect();
+            (snippets, 0, windows.len(), traces)
+        }
+        Some(apps) => {
+            let profile = SimilarityProfile::from_traces(&dir, 12, args.window_len, args.seed)?;
+            let fleet = SyntheticFleet::new(apps, args.new_app_share, profile, args.seed)?;
+            let mut snippets: Vec<(Fingerprint, GpuArch)> = (0..apps)
+                .map(|app| fleet.founder(app, &mut rng))
+                .map(|d| (d.fingerprint, d.arch))
+                .collect();
+            let mut seen: std::collections::HashSet<_> =
+                snippets.iter().map(|(f, _)| f.hash).collect();
+            snippets.extend(
+                (0..args.reports)
+                    .map(|_| fleet.draw_fresh(&mut seen, &mut rng))
+                    .map(|d| (d.fingerprint, d.arch)),
+            );
+            let total = snippets.len();
+            (snippets, u64::from(apps), total, 0)
+        }
+    };
+    let total = founders + args.reports;
+    let pool = encrypt_pool(&key, args.pool, total, args.seed)?;
+    let ciphertexts = pool.all_ciphertexts(&key, total)?;
     drop(pool);
     let counters: Vec<CounterId> = Catalogue::current().counters.iter().map(|c| c.id).collect();
     ensure!(!counters.is_empty(), "the catalogue has no counters");
     // Every report's counter, chosen up front so that tokens can be minted for it.
-    let plan: Arc<Vec<CounterId>> = {
+    let plan: Vec<CounterId> = {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ 0x706c_616e);
-        Arc::new(
-            (0..args.reports)
-                .map(|_| counters[rng.random_range(0..counters.len())])
-                .collect(),
-        )
+        (0..total)
+            .map(|_| counters[rng.random_range(0..counters.len())])
+            .collect()
     };
     let day = crate::ingest::today();
     let minting = Instant::now();
-    let tokens: Option<Arc<Vec<Token>>> = match &args.token_keys {
+    let tokens: Option<Vec<Token>> = match &args.token_keys {
         Some(path) => {
             let ring = crate::admission::read_key_ring(path)?;
-            Some(Arc::new(mint_tokens(&ring, day, &plan, args.seed)?))
+            Some(mint_tokens(&ring, day, &plan, args.seed)?)
         }
         None => None,
     };
@@ -478,79 +521,179 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                 .context("connecting to the server")?,
         );
     }
-    let clients = Arc::new(clients);
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new(args.reports);
-        if let Ok(style) =
-            ProgressStyle::with_template("reports [{bar:30}] {pos}/{len} {per_sec} {msg}")
-        {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar
-    };
-    let tally = Arc::new(Tally::default());
-    let reasons = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
-    let next = Arc::new(AtomicU64::new(0));
+    let plan = Arc::new(Plan {
+        clients,
+        snippets,
+        ciphertexts,
+        counters: plan,
+        tokens,
+        key_id: key.key_id(),
+        day,
+    });
+    // The founders found the fleet's classes before the timed phase, all valid.
+    let founding = Instant::now();
+    let founded = send_phase(&plan, 0..founders, u64::MAX, args, "founders").await?;
+    let founding_seconds = founding.elapsed().as_secs_f64();
+    ensure!(
+        founded.tally.accepted.load(Ordering::Relaxed) == founders,
+        "the server accepted {} of {founders} founders (is its new-class budget large enough?)",
+        founded.tally.accepted.load(Ordering::Relaxed)
+    );
     let invalid_every = if args.invalid_share > 0.0 {
         (1.0 / args.invalid_share).round().max(1.0) as u64
     } else {
         u64::MAX
     };
     let start = Instant::now();
+    let timed = send_phase(&plan, founders..total, invalid_every, args, "reports").await?;
+    let seconds = start.elapsed().as_secs_f64();
+    for client in &plan.clients {
+        client.close().await;
+    }
+    let mut latencies = timed.latencies;
+    latencies.sort_unstable();
+    let quantile = |q: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() - 1) as f64 * q).round() as usize;
+        latencies[i].as_secs_f64() * 1e3
+    };
+    let tally = &timed.tally;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let invalid = if invalid_every == u64::MAX {
+        0
+    } else {
+        args.reports / invalid_every
+    };
+    let acked = get(&tally.accepted)
+        + get(&tally.duplicate)
+        + get(&tally.rejected_valid)
+        + get(&tally.rejected_invalid)
+        + get(&tally.invalid_accepted);
+    Ok(Outcome {
+        reports: args.reports,
+        valid: args.reports - invalid,
+        invalid,
+        accepted: get(&tally.accepted),
+        duplicate: get(&tally.duplicate),
+        rejected_valid: get(&tally.rejected_valid),
+        rejected_invalid: get(&tally.rejected_invalid),
+        invalid_accepted: get(&tally.invalid_accepted),
+        errors: get(&tally.errors),
+        reasons: timed.reasons,
+        seconds,
+        reports_per_second: acked as f64 / seconds.max(1e-9),
+        accepted_per_second: get(&tally.accepted) as f64 / seconds.max(1e-9),
+        latency_ms: [
+            ("p50", quantile(0.5)),
+            ("p90", quantile(0.9)),
+            ("p99", quantile(0.99)),
+            ("max", quantile(1.0)),
+        ]
+        .into_iter()
+        .collect(),
+        snippets: distinct,
+        traces,
+        fleet_apps: args.fleet_apps,
+        founders,
+        founding_seconds,
+        tokens: args.token_keys.is_some(),
+        minting_seconds,
+    })
+}
+
+/// Everything a run sends, by report index (founders first).
+struct Plan {
+    clients: Vec<Client>,
+    snippets: Vec<(Fingerprint, GpuArch)>,
+    ciphertexts: Vec<(PackedBytes, SampleCount)>,
+    counters: Vec<CounterId>,
+    tokens: Option<Vec<Token>>,
+    key_id: KeyId,
+    day: Day,
+}
+
+/// What one phase saw.
+struct Phase {
+    tally: Tally,
+    reasons: BTreeMap<String, u64>,
+    latencies: Vec<std::time::Duration>,
+}
+
+/// Sends reports `range` of the plan from `args.clients` tasks; every `invalid_every`-th is
+/// made invalid.
+async fn send_phase(
+    plan: &Arc<Plan>,
+    range: std::ops::Range<u64>,
+    invalid_every: u64,
+    args: &Args,
+    label: &str,
+) -> Result<Phase> {
+    let bar = if args.json || range.is_empty() {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(range.end - range.start);
+        if let Ok(style) = ProgressStyle::with_template(&format!(
+            "{label} [{{bar:30}}] {{pos}}/{{len}} {{per_sec}} {{msg}}"
+        )) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    };
+    let tally = Arc::new(Tally::default());
+    let reasons = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
+    let next = Arc::new(AtomicU64::new(range.start));
     let mut tasks = Vec::with_capacity(args.clients);
     for task in 0..args.clients {
-        let (clients, snippets, ciphertexts, plan, tokens, tally, reasons, next, bar) = (
-            Arc::clone(&clients),
-            Arc::clone(&snippets),
-            Arc::clone(&ciphertexts),
-            Arc::clone(&plan),
-            tokens.clone(),
+        let (plan, tally, reasons, next, bar) = (
+            Arc::clone(plan),
             Arc::clone(&tally),
             Arc::clone(&reasons),
             Arc::clone(&next),
             bar.clone(),
         );
-        let total = args.reports;
-        let key_id = key.key_id();
-        let seed = args.seed ^ ((task as u64) << 20);
+        let (end, first) = (range.end, range.start);
         tasks.push(tokio::spawn(async move {
-            let client = &clients[task % clients.len()];
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let client = &plan.clients[task % plan.clients.len()];
             let mut latencies = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total {
+                if i >= end {
                     break;
                 }
-                let (_, snippet) = snippets[rng.random_range(0..snippets.len())];
-                let (ciphertexts, samples) = ciphertexts[i as usize].clone();
+                let (snippet, arch) = plan.snippets[i as usize];
+                let (ciphertexts, samples) = plan.ciphertexts[i as usize].clone();
                 let mut id = [0u8; 16];
                 rand::rng().fill_bytes(&mut id);
                 let mut report = Report {
-                    key_id,
+                    key_id: plan.key_id,
                     report_id: ReportId(id),
                     snippet: snippet.hash,
                     locator: snippet.locator,
-                    arch: GpuArch::UNKNOWN,
-                    counter: plan[i as usize],
+                    arch,
+                    counter: plan.counters[i as usize],
                     catalogue: Catalogue::current().version,
-                    day: Day(day.0),
+                    day: plan.day,
                     samples,
                     ciphertexts,
                     token: None,
                 };
-                let invalid = i % invalid_every == invalid_every - 1;
+                let nth = i - first;
+                let invalid = nth % invalid_every == invalid_every - 1;
                 let sent = Instant::now();
                 // Spending the token is the sender's work, inside the timed phase.
-                if let Some(token) = tokens.as_ref().and_then(|t| t.get(i as usize)) {
+                if let Some(token) = plan.tokens.as_ref().and_then(|t| t.get(i as usize)) {
                     let redemption = token.redeem(&report.token_binding());
                     report.token = Some(AdmissionToken(redemption.encode()));
                 }
                 let ack = if invalid {
                     client
-                        .send_raw(&invalid_frame(i / invalid_every, report, tokens.is_some()))
+                        .send_raw(&invalid_frame(
+                            nth / invalid_every,
+                            report,
+                            plan.tokens.is_some(),
+                        ))
                         .await
                 } else {
                     client.send(&report).await
@@ -586,59 +729,16 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
             latencies
         }));
     }
-    let mut latencies = Vec::with_capacity(args.reports as usize);
+    let mut latencies = Vec::with_capacity((range.end - range.start) as usize);
     for task in tasks {
         latencies.extend(task.await?);
     }
-    let seconds = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    for client in clients.iter() {
-        client.close().await;
-    }
-    latencies.sort_unstable();
-    let quantile = |q: f64| -> f64 {
-        if latencies.is_empty() {
-            return 0.0;
-        }
-        let i = ((latencies.len() - 1) as f64 * q).round() as usize;
-        latencies[i].as_secs_f64() * 1e3
-    };
-    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let invalid = if invalid_every == u64::MAX {
-        0
-    } else {
-        args.reports / invalid_every
-    };
-    let acked = get(&tally.accepted)
-        + get(&tally.duplicate)
-        + get(&tally.rejected_valid)
-        + get(&tally.rejected_invalid)
-        + get(&tally.invalid_accepted);
-    Ok(Outcome {
-        reports: args.reports,
-        valid: args.reports - invalid,
-        invalid,
-        accepted: get(&tally.accepted),
-        duplicate: get(&tally.duplicate),
-        rejected_valid: get(&tally.rejected_valid),
-        rejected_invalid: get(&tally.rejected_invalid),
-        invalid_accepted: get(&tally.invalid_accepted),
-        errors: get(&tally.errors),
-        reasons: reasons.lock().map(|r| r.clone()).unwrap_or_default(),
-        seconds,
-        reports_per_second: acked as f64 / seconds.max(1e-9),
-        accepted_per_second: get(&tally.accepted) as f64 / seconds.max(1e-9),
-        latency_ms: [
-            ("p50", quantile(0.5)),
-            ("p90", quantile(0.9)),
-            ("p99", quantile(0.99)),
-            ("max", quantile(1.0)),
-        ]
-        .into_iter()
-        .collect(),
-        snippets: snippets.len(),
-        traces,
-        tokens: args.token_keys.is_some(),
-        minting_seconds,
+    let reasons = reasons.lock().map(|r| r.clone()).unwrap_or_default();
+    let tally = Arc::try_unwrap(tally).unwrap_or_default();
+    Ok(Phase {
+        tally,
+        reasons,
+        latencies,
     })
 }

@@ -869,6 +869,21 @@ impl State {
         prepared
     }
 
+    /// The class a snippet counts in now, from memory or else from its stored SST row; `None`
+    /// for a snippet never placed.
+    pub fn class_of(
+        &self,
+        snippet: &SnippetHash,
+    ) -> Result<Option<crate::tables::ClassId>, StateError> {
+        if let Some(class) = self.tables.class_of(snippet) {
+            return Ok(Some(class));
+        }
+        match self.store.get(Table::Sst, &snippet.0)? {
+            Some(row) => Ok(Some(self.tables.stored_class(&row)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The tables.
     pub fn tables(&self) -> &Tables {
         &self.tables

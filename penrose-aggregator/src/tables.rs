@@ -358,6 +358,16 @@ impl Tables {
         self.sst.get(snippet).is_some()
     }
 
+    /// The class an SST row read from the store counts in now (its own, or the one that
+    /// absorbed it), without taking the row into memory.
+    pub fn stored_class(&self, value: &[u8]) -> Result<ClassId, RecordError> {
+        let entry = decode_snippet(value)?;
+        if entry.class.0 as usize >= self.classes.len() {
+            return Err(damaged("sst", "snippet of an unknown class"));
+        }
+        Ok(self.merged.root(entry.class))
+    }
+
     /// Takes in an SST row read from the store.
     pub fn load_snippet(&mut self, hash: SnippetHash, value: &[u8]) -> Result<(), RecordError> {
         let entry = decode_snippet(value)?;
@@ -1049,5 +1059,30 @@ mod tests {
             tables.search_stats().candidates - before,
             MAX_BUCKET_CLASSES as u64
         );
+    }
+
+    #[test]
+    fn counts_survive_a_rebuild_with_merges() {
+        use crate::fleet::{SimilarityProfile, SyntheticFleet};
+        use rand::SeedableRng;
+        let profile = SimilarityProfile::new(vec![0.3, 0.45, 0.6, 0.9]).unwrap();
+        let fleet = SyntheticFleet::new(40, 0.05, profile, 3).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        let mut tables = Tables::new(FingerprintParams::default());
+        let mut est = HashMap::new();
+        let mut merges = Vec::new();
+        for app in 0..40 {
+            tables.record(fleet.founder(app, &mut rng).fingerprint, Day(7));
+        }
+        for _ in 0..600 {
+            tables.record(fleet.draw(&mut rng).fingerprint, Day(7));
+            est.extend(tables.take_dirty().1);
+            merges.extend(tables.take_merges());
+        }
+        assert!(!merges.is_empty(), "the profile is meant to cause merges");
+        assert_eq!(tables.snippet_count(), 640);
+        let rebuilt = Tables::load(FingerprintParams::default(), 64, est, merges).unwrap();
+        assert_eq!(rebuilt.snippet_count(), 640);
+        assert_eq!(rebuilt.class_count(), tables.class_count());
     }
 }

@@ -136,7 +136,7 @@ async fn new_classes_beyond_the_budget_are_refused_and_change_nothing() {
     let mut sent = first.clone();
     sent.push(joining);
     sent.push(third);
-    let want = expected(&sent, |s| ingest.state().tables().class_of(s).unwrap());
+    let want = expected(&sent, |s| ingest.state().class_of(s).unwrap().unwrap());
     assert_eq!(decrypt_store(store.as_ref()), want);
     assert_eq!(ingest.state().accepted(), 4);
     drop(ingest);
@@ -217,8 +217,9 @@ fn seen_expires_by_day_and_no_report_is_counted_twice() {
     // b again, and b's ciphertexts under a fresh id claiming day d + 1.
     let b_copy = {
         let mut copy = with_report_id(&b.frame, [0xb0; 16]);
-        // The day sits after kind, version, key id, report id, snippet, counter, catalogue.
-        let at = 1 + 2 + 32 + 16 + 32 + 2 + 2;
+        // The day sits after kind, version, key id, report id, snippet, locator, architecture,
+        // counter, catalogue.
+        let at = 1 + 2 + 32 + 16 + 32 + 200 + 2 + 2 + 2;
         copy[at..at + 4].copy_from_slice(&next.0.to_be_bytes());
         validate_body(&copy, KEYS.public_key(), next, &Admission::Open).unwrap()
     };

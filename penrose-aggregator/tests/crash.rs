@@ -243,6 +243,6 @@ async fn sigkill_under_load_loses_no_acked_report_and_counts_none_twice() {
     // Exactly once: the decrypted sums are those of every report once, and the counts agree.
     let (store, state) = reopen_served(&data);
     assert_eq!(state.accepted(), sent.len() as u64);
-    let want = expected(&sent, |s| state.tables().class_of(s).unwrap());
+    let want = expected(&sent, |s| state.class_of(s).unwrap().unwrap());
     assert_eq!(decrypt_store_with(&KEYS_2048, store.as_ref()), want);
 }

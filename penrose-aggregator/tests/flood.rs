@@ -434,7 +434,7 @@ async fn a_flood_changes_nothing_and_every_agent_report_is_counted_once() {
             .iter()
             .all(|&b| b)
     );
-    let want = expected(&agent_reports, |s| state.tables().class_of(s).unwrap());
+    let want = expected(&agent_reports, |s| state.class_of(s).unwrap().unwrap());
     let mut got = decrypt_store_with(&KEYS_2048, store.as_ref());
     got.retain(|(class, _), _| want.keys().any(|(c, _)| c == class));
     assert_eq!(got, want);

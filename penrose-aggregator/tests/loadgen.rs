@@ -5,10 +5,13 @@
 mod common;
 
 use common::*;
+use penrose_aggregator::fleet::SimilarityProfile;
 use penrose_aggregator::ingest::today;
 use penrose_aggregator::loadgen::{Args, generate};
 use penrose_core::counters::Catalogue;
+use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::wire::Day;
+use penrose_traces::TraceFolder;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refused() {
@@ -33,6 +36,8 @@ async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refuse
         seed: 3,
         json: true,
         token_keys: None,
+        fleet_apps: None,
+        new_app_share: 0.0,
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();
@@ -85,6 +90,8 @@ async fn loadgen_with_tokens_is_counted_by_a_server_admitting_by_tokens() {
         seed: 4,
         json: true,
         token_keys: Some(ring_path),
+        fleet_apps: None,
+        new_app_share: 0.0,
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();
@@ -101,4 +108,69 @@ async fn loadgen_with_tokens_is_counted_by_a_server_admitting_by_tokens() {
     assert_eq!(state.accepted(), outcome.valid);
     let tokened: u64 = state.epochs().open().map(|e| e.reports_with_tokens).sum();
     assert_eq!(tokened, outcome.valid);
+}
+
+/// With `--fleet-apps` every report carries a fresh fingerprint of a synthetic fleet: the
+/// founders found one class per application before the timed phase, and the reports then join
+/// their applications' classes (the locator finds them), apart from the share of new
+/// applications, which found their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synthetic_fleet_founds_its_classes_and_fresh_snippets_join_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = dir.path().join("public.key");
+    std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
+    let (mut server, started) = spawn_serve(
+        &data,
+        &key,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--new-classes-per-hour",
+            "100000",
+        ],
+    );
+    let args = Args {
+        server: started["listening"].as_str().unwrap().parse().unwrap(),
+        cert: data.join("tls").join("cert.pem"),
+        public_key: key,
+        reports: 400,
+        clients: 16,
+        connections: 2,
+        invalid_share: 0.0,
+        pool: 4,
+        windows: 1,
+        window_len: 2_000,
+        traces: None,
+        seed: 5,
+        json: true,
+        token_keys: None,
+        fleet_apps: Some(60),
+        new_app_share: 0.05,
+    };
+    let outcome = generate(&args).await.unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert_eq!(outcome.founders, 60);
+    assert_eq!(outcome.accepted, 400);
+    assert_eq!(outcome.snippets, 460, "every report a fresh snippet");
+    let (_, state) = reopen_served(&data);
+    let tables = state.tables();
+    assert_eq!(tables.snippet_count(), 460);
+    // 60 applications and about 20 new ones (5% of 400); a report whose window is below tau
+    // from its application's (the real traces' profile at L = 2,000 has some) may found a
+    // class too, but the rest join.
+    let profile =
+        SimilarityProfile::from_traces(&TraceFolder::default_dir(), 12, 2_000, 5).unwrap();
+    let below = profile.share_below(FingerprintParams::default().tau);
+    let most = 60.0 + 20.0 * 1.5 + 400.0 * below * 1.5 + 5.0;
+    let classes = tables.class_count();
+    assert!(
+        (70..=most as usize).contains(&classes),
+        "{classes} classes, at most {most:.0} expected ({below:.3} of windows below tau)"
+    );
+    assert!(
+        tables.search_stats().searches == 0,
+        "a reopened server has searched nothing yet"
+    );
 }

@@ -151,7 +151,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
     accept(send(b, 120, &mut rng), &mut sent).await;
     let c_reports = send(c, 240, &mut rng);
     accept(c_reports.clone(), &mut sent).await;
-    let class_c = ingest.state().tables().class_of(&c.hash).unwrap();
+    let class_c = ingest.state().class_of(&c.hash).unwrap().unwrap();
     assert!(class_c > survivor);
     let (second, second_bytes) = close_and_export(&ingest, store.as_ref(), &signing).await;
     assert_eq!(
@@ -177,10 +177,10 @@ async fn a_split_application_is_healed_and_released_as_one() {
     drop(store);
     writer.join().unwrap();
     let (ingest, writer, store) = start_default(&data);
-    assert_eq!(ingest.state().tables().class_of(&b.hash), Some(survivor));
+    assert_eq!(ingest.state().class_of(&b.hash).unwrap(), Some(survivor));
     let late = report(bc, COUNTER, &mut rng);
     assert_eq!(ingest.handle(late.frame).await.status, AckStatus::Accepted);
-    assert_eq!(ingest.state().tables().class_of(&c.hash), Some(survivor));
+    assert_eq!(ingest.state().class_of(&c.hash).unwrap(), Some(survivor));
     for (seq, bytes) in [(1, &first_bytes), (2, &second_bytes)] {
         let (_, again) =
             export::reexport(store.as_ref(), KEYS.public_key(), seq, &signing).unwrap();

@@ -347,7 +347,7 @@ async fn exact_copies_under_a_fresh_report_id_are_folded_but_re_encryptions_coun
     );
     assert_eq!(ingest.state().accepted(), 2);
     let sums = decrypt_store(store.as_ref());
-    let class = ingest.state().tables().class_of(&snippet.hash).unwrap();
+    let class = ingest.state().class_of(&snippet.hash).unwrap().unwrap();
     let (got, reports, _) = &sums[&(class, CounterId(4))];
     assert_eq!(*reports, 2);
     assert_eq!(*got, plain_sum(&[&original, &again]));

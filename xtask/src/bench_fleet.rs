@@ -191,7 +191,11 @@ fn single(args: &Args, n: u32) -> Result<Row> {
 
     // 1. Placement.
     let founders: Vec<Drawn> = (0..n).map(|app| fleet.founder(app, &mut rng)).collect();
-    let draws: Vec<Drawn> = (0..args.reports).map(|_| fleet.draw(&mut rng)).collect();
+    let mut seen: std::collections::HashSet<_> =
+        founders.iter().map(|f| f.fingerprint.hash).collect();
+    let draws: Vec<Drawn> = (0..args.reports)
+        .map(|_| fleet.draw_fresh(&mut seen, &mut rng))
+        .collect();
     let estimates: Vec<Option<f64>> = draws.iter().map(|d| fleet.estimate_to_center(d)).collect();
     let mut tables = Tables::new(params);
     let started = Instant::now();
