@@ -97,6 +97,11 @@ pub struct Args {
     /// class).
     #[arg(long, default_value_t = 0.01)]
     pub new_app_share: f64,
+    /// With --fleet-apps: the server already holds the fleet's classes (an earlier run with the
+    /// same seed sent the founders), so send only the reports. Lets a benchmark measure the
+    /// server's CPU over the reports alone.
+    #[arg(long, requires = "fleet_apps")]
+    pub founded: bool,
     /// Seed of the workload's choices (report ids always come from the OS generator).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -532,11 +537,13 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
     });
     // The founders found the fleet's classes before the timed phase, all valid.
     let founding = Instant::now();
-    let founded = send_phase(&plan, 0..founders, u64::MAX, args, "founders").await?;
+    let sent_founders = if args.founded { 0 } else { founders };
+    let founded = send_phase(&plan, 0..sent_founders, u64::MAX, args, "founders").await?;
     let founding_seconds = founding.elapsed().as_secs_f64();
     ensure!(
-        founded.tally.accepted.load(Ordering::Relaxed) == founders,
-        "the server accepted {} of {founders} founders (is its new-class budget large enough?)",
+        founded.tally.accepted.load(Ordering::Relaxed) == sent_founders,
+        "the server accepted {} of {sent_founders} founders (is its new-class budget large \
+         enough?)",
         founded.tally.accepted.load(Ordering::Relaxed)
     );
     let invalid_every = if args.invalid_share > 0.0 {
@@ -596,7 +603,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         snippets: distinct,
         traces,
         fleet_apps: args.fleet_apps,
-        founders,
+        founders: sent_founders,
         founding_seconds,
         tokens: args.token_keys.is_some(),
         minting_seconds,

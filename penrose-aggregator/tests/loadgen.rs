@@ -38,6 +38,7 @@ async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refuse
         token_keys: None,
         fleet_apps: None,
         new_app_share: 0.0,
+        founded: false,
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();
@@ -92,6 +93,7 @@ async fn loadgen_with_tokens_is_counted_by_a_server_admitting_by_tokens() {
         token_keys: Some(ring_path),
         fleet_apps: None,
         new_app_share: 0.0,
+        founded: false,
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();
@@ -147,6 +149,7 @@ async fn a_synthetic_fleet_founds_its_classes_and_fresh_snippets_join_them() {
         token_keys: None,
         fleet_apps: Some(60),
         new_app_share: 0.05,
+        founded: false,
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();

@@ -45,7 +45,7 @@ use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::bench::machine;
-use crate::bench_ingest::today_utc;
+use crate::bench_ingest::{dir_bytes, today_utc};
 
 /// Arguments of `cargo xtask bench-fleet`.
 #[derive(clap::Args)]
@@ -113,6 +113,78 @@ struct Row {
     restart_rss_mib: f64,
 }
 
+/// Recall of the candidate search on the real traces' windows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TraceRecall {
+    window_len: usize,
+    pairs: usize,
+    pairs_at_or_above_tau: usize,
+    locator_at_or_above_tau: f64,
+    banding_at_or_above_tau: f64,
+    locator_all: f64,
+    banding_all: f64,
+}
+
+/// For pairs of windows of one trace's main process: the share that the locator (a shared
+/// band key) and the 2-bit banding make candidates, among all pairs and among those whose
+/// estimated similarity is at or above tau (the pairs a search must find).
+fn trace_recall(window_len: usize, windows: usize, seed: u64) -> Result<TraceRecall> {
+    let params = FingerprintParams::default();
+    let f = penrose_core::fingerprint::Fingerprinter::new(params)?;
+    let bands = LshBands::for_params(&params);
+    let folder = TraceFolder::open(&TraceFolder::default_dir())?;
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let (mut pairs, mut at_tau) = (0usize, 0usize);
+    let (mut loc_tau, mut band_tau, mut loc_all, mut band_all) = (0usize, 0usize, 0usize, 0usize);
+    for path in folder.files() {
+        let trace = penrose_traces::read_trace(path)?;
+        let Some(longest) = trace.process_sequences().into_values().max_by_key(Vec::len) else {
+            continue;
+        };
+        if longest.is_empty() {
+            continue;
+        }
+        let names: Vec<&str> = longest.iter().map(|k| &*k.name).collect();
+        let fps: Vec<_> = (0..windows)
+            .map(|_| {
+                let offset = rng.random_range(0..names.len());
+                let window: Vec<&str> = (0..window_len.min(names.len()))
+                    .map(|i| names[(offset + i) % names.len()])
+                    .collect();
+                let fp = f.fingerprint_of_names(&window);
+                let keys: std::collections::HashSet<_> = fp.locator.keys(&params).collect();
+                let band_keys: std::collections::HashSet<_> =
+                    bands.band_keys(&fp.hash, &params).into_iter().collect();
+                (fp, keys, band_keys)
+            })
+            .collect();
+        for (i, (a, ka, ba)) in fps.iter().enumerate() {
+            for (b, kb, bb) in &fps[i + 1..] {
+                let locator = !ka.is_disjoint(kb);
+                let banding = !ba.is_disjoint(bb);
+                pairs += 1;
+                loc_all += usize::from(locator);
+                band_all += usize::from(banding);
+                if a.hash.estimate_jaccard(&b.hash, &params) >= params.tau {
+                    at_tau += 1;
+                    loc_tau += usize::from(locator);
+                    band_tau += usize::from(banding);
+                }
+            }
+        }
+    }
+    let share = |n: usize, of: usize| n as f64 / of.max(1) as f64;
+    Ok(TraceRecall {
+        window_len,
+        pairs,
+        pairs_at_or_above_tau: at_tau,
+        locator_at_or_above_tau: share(loc_tau, at_tau),
+        banding_at_or_above_tau: share(band_tau, at_tau),
+        locator_all: share(loc_all, pairs),
+        banding_all: share(band_all, pairs),
+    })
+}
+
 /// What a reopen child prints.
 #[derive(Serialize, Deserialize)]
 struct Reopen {
@@ -165,10 +237,17 @@ pub fn run(args: Args) -> Result<()> {
             .context("reading the measuring child's result")?;
         rows.push(row);
     }
+    let recall = [10_000, 2_500]
+        .into_iter()
+        .map(|len| trace_recall(len, 40, args.seed))
+        .collect::<Result<Vec<_>>>()?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"classes": rows, "traces": recall}))?
+        );
     }
-    let markdown = markdown(&args, &rows);
+    let markdown = markdown(&args, &rows, &recall);
     if !args.json {
         print!("{markdown}");
     }
@@ -445,21 +524,7 @@ fn thread_cpu_seconds() -> Result<f64> {
     Ok(ns / 1e9)
 }
 
-fn dir_bytes(dir: &Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())?
-        } else {
-            meta.len()
-        };
-    }
-    Ok(total)
-}
-
-fn markdown(args: &Args, rows: &[Row]) -> String {
+fn markdown(args: &Args, rows: &[Row], recall: &[TraceRecall]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -512,6 +577,25 @@ fn markdown(args: &Args, rows: &[Row]) -> String {
             r.disk_mib,
             r.restart_seconds,
             r.restart_rss_mib,
+        );
+    }
+    out.push_str(
+        "\nOn the real traces (40 windows at random offsets of each trace's main process, every \
+         pair of one trace): the share of pairs each search makes candidates.\n\n\
+         | window L | pairs | pairs at >= tau | locator, >= tau | 2-bit bands, >= tau | locator, all | 2-bit bands, all |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for r in recall {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} |",
+            r.window_len,
+            r.pairs,
+            r.pairs_at_or_above_tau,
+            r.locator_at_or_above_tau,
+            r.banding_at_or_above_tau,
+            r.locator_all,
+            r.banding_all
         );
     }
     if let (Some(first), Some(last)) = (rows.first(), rows.last())

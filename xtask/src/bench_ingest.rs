@@ -47,6 +47,15 @@ pub struct Args {
     /// load generator before sending), or `both` in turn.
     #[arg(long, value_enum, default_value_t = AdmissionArg::Open)]
     admission: AdmissionArg,
+    /// Run against synthetic fleets of these many applications (`loadgen --fleet-apps`), every
+    /// report a fresh fingerprint: the founders first (one per application, not timed), then
+    /// the reports. Adds the server's resident memory, its bytes on disk and a restart on the
+    /// data directory to each run. Without it the reports come from the traces' windows.
+    #[arg(long, value_delimiter = ',')]
+    fleet_apps: Vec<u32>,
+    /// With --fleet-apps: the share of reports from applications never seen.
+    #[arg(long, default_value_t = 0.01)]
+    new_app_share: f64,
     /// Write the result as Markdown here as well (for example docs/benchmarks-ingest.md).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -97,6 +106,20 @@ struct Run {
     server_cpu_seconds: f64,
     /// Server CPU per accepted report.
     cpu_us_per_report: f64,
+    /// With a synthetic fleet: its applications, what founding them took, and the server's
+    /// memory, disk and restart after the run.
+    fleet: Option<FleetRun>,
+}
+
+/// What a fleet run adds.
+#[derive(Serialize)]
+struct FleetRun {
+    apps: u32,
+    founding_seconds: f64,
+    rss_mib: f64,
+    disk_mib: f64,
+    restart_seconds: f64,
+    restart_rss_mib: f64,
 }
 
 /// Runs the task.
@@ -163,27 +186,38 @@ pub fn run(args: Args) -> Result<()> {
             .flat_map(|b| args.admission.modes().iter().map(move |m| (b, m)))
         {
             let label = format!("{label}{suffix}");
-            if !labels.contains(&label) {
-                labels.push(label.clone());
-            }
             let admission = Admission::of(binary, tokens.then_some(ring_path.as_path()))?;
-            let data = DataDir(dir.path().join(format!("data-{round}-{label}")));
-            let run = run_once(
-                &args, &label, round, binary, &loadgen, &data, &key_path, &admission,
-            )?;
-            if !args.json {
-                eprintln!(
-                    "round {round} {label}: {:.0} reports/s, p50 {:.1} ms, p99 {:.1} ms, server \
+            let fleets: Vec<Option<u32>> = if args.fleet_apps.is_empty() {
+                vec![None]
+            } else {
+                args.fleet_apps.iter().copied().map(Some).collect()
+            };
+            for fleet in fleets {
+                let label = match fleet {
+                    Some(apps) => format!("{label} {apps} classes"),
+                    None => label.clone(),
+                };
+                if !labels.contains(&label) {
+                    labels.push(label.clone());
+                }
+                let data = DataDir(dir.path().join(format!("data-{round}-{label}")));
+                let run = run_once(
+                    &args, &label, round, binary, &loadgen, &data, &key_path, &admission, fleet,
+                )?;
+                if !args.json {
+                    eprintln!(
+                        "round {round} {label}: {:.0} reports/s, p50 {:.1} ms, p99 {:.1} ms, server \
                      {:.1} us CPU per report (load {:.1})",
-                    run.reports_per_second,
-                    run.p50_ms.unwrap_or(f64::NAN),
-                    run.p99_ms.unwrap_or(f64::NAN),
-                    run.cpu_us_per_report,
-                    run.load_before
-                );
+                        run.reports_per_second,
+                        run.p50_ms.unwrap_or(f64::NAN),
+                        run.p99_ms.unwrap_or(f64::NAN),
+                        run.cpu_us_per_report,
+                        run.load_before
+                    );
+                }
+                std::fs::remove_dir_all(&data.0).ok();
+                runs.push(run);
             }
-            std::fs::remove_dir_all(&data.0).ok();
-            runs.push(run);
         }
     }
     let text = markdown(&args, &labels, &runs);
@@ -248,13 +282,61 @@ fn run_once(
     data: &DataDir,
     key: &Path,
     admission: &Admission,
+    fleet: Option<u32>,
 ) -> Result<Run> {
     let load_before = load_average();
-    let (mut server, listen) = start_server(binary, data, "127.0.0.1:0", key, &admission.serve)?;
+    let mut serve_flags = admission.serve.clone();
+    let mut fleet_flags: Vec<String> = Vec::new();
+    if let Some(apps) = fleet {
+        // Founders and new applications must not be rationed here.
+        serve_flags.extend(["--new-classes-per-hour".into(), "100000000".into()]);
+        fleet_flags = vec![
+            "--fleet-apps".into(),
+            apps.to_string(),
+            "--new-app-share".into(),
+            args.new_app_share.to_string(),
+        ];
+    }
+    let (mut server, listen) = start_server(binary, data, "127.0.0.1:0", key, &serve_flags)?;
     let result = (|| -> Result<Run> {
+        let founding = match fleet {
+            None => None,
+            Some(_) => {
+                let started = std::time::Instant::now();
+                let out = Command::new(loadgen)
+                    .arg("loadgen")
+                    .args(&admission.loadgen)
+                    .args(&fleet_flags)
+                    .args(["--server", &listen, "--public-key"])
+                    .arg(key)
+                    .arg("--cert")
+                    .arg(data.0.join("tls/cert.pem"))
+                    .args(["--reports", "0"])
+                    .args(["--clients", &args.clients.to_string()])
+                    .args(["--connections", &args.connections.to_string()])
+                    .arg("--json")
+                    .stderr(Stdio::null())
+                    .output()
+                    .context("running the load generator's founders")?;
+                ensure!(
+                    out.status.success(),
+                    "loadgen (founders) failed: {}",
+                    out.status
+                );
+                std::thread::sleep(Duration::from_millis(300));
+                Some(started.elapsed().as_secs_f64())
+            }
+        };
+        let cpu_before = thread_cpu(server.id())?;
         let out = Command::new(loadgen)
             .arg("loadgen")
             .args(&admission.loadgen)
+            .args(&fleet_flags)
+            .args(if fleet.is_some() {
+                &["--founded"][..]
+            } else {
+                &[][..]
+            })
             .args(["--server", &listen, "--public-key"])
             .arg(key)
             .arg("--cert")
@@ -271,8 +353,24 @@ fn run_once(
             serde_json::from_slice(&out.stdout).context("loadgen's JSON")?;
         // The last batch's commit may still be running; its CPU belongs to this run.
         std::thread::sleep(Duration::from_millis(300));
-        let cpu = thread_cpu(server.id())?;
+        let mut cpu = thread_cpu(server.id())?;
+        for (group, seconds) in &mut cpu {
+            if let Some((_, before)) = cpu_before.iter().find(|(g, _)| g == group) {
+                *seconds -= before;
+            }
+        }
         let total: f64 = cpu.iter().map(|(_, s)| s).sum();
+        let fleet = match (fleet, founding) {
+            (Some(apps), Some(founding_seconds)) => Some(FleetRun {
+                apps,
+                founding_seconds,
+                rss_mib: rss_mib(server.id())?,
+                disk_mib: 0.0,
+                restart_seconds: 0.0,
+                restart_rss_mib: 0.0,
+            }),
+            _ => None,
+        };
         let number = |k: &str| outcome[k].as_u64().unwrap_or(0);
         let accepted = number("accepted");
         Ok(Run {
@@ -293,11 +391,50 @@ fn run_once(
             } else {
                 f64::NAN
             },
+            fleet,
         })
     })();
     server.kill().ok();
     server.wait().ok();
-    result
+    let mut run = result?;
+    if let Some(fleet) = &mut run.fleet {
+        // The data directory as the run left it, then a restart on it.
+        fleet.disk_mib = dir_bytes(&data.0)? as f64 / 1_048_576.0;
+        let started = std::time::Instant::now();
+        let (mut server, _) = start_server(binary, data, "127.0.0.1:0", key, &serve_flags)?;
+        fleet.restart_seconds = started.elapsed().as_secs_f64();
+        fleet.restart_rss_mib = rss_mib(server.id())?;
+        server.kill().ok();
+        server.wait().ok();
+    }
+    Ok(run)
+}
+
+/// Resident memory of a process, from /proc.
+fn rss_mib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .context("no VmRSS")?
+        .parse()?;
+    Ok(kib / 1024.0)
+}
+
+/// Bytes under a directory.
+pub(crate) fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
 }
 
 /// CPU seconds of each of the process's thread groups, from /proc/PID/task/*/stat.
@@ -378,9 +515,22 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
         AdmissionArg::Tokens => " --admission tokens",
         AdmissionArg::Both => " --admission both",
     };
+    let fleet_arg = if args.fleet_apps.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " --fleet-apps {} --new-app-share {}",
+            args.fleet_apps
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            args.new_app_share
+        )
+    };
     let _ = writeln!(
         s,
-        "`cargo xtask bench-ingest{binaries_arg}{admission_arg} --rounds {} --reports {} \
+        "`cargo xtask bench-ingest{binaries_arg}{admission_arg}{fleet_arg} --rounds {} --reports {} \
          --clients {} --connections {}` on {}, {}: each run a fresh data directory, `serve` on \
          127.0.0.1 and `loadgen` (5% invalid reports) as separate processes; the binaries (and \
          admission modes) in turn, round after round. Server CPU is read from /proc per thread \
@@ -427,6 +577,29 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
             r.cpu_us_per_report,
             threads.join(", ")
         );
+    }
+    if runs.iter().any(|r| r.fleet.is_some()) {
+        let _ = writeln!(
+            s,
+            "\n| binary | round | classes | founding s | server RSS MiB | disk MiB | restart s | RSS after restart MiB |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+        for r in runs {
+            if let Some(f) = &r.fleet {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2} | {:.0} |",
+                    r.label,
+                    r.round,
+                    f.apps,
+                    f.founding_seconds,
+                    f.rss_mib,
+                    f.disk_mib,
+                    f.restart_seconds,
+                    f.restart_rss_mib
+                );
+            }
+        }
     }
     let _ = writeln!(s);
     for label in labels {
