@@ -48,7 +48,7 @@ use std::time::Instant;
 pub use penrose_core::bundle::{ClassMap, ClassMerge};
 use penrose_core::bundle::{Cursor, MergeRefused};
 use penrose_core::fingerprint::{
-    Fingerprint, FingerprintParams, LOCATOR_BYTES, Locator, LocatorKey, SnippetHash,
+    Fingerprint, FingerprintParams, LOCATOR_BYTES, Locator, SnippetHash,
 };
 use penrose_core::wire::Day;
 use thiserror::Error;
@@ -287,6 +287,88 @@ impl SnippetCache {
     }
 }
 
+/// The candidate index: per band, locator key -> the classes with a representative of that key.
+/// Nearly every key names one class, so a key holds that class itself and only a key of two or
+/// more classes points into a shared list (ids with [`LocatorIndex::LIST`] set): about 10 bytes
+/// per representative and band, where a list per key cost about 70 (measured with
+/// `cargo xtask bench-fleet`, "tables MiB").
+struct LocatorIndex {
+    bands: Vec<HashMap<u32, ClassId>>,
+    lists: Vec<Vec<ClassId>>,
+}
+
+impl LocatorIndex {
+    /// Marks an entry that is an index into `lists`; class ids stay below it (2^31 classes of
+    /// at least 232 bytes each would take 500 GB).
+    const LIST: u32 = 1 << 31;
+
+    fn new(bands: usize) -> Self {
+        Self {
+            bands: (0..bands).map(|_| HashMap::new()).collect(),
+            lists: Vec::new(),
+        }
+    }
+
+    /// The classes under `key` of `band`.
+    fn get(&self, band: usize, key: u32) -> &[ClassId] {
+        match self.bands.get(band).and_then(|b| b.get(&key)) {
+            None => &[],
+            Some(entry) if entry.0 & Self::LIST != 0 => self
+                .lists
+                .get((entry.0 & !Self::LIST) as usize)
+                .map_or(&[], Vec::as_slice),
+            Some(entry) => std::slice::from_ref(entry),
+        }
+    }
+
+    /// Adds `class` under `key` of `band` unless it is there or the bucket holds
+    /// [`MAX_BUCKET_CLASSES`].
+    fn insert(&mut self, band: usize, key: u32, class: ClassId) {
+        if class.0 & Self::LIST != 0 {
+            return;
+        }
+        let Some(map) = self.bands.get_mut(band) else {
+            return;
+        };
+        match map.entry(key) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(class);
+            }
+            std::collections::hash_map::Entry::Occupied(mut slot) => {
+                let entry = *slot.get();
+                if entry == class {
+                    return;
+                }
+                if entry.0 & Self::LIST == 0 {
+                    // A second class: the key gets a list (list ids stay below LIST too).
+                    let list = self.lists.len() as u32;
+                    self.lists.push(vec![entry, class]);
+                    slot.insert(ClassId(list | Self::LIST));
+                } else if let Some(list) = self.lists.get_mut((entry.0 & !Self::LIST) as usize)
+                    && list.len() < MAX_BUCKET_CLASSES
+                    && !list.contains(&class)
+                {
+                    list.push(class);
+                }
+            }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.bands
+            .iter()
+            .map(|b| b.capacity() * (size_of::<(u32, ClassId)>() + 1))
+            .sum::<usize>()
+            + self.lists.capacity() * size_of::<Vec<ClassId>>()
+            + self
+                .lists
+                .iter()
+                .map(|l| l.capacity() * size_of::<ClassId>())
+                .sum::<usize>()
+    }
+}
+
 /// Counts of the class search, for benchmarks and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SearchStats {
@@ -303,7 +385,7 @@ pub struct Tables {
     params: FingerprintParams,
     sst: SnippetCache,
     classes: Vec<ClassEntry>,
-    index: HashMap<LocatorKey, Vec<ClassId>>,
+    index: LocatorIndex,
     /// Distinct snippet hashes ever placed (the SST's rows, counted without holding them).
     snippets: u64,
     stats: SearchStats,
@@ -330,7 +412,7 @@ impl Tables {
             params,
             sst: SnippetCache::new(capacity),
             classes: Vec::new(),
-            index: HashMap::new(),
+            index: LocatorIndex::new(Locator::bands(&params)),
             snippets: 0,
             stats: SearchStats::default(),
             merged: ClassMap::default(),
@@ -516,11 +598,8 @@ impl Tables {
         }
         self.stats.searches += 1;
         let mut found: Vec<(ClassId, f64)> = Vec::new();
-        for key in snippet.locator.keys(&self.params) {
-            let Some(bucket) = self.index.get(&key) else {
-                continue;
-            };
-            for &indexed in bucket {
+        for band in 0..Locator::bands(&self.params) {
+            for &indexed in self.index.get(band, snippet.locator.0[band]) {
                 let class = self.merged.root(indexed);
                 let mark = &mut self.marks[class.0 as usize];
                 if *mark == self.round {
@@ -582,11 +661,8 @@ impl Tables {
     }
 
     fn index_representative(&mut self, class: ClassId, locator: &Locator) {
-        for key in locator.keys(&self.params) {
-            let bucket = self.index.entry(key).or_default();
-            if bucket.len() < MAX_BUCKET_CLASSES && !bucket.contains(&class) {
-                bucket.push(class);
-            }
+        for band in 0..Locator::bands(&self.params) {
+            self.index.insert(band, locator.0[band], class);
         }
     }
 
@@ -714,8 +790,6 @@ impl Tables {
     /// allocator holds; `cargo xtask bench` measures the allocator itself).
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        // hashbrown: one control byte per bucket plus the bucket itself.
-        let map = |capacity: usize, entry: usize| capacity * (entry + 1);
         self.sst.heap_bytes()
             + self.classes.capacity() * size_of::<ClassEntry>()
             + self
@@ -723,15 +797,7 @@ impl Tables {
                 .iter()
                 .map(|c| c.representatives.capacity() * size_of::<Fingerprint>())
                 .sum::<usize>()
-            + map(
-                self.index.capacity(),
-                size_of::<(LocatorKey, Vec<ClassId>)>(),
-            )
-            + self
-                .index
-                .values()
-                .map(|b| b.capacity() * size_of::<ClassId>())
-                .sum::<usize>()
+            + self.index.heap_bytes()
             + self.marks.capacity() * size_of::<u32>()
             + self.merged.len() * 3 * size_of::<(ClassId, ClassId)>()
     }
@@ -1040,10 +1106,12 @@ mod tests {
             };
             assert!(tables.record(snippet, Day(7)).new_class);
         }
+        assert!(!tables.index.lists.is_empty());
         assert!(
             tables
                 .index
-                .values()
+                .lists
+                .iter()
                 .all(|bucket| bucket.len() <= MAX_BUCKET_CLASSES)
         );
         // One report naming those keys is compared with at most the cap's classes.

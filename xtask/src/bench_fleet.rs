@@ -98,6 +98,8 @@ struct Row {
     recall_at_or_above_tau: f64,
     reports_at_or_above_tau: usize,
     recall_all_known: f64,
+    recall_drawn_at_tau: f64,
+    reports_drawn_at_tau: usize,
     classes_after: usize,
     banding_reports: usize,
     banding_us_per_report: f64,
@@ -306,6 +308,27 @@ fn single(args: &Args, n: u32) -> Result<Row> {
         }
     }
 
+    // Reports drawn at similarity tau exactly (the hardest a search must still find): the
+    // share of those estimated at >= tau that land in their application's class.
+    let at_tau_fleet =
+        SyntheticFleet::new(n, 0.0, SimilarityProfile::new(vec![params.tau])?, args.seed)?;
+    let (mut hard, mut hard_right) = (0usize, 0usize);
+    for _ in 0..args.banding_reports {
+        let d = at_tau_fleet.draw_fresh(&mut seen, &mut rng);
+        let Origin::Known(app) = d.origin else {
+            continue;
+        };
+        if at_tau_fleet
+            .estimate_to_center(&d)
+            .is_some_and(|e| e >= params.tau)
+        {
+            hard += 1;
+            let class = tables.record(d.fingerprint, day).class;
+            hard_right +=
+                usize::from(tables.root(class) == tables.root(class_of_app[app as usize]));
+        }
+    }
+
     // The 2-bit banding on the same representatives and reports.
     let bands = LshBands::for_params(&params);
     let mut index: std::collections::HashMap<BandKey, Vec<u32>> = Default::default();
@@ -434,6 +457,8 @@ fn single(args: &Args, n: u32) -> Result<Row> {
         recall_at_or_above_tau: at_tau_right as f64 / at_tau.max(1) as f64,
         reports_at_or_above_tau: at_tau,
         recall_all_known: known_right as f64 / f64::from(known.max(1)),
+        recall_drawn_at_tau: hard_right as f64 / hard.max(1) as f64,
+        reports_drawn_at_tau: hard,
         classes_after: tables.class_count(),
         banding_reports: queries.len(),
         banding_us_per_report: banding.as_secs_f64() * 1e6 / banding_n,
@@ -552,14 +577,15 @@ fn markdown(args: &Args, rows: &[Row], recall: &[TraceRecall]) -> String {
     }
     out.push_str(
         "| classes | placement us/report | candidates/report | recall >= tau | recall, all | \
+         recall, drawn at tau | \
          2-bit bands us/report | 2-bit candidates/report | 2-bit recall >= tau | writer reports/s | \
          writer CPU us/report | RSS MiB | tables MiB | disk MiB | restart s | restart RSS MiB |\n",
     );
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {:.2} | {:.4} ({}) | {:.4} | {:.1} | {:.0} | {:.4} | {:.0} | {:.1} | \
+            "| {} | {:.2} | {:.2} | {:.4} ({}) | {:.4} | {:.4} ({}) | {:.1} | {:.0} | {:.4} | {:.0} | {:.1} | \
              {:.0} | {:.1} | {:.0} | {:.2} | {:.0} |",
             r.classes,
             r.placement_us_per_report,
@@ -567,6 +593,8 @@ fn markdown(args: &Args, rows: &[Row], recall: &[TraceRecall]) -> String {
             r.recall_at_or_above_tau,
             r.reports_at_or_above_tau,
             r.recall_all_known,
+            r.recall_drawn_at_tau,
+            r.reports_drawn_at_tau,
             r.banding_us_per_report,
             r.banding_candidates_per_report,
             r.banding_recall_at_or_above_tau,
