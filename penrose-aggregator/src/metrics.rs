@@ -80,7 +80,7 @@ impl Metrics {
         self.classes
             .store(tables.class_count() as u64, Ordering::Relaxed);
         self.snippets
-            .store(tables.snippet_count() as u64, Ordering::Relaxed);
+            .store(tables.snippet_count(), Ordering::Relaxed);
         self.accumulators
             .store(state.sums().open_count() as u64, Ordering::Relaxed);
         self.seen_floor

@@ -955,7 +955,7 @@ mod tests {
         of_unknown[..4].copy_from_slice(&99u32.to_be_bytes());
         assert!(rebuilt.load_snippet(hash, &of_unknown).is_err());
         let mut cut = est.clone();
-        let row = cut.get_mut(&0u32.to_be_bytes().to_vec()).unwrap();
+        let row = cut.get_mut(0u32.to_be_bytes().as_slice()).unwrap();
         row.pop();
         assert!(Tables::load(FingerprintParams::default(), 64, cut, []).is_err());
         let unknown = ClassMerge {
