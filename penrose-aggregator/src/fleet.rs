@@ -7,9 +7,9 @@
 //! 100,000 applications cost no memory. A report of a draws a similarity J from the
 //! [`SimilarityProfile`] and keeps each of the center's values with probability J, replacing the
 //! others with fresh random values: its weighted Jaccard to the center is J in expectation, as
-//! MinHash positions agree with probability J. (A draw that kept every value gets one fresh
-//! value, so that every report is a snippet the server has not seen: windows of real traces are
-//! often identical, which would make part of the load cheap look-ups.) The first report of every application is the
+//! MinHash positions agree with probability J. (A draw that kept every value gets two fresh
+//! values, so that every report is a snippet the server has not seen: windows of real traces
+//! are often identical, which would make part of the load cheap look-ups.) The first report of every application is the
 //! center itself ([`SyntheticFleet::founder`]), so the server's class representative is the
 //! center, and every later report relates to it as same-application windows of the real traces
 //! relate to each other. A share of reports comes from applications never seen before
@@ -249,9 +249,12 @@ impl SyntheticFleet {
                 .collect(),
         );
         // Every report a fresh snippet: a draw that kept every value (the real traces have
-        // identical windows, similarity 1) gets one value of its own.
+        // identical windows, similarity 1) gets two values of its own (one would leave only
+        // 300 distinct 2-bit hashes per application, which a popular one soon uses up).
         if (0..k).all(|i| signature.0[i] == self.center_value(app, i)) {
-            signature.0[rng.random_range(0..k)] = rng.random();
+            for _ in 0..2 {
+                signature.0[rng.random_range(0..k)] = rng.random();
+            }
         }
         Drawn {
             fingerprint: self.fingerprinter.fingerprint(&signature),

@@ -101,6 +101,7 @@ struct Row {
     recall_drawn_at_tau: f64,
     reports_drawn_at_tau: usize,
     classes_after: usize,
+    new_reports: usize,
     merges: usize,
     every_band_us_per_report: f64,
     every_band_classes_after: usize,
@@ -504,6 +505,7 @@ fn single(args: &Args, n: u32) -> Result<Row> {
         recall_drawn_at_tau: hard_right as f64 / hard.max(1) as f64,
         reports_drawn_at_tau: hard,
         classes_after,
+        new_reports: draws.iter().filter(|d| d.origin == Origin::New).count(),
         merges,
         every_band_us_per_report: every_band.0,
         every_band_classes_after: every_band.1,
@@ -660,15 +662,17 @@ fn markdown(args: &Args, rows: &[Row], recall: &[TraceRecall]) -> String {
          probing every band, on the same founders and reports: classes left after the reports \
          (N founders, about 1% new applications, and reports below tau found classes) and \
          merges made.\n\n\
-         | classes | us/report, early stop | us/report, every band | classes after, early stop | \
-         classes after, every band | merges, early stop | merges, every band |\n\
-         |---|---|---|---|---|---|---|\n",
+         | classes | reports of new applications | us/report, early stop | us/report, every band | \
+         classes after, early stop | classes after, every band | merges, early stop | \
+         merges, every band |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.classes,
+            r.new_reports,
             r.placement_us_per_report,
             r.every_band_us_per_report,
             r.classes_after,
