@@ -322,6 +322,11 @@ fn report(root: &Path, rows: &[Row], machine: &str, sizes: &str) -> String {
     if let Ok(ingest) = std::fs::read_to_string(root.join("docs/benchmarks-ingest.md")) {
         let _ = writeln!(s, "\n## Aggregation server end to end\n\n{ingest}");
     }
+    // Placement and the writer at fleet scale (issue 15): `cargo xtask bench-fleet` and
+    // `cargo xtask bench-ingest --fleet-apps`, with their reading, kept in their own file.
+    if let Ok(fleet) = std::fs::read_to_string(root.join("docs/benchmarks-fleet.md")) {
+        let _ = writeln!(s, "\n{fleet}");
+    }
     let notes = root.join("docs/benchmarks-notes.md");
     if let Ok(extra) = std::fs::read_to_string(&notes) {
         let _ = writeln!(s, "\n{extra}");
