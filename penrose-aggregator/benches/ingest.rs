@@ -82,7 +82,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
             locator: penrose_core::fingerprint::Locator(
                 [0; penrose_core::fingerprint::LOCATOR_BANDS],
             ),
-            arch: penrose_core::gpu::GpuArch::UNKNOWN,
+            arch: penrose_core::gpu::GpuArch::new(9, 0),
             counter: CounterId(rng.random_range(0..9)),
             catalogue: CatalogueVersion(1),
             day: Day(20_000),

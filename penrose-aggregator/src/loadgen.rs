@@ -533,7 +533,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                     report_id: ReportId(id),
                     snippet: snippet.hash,
                     locator: snippet.locator,
-                    arch: GpuArch::UNKNOWN,
+                    arch: GpuArch::new(9, 0),
                     counter: plan[i as usize],
                     catalogue: Catalogue::current().version,
                     day: Day(day.0),

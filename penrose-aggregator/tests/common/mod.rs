@@ -125,7 +125,7 @@ pub fn report_by(
         report_id: ReportId(id),
         snippet,
         locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter,
         catalogue: CatalogueVersion(1),
         day,
