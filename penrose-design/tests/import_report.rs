@@ -780,7 +780,7 @@ fn labelled_report(dir: &Path, archive: &Path, private: &Path) -> (PathBuf, Stri
         svg.as_os_str(),
     ]);
     assert!(out.status.success(), "{out:?}");
-    assert!(svg.join("overview.svg").exists() && svg.join("class-0-counter-5.svg").exists());
+    assert!(svg.join("overview.svg").exists() && svg.join("class-0-sm_90-counter-5.svg").exists());
     (
         html.join("index.html"),
         String::from_utf8(out.stdout).unwrap(),
@@ -829,9 +829,9 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
     // CSV: a header and one row, class 0 with its label and statistics.
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines.len(), 2, "{csv}");
-    assert!(lines[0].starts_with("class,label,counter,name,unit,catalogue,reports"));
+    assert!(lines[0].starts_with("class,label,arch,counter,name,unit,catalogue,reports"));
     assert!(
-        lines[1].starts_with(&format!("0,{HOSTILE},5,kernel_duration,ns,1,{ENOUGH},")),
+        lines[1].starts_with(&format!("0,{HOSTILE},sm_90,5,kernel_duration,ns,1,{ENOUGH},")),
         "{csv}"
     );
 
