@@ -831,7 +831,9 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
     assert_eq!(lines.len(), 2, "{csv}");
     assert!(lines[0].starts_with("class,label,arch,counter,name,unit,catalogue,reports"));
     assert!(
-        lines[1].starts_with(&format!("0,{HOSTILE},sm_90,5,kernel_duration,ns,1,{ENOUGH},")),
+        lines[1].starts_with(&format!(
+            "0,{HOSTILE},sm_90,5,kernel_duration,ns,1,{ENOUGH},"
+        )),
         "{csv}"
     );
 
