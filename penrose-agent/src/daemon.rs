@@ -197,7 +197,13 @@ pub async fn run_with_source(
         PipelineConfig {
             tau: config.classes.tau,
             max_local_apps: config.classes.max_local_apps,
-            arch: penrose_core::gpu::GpuArch::UNKNOWN,
+            // The machine's GPU as the counter source read it (the stand-in's, a Hopper, only
+            // when test equipment is configured); the pipeline coarsens it to its generation
+            // and refuses one no report may name. Without counters there are no samples, so
+            // no report, and no architecture.
+            arch: source
+                .gpu_arch()
+                .unwrap_or(penrose_core::gpu::GpuArch::UNKNOWN),
             seal_samples: config.seal.samples,
             max_age: seconds(config.seal.max_age_seconds),
             reports_per_counter_per_day: ReportsPerContributor::for_agent(
@@ -252,6 +258,7 @@ pub async fn run_with_source(
             ..Default::default()
         },
         record: record_status,
+        arch: (!pipeline.arch().is_unknown()).then(|| pipeline.arch().to_string()),
         ..AgentStatus::default()
     }));
     let spool = Arc::new(Mutex::new(spool));

@@ -502,6 +502,13 @@ fn status(path: &Path, json: bool) -> Result<()> {
         s.source.kind,
         s.source.counters
     );
+    match (&s.arch, &s.source.gpu_arch) {
+        (Some(arch), Some(read)) => println!(
+            "GPU architecture: {read}; reports name its generation {arch} (the major version only)"
+        ),
+        (Some(arch), None) => println!("GPU architecture: reports name {arch}"),
+        (None, _) => println!("GPU architecture: none (no counter values, so no reports)"),
+    }
     if s.source.kind == "ebpf" {
         println!(
             "libraries probed: {}; not probed: {} root does not control, {} over capture.max_libraries",
@@ -636,7 +643,8 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
     let catalogue = Catalogue::current();
     println!(
         "{} reports waiting to be sent; each carries only what is shown here, encrypted \
-         (the bins), plus the snippet hash, counter, sample count and day in clear{}.",
+         (the bins), plus the snippet hash, counter, GPU generation (the compute capability's \
+         major version), sample count and day in clear{}.",
         records.len(),
         if config.admission.is_configured() {
             ", and an anonymous admission token of that day and counter (a key id every agent \
@@ -653,10 +661,15 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
     }
     for r in &records {
         println!(
-            "\nreport {}  snippet {}  {} ({} samples, day {}{}, sealed by {:?})",
+            "\nreport {}  snippet {}  {} on {} ({} samples, day {}{}, sealed by {:?})",
             r.report_id,
             r.snippet,
             r.counter_name,
+            if r.arch.is_empty() {
+                "unknown"
+            } else {
+                &r.arch
+            },
             r.samples,
             r.day,
             if restamped.contains(&r.report_id) {

@@ -64,6 +64,14 @@ pub enum PipelineError {
     /// A histogram overflowed (cannot happen below the seal size).
     #[error("histogram: {0}")]
     Histogram(#[from] HistogramError),
+    /// The GPU's architecture is of no generation a report may name (a rare or unreleased
+    /// part would single out its owner; `penrose_core::gpu`).
+    #[error(
+        "this GPU's architecture {0} is not one of the generations reports may name (sm_70 to \
+         sm_120); reports would single out its owner. Set capture.counters = \"none\" to run \
+         without counter values"
+    )]
+    Arch(GpuArch),
 }
 
 /// What the pipeline needs to know.
@@ -80,7 +88,9 @@ pub struct PipelineConfig {
     pub max_age: Duration,
     /// T: the most reports sealed per (counter, day), across all local applications.
     pub reports_per_counter_per_day: ReportsPerContributor,
-    /// The GPU architecture every report names (the machine's, from the counter source).
+    /// The GPU architecture of the machine, from the counter source ([`GpuArch::UNKNOWN`]
+    /// without counters). Reports name only its generation: [`Pipeline::new`] coarsens it
+    /// ([`GpuArch::generation`]) and refuses one of no generation a report may name.
     pub arch: GpuArch,
 }
 
@@ -182,7 +192,13 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// A pipeline encrypting to `key`.
-    pub fn new(config: PipelineConfig, key: PublicKey) -> Result<Self, PipelineError> {
+    pub fn new(mut config: PipelineConfig, key: PublicKey) -> Result<Self, PipelineError> {
+        if !config.arch.is_unknown() {
+            config.arch = config
+                .arch
+                .generation()
+                .ok_or(PipelineError::Arch(config.arch))?;
+        }
         let fingerprinter = Fingerprinter::new(FingerprintParams {
             tau: config.tau,
             ..FingerprintParams::default()
@@ -197,6 +213,12 @@ impl Pipeline {
             sealed_per_day: BTreeMap::new(),
             counts: PipelineCounts::default(),
         })
+    }
+
+    /// The architecture every report names: the machine's generation (coarsened), or
+    /// [`GpuArch::UNKNOWN`] without counters.
+    pub fn arch(&self) -> GpuArch {
+        self.config.arch
     }
 
     /// Takes in the reports sealed before this pipeline started (the daemon reads them from
@@ -468,6 +490,7 @@ impl Pipeline {
                 .map_or_else(|| "?".into(), |c| c.name.to_string()),
             catalogue: self.catalogue.version.0,
             day: day.0,
+            arch: self.config.arch.to_string(),
             samples: histogram.samples().0,
             bins: histogram.bins().to_vec(),
             reason,
@@ -635,6 +658,42 @@ mod tests {
         assert_ne!(sealed[0].report.report_id, sealed[1].report.report_id);
         assert_eq!(p.counts().open_histograms, 1);
         assert_eq!(p.flush(DAY).unwrap()[0].record.samples, 10);
+    }
+
+    /// Reports name the GPU's generation (major version, minor zeroed), never its model, and a
+    /// GPU of no listed generation is refused before anything is sealed.
+    #[test]
+    fn reports_name_the_generation_of_the_gpu_never_its_model() {
+        let with_arch = |arch| {
+            Pipeline::new(
+                PipelineConfig {
+                    seal_samples: 25,
+                    arch,
+                    ..PipelineConfig::default()
+                },
+                keys().public_key().clone(),
+            )
+        };
+        let mut p = with_arch(GpuArch::new(8, 6)).unwrap();
+        assert_eq!(p.arch(), GpuArch::new(8, 0));
+        let sealed = p
+            .ingest(&snippet(1, 3000, 100, 1.5e6), Instant::now(), DAY)
+            .unwrap();
+        assert!(!sealed.is_empty());
+        for s in &sealed {
+            assert_eq!(s.report.arch, GpuArch::new(8, 0));
+            assert_eq!(s.record.arch, "sm_80");
+            let (decoded, _) = Message::decode(&s.frame).unwrap();
+            assert!(matches!(decoded, Message::Report(r) if r.arch == GpuArch::new(8, 0)));
+        }
+        for rare in [GpuArch::new(13, 0), GpuArch::new(6, 1)] {
+            assert!(matches!(with_arch(rare), Err(PipelineError::Arch(a)) if a == rare));
+        }
+        // Without counters (no samples, so no reports) there is no architecture.
+        assert_eq!(
+            with_arch(GpuArch::UNKNOWN).unwrap().arch(),
+            GpuArch::UNKNOWN
+        );
     }
 
     #[test]

@@ -86,6 +86,10 @@ pub struct SealedRecord {
     pub catalogue: u16,
     /// Day (since the epoch) the report carries.
     pub day: u32,
+    /// The GPU generation the report names (`sm_90`; empty in records written before reports
+    /// carried one).
+    #[serde(default)]
+    pub arch: String,
     /// Samples in the histogram.
     pub samples: u32,
     /// The 128 bins.
@@ -366,6 +370,7 @@ mod tests {
             counter_name: "c".into(),
             catalogue: 1,
             day,
+            arch: "sm_90".into(),
             samples: 1,
             bins: vec![0; 128],
             reason: SealReason::Age,

@@ -125,6 +125,10 @@ pub struct AgentStatus {
     pub running: bool,
     /// The snippet source.
     pub source: SourceInfo,
+    /// The GPU generation every report names (`sm_90`: the compute capability's major version,
+    /// the minor zeroed); `None` without counters (no reports).
+    #[serde(default)]
+    pub arch: Option<String>,
     /// The configured overhead budget, percent.
     pub budget_percent: f64,
     /// Windows closed.

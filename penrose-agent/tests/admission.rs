@@ -56,7 +56,7 @@ fn report(day: u32, counter: u16) -> Report {
         report_id: ReportId(id),
         snippet: SnippetHash(snippet),
         locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter: CounterId(counter),
         catalogue: CatalogueVersion(1),
         day: Day(day),

@@ -47,6 +47,7 @@ fn record(i: u32, day: u32) -> SealedRecord {
         counter_name: "sm_active_pct".into(),
         catalogue: 1,
         day,
+        arch: "sm_90".into(),
         samples: 128,
         bins: vec![1; 128],
         reason: SealReason::Size,

@@ -81,7 +81,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
             report_id: ReportId(id),
             snippet: snippet.hash,
             locator: snippet.locator,
-            arch: penrose_core::gpu::GpuArch::UNKNOWN,
+            arch: penrose_core::gpu::GpuArch::new(9, 0),
             counter: CounterId(rng.random_range(0..9)),
             catalogue: CatalogueVersion(1),
             day: Day(20_000),

@@ -272,6 +272,9 @@ fn status(admin: &Admin) -> Value {
         "merged_classes": state.tables().merges().len(),
         "snippets": state.tables().snippet_count(),
         "open_accumulators": state.sums().open_count(),
+        "held_accumulators_max": state.sums().capacity(),
+        "accumulator_loads": state.sums().loads(),
+        "accumulator_evictions": state.sums().evictions(),
         "instance": state.instance().to_string(),
         "epoch_policy": state.epochs().policy().to_string(),
         "open_epochs": state.epochs().open().map(|e| json!({

@@ -17,7 +17,8 @@
 //! applies every merge made before it (recorded with the cursor of its batch; the link record
 //! keeps the cursor the export ran at, so `export --seq N` applies the same ones): the
 //! absorbed class's sums are added homomorphically into the survivor's last generation of the
-//! same (epoch, catalogue, counter) while the accumulator bound allows, else released as the
+//! same (epoch, architecture, catalogue, counter) while the accumulator bound allows, else
+//! released as the
 //! survivor's next generation, and the threshold applies to what is released. The bundle
 //! lists the merges made since the previous bundle, so that the design server reports sums the
 //! absorbed class released before under the survivor too.
@@ -501,7 +502,7 @@ fn build(
 }
 
 /// The sums `records` stand for with every class resolved through `map`: per (epoch, class,
-/// catalogue, counter) the surviving class's own generations as they are, then each absorbed
+/// architecture, catalogue, counter) the surviving class's own generations as they are, then each absorbed
 /// class's generations (in class and generation order) added into the last one while the
 /// combined reports stay within the accumulator bound, else as the next generation. Without
 /// merges this is one entry per record.
@@ -510,17 +511,29 @@ fn combine<'a>(
     records: impl Iterator<Item = &'a AshRecord>,
     map: &ClassMap,
 ) -> Result<Vec<BundleEntry>, ExportError> {
-    type Group = (EpochId, penrose_core::bundle::ClassId, u16, u16);
+    type Group = (
+        EpochId,
+        penrose_core::bundle::ClassId,
+        penrose_core::gpu::GpuArch,
+        u16,
+        u16,
+    );
     let mut groups: BTreeMap<Group, Vec<&AshRecord>> = BTreeMap::new();
     for r in records {
         let root = map.root(r.key.class);
         groups
-            .entry((r.key.epoch, root, r.key.catalogue.0, r.key.counter.0))
+            .entry((
+                r.key.epoch,
+                root,
+                r.key.arch,
+                r.key.catalogue.0,
+                r.key.counter.0,
+            ))
             .or_default()
             .push(r);
     }
     let mut out = Vec::new();
-    for ((_, root, _, _), mut pieces) in groups {
+    for ((_, root, _, _, _), mut pieces) in groups {
         // The survivor's own first, then the absorbed classes', each by generation.
         pieces.sort_by_key(|r| (r.key.class != root, r.key.class, r.generation));
         let mut sums: Vec<(u64, u64, PackedCiphertexts, &AshRecord)> = Vec::new();
@@ -541,6 +554,7 @@ fn combine<'a>(
             out.push(BundleEntry {
                 epoch: first.key.epoch,
                 class: root,
+                arch: first.key.arch,
                 catalogue: first.key.catalogue,
                 counter: first.key.counter,
                 generation: Generation(generation as u32),
@@ -709,8 +723,13 @@ fn decrypted_form(key: &PublicKey, r: &AshRecord) -> Result<PackedCiphertexts, E
 
 fn record_error(r: &AshRecord, e: impl std::fmt::Display) -> ExportError {
     ExportError::Record(format!(
-        "class {} catalogue {} counter {} epoch {} generation {}: {e}",
-        r.key.class.0, r.key.catalogue.0, r.key.counter.0, r.key.epoch.0, r.generation.0
+        "class {} arch {} catalogue {} counter {} epoch {} generation {}: {e}",
+        r.key.class.0,
+        r.key.arch,
+        r.key.catalogue.0,
+        r.key.counter.0,
+        r.key.epoch.0,
+        r.generation.0
     ))
 }
 

@@ -467,7 +467,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                 .map(|_| {
                     (
                         windows[rng.random_range(0..windows.len())].1,
-                        GpuArch::UNKNOWN,
+                        GpuArch::new(9, 0),
                     )
                 })
                 .collect();

@@ -21,7 +21,7 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Every reject reason a build knows, in code order (index = code - 1).
-pub const REASONS: [RejectReason; 15] = [
+pub const REASONS: [RejectReason; 16] = [
     RejectReason::UnsupportedVersion,
     RejectReason::Malformed,
     RejectReason::TooLarge,
@@ -37,6 +37,7 @@ pub const REASONS: [RejectReason; 15] = [
     RejectReason::InvalidToken,
     RejectReason::TokenSpent,
     RejectReason::TokenKeyMissing,
+    RejectReason::InvalidArch,
 ];
 
 /// The server's counters and gauges.
@@ -395,6 +396,7 @@ pub fn reason_label(reason: RejectReason) -> &'static str {
         RejectReason::InvalidToken => "invalid_token",
         RejectReason::TokenSpent => "token_spent",
         RejectReason::TokenKeyMissing => "token_key_missing",
+        RejectReason::InvalidArch => "invalid_arch",
         RejectReason::Other(_) => "other",
     }
 }

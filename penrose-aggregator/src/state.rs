@@ -156,8 +156,10 @@ pub mod spent {
     }
 }
 
-/// The layout this build reads and writes. 7: EST records keep each representative's locator
-/// beside its hash (class search by locator) and SST rows are read on demand; 6: the Spent table (admission tokens) and epoch
+/// The layout this build reads and writes. 7: sums per GPU architecture (the ASH key holds the
+/// report's architecture after the class), EST records keep each representative's locator
+/// beside its hash (class search by locator), and neither SST rows nor sums are read at start
+/// (both on demand); 6: the Spent table (admission tokens) and epoch
 /// records that count their reports admitted by tokens; 5: Seen keys begin with the report's
 /// day (so that days expire) and the meta record `seen/floor`; 4: class merges (meta records)
 /// and the cursor each exported bundle applied them as of; 3: sums per epoch (the ASH key holds
@@ -377,7 +379,7 @@ impl State {
                 store.write(set)?;
             }
         }
-        let (mut est, mut ash) = (Vec::new(), Vec::new());
+        let mut est = Vec::new();
         let mut cursor = Cursor(0);
         let mut accepted = 0;
         let (mut instance, mut kind, mut count) = (None, None, None);
@@ -386,66 +388,61 @@ impl State {
         let mut merges = Vec::new();
         let mut seen_floor = Day(0);
         let damaged = |what: &str| StoreError::Visit(format!("damaged meta record {what}"));
-        store.scan(
-            &[Table::Est, Table::Ash, Table::Meta],
-            &mut |table, k, v| {
-                match table {
-                    Table::Est => est.push((k.to_vec(), v.to_vec())),
-                    Table::Ash => ash.push(
-                        AshRecord::decode(k, v).map_err(|e| StoreError::Visit(e.to_string()))?,
-                    ),
-                    Table::Meta if k == meta::CURSOR => {
-                        cursor = Cursor(
-                            read_u64(v)
-                                .ok_or(StoreError::Visit("damaged meta record cursor".into()))?,
-                        );
-                    }
-                    Table::Meta if k == meta::ACCEPTED => {
-                        accepted = read_u64(v)
-                            .ok_or(StoreError::Visit("damaged meta record accepted".into()))?;
-                    }
-                    Table::Meta if k == meta::INSTANCE => {
-                        instance = Some(InstanceId(
-                            v.try_into().map_err(|_| damaged("chain/instance"))?,
-                        ));
-                    }
-                    Table::Meta if k == epochs::keys::KIND => {
-                        kind = Some(
-                            v.first()
-                                .copied()
-                                .and_then(EpochKind::from_code)
-                                .ok_or_else(|| damaged("epoch/kind"))?,
-                        );
-                    }
-                    Table::Meta if k == epochs::keys::COUNT => {
-                        count = Some(read_u64(v).ok_or_else(|| damaged("epoch/count"))?);
-                    }
-                    Table::Meta if k == epochs::keys::CLOSED_THROUGH => {
-                        closed_through = Some(EpochId(
-                            read_u32(v).ok_or_else(|| damaged("closed_through"))?,
-                        ));
-                    }
-                    Table::Meta if k == epochs::keys::CURRENT => {
-                        current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
-                    }
-                    Table::Meta if k == meta::SEEN_FLOOR => {
-                        seen_floor = Day(read_u32(v).ok_or_else(|| damaged("seen/floor"))?);
-                    }
-                    Table::Meta if k.starts_with(MERGE_PREFIX) => {
-                        let (merge, _) =
-                            decode_merge(k, v).map_err(|e| StoreError::Visit(e.to_string()))?;
-                        merges.push(merge);
-                    }
-                    Table::Meta if k.starts_with(epochs::keys::RECORD) => {
-                        epoch_records.push(
-                            EpochRecord::decode(k, v).ok_or_else(|| damaged("epoch record"))?,
-                        );
-                    }
-                    _ => {}
+        // The sums are not read here: each accumulator is read when a report first touches it
+        // (`crate::aggregate`, "Loaded when touched").
+        store.scan(&[Table::Est, Table::Meta], &mut |table, k, v| {
+            match table {
+                Table::Est => est.push((k.to_vec(), v.to_vec())),
+                Table::Meta if k == meta::CURSOR => {
+                    cursor = Cursor(
+                        read_u64(v)
+                            .ok_or(StoreError::Visit("damaged meta record cursor".into()))?,
+                    );
                 }
-                Ok(())
-            },
-        )?;
+                Table::Meta if k == meta::ACCEPTED => {
+                    accepted = read_u64(v)
+                        .ok_or(StoreError::Visit("damaged meta record accepted".into()))?;
+                }
+                Table::Meta if k == meta::INSTANCE => {
+                    instance = Some(InstanceId(
+                        v.try_into().map_err(|_| damaged("chain/instance"))?,
+                    ));
+                }
+                Table::Meta if k == epochs::keys::KIND => {
+                    kind = Some(
+                        v.first()
+                            .copied()
+                            .and_then(EpochKind::from_code)
+                            .ok_or_else(|| damaged("epoch/kind"))?,
+                    );
+                }
+                Table::Meta if k == epochs::keys::COUNT => {
+                    count = Some(read_u64(v).ok_or_else(|| damaged("epoch/count"))?);
+                }
+                Table::Meta if k == epochs::keys::CLOSED_THROUGH => {
+                    closed_through = Some(EpochId(
+                        read_u32(v).ok_or_else(|| damaged("closed_through"))?,
+                    ));
+                }
+                Table::Meta if k == epochs::keys::CURRENT => {
+                    current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
+                }
+                Table::Meta if k == meta::SEEN_FLOOR => {
+                    seen_floor = Day(read_u32(v).ok_or_else(|| damaged("seen/floor"))?);
+                }
+                Table::Meta if k.starts_with(MERGE_PREFIX) => {
+                    let (merge, _) =
+                        decode_merge(k, v).map_err(|e| StoreError::Visit(e.to_string()))?;
+                    merges.push(merge);
+                }
+                Table::Meta if k.starts_with(epochs::keys::RECORD) => {
+                    epoch_records
+                        .push(EpochRecord::decode(k, v).ok_or_else(|| damaged("epoch record"))?);
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
         let instance = instance.ok_or(StateError::Meta("chain/instance"))?;
         let stored = match kind.ok_or(StateError::Meta("epoch/kind"))? {
             EpochKind::Day => EpochPolicy::Day,
@@ -474,7 +471,7 @@ impl State {
         };
         let epochs = Epochs::load(policy, closed_through, current, epoch_records);
         let tables = Tables::load(params, DEFAULT_SNIPPET_CACHE, est, merges)?;
-        let sums = Sums::load(key, bound, ash, |e| epochs.is_open(e))?;
+        let sums = Sums::new(key, bound)?;
         Ok(Self {
             store,
             key: key.clone(),
@@ -539,6 +536,8 @@ impl State {
     /// still be committed.
     pub fn prepare(&mut self, batch: &[ValidReport], today: Day) -> Result<Prepared, StateError> {
         self.forget_durable();
+        self.sums
+            .evict(Cursor(self.durable.cursor.load(Ordering::Acquire)));
         let now = Instant::now();
         let mut set = WriteSet::new();
         let mut closed = self.close_epochs(&self.epochs.due(today));
@@ -638,12 +637,17 @@ impl State {
             let epoch = self.epochs.admit(report.day, valid.token.is_some());
             let key = SumKey {
                 class: placement.class,
+                arch: report.arch,
                 catalogue: report.catalogue,
                 counter: report.counter,
                 epoch,
             };
-            self.sums
-                .absorb(key, ciphertexts, u64::from(report.samples.0))?;
+            self.sums.absorb(
+                self.store.as_ref(),
+                key,
+                ciphertexts,
+                u64::from(report.samples.0),
+            )?;
             accepted_ids.push((report.day, report.report_id));
             accepted_digests.push((report.day, valid.digest));
             outcomes.push(Outcome::Accepted);
@@ -894,6 +898,12 @@ impl State {
         &self.sums
     }
 
+    /// Holds at most `capacity` clean accumulators in memory (default
+    /// [`DEFAULT_HELD_ACCUMULATORS`](crate::aggregate::DEFAULT_HELD_ACCUMULATORS)).
+    pub fn set_held_accumulators(&mut self, capacity: usize) {
+        self.sums.set_capacity(capacity);
+    }
+
     /// The epochs.
     pub fn epochs(&self) -> &Epochs {
         &self.epochs
@@ -1053,6 +1063,48 @@ mod tests {
         expected.push("default".into());
         expected.sort();
         assert_eq!(tables, expected);
+    }
+
+    /// A store of format 6 (sums keyed without the GPU architecture) is refused with the
+    /// format error that says to export it first, and is left as it was.
+    #[test]
+    fn a_format_6_store_is_refused_with_the_export_first_message() {
+        let keys =
+            Keypair::generate_with_size(KeySize::Bits1024, &mut ChaCha20Rng::seed_from_u64(6));
+        let key = keys.public_key();
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+        let mut set = WriteSet::new();
+        set.put(Table::Meta, meta::KEY_ID, key.key_id().0.to_vec());
+        set.put(Table::Meta, meta::PUBLIC_KEY, key.to_bytes());
+        set.put(Table::Meta, meta::FORMAT, 6u32.to_be_bytes().to_vec());
+        // A format 6 ASH row: a 16-byte key (no architecture).
+        set.put(Table::Ash, vec![0u8; 16], vec![0u8; 24]);
+        store.write(set).unwrap();
+        let before = store_rows(store.as_ref());
+        let error = open(&store, key).err().unwrap();
+        assert!(matches!(
+            error,
+            StateError::Format {
+                found: 6,
+                expected: STORE_FORMAT
+            }
+        ));
+        assert!(error.to_string().contains(
+            "export it with the aggregator that wrote it, then use a new data directory"
+        ));
+        assert_eq!(store_rows(store.as_ref()), before);
+    }
+
+    fn store_rows(store: &dyn Store) -> Vec<(Table, Vec<u8>, Vec<u8>)> {
+        let mut rows = Vec::new();
+        store
+            .scan(&Table::ALL, &mut |t, k, v| {
+                rows.push((t, k.to_vec(), v.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        rows
     }
 
     #[test]

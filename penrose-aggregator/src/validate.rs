@@ -11,6 +11,7 @@
 
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::{FingerprintParams, MalformedSnippet};
+use penrose_core::gpu::GpuArch;
 use penrose_core::paillier::{MAX_REPORT_SAMPLES, PaillierError, PublicKey, UnitPending};
 use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
 use penrose_core::wire::{Day, Message, RejectReason, Report, WireError};
@@ -47,6 +48,14 @@ pub enum Rejection {
         /// The catalogue version.
         catalogue: u16,
     },
+    /// The report names a GPU architecture no report may name: not one of the shipping
+    /// generations with the minor version zeroed (`penrose_core::gpu::GENERATIONS`), so unknown,
+    /// too fine, or a generation this build does not know.
+    #[error(
+        "GPU architecture {0} is not a generation reports may name (one of sm_70, sm_80, sm_90, \
+         sm_100, sm_110, sm_120)"
+    )]
+    Arch(GpuArch),
     /// The report's day is too far from the server's: a report may not choose its epoch.
     #[error("report day {day} is more than {DAY_TOLERANCE} day(s) from the server's day {today}")]
     Day {
@@ -88,6 +97,7 @@ impl Rejection {
                 RejectReason::UnknownCounter
             }
             Rejection::SampleCount(_) => RejectReason::SampleCountOutOfRange,
+            Rejection::Arch(_) => RejectReason::InvalidArch,
             Rejection::Day { .. } => RejectReason::DayOutOfRange,
             Rejection::Snippet(_) => RejectReason::InvalidSnippet,
             Rejection::Ciphertext(_) => RejectReason::InvalidCiphertext,
@@ -151,7 +161,7 @@ pub fn validate_body(
     }
 }
 
-/// Checks a decoded report: key, catalogue, counter, sample count, day, snippet hash (against
+/// Checks a decoded report: key, catalogue, counter, GPU architecture, sample count, day, snippet hash (against
 /// the shipped fingerprint parameters, which agents and server share), under admission by
 /// tokens that it carries a token of its day's and counter's key, then the ciphertexts (their
 /// gcd is deferred to the batch, module docs), and last the token's MAC.
@@ -174,6 +184,9 @@ pub fn validate_report(
             counter: report.counter.0,
             catalogue: report.catalogue.0,
         });
+    }
+    if !report.arch.is_reportable() {
+        return Err(Rejection::Arch(report.arch));
     }
     let samples = report.samples.0;
     if samples == 0 || u64::from(samples) > MAX_REPORT_SAMPLES {
@@ -228,7 +241,7 @@ mod tests {
             locator: penrose_core::fingerprint::Locator(
                 [0; penrose_core::fingerprint::LOCATOR_BANDS],
             ),
-            arch: penrose_core::gpu::GpuArch::UNKNOWN,
+            arch: GpuArch::new(9, 0),
             counter: CounterId(4),
             catalogue: CatalogueVersion(1),
             day: TODAY,
@@ -280,6 +293,26 @@ mod tests {
         let mut r = report.clone();
         r.counter = CounterId(60_000);
         assert_eq!(reason(r, &keys), RejectReason::UnknownCounter);
+
+        // Only shipping generations, minor version zeroed: not unknown, not a model (8.6), not
+        // a generation this build does not know (a prototype would single out its owners).
+        for arch in [
+            GpuArch::UNKNOWN,
+            GpuArch::new(8, 6),
+            GpuArch::new(9, 1),
+            GpuArch::new(13, 0),
+            GpuArch::new(255, 255),
+        ] {
+            let mut r = report.clone();
+            r.arch = arch;
+            assert_eq!(reason(r, &keys), RejectReason::InvalidArch, "{arch}");
+        }
+        for arch in penrose_core::gpu::GENERATIONS {
+            let mut r = report.clone();
+            r.arch = arch;
+            let frame = Message::Report(r).to_frame().unwrap();
+            assert!(validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open).is_ok());
+        }
 
         for samples in [0, MAX_REPORT_SAMPLES as u32 + 1] {
             let mut r = report.clone();

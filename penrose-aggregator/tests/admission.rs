@@ -216,12 +216,15 @@ fn seen_expires_by_day_and_no_report_is_counted_twice() {
     let next = Day(d.0 + 1);
     // b again, and b's ciphertexts under a fresh id claiming day d + 1.
     let b_copy = {
-        let mut copy = with_report_id(&b.frame, [0xb0; 16]);
-        // The day sits after kind, version, key id, report id, snippet, locator, architecture,
-        // counter, catalogue.
-        let at = 1 + 2 + 32 + 16 + 32 + 200 + 2 + 2 + 2;
-        copy[at..at + 4].copy_from_slice(&next.0.to_be_bytes());
-        validate_body(&copy, KEYS.public_key(), next, &Admission::Open).unwrap()
+        let mut copy = decode_report(&with_report_id(&b.frame, [0xb0; 16]));
+        copy.day = next;
+        validate_body(
+            &report_body(copy),
+            KEYS.public_key(),
+            next,
+            &Admission::Open,
+        )
+        .unwrap()
     };
     assert_eq!(b_copy.report.day, next);
     let outcomes = state.apply(&[valid(&b, next), b_copy], next).unwrap();

@@ -168,6 +168,19 @@ async fn every_invalid_report_is_rejected_with_its_code_and_changes_nothing() {
         }),
         RejectReason::InvalidCiphertext,
     ));
+    for arch in [
+        penrose_core::gpu::GpuArch::UNKNOWN,
+        penrose_core::gpu::GpuArch::new(8, 6),
+        penrose_core::gpu::GpuArch::new(13, 0),
+    ] {
+        let mut r = base.clone();
+        r.arch = arch;
+        cases.push((
+            "architecture no report may name",
+            frame(r),
+            RejectReason::InvalidArch,
+        ));
+    }
     let mut r = base.clone();
     r.ciphertexts = PackedBytes::new(vec![3; ct_len], 1).unwrap();
     cases.push((

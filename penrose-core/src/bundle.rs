@@ -10,8 +10,9 @@
 //!           merge_count:u32be  merge * merge_count
 //! epoch   = id:u32be  first_day:u32be  last_day:u32be  reports:u64be
 //!           withheld_sums:u32be  withheld_reports:u64be  reports_with_tokens:u64be
-//! entry   = epoch:u32be  class:u32be  catalogue:u16be  counter:u16be  generation:u32be
-//!           reports:u64be  samples:u64be  n:u8  ct_len:u16be  sums:[n * ct_len]
+//! entry   = epoch:u32be  class:u32be  arch:[2]  catalogue:u16be  counter:u16be
+//!           generation:u32be  reports:u64be  samples:u64be  n:u8  ct_len:u16be
+//!           sums:[n * ct_len]
 //! merge   = absorbed:u32be  into:u32be
 //! ```
 //!
@@ -20,6 +21,12 @@
 //! epoch's `withheld_*` fields and never leave the aggregator. A closed epoch's sums never
 //! change and every report is in exactly one of them, so no two released sums can be
 //! differenced down to a few reports.
+//!
+//! **Architecture.** Sums are kept per (class, GPU architecture, counter): counters of different
+//! GPU generations do not add up. Each entry names its generation (`crate::gpu`, version 5
+//! on); entries of version 3 and 4 bundles, written before reports carried one, read as
+//! [`GpuArch::UNKNOWN`] (their sums may mix generations), and a version 5 entry must name a
+//! generation a report may name.
 //!
 //! **Admission.** Each epoch says how many of its reports were admitted by a verified,
 //! once-spent admission token (`crate::tokens`; version 4 on, 0 in a version 3 bundle). When
@@ -49,24 +56,29 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use crate::counters::{CatalogueVersion, CounterId};
+use crate::gpu::GpuArch;
 use crate::paillier::KeyId;
 use crate::wire::{Day, MAX_CIPHERTEXTS, PackedBytes, WireError};
 
-/// The bundle format version this build writes. 4: each epoch counts its reports admitted by
+/// The bundle format version this build writes. 5: each entry names its GPU architecture (sums
+/// per class, architecture and counter); 4: each epoch counts its reports admitted by
 /// admission tokens; 3: class merges; 2: epochs, release threshold and the chain; 1 carried
-/// running totals, which could be differenced. This build reads 4 and 3 (a version 3 epoch
-/// has no token-admitted reports), and refuses the others.
-pub const BUNDLE_VERSION: u8 = 4;
+/// running totals, which could be differenced. This build reads 5, 4 and 3 (a version 3 epoch
+/// has no token-admitted reports; version 3 and 4 entries are of architecture unknown), and
+/// refuses the others.
+pub const BUNDLE_VERSION: u8 = 5;
 
-/// The oldest bundle version this build still reads ([`BUNDLE_VERSION`] less the admission
-/// count), so that archives of bundles written before it keep importing.
+/// The oldest bundle version this build still reads ([`BUNDLE_VERSION`] less the entries'
+/// architecture and the admission count), so that archives of bundles written before them
+/// keep importing.
 pub const OLDEST_READABLE_VERSION: u8 = 3;
 
 const MAGIC: [u8; 4] = *b"PNBD";
 const HEADER_BYTES: usize = 4 + 1 + 32 + 32 + 16 + 16 + 8 + 32 + 4 + 1 + 8 + 4 + 4;
 const EPOCH_BYTES_V3: usize = 4 + 4 + 4 + 8 + 4 + 8;
 const EPOCH_BYTES: usize = EPOCH_BYTES_V3 + 8;
-const ENTRY_FIXED_BYTES: usize = 4 + 4 + 2 + 2 + 4 + 8 + 8 + 1 + 2;
+const ENTRY_FIXED_BYTES_V4: usize = 4 + 4 + 2 + 2 + 4 + 8 + 8 + 1 + 2;
+const ENTRY_FIXED_BYTES: usize = ENTRY_FIXED_BYTES_V4 + 2;
 const MERGE_BYTES: usize = 4 + 4;
 const SIGNATURE_BYTES: usize = 64;
 
@@ -299,6 +311,9 @@ pub struct BundleEntry {
     pub epoch: EpochId,
     /// The class the reports were assigned to.
     pub class: ClassId,
+    /// The GPU generation the reports' counters were read on ([`GpuArch::UNKNOWN`] in a
+    /// bundle older than version 5).
+    pub arch: GpuArch,
     /// The catalogue the counter belongs to.
     pub catalogue: CatalogueVersion,
     /// The counter.
@@ -319,6 +334,7 @@ impl BundleEntry {
         SumId {
             epoch: self.epoch,
             class: self.class,
+            arch: self.arch,
             catalogue: self.catalogue,
             counter: self.counter,
             generation: self.generation,
@@ -333,6 +349,8 @@ pub struct SumId {
     pub epoch: EpochId,
     /// Class.
     pub class: ClassId,
+    /// GPU architecture.
+    pub arch: GpuArch,
     /// Catalogue version.
     pub catalogue: CatalogueVersion,
     /// Counter.
@@ -422,8 +440,9 @@ impl Bundle {
         self.sign_as(BUNDLE_VERSION, key)
     }
 
-    /// [`sign`](Self::sign) in format `version` (this one, or version 3 without the admission
-    /// counts: for tests of reading older bundles).
+    /// [`sign`](Self::sign) in format `version` (this one; version 4 without the entries'
+    /// architecture; version 3 also without the admission counts: for tests of reading older
+    /// bundles).
     fn sign_as(&self, version: u8, key: &SigningKey) -> Result<Vec<u8>, BundleError> {
         let epoch_bytes = if version >= 4 {
             EPOCH_BYTES
@@ -439,7 +458,7 @@ impl Bundle {
                 + self
                     .entries
                     .iter()
-                    .map(|e| ENTRY_FIXED_BYTES + e.sums.as_bytes().len())
+                    .map(|e| entry_fixed_bytes(version) + e.sums.as_bytes().len())
                     .sum::<usize>()
                 + 4
                 + self.merges.len() * MERGE_BYTES
@@ -473,6 +492,9 @@ impl Bundle {
         for e in &self.entries {
             out.extend_from_slice(&e.epoch.0.to_be_bytes());
             out.extend_from_slice(&e.class.0.to_be_bytes());
+            if version >= 5 {
+                out.extend_from_slice(&e.arch.to_bytes());
+            }
             out.extend_from_slice(&e.catalogue.0.to_be_bytes());
             out.extend_from_slice(&e.counter.0.to_be_bytes());
             out.extend_from_slice(&e.generation.0.to_be_bytes());
@@ -583,7 +605,7 @@ impl Bundle {
             epochs.push(e);
         }
         let count = u32::from_be_bytes(r.array("entry count")?);
-        let room = r.0.len() / ENTRY_FIXED_BYTES;
+        let room = r.0.len() / entry_fixed_bytes(version);
         if count as usize > room {
             return Err(BundleError::TooMany {
                 what: "entries",
@@ -594,7 +616,12 @@ impl Bundle {
         let mut entries = Vec::with_capacity(count as usize);
         let mut keys = HashSet::with_capacity(count as usize);
         for index in 0..count as usize {
-            let entry = decode_entry(&mut r, index)?;
+            let entry = decode_entry(&mut r, index, version)?;
+            if version >= 5 && !entry.arch.is_reportable() {
+                return Err(BundleError::Inconsistent(
+                    "an entry under an architecture no report may name",
+                ));
+            }
             if epochs.binary_search_by_key(&entry.epoch, |e| e.id).is_err() {
                 return Err(BundleError::Inconsistent(
                     "an entry of an epoch the bundle does not release",
@@ -677,9 +704,22 @@ impl Bundle {
     }
 }
 
-fn decode_entry(r: &mut Reader<'_>, index: usize) -> Result<BundleEntry, BundleError> {
+fn entry_fixed_bytes(version: u8) -> usize {
+    if version >= 5 {
+        ENTRY_FIXED_BYTES
+    } else {
+        ENTRY_FIXED_BYTES_V4
+    }
+}
+
+fn decode_entry(r: &mut Reader<'_>, index: usize, version: u8) -> Result<BundleEntry, BundleError> {
     let epoch = EpochId(u32::from_be_bytes(r.array("epoch")?));
     let class = ClassId(u32::from_be_bytes(r.array("class")?));
+    let arch = if version >= 5 {
+        GpuArch::from_bytes(r.array("arch")?)
+    } else {
+        GpuArch::UNKNOWN
+    };
     let catalogue = CatalogueVersion(u16::from_be_bytes(r.array("catalogue")?));
     let counter = CounterId(u16::from_be_bytes(r.array("counter")?));
     let generation = Generation(u32::from_be_bytes(r.array("generation")?));
@@ -700,6 +740,7 @@ fn decode_entry(r: &mut Reader<'_>, index: usize) -> Result<BundleEntry, BundleE
     Ok(BundleEntry {
         epoch,
         class,
+        arch,
         catalogue,
         counter,
         generation,
@@ -776,6 +817,7 @@ mod tests {
                 .map(|i| BundleEntry {
                     epoch: EpochId(19_998 + i % 2),
                     class: ClassId(i),
+                    arch: crate::gpu::GENERATIONS[i as usize % 2 + 1],
                     catalogue: CatalogueVersion(1),
                     counter: CounterId(i as u16 + 4),
                     generation: Generation(0),
@@ -920,15 +962,18 @@ mod tests {
         let bytes = bundle().sign_as(3, &key).unwrap();
         assert_eq!(bytes[4], 3);
         assert_eq!(
-            bytes.len() + 2 * 8,
+            bytes.len() + 2 * 8 + 3 * 2,
             bundle().sign(&key).unwrap().len(),
-            "version 4 adds a count per epoch"
+            "version 4 adds a count per epoch, version 5 an architecture per entry"
         );
         let decoded = Bundle::verify(&bytes, Some(&key.verifying_key())).unwrap();
         let mut expected = bundle();
         expected.signer = *key.verifying_key().as_bytes();
         for e in &mut expected.epochs {
             e.reports_with_tokens = 0;
+        }
+        for e in &mut expected.entries {
+            e.arch = GpuArch::UNKNOWN;
         }
         assert_eq!(decoded, expected);
         assert!(decoded.epochs.iter().all(|e| !e.bound_enforced_by_tokens()));
@@ -944,8 +989,44 @@ mod tests {
     }
 
     #[test]
+    fn version_4_bundles_still_verify_with_entries_of_architecture_unknown() {
+        let key = key(1);
+        let bytes = bundle().sign_as(4, &key).unwrap();
+        assert_eq!(bytes[4], 4);
+        assert_eq!(bytes.len() + 3 * 2, bundle().sign(&key).unwrap().len());
+        let decoded = Bundle::verify(&bytes, Some(&key.verifying_key())).unwrap();
+        let mut expected = bundle();
+        expected.signer = *key.verifying_key().as_bytes();
+        for e in &mut expected.entries {
+            e.arch = GpuArch::UNKNOWN;
+        }
+        assert_eq!(decoded, expected);
+        // Version 5 carries each entry's architecture, and sums of one class and counter
+        // under two architectures are two sums.
+        let current = Bundle::verify(&bundle().sign(&key).unwrap(), None).unwrap();
+        assert_eq!(current.entries, bundle().entries);
+        let mut two = bundle();
+        let mut other = two.entries[0].clone();
+        other.arch = crate::gpu::GENERATIONS[0];
+        two.entries.push(other);
+        assert!(Bundle::verify(&two.sign(&key).unwrap(), None).is_ok());
+        // A version 5 entry must name a generation a report may name.
+        for arch in [GpuArch::UNKNOWN, GpuArch::new(8, 6), GpuArch::new(13, 0)] {
+            let mut b = bundle();
+            b.entries[0].arch = arch;
+            assert_eq!(
+                Bundle::verify(&b.sign(&key).unwrap(), None),
+                Err(BundleError::Inconsistent(
+                    "an entry under an architecture no report may name"
+                )),
+                "{arch}"
+            );
+        }
+    }
+
+    #[test]
     fn other_versions_are_refused_by_version() {
-        for version in [1, 2, 5] {
+        for version in [1, 2, 6] {
             let mut bytes = bundle().sign(&key(1)).unwrap();
             bytes[4] = version;
             assert_eq!(

@@ -242,6 +242,10 @@ pub enum RejectReason {
     /// not reach that day. The report and its token are fine; the sender keeps both and sends
     /// them again later, when the operator has loaded the day's keys.
     TokenKeyMissing,
+    /// The report names a GPU architecture that is not a shipping generation
+    /// ([`GpuArch::is_reportable`](crate::gpu::GpuArch::is_reportable)): unknown, a minor
+    /// version (too fine), or a generation the server does not know. Final.
+    InvalidArch,
     /// A reason this build does not know.
     Other(u8),
 }
@@ -265,6 +269,7 @@ impl RejectReason {
             RejectReason::InvalidToken => 13,
             RejectReason::TokenSpent => 14,
             RejectReason::TokenKeyMissing => 15,
+            RejectReason::InvalidArch => 16,
             RejectReason::Other(code) => code,
         }
     }
@@ -287,6 +292,7 @@ impl RejectReason {
             13 => RejectReason::InvalidToken,
             14 => RejectReason::TokenSpent,
             15 => RejectReason::TokenKeyMissing,
+            16 => RejectReason::InvalidArch,
             other => RejectReason::Other(other),
         }
     }

@@ -63,7 +63,8 @@ fn counter_table(c: &CounterReport) -> String {
     } else {
         r#"<span class="no">no</span>"#.to_string()
     };
-    let rows: [(&str, String); 12] = [
+    let rows: [(&str, String); 13] = [
+        ("GPU architecture", escape(&c.arch)),
         ("reports", c.reports.to_string()),
         ("samples", c.samples.to_string()),
         (
@@ -200,9 +201,11 @@ pub fn render(report: &Report) -> String {
             };
             let _ = write!(
                 out,
-                r#"<div class="counter" id="class-{class}-counter-{}"><h3>{}{unit}</h3>"#,
+                r#"<div class="counter" id="class-{class}-{}-counter-{}"><h3>{}{unit}, {}</h3>"#,
+                escape(&c.arch),
                 c.counter,
-                escape(&c.name)
+                escape(&c.name),
+                escape(&c.arch)
             );
             out.push_str(&plot::histogram(
                 c,
@@ -220,7 +223,7 @@ pub fn render(report: &Report) -> String {
     } else {
         out.push_str(
             "<p>Every released sum of these is under k contributors: not decrypted, not \
-             drawn.</p><table><thead><tr><th>class</th><th>counter</th><th>reports</th>\
+             drawn.</p><table><thead><tr><th>class</th><th>architecture</th><th>counter</th><th>reports</th>\
              <th>contributors, at least (largest sum)</th></tr></thead><tbody>",
         );
         for h in &report.held_back {
@@ -228,6 +231,7 @@ pub fn render(report: &Report) -> String {
                 &mut out,
                 &[
                     ("", class_name(report, h.class)),
+                    ("", escape(&h.arch)),
                     ("n", h.counter.to_string()),
                     ("n", h.reports.to_string()),
                     ("n", h.contributors_at_least.to_string()),
@@ -245,13 +249,14 @@ pub fn render(report: &Report) -> String {
 
     if !report.quarantined.is_empty() {
         out.push_str(
-            r#"<section id="quarantined"><h2>Quarantined</h2><p>These released sums did not decrypt to a histogram of their declared samples: not added.</p><table><thead><tr><th>class</th><th>counter</th><th>epoch</th><th>generation</th><th>reports</th><th>reason</th></tr></thead><tbody>"#,
+            r#"<section id="quarantined"><h2>Quarantined</h2><p>These released sums did not decrypt to a histogram of their declared samples: not added.</p><table><thead><tr><th>class</th><th>architecture</th><th>counter</th><th>epoch</th><th>generation</th><th>reports</th><th>reason</th></tr></thead><tbody>"#,
         );
         for q in &report.quarantined {
             row(
                 &mut out,
                 &[
                     ("", class_name(report, q.class)),
+                    ("", escape(&q.arch)),
                     ("n", q.counter.to_string()),
                     ("n", q.epoch.to_string()),
                     ("n", q.generation.to_string()),
@@ -300,6 +305,7 @@ mod tests {
             decrypted: vec![merged, counter(8, &[(0, 1)])],
             held_back: vec![HeldBack {
                 class: 11,
+                arch: "sm_90".into(),
                 counter: 5,
                 reports: 100,
                 contributors_at_least: 5,

@@ -259,7 +259,7 @@ fn print_report(
             &penrose_design::plot::overview(&report),
         )?;
         for c in &report.decrypted {
-            let name = format!("class-{}-counter-{}.svg", c.class, c.counter);
+            let name = format!("class-{}-{}-counter-{}.svg", c.class, c.arch, c.counter);
             let label = c.label.as_ref().map(|l| l.as_str());
             write_file(out, &name, &penrose_design::plot::histogram(c, label))?;
         }
@@ -286,7 +286,7 @@ fn print_report(
     }
     println!(
         "{} bundles, {} epochs; threshold k = {} contributors (T = {} reports per contributor and \
-         day); {} (class, counter) aggregates decrypted in {} classes, {} held back, {} sums \
+         day); {} (class, architecture, counter) aggregates decrypted in {} classes, {} held back, {} sums \
          quarantined; {} sums ({} reports) withheld by the aggregation server under its threshold",
         report.bundles,
         report.epochs,
@@ -303,11 +303,12 @@ fn print_report(
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     for c in &report.decrypted {
         println!(
-            "class {:>4}{}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
+            "class {:>4}{}  {:<7}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
             c.class,
             c.label
                 .as_ref()
                 .map_or(String::new(), |l| format!(" ({l})")),
+            c.arch,
             c.name,
             c.reports,
             c.contributors_at_least,
@@ -335,12 +336,13 @@ fn print_report(
     }
     for h in &report.held_back {
         println!(
-            "class {:>4}{}  counter {:>3}: {} reports, at least {} contributors: under the threshold, not decrypted",
+            "class {:>4}{}  {:<7}  counter {:>3}: {} reports, at least {} contributors: under the threshold, not decrypted",
             h.class,
             report
                 .labels
                 .get(&h.class)
                 .map_or(String::new(), |l| format!(" ({l})")),
+            h.arch,
             h.counter,
             h.reports,
             h.contributors_at_least
@@ -348,8 +350,8 @@ fn print_report(
     }
     for q in &report.quarantined {
         println!(
-            "class {:>4}  counter {:>3}  epoch {} generation {}: QUARANTINED ({} reports): {}",
-            q.class, q.counter, q.epoch, q.generation, q.reports, q.reason
+            "class {:>4}  {:<7}  counter {:>3}  epoch {} generation {}: QUARANTINED ({} reports): {}",
+            q.class, q.arch, q.counter, q.epoch, q.generation, q.reports, q.reason
         );
     }
     for (chain, epoch) in &report.skipped_epochs {

@@ -185,7 +185,10 @@ pub fn histogram(c: &CounterReport, label: Option<&str>) -> String {
         Some(l) => format!("class {} ({l})", c.class),
         None => format!("class {}", c.class),
     };
-    let title = format!("{who}: {} histogram, {} samples", c.name, c.samples);
+    let title = format!(
+        "{who}, {}: {} histogram, {} samples",
+        c.arch, c.name, c.samples
+    );
     let mut svg = Svg::new(W as u32, H as u32, &title);
     svg.text(LEFT, 18.0, Anchor::Start, 13, &title);
     let max = c.bins.iter().copied().max().unwrap_or(0);
@@ -418,6 +421,7 @@ pub(crate) mod tests {
         }
         CounterReport {
             class,
+            arch: "sm_90".into(),
             merged_from: Vec::new(),
             catalogue: 1,
             counter: 5,

@@ -1,6 +1,12 @@
 //! Decrypting the released sums above the contributor threshold, and what architects read.
 //!
-//! A released sum (one epoch's accumulator generation of a (class, counter)) is decrypted only
+//! Everything is split by GPU architecture: the aggregation server keeps sums per (class,
+//! architecture, counter), since counters of different GPU generations do not add up, and this
+//! report adds decrypted sums only within one (class, architecture, counter). Sums of bundles
+//! older than version 5 carry no architecture and are reported under `unknown`.
+//!
+//! A released sum (one epoch's accumulator generation of a (class, architecture, counter)) is
+//! decrypted only
 //! when its contributor bound reaches k: `penrose_core::release` counts at least
 //! ceil(reports / (T x days its epoch spans)) owners behind it, T being the most reports an
 //! agent sends per (counter, day). The aggregation server applies the same rule before it
@@ -23,6 +29,7 @@ use std::collections::BTreeMap;
 
 use penrose_core::bundle::{BundleEntry, ClassId};
 use penrose_core::counters::{BIN_COUNT, Bin, Binning, Catalogue, CatalogueVersion, CounterId};
+use penrose_core::gpu::GpuArch;
 use penrose_core::paillier::{PaillierError, PrivateKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, contributors_at_least};
 use thiserror::Error;
@@ -45,11 +52,14 @@ pub enum ReportError {
     },
 }
 
-/// One decrypted (class, counter).
+/// One decrypted (class, architecture, counter).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct CounterReport {
     /// The class.
     pub class: u32,
+    /// The GPU generation the counters were read on (`sm_90`; `unknown` for sums of bundles
+    /// older than version 5).
+    pub arch: String,
     /// Classes the aggregator merged into this one whose released sums are counted here.
     pub merged_from: Vec<u32>,
     /// Catalogue version.
@@ -90,11 +100,14 @@ pub struct CounterReport {
     pub label: Option<Label>,
 }
 
-/// A (class, counter) not decrypted: every released sum of it is under the threshold.
+/// A (class, architecture, counter) not decrypted: every released sum of it is under the
+/// threshold.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct HeldBack {
     /// Class.
     pub class: u32,
+    /// GPU architecture.
+    pub arch: String,
     /// Counter id.
     pub counter: u16,
     /// Reports in it, all sums.
@@ -108,6 +121,8 @@ pub struct HeldBack {
 pub struct Quarantined {
     /// Class.
     pub class: u32,
+    /// GPU architecture.
+    pub arch: String,
     /// Counter id.
     pub counter: u16,
     /// Epoch.
@@ -136,9 +151,9 @@ pub struct Report {
     pub withheld_sums: u64,
     /// Reports in the withheld sums.
     pub withheld_reports: u64,
-    /// The decrypted (class, counter) histograms.
+    /// The decrypted (class, architecture, counter) histograms.
     pub decrypted: Vec<CounterReport>,
-    /// The (class, counter)s under the threshold.
+    /// The (class, architecture, counter)s under the threshold.
     pub held_back: Vec<HeldBack>,
     /// Sums that did not decrypt to a valid histogram.
     pub quarantined: Vec<Quarantined>,
@@ -236,18 +251,18 @@ pub fn build(
             given: key.public_key().key_id(),
         });
     }
-    type Key = (ClassId, CatalogueVersion, CounterId);
+    type Key = (ClassId, GpuArch, CatalogueVersion, CounterId);
     let mut grouped: BTreeMap<Key, Vec<&BundleEntry>> = BTreeMap::new();
     for (k, entry) in &aggregates.entries {
         grouped
-            .entry((aggregates.root(k.class), k.catalogue, k.counter))
+            .entry((aggregates.root(k.class), k.arch, k.catalogue, k.counter))
             .or_default()
             .push(entry);
     }
     let mut decrypted = Vec::new();
     let mut held_back = Vec::new();
     let mut quarantined = Vec::new();
-    for ((class, catalogue, counter), entries) in grouped {
+    for ((class, arch, catalogue, counter), entries) in grouped {
         let mut bins = [0u64; BIN_COUNT];
         let (mut reports, mut samples, mut sums, mut held) = (0u64, 0u64, 0usize, 0u64);
         let (mut contributors, mut best_held) = (0u64, 0u64);
@@ -284,6 +299,7 @@ pub fn build(
                 }
                 Err(reason) => quarantined.push(Quarantined {
                     class: class.0,
+                    arch: arch.to_string(),
                     counter: counter.0,
                     epoch: entry.epoch.0,
                     generation: entry.generation.0,
@@ -296,6 +312,7 @@ pub fn build(
             if held > 0 {
                 held_back.push(HeldBack {
                     class: class.0,
+                    arch: arch.to_string(),
                     counter: counter.0,
                     reports: held,
                     contributors_at_least: best_held,
@@ -309,6 +326,7 @@ pub fn build(
         merged_from.sort_unstable();
         decrypted.push(CounterReport {
             class: class.0,
+            arch: arch.to_string(),
             merged_from,
             catalogue: catalogue.0,
             counter: counter.0,
@@ -417,20 +435,21 @@ fn csv_ids(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
 }
 
-/// The report as CSV, one row per decrypted (class, counter) with what the text report shows:
-/// `class,label,counter,name,unit,catalogue,reports,samples,contributors_at_least,sums,
+/// The report as CSV, one row per decrypted (class, architecture, counter) with what the text
+/// report shows: `class,label,arch,counter,name,unit,catalogue,reports,samples,contributors_at_least,sums,
 /// epochs,held_back_reports,bound_enforced_by_tokens,mean,p50,p90,p99,merged_from` (epochs and
 /// merged_from: ids separated by spaces; statistics empty where unknown).
 pub fn to_csv_table(report: &Report) -> String {
     let mut out = String::from(
-        "class,label,counter,name,unit,catalogue,reports,samples,contributors_at_least,sums,\
+        "class,label,arch,counter,name,unit,catalogue,reports,samples,contributors_at_least,sums,\
          epochs,held_back_reports,bound_enforced_by_tokens,mean,p50,p90,p99,merged_from\n",
     );
     for c in &report.decrypted {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             c.class,
             csv_text(c.label.as_ref().map_or("", Label::as_str)),
+            c.arch,
             c.counter,
             csv_text(&c.name),
             csv_text(&c.unit),
@@ -452,12 +471,13 @@ pub fn to_csv_table(report: &Report) -> String {
     out
 }
 
-/// The bins as CSV: one row per non-empty bin of each decrypted (class, counter), with the
-/// bin's edges from the catalogue (empty for a counter it does not know), so a spreadsheet can
-/// plot it: `class,label,counter,name,unit,reports,samples,bin,low,high,count`.
+/// The bins as CSV: one row per non-empty bin of each decrypted (class, architecture, counter),
+/// with the bin's edges from the catalogue (empty for a counter it does not know), so a
+/// spreadsheet can plot it: `class,label,arch,counter,name,unit,reports,samples,bin,low,high,
+/// count`.
 pub fn to_csv_bins(report: &Report) -> String {
     let mut out =
-        String::from("class,label,counter,name,unit,reports,samples,bin,low,high,count\n");
+        String::from("class,label,arch,counter,name,unit,reports,samples,bin,low,high,count\n");
     for c in &report.decrypted {
         let binning = crate::plot::binning(c);
         for (i, &count) in c.bins.iter().enumerate() {
@@ -469,9 +489,10 @@ pub fn to_csv_bins(report: &Report) -> String {
                 (Some(lo), Some(hi))
             });
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 c.class,
                 csv_text(c.label.as_ref().map_or("", Label::as_str)),
+                c.arch,
                 c.counter,
                 csv_text(&c.name),
                 csv_text(&c.unit),

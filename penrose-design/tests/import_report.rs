@@ -163,6 +163,7 @@ fn seal(
     BundleEntry {
         epoch: EpochId(epoch),
         class: ClassId(class),
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         catalogue: CatalogueVersion(1),
         counter: CounterId(counter),
         generation: Generation(0),
@@ -255,7 +256,57 @@ fn released_sums_decrypt_exactly_above_the_contributor_bound_and_not_below() {
     assert!(strict.decrypted.is_empty());
     assert!(Threshold::new(9).is_err() && ReportsPerContributor::for_servers(23).is_err());
     let csv = report::to_csv_bins(&report);
-    assert!(csv.lines().count() > 1 && csv.starts_with("class,label,counter"));
+    assert!(csv.lines().count() > 1 && csv.starts_with("class,label,arch,counter"));
+}
+
+/// One class's sums of two GPU generations are reported apart, never added: each decrypts
+/// to its own sum, each is released or held back on its own contributors, and every output
+/// (JSON, CSV, HTML) names the architecture.
+#[test]
+fn the_report_splits_a_class_by_architecture() {
+    let mut f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (hopper, hopper_sum) = f.entry(DAY, 0, 5, ENOUGH);
+    let (mut ampere, ampere_sum) = f.entry(DAY, 0, 5, ENOUGH + 3);
+    ampere.arch = penrose_core::gpu::GpuArch::new(8, 0);
+    // Blackwell's part of the class is alone under the threshold: held back, even though
+    // the class has plenty of contributors in all.
+    let (mut blackwell, _) = f.entry(DAY, 0, 5, ENOUGH - 1);
+    blackwell.arch = penrose_core::gpu::GpuArch::new(10, 0);
+    let path = f.bundle(dir.path(), &[DAY], vec![hopper, ampere, blackwell]);
+    let archive = Archive::open(&dir.path().join("archive")).unwrap();
+    archive
+        .import(&path, Some(&f.signing.verifying_key()), false)
+        .unwrap();
+    let report = build(&archive, &f.keys);
+    let rows: Vec<(u32, &str, u16, u64)> = report
+        .decrypted
+        .iter()
+        .map(|c| (c.class, c.arch.as_str(), c.counter, c.reports))
+        .collect();
+    assert_eq!(rows, [(0, "sm_80", 5, ENOUGH + 3), (0, "sm_90", 5, ENOUGH)]);
+    assert_eq!(report.decrypted[0].bins, ampere_sum.to_vec());
+    assert_eq!(report.decrypted[1].bins, hopper_sum.to_vec());
+    assert_eq!(report.classes(), 1);
+    assert_eq!(report.held_back.len(), 1);
+    assert_eq!(
+        (
+            report.held_back[0].arch.as_str(),
+            report.held_back[0].reports
+        ),
+        ("sm_100", ENOUGH - 1)
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["decrypted"][0]["arch"], "sm_80");
+    assert_eq!(json["held_back"][0]["arch"], "sm_100");
+    let csv = report::to_csv_table(&report);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("class,label,arch,counter,"));
+    assert!(lines[1].starts_with("0,,sm_80,5,") && lines[2].starts_with("0,,sm_90,5,"));
+    let html = penrose_design::html::render(&report);
+    assert!(html.contains(r#"id="class-0-sm_80-counter-5""#));
+    assert!(html.contains(r#"id="class-0-sm_90-counter-5""#));
+    assert!(html.contains("sm_100"));
 }
 
 /// The report says whether the contributor bound was enforced by admission tokens: yes when
@@ -729,7 +780,7 @@ fn labelled_report(dir: &Path, archive: &Path, private: &Path) -> (PathBuf, Stri
         svg.as_os_str(),
     ]);
     assert!(out.status.success(), "{out:?}");
-    assert!(svg.join("overview.svg").exists() && svg.join("class-0-counter-5.svg").exists());
+    assert!(svg.join("overview.svg").exists() && svg.join("class-0-sm_90-counter-5.svg").exists());
     (
         html.join("index.html"),
         String::from_utf8(out.stdout).unwrap(),
@@ -778,9 +829,11 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
     // CSV: a header and one row, class 0 with its label and statistics.
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines.len(), 2, "{csv}");
-    assert!(lines[0].starts_with("class,label,counter,name,unit,catalogue,reports"));
+    assert!(lines[0].starts_with("class,label,arch,counter,name,unit,catalogue,reports"));
     assert!(
-        lines[1].starts_with(&format!("0,{HOSTILE},5,kernel_duration,ns,1,{ENOUGH},")),
+        lines[1].starts_with(&format!(
+            "0,{HOSTILE},sm_90,5,kernel_duration,ns,1,{ENOUGH},"
+        )),
         "{csv}"
     );
 

@@ -61,6 +61,11 @@ pub const RECORD_SIZE: usize = size_of::<CounterRecord>();
 /// refused rather than searched.
 pub const MAX_CAPACITY: u32 = 1 << 20;
 
+/// The compute capability (major, minor) of the GPU the stand-in stands in for: a Hopper
+/// (9.0), the generation the stand-in's traces were recorded on. The agent's test-only
+/// counter source names it as the architecture its values were "read" on.
+pub const COMPUTE_CAPABILITY: (u8, u8) = (9, 0);
+
 const _: () = assert!(HEADER_SIZE == 64);
 const _: () = assert!(RECORD_SIZE == 80);
 

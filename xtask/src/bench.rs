@@ -241,7 +241,7 @@ fn report_sizes() -> Result<String> {
         report_id: ReportId([0; 16]),
         snippet: SnippetHash([0; 32]),
         locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter: CounterId(0),
         catalogue: Catalogue::current().version,
         day: Day(0),

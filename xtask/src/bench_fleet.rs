@@ -538,7 +538,7 @@ fn template_report(key: &PublicKey, rng: &mut ChaCha20Rng) -> Result<ValidReport
         snippet: penrose_core::fingerprint::Fingerprinter::new(FingerprintParams::default())?
             .snippet_hash(&["a", "b", "c", "d", "e"]),
         locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter: CounterId(4),
         catalogue: Catalogue::current().version,
         day: Day(20_000),

@@ -635,7 +635,7 @@ fn report() -> Result<Report> {
         report_id: ReportId([0; 16]),
         snippet: SnippetHash([2; 32]),
         locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter: CounterId(1),
         catalogue: CatalogueVersion(1),
         day: Day(20_000),

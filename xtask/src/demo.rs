@@ -1280,9 +1280,10 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         .collect::<Result<_>>()?;
     let keys_of: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
     let counted = store.contains_many(Table::Seen, &keys_of)?;
-    // Per (class, counter, day): the epoch of a report is its day (nothing closed early).
+    // Per (class, GPU architecture, counter, day): the epoch of a report is its day (nothing
+    // closed early); sums never mix architectures.
     type Sum = ([u64; BIN_COUNT], u64, bool);
-    let mut per_day: BTreeMap<(u32, u16, u32), Sum> = BTreeMap::new();
+    let mut per_day: BTreeMap<(u32, String, u16, u32), Sum> = BTreeMap::new();
     for ((alone, record), counted) in records.iter().zip(&counted) {
         if !counted {
             continue;
@@ -1294,7 +1295,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .map(|s| s.class.0)
             .context("a counted report's snippet has no class")?;
         let entry = per_day
-            .entry((class, record.counter, record.day))
+            .entry((class, record.arch.clone(), record.counter, record.day))
             .or_insert(([0; BIN_COUNT], 0, false));
         for (sum, bin) in entry.0.iter_mut().zip(&record.bins) {
             *sum += u64::from(*bin);
@@ -1304,12 +1305,14 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     }
     let threshold = Threshold::new(options.threshold)?;
     let cap = ReportsPerContributor::DEFAULT;
-    // What must be decrypted: per (class, counter), the days whose sum reaches k contributors.
-    let mut expected: HashMap<(u32, u16), ([u64; BIN_COUNT], u64)> = HashMap::new();
-    let mut pairs: std::collections::BTreeSet<(u32, u16)> = Default::default();
+    // What must be decrypted: per (class, architecture, counter), the days whose sum reaches
+    // k contributors.
+    let mut expected: HashMap<(u32, String, u16), ([u64; BIN_COUNT], u64)> = HashMap::new();
+    let mut pairs: std::collections::BTreeSet<(u32, String, u16)> = Default::default();
     let (mut alone_counted, mut alone_decrypted) = (0usize, 0usize);
-    for (&(class, counter, _), (bins, n, alone)) in &per_day {
-        pairs.insert((class, counter));
+    for ((class, arch, counter, _), (bins, n, alone)) in &per_day {
+        let (class, counter) = (*class, *counter);
+        pairs.insert((class, arch.clone(), counter));
         let released = releasable(*n, 1, threshold, cap);
         if *alone {
             alone_counted += *n as usize;
@@ -1321,7 +1324,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             continue;
         }
         let entry = expected
-            .entry((class, counter))
+            .entry((class, arch.clone(), counter))
             .or_insert(([0; BIN_COUNT], 0));
         for (s, b) in entry.0.iter_mut().zip(bins) {
             *s += b;
@@ -1334,13 +1337,14 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     for d in &decrypted {
         let class = d["class"].as_u64().unwrap_or(u64::MAX) as u32;
         let counter = d["counter"].as_u64().unwrap_or(u64::MAX) as u16;
+        let arch = d["arch"].as_str().unwrap_or("?").to_string();
         let bins: Vec<u64> = d["bins"]
             .as_array()
             .map(|b| b.iter().filter_map(|v| v.as_u64()).collect())
             .unwrap_or_default();
         let reports = d["reports"].as_u64().unwrap_or(0);
         let ok = expected
-            .get(&(class, counter))
+            .get(&(class, arch, counter))
             .is_some_and(|(sum, n)| *n == reports && sum.as_slice() == bins.as_slice());
         exact &= ok;
         rows.push(Row {
@@ -1668,7 +1672,7 @@ fn report_frame_len(key: &PublicKey) -> Result<usize> {
         report_id: ReportId([0; 16]),
         snippet: SnippetHash([0; 32]),
         locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter: CounterId(0),
         catalogue: CatalogueVersion(1),
         day: Day(0),

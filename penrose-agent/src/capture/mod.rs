@@ -858,6 +858,11 @@ impl Capture {
         self.counters.name()
     }
 
+    /// The compute capability of the GPU the counter source reads (`None`: no counters).
+    pub fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch> {
+        self.counters.arch()
+    }
+
     /// Snippets that have ended since the last call.
     pub fn take_snippets(&mut self) -> Vec<Snippet> {
         std::mem::take(&mut self.finished)

@@ -17,6 +17,7 @@ pub mod nvml;
 pub mod standin;
 
 use penrose_core::counters::{CounterGroup, CounterId};
+use penrose_core::gpu::GpuArch;
 
 use crate::capture::events::{Launch, Pid};
 pub use nvml::{NvmlSource, NvmlUnavailable};
@@ -64,6 +65,11 @@ pub trait CounterSource: Send {
     /// The catalogue groups this source can read; the agent rotates among them.
     fn groups(&self) -> Vec<CounterGroup>;
 
+    /// The compute capability of the GPU the values are read on, as the source reads it
+    /// (`None`: no GPU, no values). Reports name only its generation
+    /// ([`GpuArch::generation`]).
+    fn arch(&self) -> Option<GpuArch>;
+
     /// A process launched inside a window: sources that need per-process state open it now,
     /// while the process is certainly alive.
     fn watch(&mut self, _pid: Pid) {}
@@ -94,6 +100,10 @@ impl CounterSource for NoCounters {
 
     fn groups(&self) -> Vec<CounterGroup> {
         Vec::new()
+    }
+
+    fn arch(&self) -> Option<GpuArch> {
+        None
     }
 
     fn read(&mut self, _launch: &Launch, _group: CounterGroup) -> Reading {

@@ -15,6 +15,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use penrose_core::counters::{Catalogue, CounterGroup, CounterId};
+use penrose_core::gpu::GpuArch;
 
 use super::{CounterSource, CounterValue, MissingReason, Reading};
 use crate::capture::events::Launch;
@@ -44,6 +45,7 @@ pub struct NvmlSource {
     nvml: &'static Nvml,
     counters: Vec<(CounterId, CounterGroup, GpmMetricId)>,
     previous: Option<GpmSample<'static>>,
+    arch: GpuArch,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -75,6 +77,14 @@ impl NvmlSource {
             what: "GPM sample on device 0",
             source,
         })?;
+        let capability = device
+            .cuda_compute_capability()
+            .map_err(|source| NvmlUnavailable {
+                what: "compute capability of device 0",
+                source,
+            })?;
+        let part = |v: i32| u8::try_from(v).unwrap_or(u8::MAX);
+        let arch = GpuArch::new(part(capability.major), part(capability.minor));
         let catalogue = Catalogue::current();
         let counters = METRICS
             .iter()
@@ -87,6 +97,7 @@ impl NvmlSource {
             nvml,
             counters,
             previous: Some(first),
+            arch,
         })
     }
 }
@@ -98,6 +109,10 @@ impl CounterSource for NvmlSource {
 
     fn groups(&self) -> Vec<CounterGroup> {
         super::distinct_groups(self.counters.iter().map(|c| c.1))
+    }
+
+    fn arch(&self) -> Option<GpuArch> {
+        Some(self.arch)
     }
 
     fn read(&mut self, _launch: &Launch, group: CounterGroup) -> Reading {

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use penrose_core::counters::{Catalogue, CounterGroup, CounterId};
+use penrose_core::gpu::GpuArch;
 
 use super::{CounterSource, CounterValue, MissingReason, Reading};
 use crate::capture::events::{Launch, Pid};
@@ -35,6 +36,14 @@ const FIELDS: [(&str, Field); 5] = [
     }),
     ("shared_memory", |r| r.shared_memory_bytes().map(f64::from)),
 ];
+
+/// The compute capability the stand-in names for the GPU it stands in for
+/// ([`penrose_standin_ring::COMPUTE_CAPABILITY`], a Hopper): test equipment's architecture,
+/// named explicitly, never a product fallback.
+pub fn standin_arch() -> GpuArch {
+    let (major, minor) = penrose_standin_ring::COMPUTE_CAPABILITY;
+    GpuArch::new(major, minor)
+}
 
 /// Per-process rings of the stand-in driver.
 #[derive(Debug)]
@@ -87,6 +96,10 @@ impl CounterSource for StandinSource {
 
     fn groups(&self) -> Vec<CounterGroup> {
         super::distinct_groups(self.counters.iter().map(|c| c.1))
+    }
+
+    fn arch(&self) -> Option<GpuArch> {
+        Some(standin_arch())
     }
 
     fn watch(&mut self, pid: Pid) {

@@ -38,6 +38,7 @@ fn info_of(capture: &Capture) -> SourceInfo {
     SourceInfo {
         kind: "ebpf".into(),
         counters: capture.counter_source().into(),
+        gpu_arch: capture.gpu_arch().map(|a| a.to_string()),
         probe_cost_ns: u64::try_from(capture.probe_cost().per_launch.as_nanos())
             .unwrap_or(u64::MAX),
         inputs: capture
@@ -53,6 +54,10 @@ fn info_of(capture: &Capture) -> SourceInfo {
 impl SnippetSource for EbpfSource {
     fn info(&self) -> SourceInfo {
         info_of(&self.capture)
+    }
+
+    fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch> {
+        self.capture.gpu_arch()
     }
 
     fn run(

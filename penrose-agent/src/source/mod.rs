@@ -83,6 +83,10 @@ pub struct SourceInfo {
     pub kind: String,
     /// Where counter values come from.
     pub counters: String,
+    /// The compute capability of the GPU the counter values are read on, as read (`sm_86`;
+    /// `None` without counters). Reports name only its generation (`AgentStatus::arch`).
+    #[serde(default)]
+    pub gpu_arch: Option<String>,
     /// Per-launch probe cost the schedule uses, nanoseconds (0 for the replay).
     pub probe_cost_ns: u64,
     /// libcuda files probed, or traces replayed.
@@ -99,6 +103,10 @@ pub struct SourceInfo {
 pub trait SnippetSource: Send {
     /// What it is, for `status`.
     fn info(&self) -> SourceInfo;
+
+    /// The compute capability of the GPU its counter values are read on (`None`: it yields no
+    /// counter values).
+    fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch>;
 
     /// Runs until `stop` is set or the source has nothing more, handing output to `sink`.
     fn run(

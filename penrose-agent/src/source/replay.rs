@@ -140,11 +140,18 @@ impl SnippetSource for ReplaySource {
             } else {
                 "test-standin-ring (trace fields)".into()
             },
+            gpu_arch: self.gpu_arch().map(|a| a.to_string()),
             probe_cost_ns: 0,
             inputs: self.inputs.clone(),
             libraries_untrusted: 0,
             libraries_over_cap: 0,
         }
+    }
+
+    /// The stand-in's GPU when the traces' counter values are sampled (as the stand-in ring
+    /// would give them), none otherwise.
+    fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch> {
+        (!self.groups.is_empty()).then(crate::counters::standin::standin_arch)
     }
 
     fn run(

@@ -154,7 +154,7 @@ pub fn report_by(
         report_id: ReportId(id),
         snippet: snippet.hash,
         locator: snippet.locator,
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter,
         catalogue: CatalogueVersion(1),
         day,

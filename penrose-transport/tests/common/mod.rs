@@ -18,7 +18,7 @@ pub fn report(seed: u64) -> Report {
         report_id: ReportId(rng.random()),
         snippet: SnippetHash(rng.random()),
         locator: penrose_core::fingerprint::Locator([0; penrose_core::fingerprint::LOCATOR_BANDS]),
-        arch: penrose_core::gpu::GpuArch::UNKNOWN,
+        arch: penrose_core::gpu::GpuArch::new(9, 0),
         counter: CounterId(3),
         catalogue: CatalogueVersion(1),
         day: Day(20_500),
