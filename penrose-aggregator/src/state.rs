@@ -888,6 +888,22 @@ impl State {
         }
     }
 
+    /// A snippet's SST row, from memory or else from the store; `None` for a snippet never
+    /// placed. Its class is the one it was placed in (see [`State::class_of`] for where it
+    /// counts now).
+    pub fn snippet_row(
+        &self,
+        snippet: &SnippetHash,
+    ) -> Result<Option<crate::tables::SnippetEntry>, StateError> {
+        if let Some(row) = self.tables.snippet(snippet) {
+            return Ok(Some(*row));
+        }
+        match self.store.get(Table::Sst, &snippet.0)? {
+            Some(row) => Ok(Some(crate::tables::decode_snippet(&row)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The tables.
     pub fn tables(&self) -> &Tables {
         &self.tables

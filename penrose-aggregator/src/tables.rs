@@ -833,7 +833,8 @@ fn encode_snippet(entry: &SnippetEntry) -> Vec<u8> {
     out
 }
 
-fn decode_snippet(bytes: &[u8]) -> Result<SnippetEntry, RecordError> {
+/// Reads an SST row as stored.
+pub fn decode_snippet(bytes: &[u8]) -> Result<SnippetEntry, RecordError> {
     let bytes: &[u8; 16] = bytes
         .try_into()
         .map_err(|_| damaged("sst", "value is not 16 bytes"))?;

@@ -264,10 +264,7 @@ fn evicted_accumulators_reload_exactly_and_unsynced_ones_are_kept() {
     let evicted_before = state.sums().evictions();
     let prepared_b = state.prepare(&valid(&b), TODAY).unwrap();
     let dropped = state.sums().evictions() - evicted_before;
-    assert!(
-        state.sums().open_count() > 3,
-        "A's sum and B's are held"
-    );
+    assert!(state.sums().open_count() > 3, "A's sum and B's are held");
     assert!(dropped > 0, "clean sums were evicted");
     assert!(
         prepared_a

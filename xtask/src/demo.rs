@@ -1290,8 +1290,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         }
         let snippet = parse_hash(&record.snippet).context("a record's snippet hash")?;
         let class = state
-            .tables()
-            .snippet(&snippet)
+            .snippet_row(&snippet)?
             .map(|s| s.class.0)
             .context("a counted report's snippet has no class")?;
         let entry = per_day
