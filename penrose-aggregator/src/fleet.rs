@@ -26,8 +26,45 @@ use penrose_core::fingerprint::{
     Fingerprint, FingerprintParams, Fingerprinter, MinHashSignature, SnippetHash,
 };
 use penrose_core::gpu::GpuArch;
-use penrose_traces::TraceFolder;
+use penrose_traces::{TraceFolder, job_name};
 use rand::{Rng, SeedableRng};
+
+/// Calls `visit(label, window)` for `windows` capture windows of `window_len` launches at random
+/// offsets of each trace's main process (its longest launch sequence, looped, as a long run
+/// repeats its iterations), labelled with the trace's file name: how every tool that draws
+/// windows from the real traces draws them.
+pub fn for_each_trace_window(
+    dir: &Path,
+    windows: usize,
+    window_len: usize,
+    seed: u64,
+    mut visit: impl FnMut(&str, &[&str]),
+) -> Result<()> {
+    let folder = TraceFolder::open(dir).with_context(|| format!("listing {}", dir.display()))?;
+    ensure!(!folder.files().is_empty(), "no traces in {}", dir.display());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for path in folder.files() {
+        let trace = penrose_traces::read_trace(path)?;
+        let Some(longest) = trace.process_sequences().into_values().max_by_key(Vec::len) else {
+            continue;
+        };
+        if longest.is_empty() {
+            continue;
+        }
+        let names: Vec<&str> = longest.iter().map(|k| &*k.name).collect();
+        let label = path
+            .file_name()
+            .map_or_else(|| job_name(path), |n| n.to_string_lossy().into_owned());
+        for _ in 0..windows {
+            let offset = rng.random_range(0..names.len());
+            let window: Vec<&str> = (0..window_len.min(names.len()))
+                .map(|i| names[(offset + i) % names.len()])
+                .collect();
+            visit(&label, &window);
+        }
+    }
+    Ok(())
+}
 
 /// Same-application similarities (weighted Jaccard between two windows of one application's
 /// main process), sorted, from which reports draw theirs.
@@ -42,30 +79,17 @@ impl SimilarityProfile {
     /// full MinHash signatures (the share of equal values: an unbiased estimate of weighted
     /// Jaccard, without the 2-bit hash's chance agreements).
     pub fn from_traces(dir: &Path, windows: usize, window_len: usize, seed: u64) -> Result<Self> {
-        let folder =
-            TraceFolder::open(dir).with_context(|| format!("listing {}", dir.display()))?;
-        ensure!(!folder.files().is_empty(), "no traces in {}", dir.display());
         let f = Fingerprinter::new(FingerprintParams::default())?;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut per_trace: std::collections::BTreeMap<String, Vec<MinHashSignature>> =
+            std::collections::BTreeMap::new();
+        for_each_trace_window(dir, windows, window_len, seed, |label, window| {
+            per_trace
+                .entry(label.to_owned())
+                .or_default()
+                .push(f.signature(window));
+        })?;
         let mut sorted = Vec::new();
-        for path in folder.files() {
-            let trace = penrose_traces::read_trace(path)?;
-            let Some(longest) = trace.process_sequences().into_values().max_by_key(Vec::len) else {
-                continue;
-            };
-            if longest.is_empty() {
-                continue;
-            }
-            let names: Vec<&str> = longest.iter().map(|k| &*k.name).collect();
-            let signatures: Vec<MinHashSignature> = (0..windows)
-                .map(|_| {
-                    let offset = rng.random_range(0..names.len());
-                    let window: Vec<&str> = (0..window_len.min(names.len()))
-                        .map(|i| names[(offset + i) % names.len()])
-                        .collect();
-                    f.signature(&window)
-                })
-                .collect();
+        for signatures in per_trace.values() {
             for (i, a) in signatures.iter().enumerate() {
                 for b in &signatures[i + 1..] {
                     sorted.push(a.similarity(b));

@@ -39,7 +39,7 @@ use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{Accumulator, KeyId, PackedCiphertexts, PublicKey};
 use penrose_core::tokens::{KeyRing, MAX_BATCH, Token, TokenEpoch, TokenRequest, TokenScope};
 use penrose_core::wire::{AckStatus, AdmissionToken, Day, Message, PackedBytes, Report, ReportId};
-use penrose_traces::{TraceFolder, job_name};
+use penrose_traces::TraceFolder;
 use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -124,31 +124,11 @@ pub fn trace_snippets(
     window_len: usize,
     seed: u64,
 ) -> Result<Vec<(String, Fingerprint)>> {
-    let folder = TraceFolder::open(dir).with_context(|| format!("listing {}", dir.display()))?;
-    ensure!(!folder.files().is_empty(), "no traces in {}", dir.display());
     let f = Fingerprinter::new(FingerprintParams::default())?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut out = Vec::new();
-    for path in folder.files() {
-        let trace = penrose_traces::read_trace(path)?;
-        let Some(longest) = trace.process_sequences().into_values().max_by_key(Vec::len) else {
-            continue;
-        };
-        if longest.is_empty() {
-            continue;
-        }
-        let names: Vec<&str> = longest.iter().map(|k| &*k.name).collect();
-        for _ in 0..windows {
-            let offset = rng.random_range(0..names.len());
-            let window: Vec<&str> = (0..window_len.min(names.len()))
-                .map(|i| names[(offset + i) % names.len()])
-                .collect();
-            let label = path
-                .file_name()
-                .map_or_else(|| job_name(path), |n| n.to_string_lossy().into_owned());
-            out.push((label, f.fingerprint_of_names(&window)));
-        }
-    }
+    crate::fleet::for_each_trace_window(dir, windows, window_len, seed, |label, window| {
+        out.push((label.to_owned(), f.fingerprint_of_names(window)));
+    })?;
     Ok(out)
 }
 

@@ -29,7 +29,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use penrose_aggregator::admission::Admission;
-use penrose_aggregator::fleet::{Drawn, Origin, SimilarityProfile, SyntheticFleet};
+use penrose_aggregator::fleet::{
+    Drawn, Origin, SimilarityProfile, SyntheticFleet, for_each_trace_window,
+};
 use penrose_aggregator::state::{Outcome, State};
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::tables::Tables;
@@ -139,32 +141,30 @@ fn trace_recall(window_len: usize, windows: usize, seed: u64) -> Result<TraceRec
     let params = FingerprintParams::default();
     let f = penrose_core::fingerprint::Fingerprinter::new(params)?;
     let bands = LshBands::for_params(&params);
-    let folder = TraceFolder::open(&TraceFolder::default_dir())?;
-    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    type Searched = (
+        penrose_core::fingerprint::Fingerprint,
+        std::collections::HashSet<penrose_core::fingerprint::LocatorKey>,
+        std::collections::HashSet<BandKey>,
+    );
+    let mut per_trace: std::collections::BTreeMap<String, Vec<Searched>> = Default::default();
+    for_each_trace_window(
+        &TraceFolder::default_dir(),
+        windows,
+        window_len,
+        seed,
+        |label, window| {
+            let fp = f.fingerprint_of_names(window);
+            let keys = fp.locator.keys(&params).collect();
+            let band_keys = bands.band_keys(&fp.hash, &params).into_iter().collect();
+            per_trace
+                .entry(label.to_owned())
+                .or_default()
+                .push((fp, keys, band_keys));
+        },
+    )?;
     let (mut pairs, mut at_tau) = (0usize, 0usize);
     let (mut loc_tau, mut band_tau, mut loc_all, mut band_all) = (0usize, 0usize, 0usize, 0usize);
-    for path in folder.files() {
-        let trace = penrose_traces::read_trace(path)?;
-        let Some(longest) = trace.process_sequences().into_values().max_by_key(Vec::len) else {
-            continue;
-        };
-        if longest.is_empty() {
-            continue;
-        }
-        let names: Vec<&str> = longest.iter().map(|k| &*k.name).collect();
-        let fps: Vec<_> = (0..windows)
-            .map(|_| {
-                let offset = rng.random_range(0..names.len());
-                let window: Vec<&str> = (0..window_len.min(names.len()))
-                    .map(|i| names[(offset + i) % names.len()])
-                    .collect();
-                let fp = f.fingerprint_of_names(&window);
-                let keys: std::collections::HashSet<_> = fp.locator.keys(&params).collect();
-                let band_keys: std::collections::HashSet<_> =
-                    bands.band_keys(&fp.hash, &params).into_iter().collect();
-                (fp, keys, band_keys)
-            })
-            .collect();
+    for fps in per_trace.values() {
         for (i, (a, ka, ba)) in fps.iter().enumerate() {
             for (b, kb, bb) in &fps[i + 1..] {
                 let locator = !ka.is_disjoint(kb);
