@@ -1272,12 +1272,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     // A counted report's Seen row is under its day (`penrose_aggregator::state::seen`).
     let ids: Vec<Vec<u8>> = records
         .iter()
-        .map(|(_, r)| {
-            r.id()
-                .map(|id| seen::id_key(Day(r.day), &id))
-                .context("a record's report id")
-        })
-        .collect::<Result<_>>()?;
+        .map(|(_, r)| seen::id_key(Day(r.day), &r.report_id))
+        .collect();
     let keys_of: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
     let counted = store.contains_many(Table::Seen, &keys_of)?;
     // Per (class, counter, day): the epoch of a report is its day (nothing closed early).
@@ -1287,10 +1283,9 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         if !counted {
             continue;
         }
-        let snippet = parse_hash(&record.snippet).context("a record's snippet hash")?;
         let class = state
             .tables()
-            .snippet(&snippet)
+            .snippet(&record.snippet)
             .map(|s| s.class.0)
             .context("a counted report's snippet has no class")?;
         let entry = per_day
@@ -1677,17 +1672,6 @@ fn report_frame_len(key: &PublicKey) -> Result<usize> {
         token: Some(AdmissionToken([0; ADMISSION_TOKEN_BYTES])),
     };
     Ok(Message::Report(report).to_frame()?.len())
-}
-
-fn parse_hash(hex: &str) -> Option<SnippetHash> {
-    if hex.len() != 64 || !hex.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(SnippetHash(out))
 }
 
 fn read_status(state_dir: &Path) -> Option<serde_json::Value> {
