@@ -30,6 +30,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use penrose_core::wire::ReportId;
+use penrose_secret_file::effective_uid;
 use thiserror::Error;
 
 const SUFFIX: &str = ".report";
@@ -497,13 +498,6 @@ pub fn open_nofollow(options: &mut OpenOptions, path: &Path) -> std::io::Result<
                 e
             }
         })
-}
-
-/// This process's effective user id.
-#[allow(unsafe_code)]
-pub(crate) fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
 }
 
 /// The report ids of the files in a spool directory (for `inspect`, which must not take the
