@@ -80,7 +80,7 @@ pub enum CredentialError {
     /// Others could read or replace it, it is a symbolic link, or it is larger than any
     /// credential file: [`penrose_secret_file::read`] says which.
     #[error("admission.credential: {0}; refusing to use it")]
-    Unsafe(#[source] SecretFileError),
+    Unsafe(SecretFileError),
     /// It is not a credential file.
     #[error("admission.credential {path}: not a credential file: {source}")]
     Format {

@@ -70,7 +70,7 @@ pub enum TokenStoreError {
     /// A file another user could read or replace, a symbolic link where a file belongs, or a
     /// file larger than any token file: [`penrose_secret_file::read`] says which.
     #[error("token store: {0}; refusing to use it")]
-    Unsafe(#[source] SecretFileError),
+    Unsafe(SecretFileError),
     /// The folder itself (see [`create_private_dir`]).
     #[error(transparent)]
     Dir(#[from] SpoolError),

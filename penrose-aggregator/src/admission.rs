@@ -266,7 +266,7 @@ pub enum KeyRingFileError {
     /// group or others; whoever holds its keys can mint tokens), larger than any ring, or
     /// unreadable: [`penrose_secret_file::read`] says which.
     #[error("token key ring: {0}")]
-    Secret(#[from] SecretFileError),
+    Secret(SecretFileError),
     /// Not a key ring this build reads.
     #[error("{path} is not a valid token key ring: {source}")]
     Invalid {
@@ -278,6 +278,14 @@ pub enum KeyRingFileError {
     /// The file already exists (writing never replaces a ring).
     #[error("{0} already exists; key rings are never overwritten")]
     Exists(PathBuf),
+}
+
+// Not `#[from]`: the message already shows the inner error, which would otherwise also be the
+// source and print twice in a chain.
+impl From<SecretFileError> for KeyRingFileError {
+    fn from(e: SecretFileError) -> Self {
+        KeyRingFileError::Secret(e)
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyRingFileError + '_ {

@@ -83,7 +83,7 @@ pub enum ExportError {
     /// The key file is unsafe to use (a symbolic link, another user's, open to group or
     /// others) or unreadable: [`penrose_secret_file::read`] says which.
     #[error("bundle signing key: {0}")]
-    Secret(#[from] penrose_secret_file::SecretFileError),
+    Secret(penrose_secret_file::SecretFileError),
     /// The key file is not a signing key.
     #[error("{0} is not a Penrose signing key")]
     NotAKey(PathBuf),
@@ -144,7 +144,7 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError
             })?;
             Ok(key)
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(ExportError::Secret(e)),
     }
 }
 

@@ -39,7 +39,7 @@ pub enum KeyFileError {
     /// The private key file is unsafe to use (a symbolic link, another user's, open to group
     /// or others) or unreadable: [`penrose_secret_file::read`] says which.
     #[error("private key: {0}")]
-    Secret(#[from] SecretFileError),
+    Secret(SecretFileError),
     /// The file is larger than any key.
     #[error("{0} is too large to be a key file")]
     TooLarge(PathBuf),
@@ -59,6 +59,14 @@ pub enum KeyFileError {
         /// The policy it fails.
         source: PolicyError,
     },
+}
+
+// Not `#[from]`: the message already shows the inner error, which would otherwise also be the
+// source and print twice in a chain.
+impl From<SecretFileError> for KeyFileError {
+    fn from(e: SecretFileError) -> Self {
+        KeyFileError::Secret(e)
+    }
 }
 
 fn strong_enough(path: &Path, key: &PublicKey) -> Result<(), KeyFileError> {

@@ -66,7 +66,7 @@ pub enum IssuerError {
     /// A seed that may have been exposed is replaced by starting a new issuer (new seed, new
     /// key set, enrol again).
     #[error("master seed: {0}")]
-    Seed(#[source] penrose_secret_file::SecretFileError),
+    Seed(penrose_secret_file::SecretFileError),
     /// The seed file does not hold exactly 32 bytes.
     #[error("{path} holds {len} bytes; a master seed is exactly 32")]
     SeedLength {
