@@ -18,9 +18,15 @@ PACKAGES=(penrose-agent penrose-aggregator penrose-design penrose-issuer)
 # systemd-analyze security exposure (0.0 best .. 10.0 worst), the highest accepted: what was
 # measured on Debian 12 (systemd 252) plus a little, so that a weakened unit fails here. The
 # agent keeps root and five capabilities until it drops privileges (issue 13; 3.6 measured),
-# the aggregator has no capabilities (1.2 measured). docs/operations.md lists what is left.
+# the aggregator and the issuer have no capabilities (1.2 measured each). docs/operations.md
+# lists what is left.
 MAX_EXPOSURE_penrose_agent=4.0
 MAX_EXPOSURE_penrose_aggregator=1.5
+MAX_EXPOSURE_penrose_issuer=1.5
+# The packages that install a systemd unit, and those of them that run as a system user of
+# their own (made by systemd-sysusers in the postinst).
+UNITS=(penrose-agent penrose-aggregator penrose-issuer)
+USERS=(penrose-aggregator penrose-issuer)
 
 fail() {
     echo "FAILED: $*" >&2
@@ -91,12 +97,17 @@ for pkg in "${PACKAGES[@]}"; do
         penrose-agent)
             grep -qx /etc/penrose/agent.toml "$ctrl/conffiles" || fail "agent.toml is not a conffile"
             ;;
-        penrose-aggregator)
-            grep -qx /etc/penrose/aggregator.toml "$ctrl/conffiles" || fail "aggregator.toml is not a conffile"
-            grep -q 'systemd-sysusers' "$ctrl/postinst" || fail "the postinst does not create the user"
-            [[ "$depends" == *systemd-sysusers* ]] || fail "Depends lacks systemd-sysusers"
+        penrose-aggregator | penrose-issuer)
+            if [ "$pkg" = penrose-aggregator ]; then
+                grep -qx /etc/penrose/aggregator.toml "$ctrl/conffiles" || fail "aggregator.toml is not a conffile"
+            else
+                # The issuer has no configuration file (its settings are serve's flags).
+                [ ! -s "$ctrl/conffiles" ] || fail "$pkg has conffiles: $(cat "$ctrl/conffiles")"
+            fi
+            grep -q 'systemd-sysusers' "$ctrl/postinst" || fail "$pkg: the postinst does not create the user"
+            [[ "$depends" == *systemd-sysusers* ]] || fail "$pkg: Depends lacks systemd-sysusers"
             ;;
-        penrose-design | penrose-issuer)
+        penrose-design)
             [ ! -e "$ctrl/postinst" ] || fail "$pkg has a postinst; it should need none"
             ;;
     esac
@@ -136,17 +147,26 @@ for pkg in "${PACKAGES[@]}"; do
     status=$(dpkg_root -s "$pkg" | sed -n 's/^Status: //p')
     [ "$status" = "install ok installed" ] || fail "$pkg: status '$status' after install"
 done
-user=$(grep '^penrose-aggregator:' "$ROOT/etc/passwd") || fail "the postinst did not create penrose-aggregator"
-echo "user: $user"
-[[ "$user" == *:/var/lib/penrose-aggregator:/usr/sbin/nologin ]] ||
-    [[ "$user" == *:/var/lib/penrose-aggregator:/sbin/nologin ]] || fail "penrose-aggregator's home or shell"
+for name in "${USERS[@]}"; do
+    user=$(grep "^$name:" "$ROOT/etc/passwd") || fail "the postinst did not create $name"
+    echo "user: $user"
+    [[ "$user" == *":/var/lib/$name:/usr/sbin/nologin" ]] ||
+        [[ "$user" == *":/var/lib/$name:/sbin/nologin" ]] || fail "$name's home or shell"
+done
 step_done
 
 step "systemd units"
 # Each unit's state directory is where its configuration writes.
 agent_state=$("$ROOT/usr/bin/penrose-agent" config --print-default | sed -n 's/^state_dir = "\(.*\)"$/\1/p')
 aggregator_data=$(sed -n 's/^data_dir = "\(.*\)"$/\1/p' "$ROOT/etc/penrose/aggregator.toml")
-for pair in "penrose-agent:$agent_state" "penrose-aggregator:$aggregator_data"; do
+# The issuer has no configuration file: its unit names the state directory (--state), which
+# must also be the CLI's default, so that admin commands without --state find it.
+issuer_state=$(sed -n 's#^ExecStart=/usr/bin/penrose-issuer serve .*--state \([^ ]*\).*#\1#p' \
+    "$ROOT/usr/lib/systemd/system/penrose-issuer.service")
+[ -n "$issuer_state" ] || fail "penrose-issuer.service: ExecStart gives no --state"
+"$ROOT/usr/bin/penrose-issuer" status --help | grep -qF "[default: $issuer_state]" ||
+    fail "penrose-issuer.service: --state $issuer_state is not the CLI's default state directory"
+for pair in "penrose-agent:$agent_state" "penrose-aggregator:$aggregator_data" "penrose-issuer:$issuer_state"; do
     unit=${pair%%:*}
     dir=${pair#*:}
     file="$ROOT/usr/lib/systemd/system/$unit.service"
@@ -159,7 +179,7 @@ if command -v systemd-analyze >/dev/null 2>&1; then
     # verify checks that ExecStart's binary exists on this machine: check a copy whose
     # ExecStart points into the throwaway root, otherwise byte for byte the installed unit.
     check=$(mktemp -d)
-    for unit in penrose-agent penrose-aggregator; do
+    for unit in "${UNITS[@]}"; do
         sed "s#^ExecStart=/usr/bin/#ExecStart=$ROOT/usr/bin/#" \
             "$ROOT/usr/lib/systemd/system/$unit.service" >"$check/$unit.service"
         # Any output (an unknown key, a bad value) is a failure, not only a non-zero status.
@@ -181,7 +201,7 @@ if command -v systemd-analyze >/dev/null 2>&1; then
 else
     echo "NOTE: systemd-analyze is not available here, so the units are not verified by systemd;"
     echo "      checking their structure only (sections, Key=Value lines)"
-    for unit in penrose-agent penrose-aggregator; do
+    for unit in "${UNITS[@]}"; do
         awk -v f="$unit.service" '
             /^[ \t]*(#|$)/ { next }
             /^\[(Unit|Service|Install)\]$/ { section = $0; next }
@@ -238,5 +258,5 @@ if [ -n "$left" ]; then
     echo "$left"
     fail "files left after purge"
 fi
-echo "nothing left but the dpkg database and the penrose-aggregator user"
+echo "nothing left but the dpkg database and the users ${USERS[*]}"
 step_done

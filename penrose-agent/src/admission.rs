@@ -28,7 +28,6 @@
 //! may access it, when another user owns it, or when it is a symbolic link. It is sent only in
 //! issue requests, to the pinned issuer, and never logged.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,6 +41,7 @@ use penrose_core::tokens::{
     CredentialFileError, IssueResponse, KeyEntry, KeySet, MAX_BATCH, MAX_CREDENTIAL_FILE,
     TokenEpoch, TokenError, TokenRequest, TokenScope,
 };
+use penrose_secret_file::SecretFileError;
 use penrose_transport::ClientError;
 use penrose_transport::exchange::{ExchangeClient, Protocol};
 use rand::Rng;
@@ -49,7 +49,6 @@ use thiserror::Error;
 use tokio::sync::Notify;
 
 use crate::pipeline::DayClock;
-use crate::spool::{effective_uid, open_nofollow};
 use crate::status::AgentStatus;
 use crate::tokens::{KeySetConflict, TokenStore, TokenStoreError};
 
@@ -78,14 +77,10 @@ pub enum CredentialError {
         /// The cause.
         source: std::io::Error,
     },
-    /// Others could read or replace it, or it is a symbolic link.
-    #[error("admission.credential {path}: {reason}; refusing to use it")]
-    Unsafe {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong, and how to fix it.
-        reason: String,
-    },
+    /// Others could read or replace it, it is a symbolic link, or it is larger than any
+    /// credential file: [`penrose_secret_file::read`] says which.
+    #[error("admission.credential: {0}; refusing to use it")]
+    Unsafe(SecretFileError),
     /// It is not a credential file.
     #[error("admission.credential {path}: not a credential file: {source}")]
     Format {
@@ -100,54 +95,15 @@ pub enum CredentialError {
 /// agent's user that neither group nor others may access, in the
 /// `penrose-issuer-credential 1` format (`penrose_core::tokens::CREDENTIAL_FILE_MAGIC`).
 pub fn load_credential(path: &Path) -> Result<Credential, CredentialError> {
-    let unsafe_file = |reason: String| CredentialError::Unsafe {
-        path: path.to_owned(),
-        reason,
-    };
-    let io = |source| CredentialError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let file = open_nofollow(std::fs::OpenOptions::new().read(true), path).map_err(|e| {
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            unsafe_file("a symbolic link (never followed); install the file itself".into())
-        } else {
-            io(e)
-        }
+    let bytes = penrose_secret_file::read(path, CREDENTIAL_READ_LIMIT).map_err(|e| match e {
+        SecretFileError::Io { path, source } => CredentialError::Io { path, source },
+        e => CredentialError::Unsafe(e),
     })?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(unsafe_file("not a regular file".into()));
-    }
-    let uid = effective_uid();
-    if meta.uid() != uid {
-        return Err(unsafe_file(format!(
-            "owned by uid {}, not by the agent's user (uid {uid})",
-            meta.uid()
-        )));
-    }
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(unsafe_file(format!(
-            "group or others may access it (mode {mode:o}); the credential is a secret: `chmod 600` it"
-        )));
-    }
-    let mut text = String::new();
     let format = |source| CredentialError::Format {
         path: path.to_owned(),
         source,
     };
-    std::io::Read::read_to_string(
-        &mut std::io::Read::take(file, CREDENTIAL_READ_LIMIT),
-        &mut text,
-    )
-    .map_err(|e| {
-        if e.kind() == std::io::ErrorKind::InvalidData {
-            format(CredentialFileError::NotACredential)
-        } else {
-            io(e)
-        }
-    })?;
+    let text = String::from_utf8(bytes).map_err(|_| format(CredentialFileError::NotACredential))?;
     Credential::from_file(&text).map_err(format)
 }
 
@@ -503,6 +459,7 @@ pub async fn run(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use std::fs;
+    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
 

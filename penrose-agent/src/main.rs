@@ -19,7 +19,6 @@ use penrose_agent::record::read_records;
 use penrose_agent::status::AgentStatus;
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
-use penrose_core::hex::encode as hex;
 use penrose_core::sampling::SamplePeriod;
 
 fn main() -> ExitCode {
@@ -206,7 +205,7 @@ fn fingerprint(path: &Path, window: usize, per_stream: bool, json: bool) -> Resu
                 "sequence": label,
                 "window": index,
                 "launches": chunk.len(),
-                "snippet_hash": hex(&hash.0),
+                "snippet_hash": hash.to_string(),
                 "similarity_to_first": fingerprinter.similarity(&first, &hash),
             }));
         }
@@ -285,7 +284,7 @@ fn run_capture(
                 "tokens": s.tokens.len(),
                 "names": distinct.len(),
                 "end": s.end,
-                "snippet_hash": hex(&s.snippet_hash(&fingerprinter).0),
+                "snippet_hash": s.snippet_hash(&fingerprinter).to_string(),
                 "first_names": s.names.iter().take(5).map(|n| &**n).collect::<Vec<_>>(),
                 "all_names": all_names.then(|| s.names.iter().map(|n| &**n).collect::<Vec<_>>()),
                 "samples": s.samples.iter().map(|sample| serde_json::json!({
@@ -625,12 +624,12 @@ fn inspect(path: &Path, json: bool) -> Result<()> {
     let records: Vec<_> =
         read_records(penrose_agent::record::RecordLog::in_state_dir(&config.state_dir).path())?
             .into_iter()
-            .filter(|r| r.id().is_some_and(|id| spooled.contains(&id)))
+            .filter(|r| spooled.contains(&r.report_id))
             .map(|mut r| {
-                if let Some(day) = r.id().and_then(|id| days.get(&id))
+                if let Some(day) = days.get(&r.report_id)
                     && day.0 != r.day
                 {
-                    restamped.insert(r.report_id.clone());
+                    restamped.insert(r.report_id);
                     r.day = day.0;
                 }
                 r

@@ -43,7 +43,6 @@ use thiserror::Error;
 
 use crate::capture::window::Snippet;
 use crate::record::{SealReason, SealedPerDay, SealedRecord};
-use crate::spool::hex;
 
 /// Days of per-(counter, day) report counts kept behind the current day, so that a clock set
 /// back a little cannot reopen a day's cap.
@@ -480,8 +479,8 @@ impl Pipeline {
         };
         let frame = Message::Report(report.clone()).to_frame()?;
         let record = SealedRecord {
-            report_id: hex(&report_id.0),
-            snippet: hex(&snippet.hash.0),
+            report_id,
+            snippet: snippet.hash,
             local_app,
             counter: counter.0,
             counter_name: self
@@ -629,7 +628,7 @@ mod tests {
             .snippet_hash(&snippet(1, 1800, 100, 5e3).names);
         assert_ne!(rep, last, "the two windows' snippets differ");
         assert_eq!(first.report.snippet, last);
-        assert_eq!(first.record.snippet, hex(&last.0));
+        assert_eq!(first.record.snippet, last);
         assert_ne!(first.report.snippet, rep);
     }
 

@@ -22,11 +22,12 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use penrose_core::counters::CounterId;
+use penrose_core::fingerprint::SnippetHash;
 use penrose_core::wire::{Day, ReportId};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::spool::{hex, open_nofollow, parse_hex16};
+use crate::spool::open_nofollow;
 
 /// File name of the record inside the state directory.
 pub const RECORD_FILE: &str = "sealed.jsonl";
@@ -71,11 +72,11 @@ pub enum SealReason {
 /// One sealed histogram, as encrypted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SealedRecord {
-    /// The report id, hex.
-    pub report_id: String,
+    /// The report id (in the file: its text form, 32 hex digits).
+    pub report_id: ReportId,
     /// The snippet hash the report carries (that of the last snippet that contributed samples
-    /// to the histogram), hex.
-    pub snippet: String,
+    /// to the histogram; in the file: its text form, 64 hex digits).
+    pub snippet: SnippetHash,
     /// The agent's number for the local application (never sent).
     pub local_app: u64,
     /// Counter id (catalogue).
@@ -96,18 +97,6 @@ pub struct SealedRecord {
     pub bins: Vec<u32>,
     /// Why it was sealed.
     pub reason: SealReason,
-}
-
-impl SealedRecord {
-    /// The report id.
-    pub fn id(&self) -> Option<ReportId> {
-        parse_hex16(&self.report_id).map(ReportId)
-    }
-
-    /// The hex form of `id`, as stored.
-    pub fn id_hex(id: &ReportId) -> String {
-        hex(&id.0)
-    }
 }
 
 /// How much of the sealed record is kept (`spool.record_max_bytes`,
@@ -363,8 +352,8 @@ mod tests {
 
     fn record(day: u32, counter: u16) -> SealedRecord {
         SealedRecord {
-            report_id: hex(&[day as u8; 16]),
-            snippet: hex(&[0; 32]),
+            report_id: ReportId([day as u8; 16]),
+            snippet: SnippetHash([0; 32]),
             local_app: 0,
             counter,
             counter_name: "c".into(),
@@ -375,6 +364,43 @@ mod tests {
             bins: vec![0; 128],
             reason: SealReason::Age,
         }
+    }
+
+    /// The ids are typed in memory but the file keeps the format it always had: each id as
+    /// its text form, a JSON string of lower-case hex. A line written before the ids were
+    /// typed reads back as the same record, and a line whose id is not one counts as damaged.
+    #[test]
+    fn ids_keep_their_text_form_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RecordLog::in_state_dir(dir.path());
+        let mut written = record(3, 5);
+        written.report_id = ReportId(std::array::from_fn(|i| 0xf0 | i as u8));
+        written.snippet = SnippetHash(std::array::from_fn(|i| i as u8 * 7));
+        log.append(&written).unwrap();
+        let text = std::fs::read_to_string(log.path()).unwrap();
+        let id_hex: String = (0..16).map(|i| format!("{:02x}", 0xf0 | i)).collect();
+        let snippet_hex: String = (0..32).map(|i| format!("{:02x}", i * 7)).collect();
+        assert!(
+            text.contains(&format!("\"report_id\":\"{id_hex}\"")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("\"snippet\":\"{snippet_hex}\"")),
+            "{text}"
+        );
+
+        // The line as the agent wrote it when both were hex strings (the same bytes).
+        let old = format!(
+            "{{\"report_id\":\"{id_hex}\",\"snippet\":\"{snippet_hex}\",\"local_app\":0,\
+             \"counter\":5,\"counter_name\":\"c\",\"catalogue\":1,\"day\":3,\"samples\":1,\
+             \"bins\":[{}],\"reason\":\"age\"}}\n",
+            vec!["0"; 128].join(",")
+        );
+        assert_eq!(old, text);
+        let bad = old.replacen(&id_hex, &id_hex[..30], 1);
+        std::fs::write(log.path(), format!("{old}{bad}")).unwrap();
+        let (read, damaged) = read_records_counted(log.path()).unwrap();
+        assert_eq!((read, damaged), (vec![written], 1));
     }
 
     /// The record's per-(day, counter) counts, from a given day on, skipping a torn last line.

@@ -30,6 +30,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use penrose_core::wire::ReportId;
+use penrose_secret_file::effective_uid;
 use thiserror::Error;
 
 const SUFFIX: &str = ".report";
@@ -270,7 +271,7 @@ impl Spool {
             });
         }
         let sequence = self.next_sequence;
-        let name = format!("{sequence:020}-{}{SUFFIX}", hex(&report_id.0));
+        let name = format!("{sequence:020}-{report_id}{SUFFIX}");
         let path = self.dir.join(&name);
         let temp = self.dir.join(format!("{TEMP_PREFIX}{name}"));
         if let Err(e) = write_synced(&temp, frame) {
@@ -348,8 +349,7 @@ impl Spool {
         }
         let name = format!(
             "{:020}-{}{SENT_SUFFIX}",
-            current.sequence,
-            hex(&current.report_id.0)
+            current.sequence, current.report_id
         );
         let path = self.dir.join(name);
         fs::rename(&current.path, &path).map_err(io(&path))?;
@@ -500,13 +500,6 @@ pub fn open_nofollow(options: &mut OpenOptions, path: &Path) -> std::io::Result<
         })
 }
 
-/// This process's effective user id.
-#[allow(unsafe_code)]
-pub(crate) fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// The report ids of the files in a spool directory (for `inspect`, which must not take the
 /// daemon's spool).
 pub fn list_ids(dir: &Path) -> Result<Vec<ReportId>, SpoolError> {
@@ -569,7 +562,7 @@ fn parse_name(name: &str) -> Option<(u64, ReportId, bool)> {
     };
     let (sequence, id) = stem.split_once('-')?;
     let sequence = sequence.parse().ok()?;
-    Some((sequence, ReportId(parse_hex16(id)?), attempted))
+    Some((sequence, id.parse().ok()?, attempted))
 }
 
 /// Creates `dir` (and parents) readable by the owner only, and checks it: a directory that
@@ -636,17 +629,6 @@ pub fn sync_dir(dir: &Path) -> Result<(), SpoolError> {
         .map_err(io(dir))
 }
 
-/// Lower-case hex.
-pub use penrose_core::hex::encode as hex;
-
-/// Parses 32 hex digits.
-pub fn parse_hex16(s: &str) -> Option<[u8; 16]> {
-    penrose_core::hex::decode_array(s)
-}
-
-/// Parses an even number of hex digits.
-pub use penrose_core::hex::decode as parse_hex;
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -692,7 +674,7 @@ mod tests {
         kept.sort();
         // The newest are kept, each with its note.
         assert_eq!(kept.len(), 9, "{kept:?}");
-        assert!(kept.last().unwrap().contains(&hex(&id(19).0)));
+        assert!(kept.last().unwrap().contains(&id(19).to_string()));
         assert_eq!(spool.counts().rejected_dropped, 11);
 
         // Ten days later everything is past the age bound.

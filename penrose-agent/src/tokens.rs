@@ -29,21 +29,18 @@
 //! ```
 
 use std::collections::{BTreeMap, HashSet};
-use std::fs::{self, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use penrose_core::tokens::{
     KeyEntry, KeySet, TOKEN_BYTES, Token, TokenEpoch, TokenKeyId, TokenScope,
 };
 use penrose_core::wire::{Day, ReportId};
+use penrose_secret_file::SecretFileError;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::spool::{
-    SpoolError, create_private_dir, effective_uid, open_nofollow, sync_dir, write_synced,
-};
+use crate::spool::{SpoolError, create_private_dir, sync_dir, write_synced};
 
 /// The store's folder inside the state directory.
 pub const TOKEN_DIR: &str = "tokens";
@@ -70,17 +67,23 @@ pub enum TokenStoreError {
         /// The cause.
         source: std::io::Error,
     },
-    /// A file another user could read or replace, or a symbolic link where a file belongs.
-    #[error("token store {path}: {reason}; refusing to use it")]
-    Unsafe {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong, and how to fix it.
-        reason: String,
-    },
+    /// A file another user could read or replace, a symbolic link where a file belongs, or a
+    /// file larger than any token file: [`penrose_secret_file::read`] says which.
+    #[error("token store: {0}; refusing to use it")]
+    Unsafe(SecretFileError),
     /// The folder itself (see [`create_private_dir`]).
     #[error(transparent)]
     Dir(#[from] SpoolError),
+}
+
+impl TokenStoreError {
+    /// A refusal of the secret-file reader: its I/O errors as such, the rest as unsafe.
+    fn from_secret(e: SecretFileError) -> Self {
+        match e {
+            SecretFileError::Io { path, source } => TokenStoreError::Io { path, source },
+            e => TokenStoreError::Unsafe(e),
+        }
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TokenStoreError + '_ {
@@ -580,48 +583,11 @@ fn load(dir: &Path, repair: bool) -> Result<Loaded, TokenStoreError> {
     Ok((slots, key_set))
 }
 
-/// Reads a store file: not a symbolic link, a regular file of the agent's user that neither
-/// group nor others may access, at most `limit` bytes.
+/// Reads a store file with the shared secret-file reader (`penrose_secret_file::read`): not a
+/// symbolic link, a regular file of the agent's user (or root) that neither group nor others
+/// may access, at most `limit` bytes.
 fn read_private(path: &Path, limit: u64) -> Result<Vec<u8>, TokenStoreError> {
-    let unsafe_file = |reason: String| TokenStoreError::Unsafe {
-        path: path.to_owned(),
-        reason,
-    };
-    let file = open_nofollow(OpenOptions::new().read(true), path).map_err(|e| {
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            unsafe_file(
-                "a symbolic link where a token file belongs (never followed); remove it".into(),
-            )
-        } else {
-            io(path)(e)
-        }
-    })?;
-    let meta = file.metadata().map_err(io(path))?;
-    if !meta.is_file() {
-        return Err(unsafe_file("not a regular file".into()));
-    }
-    let uid = effective_uid();
-    if meta.uid() != uid {
-        return Err(unsafe_file(format!(
-            "owned by uid {}, not by the agent's user (uid {uid})",
-            meta.uid()
-        )));
-    }
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(unsafe_file(format!(
-            "group or others may access it (mode {mode:o}); tokens are secrets: `chmod 600` it"
-        )));
-    }
-    if meta.len() > limit {
-        return Err(unsafe_file(format!(
-            "{} bytes, more than a token file holds ({limit})",
-            meta.len()
-        )));
-    }
-    let mut bytes = Vec::new();
-    file.take(limit).read_to_end(&mut bytes).map_err(io(path))?;
-    Ok(bytes)
+    penrose_secret_file::read(path, limit).map_err(TokenStoreError::from_secret)
 }
 
 /// Writes `bytes` at `path` atomically (temporary file 0600, sync, rename, directory sync).
@@ -653,6 +619,8 @@ fn remove(dir: &Path, path: &Path) -> Result<(), TokenStoreError> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::PermissionsExt;
+
     use penrose_core::tokens::{IssuerKey, TokenRequest};
 
     use super::*;

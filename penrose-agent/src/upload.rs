@@ -208,7 +208,7 @@ pub async fn run(config: UploadConfig, shared: Shared) {
             if told_waiting.insert(entry.sequence) {
                 tracing::info!(
                     "report {} (day {}, counter {}) waits for an admission token",
-                    crate::spool::hex(&entry.report_id.0),
+                    entry.report_id,
                     report.day.0,
                     report.counter.0
                 );
@@ -417,7 +417,7 @@ fn attach_token(
                     lock(&shared.status).tokens.restamped += 1;
                     tracing::info!(
                         "report {} had no token left for day {}: re-stamped to today ({})",
-                        crate::spool::hex(&report.report_id.0),
+                        report.report_id,
                         from.0,
                         today.0
                     );
@@ -560,7 +560,7 @@ fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille
             tracing::warn!(
                 "the server refused the admission token of report {} ({reason:?}); token \
                  discarded, the report goes again with another",
-                crate::spool::hex(&entry.report_id.0)
+                entry.report_id
             );
             Settled::TokenRefused
         }
@@ -576,7 +576,7 @@ fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille
             status.uploads.new_class_limit += 1;
             tracing::info!(
                 "report {} not taken for now ({reason:?}); kept, the others go first",
-                crate::spool::hex(&entry.report_id.0)
+                entry.report_id
             );
             Settled::Deferred
         }
@@ -588,7 +588,7 @@ fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille
             status.uploads.rejected += 1;
             tracing::warn!(
                 "report {} rejected by the server ({reason:?}); moved aside",
-                crate::spool::hex(&entry.report_id.0)
+                entry.report_id
             );
             if let Err(e) = spool.move_rejected(entry, &format!("{reason:?}")) {
                 status.last_error = Some(e.to_string());

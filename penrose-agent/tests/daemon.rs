@@ -117,13 +117,13 @@ fn no_plaintext_leaves_the_agent() {
     assert!(!bodies.is_empty() && !datagrams.is_empty());
     // Every body is a report under the design server's key, and the record knows it.
     let records = fx.records();
-    let recorded: HashSet<String> = records.iter().map(|r| r.report_id.clone()).collect();
+    let recorded: HashSet<ReportId> = records.iter().map(|r| r.report_id).collect();
     for body in &bodies {
         let Message::Report(r) = Message::decode_body(body).unwrap() else {
             panic!("not a report")
         };
         assert_eq!(r.key_id, public_key().key_id());
-        assert!(recorded.contains(&penrose_agent::spool::hex(&r.report_id.0)));
+        assert!(recorded.contains(&r.report_id));
     }
 
     // What must not appear: kernel names and counter values of the replayed traces ...
@@ -187,7 +187,7 @@ fn no_plaintext_leaves_the_agent() {
     if let Ok(id) = std::fs::read_to_string("/etc/machine-id") {
         let id = id.trim().to_string();
         needles.push(("machine id".into(), id.as_bytes().to_vec()));
-        if let Some(raw) = penrose_agent::spool::parse_hex(&id) {
+        if let Some(raw) = penrose_core::hex::decode(&id) {
             needles.push(("machine id bytes".into(), raw));
         }
     }
@@ -252,10 +252,10 @@ fn killed_agent_delivers_every_spooled_report_exactly_once_after_restart() {
         assert_eq!(stored[id].0, 1, "stored exactly once");
     }
     // Everything the server holds was sealed by the agent, and each stored once.
-    let recorded: HashSet<String> = fx.records().iter().map(|r| r.report_id.clone()).collect();
+    let recorded: HashSet<ReportId> = fx.records().iter().map(|r| r.report_id).collect();
     for (id, (accepted, _)) in stored.iter() {
         assert_eq!(*accepted, 1);
-        assert!(recorded.contains(&penrose_agent::spool::hex(&id.0)));
+        assert!(recorded.contains(id));
     }
 }
 
@@ -295,7 +295,7 @@ fn server_down_then_up_delivers_everything() {
     let stored: HashSet<ReportId> = handler.ids().into_iter().collect();
     let spooled: HashSet<ReportId> = fx.spool_ids().into_iter().collect();
     for r in fx.records() {
-        let id = r.id().unwrap();
+        let id = r.report_id;
         assert!(
             stored.contains(&id) || spooled.contains(&id),
             "report {} lost",
@@ -453,15 +453,12 @@ fn a_full_spool_drops_the_oldest_and_the_agent_runs_on() {
         .unwrap();
     assert!(out.status.success());
     let shown: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let shown: HashSet<String> = shown
+    // Ids in their text form (parsed back: the JSON is that form).
+    let shown: HashSet<ReportId> = shown
         .iter()
-        .map(|r| r["report_id"].as_str().unwrap().to_string())
+        .map(|r| r["report_id"].as_str().unwrap().parse().unwrap())
         .collect();
-    let spooled: HashSet<String> = fx
-        .spool_ids()
-        .iter()
-        .map(|i| penrose_agent::spool::hex(&i.0))
-        .collect();
+    let spooled: HashSet<ReportId> = fx.spool_ids().into_iter().collect();
     assert_eq!(shown, spooled);
     assert!(!spooled.is_empty());
     let text = Command::new(agent_binary())

@@ -162,7 +162,7 @@ calibrate = false
         );
     }
     for id in handler.ids() {
-        assert!(records.iter().any(|r| r.id() == Some(id)));
+        assert!(records.iter().any(|r| r.report_id == id));
     }
     println!(
         "live daemon: {} windows, {} launches, {} samples, {} reports stored, probe overhead {:?}%",

@@ -40,8 +40,8 @@ fn mount_small_tmpfs(dir: &Path) -> Mounted {
 
 fn record(i: u32, day: u32) -> SealedRecord {
     SealedRecord {
-        report_id: format!("{i:032x}"),
-        snippet: "00".repeat(32),
+        report_id: format!("{i:032x}").parse().unwrap(),
+        snippet: penrose_core::fingerprint::SnippetHash([0; 32]),
         local_app: 0,
         counter: 4,
         counter_name: "sm_active_pct".into(),

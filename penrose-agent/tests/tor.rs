@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use penrose_core::wire::{Ack, AckStatus};
+use penrose_core::wire::{Ack, AckStatus, ReportId};
 use penrose_tornet::{ExitFinder, Holder, TorNetwork, TorNetworkOptions};
 use penrose_transport::{Identity, Limits, Origin, ReportHandler, Server, ServerConfig};
 
@@ -262,22 +262,15 @@ fn accepted(fixture: &Fixture) -> u64 {
     fixture.status().map_or(0, |s| s.uploads.accepted)
 }
 
-/// The ids (hex, as the sealed record writes them) the server stored, each once.
-fn stored_once(handler: &TorHandler) -> HashSet<String> {
+/// The ids the server stored, each once.
+fn stored_once(handler: &TorHandler) -> HashSet<ReportId> {
     let stored = handler.inner.stored.lock().unwrap();
     assert!(stored.values().all(|(stores, _)| *stores == 1));
-    stored
-        .keys()
-        .map(|id| penrose_agent::spool::hex(&id.0))
-        .collect()
+    stored.keys().copied().collect()
 }
 
-fn spooled(fixture: &Fixture) -> HashSet<String> {
-    fixture
-        .spool_ids()
-        .iter()
-        .map(|id| penrose_agent::spool::hex(&id.0))
-        .collect()
+fn spooled(fixture: &Fixture) -> HashSet<ReportId> {
+    fixture.spool_ids().into_iter().collect()
 }
 
 fn several_agents(world: &mut World, _runtime: &tokio::runtime::Runtime) {

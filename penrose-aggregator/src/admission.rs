@@ -31,9 +31,9 @@
 //! for, ahead of time). [`TokenRing::load`] refuses a symbolic link and a file that group or
 //! others may read, like the design server's private key file.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use penrose_core::counters::CounterId;
@@ -41,6 +41,7 @@ use penrose_core::tokens::{
     IssuerKey, KeyRing, KeySet, Redemption, SpentId, TokenEpoch, TokenError, TokenScope,
 };
 use penrose_core::wire::{Day, Report};
+use penrose_secret_file::SecretFileError;
 use thiserror::Error;
 
 use crate::validate::Rejection;
@@ -261,27 +262,11 @@ pub enum KeyRingFileError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The path is a symbolic link; the ring is read only from the file named.
-    #[error("{0} is a symbolic link; name the key ring file itself")]
-    Symlink(PathBuf),
-    /// Not a regular file.
-    #[error("{0} is not a regular file")]
-    NotAFile(PathBuf),
-    /// Group or others may read it.
-    #[error(
-        "{path} is readable by group or others (mode {mode:o}); its keys may be exposed, and \
-         whoever holds them can mint tokens: `chmod 600` it only if you are sure they were not, \
-         else have the issuer rotate its keys"
-    )]
-    TooOpen {
-        /// The file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
-    /// Larger than any key ring.
-    #[error("{0} is too large to be a key ring")]
-    TooLarge(PathBuf),
+    /// The file is unsafe to use (a symbolic link, not a regular file, another user's, open to
+    /// group or others; whoever holds its keys can mint tokens), larger than any ring, or
+    /// unreadable: [`penrose_secret_file::read`] says which.
+    #[error("token key ring: {0}")]
+    Secret(SecretFileError),
     /// Not a key ring this build reads.
     #[error("{path} is not a valid token key ring: {source}")]
     Invalid {
@@ -295,6 +280,14 @@ pub enum KeyRingFileError {
     Exists(PathBuf),
 }
 
+// Not `#[from]`: the message already shows the inner error, which would otherwise also be the
+// source and print twice in a chain.
+impl From<SecretFileError> for KeyRingFileError {
+    fn from(e: SecretFileError) -> Self {
+        KeyRingFileError::Secret(e)
+    }
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyRingFileError + '_ {
     move |source| KeyRingFileError::Io {
         path: path.to_path_buf(),
@@ -302,47 +295,15 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyRingFileError + '_ {
     }
 }
 
-/// Reads a key ring file: opened without following a symbolic link, refused when group or
-/// others may read it, when it is not a regular file, or when it is larger than any ring.
+/// Reads a key ring file with the shared secret-file reader (`penrose_secret_file::read`):
+/// refused when it is a symbolic link, not a regular file, another user's, accessible to
+/// group or others, or larger than any ring.
 pub fn read_key_ring(path: &Path) -> Result<KeyRing, KeyRingFileError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                KeyRingFileError::Symlink(path.to_path_buf())
-            } else {
-                io(path)(e)
-            }
-        })?;
-    let meta = file.metadata().map_err(io(path))?;
-    if !meta.is_file() {
-        return Err(KeyRingFileError::NotAFile(path.to_path_buf()));
-    }
-    let mode = meta.mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(KeyRingFileError::TooOpen {
-            path: path.to_path_buf(),
-            mode,
-        });
-    }
-    let bytes = read_limited(file, path)?;
+    let bytes = penrose_secret_file::read(path, MAX_KEY_RING_FILE)?;
     KeyRing::decode(&bytes).map_err(|source| KeyRingFileError::Invalid {
         path: path.to_path_buf(),
         source,
     })
-}
-
-fn read_limited(file: File, path: &Path) -> Result<Vec<u8>, KeyRingFileError> {
-    let mut bytes = Vec::new();
-    file.take(MAX_KEY_RING_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io(path))?;
-    if bytes.len() as u64 > MAX_KEY_RING_FILE {
-        return Err(KeyRingFileError::TooLarge(path.to_path_buf()));
-    }
-    Ok(bytes)
 }
 
 /// Writes a key ring file readable by its owner alone (0600), never replacing one: for tests
@@ -420,13 +381,15 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).unwrap();
         assert!(matches!(
             TokenRing::load(&link),
-            Err(KeyRingFileError::Symlink(_))
+            Err(KeyRingFileError::Secret(SecretFileError::Symlink(_)))
         ));
 
         for mode in [0o640, 0o604, 0o644] {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
             match TokenRing::load(&path) {
-                Err(KeyRingFileError::TooOpen { mode: m, .. }) => assert_eq!(m, mode),
+                Err(KeyRingFileError::Secret(SecretFileError::TooOpen { mode: m, .. })) => {
+                    assert_eq!(m, mode)
+                }
                 other => panic!("mode {mode:o}: {other:?}"),
             }
         }
@@ -442,11 +405,11 @@ mod tests {
         ));
         assert!(matches!(
             TokenRing::load(dir.path()),
-            Err(KeyRingFileError::NotAFile(_) | KeyRingFileError::Io { .. })
+            Err(KeyRingFileError::Secret(SecretFileError::NotAFile(_)))
         ));
         assert!(matches!(
             TokenRing::load(&dir.path().join("missing")),
-            Err(KeyRingFileError::Io { .. })
+            Err(KeyRingFileError::Secret(SecretFileError::Io { .. }))
         ));
     }
 }

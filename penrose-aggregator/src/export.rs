@@ -28,8 +28,8 @@
 //! it (hex) for the design server to pin.
 
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use std::collections::BTreeMap;
@@ -81,14 +81,10 @@ pub enum ExportError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The key file is readable by others.
-    #[error("{path} is readable by group or others (mode {mode:o}); `chmod 600` it")]
-    TooOpen {
-        /// The file.
-        path: PathBuf,
-        /// Its mode.
-        mode: u32,
-    },
+    /// The key file is unsafe to use (a symbolic link, another user's, open to group or
+    /// others) or unreadable: [`penrose_secret_file::read`] says which.
+    #[error("bundle signing key: {0}")]
+    Secret(penrose_secret_file::SecretFileError),
     /// The key file is not a signing key.
     #[error("{0} is not a Penrose signing key")]
     NotAKey(PathBuf),
@@ -108,27 +104,22 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError
         path: path.to_path_buf(),
         source,
     };
-    match OpenOptions::new().read(true).open(path) {
-        Ok(mut file) => {
-            let mode = file.metadata().map_err(io)?.mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(ExportError::TooOpen {
-                    path: path.to_path_buf(),
-                    mode,
-                });
-            }
-            let mut bytes = Vec::new();
-            Read::by_ref(&mut file)
-                .take(64)
-                .read_to_end(&mut bytes)
-                .map_err(io)?;
+    // The shared secret-file reader: no symbolic link, this user's file, mode 0600 or
+    // stricter. A key file is the tag and 32 bytes; anything larger is not one.
+    match penrose_secret_file::read(path, (KEY_TAG.len() + 32) as u64) {
+        Ok(bytes) => {
             let seed: [u8; 32] = bytes
                 .strip_prefix(KEY_TAG.as_slice())
                 .and_then(|s| s.try_into().ok())
                 .ok_or_else(|| ExportError::NotAKey(path.to_path_buf()))?;
             Ok(SigningKey::from_bytes(&seed))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(penrose_secret_file::SecretFileError::TooLarge { .. }) => {
+            Err(ExportError::NotAKey(path.to_path_buf()))
+        }
+        Err(penrose_secret_file::SecretFileError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
             let mut seed = [0u8; 32];
             rand::rng().fill_bytes(&mut seed);
             let key = SigningKey::from_bytes(&seed);
@@ -136,6 +127,7 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(path)
                 .map_err(io)?;
             let mut bytes = KEY_TAG.to_vec();
@@ -153,7 +145,7 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError
             })?;
             Ok(key)
         }
-        Err(e) => Err(io(e)),
+        Err(e) => Err(ExportError::Secret(e)),
     }
 }
 
@@ -743,7 +735,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("server.key");
         let key = load_or_create_signing_key(&path).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+        let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&path).unwrap()) & 0o777;
         assert_eq!(mode, 0o600);
         let again = load_or_create_signing_key(&path).unwrap();
         assert_eq!(key.to_bytes(), again.to_bytes());
@@ -754,7 +746,9 @@ mod tests {
             .unwrap();
         assert!(matches!(
             load_or_create_signing_key(&path),
-            Err(ExportError::TooOpen { .. })
+            Err(ExportError::Secret(
+                penrose_secret_file::SecretFileError::TooOpen { mode: 0o644, .. }
+            ))
         ));
         let other = dir.path().join("junk.key");
         std::fs::write(&other, b"junk").unwrap();

@@ -115,7 +115,7 @@ fn serve_refuses_to_start_without_admission_or_with_an_exposed_or_linked_key_rin
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(ring, &link).unwrap();
     for (path, says) in [
-        (&exposed, "readable by group or others"),
+        (&exposed, "group or others (mode 640)"),
         (&link, "symbolic link"),
     ] {
         let (code, stderr) = refused(

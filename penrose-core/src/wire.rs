@@ -56,6 +56,8 @@ const KIND_ACK: u8 = 2;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReportId(pub [u8; 16]);
 
+crate::hex::text_id!(ReportId, "report id");
+
 /// Days since the Unix epoch: the only clock a report carries, coarse on purpose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Day(pub u32);

@@ -1,14 +1,17 @@
 //! Key files. The private key never leaves the design server, so its file is created readable
 //! by its owner alone, and loading refuses a file that anyone else could read: a key that was
-//! exposed must be replaced, not used.
+//! exposed must be replaced, not used. It is read by the reader every tier uses for its
+//! secrets (`penrose_secret_file`: no symbolic link, the reader's own file, mode 0600 or
+//! stricter).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use penrose_core::paillier::{Keypair, PaillierError, PrivateKey, PublicKey};
 use penrose_core::release::{PolicyError, check_key_bits};
+use penrose_secret_file::SecretFileError;
 use thiserror::Error;
 
 /// File name of the private key inside a key directory.
@@ -33,17 +36,10 @@ pub enum KeyFileError {
     /// Writing would replace an existing key, which would orphan everything encrypted to it.
     #[error("{0} already exists; move it away first (keys are never overwritten)")]
     Exists(PathBuf),
-    /// Group or others may read the private key file.
-    #[error(
-        "{path} is readable by group or others (mode {mode:o}); the key may be exposed: \
-         run `chmod 600` only if you are sure it was not, else generate a new key"
-    )]
-    TooOpen {
-        /// The file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
+    /// The private key file is unsafe to use (a symbolic link, another user's, open to group
+    /// or others) or unreadable: [`penrose_secret_file::read`] says which.
+    #[error("private key: {0}")]
+    Secret(SecretFileError),
     /// The file is larger than any key.
     #[error("{0} is too large to be a key file")]
     TooLarge(PathBuf),
@@ -63,6 +59,14 @@ pub enum KeyFileError {
         /// The policy it fails.
         source: PolicyError,
     },
+}
+
+// Not `#[from]`: the message already shows the inner error, which would otherwise also be the
+// source and print twice in a chain.
+impl From<SecretFileError> for KeyFileError {
+    fn from(e: SecretFileError) -> Self {
+        KeyFileError::Secret(e)
+    }
 }
 
 fn strong_enough(path: &Path, key: &PublicKey) -> Result<(), KeyFileError> {
@@ -113,17 +117,10 @@ fn write_new(path: &Path, mode: u32, bytes: &[u8]) -> Result<(), KeyFileError> {
     file.sync_all().map_err(io(path))
 }
 
-/// Reads a private key, refusing a file that group or others can read.
+/// Reads a private key with the shared secret-file reader: refuses a symbolic link, another
+/// user's file and a file that group or others can access.
 pub fn read_private_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
-    let file = File::open(path).map_err(io(path))?;
-    let mode = file.metadata().map_err(io(path))?.mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(KeyFileError::TooOpen {
-            path: path.to_owned(),
-            mode,
-        });
-    }
-    let bytes = read_limited(file, path)?;
+    let bytes = penrose_secret_file::read(path, MAX_KEY_FILE)?;
     let key = PrivateKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
         path: path.to_owned(),
         source,
@@ -210,7 +207,18 @@ mod tests {
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o640)).unwrap();
         assert!(matches!(
             read_private_key(&private),
-            Err(KeyFileError::TooOpen { mode: 0o640, .. })
+            Err(KeyFileError::Secret(SecretFileError::TooOpen {
+                mode: 0o640,
+                ..
+            }))
+        ));
+        // A symbolic link to a good key is refused too (never followed).
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("link.key");
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        assert!(matches!(
+            read_private_key(&link),
+            Err(KeyFileError::Secret(SecretFileError::Symlink(_)))
         ));
     }
 

@@ -61,21 +61,12 @@ pub enum IssuerError {
          already issued or the key rings already exported"
     )]
     SeedMismatch(PathBuf),
-    /// Group or others may read (or write) the seed file.
-    #[error(
-        "{path} is accessible to group or others (mode {mode:o}); the seed may be exposed: run \
-         `chmod 600` only if you are sure it was not, else start a new issuer (new seed, new key \
-         set, enrol again)"
-    )]
-    SeedTooOpen {
-        /// The file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
-    /// The seed path is a symbolic link (or not a regular file).
-    #[error("{0} is a symbolic link or not a regular file; the seed must be a plain file")]
-    SeedNotPlain(PathBuf),
+    /// The seed file is unsafe to use (a symbolic link, not a regular file, another user's,
+    /// accessible to group or others) or unreadable: [`penrose_secret_file::read`] says which.
+    /// A seed that may have been exposed is replaced by starting a new issuer (new seed, new
+    /// key set, enrol again).
+    #[error("master seed: {0}")]
+    Seed(penrose_secret_file::SecretFileError),
     /// The seed file does not hold exactly 32 bytes.
     #[error("{path} holds {len} bytes; a master seed is exactly 32")]
     SeedLength {

@@ -1,12 +1,13 @@
 //! The master seed: 32 random bytes from which every issuer key is derived, one per (day,
 //! counter) (`IssuerKey::derive(epoch, scope, seed)`, RFC 9497 DeriveKeyPair). Whoever holds it
 //! can mint tokens for any day, so its file is created readable by its owner alone, and loading
-//! refuses a file that group or others may access, a symbolic link, or anything but a plain
+//! (with the reader every tier uses for its secrets, `penrose_secret_file`) refuses a file that
+//! group or others may access, another user's file, a symbolic link, or anything but a plain
 //! file of exactly 32 bytes: a seed that was exposed must be replaced, not used.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use penrose_core::tokens::{IssuerKey, TokenEpoch, TokenError, TokenScope};
@@ -66,53 +67,26 @@ impl MasterSeed {
         create_secret(path, &self.0)
     }
 
-    /// Reads a seed file; refuses a symbolic link, anything but a regular file, a file that
-    /// group or others may read or write, and a length other than 32 bytes.
+    /// Reads a seed file; refuses a symbolic link, anything but a regular file, another
+    /// user's file, a file that group or others may access, and a length other than 32 bytes.
     pub fn load(path: &Path) -> Result<Self, IssuerError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| {
-                if e.raw_os_error() == Some(libc::ELOOP) {
-                    IssuerError::SeedNotPlain(path.to_owned())
-                } else {
-                    IssuerError::Io {
-                        path: path.to_owned(),
-                        source: e,
-                    }
-                }
-            })?;
-        let meta = file.metadata().map_err(IssuerError::io(path))?;
-        if !meta.file_type().is_file() {
-            return Err(IssuerError::SeedNotPlain(path.to_owned()));
-        }
-        let mode = meta.mode() & 0o7777;
-        if mode & 0o077 != 0 {
-            return Err(IssuerError::SeedTooOpen {
+        // A little more than a seed, so that a longer file is named with its length.
+        const READ_LIMIT: u64 = 4096;
+        let bytes = penrose_secret_file::read(path, READ_LIMIT).map_err(|e| match e {
+            penrose_secret_file::SecretFileError::TooLarge { .. } => IssuerError::SeedLength {
                 path: path.to_owned(),
-                mode,
-            });
-        }
-        if meta.len() != SEED_BYTES as u64 {
-            return Err(IssuerError::SeedLength {
-                path: path.to_owned(),
-                len: meta.len(),
-            });
-        }
-        let mut seed = [0u8; SEED_BYTES];
-        let mut rest = Vec::new();
-        let mut file = file;
-        file.read_exact(&mut seed).map_err(IssuerError::io(path))?;
-        file.take(1)
-            .read_to_end(&mut rest)
-            .map_err(IssuerError::io(path))?;
-        if !rest.is_empty() {
-            return Err(IssuerError::SeedLength {
-                path: path.to_owned(),
-                len: meta.len().max(SEED_BYTES as u64 + 1),
-            });
-        }
+                len: READ_LIMIT + 1,
+            },
+            e => IssuerError::Seed(e),
+        })?;
+        let seed: [u8; SEED_BYTES] =
+            bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| IssuerError::SeedLength {
+                    path: path.to_owned(),
+                    len: bytes.len() as u64,
+                })?;
         Ok(MasterSeed(seed))
     }
 }
@@ -147,6 +121,7 @@ pub(crate) fn create_secret(path: &Path, bytes: &[u8]) -> Result<(), IssuerError
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use penrose_secret_file::SecretFileError;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
@@ -172,7 +147,7 @@ mod tests {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
             let err = MasterSeed::load(&path).unwrap_err();
             assert!(
-                matches!(err, IssuerError::SeedTooOpen { mode: m, .. } if m == mode),
+                matches!(err, IssuerError::Seed(SecretFileError::TooOpen { mode: m, .. }) if m == mode),
                 "{mode:o}: {err}"
             );
         }
@@ -182,7 +157,7 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).unwrap();
         assert!(matches!(
             MasterSeed::load(&link),
-            Err(IssuerError::SeedNotPlain(_))
+            Err(IssuerError::Seed(SecretFileError::Symlink(_)))
         ));
         // Creating through a dangling link is refused too.
         let dangling = dir.path().join("dangling");
@@ -202,7 +177,7 @@ mod tests {
         std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(matches!(
             MasterSeed::load(&sub),
-            Err(IssuerError::SeedNotPlain(_))
+            Err(IssuerError::Seed(SecretFileError::NotAFile(_)))
         ));
     }
 }

@@ -501,7 +501,10 @@ async fn an_issuer_refuses_a_seed_others_can_read_and_a_quota_above_t() {
         .err()
         .expect("a seed readable by others was accepted");
     assert!(
-        matches!(err, IssuerError::SeedTooOpen { mode: 0o644, .. }),
+        matches!(
+            err,
+            IssuerError::Seed(penrose_secret_file::SecretFileError::TooOpen { mode: 0o644, .. })
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("644"), "{err}");

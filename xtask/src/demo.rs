@@ -70,6 +70,8 @@ use serde::Serialize;
 use crate::bench::{target_dir, workspace_root};
 use crate::bench_capture::newest_standin;
 use penrose_agent::capture::loader::is_root;
+use penrose_agent::config::RouteChoice;
+use penrose_agent::status::AgentStatus;
 
 /// Arguments of `cargo xtask demo`.
 #[derive(clap::Args)]
@@ -983,9 +985,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let first_index = hosts[0].child;
     // Faults strike the first host once its agent has delivered something (its counts restart
     // with it), so that each one lands mid-stream rather than during a start-up.
-    let delivered = |state_dir: &Path| {
-        read_status(state_dir).map_or(0, |s| s["uploads"]["accepted"].as_u64().unwrap_or(0))
-    };
+    let delivered = |state_dir: &Path| read_status(state_dir).map_or(0, |s| s.uploads.accepted);
     let hard_stop = options.capture + Duration::from_secs(120);
     // With --tor: the servers' stream ports, and per connection seen on one while open, the
     // exit whose process held its other end.
@@ -1034,17 +1034,17 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             children.0[server_index].1 = server;
             killed.push("penrose-aggregator".to_string());
         }
-        let statuses: Vec<serde_json::Value> =
+        let statuses: Vec<AgentStatus> =
             hosts.iter().filter_map(|h| read_status(&h.state)).collect();
-        let total = |f: &dyn Fn(&serde_json::Value) -> u64| statuses.iter().map(f).sum::<u64>();
+        let total = |f: &dyn Fn(&AgentStatus) -> u64| statuses.iter().map(f).sum::<u64>();
         bar.set_message(format!(
             "{} agents: {} launches, {} samples, {} sealed, {} accepted, {} spooled",
             statuses.len(),
-            total(&|s| s["launches"].as_u64().unwrap_or(0)),
-            total(&|s| s["pipeline"]["samples"].as_u64().unwrap_or(0)),
-            total(&|s| s["pipeline"]["sealed"].as_u64().unwrap_or(0)),
-            total(&|s| s["uploads"]["accepted"].as_u64().unwrap_or(0)),
-            total(&|s| s["spool"]["reports"].as_u64().unwrap_or(0)),
+            total(&|s| s.launches),
+            total(&|s| s.pipeline.samples),
+            total(&|s| s.pipeline.sealed),
+            total(&|s| s.uploads.accepted),
+            total(&|s| s.spool.reports),
         ));
         for host in &hosts {
             if let Some(status) = children.0[host.child].1.try_wait()? {
@@ -1068,7 +1068,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             let fresh = std::fs::metadata(h.state.join("status.json"))
                 .and_then(|m| m.modified())
                 .is_ok_and(|m| m > stopped + Duration::from_millis(600));
-            fresh && read_status(&h.state).is_some_and(|s| s["spool"]["reports"] == 0)
+            fresh && read_status(&h.state).is_some_and(|s| s.spool.reports == 0)
         }))
     });
     for host in &hosts {
@@ -1087,22 +1087,23 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let mut circuits = Vec::new();
     for host in &hosts {
         let status = read_status(&host.state).context("an agent's last status")?;
-        tokens_fetched += status["tokens"]["issued"].as_u64().unwrap_or(0);
-        partition_warnings += status["tokens"]["partition_warnings"].as_u64().unwrap_or(0);
+        tokens_fetched += status.tokens.issued;
+        partition_warnings += status.tokens.partition_warnings;
         if tor.is_some() {
-            let route = &status["route"];
+            let route = &status.route;
             ensure!(
-                route["route"] == "tor",
-                "an agent did not run over Tor: {route}; see {}",
+                route.route == RouteChoice::Tor,
+                "an agent did not run over Tor: {route:?}; see {}",
                 host.log.display()
             );
-            tor_reports += status["uploads"]["accepted"].as_u64().unwrap_or(0);
-            tor_streams += route["tor_streams"].as_u64().unwrap_or(0);
-            tor_failures += route["tor_stream_failures"].as_u64().unwrap_or(0);
-            let recent: Vec<&str> = route["tor_recent_circuits"]
-                .as_array()
-                .map(|c| c.iter().filter_map(|c| c.as_str()).collect())
-                .unwrap_or_default();
+            tor_reports += status.uploads.accepted;
+            tor_streams += route.tor_streams;
+            tor_failures += route.tor_stream_failures;
+            let recent: Vec<&str> = route
+                .tor_recent_circuits
+                .iter()
+                .map(String::as_str)
+                .collect();
             let distinct: std::collections::BTreeSet<&str> =
                 recent.iter().copied().filter(|c| *c != "?").collect();
             circuits.push(AgentCircuits {
@@ -1111,7 +1112,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             });
         }
     }
-    let issuer_status: serde_json::Value = serde_json::from_str(&output(
+    // The issuer's own status type, which its `status --json` prints.
+    let issuer_status: penrose_issuer::admin::Status = serde_json::from_str(&output(
         issuer_cmd("status").arg("--json"),
         "penrose-issuer status",
     )?)?;
@@ -1272,12 +1274,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     // A counted report's Seen row is under its day (`penrose_aggregator::state::seen`).
     let ids: Vec<Vec<u8>> = records
         .iter()
-        .map(|(_, r)| {
-            r.id()
-                .map(|id| seen::id_key(Day(r.day), &id))
-                .context("a record's report id")
-        })
-        .collect::<Result<_>>()?;
+        .map(|(_, r)| seen::id_key(Day(r.day), &r.report_id))
+        .collect();
     let keys_of: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
     let counted = store.contains_many(Table::Seen, &keys_of)?;
     // Per (class, GPU architecture, counter, day): the epoch of a report is its day (nothing
@@ -1288,9 +1286,10 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         if !counted {
             continue;
         }
-        let snippet = parse_hash(&record.snippet).context("a record's snippet hash")?;
+        // Through the store: SST rows are loaded on demand, so a reopened state's tables hold
+        // only some of them. The class the snippet was placed in, as the check always used.
         let class = state
-            .snippet_row(&snippet)?
+            .snippet_row(&record.snippet)?
             .map(|s| s.class.0)
             .context("a counted report's snippet has no class")?;
         let entry = per_day
@@ -1379,10 +1378,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let bound_enforced_by_tokens = report["bound_enforced_by_tokens"].as_bool() == Some(true);
     let admission = Admission {
         issuer: issuer_listen,
-        enrolled: issuer_status["enrolled"].as_u64().unwrap_or(0),
-        tokens_issued: issuer_status["epochs"]
-            .as_array()
-            .map_or(0, |e| e.iter().filter_map(|e| e["tokens"].as_u64()).sum()),
+        enrolled: issuer_status.enrolled,
+        tokens_issued: issuer_status.epochs.iter().map(|e| e.tokens).sum(),
         tokens_fetched,
         tokens_verified: agg_status["admission"]["tokens_verified"]
             .as_u64()
@@ -1407,9 +1404,9 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         agents: hosts.len(),
         popular: trace_name(&popular),
         alone: alone.iter().map(|t| trace_name(t)).collect(),
-        windows: status["windows"].as_u64().unwrap_or(0),
-        launches: status["launches"].as_u64().unwrap_or(0),
-        samples: status["pipeline"]["samples"].as_u64().unwrap_or(0),
+        windows: status.windows,
+        launches: status.launches,
+        samples: status.pipeline.samples,
         sealed: records.len(),
         counted: counted_reports,
         report_bytes: report_frame_len(&public)?,
@@ -1682,20 +1679,10 @@ fn report_frame_len(key: &PublicKey) -> Result<usize> {
     Ok(Message::Report(report).to_frame()?.len())
 }
 
-fn parse_hash(hex: &str) -> Option<SnippetHash> {
-    if hex.len() != 64 || !hex.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(SnippetHash(out))
-}
-
-fn read_status(state_dir: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(state_dir.join("status.json")).ok()?;
-    serde_json::from_str(&text).ok()
+/// An agent's status file, as the agent's own type (`penrose_agent::status::AgentStatus`);
+/// `None` until the agent has written one.
+fn read_status(state_dir: &Path) -> Option<AgentStatus> {
+    AgentStatus::read(state_dir).ok()
 }
 
 fn wait_for(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {

@@ -22,6 +22,8 @@ use super::shingle::{Element, ShingleKey, shingle_keys, shingle_keys_of_elements
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SnippetHash(pub [u8; 32]);
 
+crate::hex::text_id!(SnippetHash, "snippet hash");
+
 /// Why 256 bits cannot be a snippet hash of the given parameters ([`SnippetHash::check`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
 pub enum MalformedSnippet {

@@ -41,14 +41,9 @@ const PRIME_TEST_ROUNDS: u32 = 32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyId(pub [u8; 32]);
 
-impl fmt::Display for KeyId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in &self.0[..8] {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
-    }
-}
+// Its text form is the whole id in hex (64 digits; before, `Display` printed only the first
+// 16, which no tool could parse back).
+crate::hex::text_id!(KeyId, "key id");
 
 /// What clients encrypt with and the aggregator validates and sums with.
 #[derive(Clone)]
