@@ -13,27 +13,16 @@ use std::sync::Arc;
 use common::*;
 use penrose_aggregator::admission::Admission;
 use penrose_aggregator::ingest::{IngestConfig, today};
-use penrose_aggregator::state::{Outcome, State, seen};
+use penrose_aggregator::state::{Outcome, seen};
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_aggregator::validate::{ValidReport, validate_body};
 use penrose_core::counters::CounterId;
-use penrose_core::fingerprint::{FingerprintParams, SnippetHash};
+use penrose_core::fingerprint::SnippetHash;
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 
 fn valid(sent: &Sent, today: Day) -> ValidReport {
     validate_body(&sent.frame, KEYS.public_key(), today, &Admission::Open).unwrap()
-}
-
-fn open_state(store: &Arc<dyn Store>) -> State {
-    State::open(
-        Arc::clone(store),
-        KEYS.public_key(),
-        FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
-        None,
-    )
-    .unwrap()
 }
 
 /// The Seen rows, as (day, kind) pairs.

@@ -13,6 +13,31 @@ use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::wire::Day;
 use penrose_traces::TraceFolder;
 
+/// The arguments every test here shares: the server `serve` started, its certificate, the
+/// key, 16 clients on 2 connections, a pool of 4 histograms (far fewer than reports: their
+/// ciphertexts must still all differ), one window of 2,000 launches per trace, JSON output.
+fn args(started: &serde_json::Value, data: &std::path::Path, key: std::path::PathBuf) -> Args {
+    Args {
+        server: started["listening"].as_str().unwrap().parse().unwrap(),
+        cert: data.join("tls").join("cert.pem"),
+        public_key: key,
+        reports: 0,
+        clients: 16,
+        connections: 2,
+        invalid_share: 0.0,
+        pool: 4,
+        windows: 1,
+        window_len: 2_000,
+        traces: None,
+        seed: 0,
+        json: true,
+        token_keys: None,
+        fleet_apps: None,
+        new_app_share: 0.0,
+        founded: false,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -21,24 +46,10 @@ async fn every_valid_loadgen_report_is_counted_once_and_every_invalid_one_refuse
     std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
     let (mut server, started) = spawn_serve(&data, &key, &["--listen", "127.0.0.1:0"]);
     let args = Args {
-        server: started["listening"].as_str().unwrap().parse().unwrap(),
-        cert: data.join("tls").join("cert.pem"),
-        public_key: key,
         reports: 400,
-        clients: 16,
-        connections: 2,
         invalid_share: 0.05,
-        // Far fewer histograms than reports: their ciphertexts must still all differ.
-        pool: 4,
-        windows: 1,
-        window_len: 2_000,
-        traces: None,
         seed: 3,
-        json: true,
-        token_keys: None,
-        fleet_apps: None,
-        new_app_share: 0.0,
-        founded: false,
+        ..args(&started, &data, key)
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();
@@ -77,23 +88,11 @@ async fn loadgen_with_tokens_is_counted_by_a_server_admitting_by_tokens() {
         ],
     );
     let args = Args {
-        server: started["listening"].as_str().unwrap().parse().unwrap(),
-        cert: data.join("tls").join("cert.pem"),
-        public_key: key,
         reports: 420,
-        clients: 16,
-        connections: 2,
         invalid_share: 0.05,
-        pool: 4,
-        windows: 1,
-        window_len: 2_000,
-        traces: None,
         seed: 4,
-        json: true,
         token_keys: Some(ring_path),
-        fleet_apps: None,
-        new_app_share: 0.0,
-        founded: false,
+        ..args(&started, &data, key)
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();
@@ -133,23 +132,11 @@ async fn a_synthetic_fleet_founds_its_classes_and_fresh_snippets_join_them() {
         ],
     );
     let args = Args {
-        server: started["listening"].as_str().unwrap().parse().unwrap(),
-        cert: data.join("tls").join("cert.pem"),
-        public_key: key,
         reports: 400,
-        clients: 16,
-        connections: 2,
-        invalid_share: 0.0,
-        pool: 4,
-        windows: 1,
-        window_len: 2_000,
-        traces: None,
         seed: 5,
-        json: true,
-        token_keys: None,
         fleet_apps: Some(60),
         new_app_share: 0.05,
-        founded: false,
+        ..args(&started, &data, key)
     };
     let outcome = generate(&args).await.unwrap();
     server.kill().unwrap();

@@ -15,7 +15,6 @@ use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
 use penrose_core::bundle::{ClassId, EpochId};
 use penrose_core::counters::{BIN_COUNT, CounterId};
-use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::gpu::GpuArch;
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::Day;
@@ -23,17 +22,6 @@ use penrose_core::wire::Day;
 const TODAY: Day = Day(20_000);
 const HOPPER: GpuArch = GpuArch::new(9, 0);
 const AMPERE: GpuArch = GpuArch::new(8, 0);
-
-fn open(store: &Arc<dyn Store>) -> State {
-    State::open(
-        Arc::clone(store),
-        KEYS.public_key(),
-        FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
-        None,
-    )
-    .unwrap()
-}
 
 /// A report of `counter` for `snippet` on `arch`, stamped [`TODAY`].
 fn sent_on(
@@ -104,7 +92,7 @@ fn expected_totals(sent: &[(GpuArch, Sent)], state: &State) -> Totals {
 fn two_architectures_of_one_class_land_in_two_sums() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
-    let mut state = open(&store);
+    let mut state = open_state(&store);
     let snippet = snippets(1, 1)[0].1;
     let mut rng = rng(71);
     let mut sent = Vec::new();
@@ -153,7 +141,7 @@ fn two_architectures_of_one_class_land_in_two_sums() {
 fn a_restart_loads_no_accumulator_until_touched_and_the_totals_are_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
-    let mut state = open(&store);
+    let mut state = open_state(&store);
     let apps = snippets(40, 1);
     let mut rng = rng(72);
     let mut sent = Vec::new();
@@ -177,7 +165,7 @@ fn a_restart_loads_no_accumulator_until_touched_and_the_totals_are_unchanged() {
     assert_eq!(before.values().map(|t| t.1).sum::<u64>(), 480);
     drop(state);
 
-    let mut state = open(&store);
+    let mut state = open_state(&store);
     assert_eq!(
         state.sums().open_count(),
         0,
@@ -212,7 +200,7 @@ fn a_restart_loads_no_accumulator_until_touched_and_the_totals_are_unchanged() {
     assert_eq!(after.values().map(|t| t.1).sum::<u64>(), 484);
     // And again after a second restart, with nothing touched.
     drop(state);
-    let state = open(&store);
+    let state = open_state(&store);
     assert_eq!(state.sums().open_count(), 0);
     assert_eq!(store_totals(store.as_ref()), after);
 }
@@ -224,7 +212,7 @@ fn a_restart_loads_no_accumulator_until_touched_and_the_totals_are_unchanged() {
 fn evicted_accumulators_reload_exactly_and_unsynced_ones_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
-    let mut state = open(&store);
+    let mut state = open_state(&store);
     state.set_held_accumulators(4);
     let apps = snippets(20, 1);
     let mut rng = rng(73);
@@ -292,7 +280,7 @@ fn evicted_accumulators_reload_exactly_and_unsynced_ones_are_kept() {
     assert_eq!(want[&(class, HOPPER, CounterId(7))].1, 2);
 
     drop(state);
-    let mut state = open(&store);
+    let mut state = open_state(&store);
     assert_eq!(state.sums().open_count(), 0);
     let a3 = sent_on(HOPPER, apps[0].1, 7, &mut rng);
     accept(&mut state, std::slice::from_ref(&a3));

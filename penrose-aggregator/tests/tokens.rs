@@ -11,11 +11,10 @@ use std::sync::Arc;
 use common::*;
 use penrose_aggregator::admission::Admission;
 use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer, today};
-use penrose_aggregator::state::{Outcome, State, spent};
+use penrose_aggregator::state::{Outcome, spent};
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_aggregator::validate::{ValidReport, validate_body};
 use penrose_core::counters::CounterId;
-use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::tokens::{KeyRing, REDEMPTION_BYTES, Token, TokenEpoch};
 use penrose_core::wire::{AckStatus, Day, RejectReason, ReportId};
@@ -323,17 +322,6 @@ async fn two_reports_with_one_token_one_is_accepted_and_one_refused() {
     assert_eq!(spent_rows(store.as_ref()).len(), 20);
     drop(ingest);
     writer.join().unwrap();
-}
-
-fn open_state(store: &Arc<dyn Store>) -> State {
-    State::open(
-        Arc::clone(store),
-        KEYS.public_key(),
-        FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
-        None,
-    )
-    .unwrap()
 }
 
 /// Spent rows expire with their day, with the Seen rows and behind the same floor: over

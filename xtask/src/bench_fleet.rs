@@ -47,7 +47,7 @@ use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::bench::machine;
-use crate::bench_ingest::{dir_bytes, today_utc};
+use crate::bench_ingest::{dir_bytes, rss_mib, today_utc};
 
 /// Arguments of `cargo xtask bench-fleet`.
 #[derive(clap::Args)]
@@ -425,7 +425,7 @@ fn single(args: &Args, n: u32) -> Result<Row> {
     drop(index);
 
     // 2. Writer.
-    let rss_start = rss_mib()?;
+    let rss_start = rss_mib(std::process::id())?;
     let key = Keypair::generate(&mut rng).public_key().clone();
     let template = template_report(&key, &mut rng)?;
     let dir = tempfile::tempdir()?;
@@ -470,7 +470,7 @@ fn single(args: &Args, n: u32) -> Result<Row> {
         let heap = state.tables().heap_bytes() as f64 / 1_048_576.0;
         (wall, cpu, accepted, heap)
     };
-    let rss = rss_mib()? - rss_start;
+    let rss = rss_mib(std::process::id())? - rss_start;
     let disk = dir_bytes(dir.path())? as f64 / 1_048_576.0;
     let reopened = {
         let output = Command::new(std::env::current_exe()?)
@@ -556,7 +556,7 @@ fn template_report(key: &PublicKey, rng: &mut ChaCha20Rng) -> Result<ValidReport
 }
 
 fn reopen(dir: &Path) -> Result<Reopen> {
-    let before = rss_mib()?;
+    let before = rss_mib(std::process::id())?;
     let started = Instant::now();
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir)?);
     let key = penrose_aggregator::state::stored_public_key(store.as_ref())?
@@ -572,20 +572,8 @@ fn reopen(dir: &Path) -> Result<Reopen> {
     std::hint::black_box(state.tables().class_count());
     Ok(Reopen {
         seconds,
-        rss_mib: rss_mib()? - before,
+        rss_mib: rss_mib(std::process::id())? - before,
     })
-}
-
-/// This process's resident set, from /proc.
-fn rss_mib() -> Result<f64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .context("no VmRSS in /proc/self/status")?
-        .parse()?;
-    Ok(kib / 1024.0)
 }
 
 /// CPU seconds of the calling thread (its first schedstat field, in nanoseconds).

@@ -411,7 +411,7 @@ fn run_once(
 }
 
 /// Resident memory of a process, from /proc.
-fn rss_mib(pid: u32) -> Result<f64> {
+pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()

@@ -355,6 +355,18 @@ pub async fn close_all(ingest: &Ingest) -> Vec<EpochRecord> {
         .unwrap()
 }
 
+/// The state of `store` under [`KEYS`], with the default parameters.
+pub fn open_state(store: &Arc<dyn Store>) -> State {
+    State::open(
+        Arc::clone(store),
+        KEYS.public_key(),
+        FingerprintParams::default(),
+        ACCUMULATOR_REPORT_BOUND,
+        None,
+    )
+    .unwrap()
+}
+
 /// The store a `serve` process left in `data` and the state rebuilt from it (under
 /// [`KEYS_2048`], the key `serve` tests use), to check what a server run counted.
 pub fn reopen_served(data: &Path) -> (Arc<dyn Store>, State) {
