@@ -392,7 +392,8 @@ mod tests {
         // The line as the agent wrote it when both were hex strings (the same bytes).
         let old = format!(
             "{{\"report_id\":\"{id_hex}\",\"snippet\":\"{snippet_hex}\",\"local_app\":0,\
-             \"counter\":5,\"counter_name\":\"c\",\"catalogue\":1,\"day\":3,\"samples\":1,\
+             \"counter\":5,\"counter_name\":\"c\",\"catalogue\":1,\"day\":3,\"arch\":\"sm_90\",\
+             \"samples\":1,\
              \"bins\":[{}],\"reason\":\"age\"}}\n",
             vec!["0"; 128].join(",")
         );
