@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::*;
 use ed25519_dalek::SigningKey;
 use penrose_aggregator::export::{self, ReleaseConfig};
-use penrose_aggregator::ingest::Ingest;
+use penrose_aggregator::ingest::{Ingest, Writer};
 use penrose_aggregator::store::Store;
 use penrose_core::counters::CounterId;
 use penrose_core::release::{ReportsPerContributor, Threshold};
@@ -24,7 +24,11 @@ use penrose_design::report::{self, Report};
 const COUNTER: CounterId = CounterId(4);
 
 struct Servers {
-    ingest: Ingest,
+    /// `None` only while dropping.
+    ingest: Option<Ingest>,
+    /// Joined on drop, after `ingest`: a writer left running while the process exits can
+    /// crash it inside RocksDB.
+    writer: Option<Writer>,
     store: Arc<dyn Store>,
     archive: Archive,
     dir: tempfile::TempDir,
@@ -33,16 +37,29 @@ struct Servers {
     bundles: usize,
 }
 
+impl Drop for Servers {
+    fn drop(&mut self) {
+        // The writer ends once the last ingest handle is gone.
+        self.ingest.take();
+        if let Some(writer) = self.writer.take() {
+            writer.join().unwrap();
+        }
+    }
+}
+
 impl Servers {
+    fn ingest(&self) -> &Ingest {
+        self.ingest.as_ref().unwrap()
+    }
+
     /// An aggregation server (its writer runs until `ingest` is dropped) and a design
     /// archive in a fresh directory; `seed` picks the signing key and the reports.
     fn new(seed: u8) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (ingest, writer, store) = start_default(&dir.path().join("agg"));
-        // The writer ends when the last handle is dropped; it is not joined here.
-        drop(writer);
         Self {
-            ingest,
+            ingest: Some(ingest),
+            writer: Some(writer),
             store,
             archive: Archive::open(&dir.path().join("design")).unwrap(),
             dir,
@@ -56,14 +73,14 @@ impl Servers {
         let snippet = snippets(1, 1)[0].1;
         for _ in 0..n {
             let sent = report(snippet, COUNTER, &mut self.rng);
-            let ack = self.ingest.handle(sent.frame).await;
+            let ack = self.ingest().handle(sent.frame).await;
             assert_eq!(ack.status, AckStatus::Accepted);
         }
     }
 
     /// Closes the open epochs, exports what closed, imports it, and reports.
     async fn close_export_import_report(&mut self) -> Report {
-        close_all(&self.ingest).await;
+        close_all(self.ingest()).await;
         let made = export::export(
             self.store.as_ref(),
             KEYS.public_key(),
@@ -141,7 +158,7 @@ async fn one_client_alone_never_reaches_a_decryption() {
             let mut id = [0xee; 16];
             (id[0], id[1]) = (i, copy);
             let frame = with_report_id(&sent.frame, id);
-            if servers.ingest.handle(frame).await.status == AckStatus::Accepted {
+            if servers.ingest().handle(frame).await.status == AckStatus::Accepted {
                 accepted += 1;
             }
         }
