@@ -879,13 +879,9 @@ impl State {
         &self,
         snippet: &SnippetHash,
     ) -> Result<Option<crate::tables::ClassId>, StateError> {
-        if let Some(class) = self.tables.class_of(snippet) {
-            return Ok(Some(class));
-        }
-        match self.store.get(Table::Sst, &snippet.0)? {
-            Some(row) => Ok(Some(self.tables.stored_class(&row)?)),
-            None => Ok(None),
-        }
+        Ok(self
+            .snippet_row(snippet)?
+            .map(|row| self.tables.root(row.class)))
     }
 
     /// A snippet's SST row, from memory or else from the store; `None` for a snippet never
@@ -899,7 +895,17 @@ impl State {
             return Ok(Some(*row));
         }
         match self.store.get(Table::Sst, &snippet.0)? {
-            Some(row) => Ok(Some(crate::tables::decode_snippet(&row)?)),
+            Some(row) => {
+                let row = crate::tables::decode_snippet(&row)?;
+                if row.class.0 as usize >= self.tables.founded_count() {
+                    return Err(RecordError::Damaged {
+                        table: "sst",
+                        why: "snippet of an unknown class",
+                    }
+                    .into());
+                }
+                Ok(Some(row))
+            }
             None => Ok(None),
         }
     }

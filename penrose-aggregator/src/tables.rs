@@ -443,16 +443,6 @@ impl Tables {
         self.sst.get(snippet).is_some()
     }
 
-    /// The class an SST row read from the store counts in now (its own, or the one that
-    /// absorbed it), without taking the row into memory.
-    pub fn stored_class(&self, value: &[u8]) -> Result<ClassId, RecordError> {
-        let entry = decode_snippet(value)?;
-        if entry.class.0 as usize >= self.classes.len() {
-            return Err(damaged("sst", "snippet of an unknown class"));
-        }
-        Ok(self.merged.root(entry.class))
-    }
-
     /// Takes in an SST row read from the store.
     pub fn load_snippet(&mut self, hash: SnippetHash, value: &[u8]) -> Result<(), RecordError> {
         let entry = decode_snippet(value)?;
