@@ -215,6 +215,14 @@ fn run(args: &Args) -> Result<(), Failure> {
         .lib
         .clone()
         .unwrap_or_else(|| PathBuf::from(LIBCUDA_PATH));
+    // Before the stand-in loads: loading it creates the counter ring, which is what a caller
+    // waits for before it may send SIGTERM; a handler installed later let that signal kill
+    // the process without its summary.
+    let stop = if args.loop_forever {
+        Some(signal::stop_on_signals().context("installing signal handlers")?)
+    } else {
+        None
+    };
     let driver = Driver::load(&lib).with_context(|| format!("loading {}", lib.display()))?;
     // Loaded in a real process's order: driver, runtime, application (each finds the one
     // before by soname).
@@ -244,11 +252,6 @@ fn run(args: &Args) -> Result<(), Failure> {
         runtime: runtime.as_ref(),
         app: app.as_ref(),
         static_lib: static_lib.as_ref(),
-    };
-    let stop = if args.loop_forever {
-        Some(signal::stop_on_signals().context("installing signal handlers")?)
-    } else {
-        None
     };
     let options = ReplayOptions {
         pace: match args.pace {
