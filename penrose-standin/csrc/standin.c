@@ -13,7 +13,10 @@
  * Nothing here is part of the product; docs/standin.md describes the ABI.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -270,8 +273,37 @@ static __thread struct penrose_standin_counters next_counters;
  * than the launch). */
 static __thread uint32_t thread_id;
 
+/* Rings outlive processes that die without cleaning up (killed by a test, or run with
+ * --keep-ring and never read). Left alone they fill /dev/shm (5 MiB each, in memory) and, once
+ * pids wrap, a new process with an old pid looks as if it had already started to launch. So a
+ * new ring first removes this user's rings whose process is gone and which nobody has written
+ * for a minute (a reader may still drain a ring of a process that just exited). */
+static void ring_sweep_stale(void) {
+    DIR *dir = opendir("/dev/shm");
+    if (!dir)
+        return;
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        int pid;
+        char tail;
+        if (sscanf(e->d_name, "penrose-standin-%d%c", &pid, &tail) != 1 || pid <= 0)
+            continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || now - st.st_mtime < 60)
+            continue;
+        unlinkat(dirfd(dir), e->d_name, 0);
+    }
+    closedir(dir);
+}
+
 /* One ring per process, named by pid: load one copy of the stand-in per process. */
 static int ring_open(void) {
+    ring_sweep_stale();
     char name[64];
     snprintf(name, sizeof name, "/penrose-standin-%d", (int)getpid());
     int fd = shm_open(name, O_CREAT | O_RDWR | O_TRUNC, 0600);

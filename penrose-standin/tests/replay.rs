@@ -186,9 +186,20 @@ fn function_names(s: &Value) -> BTreeMap<u64, String> {
 }
 
 /// Waits until process `pid` has created its ring (it is launching), at most 30 s.
-fn wait_for_ring(pid: u32) {
+/// Waits until the process `pid`, spawned at `spawned`, has created its ring. A ring older
+/// than the spawn is another, dead process's with the same pid (pids wrap; the stand-in only
+/// sweeps such rings after a minute), and it must not be taken for this one's: the SIGTERM
+/// that follows would then reach a process that has not yet installed its handler.
+fn wait_for_ring(pid: u32, spawned: std::time::SystemTime) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !ring_path(pid).exists() {
+    // The file's clock is the kernel's coarse one; a second is far less than any pid wrap.
+    let since = spawned - Duration::from_secs(1);
+    let created = || {
+        std::fs::metadata(ring_path(pid))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= since)
+    };
+    while !created() {
         assert!(
             std::time::Instant::now() < deadline,
             "process {pid} never started launching"
@@ -212,6 +223,7 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let spawned = std::time::SystemTime::now();
     // Two different traces, both looping until told to stop, so they surely overlap.
     let children: Vec<_> = files[..2]
         .iter()
@@ -229,7 +241,7 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
         })
         .collect();
     for (_, child) in &children {
-        wait_for_ring(child.id());
+        wait_for_ring(child.id(), spawned);
     }
     std::thread::sleep(Duration::from_millis(200));
     for (_, child) in &children {
@@ -265,6 +277,45 @@ fn concurrent_replayers_keep_separate_counts_and_rings() {
         std::fs::remove_file(ring_path(pid)).unwrap();
     }
     assert_eq!(heads.len(), 2, "both processes counted the same: {heads:?}");
+}
+
+/// A pid no process holds now: a child's, once it has been waited for.
+fn dead_pid() -> u32 {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn a_new_ring_sweeps_rings_of_dead_processes_once_they_are_idle() {
+    let Some(path) = traces().into_iter().next() else {
+        return;
+    };
+    let stale = ring_path(dead_pid());
+    let recent = ring_path(dead_pid());
+    for ring in [&stale, &recent] {
+        std::fs::write(ring, b"left behind").unwrap();
+    }
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = replay_cmd(dir.path(), &path, &["--json"]).output().unwrap();
+    summary(&out);
+    let (stale_left, recent_left) = (stale.exists(), recent.exists());
+    let _ = std::fs::remove_file(&stale);
+    let _ = std::fs::remove_file(&recent);
+    assert!(!stale_left, "{} was not swept", stale.display());
+    assert!(
+        recent_left,
+        "{} was swept while a reader may still drain it",
+        recent.display()
+    );
 }
 
 #[test]
@@ -337,13 +388,14 @@ fn loop_forever_stops_on_sigterm_with_a_summary() {
     };
     let seq_len = largest_sequence(&read_trace(&path).unwrap()).len() as u64;
     let dir = tempfile::tempdir().unwrap();
+    let spawned = std::time::SystemTime::now();
     let child = replay_cmd(dir.path(), &path, &["--json", "--loop-forever"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
-    wait_for_ring(pid);
+    wait_for_ring(pid, spawned);
     std::thread::sleep(Duration::from_millis(300));
     terminate(pid);
     let s = summary(&child.wait_with_output().unwrap());
