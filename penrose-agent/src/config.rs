@@ -210,8 +210,14 @@ impl AdmissionSection {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DesignConfig {
-    /// The design server's public key file (`penrose-design keygen` writes it).
+    /// The design server's public key file (`penrose-design keygen` writes it): the key
+    /// until a key list is held.
     pub public_key: PathBuf,
+    /// The design server's list-signing public key (`penrose-design key-list-signer`
+    /// writes it): with it, the agent fetches the signed key list from the aggregation server
+    /// and follows its key rollovers (`crate::design_keys`). Unset: the public key is used
+    /// for good.
+    pub key_list_signer: Option<PathBuf>,
 }
 
 /// Which snippet source feeds the pipeline.
@@ -442,6 +448,7 @@ impl Default for DesignConfig {
     fn default() -> Self {
         Self {
             public_key: PathBuf::from("/etc/penrose/design-public.key"),
+            key_list_signer: None,
         }
     }
 }
@@ -545,6 +552,11 @@ certificate = "/etc/penrose/aggregator.pem"
 # The design server's public key (`penrose-design keygen` writes public.key). Reports are
 # encrypted with it; nobody but the design server can read them.
 public_key = "/etc/penrose/design-public.key"
+# To follow the design server's key rollovers, pin its list-signing key
+# (`penrose-design key-list-signer` writes list-signing.pub): the agent then asks the
+# aggregation server for the signed key list at start and every 6 hours, and encrypts each
+# day's reports under the key the list gives that day. A list that does not verify is refused.
+# key_list_signer = "/etc/penrose/design-list-signing.pub"
 
 [capture]
 # Where snippets come from: "ebpf", the probes on libcuda. If they cannot be loaded (not root,

@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 
 use crate::admission::{self, FetchTiming, Fetcher, ISSUER_PROTOCOL};
 use crate::config::{AgentConfig, SourcePlan, seconds};
+use crate::design_keys::DesignKeys;
 use crate::pipeline::{DayClock, Pipeline, PipelineConfig, PipelineError, Sealed, today};
 use crate::record::{RecordBounds, RecordLog, sealed_per_day};
 use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
@@ -154,6 +155,15 @@ pub async fn run_with_source(
     let state_dir = config.state_dir.clone();
     create_private_dir(&state_dir)?;
     let key = load_public_key(&config.design.public_key)?;
+    let signer = config
+        .design
+        .key_list_signer
+        .as_deref()
+        .map(crate::design_keys::read_signer)
+        .transpose()
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+    let keys = DesignKeys::open(key, signer, &state_dir)
+        .map_err(|e| DaemonError::Setup(format!("the design key list: {e}")))?;
     let trust = Trust::load_pinned(&config.aggregator.certificate).map_err(|e| {
         DaemonError::Setup(format!(
             "aggregator.certificate {}: {e}",
@@ -213,7 +223,7 @@ pub async fn run_with_source(
                 DaemonError::Setup(format!("seal.max_reports_per_counter_per_day: {e}"))
             })?,
         },
-        key,
+        keys.clone(),
     )?;
     // The sealed record is kept within its bounds from the start (age, bytes, damaged lines).
     let record_bounds = config.spool.record_bounds();
@@ -337,6 +347,13 @@ pub async fn run_with_source(
         .name("penrose-pipeline".into())
         .spawn(move || pipe.run(rx))
         .map_err(|e| DaemonError::Setup(format!("starting the pipeline thread: {e}")))?;
+    let key_lists = if keys.fetches_lists() {
+        let client = penrose_transport::Client::new(upload_config.client.clone())
+            .map_err(|e| DaemonError::Setup(format!("the key list client: {e}")))?;
+        Some(tokio::spawn(crate::design_keys::run_fetcher(keys, client)))
+    } else {
+        None
+    };
     let uploader = tokio::spawn(upload::run(upload_config, shared));
 
     // Until stopped: write the status twice a second.
@@ -361,6 +378,10 @@ pub async fn run_with_source(
     }
     let _ = tokio::task::spawn_blocking(move || pipeline_thread.join()).await;
     let _ = uploader.await;
+    if let Some(key_lists) = key_lists {
+        key_lists.abort();
+        let _ = key_lists.await;
+    }
     if let Some(fetcher) = fetcher {
         let _ = fetcher.await;
     }

@@ -6,6 +6,8 @@
 //! - [`capture`]: eBPF probes on libcuda, capture windows, snippets and sampled launches.
 //! - [`counters`]: where a sampled launch's counter values come from (NVML, the stand-in).
 //! - [`source`]: snippet sources: the live capture, or traces replayed as if captured.
+//! - [`design_keys`]: which design server key encrypts which day's reports: the configured
+//!   key, then the design server's signed key list fetched from the aggregation server.
 //! - [`pipeline`]: snippets -> local applications -> histograms -> sealed, encrypted reports.
 //! - [`record`]: the agent's own plaintext record of what it sealed (for `inspect`).
 //! - [`spool`]: the durable, bounded directory of reports waiting to be sent.
@@ -23,6 +25,7 @@ pub mod cli;
 pub mod config;
 pub mod counters;
 pub mod daemon;
+pub mod design_keys;
 pub mod pipeline;
 pub mod privilege;
 pub mod record;

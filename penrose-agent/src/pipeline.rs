@@ -35,13 +35,14 @@ use penrose_core::fingerprint::{
 };
 use penrose_core::gpu::GpuArch;
 use penrose_core::histogram::{Histogram, HistogramError};
-use penrose_core::paillier::{PaillierError, PublicKey};
+use penrose_core::paillier::PaillierError;
 use penrose_core::release::ReportsPerContributor;
 use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId, WireError};
 use rand::RngCore;
 use thiserror::Error;
 
 use crate::capture::window::Snippet;
+use crate::design_keys::DesignKeys;
 use crate::record::{SealReason, SealedPerDay, SealedRecord};
 
 /// Days of per-(counter, day) report counts kept behind the current day, so that a clock set
@@ -145,6 +146,10 @@ pub struct PipelineCounts {
     /// discarded unsealed (see `histograms_over_cap`).
     #[serde(default)]
     pub samples_over_cap: u64,
+    /// Histograms discarded at sealing because the design key list gives their day no key
+    /// (a list that starts later than the day: a design server's mistake).
+    #[serde(default)]
+    pub histograms_without_key: u64,
     /// Histograms discarded unsealed because the cap was reached when the agent stopped (or
     /// its source ended) or their local application was evicted.
     #[serde(default)]
@@ -180,7 +185,7 @@ struct LocalApp {
 pub struct Pipeline {
     config: PipelineConfig,
     fingerprinter: Fingerprinter,
-    key: PublicKey,
+    keys: DesignKeys,
     catalogue: &'static Catalogue,
     apps: Vec<LocalApp>,
     next_app: u64,
@@ -190,8 +195,13 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// A pipeline encrypting to `key`.
-    pub fn new(mut config: PipelineConfig, key: PublicKey) -> Result<Self, PipelineError> {
+    /// A pipeline encrypting to `keys`: one public key, or the design server's key list
+    /// (each histogram under the key of the day it is stamped with).
+    pub fn new(
+        mut config: PipelineConfig,
+        keys: impl Into<DesignKeys>,
+    ) -> Result<Self, PipelineError> {
+        let keys = keys.into();
         if !config.arch.is_unknown() {
             config.arch = config
                 .arch
@@ -205,7 +215,7 @@ impl Pipeline {
         Ok(Self {
             config,
             fingerprinter,
-            key,
+            keys,
             catalogue: Catalogue::current(),
             apps: Vec::new(),
             next_app: 0,
@@ -424,7 +434,7 @@ impl Pipeline {
         let Some(open) = app.histograms.remove(&counter) else {
             return Ok(false);
         };
-        out.push(self.seal(id, counter, open, reason, day)?);
+        out.extend(self.seal(id, counter, open, reason, day)?);
         Ok(true)
     }
 
@@ -443,11 +453,13 @@ impl Pipeline {
                 self.counts.samples_over_cap += u64::from(open.histogram.samples().0);
                 continue;
             }
-            out.push(self.seal(app.id, counter, open, reason, day)?);
+            out.extend(self.seal(app.id, counter, open, reason, day)?);
         }
         Ok(())
     }
 
+    /// Encrypts a histogram under the key of `day` (`None`, and counted, when the key list
+    /// gives that day no key: the histogram is discarded).
     fn seal(
         &mut self,
         local_app: u64,
@@ -455,17 +467,21 @@ impl Pipeline {
         open: OpenHistogram,
         reason: SealReason,
         day: Day,
-    ) -> Result<Sealed, PipelineError> {
+    ) -> Result<Option<Sealed>, PipelineError> {
         let OpenHistogram {
             histogram, snippet, ..
         } = open;
+        let Some(key) = self.keys.key_for(day) else {
+            self.counts.histograms_without_key += 1;
+            return Ok(None);
+        };
         let mut rng = rand::rng();
-        let packed = self.key.encrypt_packed(histogram.bins(), &mut rng)?;
+        let packed = key.encrypt_packed(histogram.bins(), &mut rng)?;
         let mut id = [0u8; 16];
         rng.fill_bytes(&mut id);
         let report_id = ReportId(id);
         let report = Report {
-            key_id: self.key.key_id(),
+            key_id: key.key_id(),
             report_id,
             snippet: snippet.hash,
             locator: snippet.locator,
@@ -496,11 +512,11 @@ impl Pipeline {
         };
         self.counts.sealed += 1;
         *self.sealed_per_day.entry((day, counter)).or_insert(0) += 1;
-        Ok(Sealed {
+        Ok(Some(Sealed {
             report,
             frame,
             record,
-        })
+        }))
     }
 }
 

@@ -630,3 +630,118 @@ fn a_running_daemon_keeps_only_the_capture_capabilities() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("capabilities: kept"), "{text}");
 }
+
+/// Key rollover on the agent: with `design.key_list_signer` pinned it asks the aggregation
+/// server for the design server's key list, encrypts today's reports under the key the list
+/// gives today, and keeps the list for its next start. A list the pinned key did not sign
+/// (the aggregation server's own, say) is refused: the agent stays on the key it has.
+#[test]
+fn the_agent_follows_a_signed_key_list_and_refuses_a_forged_one() {
+    use ed25519_dalek::SigningKey;
+    use penrose_core::key_list::{KeyList, ScheduledKey};
+    use penrose_core::paillier::Keypair;
+    use penrose_core::wire::Day;
+    use std::sync::atomic::Ordering;
+
+    let rt = runtime();
+    let fx = Fixture::new();
+    let designer = SigningKey::from_bytes(&[12; 32]);
+    let signer_path = fx.dir.path().join("list-signing.pub");
+    std::fs::write(
+        &signer_path,
+        format!(
+            "# the design server's list-signing key\n{}\n",
+            penrose_core::hex::encode(designer.verifying_key().as_bytes())
+        ),
+    )
+    .unwrap();
+    let new = Keypair::generate(&mut rand::rng());
+    let today = penrose_agent::pipeline::today();
+    let list = |sequence| {
+        KeyList::new(
+            sequence,
+            2,
+            vec![
+                ScheduledKey {
+                    from: Day(0),
+                    key: public_key().clone(),
+                },
+                ScheduledKey {
+                    from: today,
+                    key: new.public_key().clone(),
+                },
+            ],
+        )
+        .unwrap()
+    };
+    let addr = free_addr();
+    let (server, handler) = rt.block_on(start_server(&fx.identity, addr));
+    handler
+        .also_accepted
+        .lock()
+        .unwrap()
+        .push(new.public_key().key_id());
+    let config = fx.config(addr, "", "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "[design]\n",
+        &format!(
+            "[design]\nkey_list_signer = \"{}\"\n",
+            signer_path.display()
+        ),
+    );
+    std::fs::write(&config, text).unwrap();
+    let log = fx.dir.path().join("agent.log");
+    let held = fx
+        .state_dir()
+        .join(penrose_agent::design_keys::KEY_LIST_FILE);
+
+    // A list signed by another key: served, refused, nothing stored, the old key used.
+    let mallory = SigningKey::from_bytes(&[13; 32]);
+    *handler.key_list.lock().unwrap() = Some(list(1).sign(&mallory));
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        LONG,
+        || handler.key_lists_served.load(Ordering::SeqCst) >= 1 && handler.ids().len() >= 3,
+        || format!("{} stored", handler.ids().len()),
+    );
+    assert!(terminate(&mut child).success());
+    assert!(!held.exists(), "a forged list was kept");
+    assert!(
+        handler
+            .keys_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|k| *k == public_key().key_id()),
+        "a report went under a key of a forged list"
+    );
+
+    // The designer's list: fetched, kept, and today's reports go under the new key. (A fresh
+    // state directory: the first run used up today's report cap.)
+    std::fs::remove_dir_all(fx.state_dir()).unwrap();
+    handler.keys_seen.lock().unwrap().clear();
+    let signed = list(1).sign(&designer);
+    *handler.key_list.lock().unwrap() = Some(signed.clone());
+    let mut child = spawn_agent(&config, &log);
+    wait_until(
+        LONG,
+        || {
+            handler
+                .keys_seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|k| **k == new.public_key().key_id())
+                .count()
+                >= 3
+        },
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    assert!(terminate(&mut child).success());
+    assert_eq!(
+        std::fs::read(&held).unwrap(),
+        signed,
+        "the list is kept as signed"
+    );
+    rt.block_on(server.shutdown());
+}

@@ -49,6 +49,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
     let mut rng = ChaCha20Rng::seed_from_u64(1);
     let keys = Keypair::generate(&mut rng);
     let key = keys.public_key().clone();
+    let keys_for_validation = penrose_aggregator::design_keys::DesignKeys::single(key.clone());
     let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
     // 50 applications, 4 snippets each: the mix of known and new snippets a busy server sees.
     let snippets: Vec<_> = (0..200)
@@ -92,7 +93,15 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
         Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
     };
     let template: Vec<ValidReport> = (0..BATCH)
-        .map(|_| validate_body(&body(&mut rng), &key, Day(20_000), &Admission::Open).unwrap())
+        .map(|_| {
+            validate_body(
+                &body(&mut rng),
+                &keys_for_validation,
+                Day(20_000),
+                &Admission::Open,
+            )
+            .unwrap()
+        })
         .collect();
 
     let dir = tempfile::tempdir().unwrap();
@@ -157,12 +166,12 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
     group.throughput(Throughput::Elements(1));
     let one = body(&mut rng);
     group.bench_function("validate_body_one_report", |b| {
-        b.iter(|| validate_body(&one, &key, Day(20_000), &Admission::Open).unwrap())
+        b.iter(|| validate_body(&one, &keys_for_validation, Day(20_000), &Admission::Open).unwrap())
     });
     // The same report with a token of the ring's key of its day and counter.
     let mut report = match Message::decode_body(&one).unwrap() {
         Message::Report(r) => r,
-        Message::Ack(_) => unreachable!(),
+        _ => unreachable!(),
     };
     let (epoch, scope) = (TokenEpoch(20_000), TokenScope(report.counter.0));
     let issuer = IssuerKey::generate(epoch, scope, &mut rng);
@@ -177,7 +186,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
     let tokened = Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec();
     let admission = Admission::Tokens(TokenRing::new(ring));
     group.bench_function("validate_body_one_report_with_token", |b| {
-        b.iter(|| validate_body(&tokened, &key, Day(20_000), &admission).unwrap())
+        b.iter(|| validate_body(&tokened, &keys_for_validation, Day(20_000), &admission).unwrap())
     });
     group.finish();
 }

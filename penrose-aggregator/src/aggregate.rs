@@ -1,6 +1,8 @@
-//! The aggregated sums (ASH): per (class, GPU architecture, catalogue, counter, epoch) the
-//! homomorphic product of every report's packed ciphertexts mod n^2, with the number of reports
-//! and samples in it. Counters of different GPU generations never add up in one sum.
+//! The aggregated sums (ASH): per (class, GPU architecture, catalogue, counter, epoch, design
+//! key) the homomorphic product of every report's packed ciphertexts mod n^2, with the number
+//! of reports and samples in it. Counters of different GPU generations never add up in one
+//! sum, nor do ciphertexts under different keys (a key rollover's grace days,
+//! `crate::design_keys`).
 //!
 //! Each report costs one multiplication per ciphertext. A sum holds at most the accumulator
 //! bound of reports (214,748 at 31-bit slots), after which the next report starts a fresh
@@ -25,6 +27,7 @@ use penrose_core::gpu::GpuArch;
 use penrose_core::paillier::{Accumulator, PackedCiphertexts, PaillierError, PublicKey};
 use thiserror::Error;
 
+use crate::design_keys::KeySlot;
 use crate::store::{Store, StoreError, Table};
 use crate::tables::ClassId;
 
@@ -41,6 +44,8 @@ pub struct SumKey {
     pub counter: CounterId,
     /// The epoch the reports belong to: sums of different epochs are released separately.
     pub epoch: EpochId,
+    /// The design key the ciphertexts are under.
+    pub key: KeySlot,
 }
 
 /// One ASH record, as stored and exported.
@@ -61,12 +66,12 @@ pub struct AshRecord {
 }
 
 /// Bytes of an ASH record key.
-pub const ASH_KEY_BYTES: usize = 18;
+pub const ASH_KEY_BYTES: usize = 19;
 const ASH_VALUE_FIXED: usize = 24;
 
 impl AshRecord {
-    /// The store key: class, architecture (major, minor), catalogue, counter, epoch,
-    /// generation, big-endian, so that one class's records are adjacent (the partitioning key
+    /// The store key: class, architecture (major, minor), catalogue, counter, epoch, key
+    /// slot, generation, big-endian, so that one class's records are adjacent (the partitioning key
     /// docs/design.md section 6 names).
     pub fn store_key(key: SumKey, generation: Generation) -> [u8; ASH_KEY_BYTES] {
         let mut out = [0u8; ASH_KEY_BYTES];
@@ -75,7 +80,8 @@ impl AshRecord {
         out[6..8].copy_from_slice(&key.catalogue.0.to_be_bytes());
         out[8..10].copy_from_slice(&key.counter.0.to_be_bytes());
         out[10..14].copy_from_slice(&key.epoch.0.to_be_bytes());
-        out[14..].copy_from_slice(&generation.0.to_be_bytes());
+        out[14] = key.key.0;
+        out[15..].copy_from_slice(&generation.0.to_be_bytes());
         out
     }
 
@@ -111,8 +117,9 @@ impl AshRecord {
                 catalogue: CatalogueVersion(u16_at(6)),
                 counter: CounterId(u16_at(8)),
                 epoch: EpochId(u32_at(10)),
+                key: KeySlot(key[14]),
             },
-            generation: Generation(u32_at(14)),
+            generation: Generation(u32_at(15)),
             changed: Cursor(u64_at(fixed, 0)),
             reports: u64_at(fixed, 8),
             samples: u64_at(fixed, 16),
@@ -130,6 +137,9 @@ pub enum AggregateError {
     /// A stored record does not parse.
     #[error("damaged ASH record: {0}")]
     Damaged(&'static str),
+    /// A sum key names a key slot the server does not hold (a bug: validation gives slots).
+    #[error("no design key in slot {0}")]
+    UnknownKeySlot(u8),
     /// Reading a sum's stored state failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -174,7 +184,8 @@ struct Open {
 /// The accumulators of open epochs held in memory, loaded from the store when first touched
 /// (module docs), and which changed since the last batch.
 pub struct Sums {
-    key: PublicKey,
+    /// The design keys by slot.
+    keys: Vec<PublicKey>,
     bound: u64,
     open: HashMap<SumKey, Open>,
     dirty: HashSet<SumKey>,
@@ -187,13 +198,16 @@ pub struct Sums {
 }
 
 impl Sums {
-    /// No sums held yet; each accumulator takes at most `bound` reports (at most the safe
-    /// bound), and at most [`DEFAULT_HELD_ACCUMULATORS`] clean ones are held.
-    pub fn new(key: &PublicKey, bound: u64) -> Result<Self, AggregateError> {
-        // Checks the bound once, here, rather than on every fresh accumulator.
-        Accumulator::with_bound(key, bound)?;
+    /// No sums held yet, under the design keys `keys` (by slot); each accumulator takes at
+    /// most `bound` reports (at most the safe bound), and at most
+    /// [`DEFAULT_HELD_ACCUMULATORS`] clean ones are held.
+    pub fn new(keys: &[PublicKey], bound: u64) -> Result<Self, AggregateError> {
+        // Checks the bound once per key, here, rather than on every fresh accumulator.
+        for key in keys {
+            Accumulator::with_bound(key, bound)?;
+        }
         Ok(Self {
-            key: key.clone(),
+            keys: keys.to_vec(),
             bound,
             open: HashMap::new(),
             dirty: HashSet::new(),
@@ -203,6 +217,15 @@ impl Sums {
             loads: 0,
             evictions: 0,
         })
+    }
+
+    /// The design keys by slot after a new key list gave keys slots (slots only grow).
+    pub fn set_keys(&mut self, keys: &[PublicKey]) -> Result<(), AggregateError> {
+        for key in keys.iter().skip(self.keys.len()) {
+            Accumulator::with_bound(key, self.bound)?;
+        }
+        self.keys = keys.to_vec();
+        Ok(())
     }
 
     /// Holds at most `capacity` clean accumulators (at least 1).
@@ -226,6 +249,9 @@ impl Sums {
         ciphertexts: &PackedCiphertexts,
         samples: u64,
     ) -> Result<(), AggregateError> {
+        let Some(sum_key) = self.keys.get(usize::from(key.key.0)) else {
+            return Err(AggregateError::UnknownKeySlot(key.key.0));
+        };
         self.tick += 1;
         let tick = self.tick;
         let open = match self.open.get_mut(&key) {
@@ -241,7 +267,7 @@ impl Sums {
                         Open {
                             generation: record.generation,
                             accumulator: Accumulator::restore(
-                                &self.key,
+                                sum_key,
                                 self.bound,
                                 &record.sums,
                                 record.reports,
@@ -253,7 +279,7 @@ impl Sums {
                     }
                     None => Open {
                         generation: Generation(0),
-                        accumulator: Accumulator::with_bound(&self.key, self.bound)?,
+                        accumulator: Accumulator::with_bound(sum_key, self.bound)?,
                         written: None,
                         tick,
                     },
@@ -265,7 +291,7 @@ impl Sums {
         if open.accumulator.is_full() {
             // The full generation's last state was written with the batch that filled it.
             open.generation = Generation(open.generation.0 + 1);
-            open.accumulator = Accumulator::with_bound(&self.key, self.bound)?;
+            open.accumulator = Accumulator::with_bound(sum_key, self.bound)?;
         }
         open.accumulator.absorb(ciphertexts, samples)?;
         self.dirty.insert(key);

@@ -110,7 +110,7 @@ pub enum Command {
     /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
     ///
     /// Flags override the configuration file, whose keys are: data_dir, listen, stream_listen, public_key,
-    /// token_keys, open_admission, metrics, tls_cert, tls_key, max_batch, queue, max_connections,
+    /// key_list, key_list_signer, token_keys, open_admission, metrics, tls_cert, tls_key, max_batch, queue, max_connections,
     /// max_connections_per_source, new_connections_per_source_per_second, handshake_timeout,
     /// reports_per_second, new_classes_per_hour, epochs, threshold, reports_per_contributor.
     ///
@@ -151,9 +151,19 @@ pub enum Command {
         /// name as `transport.aggregator_stream`, reached by Tor exits [default: off].
         #[arg(long)]
         stream_listen: Option<SocketAddr>,
-        /// The design server's public key file (`penrose-design keygen` writes it).
-        #[arg(long)]
+        /// The design server's public key file (`penrose-design keygen` writes it), used for
+        /// every day. To roll keys over, give --key-list instead.
+        #[arg(long, conflicts_with = "key_list")]
         public_key: Option<PathBuf>,
+        /// The design server's signed key list (`penrose-design key-list` writes it): which
+        /// key encrypts which day's reports, the replaced key accepted for its grace days.
+        /// SIGHUP or `reload-keys` reads it again; agents fetch it from this server.
+        #[arg(long, requires = "key_list_signer")]
+        key_list: Option<PathBuf>,
+        /// The design server's list-signing public key (`penrose-design key-list-signer`
+        /// writes it): a list that does not verify under it is refused.
+        #[arg(long, requires = "key_list")]
+        key_list_signer: Option<PathBuf>,
         /// The admission key ring the issuer exported (mode 0600): admit only reports with a
         /// valid, unspent token of its keys.
         #[arg(long, conflicts_with = "open_admission")]

@@ -47,8 +47,12 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     /// The TCP address whose streams carry QUIC (Tor exits deliver agents' reports there).
     pub stream_listen: Option<SocketAddr>,
-    /// The design server's Paillier public key file.
+    /// The design server's Paillier public key file (one key for every day).
     pub public_key: Option<PathBuf>,
+    /// The design server's signed key list file (keys that roll over).
+    pub key_list: Option<PathBuf>,
+    /// The design server's list-signing public key file.
+    pub key_list_signer: Option<PathBuf>,
     /// The admission key ring file the issuer exported: reports are admitted by tokens.
     pub token_keys: Option<PathBuf>,
     /// Admit reports without tokens (must be said explicitly when `token_keys` is absent).

@@ -152,8 +152,11 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
                     "no server is running here; `serve` reads the key ring when it starts".into(),
                 ));
             }
-            reload_key_ring(&admin.ingest)?;
-            json!({ "admission": admin.ingest.admission().describe(today()) })
+            reload_keys(&admin.ingest)?;
+            json!({
+                "admission": admin.ingest.admission().describe(today()),
+                "design_keys": describe_design_keys(&admin.ingest.design_keys()),
+            })
         }
         Request::CloseEpochs => {
             let closed = admin.ingest.close_epochs(true).map_err(|e| fail(&e))?;
@@ -164,16 +167,11 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
             json!({ "closed": epochs })
         }
         Request::Export { seq } => {
-            let key = admin.ingest.state().key().clone();
             let made = match seq {
-                Some(seq) => Some(export::reexport(
-                    admin.store.as_ref(),
-                    &key,
-                    *seq,
-                    &admin.signing,
-                ))
-                .transpose(),
-                None => export::export(admin.store.as_ref(), &key, admin.release, &admin.signing),
+                Some(seq) => {
+                    Some(export::reexport(admin.store.as_ref(), *seq, &admin.signing)).transpose()
+                }
+                None => export::export(admin.store.as_ref(), admin.release, &admin.signing),
             }
             .map_err(|e| fail(&e))?;
             let Some((bundle, bytes)) = made else {
@@ -228,6 +226,43 @@ pub fn reload_key_ring(ingest: &Ingest) -> Result<(), ControlError> {
         .map_err(|e| ControlError::Failed(e.to_string()))
 }
 
+/// Reads again what a running server reads from files and may replace: the admission key ring
+/// (admission by tokens) and the design key list (keys from a list file). Either is refused,
+/// leaving the one in use, when its file is refused; an error when there is neither.
+pub fn reload_keys(ingest: &Ingest) -> Result<(), ControlError> {
+    let by_tokens = ingest.admission().by_tokens();
+    let from_list = ingest.design_keys().source().is_some();
+    if !by_tokens && !from_list {
+        return Err(ControlError::Failed(format!(
+            "{}; and the design keys were not read from a key list file",
+            crate::state::StateError::OpenAdmission
+        )));
+    }
+    if from_list {
+        ingest
+            .reload_design_keys()
+            .map_err(|e| ControlError::Failed(format!("design key list: {e}")))?;
+    }
+    if by_tokens {
+        reload_key_ring(ingest)?;
+    }
+    Ok(())
+}
+
+/// The design keys a server applies, for `status` and `reload-keys`.
+pub fn describe_design_keys(keys: &crate::design_keys::DesignKeys) -> Value {
+    let list = keys.list();
+    json!({
+        "list_sequence": keys.signed().map(|_| list.sequence()),
+        "list_file": keys.source().map(|s| s.list.display().to_string()),
+        "grace_days": list.grace_days(),
+        "schedule": list.keys().iter().map(|k| json!({
+            "from_day": k.from.0, "key_id": k.key.key_id().to_string(),
+        })).collect::<Vec<_>>(),
+        "slots": keys.by_slot().iter().map(|k| k.key_id().to_string()).collect::<Vec<_>>(),
+    })
+}
+
 fn status(admin: &Admin) -> Value {
     use std::sync::atomic::Ordering::Relaxed;
     let mut state = admin.ingest.state();
@@ -265,7 +300,8 @@ fn status(admin: &Admin) -> Value {
         "healthy": admin.ingest.is_healthy(),
         "admission": admission,
         "spent_tokens": spent_keys,
-        "key_id": state.key().key_id().to_string(),
+        "key_id": state.keys().current(today()).map(|k| k.key_id().to_string()),
+        "design_keys": describe_design_keys(state.keys()),
         "cursor": state.cursor().0,
         "reports_accepted_total": state.accepted(),
         "classes": state.tables().class_count(),

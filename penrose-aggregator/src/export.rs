@@ -47,6 +47,7 @@ use rand::RngCore;
 use thiserror::Error;
 
 use crate::aggregate::AshRecord;
+use crate::design_keys::{DesignKeyError, KeySlot, stored_keys};
 use crate::epochs::{self, EpochRecord};
 use crate::ingest::today;
 use crate::state::{StateError, check_format, meta};
@@ -61,6 +62,9 @@ pub enum ExportError {
     /// Reading the store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store's design keys could not be read.
+    #[error(transparent)]
+    Keys(#[from] DesignKeyError),
     /// The store cannot be read by this build (its format) or is damaged.
     #[error(transparent)]
     State(#[from] StateError),
@@ -428,7 +432,7 @@ struct Merges {
 #[allow(clippy::too_many_arguments)]
 fn build(
     snap: &Snapshot,
-    key: &PublicKey,
+    keys: &[PublicKey],
     epochs: &[EpochId],
     rule: ReleaseRule,
     seq: u64,
@@ -464,7 +468,7 @@ fn build(
         .ash
         .iter()
         .filter(|r| summaries.contains_key(&r.key.epoch));
-    for entry in combine(key, records, &merges.map)? {
+    for entry in combine(keys, records, &merges.map)? {
         let Some(summary) = summaries.get_mut(&entry.epoch) else {
             continue;
         };
@@ -475,10 +479,31 @@ fn build(
         }
         entries.push(entry);
     }
+    // The bundle lists the keys its entries are under, by slot; an entry's slot becomes its
+    // index in that list.
+    let mut slots: Vec<u8> = entries.iter().map(|e| e.key).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    if slots.is_empty() {
+        let last = u8::try_from(keys.len().saturating_sub(1))
+            .map_err(|_| ExportError::Record("more than 256 design keys".into()))?;
+        slots.push(last);
+    }
+    let listed = slots
+        .iter()
+        .map(|&slot| {
+            keys.get(usize::from(slot))
+                .map(PublicKey::key_id)
+                .ok_or_else(|| ExportError::Record(format!("no design key in slot {slot}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for e in &mut entries {
+        e.key = slots.iter().position(|&s| s == e.key).unwrap_or_default() as u8;
+    }
     entries.sort_by_key(BundleEntry::key);
     Ok(Bundle {
         signer: [0; 32],
-        key_id: key.key_id(),
+        keys: listed,
         link: ChainLink {
             instance: snap.instance,
             parent: snap.parent,
@@ -499,7 +524,7 @@ fn build(
 /// combined reports stay within the accumulator bound, else as the next generation. Without
 /// merges this is one entry per record.
 fn combine<'a>(
-    key: &PublicKey,
+    keys: &[PublicKey],
     records: impl Iterator<Item = &'a AshRecord>,
     map: &ClassMap,
 ) -> Result<Vec<BundleEntry>, ExportError> {
@@ -507,6 +532,7 @@ fn combine<'a>(
         EpochId,
         penrose_core::bundle::ClassId,
         penrose_core::gpu::GpuArch,
+        KeySlot,
         u16,
         u16,
     );
@@ -518,6 +544,7 @@ fn combine<'a>(
                 r.key.epoch,
                 root,
                 r.key.arch,
+                r.key.key,
                 r.key.catalogue.0,
                 r.key.counter.0,
             ))
@@ -525,7 +552,10 @@ fn combine<'a>(
             .push(r);
     }
     let mut out = Vec::new();
-    for ((_, root, _, _, _), mut pieces) in groups {
+    for ((_, root, _, slot, _, _), mut pieces) in groups {
+        let key = keys
+            .get(usize::from(slot.0))
+            .ok_or_else(|| ExportError::Record(format!("no design key in slot {}", slot.0)))?;
         // The survivor's own first, then the absorbed classes', each by generation.
         pieces.sort_by_key(|r| (r.key.class != root, r.key.class, r.generation));
         let mut sums: Vec<(u64, u64, PackedCiphertexts, &AshRecord)> = Vec::new();
@@ -547,6 +577,7 @@ fn combine<'a>(
                 epoch: first.key.epoch,
                 class: root,
                 arch: first.key.arch,
+                key: slot.0,
                 catalogue: first.key.catalogue,
                 counter: first.key.counter,
                 generation: Generation(generation as u32),
@@ -567,11 +598,11 @@ static EXPORTING: Mutex<()> = Mutex::new(());
 /// export (nothing is recorded then).
 pub fn export(
     store: &dyn Store,
-    key: &PublicKey,
     release: ReleaseConfig,
     signing: &SigningKey,
 ) -> Result<Option<(Bundle, Vec<u8>)>, ExportError> {
     let _one_at_a_time = EXPORTING.lock().unwrap_or_else(|p| p.into_inner());
+    let keys = stored_keys(store)?;
     let snap = snapshot(store, Want::Unexported)?;
     let epochs: Vec<EpochId> = snap
         .closed
@@ -603,7 +634,7 @@ pub fn export(
         map: snap.class_map(as_of)?,
         new: snap.merges_between(after, as_of),
     };
-    let mut bundle = build(&snap, key, &epochs, rule, seq, prev, today(), merges)?;
+    let mut bundle = build(&snap, &keys, &epochs, rule, seq, prev, today(), merges)?;
     let bytes = bundle.sign(signing)?;
     bundle.signer = *signing.verifying_key().as_bytes();
     let link = LinkRecord {
@@ -630,10 +661,10 @@ pub fn export(
 /// against the hash recorded when it was first exported.
 pub fn reexport(
     store: &dyn Store,
-    key: &PublicKey,
     seq: u64,
     signing: &SigningKey,
 ) -> Result<(Bundle, Vec<u8>), ExportError> {
+    let keys = stored_keys(store)?;
     let meta = snapshot(store, Want::Epochs(&[]))?;
     let epochs = meta
         .links
@@ -671,7 +702,16 @@ pub fn reexport(
         map: snap.class_map(link.as_of)?,
         new: snap.merges_between(after, link.as_of),
     };
-    let mut bundle = build(&snap, key, &link.epochs, rule, seq, prev, link.day, merges)?;
+    let mut bundle = build(
+        &snap,
+        &keys,
+        &link.epochs,
+        rule,
+        seq,
+        prev,
+        link.day,
+        merges,
+    )?;
     let bytes = bundle.sign(signing)?;
     bundle.signer = *signing.verifying_key().as_bytes();
     if BundleHash::of(&bytes) != link.hash {
@@ -700,9 +740,10 @@ pub fn make_new_instance(copy: &dyn Store, parent: InstanceId) -> Result<Instanc
 /// Every sum of the store, open epochs included, summed and merged by the same code export
 /// uses (every merge so far applied), for tests and offline checks that compare the store
 /// with what was sent. Never signed, never released.
-pub fn all_sums(store: &dyn Store, key: &PublicKey) -> Result<Vec<BundleEntry>, ExportError> {
+pub fn all_sums(store: &dyn Store) -> Result<Vec<BundleEntry>, ExportError> {
+    let keys = stored_keys(store)?;
     let snap = snapshot(store, Want::All)?;
-    combine(key, snap.ash.iter(), &snap.class_map(snap.cursor)?)
+    combine(&keys, snap.ash.iter(), &snap.class_map(snap.cursor)?)
 }
 
 /// The sum a stored accumulator state stands for: one exponentiation to take out the
@@ -715,12 +756,13 @@ fn decrypted_form(key: &PublicKey, r: &AshRecord) -> Result<PackedCiphertexts, E
 
 fn record_error(r: &AshRecord, e: impl std::fmt::Display) -> ExportError {
     ExportError::Record(format!(
-        "class {} arch {} catalogue {} counter {} epoch {} generation {}: {e}",
+        "class {} arch {} catalogue {} counter {} epoch {} key slot {} generation {}: {e}",
         r.key.class.0,
         r.key.arch,
         r.key.catalogue.0,
         r.key.counter.0,
         r.key.epoch.0,
+        r.key.key.0,
         r.generation.0
     ))
 }

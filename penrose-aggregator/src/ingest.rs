@@ -23,14 +23,14 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, mpsc as sync_mpsc};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use penrose_core::paillier::PublicKey;
 use penrose_core::wire::{
-    Ack, AckStatus, Day, LENGTH_PREFIX, RejectReason, ReportId, ThrottleHint,
+    Ack, AckStatus, Day, LENGTH_PREFIX, Message, RejectReason, ReportId, ThrottleHint,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info};
 
 use crate::admission::{Admission, TokenRing};
+use crate::design_keys::{DesignKeys, KeySettings};
 use crate::epochs::EpochRecord;
 use crate::metrics::Metrics;
 use crate::state::{Outcome, Prepared, State, StateError, store_throttle};
@@ -77,7 +77,8 @@ enum Job {
 }
 
 struct Inner {
-    key: PublicKey,
+    /// The design keys reports are validated against; replaced on reload.
+    keys: RwLock<Arc<DesignKeys>>,
     /// How reports are admitted; the key ring is replaced on reload.
     admission: RwLock<Arc<Admission>>,
     queue: mpsc::Sender<Job>,
@@ -130,7 +131,7 @@ impl Ingest {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         state.set_new_classes_per_hour(config.new_classes_per_hour);
         metrics.set_state(&mut state);
-        let key = state.key().clone();
+        let keys = Arc::new(state.keys().clone());
         let shared = Arc::new(Shared {
             healthy: AtomicBool::new(true),
             metrics,
@@ -154,7 +155,7 @@ impl Ingest {
                 committed.and(written)
             })?;
         let inner = Arc::new(Inner {
-            key,
+            keys: RwLock::new(keys),
             admission: RwLock::new(Arc::new(admission)),
             queue: tx,
             throttle: AtomicU16::new(throttle.permille()),
@@ -173,7 +174,8 @@ impl Ingest {
             .bytes
             .fetch_add((body.len() + LENGTH_PREFIX) as u64, Ordering::Relaxed);
         let admission = self.admission();
-        let status = match validate_body(&body, &self.inner.key, today(), &admission) {
+        let keys = self.design_keys();
+        let status = match validate_body(&body, &keys, today(), &admission) {
             Err(rejection) => {
                 debug!(%rejection, "report rejected");
                 AckStatus::Rejected(rejection.reason())
@@ -252,6 +254,64 @@ impl Ingest {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         Arc::clone(&guard)
+    }
+
+    /// Answers a key list request with the design server's signed list as it was loaded
+    /// (agents verify it); `None` for every other body, and when the server was given a single
+    /// key rather than a list (the request is then refused like any body that is not a
+    /// report). Counted in `key_lists_served`.
+    pub fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+        if !matches!(Message::decode_body(body), Ok(Message::KeyListRequest)) {
+            return None;
+        }
+        let keys = self.design_keys();
+        let list = keys.signed()?;
+        let frame = Message::KeyList(list.to_vec()).to_frame().ok()?;
+        self.inner
+            .shared
+            .metrics
+            .key_lists_served
+            .fetch_add(1, Ordering::Relaxed);
+        Some(frame)
+    }
+
+    /// The design keys reports are validated against now.
+    pub fn design_keys(&self) -> Arc<DesignKeys> {
+        let guard = self
+            .inner
+            .keys
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(&guard)
+    }
+
+    /// Applies the design server's next key list (or key): the store gives its keys slots
+    /// first, durably, then reports validated from now on use it. An older list, or a wrong
+    /// single key, is refused and changes nothing (`crate::design_keys`).
+    pub fn replace_design_keys(&self, settings: KeySettings) -> Result<(), StateError> {
+        let keys = {
+            let mut state = self.state();
+            state.replace_keys(settings)?;
+            Arc::new(state.keys().clone())
+        };
+        *self
+            .inner
+            .keys
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = keys;
+        Ok(())
+    }
+
+    /// Reads the design key list file again and applies it ([`Self::replace_design_keys`]);
+    /// refused when the keys did not come from a list file.
+    pub fn reload_design_keys(&self) -> Result<(), StateError> {
+        let source = self
+            .design_keys()
+            .source()
+            .cloned()
+            .ok_or(crate::design_keys::DesignKeyError::NoListFile)?;
+        let settings = KeySettings::from_file(&source.list, source.signer)?;
+        self.replace_design_keys(settings)
     }
 
     /// Replaces the key ring tokens are verified with (the issuer's next export); reports
@@ -504,5 +564,9 @@ impl penrose_transport::ReportHandler for Ingest {
 
     fn throttle(&self) -> ThrottleHint {
         Ingest::throttle(self)
+    }
+
+    fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+        Ingest::answer(self, body)
     }
 }

@@ -4,6 +4,8 @@
 //! A report's way through the server, module by module:
 //!
 //! - [`validate`]: the checks every report passes before it may touch a sum.
+//! - [`design_keys`]: which of the design server's keys a report of a given day may be under
+//!   (its signed key list), and each key's slot in the store.
 //! - [`admission`]: which reports may reach the tables at all: admission tokens, verified
 //!   before anything is stored and spent once.
 //! - [`ingest`]: the pipeline a transport calls: validate, queue, batch, durable write, ack.
@@ -33,6 +35,7 @@ pub mod aggregate;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod design_keys;
 pub mod epochs;
 pub mod export;
 pub mod fleet;

@@ -60,6 +60,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             listen,
             stream_listen,
             public_key,
+            key_list,
+            key_list_signer,
             token_keys,
             open_admission,
             metrics,
@@ -119,7 +121,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     .or(file.listen)
                     .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 4433))),
                 stream_listen: stream_listen.or(file.stream_listen),
-                public_key: public_key.or(file.public_key),
+                keys: serve::KeySource::new(
+                    public_key.or(file.public_key),
+                    key_list.or(file.key_list),
+                    key_list_signer.or(file.key_list_signer),
+                )?,
                 metrics: metrics.or(file.metrics),
                 tls,
                 ingest: IngestConfig {
@@ -307,7 +313,7 @@ async fn admin_with(data: &DataArg, request: Request, release: &ReleaseArgs) -> 
     // Offline, nothing is ingested: admission does not apply.
     let (admin, writer) = serve::open(
         &dir,
-        None,
+        &serve::KeySource::Stored,
         IngestConfig::default(),
         epochs,
         release,
@@ -432,7 +438,8 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
             let classes: std::collections::BTreeSet<u32> =
                 b.entries.iter().map(|e| e.class.0).collect();
             let summary = serde_json::json!({
-                "valid": true, "signer": export::hex(&b.signer), "key_id": b.key_id.to_string(),
+                "valid": true, "signer": export::hex(&b.signer), "key_id": b.keys.first().map(|k| k.to_string()),
+                "keys": b.keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
                 "instance": b.link.instance.to_string(), "seq": b.link.seq,
                 "parent": b.link.parent.map(|p| p.to_string()),
                 "epochs": b.epochs.iter().map(|e| e.id.0).collect::<Vec<_>>(), "day": b.day.0,
@@ -487,6 +494,7 @@ fn check_reports(
     let bytes = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
     let key = PublicKey::from_bytes(&bytes)
         .with_context(|| format!("{} is not a Penrose public key", key.display()))?;
+    let keys = penrose_aggregator::design_keys::DesignKeys::single(key);
     let admission = match token_keys {
         Some(path) => Admission::Tokens(TokenRing::load(path)?),
         None => Admission::Open,
@@ -504,7 +512,7 @@ fn check_reports(
                 Ok(body) => (wire::LENGTH_PREFIX + body).min(rest.len()),
                 Err(_) => rest.len(),
             };
-            let verdict = validate_frame(&rest[..len], &key, today, &admission);
+            let verdict = validate_frame(&rest[..len], &keys, today, &admission);
             if verdict.is_err() {
                 rejected += 1;
             }

@@ -52,6 +52,8 @@ pub struct Metrics {
     /// Admission tokens whose MAC verified (each then spent, or its report refused by the
     /// writer as `TokenSpent` or another reason).
     pub tokens_verified: AtomicU64,
+    /// Key list requests answered with the design server's signed list.
+    pub key_lists_served: AtomicU64,
     /// Frame bytes received by ingest.
     pub bytes: AtomicU64,
     /// Durable write batches committed.
@@ -168,6 +170,12 @@ impl Metrics {
             "Admission tokens verified (refusals are in penrose_reports_rejected_total: \
              token_required, invalid_token, token_spent).",
             &[(String::new(), get(&self.tokens_verified))],
+        );
+        metric(
+            "penrose_key_lists_served_total",
+            "counter",
+            "Key list requests answered with the design server's signed list.",
+            &[(String::new(), get(&self.key_lists_served))],
         );
         metric(
             "penrose_ingest_bytes_total",

@@ -23,8 +23,9 @@ use crate::epochs::EpochPolicy;
 use crate::export::{ReleaseConfig, load_or_create_signing_key};
 use crate::ingest::{Ingest, IngestConfig, Writer};
 
+use crate::design_keys::{KeySettings, stored_settings};
 use crate::metrics::{Metrics, render_transport, serve_http};
-use crate::state::{State, stored_public_key, stored_throttle};
+use crate::state::{State, stored_throttle};
 use crate::store::{RocksStore, Store};
 
 /// How often the server checks whether an epoch is due to close without a report arriving.
@@ -39,9 +40,8 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     /// TCP address for QUIC carried on streams (from Tor exits); `None`: UDP only.
     pub stream_listen: Option<SocketAddr>,
-    /// The Paillier public key (required on first start; later the stored one is used and a
-    /// different one refused).
-    pub public_key: Option<PathBuf>,
+    /// The design server's keys (required on first start; later the stored ones are used).
+    pub keys: KeySource,
     /// Prometheus listen address.
     pub metrics: Option<SocketAddr>,
     /// TLS certificate and key; default: DATA/tls/, self-signed on first start.
@@ -58,30 +58,76 @@ pub struct ServeOptions {
     pub admission: AdmissionConfig,
 }
 
+/// Where the design server's keys come from (`crate::design_keys`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum KeySource {
+    /// What the store was last given (a store never served is refused).
+    #[default]
+    Stored,
+    /// One public key file, for every day (`public_key`).
+    PublicKey(PathBuf),
+    /// The design server's signed key list, verified under its pinned list-signing key
+    /// (`key_list`, `key_list_signer`): keys roll over without a restart.
+    List {
+        /// The list file (`penrose-design key-list` writes it).
+        list: PathBuf,
+        /// The list-signing public key file.
+        signer: PathBuf,
+    },
+}
+
+impl KeySource {
+    /// From the flags or configuration keys: a public key, or a list with its signer.
+    pub fn new(
+        public_key: Option<PathBuf>,
+        key_list: Option<PathBuf>,
+        signer: Option<PathBuf>,
+    ) -> Result<Self> {
+        Ok(match (public_key, key_list, signer) {
+            (None, None, None) => KeySource::Stored,
+            (Some(key), None, None) => KeySource::PublicKey(key),
+            (None, Some(list), Some(signer)) => KeySource::List { list, signer },
+            (None, Some(_), None) | (None, None, Some(_)) => {
+                bail!("key_list and key_list_signer go together")
+            }
+            (Some(_), _, _) => bail!("give public_key or key_list, not both"),
+        })
+    }
+}
+
 /// Opens a data directory and starts ingest over it (no transport), admitting reports as
 /// `admission` says: what `serve` runs on, and what admin commands use when no server is
 /// running (they ingest nothing).
 pub fn open(
     data: &DataDir,
-    key_file: Option<&PathBuf>,
+    keys: &KeySource,
     config: IngestConfig,
     epochs: Option<EpochPolicy>,
     release: ReleaseConfig,
     admission: Admission,
 ) -> Result<(Admin, Writer)> {
-    // A given key is checked before anything is created, so a refused key leaves no data
+    // Given keys are checked before anything is created, so a refused key leaves no data
     // directory behind.
-    let given = key_file
-        .map(|path| -> Result<PublicKey> {
+    let given = match keys {
+        KeySource::Stored => None,
+        KeySource::PublicKey(path) => {
             let bytes =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            PublicKey::from_bytes(&bytes)
-                .with_context(|| format!("{} is not a Penrose public key", path.display()))
-        })
-        .transpose()?;
-    if let (Some(key), Some(path)) = (&given, key_file) {
-        check_key_bits(key.size().modulus_bits()).with_context(|| format!("{}", path.display()))?;
-    }
+            let key = PublicKey::from_bytes(&bytes)
+                .with_context(|| format!("{} is not a Penrose public key", path.display()))?;
+            check_key_bits(key.size().modulus_bits())
+                .with_context(|| format!("{}", path.display()))?;
+            Some(KeySettings::single(key))
+        }
+        KeySource::List { list, signer } => {
+            let settings = KeySettings::from_files(list, signer)?;
+            for k in settings.list().keys() {
+                check_key_bits(k.key.size().modulus_bits())
+                    .with_context(|| format!("key {} of {}", k.key.key_id(), list.display()))?;
+            }
+            Some(settings)
+        }
+    };
     data.create()
         .with_context(|| format!("creating {}", data.0.display()))?;
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(&data.db()).with_context(|| {
@@ -90,23 +136,20 @@ pub fn open(
             data.db().display()
         )
     })?);
-    let key = match given {
-        Some(key) => key,
-        None => match stored_public_key(store.as_ref())? {
-            Some(key) => {
-                check_key_bits(key.size().modulus_bits())
-                    .with_context(|| format!("the key stored in {}", data.0.display()))?;
-                key
-            }
+    let settings = match given {
+        Some(settings) => settings,
+        None => match stored_settings(store.as_ref())? {
+            Some(settings) => settings,
             None => bail!(
-                "{} has never been served; give the design server's public key (--public-key)",
+                "{} has never been served; give the design server's public key (--public-key) \
+                 or its signed key list (--key-list with --key-list-signer)",
                 data.0.display()
             ),
         },
     };
     let state = State::open(
         Arc::clone(&store),
-        &key,
+        settings,
         FingerprintParams::default(),
         ACCUMULATOR_REPORT_BOUND,
         epochs,
@@ -195,7 +238,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     log_admission(&admission);
     let (mut admin, writer) = open(
         &options.data,
-        options.public_key.as_ref(),
+        &options.keys,
         options.ingest,
         options.epochs,
         options.release,
@@ -266,13 +309,13 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             _ = term.recv() => break false,
             _ = hangup.recv() => {
                 let ingest = admin.ingest.clone();
-                match tokio::task::spawn_blocking(move || control::reload_key_ring(&ingest)).await {
+                match tokio::task::spawn_blocking(move || control::reload_keys(&ingest)).await {
                     Ok(Ok(_)) => log_admission(&admin.ingest.admission()),
                     Ok(Err(e)) => error!(
                         error = %e,
-                        "SIGHUP: the key ring was not reloaded; the previous one stays in use"
+                        "SIGHUP: the keys were not reloaded; those in use stay"
                     ),
-                    Err(e) => error!(error = %e, "SIGHUP: reloading the key ring failed"),
+                    Err(e) => error!(error = %e, "SIGHUP: reloading the keys failed"),
                 }
             }
             _ = health.tick() => {

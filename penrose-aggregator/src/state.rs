@@ -45,14 +45,15 @@ use std::time::Instant;
 
 use penrose_core::bundle::{Cursor, EpochId, EpochKind, InstanceId};
 use penrose_core::fingerprint::{Fingerprint, FingerprintParams, SnippetHash};
-use penrose_core::paillier::{KeyId, PublicKey};
+use penrose_core::paillier::{PackedCiphertexts, PaillierError, PublicKey};
 use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
 use penrose_core::wire::{Day, ReportId, ThrottleHint};
 use rand::RngCore;
 use thiserror::Error;
 
 use crate::admission::SpentToken;
-use crate::aggregate::{AggregateError, AshRecord, SumKey, Sums};
+use crate::aggregate::{ASH_KEY_BYTES, AggregateError, AshRecord, SumKey, Sums};
+use crate::design_keys::{self, DesignKeyError, DesignKeys, KeySettings, KeySlot};
 use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::store::{Store, StoreError, Table, WriteSet};
 use crate::tables::{
@@ -65,10 +66,10 @@ use crate::validate::{CiphertextDigest, ValidReport};
 pub mod meta {
     /// The cursor: how many batches with accepted reports were committed (u64).
     pub const CURSOR: &[u8] = b"cursor";
-    /// The Paillier key id the sums are under ([u8; 32]).
+    /// Format 7 and earlier: the one Paillier key id the sums were under ([u8; 32]). Format
+    /// 8 keeps every key in a slot (`crate::design_keys::meta`); the migration moves it there.
     pub const KEY_ID: &[u8] = b"key_id";
-    /// The Paillier public key itself, so that admin tools can open the store without the
-    /// key file.
+    /// Format 7 and earlier: that key itself.
     pub const PUBLIC_KEY: &[u8] = b"public_key";
     /// The throttle hint in permille (u16).
     pub const THROTTLE: &[u8] = b"throttle";
@@ -156,7 +157,10 @@ pub mod spent {
     }
 }
 
-/// The layout this build reads and writes. 7: sums per GPU architecture (the ASH key holds the
+/// The layout this build reads and writes. 8: sums per design key (the ASH key holds the
+/// key's slot before the generation; the keys are in slot records, `crate::design_keys`), so
+/// that keys roll over; a format 7 store is migrated when opened ([`migrate_7_to_8`]); 7: sums
+/// per GPU architecture (the ASH key holds the
 /// report's architecture after the class), EST records keep each representative's locator
 /// beside its hash (class search by locator), and neither SST rows nor sums are read at start
 /// (both on demand); 6: the Spent table (admission tokens) and epoch
@@ -167,7 +171,7 @@ pub mod spent {
 /// (class, counter), which could be differenced, and stored accumulator states as 3 does; 1
 /// stored the sums themselves. Opening a store of another format is refused rather than
 /// misread.
-pub const STORE_FORMAT: u32 = 7;
+pub const STORE_FORMAT: u32 = 8;
 
 /// What happened to one report of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,17 +205,9 @@ pub enum StateError {
     /// A sum record is damaged or an accumulator refused.
     #[error(transparent)]
     Aggregate(#[from] AggregateError),
-    /// The store holds sums under another public key.
-    #[error(
-        "this data directory aggregates for key {stored}, but the server was given key {given}; \
-         use a new data directory for a new key"
-    )]
-    KeyMismatch {
-        /// The key the store's sums are under.
-        stored: KeyId,
-        /// The key given now.
-        given: KeyId,
-    },
+    /// The design keys could not be applied (a wrong key, an older list, a damaged record).
+    #[error(transparent)]
+    Keys(#[from] DesignKeyError),
     /// The writer thread panicked (a bug); the state it held is not trusted.
     #[error("the ingest writer panicked")]
     WriterPanicked,
@@ -257,7 +253,7 @@ pub enum StateError {
 /// Tables, sums and counters, rebuilt from the store on open.
 pub struct State {
     store: Arc<dyn Store>,
-    key: PublicKey,
+    keys: DesignKeys,
     tables: Tables,
     sums: Sums,
     epochs: Epochs,
@@ -339,34 +335,33 @@ impl Prepared {
 }
 
 impl State {
-    /// Rebuilds the state from `store` (empty for a new store) for `key`. Epochs are cut by
-    /// `policy` when given (its kind must be the store's; a count may change), else as the
-    /// store says (a new store: by day).
+    /// Rebuilds the state from `store` (empty for a new store) for the design keys `keys` (one
+    /// public key, or a signed list: `crate::design_keys`). Epochs are cut by `policy` when
+    /// given (its kind must be the store's; a count may change), else as the store says (a
+    /// new store: by day). A format 7 store is migrated first.
     pub fn open(
         store: Arc<dyn Store>,
-        key: &PublicKey,
+        keys: impl Into<KeySettings>,
         params: FingerprintParams,
         bound: u64,
         policy: Option<EpochPolicy>,
     ) -> Result<Self, StateError> {
-        match store.get(Table::Meta, meta::KEY_ID)? {
-            Some(stored) => {
-                let stored: [u8; 32] = stored
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| StateError::Meta("key_id"))?;
-                if stored != key.key_id().0 {
-                    return Err(StateError::KeyMismatch {
-                        stored: KeyId(stored),
-                        given: key.key_id(),
-                    });
+        let settings = keys.into();
+        // Any of these says the store was written before: by this format, an older one (a
+        // key id but no instance), or a newer one.
+        let mut written = false;
+        for key in [meta::INSTANCE, meta::KEY_ID, meta::FORMAT] {
+            written |= store.get(Table::Meta, key)?.is_some();
+        }
+        match written {
+            true => {
+                if stored_format(store.as_ref())? == 7 {
+                    migrate_7_to_8(store.as_ref())?;
                 }
                 check_format(store.as_ref())?;
             }
-            None => {
+            false => {
                 let mut set = WriteSet::new();
-                set.put(Table::Meta, meta::KEY_ID, key.key_id().0.to_vec());
-                set.put(Table::Meta, meta::PUBLIC_KEY, key.to_bytes());
                 set.put(
                     Table::Meta,
                     meta::FORMAT,
@@ -378,6 +373,11 @@ impl State {
                 epochs::write_policy(&mut set, policy.unwrap_or_default());
                 store.write(set)?;
             }
+        }
+        let mut set = WriteSet::new();
+        let keys = DesignKeys::load(store.as_ref(), settings, &mut set)?;
+        if !set.is_empty() {
+            store.write(set)?;
         }
         let mut est = Vec::new();
         let mut cursor = Cursor(0);
@@ -471,10 +471,10 @@ impl State {
         };
         let epochs = Epochs::load(policy, closed_through, current, epoch_records);
         let tables = Tables::load(params, DEFAULT_SNIPPET_CACHE, est, merges)?;
-        let sums = Sums::new(key, bound)?;
+        let sums = Sums::new(keys.by_slot(), bound)?;
         Ok(Self {
             store,
-            key: key.clone(),
+            keys,
             tables,
             sums,
             epochs,
@@ -542,7 +542,7 @@ impl State {
         let mut set = WriteSet::new();
         let mut closed = self.close_epochs(&self.epochs.due(today));
         self.expire_seen(today, &mut set);
-        let units = self.key.check_units(batch.iter().map(|r| &r.ciphertexts));
+        let units = self.check_units(batch);
         // Per report: its id under its own day (a retry carries the same day), then its
         // digest under every day still remembered (a copy may claim another day).
         let digest_days: Vec<Day> = (self.seen_floor.0..=today.0.saturating_add(DAY_TOLERANCE))
@@ -641,6 +641,7 @@ impl State {
                 catalogue: report.catalogue,
                 counter: report.counter,
                 epoch,
+                key: valid.key,
             };
             self.sums.absorb(
                 self.store.as_ref(),
@@ -946,9 +947,56 @@ impl State {
         self.durable.accepted.load(Ordering::Acquire)
     }
 
-    /// The key the sums are under.
-    pub fn key(&self) -> &PublicKey {
-        &self.key
+    /// The design keys: the list applied and every key the sums are under, by slot.
+    pub fn keys(&self) -> &DesignKeys {
+        &self.keys
+    }
+
+    /// Applies a new key list (`reload-keys`): its keys get slots, durably, before any report
+    /// is summed under them. An older list, or a single key the store never summed under
+    /// while it holds others, is refused and changes nothing.
+    pub fn replace_keys(&mut self, settings: KeySettings) -> Result<(), StateError> {
+        let mut set = WriteSet::new();
+        let keys = DesignKeys::load(self.store.as_ref(), settings, &mut set)?;
+        self.sums.set_keys(keys.by_slot())?;
+        if !set.is_empty() {
+            self.store.write(set)?;
+        }
+        self.keys = keys;
+        Ok(())
+    }
+
+    /// The unit check of a batch's ciphertexts, one gcd per design key the batch uses, in the
+    /// batch's order.
+    fn check_units<'a>(
+        &self,
+        batch: &'a [ValidReport],
+    ) -> Vec<Result<&'a PackedCiphertexts, PaillierError>> {
+        let mut slots: Vec<KeySlot> = batch.iter().map(|r| r.key).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        if let [only] = slots.as_slice()
+            && let Some(key) = self.keys.key(*only)
+        {
+            return key.check_units(batch.iter().map(|r| &r.ciphertexts));
+        }
+        let mut out: Vec<Option<_>> = (0..batch.len()).map(|_| None).collect();
+        for slot in slots {
+            let picked: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].key == slot).collect();
+            let Some(key) = self.keys.key(slot) else {
+                for i in picked {
+                    out[i] = Some(Err(PaillierError::InvalidKey(
+                        "no design key in the report's slot",
+                    )));
+                }
+                continue;
+            };
+            let checked = key.check_units(picked.iter().map(|&i| &batch[i].ciphertexts));
+            for (i, r) in picked.into_iter().zip(checked) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter().flatten().collect()
     }
 
     /// The store.
@@ -957,13 +1005,63 @@ impl State {
     }
 }
 
-/// The public key a store aggregates for, if it has been opened for one.
-pub fn stored_public_key(store: &dyn Store) -> Result<Option<PublicKey>, StateError> {
-    match store.get(Table::Meta, meta::PUBLIC_KEY)? {
-        None => Ok(None),
-        Some(bytes) => PublicKey::from_bytes(&bytes)
-            .map(Some)
-            .map_err(|_| StateError::Meta("public_key")),
+/// Format 7 to 8: the one key moves into slot 0 and every ASH row's key gains slot 0 before
+/// its generation. Rows are moved in chunks, each chunk in one write (a new key put and the
+/// old one deleted together), and the format is written last, so a migration cut short is
+/// finished by the next open (18-byte keys are the rows not moved yet).
+pub fn migrate_7_to_8(store: &dyn Store) -> Result<(), StateError> {
+    const CHUNK: usize = 4096;
+    let key = store
+        .get(Table::Meta, meta::PUBLIC_KEY)?
+        .ok_or(StateError::Meta("public_key"))?;
+    PublicKey::from_bytes(&key).map_err(|_| StateError::Meta("public_key"))?;
+    let mut old_rows = Vec::new();
+    store.scan(&[Table::Ash], &mut |_, k, v| {
+        if k.len() == ASH_KEY_BYTES - 1 {
+            old_rows.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(())
+    })?;
+    for chunk in old_rows.chunks(CHUNK) {
+        let mut set = WriteSet::new();
+        for (k, v) in chunk {
+            let mut new_key = Vec::with_capacity(ASH_KEY_BYTES);
+            new_key.extend_from_slice(&k[..14]);
+            new_key.push(0);
+            new_key.extend_from_slice(&k[14..]);
+            let mut end = k.clone();
+            end.push(0);
+            set.delete_range(Table::Ash, k.clone(), end);
+            set.put(Table::Ash, new_key, v.clone());
+        }
+        store.write(set)?;
+    }
+    let mut set = WriteSet::new();
+    set.put(Table::Meta, design_keys::slot_record_key(KeySlot(0)), key);
+    set.put(
+        Table::Meta,
+        meta::FORMAT,
+        STORE_FORMAT.to_be_bytes().to_vec(),
+    );
+    store.write(set)?;
+    tracing::info!(
+        rows = old_rows.len(),
+        "store migrated from format 7 to 8 (sums per design key)"
+    );
+    Ok(())
+}
+
+/// The format a store says it has (1 when it says nothing).
+fn stored_format(store: &dyn Store) -> Result<u32, StateError> {
+    match store.get(Table::Meta, meta::FORMAT)? {
+        None => Ok(1),
+        Some(v) => {
+            let bytes: [u8; 4] = v
+                .as_slice()
+                .try_into()
+                .map_err(|_| StateError::Meta("format"))?;
+            Ok(u32::from_be_bytes(bytes))
+        }
     }
 }
 
@@ -1004,16 +1102,7 @@ fn read_u32(v: &[u8]) -> Option<u32> {
 
 /// Refuses a store whose records this build would misread (see [`STORE_FORMAT`]).
 pub fn check_format(store: &dyn Store) -> Result<(), StateError> {
-    let found = match store.get(Table::Meta, meta::FORMAT)? {
-        None => 1,
-        Some(v) => {
-            let bytes: [u8; 4] = v
-                .as_slice()
-                .try_into()
-                .map_err(|_| StateError::Meta("format"))?;
-            u32::from_be_bytes(bytes)
-        }
-    };
+    let found = stored_format(store)?;
     if found != STORE_FORMAT {
         return Err(StateError::Format {
             found,
@@ -1159,7 +1248,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            crate::export::all_sums(old.as_ref(), key),
+            crate::export::all_sums(old.as_ref()),
             Err(crate::export::ExportError::State(StateError::Format {
                 found: 1,
                 ..
@@ -1167,8 +1256,9 @@ mod tests {
         ));
         assert_eq!(old.get(Table::Meta, meta::FORMAT).unwrap(), None);
 
-        // A store of another format (an older one, and a newer one), and a damaged stamp.
-        let other = [STORE_FORMAT - 1, STORE_FORMAT + 1].map(|f| (f.to_be_bytes().to_vec(), false));
+        // A store of another format (an older one than the one migrated, and a newer one), and
+        // a damaged stamp.
+        let other = [STORE_FORMAT - 2, STORE_FORMAT + 1].map(|f| (f.to_be_bytes().to_vec(), false));
         for (value, damaged) in other.into_iter().chain([(vec![0, 2], true)]) {
             let mut set = WriteSet::new();
             set.put(Table::Meta, meta::FORMAT, value.clone());

@@ -12,13 +12,14 @@
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::{FingerprintParams, MalformedSnippet};
 use penrose_core::gpu::GpuArch;
-use penrose_core::paillier::{MAX_REPORT_SAMPLES, PaillierError, PublicKey, UnitPending};
+use penrose_core::paillier::{MAX_REPORT_SAMPLES, PaillierError, UnitPending};
 use penrose_core::release::{DAY_TOLERANCE, day_acceptable};
 use penrose_core::wire::{Day, Message, RejectReason, Report, WireError};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use crate::admission::{Admission, SpentToken, TokenRefusal};
+use crate::design_keys::{DesignKeys, KeySlot};
 
 /// Why a report was refused: the code the ack carries and the reason in words for the log.
 #[derive(Debug, Error)]
@@ -29,13 +30,16 @@ pub enum Rejection {
     /// The frame is a well-formed message, but not a report.
     #[error("expected a report, got another message")]
     NotAReport,
-    /// Encrypted under a key this server does not aggregate for.
-    #[error("report is for key {actual}, this server aggregates for {expected}")]
+    /// Encrypted under a key the design server's key list does not give the report's day
+    /// (unknown, retired, or not yet in use).
+    #[error("report of day {day} is under key {actual}; the key list gives that day {expected:?}")]
     UnknownKey {
-        /// The server's key.
-        expected: penrose_core::paillier::KeyId,
+        /// The key of the report's day (`None`: the list starts later).
+        expected: Option<penrose_core::paillier::KeyId>,
         /// The report's key.
         actual: penrose_core::paillier::KeyId,
+        /// The report's day.
+        day: u32,
     },
     /// Binned against a catalogue this build does not know.
     #[error("unknown counter catalogue version {0}")]
@@ -113,6 +117,8 @@ impl Rejection {
 pub struct ValidReport {
     /// The decoded report.
     pub report: Report,
+    /// The slot of the design key it is under.
+    pub key: KeySlot,
     /// Its ciphertexts, checked against the key (length, non-zero, below n^2, not a multiple
     /// of n); the unit check is the writer's, per batch
     /// ([`PublicKey::check_units`](penrose_core::paillier::PublicKey::check_units)).
@@ -129,11 +135,11 @@ pub struct ValidReport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CiphertextDigest(pub [u8; 32]);
 
-/// Decodes one whole frame and checks it against the server's key, the catalogues this
-/// build knows, the server's day and its admission.
+/// Decodes one whole frame and checks it against the server's design keys, the catalogues
+/// this build knows, the server's day and its admission.
 pub fn validate_frame(
     frame: &[u8],
-    key: &PublicKey,
+    keys: &DesignKeys,
     today: Day,
     admission: &Admission,
 ) -> Result<ValidReport, Rejection> {
@@ -142,8 +148,10 @@ pub fn validate_frame(
         return Err(WireError::TrailingBytes(frame.len() - used).into());
     }
     match message {
-        Message::Report(report) => validate_report(report, key, today, admission),
-        Message::Ack(_) => Err(Rejection::NotAReport),
+        Message::Report(report) => validate_report(report, keys, today, admission),
+        Message::Ack(_) | Message::KeyListRequest | Message::KeyList(_) => {
+            Err(Rejection::NotAReport)
+        }
     }
 }
 
@@ -151,32 +159,29 @@ pub fn validate_frame(
 /// checked the prefix hands them over) and checks it like [`validate_frame`].
 pub fn validate_body(
     body: &[u8],
-    key: &PublicKey,
+    keys: &DesignKeys,
     today: Day,
     admission: &Admission,
 ) -> Result<ValidReport, Rejection> {
     match Message::decode_body(body)? {
-        Message::Report(report) => validate_report(report, key, today, admission),
-        Message::Ack(_) => Err(Rejection::NotAReport),
+        Message::Report(report) => validate_report(report, keys, today, admission),
+        Message::Ack(_) | Message::KeyListRequest | Message::KeyList(_) => {
+            Err(Rejection::NotAReport)
+        }
     }
 }
 
-/// Checks a decoded report: key, catalogue, counter, GPU architecture, sample count, day, snippet hash (against
+/// Checks a decoded report: catalogue, counter, GPU architecture, sample count, day, whether
+/// the key list lets that day use the report's key, snippet hash (against
 /// the shipped fingerprint parameters, which agents and server share), under admission by
 /// tokens that it carries a token of its day's and counter's key, then the ciphertexts (their
 /// gcd is deferred to the batch, module docs), and last the token's MAC.
 pub fn validate_report(
     report: Report,
-    key: &PublicKey,
+    keys: &DesignKeys,
     today: Day,
     admission: &Admission,
 ) -> Result<ValidReport, Rejection> {
-    if report.key_id != key.key_id() {
-        return Err(Rejection::UnknownKey {
-            expected: key.key_id(),
-            actual: report.key_id,
-        });
-    }
     let catalogue = Catalogue::by_version(report.catalogue)
         .ok_or(Rejection::UnknownCatalogue(report.catalogue.0))?;
     if catalogue.counter(report.counter).is_none() {
@@ -198,6 +203,13 @@ pub fn validate_report(
             today: today.0,
         });
     }
+    let Some((slot, key)) = keys.accepts(report.key_id, report.day) else {
+        return Err(Rejection::UnknownKey {
+            expected: keys.current(report.day).map(|k| k.key_id()),
+            actual: report.key_id,
+            day: report.day.0,
+        });
+    };
     report.snippet.check(&FingerprintParams::default())?;
     let claimed = admission.claim(&report)?;
     let bytes = report.ciphertexts.as_bytes();
@@ -206,6 +218,7 @@ pub fn validate_report(
     let token = claimed.map(|claim| claim.verify(&report)).transpose()?;
     Ok(ValidReport {
         report,
+        key: slot,
         ciphertexts,
         digest,
         token,
@@ -254,9 +267,14 @@ mod tests {
 
     fn reason(report: Report, keys: &Keypair) -> RejectReason {
         let frame = Message::Report(report).to_frame().unwrap();
-        validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open)
-            .unwrap_err()
-            .reason()
+        validate_frame(
+            &frame,
+            &DesignKeys::single(keys.public_key().clone()),
+            TODAY,
+            &Admission::Open,
+        )
+        .unwrap_err()
+        .reason()
     }
 
     fn with_ciphertexts(mut report: Report, bytes: Vec<u8>) -> Report {
@@ -269,7 +287,13 @@ mod tests {
     fn a_valid_report_passes_and_decrypts() {
         let (keys, report) = setup();
         let frame = Message::Report(report.clone()).to_frame().unwrap();
-        let valid = validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open).unwrap();
+        let valid = validate_frame(
+            &frame,
+            &DesignKeys::single(keys.public_key().clone()),
+            TODAY,
+            &Admission::Open,
+        )
+        .unwrap();
         assert_eq!(valid.report, report);
         let checked = keys.public_key().check_units([&valid.ciphertexts]);
         let bins = keys
@@ -311,7 +335,15 @@ mod tests {
             let mut r = report.clone();
             r.arch = arch;
             let frame = Message::Report(r).to_frame().unwrap();
-            assert!(validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open).is_ok());
+            assert!(
+                validate_frame(
+                    &frame,
+                    &DesignKeys::single(keys.public_key().clone()),
+                    TODAY,
+                    &Admission::Open
+                )
+                .is_ok()
+            );
         }
 
         for samples in [0, MAX_REPORT_SAMPLES as u32 + 1] {
@@ -343,7 +375,15 @@ mod tests {
             let mut r = report.clone();
             r.day = day;
             let frame = Message::Report(r).to_frame().unwrap();
-            assert!(validate_frame(&frame, keys.public_key(), TODAY, &Admission::Open).is_ok());
+            assert!(
+                validate_frame(
+                    &frame,
+                    &DesignKeys::single(keys.public_key().clone()),
+                    TODAY,
+                    &Admission::Open
+                )
+                .is_ok()
+            );
         }
 
         let len = report.ciphertexts.as_bytes().len();
@@ -377,7 +417,7 @@ mod tests {
     fn malformed_frames_reject_as_malformed_or_too_large() {
         let (keys, report) = setup();
         let frame = Message::Report(report).to_frame().unwrap();
-        let key = keys.public_key();
+        let key = &DesignKeys::single(keys.public_key().clone());
         let truncated =
             validate_frame(&frame[..frame.len() - 1], key, TODAY, &Admission::Open).unwrap_err();
         assert_eq!(truncated.reason(), RejectReason::Malformed);

@@ -22,7 +22,13 @@ use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 
 fn valid(sent: &Sent, today: Day) -> ValidReport {
-    validate_body(&sent.frame, KEYS.public_key(), today, &Admission::Open).unwrap()
+    validate_body(
+        &sent.frame,
+        &penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone()),
+        today,
+        &Admission::Open,
+    )
+    .unwrap()
 }
 
 /// The Seen rows, as (day, kind) pairs.
@@ -209,7 +215,7 @@ fn seen_expires_by_day_and_no_report_is_counted_twice() {
         copy.day = next;
         validate_body(
             &report_body(copy),
-            KEYS.public_key(),
+            &penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone()),
             next,
             &Admission::Open,
         )

@@ -81,13 +81,8 @@ impl Servers {
     /// Closes the open epochs, exports what closed, imports it, and reports.
     async fn close_export_import_report(&mut self) -> Report {
         close_all(self.ingest()).await;
-        let made = export::export(
-            self.store.as_ref(),
-            KEYS.public_key(),
-            ReleaseConfig::default(),
-            &self.signing,
-        )
-        .unwrap();
+        let made =
+            export::export(self.store.as_ref(), ReleaseConfig::default(), &self.signing).unwrap();
         if let Some((_, bytes)) = made {
             self.bundles += 1;
             let path = self.dir.path().join(format!("{}.bundle", self.bundles));
@@ -98,7 +93,7 @@ impl Servers {
         }
         report::build(
             &self.archive.merged().unwrap(),
-            KEYS.private_key(),
+            std::slice::from_ref(KEYS.private_key()),
             Threshold::DEFAULT,
             ReportsPerContributor::DEFAULT,
         )

@@ -256,7 +256,7 @@ async fn deliver(data: &Path, server: &Server, reports: &[Sent]) -> usize {
 fn decode(body: &[u8]) -> Report {
     match Message::decode_body(body).unwrap() {
         Message::Report(r) => r,
-        Message::Ack(_) => unreachable!(),
+        _ => unreachable!(),
     }
 }
 

@@ -26,7 +26,7 @@ use penrose_core::wire::{
 fn decode(body: &[u8]) -> Report {
     match Message::decode_body(body).unwrap() {
         Message::Report(r) => r,
-        Message::Ack(_) => unreachable!(),
+        _ => unreachable!(),
     }
 }
 
@@ -409,7 +409,7 @@ async fn a_full_accumulator_starts_the_next_generation() {
             AckStatus::Accepted
         );
     }
-    let sums = export::all_sums(store.as_ref(), KEYS.public_key()).unwrap();
+    let sums = export::all_sums(store.as_ref()).unwrap();
     let mut generations: Vec<(u32, u64)> =
         sums.iter().map(|e| (e.generation.0, e.reports)).collect();
     generations.sort_unstable();
@@ -464,12 +464,7 @@ async fn export_while_serving_releases_each_closed_epoch_once_and_chains() {
         let store = std::sync::Arc::clone(&store);
         let key = signing.clone();
         tokio::task::spawn_blocking(move || {
-            export::export(
-                store.as_ref(),
-                KEYS.public_key(),
-                ReleaseConfig::default(),
-                &key,
-            )
+            export::export(store.as_ref(), ReleaseConfig::default(), &key)
         })
     };
     let mut bundles: Vec<(Bundle, Vec<u8>)> = Vec::new();
@@ -505,7 +500,7 @@ async fn export_while_serving_releases_each_closed_epoch_once_and_chains() {
         "nothing closed since"
     );
 
-    let sums = export::all_sums(store.as_ref(), KEYS.public_key()).unwrap();
+    let sums = export::all_sums(store.as_ref()).unwrap();
     let mut epochs_seen = HashSet::new();
     let mut released_keys = HashSet::new();
     let mut reports = 0;

@@ -68,7 +68,7 @@ async fn close_and_export(
     signing: &SigningKey,
 ) -> (Bundle, Vec<u8>) {
     close_all(ingest).await;
-    export::export(store, KEYS.public_key(), ReleaseConfig::default(), signing)
+    export::export(store, ReleaseConfig::default(), signing)
         .unwrap()
         .unwrap()
 }
@@ -77,7 +77,7 @@ async fn close_and_export(
 fn decrypt_report(merged: &penrose_design::archive::Aggregates) -> report::Report {
     report::build(
         merged,
-        KEYS.private_key(),
+        std::slice::from_ref(KEYS.private_key()),
         Threshold::DEFAULT,
         ReportsPerContributor::DEFAULT,
     )
@@ -182,8 +182,7 @@ async fn a_split_application_is_healed_and_released_as_one() {
     assert_eq!(ingest.handle(late.frame).await.status, AckStatus::Accepted);
     assert_eq!(ingest.state().class_of(&c.hash).unwrap(), Some(survivor));
     for (seq, bytes) in [(1, &first_bytes), (2, &second_bytes)] {
-        let (_, again) =
-            export::reexport(store.as_ref(), KEYS.public_key(), seq, &signing).unwrap();
+        let (_, again) = export::reexport(store.as_ref(), seq, &signing).unwrap();
         assert_eq!(&again, bytes, "bundle {seq}");
     }
 

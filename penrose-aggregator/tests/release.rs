@@ -48,13 +48,7 @@ fn signing() -> SigningKey {
 }
 
 fn export_next(store: &Arc<dyn Store>) -> Option<(Bundle, Vec<u8>)> {
-    export::export(
-        store.as_ref(),
-        KEYS.public_key(),
-        ReleaseConfig::default(),
-        &signing(),
-    )
-    .unwrap()
+    export::export(store.as_ref(), ReleaseConfig::default(), &signing()).unwrap()
 }
 
 /// `n` reports of `counter` for `snippet`, stamped `day`.
@@ -75,7 +69,15 @@ fn reports(
 
 fn valid(sent: &[Sent], today: Day) -> Vec<ValidReport> {
     sent.iter()
-        .map(|s| validate_body(&s.frame, KEYS.public_key(), today, &Admission::Open).unwrap())
+        .map(|s| {
+            validate_body(
+                &s.frame,
+                &penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone()),
+                today,
+                &Admission::Open,
+            )
+            .unwrap()
+        })
         .collect()
 }
 
@@ -223,7 +225,7 @@ fn sums_below_the_threshold_are_withheld_and_released_sums_never_overlap() {
         export_next(&t.store).is_none(),
         "an open epoch is never exported"
     );
-    let open_sums: Vec<BundleEntry> = export::all_sums(t.store.as_ref(), KEYS.public_key())
+    let open_sums: Vec<BundleEntry> = export::all_sums(t.store.as_ref())
         .unwrap()
         .into_iter()
         .filter(|e| e.epoch == EpochId(TODAY.0 + 2))
@@ -235,10 +237,10 @@ fn sums_below_the_threshold_are_withheld_and_released_sums_never_overlap() {
 fn reexport_rebuilds_bundle_1_byte_for_byte_after_bundle_2() {
     let t = two_bundles(23);
     let key = signing();
-    let again = export::reexport(t.store.as_ref(), KEYS.public_key(), 1, &key).unwrap();
+    let again = export::reexport(t.store.as_ref(), 1, &key).unwrap();
     assert_eq!(again.1, t.b1.1);
     assert_eq!(again.0, t.b1.0);
-    let again = export::reexport(t.store.as_ref(), KEYS.public_key(), 2, &key).unwrap();
+    let again = export::reexport(t.store.as_ref(), 2, &key).unwrap();
     assert_eq!(again.1, t.b2.1);
     // And after a restart.
     let TwoBundles {
@@ -246,12 +248,12 @@ fn reexport_rebuilds_bundle_1_byte_for_byte_after_bundle_2() {
     } = t;
     drop(state);
     let _state = open(&store, None).unwrap();
-    let again = export::reexport(store.as_ref(), KEYS.public_key(), 1, &key).unwrap();
+    let again = export::reexport(store.as_ref(), 1, &key).unwrap();
     assert_eq!(again.1, t.b1.1);
     for seq in [0, 3] {
         assert!(
             matches!(
-                export::reexport(store.as_ref(), KEYS.public_key(), seq, &key),
+                export::reexport(store.as_ref(), seq, &key),
                 Err(ExportError::NoSuchBundle { seq: s, last: 2 }) if s == seq
             ),
             "seq {seq}"
@@ -454,7 +456,7 @@ fn closed_epochs_stay_closed_across_a_restart_and_late_reports_join_the_next() {
     accept(&mut state, &reports(20, snippet, 4, TODAY, &mut rng), TODAY);
     assert_eq!(close_now(&mut state, TODAY), [EpochId(TODAY.0)]);
     let closed_sums = |store: &Arc<dyn Store>| -> Vec<BundleEntry> {
-        export::all_sums(store.as_ref(), KEYS.public_key())
+        export::all_sums(store.as_ref())
             .unwrap()
             .into_iter()
             .filter(|e| e.epoch == EpochId(TODAY.0))

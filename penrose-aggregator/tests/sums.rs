@@ -40,7 +40,15 @@ fn sent_on(
 
 fn valid(sent: &[Sent]) -> Vec<ValidReport> {
     sent.iter()
-        .map(|s| validate_body(&s.frame, KEYS.public_key(), TODAY, &Admission::Open).unwrap())
+        .map(|s| {
+            validate_body(
+                &s.frame,
+                &penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone()),
+                TODAY,
+                &Admission::Open,
+            )
+            .unwrap()
+        })
         .collect()
 }
 
@@ -57,7 +65,7 @@ type Totals = BTreeMap<(ClassId, GpuArch, CounterId), (Vec<u64>, u64, u64)>;
 /// Everything the store holds, open epochs included, per (class, architecture, counter).
 fn store_totals(store: &dyn Store) -> Totals {
     let mut out = Totals::new();
-    for e in export::all_sums(store, KEYS.public_key()).unwrap() {
+    for e in export::all_sums(store).unwrap() {
         let bins = decrypt_one(&KEYS, &e);
         let slot = out
             .entry((e.class, e.arch, e.counter))
@@ -125,7 +133,7 @@ fn two_architectures_of_one_class_land_in_two_sums() {
     // Closed and exported, the bundle carries the two sums apart, each with its architecture.
     let prepared = state.prepare_close(TODAY, true);
     prepared.commit().unwrap();
-    let all = export::all_sums(store.as_ref(), KEYS.public_key()).unwrap();
+    let all = export::all_sums(store.as_ref()).unwrap();
     let mut arches: Vec<GpuArch> = all
         .iter()
         .filter(|e| e.epoch == EpochId(TODAY.0))

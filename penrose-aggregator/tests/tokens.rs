@@ -236,7 +236,15 @@ fn a_retry_with_the_same_token_is_a_duplicate() {
     };
     let a = at(&tokens[0], &mut rng);
     let b = at(&tokens[1], &mut rng);
-    let valid = |body: &[u8]| validate_body(body, KEYS.public_key(), d, &admission).unwrap();
+    let valid = |body: &[u8]| {
+        validate_body(
+            body,
+            &penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone()),
+            d,
+            &admission,
+        )
+        .unwrap()
+    };
     // In one batch.
     assert_eq!(
         state.apply(&[valid(&a), valid(&a)], d).unwrap(),
@@ -271,7 +279,7 @@ async fn two_reports_with_one_token_one_is_accepted_and_one_refused() {
         let sent = report_by(&KEYS, snippet, COUNTER, random_bins(rng), d, rng);
         validate_body(
             &with_token(&sent.frame, token),
-            KEYS.public_key(),
+            &penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone()),
             d,
             &admission,
         )
@@ -344,7 +352,13 @@ fn spent_tokens_expire_with_their_day_and_are_never_spent_twice() {
         with_token(&sent.frame, token)
     };
     let valid = |body: &[u8], today: Day| {
-        validate_body(body, KEYS.public_key(), today, &admission).unwrap()
+        validate_body(
+            body,
+            &penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone()),
+            today,
+            &admission,
+        )
+        .unwrap()
     };
     // Day d: reports of d - 1, d and d + 1, each with its day's token.
     let tokens: Vec<_> = [d.0 - 1, d.0, d.0 + 1]
@@ -475,7 +489,6 @@ async fn bundles_count_the_reports_admitted_by_tokens() {
     let signing = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
     let (bundle, bytes) = penrose_aggregator::export::export(
         store.as_ref(),
-        KEYS.public_key(),
         penrose_aggregator::export::ReleaseConfig::default(),
         &signing,
     )

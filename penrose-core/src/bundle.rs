@@ -4,17 +4,23 @@
 //!
 //! ```text
 //! bundle  = "PNBD"  version:u8  body  signature:[64]      (ed25519 over everything before it)
-//! body    = signer:[32]  key_id:[32]  instance:[16]  parent:[16]  seq:u64be  prev:[32]
+//! body    = signer:[32]  keys  instance:[16]  parent:[16]  seq:u64be  prev:[32]
 //!           day:u32be  epoch_kind:u8  threshold:u64be  cap:u32be
 //!           epoch_count:u32be  epoch * epoch_count  entry_count:u32be  entry * entry_count
 //!           merge_count:u32be  merge * merge_count
 //! epoch   = id:u32be  first_day:u32be  last_day:u32be  reports:u64be
 //!           withheld_sums:u32be  withheld_reports:u64be  reports_with_tokens:u64be
-//! entry   = epoch:u32be  class:u32be  arch:[2]  catalogue:u16be  counter:u16be
+//! keys    = key_count:u8  key_id:[32] * key_count   (version 6; before it one key_id:[32])
+//! entry   = epoch:u32be  class:u32be  arch:[2]  key:u8  catalogue:u16be  counter:u16be
 //!           generation:u32be  reports:u64be  samples:u64be  n:u8  ct_len:u16be
-//!           sums:[n * ct_len]
+//!           sums:[n * ct_len]                        (key: version 6, an index into keys)
 //! merge   = absorbed:u32be  into:u32be
 //! ```
+//!
+//! **Keys.** The design server's key rolls over (`crate::key_list`), and during the grace days
+//! reports of one epoch arrive under two keys; their sums are kept apart. A bundle lists the
+//! Paillier keys its sums are under and each entry names its key by index (version 6 on;
+//! entries of older bundles are all under their one key).
 //!
 //! **Release.** A bundle carries only *closed* epochs, and of each only the sums whose
 //! contributor bound (`crate::release`) reaches the threshold; the rest are counted in the
@@ -60,13 +66,14 @@ use crate::gpu::GpuArch;
 use crate::paillier::KeyId;
 use crate::wire::{Day, MAX_CIPHERTEXTS, PackedBytes, WireError};
 
-/// The bundle format version this build writes. 5: each entry names its GPU architecture (sums
+/// The bundle format version this build writes. 6: a bundle lists its Paillier keys and each
+/// entry names its own (key rollover); 5: each entry names its GPU architecture (sums
 /// per class, architecture and counter); 4: each epoch counts its reports admitted by
 /// admission tokens; 3: class merges; 2: epochs, release threshold and the chain; 1 carried
-/// running totals, which could be differenced. This build reads 5, 4 and 3 (a version 3 epoch
+/// running totals, which could be differenced. This build reads 6 to 3 (a version 3 epoch
 /// has no token-admitted reports; version 3 and 4 entries are of architecture unknown), and
 /// refuses the others.
-pub const BUNDLE_VERSION: u8 = 5;
+pub const BUNDLE_VERSION: u8 = 6;
 
 /// The oldest bundle version this build still reads ([`BUNDLE_VERSION`] less the entries'
 /// architecture and the admission count), so that archives of bundles written before them
@@ -78,7 +85,10 @@ const HEADER_BYTES: usize = 4 + 1 + 32 + 32 + 16 + 16 + 8 + 32 + 4 + 1 + 8 + 4 +
 const EPOCH_BYTES_V3: usize = 4 + 4 + 4 + 8 + 4 + 8;
 const EPOCH_BYTES: usize = EPOCH_BYTES_V3 + 8;
 const ENTRY_FIXED_BYTES_V4: usize = 4 + 4 + 2 + 2 + 4 + 8 + 8 + 1 + 2;
-const ENTRY_FIXED_BYTES: usize = ENTRY_FIXED_BYTES_V4 + 2;
+const ENTRY_FIXED_BYTES_V5: usize = ENTRY_FIXED_BYTES_V4 + 2;
+const ENTRY_FIXED_BYTES: usize = ENTRY_FIXED_BYTES_V5 + 1;
+/// Most keys one bundle lists.
+pub const MAX_BUNDLE_KEYS: usize = 16;
 const MERGE_BYTES: usize = 4 + 4;
 const SIGNATURE_BYTES: usize = 64;
 
@@ -314,6 +324,9 @@ pub struct BundleEntry {
     /// The GPU generation the reports' counters were read on ([`GpuArch::UNKNOWN`] in a
     /// bundle older than version 5).
     pub arch: GpuArch,
+    /// The Paillier key its sums are under: an index into [`Bundle::keys`] (0 in a bundle
+    /// older than version 6).
+    pub key: u8,
     /// The catalogue the counter belongs to.
     pub catalogue: CatalogueVersion,
     /// The counter.
@@ -335,6 +348,7 @@ impl BundleEntry {
             epoch: self.epoch,
             class: self.class,
             arch: self.arch,
+            key: self.key,
             catalogue: self.catalogue,
             counter: self.counter,
             generation: self.generation,
@@ -351,6 +365,8 @@ pub struct SumId {
     pub class: ClassId,
     /// GPU architecture.
     pub arch: GpuArch,
+    /// The key's index in its bundle.
+    pub key: u8,
     /// Catalogue version.
     pub catalogue: CatalogueVersion,
     /// Counter.
@@ -364,8 +380,8 @@ pub struct SumId {
 pub struct Bundle {
     /// The aggregation server's ed25519 public key, which signed the bundle.
     pub signer: [u8; 32],
-    /// The Paillier key the sums are under.
-    pub key_id: KeyId,
+    /// The Paillier keys the sums are under; each entry names one by index.
+    pub keys: Vec<KeyId>,
     /// Its place in the store's chain.
     pub link: ChainLink,
     /// The day the bundle was written.
@@ -467,7 +483,22 @@ impl Bundle {
         out.extend_from_slice(&MAGIC);
         out.push(version);
         out.extend_from_slice(key.verifying_key().as_bytes());
-        out.extend_from_slice(&self.key_id.0);
+        if version >= 6 {
+            if self.keys.is_empty() || self.keys.len() > MAX_BUNDLE_KEYS {
+                return Err(BundleError::Inconsistent("a bundle lists 1 to 16 keys"));
+            }
+            out.push(self.keys.len() as u8);
+            for k in &self.keys {
+                out.extend_from_slice(&k.0);
+            }
+        } else {
+            let [only] = self.keys.as_slice() else {
+                return Err(BundleError::Inconsistent(
+                    "a bundle before version 6 has one key",
+                ));
+            };
+            out.extend_from_slice(&only.0);
+        }
         out.extend_from_slice(&self.link.instance.0);
         out.extend_from_slice(&self.link.parent.unwrap_or_default().0);
         out.extend_from_slice(&self.link.seq.to_be_bytes());
@@ -494,6 +525,9 @@ impl Bundle {
             out.extend_from_slice(&e.class.0.to_be_bytes());
             if version >= 5 {
                 out.extend_from_slice(&e.arch.to_bytes());
+            }
+            if version >= 6 {
+                out.push(e.key);
             }
             out.extend_from_slice(&e.catalogue.0.to_be_bytes());
             out.extend_from_slice(&e.counter.0.to_be_bytes());
@@ -551,7 +585,20 @@ impl Bundle {
         {
             return Err(BundleError::UntrustedSigner);
         }
-        let key_id = KeyId(r.array("key id")?);
+        let keys = if version >= 6 {
+            let [count] = r.array::<1>("key count")?;
+            let count = usize::from(count);
+            if count == 0 || count > MAX_BUNDLE_KEYS {
+                return Err(BundleError::Inconsistent("a bundle lists 1 to 16 keys"));
+            }
+            let mut keys = Vec::with_capacity(count);
+            for _ in 0..count {
+                keys.push(KeyId(r.array("key id")?));
+            }
+            keys
+        } else {
+            vec![KeyId(r.array("key id")?)]
+        };
         let instance = InstanceId(r.array("instance")?);
         let parent = InstanceId(r.array("parent")?);
         let seq = u64::from_be_bytes(r.array("seq")?);
@@ -614,9 +661,14 @@ impl Bundle {
             });
         }
         let mut entries = Vec::with_capacity(count as usize);
-        let mut keys = HashSet::with_capacity(count as usize);
+        let mut sum_ids = HashSet::with_capacity(count as usize);
         for index in 0..count as usize {
             let entry = decode_entry(&mut r, index, version)?;
+            if usize::from(entry.key) >= keys.len() {
+                return Err(BundleError::Inconsistent(
+                    "an entry under a key the bundle does not list",
+                ));
+            }
             if version >= 5 && !entry.arch.is_reportable() {
                 return Err(BundleError::Inconsistent(
                     "an entry under an architecture no report may name",
@@ -627,7 +679,7 @@ impl Bundle {
                     "an entry of an epoch the bundle does not release",
                 ));
             }
-            if !keys.insert(entry.key()) {
+            if !sum_ids.insert(entry.key()) {
                 return Err(BundleError::Inconsistent("the same sum twice"));
             }
             entries.push(entry);
@@ -676,7 +728,7 @@ impl Bundle {
         }
         Ok(Bundle {
             signer,
-            key_id,
+            keys,
             link: ChainLink {
                 instance,
                 parent: (parent != InstanceId::default()).then_some(parent),
@@ -705,10 +757,10 @@ impl Bundle {
 }
 
 fn entry_fixed_bytes(version: u8) -> usize {
-    if version >= 5 {
-        ENTRY_FIXED_BYTES
-    } else {
-        ENTRY_FIXED_BYTES_V4
+    match version {
+        6.. => ENTRY_FIXED_BYTES,
+        5 => ENTRY_FIXED_BYTES_V5,
+        _ => ENTRY_FIXED_BYTES_V4,
     }
 }
 
@@ -719,6 +771,11 @@ fn decode_entry(r: &mut Reader<'_>, index: usize, version: u8) -> Result<BundleE
         GpuArch::from_bytes(r.array("arch")?)
     } else {
         GpuArch::UNKNOWN
+    };
+    let key = if version >= 6 {
+        r.array::<1>("key")?[0]
+    } else {
+        0
     };
     let catalogue = CatalogueVersion(u16::from_be_bytes(r.array("catalogue")?));
     let counter = CounterId(u16::from_be_bytes(r.array("counter")?));
@@ -741,6 +798,7 @@ fn decode_entry(r: &mut Reader<'_>, index: usize, version: u8) -> Result<BundleE
         epoch,
         class,
         arch,
+        key,
         catalogue,
         counter,
         generation,
@@ -780,7 +838,7 @@ mod tests {
     fn bundle() -> Bundle {
         Bundle {
             signer: [0; 32],
-            key_id: KeyId([7; 32]),
+            keys: vec![KeyId([7; 32])],
             link: ChainLink {
                 instance: InstanceId([5; 16]),
                 parent: None,
@@ -818,6 +876,7 @@ mod tests {
                     epoch: EpochId(19_998 + i % 2),
                     class: ClassId(i),
                     arch: crate::gpu::GENERATIONS[i as usize % 2 + 1],
+                    key: 0,
                     catalogue: CatalogueVersion(1),
                     counter: CounterId(i as u16 + 4),
                     generation: Generation(0),
@@ -962,9 +1021,10 @@ mod tests {
         let bytes = bundle().sign_as(3, &key).unwrap();
         assert_eq!(bytes[4], 3);
         assert_eq!(
-            bytes.len() + 2 * 8 + 3 * 2,
+            bytes.len() + 2 * 8 + 3 * 2 + 1 + 3,
             bundle().sign(&key).unwrap().len(),
-            "version 4 adds a count per epoch, version 5 an architecture per entry"
+            "version 4 adds a count per epoch, version 5 an architecture per entry, version 6 a \
+             key count and a key per entry"
         );
         let decoded = Bundle::verify(&bytes, Some(&key.verifying_key())).unwrap();
         let mut expected = bundle();
@@ -989,11 +1049,55 @@ mod tests {
     }
 
     #[test]
+    fn version_5_bundles_still_verify_with_every_entry_under_their_one_key() {
+        let key = key(1);
+        let bytes = bundle().sign_as(5, &key).unwrap();
+        assert_eq!(bytes[4], 5);
+        let decoded = Bundle::verify(&bytes, Some(&key.verifying_key())).unwrap();
+        let mut expected = bundle();
+        expected.signer = *key.verifying_key().as_bytes();
+        assert_eq!(decoded, expected);
+        let mut two = bundle();
+        two.keys.push(KeyId([8; 32]));
+        assert!(
+            two.sign_as(5, &key).is_err(),
+            "version 5 cannot carry two keys"
+        );
+    }
+
+    #[test]
+    fn a_version_6_bundle_keeps_sums_under_two_keys_apart() {
+        let key = key(1);
+        let mut two = bundle();
+        two.keys.push(KeyId([8; 32]));
+        let mut other = two.entries[0].clone();
+        other.key = 1;
+        two.entries.push(other);
+        let decoded = Bundle::verify(&two.sign(&key).unwrap(), None).unwrap();
+        assert_eq!(decoded.keys, two.keys);
+        assert_eq!(decoded.entries, two.entries);
+        let mut bad = two.clone();
+        bad.entries[0].key = 2;
+        assert_eq!(
+            Bundle::verify(&bad.sign(&key).unwrap(), None),
+            Err(BundleError::Inconsistent(
+                "an entry under a key the bundle does not list"
+            ))
+        );
+        let mut none = bundle();
+        none.keys.clear();
+        assert!(none.sign(&key).is_err());
+    }
+
+    #[test]
     fn version_4_bundles_still_verify_with_entries_of_architecture_unknown() {
         let key = key(1);
         let bytes = bundle().sign_as(4, &key).unwrap();
         assert_eq!(bytes[4], 4);
-        assert_eq!(bytes.len() + 3 * 2, bundle().sign(&key).unwrap().len());
+        assert_eq!(
+            bytes.len() + 3 * 2 + 1 + 3,
+            bundle().sign(&key).unwrap().len()
+        );
         let decoded = Bundle::verify(&bytes, Some(&key.verifying_key())).unwrap();
         let mut expected = bundle();
         expected.signer = *key.verifying_key().as_bytes();
@@ -1026,7 +1130,7 @@ mod tests {
 
     #[test]
     fn other_versions_are_refused_by_version() {
-        for version in [1, 2, 6] {
+        for version in [1, 2, 7] {
             let mut bytes = bundle().sign(&key(1)).unwrap();
             bytes[4] = version;
             assert_eq!(

@@ -8,6 +8,7 @@
 //!   snippets into applications).
 //! - [`schedule`]: when capture windows open (the overhead-budget scheduler and the probe cost
 //!   it consumes), shared by the agent and the design server's fleet simulator.
+//! - [`calendar`]: days as dates and as command-line arguments (`today+N`).
 //! - [`gpu`]: the GPU architecture a report's counters were read on.
 //! - [`sampling`]: which launches are sampled (1 in S, offset re-drawn every O seconds).
 //! - [`counters`]: the versioned counter catalogue and the mapping of a value to one of 128 bins.
@@ -19,18 +20,23 @@
 //!   bound, floors on k, T and key size, the day tolerance).
 //! - `bundle` (feature `bundle`): the signed export bundle of encrypted sums that the
 //!   aggregation server writes and the design server imports.
+//! - `key_list` (feature `key-list`): the design server's signed list of which Paillier key
+//!   encrypts which day's reports, so that keys roll over without stopping the fleet.
 //! - `tokens` (feature `tokens`): anonymous admission tokens (RFC 9497 VOPRF, Privacy Pass
 //!   style) that the issuer issues, the agent spends on its reports and the aggregation server
 //!   verifies, so that only enrolled agents report and no token links to its agent.
 
 #[cfg(feature = "bundle")]
 pub mod bundle;
+pub mod calendar;
 pub mod counters;
 pub mod datagrams;
 pub mod fingerprint;
 pub mod gpu;
 pub mod hex;
 pub mod histogram;
+#[cfg(feature = "key-list")]
+pub mod key_list;
 pub mod paillier;
 pub mod release;
 pub mod sampling;

@@ -8,7 +8,14 @@
 //!           n:u8  ct_len:u16be  ciphertexts:[n * ct_len]
 //!           tokens:u8 (0 or 1)  token:[100] * tokens
 //! ack     = report_id:[16]  status:u8  reason:u8  throttle_permille:u16be
+//! key_list_request =                          (empty: asks for the design server's key list)
+//! key_list = list:[..]                        (the signed list, `crate::key_list`, as is)
 //! ```
+//!
+//! An agent asks for the key list on a connection of its own, like a report's: the request
+//! carries nothing, so it tells the server no more than that some agent asked. The list is
+//! passed on as the design server signed it; the agent verifies it (the server cannot forge
+//! one).
 //!
 //! A report's admission token (`penrose_core::tokens::Redemption`, version 2 on) is bound to
 //! the report by a MAC over the body up to and including the ciphertexts: the
@@ -50,6 +57,8 @@ pub const LENGTH_PREFIX: usize = 4;
 
 const KIND_REPORT: u8 = 1;
 const KIND_ACK: u8 = 2;
+const KIND_KEY_LIST_REQUEST: u8 = 3;
+const KIND_KEY_LIST: u8 = 4;
 
 /// A random 128-bit id chosen by the agent per report, so that a retried upload is recognised
 /// and counted once.
@@ -362,6 +371,11 @@ pub enum Message {
     Report(Report),
     /// Server to agent.
     Ack(Ack),
+    /// Agent to server: send me the design server's key list.
+    KeyListRequest,
+    /// Server to agent: the design server's signed key list, unverified (the agent checks
+    /// its signature under the key it pins).
+    KeyList(Vec<u8>),
 }
 
 /// Why bytes could not be decoded (or a message encoded).
@@ -455,6 +469,15 @@ impl Message {
                 out.extend_from_slice(&[status, reason]);
                 out.extend_from_slice(&a.throttle.0.to_be_bytes());
             }
+            Message::KeyListRequest => {
+                out.push(KIND_KEY_LIST_REQUEST);
+                out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+            }
+            Message::KeyList(list) => {
+                out.push(KIND_KEY_LIST);
+                out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+                out.extend_from_slice(list);
+            }
         }
         let body = out.len() - start - LENGTH_PREFIX;
         if body > MAX_FRAME_BODY {
@@ -503,6 +526,12 @@ impl Message {
         let message = match kind {
             KIND_REPORT => Message::Report(decode_report(&mut r)?),
             KIND_ACK => Message::Ack(decode_ack(&mut r)?),
+            KIND_KEY_LIST_REQUEST => Message::KeyListRequest,
+            KIND_KEY_LIST => {
+                let list = r.0.to_vec();
+                r.0 = &[];
+                Message::KeyList(list)
+            }
             other => return Err(WireError::UnknownKind(other)),
         };
         if !r.0.is_empty() {
@@ -805,6 +834,31 @@ mod tests {
         let mut frame = Message::Report(report(1, 8)).to_frame().unwrap();
         frame[4] = 77;
         assert_eq!(Message::decode(&frame), Err(WireError::UnknownKind(77)));
+    }
+
+    #[test]
+    fn key_list_messages_round_trip_and_a_request_carries_nothing() {
+        let request = Message::KeyListRequest.to_frame().unwrap();
+        assert_eq!(request.len(), LENGTH_PREFIX + 3, "kind and version only");
+        assert_eq!(
+            Message::decode(&request),
+            Ok((Message::KeyListRequest, request.len()))
+        );
+        let mut with_payload = request.clone();
+        with_payload.push(0);
+        with_payload[3] += 1;
+        assert_eq!(
+            Message::decode(&with_payload),
+            Err(WireError::TrailingBytes(1))
+        );
+        let list = Message::KeyList(vec![7; 3000]);
+        let frame = list.to_frame().unwrap();
+        assert_eq!(Message::decode(&frame), Ok((list, frame.len())));
+        assert!(
+            Message::KeyList(vec![0; MAX_FRAME_BODY])
+                .to_frame()
+                .is_err()
+        );
     }
 
     #[test]

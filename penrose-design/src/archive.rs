@@ -82,14 +82,6 @@ pub enum ArchiveError {
         /// The key given.
         given: String,
     },
-    /// The bundle's sums are under another Paillier key than the archive's earlier bundles.
-    #[error("bundle is under Paillier key {actual}, the archive holds sums under {expected}")]
-    OtherPaillierKey {
-        /// The key of the archive's bundles.
-        expected: KeyId,
-        /// The bundle's key.
-        actual: KeyId,
-    },
     /// The labels file is damaged, or a label is refused.
     #[error("{path}: {why}")]
     Labels {
@@ -115,7 +107,6 @@ impl ArchiveError {
             self,
             ArchiveError::Bundle { .. }
                 | ArchiveError::OtherSigner { .. }
-                | ArchiveError::OtherPaillierKey { .. }
                 | ArchiveError::Chain { .. }
         )
     }
@@ -150,8 +141,9 @@ pub enum Imported {
 /// Every released sum the archive holds, merged from its chains.
 #[derive(Clone, Debug, Default)]
 pub struct Aggregates {
-    /// The Paillier key all sums are under (`None` when nothing is imported).
-    pub key_id: Option<KeyId>,
+    /// The Paillier keys the sums are under, in the order the archive first met them; an
+    /// entry's `key` is an index into it (bundles' own indices are translated on merging).
+    pub keys: Vec<KeyId>,
     /// How epochs are cut (`None` when nothing is imported).
     pub epoch_kind: Option<EpochKind>,
     /// The chains followed, oldest first, with their last bundle's number.
@@ -390,15 +382,9 @@ impl Archive {
                 ReportsPerContributor::DEFAULT.get()
             )));
         }
+        // Bundles may be under several Paillier keys (key rollover): each sum is decrypted
+        // with the key it is under (`Aggregates::keys`).
         let current = self.merged()?;
-        if let Some(expected) = current.key_id
-            && expected != bundle.key_id
-        {
-            return Err(ArchiveError::OtherPaillierKey {
-                expected,
-                actual: bundle.key_id,
-            });
-        }
         if let Some(kind) = current.epoch_kind
             && kind != bundle.rule.epochs
         {
@@ -523,7 +509,21 @@ impl Archive {
             let chain = self.read_chain(instance, &trusted)?;
             let mut mine: BTreeSet<EpochId> = BTreeSet::new();
             for (_, _, bundle) in &chain.bundles {
-                out.key_id = Some(bundle.key_id);
+                // The bundle's key indices, translated into the archive's.
+                let mut index = Vec::with_capacity(bundle.keys.len());
+                for id in &bundle.keys {
+                    let at = match out.keys.iter().position(|k| k == id) {
+                        Some(at) => at,
+                        None => {
+                            out.keys.push(*id);
+                            out.keys.len() - 1
+                        }
+                    };
+                    index.push(u8::try_from(at).map_err(|_| ArchiveError::Chain {
+                        path: self.chains_path(),
+                        why: "sums under more than 256 Paillier keys".into(),
+                    })?);
+                }
                 out.epoch_kind = Some(bundle.rule.epochs);
                 out.bundles += 1;
                 for e in &bundle.epochs {
@@ -537,7 +537,10 @@ impl Archive {
                 }
                 for entry in &bundle.entries {
                     if mine.contains(&entry.epoch) {
-                        out.entries.insert(entry.key(), entry.clone());
+                        let mut entry = entry.clone();
+                        // The bundle was verified: every entry's key is listed.
+                        entry.key = index.get(usize::from(entry.key)).copied().unwrap_or(0);
+                        out.entries.insert(entry.key(), entry);
                     }
                 }
                 for merge in &bundle.merges {

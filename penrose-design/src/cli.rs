@@ -18,6 +18,9 @@ pub fn command() -> clap::Command {
 ///
 /// The flow: `keygen` once; give public.key to the aggregation server and the agents; `import`
 /// each bundle the aggregation server exports (`penrose-aggregator export`), in order; `report`.
+/// To roll keys over: `key-list-signer` once (pin its .pub on the aggregation server and the
+/// agents), `keygen` a new key, `key-list` with the old and the new key, signed; load it on
+/// the aggregation server (`reload-keys`), which hands it to the agents.
 ///
 /// Exit codes: 0 success, 1 error, 2 usage, 3 a bundle was refused (bad signature, another
 /// server, malformed, a fork, a gap, an unannounced new chain).
@@ -93,9 +96,10 @@ pub enum Command {
         /// The archive directory.
         #[arg(long)]
         archive: PathBuf,
-        /// The private key (mode 0600).
-        #[arg(long)]
-        key: PathBuf,
+        /// The private key (mode 0600); once per key when sums are under several (after a key
+        /// rollover).
+        #[arg(long, required = true)]
+        key: Vec<PathBuf>,
         /// k: the fewest contributors a sum must have to be decrypted (at least 10).
         #[arg(long, default_value_t = Threshold::DEFAULT.get())]
         threshold: u64,
@@ -152,6 +156,53 @@ pub enum Command {
     // boxed, it keeps `Command` small.
     #[allow(missing_docs)]
     Simulate(Box<crate::simulate::cli::SimulateArgs>),
+    /// Create the key that signs key lists: DIR/list-signing.key (mode 0600; keep it on this
+    /// server) and DIR/list-signing.pub (64 hex digits).
+    ///
+    /// The aggregation server (`key_list_signer`) and every agent (`design.key_list_signer`)
+    /// pin the .pub file: a key list that does not verify under it is refused, so the
+    /// aggregation server cannot slip in a key of its own. Existing files are never
+    /// overwritten. Example:
+    ///   penrose-design key-list-signer --out /etc/penrose/keys
+    KeyListSigner {
+        /// Directory to write the two files into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sign a key list: which public key encrypts the reports of which day.
+    ///
+    /// Each --key is PUBLIC_KEY_FILE@DAY (DAY: today, today+N, YYYY-MM-DD or a day number):
+    /// the key encrypts reports from that day until the next key's day. Give the current key
+    /// and the next one from a day far enough ahead that agents learn it first (they fetch the
+    /// list from the aggregation server at least daily): a week is safe. Reports still under
+    /// the previous key are accepted for --grace-days after the switch. --sequence must grow
+    /// with every list: holders refuse an older one. Example:
+    ///   penrose-design key-list --signing-key keys/list-signing.key \
+    ///     --key old/public.key@2026-01-01 --key new/public.key@today+7 --sequence 2 \
+    ///     --out keys.list
+    KeyList {
+        /// The list-signing key (`key-list-signer` wrote it; mode 0600).
+        #[arg(long)]
+        signing_key: PathBuf,
+        /// PUBLIC_KEY_FILE@DAY, once per key, by increasing day (1 to 4 keys).
+        #[arg(long = "key", required = true, value_name = "FILE@DAY")]
+        keys: Vec<String>,
+        /// The list's number: larger than every list signed before.
+        #[arg(long)]
+        sequence: u64,
+        /// Days after a switch during which reports under the previous key are still accepted.
+        #[arg(long, default_value_t = penrose_core::key_list::DEFAULT_GRACE_DAYS)]
+        grace_days: u8,
+        /// The list file to write (replaced atomically).
+        #[arg(long)]
+        out: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a key file's id and size; a private key file is also checked for its permissions.
     KeyInfo {
         /// A private.key or public.key file.

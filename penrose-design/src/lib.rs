@@ -4,6 +4,8 @@
 //! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`keyfile`]: key files on disk, with the private key readable by its owner alone, and
 //!   keys under 2048 bits refused.
+//! - [`key_list`]: key rollover: the list-signing key, and the signed list of which key
+//!   encrypts which day's reports.
 //! - [`archive`]: imported export bundles, verified against the pinned aggregation server's
 //!   key and accepted only in chain order (forks, gaps, replays and unannounced new chains
 //!   refused); each released epoch merged once.
@@ -19,6 +21,7 @@
 pub mod archive;
 pub mod cli;
 pub mod html;
+pub mod key_list;
 pub mod keyfile;
 pub mod labels;
 pub mod plot;

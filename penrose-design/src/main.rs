@@ -10,6 +10,7 @@ use penrose_core::paillier::Keypair;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_design::archive::{self, Archive, Imported};
 use penrose_design::cli::{Cli, Command};
+use penrose_design::key_list;
 use penrose_design::keyfile;
 use penrose_design::labels::Label;
 use penrose_design::report;
@@ -120,6 +121,77 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Simulate(args) => penrose_design::simulate::cli::main(&args)?,
+        Command::KeyListSigner { out, json } => {
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let (secret, public) = key_list::create_signing_key(&out)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "signing_key": secret, "signer": public })
+                );
+            } else {
+                println!("list-signing key: {} (mode 0600)", secret.display());
+                println!(
+                    "pin on the aggregation server and the agents: {}",
+                    public.display()
+                );
+            }
+        }
+        Command::KeyList {
+            signing_key,
+            keys,
+            sequence,
+            grace_days,
+            out,
+            json,
+        } => {
+            let today = penrose_core::wire::Day(
+                u32::try_from(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs() / 86_400)
+                        .unwrap_or(0),
+                )
+                .unwrap_or(u32::MAX),
+            );
+            let keys = keys
+                .iter()
+                .map(|k| parse_key_from(k, today))
+                .collect::<Result<Vec<_>>>()?;
+            let list = key_list::write_list(&signing_key, &keys, sequence, grace_days, &out)?;
+            let schedule: Vec<serde_json::Value> = list
+                .keys()
+                .iter()
+                .map(|k| {
+                    serde_json::json!({
+                        "from_day": k.from.0,
+                        "from": penrose_core::calendar::date_of(k.from),
+                        "key_id": k.key.key_id().to_string(),
+                    })
+                })
+                .collect();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "list": out, "sequence": sequence, "grace_days": grace_days,
+                        "keys": schedule,
+                    })
+                );
+            } else {
+                println!(
+                    "key list {} (sequence {sequence}, grace {grace_days} days)",
+                    out.display()
+                );
+                for k in list.keys() {
+                    println!(
+                        "  from {}: key {}",
+                        penrose_core::calendar::date_of(k.from),
+                        k.key.key_id()
+                    );
+                }
+            }
+        }
         Command::KeyInfo { file, json } => {
             // Either kind of file; a private key is only read through the permission check.
             let (kind, key) = match keyfile::read_public_key(&file) {
@@ -212,6 +284,20 @@ fn import(
     Ok(())
 }
 
+/// One `--key FILE@DAY` of `key-list`.
+fn parse_key_from(text: &str, today: penrose_core::wire::Day) -> Result<key_list::KeyFrom> {
+    let (path, day) = text
+        .rsplit_once('@')
+        .with_context(|| format!("--key {text:?}: expected PUBLIC_KEY_FILE@DAY"))?;
+    let day: penrose_core::calendar::DaySpec = day
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--key {text:?}: {e}"))?;
+    Ok(key_list::KeyFrom {
+        path: PathBuf::from(path),
+        from: day.resolve(today),
+    })
+}
+
 /// What `report` prints.
 enum Format {
     Text,
@@ -237,7 +323,7 @@ fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
 
 fn print_report(
     dir: &Path,
-    key: &Path,
+    keys: &[PathBuf],
     threshold: Threshold,
     cap: ReportsPerContributor,
     outputs: &Outputs<'_>,
@@ -245,8 +331,11 @@ fn print_report(
     let archive = Archive::open(dir)?;
     let merged = archive.merged()?;
     let labels = archive.labels()?;
-    let key = keyfile::read_private_key(key)?;
-    let mut report = report::build(&merged, &key, threshold, cap)?;
+    let keys = keys
+        .iter()
+        .map(|k| keyfile::read_private_key(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut report = report::build(&merged, &keys, threshold, cap)?;
     report.apply_labels(&labels);
     if let Some(out) = outputs.html {
         let path = write_file(out, "index.html", &penrose_design::html::render(&report))?;

@@ -40,15 +40,16 @@ use crate::labels::{Label, Labels};
 /// Why a report could not be made at all (a single bad sum is quarantined instead).
 #[derive(Debug, Error)]
 pub enum ReportError {
-    /// The aggregates are under another key than the private key given.
+    /// Sums of the archive are under a key none of the private keys given is.
     #[error(
-        "the archive's sums are under key {archive}, the private key given is {given}: wrong --key"
+        "the archive holds sums under key {archive}, and no private key given is it (given: \
+         {given}): give every key the sums may be under, one --key each"
     )]
     WrongKey {
-        /// The archive's key id.
+        /// The archive's key id that no given key matches.
         archive: penrose_core::paillier::KeyId,
-        /// The given key's id.
-        given: penrose_core::paillier::KeyId,
+        /// The given keys' ids.
+        given: String,
     },
 }
 
@@ -236,20 +237,28 @@ fn decrypt_checked(key: &PrivateKey, entry: &BundleEntry) -> Result<[u64; BIN_CO
 }
 
 /// Decrypts every released sum whose contributor bound reaches `threshold`, counting
-/// contributors with `cap`; quarantines sums that do not decrypt to their declared samples.
+/// contributors with `cap`, each with the private key of `keys` it is under (a key rollover
+/// leaves sums under several); quarantines sums that do not decrypt to their declared
+/// samples. Every key the archive's sums are under must be given.
 pub fn build(
     aggregates: &Aggregates,
-    key: &PrivateKey,
+    keys: &[PrivateKey],
     threshold: Threshold,
     cap: ReportsPerContributor,
 ) -> Result<Report, ReportError> {
-    if let Some(archive) = aggregates.key_id
-        && archive != key.public_key().key_id()
-    {
-        return Err(ReportError::WrongKey {
-            archive,
-            given: key.public_key().key_id(),
-        });
+    let mut by_index: Vec<&PrivateKey> = Vec::with_capacity(aggregates.keys.len());
+    for archive in &aggregates.keys {
+        let Some(key) = keys.iter().find(|k| k.public_key().key_id() == *archive) else {
+            return Err(ReportError::WrongKey {
+                archive: *archive,
+                given: keys
+                    .iter()
+                    .map(|k| k.public_key().key_id().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        by_index.push(key);
     }
     type Key = (ClassId, GpuArch, CatalogueVersion, CounterId);
     let mut grouped: BTreeMap<Key, Vec<&BundleEntry>> = BTreeMap::new();
@@ -277,6 +286,18 @@ pub fn build(
                 best_held = best_held.max(bound);
                 continue;
             }
+            let Some(key) = by_index.get(usize::from(entry.key)) else {
+                quarantined.push(Quarantined {
+                    class: class.0,
+                    arch: arch.to_string(),
+                    counter: counter.0,
+                    epoch: entry.epoch.0,
+                    generation: entry.generation.0,
+                    reports: entry.reports,
+                    reason: "under a key the archive does not list".into(),
+                });
+                continue;
+            };
             match decrypt_checked(key, entry) {
                 Ok(sum) => {
                     for (b, s) in bins.iter_mut().zip(sum) {

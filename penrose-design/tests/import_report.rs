@@ -107,7 +107,7 @@ impl Fixture {
     ) -> Vec<u8> {
         let bundle = Bundle {
             signer: [0; 32],
-            key_id: self.keys.public_key().key_id(),
+            keys: vec![self.keys.public_key().key_id()],
             link: ChainLink {
                 instance: self.instance,
                 parent: self.parent,
@@ -164,6 +164,7 @@ fn seal(
         epoch: EpochId(epoch),
         class: ClassId(class),
         arch: penrose_core::gpu::GpuArch::new(9, 0),
+        key: 0,
         catalogue: CatalogueVersion(1),
         counter: CounterId(counter),
         generation: Generation(0),
@@ -176,7 +177,7 @@ fn seal(
 fn build(archive: &Archive, keys: &Keypair) -> report::Report {
     report::build(
         &archive.merged().unwrap(),
-        keys.private_key(),
+        std::slice::from_ref(keys.private_key()),
         Threshold::DEFAULT,
         ReportsPerContributor::DEFAULT,
     )
@@ -248,7 +249,7 @@ fn released_sums_decrypt_exactly_above_the_contributor_bound_and_not_below() {
     // A stricter design server holds back both; a laxer one cannot be configured.
     let strict = report::build(
         &archive.merged().unwrap(),
-        f.keys.private_key(),
+        std::slice::from_ref(f.keys.private_key()),
         Threshold::new(11).unwrap(),
         ReportsPerContributor::DEFAULT,
     )

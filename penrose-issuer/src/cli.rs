@@ -3,12 +3,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use clap::{ArgGroup, CommandFactory, Parser, Subcommand};
-use penrose_core::wire::Day;
 
-use crate::clock::day_of_date;
 use crate::issuer::DEFAULT_REQUESTS_PER_HOUR;
 use crate::state::StateDir;
 
@@ -56,65 +53,7 @@ impl StateArg {
     }
 }
 
-/// A day on the command line: `today`, `today+N`, `today-N`, a date `YYYY-MM-DD`, or a day
-/// number (days since 1970-01-01).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DaySpec {
-    /// Today plus (or minus) some days.
-    Today(i64),
-    /// A fixed day.
-    Fixed(Day),
-}
-
-impl DaySpec {
-    /// The day this names on `today` (clamped to the representable days).
-    pub fn resolve(self, today: Day) -> Day {
-        match self {
-            DaySpec::Today(offset) => {
-                let day = i64::from(today.0).saturating_add(offset);
-                Day(u32::try_from(day.max(0)).unwrap_or(u32::MAX))
-            }
-            DaySpec::Fixed(day) => day,
-        }
-    }
-}
-
-impl FromStr for DaySpec {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || {
-            format!(
-                "{text:?} is not a day: use today, today+N, today-N, YYYY-MM-DD or a day number"
-            )
-        };
-        if let Some(rest) = text.strip_prefix("today") {
-            if rest.is_empty() {
-                return Ok(DaySpec::Today(0));
-            }
-            let (sign, digits) = rest.split_at_checked(1).ok_or_else(bad)?;
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad());
-            }
-            let n: i64 = digits.parse().map_err(|_| bad())?;
-            return match sign {
-                "+" => Ok(DaySpec::Today(n)),
-                "-" => Ok(DaySpec::Today(-n)),
-                _ => Err(bad()),
-            };
-        }
-        if text.contains('-') {
-            return day_of_date(text).map(DaySpec::Fixed).ok_or_else(bad);
-        }
-        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-            return text
-                .parse::<u32>()
-                .map(|d| DaySpec::Fixed(Day(d)))
-                .map_err(|_| bad());
-        }
-        Err(bad())
-    }
-}
+pub use penrose_core::calendar::DaySpec;
 
 /// The subcommands (each variant's doc comment is its help text).
 #[derive(Subcommand)]
@@ -300,28 +239,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn days_parse_in_every_form() {
-        let today = Day(20_000);
-        for (text, day) in [
-            ("today", 20_000),
-            ("today+7", 20_007),
-            ("today-2", 19_998),
-            ("2024-10-04", 20_000),
-            ("20000", 20_000),
-        ] {
-            assert_eq!(text.parse::<DaySpec>().unwrap().resolve(today), Day(day));
-        }
-        for bad in [
-            "today+",
-            "today*2",
-            "tomorrow",
-            "",
-            "2024-02-30",
-            "-1",
-            "today+-1",
-        ] {
-            assert!(bad.parse::<DaySpec>().is_err(), "{bad}");
-        }
+    fn the_command_line_definition_is_consistent() {
         command().debug_assert();
     }
 }

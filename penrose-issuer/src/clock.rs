@@ -77,66 +77,14 @@ impl<C: Clock> Clock for std::sync::Arc<C> {
     }
 }
 
-/// A day as `YYYY-MM-DD` (proleptic Gregorian, UTC).
-pub fn date_of(day: Day) -> String {
-    // Howard Hinnant's civil_from_days.
-    let z = i64::from(day.0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-/// The day of a `YYYY-MM-DD` date; `None` for anything else or a date before 1970.
-pub fn day_of_date(text: &str) -> Option<Day> {
-    let mut parts = text.split('-');
-    let (y, m, d) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || y.len() != 4 || m.len() != 2 || d.len() != 2 {
-        return None;
-    }
-    let (y, m, d): (i64, i64, i64) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
-        return None;
-    }
-    // Howard Hinnant's days_from_civil.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let day = Day(u32::try_from(days).ok()?);
-    // Refuse dates that do not exist (2026-02-30) rather than roll them over.
-    (date_of(day) == text).then_some(day)
-}
+pub use penrose_core::calendar::{date_of, day_of_date};
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn dates_round_trip_and_impossible_ones_are_refused() {
-        assert_eq!(date_of(Day(0)), "1970-01-01");
-        assert_eq!(date_of(Day(20_423)), "2025-12-01");
-        for day in [0, 59, 60, 365, 11_016, 20_423, 20_513, 40_000] {
-            assert_eq!(day_of_date(&date_of(Day(day))), Some(Day(day)));
-        }
-        for bad in [
-            "2026-02-30",
-            "2026-13-01",
-            "1969-12-31",
-            "2026-1-01",
-            "x",
-            "2026-01-01-1",
-        ] {
-            assert_eq!(day_of_date(bad), None, "{bad}");
-        }
+    fn the_manual_clock_moves_by_days() {
         let clock = ManualClock::at_day(Day(20_000));
         assert_eq!(clock.today(), Day(20_000));
         clock.advance(SECONDS_PER_DAY);

@@ -320,6 +320,28 @@ impl Client {
         self.exchange(bytes).await
     }
 
+    /// Asks for the design server's signed key list ([`Message::KeyListRequest`]) on a
+    /// connection of its own (fresh mode: a new one, like a report's, so the request links to
+    /// nothing) and returns the list's bytes as the server sent them, unverified: the caller
+    /// checks the signature. One attempt; the caller retries on its own schedule.
+    pub async fn fetch_key_list(&self) -> Result<Vec<u8>, ClientError> {
+        let frame = Message::KeyListRequest
+            .to_frame()
+            .map_err(ClientError::Encode)?;
+        let reply = self.exchange_reply(&frame).await?;
+        let (message, used) = Message::decode(&reply).map_err(ClientError::BadAck)?;
+        if used != reply.len() {
+            return Err(ClientError::BadAck(
+                penrose_core::wire::WireError::TrailingBytes(reply.len() - used),
+            ));
+        }
+        match message {
+            Message::KeyList(list) => Ok(list),
+            Message::Ack(ack) => Err(ClientError::Refused(ack.status)),
+            Message::Report(_) | Message::KeyListRequest => Err(ClientError::NotAnAck),
+        }
+    }
+
     /// A connection for tools that need streams of their own (a peer that trickles bytes,
     /// for instance). In shared mode the client's connection, dialled if there is none or it
     /// was lost; in fresh mode a new connection from a new socket, which the caller owns and
@@ -403,6 +425,12 @@ impl Client {
     }
 
     async fn exchange(&self, frame: &[u8]) -> Result<Ack, ClientError> {
+        decode_ack(&self.exchange_reply(frame).await?)
+    }
+
+    /// Writes `frame` on a stream and reads the whole reply (shared or fresh connection as
+    /// configured).
+    async fn exchange_reply(&self, frame: &[u8]) -> Result<Vec<u8>, ClientError> {
         let timeout = self.inner.config.ack_timeout;
         if self.inner.shared.is_some() {
             let conn = self.connection().await?;
@@ -427,12 +455,12 @@ fn bind_endpoint(bind: SocketAddr) -> Result<quinn::Endpoint, ClientError> {
         .map_err(|source| ClientError::Setup(TransportError::Bind { addr: bind, source }))
 }
 
-/// One report's stream on `conn`: write the frame, finish, read the ack, within `timeout`.
+/// One report's stream on `conn`: write the frame, finish, read the reply, within `timeout`.
 async fn exchange_on(
     conn: &quinn::Connection,
     frame: &[u8],
     timeout: Duration,
-) -> Result<Ack, ClientError> {
+) -> Result<Vec<u8>, ClientError> {
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
         match send.write_all(frame).await {
@@ -443,8 +471,7 @@ async fn exchange_on(
         }
         // Fails only if the stream is already stopped or reset, which the read reports.
         let _ = send.finish();
-        let reply = recv.read_to_end(REPLY_LIMIT).await?;
-        decode_ack(&reply)
+        Ok(recv.read_to_end(REPLY_LIMIT).await?)
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
@@ -467,7 +494,9 @@ fn decode_ack(reply: &[u8]) -> Result<Ack, ClientError> {
     }
     match message {
         Message::Ack(ack) => Ok(ack),
-        Message::Report(_) => Err(ClientError::NotAnAck),
+        Message::Report(_) | Message::KeyListRequest | Message::KeyList(_) => {
+            Err(ClientError::NotAnAck)
+        }
     }
 }
 

@@ -95,6 +95,9 @@ pub enum ClientError {
     /// The server's reply decoded to a message that is not an ack.
     #[error("the server replied with a message that is not an ack")]
     NotAnAck,
+    /// The server answered a request (a key list request) with an ack: it does not serve it.
+    #[error("the server refused the request: {0:?}")]
+    Refused(penrose_core::wire::AckStatus),
     /// No ack within the ack timeout.
     #[error("no ack within {0:?}")]
     AckTimeout(std::time::Duration),
@@ -154,6 +157,7 @@ impl ClientError {
             | ClientError::Connect(_)
             | ClientError::BadAck(_)
             | ClientError::NotAnAck
+            | ClientError::Refused(_)
             | ClientError::AckMismatch
             | ClientError::Encode(_)
             | ClientError::BadAnswer(_)

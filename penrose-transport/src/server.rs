@@ -53,6 +53,14 @@ pub trait ReportHandler: Send + Sync + 'static {
     /// once the report is durable.
     fn handle(&self, body: Vec<u8>) -> impl Future<Output = Ack> + Send;
 
+    /// A frame body that is a request, not a report ([`Message::KeyListRequest`]), answered
+    /// with a whole frame instead of an ack; `None` (the default) hands every body to
+    /// [`ReportHandler::handle`].
+    fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+        let _ = body;
+        None
+    }
+
     /// Told, just before [`ReportHandler::handle`], where the body came from. The default
     /// ignores it, and the aggregator leaves it so: it never sees peer addresses. Tests use it
     /// to check that an agent's uploads arrive from different ports on different connections.
@@ -606,6 +614,10 @@ async fn report_stream<H: ReportHandler>(
         Ok(Ok(FrameRead::Body(body))) => {
             bump(&counters.frames_handled);
             handler.arrived_from(origin);
+            if let Some(frame) = handler.answer(&body) {
+                write_answer(send, &frame, deadline, counters).await;
+                return;
+            }
             handler.handle(body).await
         }
     };

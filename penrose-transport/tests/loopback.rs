@@ -55,7 +55,7 @@ impl ReportHandler for Recorder {
         }
         let report = match Message::decode_body(&body) {
             Ok(Message::Report(report)) => report,
-            Ok(Message::Ack(_)) => {
+            Ok(Message::Ack(_) | Message::KeyListRequest | Message::KeyList(_)) => {
                 return ack(
                     UNREAD_REPORT_ID,
                     AckStatus::Rejected(RejectReason::Malformed),

@@ -549,7 +549,7 @@ fn template_report(key: &PublicKey, rng: &mut ChaCha20Rng) -> Result<ValidReport
     let frame = Message::Report(report).to_frame()?;
     Ok(validate_body(
         &frame[LENGTH_PREFIX..],
-        key,
+        &penrose_aggregator::design_keys::DesignKeys::single(key.clone()),
         Day(20_000),
         &Admission::Open,
     )?)
@@ -559,11 +559,11 @@ fn reopen(dir: &Path) -> Result<Reopen> {
     let before = rss_mib(std::process::id())?;
     let started = Instant::now();
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir)?);
-    let key = penrose_aggregator::state::stored_public_key(store.as_ref())?
+    let keys = penrose_aggregator::design_keys::stored_settings(store.as_ref())?
         .context("the data directory holds no key")?;
     let state = State::open(
         store,
-        &key,
+        keys,
         FingerprintParams::default(),
         ACCUMULATOR_REPORT_BOUND,
         None,

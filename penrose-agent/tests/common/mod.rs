@@ -38,6 +38,14 @@ pub struct Handler {
     /// Per report id: how many times it was stored (accepted), and answered duplicate.
     pub stored: Mutex<HashMap<ReportId, (u32, u32)>>,
     pub key_id: Option<penrose_core::paillier::KeyId>,
+    /// Keys accepted besides `key_id` (a key rollover's new key).
+    pub also_accepted: Mutex<Vec<penrose_core::paillier::KeyId>>,
+    /// The key of each stored report, in arrival order.
+    pub keys_seen: Mutex<Vec<penrose_core::paillier::KeyId>>,
+    /// The signed key list a key list request is answered with (`None`: refused).
+    pub key_list: Mutex<Option<Vec<u8>>>,
+    /// Key list requests answered.
+    pub key_lists_served: std::sync::atomic::AtomicU32,
     /// Where each frame came from, as the transport saw it.
     pub origins: Mutex<Vec<penrose_transport::Origin>>,
 }
@@ -45,6 +53,16 @@ pub struct Handler {
 impl ReportHandler for Handler {
     fn arrived_from(&self, origin: penrose_transport::Origin) {
         self.origins.lock().unwrap().push(origin);
+    }
+
+    fn answer(&self, body: &[u8]) -> Option<Vec<u8>> {
+        if !matches!(Message::decode_body(body), Ok(Message::KeyListRequest)) {
+            return None;
+        }
+        let list = self.key_list.lock().unwrap().clone()?;
+        self.key_lists_served
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Some(Message::KeyList(list).to_frame().unwrap())
     }
 
     async fn handle(&self, body: Vec<u8>) -> Ack {
@@ -63,7 +81,9 @@ impl ReportHandler for Handler {
                 );
             }
         };
-        if self.key_id.is_some_and(|k| k != report.key_id) {
+        if self.key_id.is_some_and(|k| k != report.key_id)
+            && !self.also_accepted.lock().unwrap().contains(&report.key_id)
+        {
             return ack(
                 report.report_id,
                 AckStatus::Rejected(RejectReason::UnknownKey),
@@ -73,6 +93,7 @@ impl ReportHandler for Handler {
         let entry = stored.entry(report.report_id).or_default();
         if entry.0 == 0 {
             entry.0 = 1;
+            self.keys_seen.lock().unwrap().push(report.key_id);
             ack(report.report_id, AckStatus::Accepted)
         } else {
             entry.1 += 1;

@@ -1,0 +1,199 @@
+//! Key rollover on the design server: its list-signing key, and the signed key list that says
+//! which of its Paillier keys encrypts which day's reports (`penrose_core::key_list`).
+//!
+//! The flow (docs/operations.md, "Roll the design server's key"): `key-list-signer` once, and
+//! its public half pinned by the aggregation server and every agent; `keygen` for each new
+//! key; `key-list` with the current key and the next one from a day a few days ahead, signed;
+//! the aggregation server loads the list (`reload-keys`) and hands it to agents, which switch
+//! keys on that day; reports still under the old key are accepted for the list's grace days,
+//! and the design server decrypts each sum with the key it is under (`report --key` names
+//! every private key that sums may be under).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::SigningKey;
+use penrose_core::key_list::{KeyList, KeyListError, ScheduledKey};
+use penrose_core::paillier::PublicKey;
+use penrose_core::wire::Day;
+use rand::RngCore;
+use thiserror::Error;
+
+use crate::keyfile::{self, KeyFileError};
+
+/// File name of the list-signing key inside its directory.
+pub const SIGNING_KEY_FILE: &str = "list-signing.key";
+/// File name of its public half (64 hex digits), which the aggregation server and agents pin.
+pub const SIGNER_FILE: &str = "list-signing.pub";
+/// What a list-signing key file starts with, before the 32-byte seed.
+const SIGNING_KEY_TAG: &[u8] = b"penrose-key-list-signing-key 1\n";
+
+/// Why a signing key or a list could not be made.
+#[derive(Debug, Error)]
+pub enum KeyListFileError {
+    /// The file system refused.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A key file would be replaced.
+    #[error("{0} already exists; move it away first (keys are never overwritten)")]
+    Exists(PathBuf),
+    /// The signing key file is unsafe or unreadable.
+    #[error("list-signing key: {0}")]
+    Secret(penrose_secret_file::SecretFileError),
+    /// Not a list-signing key file.
+    #[error("{0} is not a Penrose list-signing key")]
+    NotASigningKey(PathBuf),
+    /// A public key file.
+    #[error(transparent)]
+    Key(#[from] KeyFileError),
+    /// The list is not valid.
+    #[error(transparent)]
+    List(#[from] KeyListError),
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> KeyListFileError + '_ {
+    move |source| KeyListFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes a new list-signing key into `dir` (mode 0600) and its public half beside it;
+/// refuses to replace either. Returns both paths.
+pub fn create_signing_key(dir: &Path) -> Result<(PathBuf, PathBuf), KeyListFileError> {
+    let secret = dir.join(SIGNING_KEY_FILE);
+    let public = dir.join(SIGNER_FILE);
+    for path in [&secret, &public] {
+        if path.exists() {
+            return Err(KeyListFileError::Exists(path.clone()));
+        }
+    }
+    let mut seed = [0u8; 32];
+    rand::rng().fill_bytes(&mut seed);
+    let key = SigningKey::from_bytes(&seed);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&secret)
+        .map_err(io(&secret))?;
+    let mut bytes = SIGNING_KEY_TAG.to_vec();
+    bytes.extend_from_slice(&seed);
+    file.write_all(&bytes).map_err(io(&secret))?;
+    file.sync_all().map_err(io(&secret))?;
+    let text = format!(
+        "# Penrose design server: the key its key lists are signed with (pin it)\n{}\n",
+        penrose_core::hex::encode(key.verifying_key().as_bytes())
+    );
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&public)
+        .map_err(io(&public))?;
+    file.write_all(text.as_bytes()).map_err(io(&public))?;
+    Ok((secret, public))
+}
+
+/// Reads a list-signing key (the shared secret-file reader: no symbolic link, the reader's own
+/// file, mode 0600 or stricter).
+pub fn read_signing_key(path: &Path) -> Result<SigningKey, KeyListFileError> {
+    let bytes = penrose_secret_file::read(path, (SIGNING_KEY_TAG.len() + 32) as u64)
+        .map_err(KeyListFileError::Secret)?;
+    let seed: [u8; 32] = bytes
+        .strip_prefix(SIGNING_KEY_TAG)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| KeyListFileError::NotASigningKey(path.to_path_buf()))?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+/// One `--key` of `key-list`: a public key file and the first day it encrypts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyFrom {
+    /// The public key file.
+    pub path: PathBuf,
+    /// Its first day.
+    pub from: Day,
+}
+
+/// Builds the list of `keys` (by first day), signs it with the key in `signing` and writes it
+/// to `out` (replacing it atomically: the aggregation server may read it at any time).
+pub fn write_list(
+    signing: &Path,
+    keys: &[KeyFrom],
+    sequence: u64,
+    grace_days: u8,
+    out: &Path,
+) -> Result<KeyList, KeyListFileError> {
+    let signer = read_signing_key(signing)?;
+    let scheduled = keys
+        .iter()
+        .map(|k| {
+            let key: PublicKey = keyfile::read_public_key(&k.path)?;
+            Ok(ScheduledKey { from: k.from, key })
+        })
+        .collect::<Result<Vec<_>, KeyListFileError>>()?;
+    let list = KeyList::new(sequence, grace_days, scheduled)?;
+    let bytes = list.sign(&signer);
+    let tmp = out.with_extension("tmp");
+    std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, out).map_err(io(out))?;
+    Ok(list)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use penrose_core::paillier::{KeySize, Keypair};
+
+    use super::*;
+
+    #[test]
+    fn a_list_written_here_verifies_under_the_pinned_signer_and_keys_are_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (secret, public) = create_signing_key(dir.path()).unwrap();
+        assert!(matches!(
+            create_signing_key(dir.path()),
+            Err(KeyListFileError::Exists(_))
+        ));
+        let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&secret).unwrap());
+        assert_eq!(mode & 0o777, 0o600);
+        let mut keys = Vec::new();
+        for (i, from) in [(0, 100), (1, 110)] {
+            let sub = dir.path().join(format!("k{i}"));
+            std::fs::create_dir(&sub).unwrap();
+            let pair = Keypair::generate_with_size(KeySize::Bits2048, &mut rand::rng());
+            keyfile::write_keypair(&sub, &pair).unwrap();
+            keys.push(KeyFrom {
+                path: sub.join(keyfile::PUBLIC_KEY_FILE),
+                from: Day(from),
+            });
+        }
+        let out = dir.path().join("keys.list");
+        let list = write_list(&secret, &keys, 7, 2, &out).unwrap();
+        let text = std::fs::read_to_string(&public).unwrap();
+        let line = text.lines().find(|l| !l.starts_with('#')).unwrap();
+        let signer = ed25519_dalek::VerifyingKey::from_bytes(
+            &penrose_core::hex::decode_array::<32>(line).unwrap(),
+        )
+        .unwrap();
+        let read = KeyList::verify(&std::fs::read(&out).unwrap(), &signer).unwrap();
+        assert_eq!(read, list);
+        assert_eq!(read.sequence(), 7);
+        // Days out of order are refused, and nothing is written.
+        keys.swap(0, 1);
+        let other = dir.path().join("bad.list");
+        assert!(matches!(
+            write_list(&secret, &keys, 8, 2, &other),
+            Err(KeyListFileError::List(KeyListError::Order(100, 110)))
+        ));
+        assert!(!other.exists());
+    }
+}
