@@ -42,6 +42,7 @@ use penrose_core::tokens::{
 };
 use penrose_core::wire::{Day, Report};
 use penrose_secret_file::SecretFileError;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::validate::Rejection;
@@ -56,6 +57,30 @@ pub enum Admission {
     Tokens(TokenRing),
     /// Reports need no token; anyone who can reach the server can report.
     Open,
+}
+
+/// [`Admission::describe`]: how a server admits reports, as the admin replies carry it
+/// (`status`, `reload-keys`), so that the CLI prints it from the same type the server wrote.
+/// On the wire an object tagged by `mode` (`"open"` or `"tokens"`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum AdmissionDescription {
+    /// Reports need no token.
+    Open,
+    /// Reports need a token of this key ring.
+    Tokens {
+        /// The file the ring was read from (`None` for a ring handed over in memory).
+        key_ring: Option<PathBuf>,
+        /// Issuer keys in the ring.
+        keys: usize,
+        /// The token epochs (days) it holds keys of, in order.
+        epochs: Vec<u32>,
+        /// Whether it holds keys of today: without, every report of today is refused.
+        covers_today: bool,
+        /// Whether it holds keys of tomorrow: without, the operator must load the next ring
+        /// before midnight.
+        covers_tomorrow: bool,
+    },
 }
 
 /// How `serve` is told to admit reports, before the key ring is read.
@@ -78,20 +103,20 @@ impl AdmissionConfig {
 }
 
 impl Admission {
-    /// What `status` shows of it: the mode and, by tokens, the key ring's file, epochs and
-    /// whether it holds keys for `today` and the next day (the issuer exports rings ahead of
-    /// time; a server without keys of a day refuses every report of it as `InvalidToken`).
-    pub fn describe(&self, today: Day) -> serde_json::Value {
+    /// What `status` and `reload-keys` show of it: the mode and, by tokens, the key ring's
+    /// file, epochs and whether it holds keys for `today` and the next day (the issuer exports
+    /// rings ahead of time; a server without keys of a day refuses every report of it as
+    /// `InvalidToken`).
+    pub fn describe(&self, today: Day) -> AdmissionDescription {
         match self {
-            Admission::Open => serde_json::json!({ "mode": "open" }),
-            Admission::Tokens(ring) => serde_json::json!({
-                "mode": "tokens",
-                "key_ring": ring.path(),
-                "keys": ring.ring().keys().len(),
-                "epochs": ring.epochs().iter().map(|e| e.0).collect::<Vec<_>>(),
-                "covers_today": ring.covers(today),
-                "covers_tomorrow": ring.covers(Day(today.0.saturating_add(1))),
-            }),
+            Admission::Open => AdmissionDescription::Open,
+            Admission::Tokens(ring) => AdmissionDescription::Tokens {
+                key_ring: ring.path().map(Path::to_path_buf),
+                keys: ring.ring().keys().len(),
+                epochs: ring.epochs().iter().map(|e| e.0).collect(),
+                covers_today: ring.covers(today),
+                covers_tomorrow: ring.covers(Day(today.0.saturating_add(1))),
+            },
         }
     }
 

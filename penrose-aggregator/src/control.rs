@@ -6,8 +6,9 @@
 //! Both paths run the same [`execute`] on the same [`Admin`] context, so an admin command
 //! behaves the same whether the server is up or not. The socket is created 0600 inside the
 //! 0700 data directory: whoever may read the data directory may administer the server, and
-//! nobody else. Protocol: one JSON request line; one JSON response line; for `export`, the
-//! response line is followed by the bundle's bytes (its length is in the line).
+//! nobody else. Protocol: one JSON request line; one JSON response line ([`reply`]: the same
+//! types on both ends); for `export`, the response line is followed by the bundle's bytes (its
+//! length is in the line).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +16,6 @@ use std::sync::Arc;
 use ed25519_dalek::SigningKey;
 use penrose_core::wire::ThrottleHint;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use thiserror::Error;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -26,6 +26,14 @@ use crate::export::{self, ReleaseConfig};
 use crate::ingest::{Ingest, today};
 use crate::metrics::reason_label;
 use crate::store::Store;
+
+pub mod reply;
+
+use reply::{
+    AdmissionStatus, BackupReply, CloseEpochsReply, CompactReply, DesignKeysStatus, EpochReports,
+    ExportReply, ExportedBundle, NewClasses, ReleaseRule, ReloadKeysReply, Reply,
+    ScheduledKeyStatus, SinceStart, StatusReply, StoreTable, ThrottleReply, TopClass, TopReply,
+};
 
 /// One admin request.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -97,54 +105,75 @@ pub struct Admin {
     pub serving: bool,
 }
 
-/// A response: the JSON line, and for `export` the bundle.
+/// A request's outcome: its reply, and for `export` the bundle.
+#[derive(Debug)]
 pub struct Response {
-    /// The JSON answer.
-    pub json: Value,
+    /// The reply (the response line's `result`).
+    pub reply: Reply,
     /// The bundle bytes (export only).
     pub payload: Option<Vec<u8>>,
+}
+
+impl Response {
+    /// A reply without a payload.
+    fn of(reply: impl Into<Reply>) -> Self {
+        Self {
+            reply: reply.into(),
+            payload: None,
+        }
+    }
 }
 
 /// Runs one request. Blocking (store scans, compaction): call it off the async threads.
 pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlError> {
     let fail = |e: &dyn std::fmt::Display| ControlError::Failed(e.to_string());
-    let json = match request {
-        Request::Status => status(admin),
+    Ok(match request {
+        Request::Status => Response::of(status(admin)),
         Request::Top { limit } => {
             let state = admin.ingest.state();
-            let rows: Vec<Value> = state
+            let top = state
                 .tables()
                 .top(*limit)
                 .into_iter()
-                .map(|(class, entry)| {
-                    json!({
-                        "class": class.0,
-                        "reports": entry.reports,
-                        "snippets": entry.snippets,
-                        "representatives": entry.representatives.len(),
-                        "first_seen_day": entry.first_seen.0,
-                    })
+                .map(|(class, entry)| TopClass {
+                    class: class.0,
+                    reports: entry.reports,
+                    snippets: entry.snippets,
+                    representatives: entry.representatives.len(),
+                    first_seen_day: entry.first_seen.0,
                 })
                 .collect();
-            json!({ "classes": state.tables().class_count(), "top": rows })
+            Response::of(TopReply {
+                classes: state.tables().class_count(),
+                top,
+            })
         }
         Request::Throttle { permille } => {
             let hint = ThrottleHint::from_permille(*permille).ok_or_else(|| {
                 ControlError::Failed(format!("{permille} permille is above 1000"))
             })?;
             admin.ingest.set_throttle(hint).map_err(|e| fail(&e))?;
-            json!({ "throttle_permille": hint.permille() })
+            Response::of(ThrottleReply {
+                throttle_permille: hint.permille(),
+            })
         }
         Request::Compact => {
             admin.store.compact().map_err(|e| fail(&e))?;
-            json!({ "compacted": true, "store": admin.store.sizes() })
+            Response::of(CompactReply {
+                compacted: true,
+                store: store_tables(admin),
+            })
         }
         Request::Backup { dir } => {
             admin.store.backup(dir).map_err(|e| fail(&e))?;
             let instance = admin.ingest.state().instance();
             let copy = crate::store::RocksStore::open(dir).map_err(|e| fail(&e))?;
             let new = export::make_new_instance(&copy, instance).map_err(|e| fail(&e))?;
-            json!({ "backup": dir, "instance": new.to_string(), "parent": instance.to_string() })
+            Response::of(BackupReply {
+                backup: dir.clone(),
+                instance: new.to_string(),
+                parent: instance.to_string(),
+            })
         }
         Request::ReloadKeys => {
             if !admin.serving {
@@ -153,18 +182,16 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
                 ));
             }
             reload_keys(&admin.ingest)?;
-            json!({
-                "admission": admin.ingest.admission().describe(today()),
-                "design_keys": describe_design_keys(&admin.ingest.design_keys()),
+            Response::of(ReloadKeysReply {
+                admission: admin.ingest.admission().describe(today()),
+                design_keys: describe_design_keys(&admin.ingest.design_keys()),
             })
         }
         Request::CloseEpochs => {
             let closed = admin.ingest.close_epochs(true).map_err(|e| fail(&e))?;
-            let epochs: Vec<Value> = closed
-                .iter()
-                .map(|e| json!({ "epoch": e.id.0, "reports": e.reports, "days": e.days() }))
-                .collect();
-            json!({ "closed": epochs })
+            Response::of(CloseEpochsReply {
+                closed: closed.iter().map(epoch_reports).collect(),
+            })
         }
         Request::Export { seq } => {
             let made = match seq {
@@ -174,37 +201,52 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
                 None => export::export(admin.store.as_ref(), admin.release, &admin.signing),
             }
             .map_err(|e| fail(&e))?;
-            let Some((bundle, bytes)) = made else {
-                return Ok(Response {
-                    json: json!({ "exported": false, "bytes": 0 }),
-                    payload: None,
-                });
-            };
-            return Ok(Response {
-                json: json!({
-                    "exported": true,
-                    "bytes": bytes.len(),
-                    "seq": bundle.link.seq,
-                    "instance": bundle.link.instance.to_string(),
-                    "epochs": bundle.epochs.iter().map(|e| e.id.0).collect::<Vec<_>>(),
-                    "entries": bundle.entries.len(),
-                    "reports": bundle.entries.iter().map(|e| e.reports).sum::<u64>(),
-                    "withheld_sums": bundle.epochs.iter().map(|e| u64::from(e.withheld_sums)).sum::<u64>(),
-                    "withheld_reports": bundle.epochs.iter().map(|e| e.withheld_reports).sum::<u64>(),
-                    "reports_with_tokens": bundle.epochs.iter().map(|e| e.reports_with_tokens).sum::<u64>(),
-                    "epoch_reports": bundle.epochs.iter().map(|e| e.reports).sum::<u64>(),
-                    "threshold": bundle.rule.threshold,
-                    "cap": bundle.rule.cap,
-                    "signer": export::hex(&bundle.signer),
+            match made {
+                None => Response::of(ExportReply {
+                    bytes: 0,
+                    bundle: None,
                 }),
-                payload: Some(bytes),
-            });
+                Some((bundle, bytes)) => Response {
+                    reply: Reply::Export(ExportReply {
+                        bytes: bytes.len(),
+                        bundle: Some(exported(&bundle)),
+                    }),
+                    payload: Some(bytes),
+                },
+            }
         }
-    };
-    Ok(Response {
-        json,
-        payload: None,
     })
+}
+
+/// What `export` tells of the bundle it wrote.
+fn exported(bundle: &penrose_core::bundle::Bundle) -> ExportedBundle {
+    let epochs = &bundle.epochs;
+    ExportedBundle {
+        seq: bundle.link.seq,
+        instance: bundle.link.instance.to_string(),
+        epochs: epochs.iter().map(|e| e.id.0).collect(),
+        entries: bundle.entries.len(),
+        reports: bundle.entries.iter().map(|e| e.reports).sum(),
+        withheld_sums: epochs.iter().map(|e| u64::from(e.withheld_sums)).sum(),
+        withheld_reports: epochs.iter().map(|e| e.withheld_reports).sum(),
+        reports_with_tokens: epochs.iter().map(|e| e.reports_with_tokens).sum(),
+        epoch_reports: epochs.iter().map(|e| e.reports).sum(),
+        threshold: bundle.rule.threshold,
+        cap: bundle.rule.cap,
+        signer: export::hex(&bundle.signer),
+    }
+}
+
+fn epoch_reports(e: &crate::epochs::EpochRecord) -> EpochReports {
+    EpochReports {
+        epoch: e.id.0,
+        reports: e.reports,
+        days: e.days(),
+    }
+}
+
+fn store_tables(admin: &Admin) -> Vec<StoreTable> {
+    admin.store.sizes().iter().map(StoreTable::from).collect()
 }
 
 /// Reads the key ring file of a server admitting by tokens again and puts it in use (SIGHUP,
@@ -250,89 +292,90 @@ pub fn reload_keys(ingest: &Ingest) -> Result<(), ControlError> {
 }
 
 /// The design keys a server applies, for `status` and `reload-keys`.
-pub fn describe_design_keys(keys: &crate::design_keys::DesignKeys) -> Value {
+pub fn describe_design_keys(keys: &crate::design_keys::DesignKeys) -> DesignKeysStatus {
     let list = keys.list();
-    json!({
-        "list_sequence": keys.signed().map(|_| list.sequence()),
-        "list_file": keys.source().map(|s| s.list.display().to_string()),
-        "grace_days": list.grace_days(),
-        "schedule": list.keys().iter().map(|k| json!({
-            "from_day": k.from.0, "key_id": k.key.key_id().to_string(),
-        })).collect::<Vec<_>>(),
-        "slots": keys.by_slot().iter().map(|k| k.key_id().to_string()).collect::<Vec<_>>(),
-    })
+    DesignKeysStatus {
+        list_sequence: keys.signed().map(|_| list.sequence()),
+        list_file: keys.source().map(|s| s.list.display().to_string()),
+        grace_days: list.grace_days(),
+        schedule: list
+            .keys()
+            .iter()
+            .map(|k| ScheduledKeyStatus {
+                from_day: k.from.0,
+                key_id: k.key.key_id().to_string(),
+            })
+            .collect(),
+        slots: keys
+            .by_slot()
+            .iter()
+            .map(|k| k.key_id().to_string())
+            .collect(),
+    }
 }
 
-fn status(admin: &Admin) -> Value {
+fn status(admin: &Admin) -> StatusReply {
     use std::sync::atomic::Ordering::Relaxed;
     let mut state = admin.ingest.state();
     let budget = state.new_class_budget();
-    let new_classes = json!({
-        "per_hour": budget.per_hour().get(),
-        "available": budget.available(std::time::Instant::now()),
-    });
+    let new_classes = NewClasses {
+        per_hour: budget.per_hour().get(),
+        available: budget.available(std::time::Instant::now()),
+    };
     let metrics = admin.ingest.metrics();
-    let rejected: serde_json::Map<String, Value> = crate::metrics::REASONS
+    let rejected = crate::metrics::REASONS
         .into_iter()
-        .map(|r| {
-            (
-                reason_label(r).to_string(),
-                json!(metrics.rejected_count(r)),
-            )
-        })
+        .map(|r| (reason_label(r).to_string(), metrics.rejected_count(r)))
         .collect();
-    let spent_keys = admin
-        .store
-        .sizes()
+    let store = store_tables(admin);
+    let spent_tokens = store
         .iter()
         .find(|t| t.table == crate::store::Table::Spent.name())
         .map(|t| t.keys);
     // Offline (no server) nothing is admitted, whatever the server would do.
-    let admission = if admin.serving {
-        let mut described = admin.ingest.admission().describe(today());
-        described["tokens_verified"] = json!(metrics.tokens_verified.load(Relaxed));
-        described
-    } else {
-        Value::Null
-    };
-    json!({
-        "serving": admin.serving,
-        "healthy": admin.ingest.is_healthy(),
-        "admission": admission,
-        "spent_tokens": spent_keys,
-        "key_id": state.keys().current(today()).map(|k| k.key_id().to_string()),
-        "design_keys": describe_design_keys(state.keys()),
-        "cursor": state.cursor().0,
-        "reports_accepted_total": state.accepted(),
-        "classes": state.tables().class_count(),
-        "merged_classes": state.tables().merges().len(),
-        "snippets": state.tables().snippet_count(),
-        "open_accumulators": state.sums().open_count(),
-        "held_accumulators_max": state.sums().capacity(),
-        "accumulator_loads": state.sums().loads(),
-        "accumulator_evictions": state.sums().evictions(),
-        "instance": state.instance().to_string(),
-        "epoch_policy": state.epochs().policy().to_string(),
-        "open_epochs": state.epochs().open().map(|e| json!({
-            "epoch": e.id.0, "reports": e.reports, "days": e.days(),
-        })).collect::<Vec<_>>(),
-        "closed_through": state.epochs().closed_through().map(|e| e.0),
-        "release": {
-            "threshold": admin.release.threshold.get(),
-            "reports_per_contributor": admin.release.cap.get(),
+    let admission = admin.serving.then(|| AdmissionStatus {
+        admission: admin.ingest.admission().describe(today()),
+        tokens_verified: metrics.tokens_verified.load(Relaxed),
+    });
+    StatusReply {
+        serving: admin.serving,
+        healthy: admin.ingest.is_healthy(),
+        admission,
+        spent_tokens,
+        key_id: state
+            .keys()
+            .current(today())
+            .map(|k| k.key_id().to_string()),
+        design_keys: describe_design_keys(state.keys()),
+        cursor: state.cursor().0,
+        reports_accepted_total: state.accepted(),
+        classes: state.tables().class_count(),
+        merged_classes: state.tables().merges().len(),
+        snippets: state.tables().snippet_count(),
+        open_accumulators: state.sums().open_count(),
+        held_accumulators_max: state.sums().capacity(),
+        accumulator_loads: state.sums().loads(),
+        accumulator_evictions: state.sums().evictions(),
+        instance: state.instance().to_string(),
+        epoch_policy: state.epochs().policy().to_string(),
+        open_epochs: state.epochs().open().map(epoch_reports).collect(),
+        closed_through: state.epochs().closed_through().map(|e| e.0),
+        release: ReleaseRule {
+            threshold: admin.release.threshold.get(),
+            reports_per_contributor: admin.release.cap.get(),
         },
-        "new_classes": new_classes,
-        "seen_floor_day": state.seen_floor().0,
-        "table_heap_bytes": state.tables().heap_bytes(),
-        "throttle_permille": admin.ingest.throttle().permille(),
-        "since_start": {
-            "accepted": metrics.accepted.load(Relaxed),
-            "duplicates": metrics.duplicates.load(Relaxed),
-            "rejected": rejected,
-            "batches": metrics.batches.load(Relaxed),
+        new_classes,
+        seen_floor_day: state.seen_floor().0,
+        table_heap_bytes: state.tables().heap_bytes(),
+        throttle_permille: admin.ingest.throttle().permille(),
+        since_start: SinceStart {
+            accepted: metrics.accepted.load(Relaxed),
+            batches: metrics.batches.load(Relaxed),
+            duplicates: metrics.duplicates.load(Relaxed),
+            rejected,
         },
-        "store": admin.store.sizes(),
-    })
+        store,
+    }
 }
 
 /// Serves admin requests on `path` until the task is dropped.
@@ -370,15 +413,18 @@ async fn answer(stream: UnixStream, admin: Admin) -> std::io::Result<()> {
             .await
             .unwrap_or_else(|e| Err(ControlError::Failed(e.to_string()))),
     };
-    let (json, payload) = match response {
-        Ok(r) => (json!({ "ok": true, "result": r.json }), r.payload),
-        Err(e) => (json!({ "ok": false, "error": e.to_string() }), None),
+    let (mut out, payload) = match &response {
+        Ok(r) => match r.reply.to_line() {
+            Ok(line) => (line, r.payload.as_deref()),
+            // Said as an error, without the bundle.
+            Err(e) => (Reply::error_line(&e), None),
+        },
+        Err(e) => (Reply::error_line(e), None),
     };
-    let mut out = json.to_string();
     out.push('\n');
     write.write_all(out.as_bytes()).await?;
     if let Some(bytes) = payload {
-        write.write_all(&bytes).await?;
+        write.write_all(bytes).await?;
     }
     write.shutdown().await
 }
@@ -407,27 +453,19 @@ pub async fn request(path: &Path, request: &Request) -> Result<Option<Response>,
     line.push('\n');
     stream.write_all(line.as_bytes()).await.map_err(io)?;
     let mut reader = BufReader::new(stream);
-    let mut head = String::new();
-    reader.read_line(&mut head).await.map_err(io)?;
-    let value: Value =
-        serde_json::from_str(&head).map_err(|e| ControlError::Protocol(e.to_string()))?;
-    if value["ok"] != json!(true) {
-        return Err(ControlError::Failed(
-            value["error"]
-                .as_str()
-                .unwrap_or("unknown error")
-                .to_string(),
-        ));
-    }
-    let result = value["result"].clone();
-    let payload = match request {
-        Request::Export { .. } if result["exported"] == json!(true) => {
-            let len = result["bytes"]
-                .as_u64()
-                .ok_or_else(|| ControlError::Protocol("export without a length".into()))?;
+    let mut head = Vec::new();
+    reader.read_until(b'\n', &mut head).await.map_err(io)?;
+    let head = String::from_utf8(head)
+        .map_err(|_| ControlError::Protocol("a response line that is not UTF-8".into()))?;
+    let reply = Reply::decode(request, &head)?;
+    let payload = match &reply {
+        Reply::Export(ExportReply {
+            bytes: len,
+            bundle: Some(_),
+        }) => {
             let mut bytes = Vec::new();
             reader.read_to_end(&mut bytes).await.map_err(io)?;
-            if bytes.len() as u64 != len {
+            if bytes.len() != *len {
                 return Err(ControlError::Protocol(format!(
                     "bundle of {} bytes announced, {} received",
                     len,
@@ -438,8 +476,84 @@ pub async fn request(path: &Path, request: &Request) -> Result<Option<Response>,
         }
         _ => None,
     };
-    Ok(Some(Response {
-        json: result,
-        payload,
-    }))
+    Ok(Some(Response { reply, payload }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A peer on the control socket that answers one request with `answer`.
+    fn fake_server(path: &Path, answer: Vec<u8>) -> tokio::task::JoinHandle<()> {
+        let listener = UnixListener::bind(path).unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            BufReader::new(read).read_line(&mut line).await.unwrap();
+            write.write_all(&answer).await.unwrap();
+            write.shutdown().await.unwrap();
+        })
+    }
+
+    async fn ask(answer: &[u8], request: &Request) -> Result<Option<Response>, ControlError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control");
+        let server = fake_server(&path, answer.to_vec());
+        let outcome = super::request(&path, request).await;
+        server.await.unwrap();
+        outcome
+    }
+
+    #[tokio::test]
+    async fn a_garbled_response_is_a_protocol_error_not_a_panic() {
+        for answer in [
+            &b"not json at all\n"[..],
+            b"{\"ok\":true,\"result\":{\"throttle_permille\":\"fast\"}}\n",
+            b"{\"ok\":true,\"result\":{\"throttle_permille\":800}",
+            b"\xff\xfe\n",
+            b"",
+        ] {
+            match ask(answer, &Request::Throttle { permille: 10 }).await {
+                Err(e @ ControlError::Protocol(_)) => assert!(!e.to_string().is_empty()),
+                other => panic!("{answer:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_export_reply_brings_its_bundle_of_the_announced_length() {
+        let reply = Reply::Export(ExportReply {
+            bytes: 5,
+            bundle: Some(ExportedBundle {
+                seq: 1,
+                instance: "00".repeat(16),
+                epochs: vec![20000],
+                entries: 1,
+                reports: 12,
+                withheld_sums: 0,
+                withheld_reports: 0,
+                reports_with_tokens: 12,
+                epoch_reports: 12,
+                threshold: 10,
+                cap: 24,
+                signer: "ab".repeat(32),
+            }),
+        });
+        let mut answer = reply.to_line().unwrap().into_bytes();
+        answer.push(b'\n');
+        let export = Request::Export { seq: None };
+        let mut whole = answer.clone();
+        whole.extend_from_slice(b"12345");
+        let r = ask(&whole, &export).await.unwrap().unwrap();
+        assert_eq!((r.reply, r.payload), (reply, Some(b"12345".to_vec())));
+        // Cut short.
+        answer.extend_from_slice(b"123");
+        match ask(&answer, &export).await {
+            Err(ControlError::Protocol(m)) => assert!(m.contains("5 bytes announced, 3"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

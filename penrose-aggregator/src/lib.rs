@@ -23,7 +23,9 @@
 //! - [`export`]: the chain of signed bundles of released sums (closed epochs, at or above the
 //!   contributor threshold) for the design server, taken while serving.
 //! - [`metrics`]: Prometheus counters and the HTTP responder that serves them.
-//! - [`control`]: the admin channel (a Unix socket in the data directory) the CLI talks to.
+//! - [`control`]: the admin channel (a Unix socket in the data directory) the CLI talks to,
+//!   and ([`control::reply`]) the replies both ends share.
+//! - [`output`]: what the offline commands (`verify`, `check-report`) print, as types.
 //! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`config`]: the data directory and the server's configuration file.
 //! - [`serve`]: the server process: transport, writer, control channel, metrics.
@@ -42,6 +44,7 @@ pub mod fleet;
 pub mod ingest;
 pub mod loadgen;
 pub mod metrics;
+pub mod output;
 pub mod serve;
 pub mod state;
 pub mod store;

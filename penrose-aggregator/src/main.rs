@@ -8,11 +8,16 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use penrose_aggregator::admission::{Admission, AdmissionConfig, TokenRing};
+use penrose_aggregator::admission::{Admission, AdmissionConfig, AdmissionDescription, TokenRing};
 use penrose_aggregator::cli::{Cli, Command, DataArg, ReleaseArgs};
+use penrose_aggregator::control::reply::{
+    AdmissionStatus, CloseEpochsReply, ExportReply, ReloadKeysReply, StatusReply, ThrottleReply,
+    TopReply,
+};
 use penrose_aggregator::control::{self, Request, Response};
 use penrose_aggregator::export;
 use penrose_aggregator::ingest::IngestConfig;
+use penrose_aggregator::output::{BundleSummary, FrameCheck, FrameVerdict, VerifyOutput};
 use penrose_aggregator::serve::{self, ServeOptions};
 use penrose_aggregator::validate::validate_frame;
 use penrose_core::bundle::Bundle;
@@ -142,11 +147,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { data, json } => {
-            let r = admin(&data, Request::Status).await?;
+            let status = StatusReply::try_from(admin(&data, Request::Status).await?.reply)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r.json)?);
+                println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                print_status(&r.json);
+                print_status(&status)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -159,47 +164,58 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     dir.0.display()
                 );
             };
+            let reloaded = ReloadKeysReply::try_from(r.reply)?;
             if json {
-                println!("{}", r.json);
+                println!("{}", serde_json::to_string(&reloaded)?);
             } else {
-                let a = &r.json["admission"];
-                println!(
-                    "key ring {} reloaded: {} keys, epochs {}",
-                    a["key_ring"].as_str().unwrap_or("?"),
-                    a["keys"],
-                    a["epochs"]
-                );
+                match &reloaded.admission {
+                    AdmissionDescription::Tokens {
+                        key_ring,
+                        keys,
+                        epochs,
+                        ..
+                    } => println!(
+                        "key ring {} reloaded: {keys} keys, epochs {}",
+                        key_ring
+                            .as_deref()
+                            .map_or("?".into(), |p| p.display().to_string()),
+                        json_list(epochs)
+                    ),
+                    // The server refuses to reload under open admission.
+                    AdmissionDescription::Open => println!("admission is open: no key ring"),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Top { data, limit, json } => {
-            let r = admin(&data, Request::Top { limit }).await?;
+            let top = TopReply::try_from(admin(&data, Request::Top { limit }).await?.reply)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r.json)?);
+                println!("{}", serde_json::to_string_pretty(&top)?);
             } else {
                 println!(
                     "{:>7} {:>10} {:>9} {:>6} {:>10}",
                     "class", "reports", "snippets", "reps", "first day"
                 );
-                for row in r.json["top"].as_array().into_iter().flatten() {
+                for row in &top.top {
                     println!(
                         "{:>7} {:>10} {:>9} {:>6} {:>10}",
-                        row["class"],
-                        row["reports"],
-                        row["snippets"],
-                        row["representatives"],
-                        row["first_seen_day"]
+                        row.class,
+                        row.reports,
+                        row.snippets,
+                        row.representatives,
+                        row.first_seen_day
                     );
                 }
-                println!("({} classes in all)", r.json["classes"]);
+                println!("({} classes in all)", top.classes);
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Throttle { data, rate, json } => {
             let permille = parse_rate(&rate)?;
             let r = admin(&data, Request::Throttle { permille }).await?;
+            let throttle = ThrottleReply::try_from(r.reply)?;
             if json {
-                println!("{}", r.json);
+                println!("{}", serde_json::to_string(&throttle)?);
             } else {
                 println!(
                     "agents are asked for {:.1}% of their normal rate",
@@ -231,17 +247,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::CloseEpoch { data, json } => {
             let r = admin_with(&data, Request::CloseEpochs, &ReleaseArgs::default()).await?;
+            let closed = CloseEpochsReply::try_from(r.reply)?;
             if json {
-                println!("{}", r.json);
+                println!("{}", serde_json::to_string(&closed)?);
             } else {
-                let closed = r.json["closed"].as_array().cloned().unwrap_or_default();
-                if closed.is_empty() {
+                if closed.closed.is_empty() {
                     println!("no open epoch holds reports");
                 }
-                for e in closed {
+                for e in &closed.closed {
                     println!(
                         "closed epoch {}: {} reports over {} day(s)",
-                        e["epoch"], e["reports"], e["days"]
+                        e.epoch, e.reports, e.days
                     );
                 }
             }
@@ -255,10 +271,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             json,
         } => {
             let r = admin_with(&data, Request::Export { seq }, &release).await?;
+            let exported = ExportReply::try_from(r.reply)?;
             if json {
-                println!("{}", r.json);
+                println!("{}", serde_json::to_string(&exported)?);
             }
-            let Some(bytes) = r.payload else {
+            let (Some(bundle), Some(bytes)) = (&exported.bundle, r.payload) else {
                 if !json {
                     println!("no epoch closed since the last export; nothing written");
                 }
@@ -272,15 +289,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     "{}: bundle {} of chain {}: epochs {}, {} sums released ({} reports), {} sums \
                      withheld under {} contributors ({} reports), {} bytes",
                     out.display(),
-                    r.json["seq"],
-                    r.json["instance"].as_str().unwrap_or("?"),
-                    r.json["epochs"],
-                    r.json["entries"],
-                    r.json["reports"],
-                    r.json["withheld_sums"],
-                    r.json["threshold"],
-                    r.json["withheld_reports"],
-                    r.json["bytes"],
+                    bundle.seq,
+                    bundle.instance,
+                    json_list(&bundle.epochs),
+                    bundle.entries,
+                    bundle.reports,
+                    bundle.withheld_sums,
+                    bundle.threshold,
+                    bundle.withheld_reports,
+                    exported.bytes,
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -362,61 +379,78 @@ fn parse_rate(text: &str) -> Result<u16> {
     Ok(permille.round() as u16)
 }
 
-fn print_status(s: &serde_json::Value) {
-    println!("serving:              {}", s["serving"]);
-    println!("healthy:              {}", s["healthy"]);
-    let a = &s["admission"];
-    match a["mode"].as_str() {
-        Some("tokens") => println!(
-            "admission:            tokens (key ring {}, {} keys, epochs {}; today {}, \
-             tomorrow {}; {} verified since start)",
-            a["key_ring"].as_str().unwrap_or("?"),
-            a["keys"],
-            a["epochs"],
-            if a["covers_today"] == true {
-                "covered"
-            } else {
-                "NOT COVERED"
-            },
-            if a["covers_tomorrow"] == true {
-                "covered"
-            } else {
-                "NOT COVERED"
-            },
-            a["tokens_verified"]
+/// `[1,2,3]`: a list as `status` and `export` have always printed it (as JSON).
+fn json_list<T: std::fmt::Display>(items: &[T]) -> String {
+    let items: Vec<String> = items.iter().map(ToString::to_string).collect();
+    format!("[{}]", items.join(","))
+}
+
+/// A value, or `null` for none (as JSON).
+fn or_null<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "null".to_string(), |v| v.to_string())
+}
+
+fn print_status(s: &StatusReply) -> Result<()> {
+    println!("serving:              {}", s.serving);
+    println!("healthy:              {}", s.healthy);
+    let covered = |yes: bool| if yes { "covered" } else { "NOT COVERED" };
+    match &s.admission {
+        Some(AdmissionStatus {
+            admission:
+                AdmissionDescription::Tokens {
+                    key_ring,
+                    keys,
+                    epochs,
+                    covers_today,
+                    covers_tomorrow,
+                },
+            tokens_verified,
+        }) => println!(
+            "admission:            tokens (key ring {}, {keys} keys, epochs {}; today {}, \
+             tomorrow {}; {tokens_verified} verified since start)",
+            key_ring
+                .as_deref()
+                .map_or("?".into(), |p| p.display().to_string()),
+            json_list(epochs),
+            covered(*covers_today),
+            covered(*covers_tomorrow),
         ),
-        Some(mode) => {
-            println!("admission:            {mode} (anyone who can reach the server can report)")
+        Some(AdmissionStatus {
+            admission: AdmissionDescription::Open,
+            ..
+        }) => {
+            println!("admission:            open (anyone who can reach the server can report)")
         }
         None => println!("admission:            (no server running)"),
     }
-    println!("spent tokens (est.):  {}", s["spent_tokens"]);
+    println!("spent tokens (est.):  {}", or_null(s.spent_tokens));
     println!(
         "key id:               {}",
-        s["key_id"].as_str().unwrap_or("?")
+        s.key_id.as_deref().unwrap_or("none for today")
     );
-    println!("reports accepted:     {}", s["reports_accepted_total"]);
-    println!("classes:              {}", s["classes"]);
+    println!("reports accepted:     {}", s.reports_accepted_total);
+    println!("classes:              {}", s.classes);
     println!(
         "new classes:          {} may be founded now, {} an hour",
-        s["new_classes"]["available"], s["new_classes"]["per_hour"]
+        s.new_classes.available, s.new_classes.per_hour
     );
-    println!("dedupe kept from day: {}", s["seen_floor_day"]);
-    println!("snippets:             {}", s["snippets"]);
-    println!("open accumulators:    {}", s["open_accumulators"]);
-    println!("throttle:             {} permille", s["throttle_permille"]);
-    println!("cursor:               {}", s["cursor"]);
-    println!("table memory (est.):  {} bytes", s["table_heap_bytes"]);
-    println!("since start:          {}", s["since_start"]);
-    for t in s["store"].as_array().into_iter().flatten() {
+    println!("dedupe kept from day: {}", s.seen_floor_day);
+    println!("snippets:             {}", s.snippets);
+    println!("open accumulators:    {}", s.open_accumulators);
+    println!("throttle:             {} permille", s.throttle_permille);
+    println!("cursor:               {}", s.cursor);
+    println!("table memory (est.):  {} bytes", s.table_heap_bytes);
+    println!(
+        "since start:          {}",
+        serde_json::to_string(&s.since_start)?
+    );
+    for t in &s.store {
         println!(
             "store {:<6}          {} keys, {} bytes on disk, {} in memtables",
-            t["table"].as_str().unwrap_or("?"),
-            t["keys"],
-            t["sst_bytes"],
-            t["memtable_bytes"]
+            t.table, t.keys, t.sst_bytes, t.memtable_bytes
         );
     }
+    Ok(())
 }
 
 fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
@@ -432,53 +466,41 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
         }
         None => None,
     };
-    match Bundle::verify(&bytes, trusted.as_ref()) {
-        Ok(b) => {
-            let reports: u64 = b.entries.iter().map(|e| e.reports).sum();
-            let classes: std::collections::BTreeSet<u32> =
-                b.entries.iter().map(|e| e.class.0).collect();
-            let summary = serde_json::json!({
-                "valid": true, "signer": export::hex(&b.signer), "key_id": b.keys.first().map(|k| k.to_string()),
-                "keys": b.keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
-                "instance": b.link.instance.to_string(), "seq": b.link.seq,
-                "parent": b.link.parent.map(|p| p.to_string()),
-                "epochs": b.epochs.iter().map(|e| e.id.0).collect::<Vec<_>>(), "day": b.day.0,
-                "threshold": b.rule.threshold, "cap": b.rule.cap,
-                "entries": b.entries.len(), "classes": classes.len(), "reports": reports,
-                "bound_enforced_by_tokens": b.epochs.iter().all(|e| e.bound_enforced_by_tokens()),
-                "pinned": trusted.is_some(),
-            });
-            if json {
-                println!("{summary}");
-            } else {
+    let verdict = match Bundle::verify(&bytes, trusted.as_ref()) {
+        Ok(b) => VerifyOutput::Valid(BundleSummary::new(&b, trusted.is_some())),
+        Err(e) => VerifyOutput::Invalid {
+            error: e.to_string(),
+        },
+    };
+    if json {
+        println!("{}", serde_json::to_string(&verdict)?);
+    }
+    match verdict {
+        VerifyOutput::Valid(b) => {
+            if !json {
                 println!(
                     "{}: valid, signed by {}{}; bundle {} of chain {}, {} epochs, {} sums over {} \
                      classes, {} reports",
                     path.display(),
-                    export::hex(&b.signer),
-                    if trusted.is_some() {
+                    b.signer,
+                    if b.pinned {
                         " (pinned)"
                     } else {
                         " (not pinned: pass --signer)"
                     },
-                    b.link.seq,
-                    b.link.instance,
+                    b.seq,
+                    b.instance,
                     b.epochs.len(),
-                    b.entries.len(),
-                    classes.len(),
-                    reports,
+                    b.entries,
+                    b.classes,
+                    b.reports,
                 );
             }
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "valid": false, "error": e.to_string() })
-                );
-            } else {
-                println!("{}: INVALID: {e}", path.display());
+        VerifyOutput::Invalid { error } => {
+            if !json {
+                println!("{}: INVALID: {error}", path.display());
             }
             Ok(ExitCode::from(4))
         }
@@ -512,36 +534,37 @@ fn check_reports(
                 Ok(body) => (wire::LENGTH_PREFIX + body).min(rest.len()),
                 Err(_) => rest.len(),
             };
-            let verdict = validate_frame(&rest[..len], &keys, today, &admission);
-            if verdict.is_err() {
-                rejected += 1;
-            }
+            let verdict = match validate_frame(&rest[..len], &keys, today, &admission) {
+                Ok(v) => FrameVerdict::Valid {
+                    counter: v.report.counter.0,
+                    samples: v.report.samples.0,
+                },
+                Err(e) => FrameVerdict::Rejected {
+                    reason: format!("{:?}", e.reason()),
+                    detail: e.to_string(),
+                },
+            };
+            let check = FrameCheck {
+                file: file.clone(),
+                frame: index,
+                offset,
+                verdict,
+            };
             if json {
-                let line = match &verdict {
-                    Ok(v) => serde_json::json!({
-                        "file": file, "frame": index, "offset": offset, "valid": true,
-                        "counter": v.report.counter.0, "samples": v.report.samples.0,
-                    }),
-                    Err(e) => serde_json::json!({
-                        "file": file, "frame": index, "offset": offset, "valid": false,
-                        "reason": format!("{:?}", e.reason()), "detail": e.to_string(),
-                    }),
-                };
-                println!("{line}");
+                println!("{}", serde_json::to_string(&check)?);
             } else {
-                match &verdict {
-                    Ok(v) => println!(
-                        "{}#{index}: valid (counter {}, {} samples)",
+                match &check.verdict {
+                    FrameVerdict::Valid { counter, samples } => println!(
+                        "{}#{index}: valid (counter {counter}, {samples} samples)",
                         file.display(),
-                        v.report.counter.0,
-                        v.report.samples.0
                     ),
-                    Err(e) => println!(
-                        "{}#{index}: rejected ({:?}): {e}",
-                        file.display(),
-                        e.reason()
-                    ),
+                    FrameVerdict::Rejected { reason, detail } => {
+                        println!("{}#{index}: rejected ({reason}): {detail}", file.display())
+                    }
                 }
+            }
+            if matches!(check.verdict, FrameVerdict::Rejected { .. }) {
+                rejected += 1;
             }
             offset += len;
             index += 1;

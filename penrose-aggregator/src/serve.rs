@@ -231,6 +231,22 @@ fn identity(options: &ServeOptions) -> Result<Identity> {
     Ok(identity)
 }
 
+/// What `serve` prints on stdout once it listens: one JSON line, which scripts and tests wait
+/// for and read the addresses from (ports chosen by the system with `:0` included).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Listening {
+    /// The QUIC address.
+    pub listening: SocketAddr,
+    /// The stream port's TCP address, when it has one.
+    pub stream_listening: Option<SocketAddr>,
+    /// The metrics responder's address, when it has one.
+    pub metrics: Option<SocketAddr>,
+    /// The admin socket.
+    pub control: PathBuf,
+    /// The export signing key, hex (what the design server pins).
+    pub signer: String,
+}
+
 /// Runs the server until SIGINT/SIGTERM (Ok) or a failed durable write (Err).
 pub async fn run(options: ServeOptions) -> Result<()> {
     // The key ring is read before anything is created: a refused file leaves nothing behind.
@@ -289,15 +305,16 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut hangup = signal(SignalKind::hangup())?;
     // One line on stdout for whoever started the server (scripts, tests).
+    let ready = Listening {
+        listening: server.local_addr(),
+        stream_listening: server.stream_addr(),
+        metrics: metrics_addr,
+        control: socket.clone(),
+        signer: crate::export::hex(admin.signing.verifying_key().as_bytes()),
+    };
     println!(
         "{}",
-        serde_json::json!({
-            "listening": server.local_addr().to_string(),
-            "stream_listening": server.stream_addr().map(|a| a.to_string()),
-            "metrics": metrics_addr.map(|a| a.to_string()),
-            "control": socket,
-            "signer": crate::export::hex(admin.signing.verifying_key().as_bytes()),
-        })
+        serde_json::to_string(&ready).context("writing the ready line")?
     );
     info!(listen = %server.local_addr(), "serving");
     let mut health = tokio::time::interval(Duration::from_millis(200));

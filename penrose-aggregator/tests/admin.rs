@@ -11,10 +11,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use penrose_aggregator::control::reply::{CloseEpochsReply, ExportReply, StatusReply, TopReply};
+use penrose_aggregator::output::VerifyOutput;
 use penrose_core::counters::CounterId;
 use penrose_core::wire::AckStatus;
 use penrose_transport::{Client, ClientConfig, Trust};
-use serde_json::Value;
+use serde::de::DeserializeOwned;
 
 fn cli(data: &Path, args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
@@ -30,10 +32,11 @@ fn cli(data: &Path, args: &[&str]) -> (i32, String) {
     )
 }
 
-fn json(data: &Path, args: &[&str]) -> Value {
+/// A command's `--json` output, read into the type the CLI printed it from.
+fn json<T: DeserializeOwned>(data: &Path, args: &[&str]) -> T {
     let (code, out) = cli(data, args);
     assert_eq!(code, 0, "{args:?}: {out}");
-    serde_json::from_str(&out).unwrap()
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,7 +51,7 @@ async fn admin_commands_work_serving_and_stopped() {
         &key,
         &["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
     );
-    let addr = started["listening"].as_str().unwrap().parse().unwrap();
+    let addr = started.listening;
 
     let trust = Trust::load_pinned(&data.join("tls").join("cert.pem")).unwrap();
     let client = Client::connect(ClientConfig::new(addr, "localhost", trust))
@@ -66,13 +69,13 @@ async fn admin_commands_work_serving_and_stopped() {
         );
     }
 
-    let status = json(&data, &["status", "--json"]);
-    assert_eq!(status["serving"], true);
-    assert_eq!(status["reports_accepted_total"], 12);
-    assert_eq!(status["classes"], 2);
-    let top = json(&data, &["top", "--limit", "1", "--json"]);
-    assert_eq!(top["top"].as_array().unwrap().len(), 1);
-    assert_eq!(top["top"][0]["reports"], 6);
+    let status: StatusReply = json(&data, &["status", "--json"]);
+    assert!(status.serving);
+    assert_eq!(status.reports_accepted_total, 12);
+    assert_eq!(status.classes, 2);
+    let top: TopReply = json(&data, &["top", "--limit", "1", "--json"]);
+    assert_eq!(top.top.len(), 1);
+    assert_eq!(top.top[0].reports, 6);
 
     let (code, _) = cli(&data, &["throttle", "--rate", "80%"]);
     assert_eq!(code, 0);
@@ -88,34 +91,38 @@ async fn admin_commands_work_serving_and_stopped() {
 
     // Nothing is exported while the only epoch (today's) is open.
     let bundle = dir.path().join("sums.bundle");
-    let exported = json(
+    let exported: ExportReply = json(
         &data,
         &["export", "--out", bundle.to_str().unwrap(), "--json"],
     );
-    assert_eq!(exported["exported"], false);
+    assert_eq!(exported.bundle, None);
     assert!(!bundle.exists());
-    let closed = json(&data, &["close-epoch", "--json"]);
-    assert_eq!(closed["closed"].as_array().unwrap().len(), 1, "{closed}");
-    assert_eq!(closed["closed"][0]["reports"], 13);
+    let closed: CloseEpochsReply = json(&data, &["close-epoch", "--json"]);
+    assert_eq!(closed.closed.len(), 1, "{closed:?}");
+    assert_eq!(closed.closed[0].reports, 13);
     // 13 reports are far below 10 contributors: the epoch is exported with every sum withheld.
-    let exported = json(
+    let exported: ExportReply = json(
         &data,
         &["export", "--out", bundle.to_str().unwrap(), "--json"],
     );
-    assert_eq!(exported["exported"], true, "{exported}");
-    assert_eq!(exported["seq"], 1);
-    assert_eq!(exported["entries"], 0);
-    assert_eq!(exported["reports"], 0);
-    assert_eq!(exported["withheld_sums"], 3);
-    assert_eq!(exported["withheld_reports"], 13);
-    let again = json(
+    let made = exported.bundle.expect("a bundle");
+    assert_eq!(made.seq, 1);
+    assert_eq!(made.entries, 0);
+    assert_eq!(made.reports, 0);
+    assert_eq!(made.withheld_sums, 3);
+    assert_eq!(made.withheld_reports, 13);
+    assert_eq!(
+        exported.bytes as u64,
+        std::fs::metadata(&bundle).unwrap().len()
+    );
+    let again: ExportReply = json(
         &data,
         &["export", "--out", bundle.to_str().unwrap(), "--json"],
     );
-    assert_eq!(again["exported"], false, "nothing closed since");
+    assert_eq!(again.bundle, None, "nothing closed since");
     // A lost bundle is written again byte for byte.
     let copy = dir.path().join("copy.bundle");
-    let rewritten = json(
+    let rewritten: ExportReply = json(
         &data,
         &[
             "export",
@@ -126,7 +133,7 @@ async fn admin_commands_work_serving_and_stopped() {
             "--json",
         ],
     );
-    assert_eq!(rewritten["seq"], 1);
+    assert_eq!(rewritten.bundle.map(|b| b.seq), Some(1));
     assert_eq!(
         std::fs::read(&copy).unwrap(),
         std::fs::read(&bundle).unwrap()
@@ -144,15 +151,11 @@ async fn admin_commands_work_serving_and_stopped() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let verified: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(
-        (
-            verified["valid"].clone(),
-            verified["seq"].clone(),
-            verified["reports"].clone()
-        ),
-        (Value::Bool(true), Value::from(1), Value::from(0))
-    );
+    let verified: VerifyOutput = serde_json::from_slice(&out.stdout).unwrap();
+    match verified {
+        VerifyOutput::Valid(b) => assert_eq!((b.seq, b.reports, b.pinned), (1, 0, true)),
+        VerifyOutput::Invalid { error } => panic!("{error}"),
+    }
     // A damaged bundle fails verification with exit code 4.
     let mut bytes = std::fs::read(&bundle).unwrap();
     let mid = bytes.len() / 2;
@@ -164,10 +167,21 @@ async fn admin_commands_work_serving_and_stopped() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(4));
+    let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args(["verify", "--json"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    let refused: VerifyOutput = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        matches!(refused, VerifyOutput::Invalid { .. }),
+        "{refused:?}"
+    );
 
     // Metrics over HTTP on the local port.
-    let metrics_addr = started["metrics"].as_str().unwrap().to_string();
-    let mut stream = std::net::TcpStream::connect(&metrics_addr).unwrap();
+    let metrics_addr = started.metrics.expect("a metrics address");
+    let mut stream = std::net::TcpStream::connect(metrics_addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
@@ -188,14 +202,15 @@ async fn admin_commands_work_serving_and_stopped() {
     // Stopped: the same commands open the data directory (and the backup) themselves.
     server.kill().unwrap();
     server.wait().unwrap();
-    let status = json(&data, &["status", "--json"]);
-    assert_eq!(status["serving"], false);
-    assert_eq!(status["reports_accepted_total"], 13);
-    assert_eq!(status["throttle_permille"], 800);
-    assert!(status["open_epochs"].as_array().unwrap().is_empty());
-    let restored = json(&backup, &["status", "--json"]);
-    assert_eq!(restored["reports_accepted_total"], 13);
+    let status: StatusReply = json(&data, &["status", "--json"]);
+    assert!(!status.serving);
+    assert_eq!(status.admission, None, "offline nothing is admitted");
+    assert_eq!(status.reports_accepted_total, 13);
+    assert_eq!(status.throttle_permille, 800);
+    assert!(status.open_epochs.is_empty());
+    let restored: StatusReply = json(&backup, &["status", "--json"]);
+    assert_eq!(restored.reports_accepted_total, 13);
     // A restored backup is a new bundle chain.
-    assert_ne!(restored["instance"], status["instance"]);
-    assert_eq!(restored["closed_through"], status["closed_through"]);
+    assert_ne!(restored.instance, status.instance);
+    assert_eq!(restored.closed_through, status.closed_through);
 }

@@ -51,9 +51,10 @@ fn start_server(data: &Path, key: &Path, addr: SocketAddr) -> Child {
             "0",
         ],
     );
-    assert!(
-        started["listening"].is_string(),
-        "server did not start: {started}"
+    assert_eq!(
+        started.listening.to_string(),
+        addr,
+        "server did not start: {started:?}"
     );
     child
 }

@@ -67,8 +67,8 @@ fn start_server(data: &Path, key: &Path) -> Server {
     );
     Server {
         child,
-        addr: started["listening"].as_str().unwrap().parse().unwrap(),
-        metrics: started["metrics"].as_str().unwrap().parse().unwrap(),
+        addr: started.listening,
+        metrics: started.metrics.unwrap(),
     }
 }
 

@@ -8,6 +8,7 @@ use common::*;
 use penrose_aggregator::fleet::SimilarityProfile;
 use penrose_aggregator::ingest::today;
 use penrose_aggregator::loadgen::{Args, generate};
+use penrose_aggregator::serve::Listening;
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::wire::Day;
@@ -16,9 +17,9 @@ use penrose_traces::TraceFolder;
 /// The arguments every test here shares: the server `serve` started, its certificate, the
 /// key, 16 clients on 2 connections, a pool of 4 histograms (far fewer than reports: their
 /// ciphertexts must still all differ), one window of 2,000 launches per trace, JSON output.
-fn args(started: &serde_json::Value, data: &std::path::Path, key: std::path::PathBuf) -> Args {
+fn args(started: &Listening, data: &std::path::Path, key: std::path::PathBuf) -> Args {
     Args {
-        server: started["listening"].as_str().unwrap().parse().unwrap(),
+        server: started.listening,
         cert: data.join("tls").join("cert.pem"),
         public_key: key,
         reports: 0,

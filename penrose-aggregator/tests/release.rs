@@ -13,6 +13,7 @@ use std::sync::Arc;
 use common::*;
 use ed25519_dalek::SigningKey;
 use penrose_aggregator::admission::Admission;
+use penrose_aggregator::control::reply::BackupReply;
 use penrose_aggregator::control::{self, Admin, Request};
 use penrose_aggregator::epochs::EpochPolicy;
 use penrose_aggregator::export::{self, ExportError, ReleaseConfig};
@@ -532,13 +533,14 @@ async fn a_backup_is_a_new_chain_that_does_not_re_export_its_parents_epochs() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(response.json["parent"], original.to_string());
+    let response = BackupReply::try_from(response.reply).unwrap();
+    assert_eq!(response.parent, original.to_string());
 
     let copy = rocks(&backup);
     let mut copy_state = open(&copy, None).unwrap();
     let new = copy_state.instance();
     assert_ne!(new, original);
-    assert_eq!(response.json["instance"], new.to_string());
+    assert_eq!(response.instance, new.to_string());
     // The parent's exported epoch is not exported again, and the open one not at all.
     assert!(export_next(&copy).is_none());
     let closed = close_now(&mut copy_state, today());

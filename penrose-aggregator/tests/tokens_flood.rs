@@ -282,7 +282,7 @@ impl Server {
         );
         Server {
             child,
-            addr: started["listening"].as_str().unwrap().parse().unwrap(),
+            addr: started.listening,
         }
     }
 

@@ -14,12 +14,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use penrose_aggregator::admission::AdmissionDescription;
+use penrose_aggregator::control::reply::{ReloadKeysReply, StatusReply};
 use penrose_aggregator::ingest::today;
+use penrose_aggregator::output::{FrameCheck, FrameVerdict};
 use penrose_core::counters::CounterId;
 use penrose_core::tokens::KeyRing;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 use penrose_transport::{Client, ClientConfig, Trust};
-use serde_json::Value;
 
 /// Runs `serve` with `args` and returns its exit code and stderr; fails the test if it is
 /// still running (serving) after a minute.
@@ -174,7 +176,7 @@ fn check_report_checks_tokens_with_a_key_ring() {
             .arg("--json")
             .output()
             .unwrap();
-        let lines: Vec<Value> = String::from_utf8(out.stdout)
+        let lines: Vec<FrameCheck> = String::from_utf8(out.stdout)
             .unwrap()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -185,11 +187,9 @@ fn check_report_checks_tokens_with_a_key_ring() {
     assert_eq!(code, Some(3));
     let verdicts: Vec<(bool, String)> = lines
         .iter()
-        .map(|l| {
-            (
-                l["valid"] == true,
-                l["reason"].as_str().unwrap_or("").to_string(),
-            )
+        .map(|l| match &l.verdict {
+            FrameVerdict::Valid { .. } => (true, String::new()),
+            FrameVerdict::Rejected { reason, .. } => (false, reason.clone()),
         })
         .collect();
     assert_eq!(
@@ -218,10 +218,26 @@ fn cli(data: &Path, args: &[&str]) -> (i32, String) {
     )
 }
 
-fn status(data: &Path) -> Value {
+fn status(data: &Path) -> StatusReply {
     let (code, out) = cli(data, &["status", "--json"]);
     assert_eq!(code, 0, "{out}");
     serde_json::from_str(&out).unwrap()
+}
+
+/// The key ring a serving server's `status` shows: (keys, epochs, today and tomorrow
+/// covered).
+fn ring_status(data: &Path) -> (usize, Vec<u32>, bool, bool) {
+    let s = status(data);
+    match s.admission.as_ref().map(|a| &a.admission) {
+        Some(AdmissionDescription::Tokens {
+            keys,
+            epochs,
+            covers_today,
+            covers_tomorrow,
+            ..
+        }) => (*keys, epochs.clone(), *covers_today, *covers_tomorrow),
+        _ => panic!("not admitting by tokens: {s:?}"),
+    }
 }
 
 fn replace_ring(path: &Path, ring: &KeyRing) {
@@ -265,17 +281,20 @@ async fn status_shows_the_admission_and_the_key_ring_reloads_on_command_and_on_s
             ring_path.to_str().unwrap(),
         ],
     );
-    let addr = started["listening"].as_str().unwrap().parse().unwrap();
-    let metrics_addr = started["metrics"].as_str().unwrap().to_string();
+    let addr = started.listening;
+    let metrics_addr = started.metrics.expect("a metrics address").to_string();
 
     let s = status(&data);
-    let admission = &s["admission"];
-    assert_eq!(admission["mode"], "tokens", "{s}");
-    assert_eq!(admission["key_ring"], ring_path.to_str().unwrap());
-    assert_eq!(admission["epochs"], serde_json::json!([t.0]));
-    assert_eq!(admission["keys"], 1);
-    assert_eq!(admission["covers_today"], true);
-    assert_eq!(admission["covers_tomorrow"], false);
+    assert_eq!(
+        s.admission.map(|a| a.admission),
+        Some(AdmissionDescription::Tokens {
+            key_ring: Some(ring_path.clone()),
+            keys: 1,
+            epochs: vec![t.0],
+            covers_today: true,
+            covers_tomorrow: false,
+        })
+    );
     let (_, text) = cli(&data, &["status"]);
     assert!(text.contains("admission:            tokens"), "{text}");
 
@@ -312,22 +331,25 @@ async fn status_shows_the_admission_and_the_key_ring_reloads_on_command_and_on_s
     replace_ring(&ring_path, &second);
     let (code, out) = cli(&data, &["reload-keys", "--json"]);
     assert_eq!(code, 0, "{out}");
-    let reloaded: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(
-        reloaded["admission"]["epochs"],
-        serde_json::json!([t.0, tomorrow.0])
+    let reloaded: ReloadKeysReply = serde_json::from_str(&out).unwrap();
+    assert!(
+        matches!(
+            &reloaded.admission,
+            AdmissionDescription::Tokens { epochs, .. } if *epochs == [t.0, tomorrow.0]
+        ),
+        "{reloaded:?}"
     );
     assert_eq!(
         send(with_token(&counter5, &five)).await,
         AckStatus::Accepted
     );
-    assert_eq!(status(&data)["admission"]["covers_tomorrow"], true);
+    assert!(ring_status(&data).3, "tomorrow covered");
 
     // A ring others could read is refused and the one in use stays.
     std::fs::set_permissions(&ring_path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (code, _) = cli(&data, &["reload-keys"]);
     assert_ne!(code, 0);
-    assert_eq!(status(&data)["admission"]["keys"], 4);
+    assert_eq!(ring_status(&data).0, 4);
 
     // SIGHUP reads the file again.
     let third = ring_of(&[t], &[CounterId(4)]);
@@ -338,7 +360,7 @@ async fn status_shows_the_admission_and_the_key_ring_reloads_on_command_and_on_s
         .unwrap();
     assert!(hup.success());
     let waited = Instant::now();
-    while status(&data)["admission"]["keys"] != 1 {
+    while ring_status(&data).0 != 1 {
         assert!(
             waited.elapsed() < Duration::from_secs(20),
             "SIGHUP did not reload"
@@ -361,15 +383,15 @@ async fn status_shows_the_admission_and_the_key_ring_reloads_on_command_and_on_s
     }
     assert!(page.contains("penrose_spent_tokens "), "{page}");
     let s = status(&data);
-    assert_eq!(s["admission"]["tokens_verified"], 3);
+    assert_eq!(s.admission.map(|a| a.tokens_verified), Some(3));
     client.close().await;
     server.kill().unwrap();
     server.wait().unwrap();
 
     // Stopped: status opens the data directory itself and admits nothing.
     let s = status(&data);
-    assert_eq!(s["serving"], false);
-    assert_eq!(s["admission"], Value::Null);
+    assert!(!s.serving);
+    assert_eq!(s.admission, None);
     let (code, _) = cli(&data, &["reload-keys"]);
     assert_ne!(code, 0, "no server to reload");
 }

@@ -113,7 +113,7 @@ impl ArchiveError {
 }
 
 /// What an import did.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Imported {
     /// The bundle was added as the next link of its chain.

@@ -45,7 +45,8 @@ pub enum LabelError {
     NotPrintable(char),
 }
 
-/// A validated label: 1 to 64 characters, no control or invisible formatting character.
+/// A validated label: 1 to 64 characters, no control or invisible formatting character. A
+/// string in JSON, checked again when read back (`labels --json`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(transparent)]
 pub struct Label(String);
@@ -75,6 +76,13 @@ impl Label {
 impl fmt::Display for Label {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Label {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::new(&text).map_err(serde::de::Error::custom)
     }
 }
 

@@ -13,6 +13,8 @@
 //! - [`report`]: decryption above the contributor bound, quarantine of sums that do not
 //!   decrypt to their declared samples; histograms, means and percentiles per (class,
 //!   counter) as text, JSON or CSV.
+//! - [`output`]: what the other commands print (`keygen`, `key-info`, `labels`, `import`),
+//!   as types the JSON and the text are printed from.
 //! - [`plot`] and [`html`]: the report's plots as SVG (histograms, the fleet overview) and
 //!   one self-contained HTML page with them and the tables.
 //! - [`simulate`]: the fleet simulator: hours until a fleet's applications are covered, under
@@ -24,6 +26,7 @@ pub mod html;
 pub mod key_list;
 pub mod keyfile;
 pub mod labels;
+pub mod output;
 pub mod plot;
 pub mod report;
 pub mod simulate;

@@ -13,6 +13,7 @@ use penrose_design::cli::{Cli, Command};
 use penrose_design::key_list;
 use penrose_design::keyfile;
 use penrose_design::labels::Label;
+use penrose_design::output::{BundleImport, ImportSummary, KeyInfo, KeyKind, Keygen, LabelRow};
 use penrose_design::report;
 
 fn main() -> ExitCode {
@@ -39,16 +40,17 @@ fn run(cli: Cli) -> Result<()> {
             tracing::info!("generating a 2048-bit key pair");
             let keys = Keypair::generate(&mut rand::rng());
             let (private, public) = keyfile::write_keypair(&out, &keys)?;
-            let id = keys.public_key().key_id();
+            let made = Keygen {
+                key_id: keys.public_key().key_id().to_string(),
+                private,
+                public,
+            };
             if json {
-                let doc = serde_json::json!({
-                    "key_id": id.to_string(), "private": private, "public": public,
-                });
-                println!("{doc}");
+                println!("{}", serde_json::to_string(&made)?);
             } else {
-                println!("key id {id}");
-                println!("private key: {} (mode 0600)", private.display());
-                println!("public key:  {}", public.display());
+                println!("key id {}", made.key_id);
+                println!("private key: {} (mode 0600)", made.private.display());
+                println!("public key:  {}", made.public.display());
             }
         }
         Command::Import {
@@ -107,16 +109,12 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Labels { archive, json } => {
-            let labels = Archive::open(&archive)?.labels()?;
+            let rows = LabelRow::all(&Archive::open(&archive)?.labels()?);
             if json {
-                let list: Vec<serde_json::Value> = labels
-                    .iter()
-                    .map(|(c, l)| serde_json::json!({"class": c, "label": l}))
-                    .collect();
-                println!("{}", serde_json::Value::Array(list));
+                println!("{}", serde_json::to_string(&rows)?);
             } else {
-                for (class, label) in labels.iter() {
-                    println!("{class}\t{label}");
+                for row in &rows {
+                    println!("{}\t{}", row.class, row.label);
                 }
             }
         }
@@ -195,21 +193,25 @@ fn run(cli: Cli) -> Result<()> {
         Command::KeyInfo { file, json } => {
             // Either kind of file; a private key is only read through the permission check.
             let (kind, key) = match keyfile::read_public_key(&file) {
-                Ok(public) => ("public", public),
+                Ok(public) => (KeyKind::Public, public),
                 Err(keyfile::KeyFileError::Invalid { .. }) => (
-                    "private",
+                    KeyKind::Private,
                     keyfile::read_private_key(&file)?.public_key().clone(),
                 ),
                 Err(e) => return Err(e.into()),
             };
-            let bits = key.size().modulus_bits();
+            let info = KeyInfo {
+                kind,
+                key_id: key.key_id().to_string(),
+                modulus_bits: key.size().modulus_bits(),
+            };
             if json {
-                let doc = serde_json::json!({
-                    "kind": kind, "key_id": key.key_id().to_string(), "modulus_bits": bits,
-                });
-                println!("{doc}");
+                println!("{}", serde_json::to_string(&info)?);
             } else {
-                println!("{kind} key, {bits}-bit modulus, key id {}", key.key_id());
+                println!(
+                    "{} key, {}-bit modulus, key id {}",
+                    info.kind, info.modulus_bits, info.key_id
+                );
             }
         }
     }
@@ -253,32 +255,22 @@ fn import(
                 path.display()
             ),
         }
-        results.push(serde_json::json!({"bundle": path, "outcome": outcome}));
-    }
-    let merged = archive.merged()?;
-    let chains: Vec<serde_json::Value> = merged
-        .chains
-        .iter()
-        .map(|(i, seq)| serde_json::json!({"instance": i.to_string(), "bundles": seq}))
-        .collect();
-    if json {
-        let doc = serde_json::json!({
-            "imports": results,
-            "bundles": merged.bundles,
-            "epochs": merged.epochs.len(),
-            "sums": merged.entries.len(),
-            "chains": chains,
-            "skipped_epochs": merged.skipped.len(),
+        results.push(BundleImport {
+            bundle: path.clone(),
+            outcome,
         });
-        println!("{doc}");
+    }
+    let summary = ImportSummary::new(results, &archive.merged()?);
+    if json {
+        println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
             "archive {}: {} bundles in {} chain(s), {} epochs, {} released sums",
             dir.display(),
-            merged.bundles,
-            merged.chains.len(),
-            merged.epochs.len(),
-            merged.entries.len(),
+            summary.bundles,
+            summary.chains.len(),
+            summary.epochs,
+            summary.sums,
         );
     }
     Ok(())

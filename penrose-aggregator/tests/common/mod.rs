@@ -15,6 +15,7 @@ use penrose_aggregator::epochs::EpochRecord;
 use penrose_aggregator::export;
 use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer, today};
 use penrose_aggregator::metrics::Metrics;
+use penrose_aggregator::serve::Listening;
 use penrose_aggregator::state::{State, stored_throttle};
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_core::bundle::{BundleEntry, ClassId};
@@ -232,7 +233,7 @@ pub fn start_admitting(
 /// admission (`--open-admission`: these tests are not about admission tokens) unless `args`
 /// name a key ring (`--token-keys`), and waits for the JSON line it prints once it listens
 /// (returned, with the child).
-pub fn spawn_serve(data: &Path, key: &Path, args: &[&str]) -> (Child, serde_json::Value) {
+pub fn spawn_serve(data: &Path, key: &Path, args: &[&str]) -> (Child, Listening) {
     let admission: &[&str] = if args.contains(&"--token-keys") {
         &[]
     } else {
