@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use penrose_core::sampling::DEFAULT_SAMPLE_PERIOD;
 
 use crate::capture::locate::DEFAULT_MAX_LIBRARIES;
@@ -123,86 +123,91 @@ pub enum Command {
     /// SIGINT or SIGTERM ends the run early; what was captured is still printed.
     ///   penrose-agent capture --seconds 10 --json
     ///   penrose-agent capture --seconds 600 --budget 0.02 --max-window-seconds 10
-    Capture {
-        /// How long to run.
-        #[arg(long)]
-        seconds: f64,
-        /// L: launches per process per window.
-        #[arg(long, default_value_t = DEFAULT_WINDOW_LAUNCHES)]
-        window_launches: usize,
-        /// A libcuda to probe besides those ldconfig and running processes show (repeatable).
-        #[arg(long)]
-        lib: Vec<PathBuf>,
-        /// Probe only the --lib paths (no ldconfig, no /proc/*/maps scan).
-        #[arg(long)]
-        only_lib: bool,
-        /// Also probe libraries root does not control (not root's, writable by group or
-        /// others, or in such a directory); by default they are counted and skipped.
-        #[arg(long)]
-        allow_untrusted_libs: bool,
-        /// Most distinct library files probed.
-        #[arg(long, default_value_t = DEFAULT_MAX_LIBRARIES)]
-        max_libraries: usize,
-        /// Window length; defaults to --seconds.
-        #[arg(long)]
-        window_seconds: Option<f64>,
-        /// Time between window starts; defaults to --seconds.
-        #[arg(long)]
-        period_seconds: Option<f64>,
-        /// Space windows by this overhead budget, in percent of the probed processes' CPU
-        /// time (0.02 = 0.02%), instead of a fixed schedule.
-        #[arg(long, conflicts_with_all = ["window_seconds", "period_seconds"])]
-        budget: Option<f64>,
-        /// With --budget: the longest a window stays open.
-        #[arg(long, default_value_t = 10.0, requires = "budget")]
-        max_window_seconds: f64,
-        /// With --budget: the shortest gap between windows.
-        #[arg(long, default_value_t = 60.0, requires = "budget")]
-        min_gap_seconds: f64,
-        /// With --budget: the longest gap between windows.
-        #[arg(long, default_value_t = 21_600.0, requires = "budget")]
-        max_gap_seconds: f64,
-        /// S: sample one launch in this many (per CPU).
-        #[arg(long, default_value_t = DEFAULT_SAMPLE_PERIOD.get())]
-        sample_period: u32,
-        /// Where sampled launches' counters come from. NVML/GPM by default; when it cannot be
-        /// opened the capture fails (exit code 3). test-standin-ring is test equipment.
-        #[arg(long, value_enum, default_value_t = SourceKind::Nvml)]
-        counters: SourceKind,
-        /// How long each counter group stays active, seconds.
-        #[arg(long, default_value_t = 600.0)]
-        group_seconds: f64,
-        /// Skip the start-up probe-cost measurement (assume 10 us per launch).
-        #[arg(long)]
-        no_calibrate: bool,
-        /// Seed of the sampling offsets (reproducible runs).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Reader's sleep when the ring is empty, milliseconds.
-        #[arg(long, default_value_t = 1)]
-        poll_ms: u64,
-        /// Report each BPF program's runs and run time (turns on the kernel's BPF statistics
-        /// for the run).
-        #[arg(long)]
-        bpf_stats: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-        /// With --json, list every launch's kernel name in each snippet (to compare with a
-        /// profiler on the operator's own machine; nothing like it ever leaves the agent).
-        #[arg(long, requires = "json")]
-        all_names: bool,
-        /// With --json, also list every recorded launch in the order the agent read it
-        /// (`launch_log`): pid, thread, time (CLOCK_MONOTONIC ns), window, driver entry point,
-        /// name or identity as in the snippet, grid, block, dynamic shared memory and stream;
-        /// at most 1,000,000 (for the same comparison; never sent).
-        #[arg(long, requires = "json")]
-        launches: bool,
-    },
+    Capture(CaptureArgs),
     /// List the counters the agent samples, their units and binning.
     Catalogue {
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The options of `capture` (its help text is [`Command::Capture`]'s): what
+/// [`crate::capture_summary::capture`] runs with.
+#[derive(Args)]
+pub struct CaptureArgs {
+    /// How long to run.
+    #[arg(long)]
+    pub seconds: f64,
+    /// L: launches per process per window.
+    #[arg(long, default_value_t = DEFAULT_WINDOW_LAUNCHES)]
+    pub window_launches: usize,
+    /// A libcuda to probe besides those ldconfig and running processes show (repeatable).
+    #[arg(long)]
+    pub lib: Vec<PathBuf>,
+    /// Probe only the --lib paths (no ldconfig, no /proc/*/maps scan).
+    #[arg(long)]
+    pub only_lib: bool,
+    /// Also probe libraries root does not control (not root's, writable by group or
+    /// others, or in such a directory); by default they are counted and skipped.
+    #[arg(long)]
+    pub allow_untrusted_libs: bool,
+    /// Most distinct library files probed.
+    #[arg(long, default_value_t = DEFAULT_MAX_LIBRARIES)]
+    pub max_libraries: usize,
+    /// Window length; defaults to --seconds.
+    #[arg(long)]
+    pub window_seconds: Option<f64>,
+    /// Time between window starts; defaults to --seconds.
+    #[arg(long)]
+    pub period_seconds: Option<f64>,
+    /// Space windows by this overhead budget, in percent of the probed processes' CPU
+    /// time (0.02 = 0.02%), instead of a fixed schedule.
+    #[arg(long, conflicts_with_all = ["window_seconds", "period_seconds"])]
+    pub budget: Option<f64>,
+    /// With --budget: the longest a window stays open.
+    #[arg(long, default_value_t = 10.0, requires = "budget")]
+    pub max_window_seconds: f64,
+    /// With --budget: the shortest gap between windows.
+    #[arg(long, default_value_t = 60.0, requires = "budget")]
+    pub min_gap_seconds: f64,
+    /// With --budget: the longest gap between windows.
+    #[arg(long, default_value_t = 21_600.0, requires = "budget")]
+    pub max_gap_seconds: f64,
+    /// S: sample one launch in this many (per CPU).
+    #[arg(long, default_value_t = DEFAULT_SAMPLE_PERIOD.get())]
+    pub sample_period: u32,
+    /// Where sampled launches' counters come from. NVML/GPM by default; when it cannot be
+    /// opened the capture fails (exit code 3). test-standin-ring is test equipment.
+    #[arg(long, value_enum, default_value_t = SourceKind::Nvml)]
+    pub counters: SourceKind,
+    /// How long each counter group stays active, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub group_seconds: f64,
+    /// Skip the start-up probe-cost measurement (assume 10 us per launch).
+    #[arg(long)]
+    pub no_calibrate: bool,
+    /// Seed of the sampling offsets (reproducible runs).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Reader's sleep when the ring is empty, milliseconds.
+    #[arg(long, default_value_t = 1)]
+    pub poll_ms: u64,
+    /// Report each BPF program's runs and run time (turns on the kernel's BPF statistics
+    /// for the run).
+    #[arg(long)]
+    pub bpf_stats: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json, list every launch's kernel name in each snippet (to compare with a
+    /// profiler on the operator's own machine; nothing like it ever leaves the agent).
+    #[arg(long, requires = "json")]
+    pub all_names: bool,
+    /// With --json, also list every recorded launch in the order the agent read it
+    /// (`launch_log`): pid, thread, time (CLOCK_MONOTONIC ns), window, driver entry point,
+    /// name or identity as in the snippet, grid, block, dynamic shared memory and stream;
+    /// at most 1,000,000 (for the same comparison; never sent).
+    #[arg(long, requires = "json")]
+    pub launches: bool,
 }

@@ -2,15 +2,19 @@
 //!
 //! The daemon rewrites the file (atomically: temporary file, rename) twice a second and when
 //! it stops, so `status` works without talking to the daemon and shows the last state of a
-//! daemon that is gone.
+//! daemon that is gone. One type, [`AgentStatus`], is what the daemon writes, what `status`
+//! prints (as JSON, or as the text of its `Display`), and what the demo and tests read back.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
+use penrose_core::counters::{Catalogue, CounterId};
 use serde::{Deserialize, Serialize};
 
 use crate::pipeline::PipelineCounts;
 use crate::source::{SourceInfo, WindowStat};
 use crate::spool::{SpoolCounts, SpoolError, open_nofollow, write_synced};
+use crate::tokens::TokenCount;
 
 /// File name inside the state directory.
 pub const STATUS_FILE: &str = "status.json";
@@ -90,7 +94,7 @@ pub struct TokenStatus {
     /// Whether an issuer is configured (`[admission] address`).
     pub configured: bool,
     /// Tokens held per (epoch = day, scope = counter).
-    pub held: Vec<crate::tokens::TokenCount>,
+    pub held: Vec<TokenCount>,
     /// Fetches that got an answer (key set and issuance).
     pub fetches: u64,
     /// Fetches that failed (issuer unreachable, refused, malformed answers).
@@ -211,7 +215,7 @@ impl AgentStatus {
     }
 
     /// Reads the file.
-    pub fn read(state_dir: &Path) -> Result<Self, String> {
+    pub fn read(state_dir: &Path) -> Result<Self, StatusError> {
         let path = status_path(state_dir);
         let read = |path: &Path| -> std::io::Result<Vec<u8>> {
             let mut file = open_nofollow(std::fs::OpenOptions::new().read(true), path)?;
@@ -219,17 +223,319 @@ impl AgentStatus {
             std::io::Read::read_to_end(&mut file, &mut bytes)?;
             Ok(bytes)
         };
-        let bytes = read(&path).map_err(|e| {
-            format!(
-                "{}: {e} (has `penrose-agent run` started with this state directory?)",
-                path.display()
-            )
+        let bytes = read(&path).map_err(|error| StatusError::Read {
+            path: path.clone(),
+            error,
         })?;
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+        serde_json::from_slice(&bytes).map_err(|error| StatusError::Parse { path, error })
+    }
+}
+
+/// Why the status file could not be read. The cause is part of the message and not chained
+/// as a source, so that `penrose-agent status` says it once, in one line.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The file did not open or read (most often: no daemon has run with this state
+    /// directory yet).
+    #[error(
+        "{}: {error} (has `penrose-agent run` started with this state directory?)",
+        path.display()
+    )]
+    Read {
+        /// The status file.
+        path: PathBuf,
+        /// What the file system said.
+        error: std::io::Error,
+    },
+    /// The file is not a status (damaged, or written by an incompatible version).
+    #[error("{}: {error}", path.display())]
+    Parse {
+        /// The status file.
+        path: PathBuf,
+        /// What is wrong with it.
+        error: serde_json::Error,
+    },
+}
+
+/// The text form `penrose-agent status` prints: one line per part of the daemon (source,
+/// windows, pipeline, report cap, spool, uploads, and tokens when they matter).
+impl fmt::Display for AgentStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self;
+        writeln!(
+            f,
+            "agent pid {} ({}), source {} (counters: {})",
+            s.pid,
+            if s.running { "running" } else { "stopped" },
+            s.source.kind,
+            s.source.counters
+        )?;
+        match (&s.arch, &s.source.gpu_arch) {
+            (Some(arch), Some(read)) => writeln!(
+                f,
+                "GPU architecture: {read}; reports name its generation {arch} (the major version only)"
+            )?,
+            (Some(arch), None) => writeln!(f, "GPU architecture: reports name {arch}")?,
+            (None, _) => writeln!(
+                f,
+                "GPU architecture: none (no counter values, so no reports)"
+            )?,
+        }
+        if s.source.kind == "ebpf" {
+            writeln!(
+                f,
+                "libraries probed: {}; not probed: {} root does not control, {} over capture.max_libraries",
+                s.source.inputs.len(),
+                s.source.libraries_untrusted,
+                s.source.libraries_over_cap
+            )?;
+        }
+        writeln!(
+            f,
+            "windows: {} ({} launches), probe time {:.3} s, probe overhead {} (budget {}%)",
+            s.windows,
+            s.launches,
+            s.probe_s,
+            s.probe_overhead_percent
+                .map_or("unknown".into(), |p| format!("{p:.4}%")),
+            s.budget_percent
+        )?;
+        writeln!(
+            f,
+            "pipeline: {} snippets, {} samples, {} local applications, {} open histograms, {} sealed",
+            s.pipeline.snippets,
+            s.pipeline.samples,
+            s.pipeline.local_apps,
+            s.pipeline.open_histograms,
+            s.pipeline.sealed
+        )?;
+        writeln!(
+            f,
+            "report cap: {} histograms held until the next day, {} samples and {} histograms dropped over the cap",
+            s.pipeline.held_over_cap, s.pipeline.samples_over_cap, s.pipeline.histograms_over_cap
+        )?;
+        writeln!(
+            f,
+            "spool: {} reports, {} of {} bytes; {} dropped when full, {} write failures",
+            s.spool.reports,
+            s.spool.bytes,
+            s.spool.max_bytes,
+            s.spool.counts.dropped,
+            s.spool.counts.write_failures
+        )?;
+        writeln!(
+            f,
+            "uploads: {} accepted, {} duplicate, {} rejected, {} overloaded, {} held for a new class, {} failed; server {}, throttle {}/1000{}",
+            s.uploads.accepted,
+            s.uploads.duplicate,
+            s.uploads.rejected,
+            s.uploads.overloaded,
+            s.uploads.new_class_limit,
+            s.uploads.failed,
+            if s.uploads.server_reachable {
+                "reachable"
+            } else {
+                "not reached"
+            },
+            s.uploads.throttle_permille,
+            s.uploads
+                .last_error
+                .as_ref()
+                .map_or(String::new(), |e| format!("; last error: {e}"))
+        )?;
+        let t = &s.tokens;
+        if t.configured || t.token_required > 0 {
+            writeln!(
+                f,
+                "admission tokens: {}; {} fetches ({} failed), {} received, {} spent, {} discarded, \
+                 {} reports re-stamped to today, {} reports waiting for one, {} TokenRequired acks, \
+                 {} partition warnings{}",
+                if t.configured {
+                    "configured"
+                } else {
+                    "NOT configured, and the server requires them"
+                },
+                t.fetches,
+                t.fetch_failures,
+                t.issued,
+                t.spent,
+                t.discarded,
+                t.restamped,
+                t.waiting,
+                t.token_required,
+                t.partition_warnings,
+                t.last_fetch_error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!("; last fetch: {e}"))
+            )?;
+            write!(f, "{}", HeldTokens(&t.held))?;
+        }
+        if let Some(e) = &s.last_error {
+            writeln!(f, "last error: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Tokens held per (day, counter) as `status` and `inspect` show them, one line each: counts
+/// only, never a token (tokens are secrets).
+#[derive(Clone, Copy, Debug)]
+pub struct HeldTokens<'a>(pub &'a [TokenCount]);
+
+impl fmt::Display for HeldTokens<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let catalogue = Catalogue::current();
+        for c in self.0 {
+            let name = catalogue
+                .counter(CounterId(c.scope))
+                .map_or("?", |counter| counter.name);
+            writeln!(
+                f,
+                "  day {} counter {} ({name}): {} unspent, {} attached to a report in flight",
+                c.epoch, c.scope, c.unspent, c.in_flight
+            )?;
+        }
+        Ok(())
     }
 }
 
 /// Where the status file of `state_dir` is.
 pub fn status_path(state_dir: &Path) -> PathBuf {
     state_dir.join(STATUS_FILE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A status with every part the text form shows.
+    fn status() -> AgentStatus {
+        let mut s = AgentStatus {
+            pid: 4242,
+            running: true,
+            arch: Some("sm_80".into()),
+            budget_percent: 0.02,
+            windows: 12,
+            launches: 34_567,
+            probe_s: 0.123_456,
+            process_cpu_s: 99.0,
+            probe_overhead_percent: Some(0.012_345_6),
+            last_error: Some("disk full".into()),
+            ..AgentStatus::default()
+        };
+        s.source.kind = "ebpf".into();
+        s.source.counters = "nvml".into();
+        s.source.gpu_arch = Some("sm_86".into());
+        s.source.inputs = vec!["/usr/lib/libcuda.so.1".into()];
+        s.source.libraries_untrusted = 3;
+        s.source.libraries_over_cap = 1;
+        s.pipeline.snippets = 5;
+        s.pipeline.sealed = 2;
+        s.spool.reports = 2;
+        s.spool.bytes = 2000;
+        s.spool.max_bytes = 4096;
+        s.uploads.accepted = 1;
+        s.uploads.new_class_limit = 5;
+        s.uploads.throttle_permille = 500;
+        s.uploads.last_error = Some("timed out".into());
+        s.tokens.configured = true;
+        s.tokens.fetches = 3;
+        s.tokens.fetch_failures = 1;
+        s.tokens.held = vec![TokenCount {
+            epoch: 20_000,
+            scope: 2,
+            unspent: 5,
+            in_flight: 1,
+        }];
+        s.tokens.last_fetch_error = Some("refused".into());
+        s
+    }
+
+    /// What the daemon writes, `status` and the demo read back as the same value.
+    #[test]
+    fn the_status_file_round_trips_through_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = status();
+        s.add_windows(&[WindowStat {
+            index: 12,
+            launches: 10,
+            open_s: 1.0,
+            gap_s: 1.0,
+            probe_s: 0.001,
+            process_cpu_s: Some(0.5),
+        }]);
+        s.write(dir.path()).unwrap();
+        assert_eq!(AgentStatus::read(dir.path()).unwrap(), s);
+        let text = serde_json::to_string_pretty(&s).unwrap();
+        assert_eq!(serde_json::from_str::<AgentStatus>(&text).unwrap(), s);
+    }
+
+    #[test]
+    fn a_missing_or_damaged_status_file_is_one_line_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = status_path(dir.path());
+        let e = AgentStatus::read(dir.path()).unwrap_err();
+        assert!(matches!(e, StatusError::Read { .. }), "{e}");
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(&format!("{}: ", path.display())),
+            "{shown}"
+        );
+        assert!(
+            shown.ends_with(" (has `penrose-agent run` started with this state directory?)"),
+            "{shown}"
+        );
+        assert!(std::error::Error::source(&e).is_none(), "said once");
+        std::fs::write(&path, "{\"pid\": 1").unwrap();
+        let e = AgentStatus::read(dir.path()).unwrap_err();
+        assert!(matches!(e, StatusError::Parse { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!("{}: ", path.display())),
+            "{e}"
+        );
+    }
+
+    /// The text form, line by line as `penrose-agent status` has always printed it.
+    #[test]
+    fn the_text_form_shows_every_part() {
+        let counter = Catalogue::current()
+            .counter(CounterId(2))
+            .map_or("?", |c| c.name);
+        assert_eq!(
+            status().to_string(),
+            format!(
+                "agent pid 4242 (running), source ebpf (counters: nvml)\n\
+                 GPU architecture: sm_86; reports name its generation sm_80 (the major version only)\n\
+                 libraries probed: 1; not probed: 3 root does not control, 1 over capture.max_libraries\n\
+                 windows: 12 (34567 launches), probe time 0.123 s, probe overhead 0.0123% (budget 0.02%)\n\
+                 pipeline: 5 snippets, 0 samples, 0 local applications, 0 open histograms, 2 sealed\n\
+                 report cap: 0 histograms held until the next day, 0 samples and 0 histograms dropped over the cap\n\
+                 spool: 2 reports, 2000 of 4096 bytes; 0 dropped when full, 0 write failures\n\
+                 uploads: 1 accepted, 0 duplicate, 0 rejected, 0 overloaded, 5 held for a new class, 0 failed; server not reached, throttle 500/1000; last error: timed out\n\
+                 admission tokens: configured; 3 fetches (1 failed), 0 received, 0 spent, 0 discarded, 0 reports re-stamped to today, 0 reports waiting for one, 0 TokenRequired acks, 0 partition warnings; last fetch: refused\n  \
+                 day 20000 counter 2 ({counter}): 5 unspent, 1 attached to a report in flight\n\
+                 last error: disk full\n"
+            )
+        );
+    }
+
+    /// A replaying agent without counters and without tokens: no library line, no token
+    /// lines, and the architecture says why there are no reports.
+    #[test]
+    fn the_text_form_leaves_out_what_does_not_apply() {
+        let mut s = AgentStatus::default();
+        s.source.kind = "test-replay".into();
+        s.source.counters = "none".into();
+        let shown = s.to_string();
+        assert!(shown.contains("\nGPU architecture: none (no counter values, so no reports)\n"));
+        assert!(!shown.contains("libraries probed"), "{shown}");
+        assert!(!shown.contains("admission tokens"), "{shown}");
+        assert!(!shown.contains("last error"), "{shown}");
+        assert_eq!(shown.lines().count(), 7, "{shown}");
+        s.tokens.token_required = 1;
+        assert!(
+            s.to_string()
+                .contains("admission tokens: NOT configured, and the server requires them; ")
+        );
+    }
 }

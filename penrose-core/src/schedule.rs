@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 /// The measured cost of one probed launch (the agent's start-up calibration measures it).
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProbeCost {
     /// What a probe hit adds to a launch: trap plus BPF program, median of the rounds.
     pub per_launch: Duration,
@@ -84,7 +84,7 @@ impl Default for BudgetConfig {
 }
 
 /// What one closed window cost and what the probed processes did meanwhile.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WindowCost {
     /// How long the window was open.
     pub open_for: Duration,

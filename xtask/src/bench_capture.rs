@@ -26,6 +26,7 @@ use anyhow::{Context, Result, bail, ensure};
 use penrose_agent::capture::ProbeCost;
 use penrose_agent::capture::schedule::{BudgetConfig, Schedule, WindowCost};
 use penrose_agent::capture::window::DEFAULT_WINDOW_LAUNCHES;
+use penrose_agent::capture_summary::CaptureSummary;
 use penrose_core::sampling::DEFAULT_SAMPLE_PERIOD;
 
 use crate::bench::{machine, target_dir, workspace_root};
@@ -262,34 +263,16 @@ pub fn run(args: Args) -> Result<()> {
         loops(args.probed_launches),
     )?;
 
-    let doc = &loaded.json;
-    let captured = doc["counts"]["launches"].as_u64().unwrap_or(0);
-    let drops = doc["drops"].as_u64().unwrap_or(0);
-    let (runs, run_ns) = doc["bpf_stats"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| {
-            p["program"]
-                .as_str()
-                .is_some_and(|n| n.starts_with("cu_launch") || n.starts_with("cu_graph"))
-        })
-        .fold((0u64, 0u64), |(r, t), p| {
-            (
-                r + p["runs"].as_u64().unwrap_or(0),
-                t + p["run_time_ns"].as_u64().unwrap_or(0),
-            )
-        });
+    let summary = &loaded.summary;
+    let captured = summary.counts.launches;
+    let drops = summary.drops;
+    let (runs, run_ns) = summary
+        .bpf_stats
+        .iter()
+        .filter(|p| p.program.starts_with("cu_launch") || p.program.starts_with("cu_graph"))
+        .fold((0u64, 0u64), |(r, t), p| (r + p.runs, t + p.run_time_ns));
     let calibrated: ProbeCost = ProbeCost {
-        per_launch: Duration::from_nanos(
-            doc["probe_cost"]["per_launch"]["nanos"]
-                .as_u64()
-                .unwrap_or(0)
-                + doc["probe_cost"]["per_launch"]["secs"]
-                    .as_u64()
-                    .unwrap_or(0)
-                    * 1_000_000_000,
-        ),
+        per_launch: summary.probe_cost.per_launch,
         bpf_run: None,
         unprobed_call: Duration::ZERO,
         probed_call: Duration::ZERO,
@@ -389,7 +372,8 @@ fn median_ns(replay: &Path, lib: &Path, trace: &Path, loops: u64, rounds: usize)
 
 struct AgentRun<T> {
     ret: T,
-    json: serde_json::Value,
+    /// What the agent printed (`capture --json`), as its own type.
+    summary: CaptureSummary,
     cpu_s: f64,
     wall_s: f64,
     max_rss_kib: f64,
@@ -562,11 +546,11 @@ fn run_agent<T>(
     let _ = drain.join();
     let ret = ret?;
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    let json: serde_json::Value =
+    let summary: CaptureSummary =
         serde_json::from_str(&stdout).with_context(|| format!("the agent's JSON: {stdout}"))?;
     Ok(AgentRun {
         ret,
-        json,
+        summary,
         cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
         wall_s,
         max_rss_kib: usage.ru_maxrss as f64,

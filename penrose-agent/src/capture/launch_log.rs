@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use super::events::Launch;
 use super::window::{GRAPH, UNNAMED};
 
@@ -24,23 +26,48 @@ pub struct LoggedLaunch {
 }
 
 impl LoggedLaunch {
-    /// Its JSON form: pid, thread, `bpf_ktime_get_ns` (CLOCK_MONOTONIC), window, driver entry
-    /// point, name, grid, block, dynamic shared memory and stream.
-    pub fn to_json(&self) -> serde_json::Value {
+    /// Its line in `capture --json --launches` (`launch_log`).
+    pub fn line(&self) -> LaunchLine {
         let l = &self.launch;
-        serde_json::json!({
-            "pid": l.pid.0,
-            "tid": l.tid,
-            "ts_ns": l.timestamp_ns,
-            "window": self.window,
-            "entry": l.entry.symbol(),
-            "name": &*self.name,
-            "grid": l.grid,
-            "block": l.block,
-            "smem": l.shared_mem_bytes,
-            "stream": l.stream,
-        })
+        LaunchLine {
+            pid: l.pid.0,
+            tid: l.tid,
+            ts_ns: l.timestamp_ns,
+            window: self.window,
+            entry: l.entry.symbol().to_string(),
+            name: self.name.to_string(),
+            grid: l.grid,
+            block: l.block,
+            smem: l.shared_mem_bytes,
+            stream: l.stream,
+        }
     }
+}
+
+/// One launch as `capture --json --launches` prints it, and as a reader of that output (the
+/// GPU check's comparison with a profiler) takes it back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchLine {
+    /// The process.
+    pub pid: u32,
+    /// The thread.
+    pub tid: u32,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC), nanoseconds.
+    pub ts_ns: u64,
+    /// The window it was recorded in.
+    pub window: u64,
+    /// The driver entry point called (`cuLaunchKernel`, ...).
+    pub entry: String,
+    /// The name the snippet gives it (see [`LoggedLaunch::name`]).
+    pub name: String,
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory, bytes.
+    pub smem: u32,
+    /// `CUstream`.
+    pub stream: u64,
 }
 
 /// The launches of a capture in reading order, up to a limit.
@@ -131,9 +158,13 @@ mod tests {
         log.record(1, &launch(3, EntryPoint::LaunchKernel), None);
         log.record(1, &launch(4, EntryPoint::GraphLaunch), None);
         assert_eq!(log.beyond_limit(), 1);
-        let json: Vec<_> = log.launches().iter().map(LoggedLaunch::to_json).collect();
-        let names: Vec<&str> = json.iter().map(|j| j["name"].as_str().unwrap()).collect();
+        let lines: Vec<LaunchLine> = log.launches().iter().map(LoggedLaunch::line).collect();
+        let names: Vec<&str> = lines.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(names, [&*named, &*identity, UNNAMED]);
+        let json: Vec<serde_json::Value> = lines
+            .iter()
+            .map(|l| serde_json::to_value(l).unwrap())
+            .collect();
         assert_eq!(
             json[1],
             serde_json::json!({
@@ -143,6 +174,8 @@ mod tests {
             })
         );
         assert_eq!(json[2]["window"], 1);
+        let back: LaunchLine = serde_json::from_value(json[1].clone()).unwrap();
+        assert_eq!(back, lines[1]);
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl Default for CaptureConfig {
 }
 
 /// One window as it happened, for `status`, logs and the overhead figures.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WindowRecord {
     /// Its index.
     pub index: u64,
@@ -121,7 +121,7 @@ pub struct WindowRecord {
 }
 
 /// What the reader has seen so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counts {
     /// Records read from the ring.
     pub events: u64,
@@ -166,7 +166,7 @@ pub struct Counts {
 }
 
 /// Sampled launches without counter values, by [`MissingReason`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MissingCounts {
     /// The source cannot read the active group.
     pub group_not_supported: u64,

@@ -44,7 +44,7 @@ pub const MAX_TOKEN_HANDLES: usize = 4096;
 pub const MAX_TOKEN_CACHE: usize = 4096;
 
 /// Why a snippet ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SnippetEnd {
     /// It reached L launches.
@@ -53,6 +53,17 @@ pub enum SnippetEnd {
     Exit,
     /// The window closed first.
     WindowEnd,
+}
+
+impl SnippetEnd {
+    /// Its name, as in JSON (`limit`, `exit`, `window_end`), for text that names it too.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Limit => "limit",
+            Self::Exit => "exit",
+            Self::WindowEnd => "window_end",
+        }
+    }
 }
 
 /// The kernel names one process launched in one window.
@@ -715,5 +726,17 @@ mod tests {
         assert_eq!(rest.len(), 2);
         assert_eq!((rest[0].pid, rest[0].tokens.len()), (Pid(1), 1));
         assert_eq!(rest[1].tokens.len(), rest[1].names.len());
+    }
+
+    #[test]
+    fn a_snippet_end_is_named_as_in_json() {
+        for end in [SnippetEnd::Limit, SnippetEnd::Exit, SnippetEnd::WindowEnd] {
+            assert_eq!(
+                serde_json::to_value(end).unwrap(),
+                serde_json::Value::from(end.name())
+            );
+            let back: SnippetEnd = serde_json::from_value(end.name().into()).unwrap();
+            assert_eq!(back, end);
+        }
     }
 }

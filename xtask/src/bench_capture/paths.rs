@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use penrose_agent::capture_summary::CaptureSummary;
 use penrose_standin_ring::CounterRing;
 
 use super::{AgentLog, run_agent};
@@ -253,17 +254,16 @@ fn whole_process_run(
             .map_or(0, |f| f.len() as u64),
         register_calls: runtime["register_function"].as_u64().unwrap_or(0),
         get_kernel_calls: runtime["get_kernel"].as_u64().unwrap_or(0),
-        program_runs: program_runs(&run.json),
+        program_runs: program_runs(&run.summary),
     })
 }
 
 /// Each BPF program's runs in the agent's `--bpf-stats` (those that ran).
-fn program_runs(doc: &serde_json::Value) -> BTreeMap<String, u64> {
-    doc["bpf_stats"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| Some((p["program"].as_str()?.to_string(), p["runs"].as_u64()?)))
+fn program_runs(summary: &CaptureSummary) -> BTreeMap<String, u64> {
+    summary
+        .bpf_stats
+        .iter()
+        .map(|p| (p.program.clone(), p.runs))
         .collect()
 }
 
@@ -444,8 +444,7 @@ fn probed_run(
     let later_window = per_launch(&samples, openings[1].at + MARGIN, closes(&openings[1]))
         .context("the second window")?;
 
-    let doc = &run.json;
-    let program_runs = program_runs(doc);
+    let program_runs = program_runs(&run.summary);
     let runtime = &summary["runtime"];
     Ok(ProbedRun {
         path,
@@ -460,8 +459,8 @@ fn probed_run(
         register_calls: runtime["register_function"].as_u64().unwrap_or(0),
         get_kernel_calls: runtime["get_kernel"].as_u64().unwrap_or(0),
         program_runs,
-        unnamed_launches: doc["counts"]["unnamed_launches"].as_u64().unwrap_or(0),
-        drops: doc["drops"].as_u64().unwrap_or(0),
+        unnamed_launches: run.summary.counts.unnamed_launches,
+        drops: run.summary.drops,
     })
 }
 
