@@ -312,8 +312,16 @@ pub async fn run_with_source(
     }
     let tokens = shared.tokens.clone();
     lock(&status).route.route = config.transport.route;
+    let status_keys = keys.clone();
     let refresh = |status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, tokens, state_dir: &Path| {
-        refresh(status, spool, tokens, tor.as_deref(), state_dir)
+        refresh(
+            status,
+            spool,
+            tokens,
+            tor.as_deref(),
+            &status_keys,
+            state_dir,
+        )
     };
     refresh(&status, &spool, tokens.as_deref(), &state_dir);
 
@@ -459,12 +467,18 @@ fn refresh(
     spool: &Mutex<Spool>,
     tokens: Option<&Mutex<TokenStore>>,
     tor: Option<&penrose_tor::Tor>,
+    keys: &DesignKeys,
     state_dir: &Path,
 ) {
     let held = tokens.map(|store| lock(store).counts());
     let snapshot = {
         let spool = lock(spool);
         let mut s = lock(status);
+        s.design_key = crate::status::DesignKeyStatus {
+            key_id_today: keys.key_for(today()).map(|k| k.key_id().to_string()),
+            list_sequence: keys.sequence(),
+            follows_lists: keys.fetches_lists(),
+        };
         s.spool.reports = spool.entries().len() as u64;
         s.spool.bytes = spool.bytes();
         s.spool.max_bytes = spool.max_bytes();

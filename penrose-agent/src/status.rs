@@ -120,6 +120,17 @@ pub struct TokenStatus {
     pub last_fetch_error: Option<String>,
 }
 
+/// Which design key the agent seals under.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DesignKeyStatus {
+    /// Today's key id (`None`: the key list gives today no key).
+    pub key_id_today: Option<String>,
+    /// The held key list's sequence (`None`: the configured key alone).
+    pub list_sequence: Option<u64>,
+    /// Whether the agent fetches key lists (`design.key_list_signer` is set).
+    pub follows_lists: bool,
+}
+
 /// The status file's contents.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentStatus {
@@ -133,6 +144,10 @@ pub struct AgentStatus {
     /// the minor zeroed); `None` without counters (no reports).
     #[serde(default)]
     pub arch: Option<String>,
+    /// The design server's key today's reports are sealed under, and the key list it comes
+    /// from (`crate::design_keys`).
+    #[serde(default)]
+    pub design_key: DesignKeyStatus,
     /// The configured overhead budget, percent.
     pub budget_percent: f64,
     /// Windows closed.
@@ -280,6 +295,18 @@ impl fmt::Display for AgentStatus {
                 f,
                 "GPU architecture: none (no counter values, so no reports)"
             )?,
+        }
+        match (&s.design_key.key_id_today, s.design_key.list_sequence) {
+            (Some(id), Some(seq)) => writeln!(
+                f,
+                "design key today: {id} (signed key list {seq}, fetched from the aggregation server)"
+            )?,
+            (Some(id), None) if s.design_key.follows_lists => writeln!(
+                f,
+                "design key today: {id} (the configured key; no key list fetched yet)"
+            )?,
+            (Some(id), None) => writeln!(f, "design key today: {id} (the configured key)")?,
+            (None, _) => {}
         }
         if s.source.kind == "ebpf" {
             writeln!(

@@ -704,6 +704,17 @@ fn the_agent_follows_a_signed_key_list_and_refuses_a_forged_one() {
         || handler.key_lists_served.load(Ordering::SeqCst) >= 1 && handler.ids().len() >= 3,
         || format!("{} stored", handler.ids().len()),
     );
+    // SIGHUP is ignored (nothing to reload; it must not end the agent without its status).
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP ended the agent"
+    );
     assert!(terminate(&mut child).success());
     assert!(!held.exists(), "a forged list was kept");
     assert!(

@@ -303,6 +303,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     // Signals are handled from before the ready line on: a SIGHUP sent once the server says
     // it listens reloads the key ring rather than ending the process.
     let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
     // One line on stdout for whoever started the server (scripts, tests).
     let ready = Listening {
@@ -322,7 +323,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     let mut epochs = tokio::time::interval(EPOCH_TICK);
     let failed = loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break false,
+            _ = interrupt.recv() => break false,
             _ = term.recv() => break false,
             _ = hangup.recv() => {
                 let ingest = admin.ingest.clone();

@@ -358,3 +358,38 @@ async fn a_format_7_store_is_migrated_and_keeps_its_sums() {
     assert_eq!(after.len(), before.len());
     assert_eq!(after[0].reports, before[0].reports + 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_reads_the_list_file_again_and_a_bad_file_leaves_the_list_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let list_path = dir.path().join("keys.list");
+    let signer_path = dir.path().join("list-signing.pub");
+    std::fs::write(
+        &signer_path,
+        format!(
+            "# pinned\n{}\n",
+            penrose_core::hex::encode(signer().verifying_key().as_bytes())
+        ),
+    )
+    .unwrap();
+    std::fs::write(&list_path, list(1, Day(100)).sign(&signer())).unwrap();
+    let settings = KeySettings::from_files(&list_path, &signer_path).unwrap();
+    let (ingest, _store) = start(&dir.path().join("agg"), settings);
+    assert_eq!(ingest.design_keys().list().sequence(), 1);
+    std::fs::write(&list_path, list(2, Day(90)).sign(&signer())).unwrap();
+    ingest.reload_design_keys().unwrap();
+    assert_eq!(ingest.design_keys().list().sequence(), 2);
+    assert_eq!(
+        ingest.design_keys().current(Day(95)).map(|k| k.key_id()),
+        Some(NEW.public_key().key_id())
+    );
+    for bad in [
+        b"not a list".to_vec(),
+        list(3, Day(90)).sign(&SigningKey::from_bytes(&[1; 32])),
+        list(1, Day(100)).sign(&signer()),
+    ] {
+        std::fs::write(&list_path, bad).unwrap();
+        assert!(ingest.reload_design_keys().is_err());
+        assert_eq!(ingest.design_keys().list().sequence(), 2);
+    }
+}

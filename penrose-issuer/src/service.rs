@@ -242,6 +242,12 @@ pub struct Listening {
 
 /// Runs the issuer on the system clock until SIGINT or SIGTERM.
 pub async fn run(options: ServeOptions) -> Result<(), IssuerError> {
+    // Signals are handled from before the ready line on (docs/architecture.md, "Signals"):
+    // one sent as soon as the issuer says it listens stops it cleanly, and SIGHUP, which has
+    // nothing to reload here (keys derive from the seed by day), is logged, not fatal.
+    let mut term = signal(SignalKind::terminate()).map_err(IssuerError::io("SIGTERM"))?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(IssuerError::io("SIGINT"))?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(IssuerError::io("SIGHUP"))?;
     let running = start(options, Arc::new(SystemClock)).await?;
     let issuer = Arc::clone(running.issuer());
     let line = Listening {
@@ -260,10 +266,14 @@ pub async fn run(options: ServeOptions) -> Result<(), IssuerError> {
         serde_json::to_string(&line).unwrap_or_else(|_| "{}".into())
     );
     info!(listen = %running.local_addr(), "serving");
-    let mut term = signal(SignalKind::terminate()).map_err(IssuerError::io("SIGTERM"))?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    loop {
+        tokio::select! {
+            _ = interrupt.recv() => break,
+            _ = term.recv() => break,
+            _ = hangup.recv() => info!(
+                "SIGHUP: nothing to reload (the keys of each day derive from the seed); running on"
+            ),
+        }
     }
     info!("shutting down");
     running.shutdown().await;

@@ -322,6 +322,21 @@ async fn serve_issues_to_an_enrolled_host_and_answers_admin_commands_while_runni
     let redemption = tokens[0].redeem(b"body");
     key.verify(&redemption, b"body").unwrap();
 
+    // SIGHUP has nothing to reload: the issuer keeps serving. SIGTERM stops it cleanly.
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "SIGHUP ended the issuer"
+    );
+    assert_eq!(
+        ok(&["status", "--state", &s, "--json"])["serving"],
+        Value::Bool(true)
+    );
     let killed = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])
         .status()
