@@ -447,7 +447,7 @@ fn print_status(s: &StatusReply) -> Result<()> {
     for t in &s.store {
         println!(
             "store {:<6}          {} keys, {} bytes on disk, {} in memtables",
-            t.table, t.keys, t.sst_bytes, t.memtable_bytes
+            t.table, t.keys, t.disk_bytes, t.memtable_bytes
         );
     }
     Ok(())

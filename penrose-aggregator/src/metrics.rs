@@ -272,8 +272,8 @@ impl Metrics {
         for size in sizes {
             let _ = writeln!(
                 out,
-                "penrose_store_bytes{{table=\"{}\",kind=\"sst\"}} {}",
-                size.table, size.sst_bytes
+                "penrose_store_bytes{{table=\"{}\",kind=\"disk\"}} {}",
+                size.table, size.disk_bytes
             );
             let _ = writeln!(
                 out,
@@ -475,7 +475,7 @@ mod tests {
         let spent = TableSize {
             table: "spent",
             keys: 42,
-            sst_bytes: 0,
+            disk_bytes: 0,
             memtable_bytes: 0,
         };
         let text = m.render(&[spent]);

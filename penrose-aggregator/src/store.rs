@@ -21,7 +21,10 @@ pub enum Table {
     /// Report ids and ciphertext digests already counted, under the report's day: the
     /// deduplication record (keys in `crate::state::seen`).
     Seen,
-    /// Snippet hash -> class, first seen day, reports.
+    /// The snippet table (the paper's SST): snippet hash -> class, first seen day, reports.
+    /// Its column family is named `sst`; RocksDB's own sorted-string files are called "files
+    /// on disk" everywhere (`TableSize::disk_bytes`, metric kind `disk`) so the two never share
+    /// a name.
     Sst,
     /// Class -> representative snippet hashes, first seen day, reports.
     Est,
@@ -119,8 +122,9 @@ pub struct TableSize {
     pub table: &'static str,
     /// Estimated number of keys.
     pub keys: u64,
-    /// Bytes in SST files.
-    pub sst_bytes: u64,
+    /// Bytes of its files on disk (RocksDB's sorted-string files, not to be confused with
+    /// the snippet table, `Table::Sst`).
+    pub disk_bytes: u64,
     /// Bytes in memtables not yet flushed.
     pub memtable_bytes: u64,
 }
@@ -346,7 +350,7 @@ impl Store for RocksStore {
                 Some(TableSize {
                     table: table.name(),
                     keys: int("rocksdb.estimate-num-keys"),
-                    sst_bytes: int("rocksdb.total-sst-files-size"),
+                    disk_bytes: int("rocksdb.total-sst-files-size"),
                     memtable_bytes: int("rocksdb.cur-size-all-mem-tables"),
                 })
             })

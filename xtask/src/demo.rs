@@ -1,6 +1,9 @@
 //! `cargo xtask demo`: the whole system on this machine, as the separate processes it is.
 //!
-//! 1. The design server makes a key pair (`penrose-design keygen`).
+//! 1. The design server makes a key pair (`penrose-design keygen`), a list-signing key
+//!    (`key-list-signer`) and a signed key list naming its key (`key-list`); the aggregation
+//!    server is given the list, and every agent pins the list-signing key and fetches the list
+//!    from the aggregation server (key rollover, docs/operations.md).
 //! 2. The token issuer is set up in the run's temporary directory (`penrose-issuer init`),
 //!    enrols one credential per host (`enrol --count N --out-dir`), exports the key ring the
 //!    aggregation server verifies tokens with (`export-keys`) and starts on loopback
@@ -175,6 +178,9 @@ pub struct Outcome {
     pub replayers: usize,
     /// Agent processes (hosts).
     pub agents: usize,
+    /// Agents that hold the design server's signed key list, fetched from the aggregation
+    /// server and verified under the list-signing key they pin: all of them.
+    pub key_list_agents: usize,
     /// The application every popular-host agent runs.
     pub popular: String,
     /// Applications run by one host alone: never decrypted.
@@ -527,6 +533,8 @@ struct Servers<'a> {
     agg: &'a DataDir,
     /// The design server's public key.
     key: &'a Path,
+    /// The design server's list-signing key (public half), which agents pin.
+    list_signer: &'a Path,
     /// The token issuer's QUIC address.
     issuer: &'a str,
     /// Its certificate, pinned.
@@ -585,6 +593,8 @@ certificate = {cert:?}
 
 [design]
 public_key = {key:?}
+# The design server's signed key list, fetched from the aggregation server (key rollover).
+key_list_signer = {list_signer:?}
 
 [capture]
 source = {source:?}
@@ -634,6 +644,7 @@ retry_min_seconds = 1.0
         state = dir.display().to_string(),
         cert = servers.agg.tls_cert().display().to_string(),
         key = servers.key.display().to_string(),
+        list_signer = servers.list_signer.display().to_string(),
         traces = traces.display().to_string(),
     )
 }
@@ -729,6 +740,32 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         t.elapsed().as_secs_f64(),
     );
     say(&format!("design server: key {}", public.key_id()));
+    // Its signed key list (one key, for every day): the aggregation server applies it and
+    // hands it to the agents, which verify it under the list-signing key they pin.
+    output(
+        Command::new(bin("penrose-design"))
+            .arg("key-list-signer")
+            .arg("--out")
+            .arg(&keys),
+        "penrose-design key-list-signer",
+    )?;
+    let list_signer = keys.join("list-signing.pub");
+    let key_list = keys.join("keys.list");
+    output(
+        Command::new(bin("penrose-design"))
+            .arg("key-list")
+            .arg("--signing-key")
+            .arg(keys.join("list-signing.key"))
+            .arg("--key")
+            .arg(format!("{}@1970-01-01", public_key.display()))
+            .args(["--sequence", "1", "--out"])
+            .arg(&key_list),
+        "penrose-design key-list",
+    )?;
+    let server_key = ServerKey::List {
+        list: &key_list,
+        signer: &list_signer,
+    };
 
     // 2. The token issuer: its state, a credential per host, the aggregation server's key
     // ring; then it serves.
@@ -820,7 +857,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         &bin("penrose-aggregator"),
         &agg,
         "127.0.0.1:0",
-        &public_key,
+        server_key,
         &serve_args,
     )?;
     let server_index = children.push("penrose-aggregator", server);
@@ -924,6 +961,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         listen: &listen,
         agg: &agg,
         key: &public_key,
+        list_signer: &list_signer,
         issuer: &issuer_listen,
         issuer_cert: &issuer_cert,
         tor: tor.as_ref().map(|_| TorRoute {
@@ -1028,7 +1066,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
                 &bin("penrose-aggregator"),
                 &agg,
                 &listen,
-                &public_key,
+                server_key,
                 &admission,
             )?;
             children.0[server_index].1 = server;
@@ -1085,8 +1123,17 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let (mut tokens_fetched, mut partition_warnings) = (0, 0);
     let (mut tor_reports, mut tor_streams, mut tor_failures) = (0, 0, 0);
     let mut circuits = Vec::new();
+    let mut key_list_agents = 0;
     for host in &hosts {
         let status = read_status(&host.state).context("an agent's last status")?;
+        ensure!(
+            status.design_key.list_sequence == Some(1)
+                && status.design_key.key_id_today == Some(public.key_id().to_string()),
+            "an agent does not hold the design server's key list: {:?}; see {}",
+            status.design_key,
+            host.log.display()
+        );
+        key_list_agents += 1;
         tokens_fetched += status.tokens.issued;
         partition_warnings += status.tokens.partition_warnings;
         if tor.is_some() {
@@ -1402,6 +1449,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         workload,
         replayers: replayers.len(),
         agents: hosts.len(),
+        key_list_agents,
         popular: trace_name(&popular),
         alone: alone.iter().map(|t| trace_name(t)).collect(),
         windows: status.windows,
@@ -1593,11 +1641,11 @@ fn start_issuer(
 
 /// Starts `penrose-aggregator serve` with `admission` (`--open-admission`, or `--token-keys
 /// PATH`) and returns it with the address it listens on.
-pub(crate) fn start_server<S: AsRef<std::ffi::OsStr>>(
+pub(crate) fn start_server<'a, S: AsRef<std::ffi::OsStr>>(
     bin: &Path,
     agg: &DataDir,
     listen: &str,
-    key: &Path,
+    key: impl Into<ServerKey<'a>>,
     admission: &[S],
 ) -> Result<(Child, String)> {
     let (server, ready) = start_server_ready(bin, agg, listen, key, admission)?;
@@ -1608,21 +1656,51 @@ pub(crate) fn start_server<S: AsRef<std::ffi::OsStr>>(
     Ok((server, listen))
 }
 
-/// [`start_server`], with more flags after `--public-key` if need be (`args`), returning the
+/// The design server's key(s) an aggregation server is started with.
+#[derive(Clone, Copy)]
+pub(crate) enum ServerKey<'a> {
+    /// `--public-key KEY`: one key for every day.
+    Public(&'a Path),
+    /// `--key-list LIST --key-list-signer SIGNER`: the design server's signed key list.
+    List { list: &'a Path, signer: &'a Path },
+}
+
+impl<'a> From<&'a Path> for ServerKey<'a> {
+    fn from(key: &'a Path) -> Self {
+        ServerKey::Public(key)
+    }
+}
+
+impl<'a> From<&'a PathBuf> for ServerKey<'a> {
+    fn from(key: &'a PathBuf) -> Self {
+        ServerKey::Public(key)
+    }
+}
+
+/// [`start_server`], with more flags after the key's if need be (`args`), returning the
 /// JSON line the server printed once ready (`listening`, `stream_listening`, `metrics`, ...).
-fn start_server_ready<S: AsRef<std::ffi::OsStr>>(
+fn start_server_ready<'a, S: AsRef<std::ffi::OsStr>>(
     bin: &Path,
     agg: &DataDir,
     listen: &str,
-    key: &Path,
+    key: impl Into<ServerKey<'a>>,
     args: &[S],
 ) -> Result<(Child, serde_json::Value)> {
-    let mut server = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .arg("serve")
         .arg("-d")
         .arg(&agg.0)
-        .args(["--listen", listen, "--public-key"])
-        .arg(key)
+        .args(["--listen", listen]);
+    match key.into() {
+        ServerKey::Public(key) => command.arg("--public-key").arg(key),
+        ServerKey::List { list, signer } => command
+            .arg("--key-list")
+            .arg(list)
+            .arg("--key-list-signer")
+            .arg(signer),
+    };
+    let mut server = command
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -1819,6 +1897,11 @@ fn print_outcome(o: &Outcome, threshold: u64) {
             "NO"
         },
         a.partition_warnings,
+    );
+    println!(
+        "design key list: {} of {} agents fetched the design server's signed list from the \
+         aggregation server and verified it under the list-signing key they pin.",
+        o.key_list_agents, o.agents
     );
     println!(
         "reports of the hosts that ran an application alone: {} counted, {} decrypted.",

@@ -139,7 +139,7 @@ pub struct StoreTable {
     /// Estimated number of keys.
     pub keys: u64,
     /// Bytes in SST files.
-    pub sst_bytes: u64,
+    pub disk_bytes: u64,
     /// Bytes in memtables not yet flushed.
     pub memtable_bytes: u64,
 }
@@ -149,7 +149,7 @@ impl From<&TableSize> for StoreTable {
         Self {
             table: t.table.to_string(),
             keys: t.keys,
-            sst_bytes: t.sst_bytes,
+            disk_bytes: t.disk_bytes,
             memtable_bytes: t.memtable_bytes,
         }
     }
@@ -486,7 +486,7 @@ mod tests {
         let store = vec![StoreTable {
             table: "spent".into(),
             keys: 3,
-            sst_bytes: 4096,
+            disk_bytes: 4096,
             memtable_bytes: 512,
         }];
         let status = StatusReply {
@@ -585,7 +585,7 @@ mod tests {
                 "table_heap_bytes":65536,"throttle_permille":800,
                 "since_start":{"accepted":13,"batches":2,"duplicates":1,
                     "rejected":{"malformed":1,"stale":0}},
-                "store":[{"table":"spent","keys":3,"sst_bytes":4096,"memtable_bytes":512}]}"#,
+                "store":[{"table":"spent","keys":3,"disk_bytes":4096,"memtable_bytes":512}]}"#,
             ),
             (
                 Request::Status,
@@ -639,7 +639,7 @@ mod tests {
                     store,
                 }),
                 r#"{"compacted":true,
-                    "store":[{"table":"spent","keys":3,"sst_bytes":4096,"memtable_bytes":512}]}"#,
+                    "store":[{"table":"spent","keys":3,"disk_bytes":4096,"memtable_bytes":512}]}"#,
             ),
             (
                 Request::Backup {
