@@ -27,9 +27,6 @@
 //! mode 0600 and refused when group or others may read it; its public half is written next to
 //! it (hex) for the design server to pin.
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use std::collections::BTreeMap;
@@ -104,10 +101,6 @@ pub enum ExportError {
 
 /// Reads the signing key at `path`, creating it (0600) and `path.pub` if it does not exist.
 pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError> {
-    let io = |source| ExportError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     // The shared secret-file reader: no symbolic link, this user's file, mode 0600 or
     // stricter. A key file is the tag and 32 bytes; anything larger is not one.
     match penrose_secret_file::read(path, (KEY_TAG.len() + 32) as u64) {
@@ -127,17 +120,9 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError
             let mut seed = [0u8; 32];
             rand::rng().fill_bytes(&mut seed);
             let key = SigningKey::from_bytes(&seed);
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(path)
-                .map_err(io)?;
             let mut bytes = KEY_TAG.to_vec();
             bytes.extend_from_slice(&seed);
-            file.write_all(&bytes).map_err(io)?;
-            file.sync_all().map_err(io)?;
+            penrose_secret_file::create(path, &bytes).map_err(ExportError::Secret)?;
             let public = public_key_path(path);
             std::fs::write(
                 &public,

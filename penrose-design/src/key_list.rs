@@ -78,16 +78,9 @@ pub fn create_signing_key(dir: &Path) -> Result<(PathBuf, PathBuf), KeyListFileE
     let mut seed = [0u8; 32];
     rand::rng().fill_bytes(&mut seed);
     let key = SigningKey::from_bytes(&seed);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&secret)
-        .map_err(io(&secret))?;
     let mut bytes = SIGNING_KEY_TAG.to_vec();
     bytes.extend_from_slice(&seed);
-    file.write_all(&bytes).map_err(io(&secret))?;
-    file.sync_all().map_err(io(&secret))?;
+    penrose_secret_file::create(&secret, &bytes).map_err(KeyListFileError::Secret)?;
     let text = format!(
         "# Penrose design server: the key its key lists are signed with (pin it)\n{}\n",
         penrose_core::hex::encode(key.verifying_key().as_bytes())

@@ -286,19 +286,13 @@ pub fn build(
                 best_held = best_held.max(bound);
                 continue;
             }
-            let Some(key) = by_index.get(usize::from(entry.key)) else {
-                quarantined.push(Quarantined {
-                    class: class.0,
-                    arch: arch.to_string(),
-                    counter: counter.0,
-                    epoch: entry.epoch.0,
-                    generation: entry.generation.0,
-                    reports: entry.reports,
-                    reason: "under a key the archive does not list".into(),
-                });
-                continue;
+            // The archive lists every key its entries are under; an entry beyond the list is
+            // a bug, quarantined like a sum that does not decrypt.
+            let decrypted = match by_index.get(usize::from(entry.key)) {
+                Some(key) => decrypt_checked(key, entry),
+                None => Err("under a key the archive does not list".to_string()),
             };
-            match decrypt_checked(key, entry) {
+            match decrypted {
                 Ok(sum) => {
                     for (b, s) in bins.iter_mut().zip(sum) {
                         *b += s;

@@ -16,8 +16,9 @@
 //! - refuses a file larger than the caller's bound, before reading more than that bound.
 //!
 //! Every refusal is a [`SecretFileError`] that names the file and says why; each tier wraps
-//! it in its own error type and parses the bytes itself. Writing stays with each tier (each
-//! writes its own format, and all create with mode 0600 and `create_new` or a rename).
+//! it in its own error type and parses the bytes itself. Each tier writes its own format;
+//! a secret written once (a signing key) goes through [`create`], the others are created
+//! with mode 0600 and `create_new` or a rename.
 //!
 //! No `penrose-core` here: the core does no I/O, and the design server depends on nothing
 //! else that every tier shares (docs/architecture.md, "Crates").
@@ -150,6 +151,24 @@ pub fn open(path: &Path) -> Result<File, SecretFileError> {
         });
     }
     Ok(file)
+}
+
+/// Creates the secret file `path` holding `bytes`: mode 0600, never replacing anything there
+/// (`create_new`), without following a symbolic link, synced before it returns.
+pub fn create(path: &Path, bytes: &[u8]) -> Result<(), SecretFileError> {
+    let io = |source| SecretFileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io)?;
+    std::io::Write::write_all(&mut file, bytes).map_err(io)?;
+    file.sync_all().map_err(io)
 }
 
 /// Reads the whole secret file at `path`, at most `limit` bytes (a larger file is refused,
