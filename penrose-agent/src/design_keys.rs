@@ -79,6 +79,20 @@ struct Inner {
     list: KeyList,
     /// Whether `list` is a verified signed list (not the configured key alone).
     signed: bool,
+    /// The list's keys by first day, shared: a key's fixed-base encryption table (several
+    /// MiB, built on its first encryption) is built once per key, not once per clone.
+    keys: Vec<(Day, Arc<PublicKey>)>,
+}
+
+impl Inner {
+    fn new(list: KeyList, signed: bool) -> Self {
+        let keys = list
+            .keys()
+            .iter()
+            .map(|k| (k.from, Arc::new(k.key.clone())))
+            .collect();
+        Self { list, signed, keys }
+    }
 }
 
 /// The keys the pipeline encrypts with, shared with the fetcher that replaces them.
@@ -93,10 +107,7 @@ impl From<PublicKey> for DesignKeys {
     /// One key for every day, never replaced.
     fn from(key: PublicKey) -> Self {
         Self {
-            inner: Arc::new(RwLock::new(Inner {
-                list: KeyList::single(key),
-                signed: false,
-            })),
+            inner: Arc::new(RwLock::new(Inner::new(KeyList::single(key), false))),
             signer: None,
             file: None,
         }
@@ -165,7 +176,7 @@ impl DesignKeys {
         *self
             .inner
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Inner { list, signed: true };
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Inner::new(list, true);
     }
 
     /// Whether the agent fetches lists (a signer is configured).
@@ -173,9 +184,15 @@ impl DesignKeys {
         self.signer.is_some()
     }
 
-    /// The key that encrypts reports of `day` (`None`: the list starts later).
-    pub fn key_for(&self, day: Day) -> Option<PublicKey> {
-        self.read().list.key_for(day).cloned()
+    /// The key that encrypts reports of `day` (`None`: the list starts later), shared with
+    /// every other caller (its encryption table is built once).
+    pub fn key_for(&self, day: Day) -> Option<Arc<PublicKey>> {
+        self.read()
+            .keys
+            .iter()
+            .rev()
+            .find(|(from, _)| *from <= day)
+            .map(|(_, key)| Arc::clone(key))
     }
 
     /// The held list's sequence (`None`: the configured key alone).
@@ -296,7 +313,16 @@ mod tests {
         let (boot, new) = (key(), key());
         let keys =
             DesignKeys::open(boot.clone(), Some(signing.verifying_key()), dir.path()).unwrap();
-        assert_eq!(keys.key_for(Day(5)), Some(boot.clone()));
+        assert_eq!(
+            keys.key_for(Day(5)).map(|k| k.key_id()),
+            Some(boot.key_id())
+        );
+        // One shared key per list entry: its encryption table (several MiB) is built once, not
+        // once per sealed report.
+        assert!(Arc::ptr_eq(
+            &keys.key_for(Day(5)).unwrap(),
+            &keys.key_for(Day(6)).unwrap()
+        ));
         assert_eq!(keys.sequence(), None);
         let list = KeyList::new(
             3,
@@ -316,8 +342,14 @@ mod tests {
         let bytes = list.sign(&signing);
         assert_eq!(keys.offer(&bytes).unwrap(), Offered::Newer { sequence: 3 });
         assert_eq!(keys.offer(&bytes).unwrap(), Offered::Same);
-        assert_eq!(keys.key_for(Day(99)), Some(boot.clone()));
-        assert_eq!(keys.key_for(Day(100)), Some(new.clone()));
+        assert_eq!(
+            keys.key_for(Day(99)).map(|k| k.key_id()),
+            Some(boot.key_id())
+        );
+        assert_eq!(
+            keys.key_for(Day(100)).map(|k| k.key_id()),
+            Some(new.key_id())
+        );
         let mode = std::os::unix::fs::MetadataExt::mode(
             &std::fs::metadata(dir.path().join(KEY_LIST_FILE)).unwrap(),
         );
@@ -325,7 +357,10 @@ mod tests {
         // A restart keeps the list.
         let again =
             DesignKeys::open(boot.clone(), Some(signing.verifying_key()), dir.path()).unwrap();
-        assert_eq!(again.key_for(Day(100)), Some(new.clone()));
+        assert_eq!(
+            again.key_for(Day(100)).map(|k| k.key_id()),
+            Some(new.key_id())
+        );
         assert_eq!(again.sequence(), Some(3));
         // An older list, one signed by another key, and garbage change nothing.
         let older = KeyList::new(
@@ -359,7 +394,10 @@ mod tests {
             Err(AgentKeyError::List(KeyListError::BadSignature))
         ));
         assert!(again.offer(b"garbage").is_err());
-        assert_eq!(again.key_for(Day(100)), Some(new));
+        assert_eq!(
+            again.key_for(Day(100)).map(|k| k.key_id()),
+            Some(new.key_id())
+        );
         assert_eq!(again.sequence(), Some(3));
         // A small key in a signed list is refused too.
         let weak = Keypair::generate_with_size(KeySize::Bits1024, &mut rand::rng());
@@ -395,6 +433,9 @@ mod tests {
         )
         .unwrap();
         assert!(keys.offer(&list.sign(&signing)).is_err());
-        assert_eq!(keys.key_for(Day(1)), Some(boot));
+        assert_eq!(
+            keys.key_for(Day(1)).map(|k| k.key_id()),
+            Some(boot.key_id())
+        );
     }
 }
