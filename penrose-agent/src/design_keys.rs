@@ -121,15 +121,11 @@ pub fn read_signer(path: &Path) -> Result<VerifyingKey, AgentKeyError> {
         path: path.to_path_buf(),
         source,
     };
-    if std::fs::metadata(path).map_err(io)?.len() > 4096 {
+    if std::fs::metadata(path).map_err(io)?.len() > penrose_core::key_list::MAX_SIGNER_FILE {
         return Err(AgentKeyError::NotASigner(path.to_path_buf()));
     }
     let text = std::fs::read_to_string(path).map_err(io)?;
-    text.lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with('#'))
-        .and_then(penrose_core::hex::decode_array::<32>)
-        .and_then(|b| VerifyingKey::from_bytes(&b).ok())
+    penrose_core::key_list::parse_signer(&text)
         .ok_or_else(|| AgentKeyError::NotASigner(path.to_path_buf()))
 }
 

@@ -31,9 +31,6 @@
 //! for, ahead of time). [`TokenRing::load`] refuses a symbolic link and a file that group or
 //! others may read, like the design server's private key file.
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use penrose_core::counters::CounterId;
@@ -279,14 +276,6 @@ impl TokenRing {
 /// Why a key ring file was not loaded.
 #[derive(Debug, Error)]
 pub enum KeyRingFileError {
-    /// The file system refused.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
     /// The file is unsafe to use (a symbolic link, not a regular file, another user's, open to
     /// group or others; whoever holds its keys can mint tokens), larger than any ring, or
     /// unreadable: [`penrose_secret_file::read`] says which.
@@ -313,13 +302,6 @@ impl From<SecretFileError> for KeyRingFileError {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyRingFileError + '_ {
-    move |source| KeyRingFileError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// Reads a key ring file with the shared secret-file reader (`penrose_secret_file::read`):
 /// refused when it is a symbolic link, not a regular file, another user's, accessible to
 /// group or others, or larger than any ring.
@@ -334,18 +316,14 @@ pub fn read_key_ring(path: &Path) -> Result<KeyRing, KeyRingFileError> {
 /// Writes a key ring file readable by its owner alone (0600), never replacing one: for tests
 /// and test equipment (the issuer exports the real ones).
 pub fn write_key_ring(path: &Path, ring: &KeyRing) -> Result<(), KeyRingFileError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => KeyRingFileError::Exists(path.to_path_buf()),
-            _ => io(path)(e),
-        })?;
-    file.write_all(&ring.encode()).map_err(io(path))?;
-    file.sync_all().map_err(io(path))
+    penrose_secret_file::create(path, &ring.encode()).map_err(|e| match e {
+        penrose_secret_file::SecretFileError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::AlreadyExists =>
+        {
+            KeyRingFileError::Exists(path.to_path_buf())
+        }
+        e => KeyRingFileError::from(e),
+    })
 }
 
 /// Test equipment: a key ring of fresh issuer keys for every counter of the current catalogue

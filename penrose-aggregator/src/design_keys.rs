@@ -147,9 +147,6 @@ pub struct ListSource {
     pub signer: VerifyingKey,
 }
 
-/// Largest signing-key file read.
-const MAX_SIGNER_FILE: u64 = 4096;
-
 /// Reads the design server's list-signing public key: `penrose-design key-list-signer`
 /// writes it as one line of 64 hex digits (comment lines starting with `#` allowed).
 pub fn read_signer(path: &Path) -> Result<VerifyingKey, DesignKeyError> {
@@ -158,18 +155,12 @@ pub fn read_signer(path: &Path) -> Result<VerifyingKey, DesignKeyError> {
         source,
     };
     let len = std::fs::metadata(path).map_err(file)?.len();
-    if len > MAX_SIGNER_FILE {
+    if len > penrose_core::key_list::MAX_SIGNER_FILE {
         return Err(DesignKeyError::NotASigner(path.to_path_buf()));
     }
     let text = std::fs::read_to_string(path).map_err(file)?;
-    let line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with('#'))
-        .unwrap_or_default();
-    let bytes = penrose_core::hex::decode_array::<32>(line)
-        .ok_or_else(|| DesignKeyError::NotASigner(path.to_path_buf()))?;
-    VerifyingKey::from_bytes(&bytes).map_err(|_| DesignKeyError::NotASigner(path.to_path_buf()))
+    penrose_core::key_list::parse_signer(&text)
+        .ok_or_else(|| DesignKeyError::NotASigner(path.to_path_buf()))
 }
 
 impl KeySettings {

@@ -46,6 +46,27 @@ pub const DEFAULT_GRACE_DAYS: u8 = 2;
 /// Largest encoded list read (four 4096-bit public keys and the rest fit in a quarter of it).
 pub const MAX_LIST_BYTES: usize = 16 * 1024;
 const SIGNATURE_BYTES: usize = 64;
+/// Largest list-signing public key file read (one line of hex and a comment).
+pub const MAX_SIGNER_FILE: u64 = 4096;
+
+/// The list-signing public key as its file holds it: a comment line, then 64 hex digits.
+/// Written by the design server, pinned by the aggregation server and the agents.
+pub fn signer_text(signer: &VerifyingKey) -> String {
+    format!(
+        "# Penrose design server: the key its key lists are signed with (pin it)\n{}\n",
+        crate::hex::encode(signer.as_bytes())
+    )
+}
+
+/// Reads [`signer_text`]'s form back: the first line that is neither empty nor a `#`
+/// comment must be 64 hex digits naming an ed25519 key.
+pub fn parse_signer(text: &str) -> Option<VerifyingKey> {
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))?;
+    VerifyingKey::from_bytes(&crate::hex::decode_array::<32>(line)?).ok()
+}
 
 /// One key and the first day it encrypts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -366,6 +387,15 @@ mod tests {
         assert!(l.accepts(old, Day(99)).is_none());
         assert!(l.accepts(KeyId([0; 32]), Day(110)).is_none());
         assert_eq!(l.find(old), Some(&k[0]));
+    }
+
+    #[test]
+    fn a_signer_file_reads_back_and_anything_else_is_refused() {
+        let key = signer().verifying_key();
+        assert_eq!(parse_signer(&signer_text(&key)), Some(key));
+        for bad in ["", "# only a comment\n", "abcd\n", &"zz".repeat(32)] {
+            assert_eq!(parse_signer(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -81,10 +81,7 @@ pub fn create_signing_key(dir: &Path) -> Result<(PathBuf, PathBuf), KeyListFileE
     let mut bytes = SIGNING_KEY_TAG.to_vec();
     bytes.extend_from_slice(&seed);
     penrose_secret_file::create(&secret, &bytes).map_err(KeyListFileError::Secret)?;
-    let text = format!(
-        "# Penrose design server: the key its key lists are signed with (pin it)\n{}\n",
-        penrose_core::hex::encode(key.verifying_key().as_bytes())
-    );
+    let text = penrose_core::key_list::signer_text(&key.verifying_key());
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -171,12 +168,9 @@ mod tests {
         }
         let out = dir.path().join("keys.list");
         let list = write_list(&secret, &keys, 7, 2, &out).unwrap();
-        let text = std::fs::read_to_string(&public).unwrap();
-        let line = text.lines().find(|l| !l.starts_with('#')).unwrap();
-        let signer = ed25519_dalek::VerifyingKey::from_bytes(
-            &penrose_core::hex::decode_array::<32>(line).unwrap(),
-        )
-        .unwrap();
+        let signer =
+            penrose_core::key_list::parse_signer(&std::fs::read_to_string(&public).unwrap())
+                .unwrap();
         let read = KeyList::verify(&std::fs::read(&out).unwrap(), &signer).unwrap();
         assert_eq!(read, list);
         assert_eq!(read.sequence(), 7);
