@@ -14,6 +14,29 @@ pub struct CatalogueListing {
     pub version: u16,
     /// Every counter, in id order.
     pub counters: Vec<CounterListing>,
+    /// Every joint view (two counters of one group binned together), in id order.
+    pub joints: Vec<JointListing>,
+}
+
+/// One joint view of the listing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JointListing {
+    /// Its id, after the counters'; its reports carry it.
+    pub id: u16,
+    /// Its machine name.
+    pub name: String,
+    /// The counter along x, and its cells.
+    pub x: String,
+    /// Cells along x.
+    pub x_cells: usize,
+    /// The counter along y.
+    pub y: String,
+    /// Cells along y.
+    pub y_cells: usize,
+    /// The group both counters are read in.
+    pub group: u8,
+    /// What it shows.
+    pub description: String,
 }
 
 /// One counter of the listing.
@@ -55,11 +78,24 @@ impl CatalogueListing {
                     description: c.description.to_string(),
                 })
                 .collect(),
+            joints: catalogue
+                .joint_views()
+                .map(|j| JointListing {
+                    id: j.view.id.0,
+                    name: j.view.name.to_string(),
+                    x: j.x.counter.name.to_string(),
+                    x_cells: j.x.cells(),
+                    y: j.y.counter.name.to_string(),
+                    y_cells: j.y.cells(),
+                    group: j.group().0,
+                    description: j.view.description.to_string(),
+                })
+                .collect(),
         }
     }
 }
 
-/// The text form: a header line, then two lines per counter.
+/// The text form: a header line, then two lines per counter and per joint view.
 impl fmt::Display for CatalogueListing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "counter catalogue version {}", self.version)?;
@@ -68,6 +104,13 @@ impl fmt::Display for CatalogueListing {
                 f,
                 "{:>3}  {:<22} group {}  {:<4} {}\n     {}",
                 c.id, c.name, c.group, c.unit, c.binning, c.description
+            )?;
+        }
+        for j in &self.joints {
+            writeln!(
+                f,
+                "{:>3}  {:<22} group {}  joint {} ({} cells) x {} ({} cells)\n     {}",
+                j.id, j.name, j.group, j.x, j.x_cells, j.y, j.y_cells, j.description
             )?;
         }
         Ok(())
@@ -108,7 +151,15 @@ mod tests {
             lines.next(),
             Some(format!("     {}", first.description).as_str())
         );
-        assert_eq!(text.lines().count(), 1 + 2 * catalogue.counters.len());
+        assert_eq!(
+            text.lines().count(),
+            1 + 2 * (catalogue.counters.len() + catalogue.joints.len())
+        );
+        assert!(
+            text.contains("tensor_x_dram"),
+            "joint views are listed: {text}"
+        );
+        assert_eq!(listing.joints.len(), catalogue.joints.len());
         let json = serde_json::to_string_pretty(&listing).unwrap();
         let back: CatalogueListing = serde_json::from_str(&json).unwrap();
         assert_eq!(back, listing);

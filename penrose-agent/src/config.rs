@@ -348,6 +348,9 @@ pub struct SealSection {
     /// T: the most reports sealed per (counter, day) across all local applications, 1 to
     /// [`ReportsPerContributor::DEFAULT`] (servers count contributors with the default).
     pub max_reports_per_counter_per_day: u32,
+    /// TEST EQUIPMENT: also write each joint view's raw (x, y) values into the sealed record
+    /// (tests compare the decrypted grid with them). Warned about when on.
+    pub test_record_joint_values: bool,
 }
 
 /// `[spool]`.
@@ -500,6 +503,7 @@ impl Default for SealSection {
             samples: 10_000,
             max_age_seconds: 3600.0,
             max_reports_per_counter_per_day: ReportsPerContributor::DEFAULT.get(),
+            test_record_joint_values: false,
         }
     }
 }
@@ -622,6 +626,9 @@ max_age_seconds = 3600.0
 # day; once full, its counter's further samples are dropped and counted (`status`); at stop,
 # what is held beyond it is discarded.
 max_reports_per_counter_per_day = 24
+# Test equipment: also write the raw values behind each joint view's cells into the sealed
+# record (sealed.jsonl, never sent), for tests that check the decrypted grids against them.
+test_record_joint_values = false
 
 [spool]
 # Bytes of encrypted reports kept while the server is unreachable; the oldest are dropped
@@ -1122,6 +1129,7 @@ mod tests {
             );
             assert!(!c.source.is_test_equipment() && !c.counters.is_test_equipment());
             assert!(!c.allow_untrusted_libs);
+            assert!(!config.seal.test_record_joint_values);
             match config.source_plan().unwrap() {
                 SourcePlan::Ebpf { capture, .. } => {
                     assert_eq!(capture.counters, SourceKind::Nvml);

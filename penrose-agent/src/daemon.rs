@@ -203,6 +203,12 @@ pub async fn run_with_source(
     let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?
         .with_rejected_bounds(config.spool.rejected_bounds())?;
     let admission = admission_setup(&config, &state_dir, &spool, tor.as_ref())?;
+    if config.seal.test_record_joint_values {
+        crate::config::warn_test_equipment(
+            "seal.test_record_joint_values = true",
+            "the raw counter values behind every joint view are written into the sealed record",
+        );
+    }
     let mut pipeline = Pipeline::new(
         PipelineConfig {
             tau: config.classes.tau,
@@ -222,6 +228,7 @@ pub async fn run_with_source(
             .map_err(|e| {
                 DaemonError::Setup(format!("seal.max_reports_per_counter_per_day: {e}"))
             })?,
+            test_record_joint_values: config.seal.test_record_joint_values,
         },
         keys.clone(),
     )?;

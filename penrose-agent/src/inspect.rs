@@ -206,6 +206,7 @@ mod tests {
             samples: 8,
             bins,
             reason: SealReason::Size,
+            joint_values: Vec::new(),
         }
     }
 

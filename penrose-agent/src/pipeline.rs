@@ -29,7 +29,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use penrose_core::counters::{Catalogue, CounterId};
+use penrose_core::counters::{Bin, Catalogue, CounterId};
+
+use crate::counters::CounterValue;
 use penrose_core::fingerprint::{
     Fingerprint, FingerprintParams, Fingerprinter, ParamsError, SnippetHash,
 };
@@ -92,6 +94,10 @@ pub struct PipelineConfig {
     /// without counters). Reports name only its generation: [`Pipeline::new`] coarsens it
     /// ([`GpuArch::generation`]) and refuses one of no generation a report may name.
     pub arch: GpuArch,
+    /// TEST EQUIPMENT (`seal.test_record_joint_values`): keep each joint view's raw (x, y)
+    /// values and write them into the sealed record, so that an end-to-end test can compare
+    /// the decrypted grid with the values themselves. Off in a product configuration.
+    pub test_record_joint_values: bool,
 }
 
 impl Default for PipelineConfig {
@@ -103,6 +109,7 @@ impl Default for PipelineConfig {
             max_age: Duration::from_secs(3600),
             reports_per_counter_per_day: ReportsPerContributor::DEFAULT,
             arch: GpuArch::UNKNOWN,
+            test_record_joint_values: false,
         }
     }
 }
@@ -171,6 +178,9 @@ struct OpenHistogram {
     snippet: Fingerprint,
     /// Due, but held back by the report cap.
     held: bool,
+    /// A joint view's raw (x, y) values, kept only with
+    /// [`PipelineConfig::test_record_joint_values`] (test equipment).
+    joint_values: Vec<[f64; 2]>,
 }
 
 struct LocalApp {
@@ -337,43 +347,73 @@ impl Pipeline {
             if !sample.values.is_empty() {
                 self.counts.samples += 1;
             }
-            for value in &sample.values {
-                let Some(counter) = self.catalogue.counter(value.counter) else {
-                    self.counts.values_refused += 1;
-                    continue;
-                };
-                let Ok(bin) = counter.binning.bin(value.value) else {
-                    self.counts.values_refused += 1;
-                    continue;
-                };
+            for (id, bin, pair) in self.bins_of(&sample.values) {
                 let full = self.apps[index]
                     .histograms
-                    .get(&counter.id)
+                    .get(&id)
                     .is_some_and(|h| h.histogram.samples().0 >= limit);
                 // A full histogram is one the cap held back: seal it if a new day made room,
                 // else this value is dropped (and counted).
-                if full && !self.try_seal(index, counter.id, SealReason::Size, day, &mut out)? {
+                if full && !self.try_seal(index, id, SealReason::Size, day, &mut out)? {
                     self.counts.samples_over_cap += 1;
                     continue;
                 }
                 let open = self.apps[index]
                     .histograms
-                    .entry(counter.id)
+                    .entry(id)
                     .or_insert(OpenHistogram {
                         histogram: Histogram::new(),
                         opened: now,
                         snippet: fingerprint,
                         held: false,
+                        joint_values: Vec::new(),
                     });
                 open.histogram.record(bin)?;
                 open.snippet = fingerprint;
+                if let Some(pair) = pair.filter(|_| self.config.test_record_joint_values) {
+                    open.joint_values.push(pair);
+                }
                 self.counts.values += 1;
                 if open.histogram.samples().0 >= limit {
-                    self.try_seal(index, counter.id, SealReason::Size, day, &mut out)?;
+                    self.try_seal(index, id, SealReason::Size, day, &mut out)?;
                 }
             }
         }
         Ok(out)
+    }
+
+    /// The histogram bins one sampled launch's values go into: each counter's own bin, then
+    /// the cell of every joint view of the catalogue whose two counters were both read on
+    /// this launch (a joint view needs the pair from the same launch; the counters of one
+    /// group are). Values of counters outside the catalogue, and NaN, are refused and counted.
+    /// A joint view's bin comes with the pair of values it was binned from.
+    fn bins_of(&mut self, values: &[CounterValue]) -> Vec<(CounterId, Bin, Option<[f64; 2]>)> {
+        let mut bins = Vec::with_capacity(values.len() + self.catalogue.joints.len());
+        for value in values {
+            match self
+                .catalogue
+                .counter(value.counter)
+                .map(|c| c.binning.bin(value.value))
+            {
+                Some(Ok(bin)) => bins.push((value.counter, bin, None)),
+                _ => self.counts.values_refused += 1,
+            }
+        }
+        let read = |id: CounterId| {
+            values
+                .iter()
+                .find(|v| v.counter == id && !v.value.is_nan())
+                .map(|v| v.value)
+        };
+        for joint in self.catalogue.joint_views() {
+            let (Some(x), Some(y)) = (read(joint.view.x), read(joint.view.y)) else {
+                continue;
+            };
+            if let Ok(bin) = joint.bin(x, y) {
+                bins.push((joint.view.id, bin, Some([x, y])));
+            }
+        }
+        bins
     }
 
     /// Seals, oldest first and within the cap, every histogram that is due on `day`: at least
@@ -469,7 +509,10 @@ impl Pipeline {
         day: Day,
     ) -> Result<Option<Sealed>, PipelineError> {
         let OpenHistogram {
-            histogram, snippet, ..
+            histogram,
+            snippet,
+            joint_values,
+            ..
         } = open;
         let Some(key) = self.keys.key_for(day) else {
             self.counts.histograms_without_key += 1;
@@ -499,16 +542,14 @@ impl Pipeline {
             snippet: snippet.hash,
             local_app,
             counter: counter.0,
-            counter_name: self
-                .catalogue
-                .counter(counter)
-                .map_or_else(|| "?".into(), |c| c.name.to_string()),
+            counter_name: self.catalogue.name_of(counter).unwrap_or("?").to_string(),
             catalogue: self.catalogue.version.0,
             day: day.0,
             arch: self.config.arch.to_string(),
             samples: histogram.samples().0,
             bins: histogram.bins().to_vec(),
             reason,
+            joint_values,
         };
         self.counts.sealed += 1;
         *self.sealed_per_day.entry((day, counter)).or_insert(0) += 1;
@@ -646,6 +687,100 @@ mod tests {
         assert_eq!(first.report.snippet, last);
         assert_eq!(first.record.snippet, last);
         assert_ne!(first.report.snippet, rep);
+    }
+
+    /// A launch whose occupancy, duration and registers were read lands in the three
+    /// counters' histograms and in the cells of both joint views of group 2; a launch without
+    /// occupancy lands in no joint view of it; the grids decrypt to what the values give,
+    /// and with the test setting the raw pairs are in the record.
+    #[test]
+    fn a_launch_read_with_both_counters_of_a_joint_view_lands_in_its_grid() {
+        let catalogue = Catalogue::current();
+        let id = |name: &str| catalogue.counter_by_name(name).unwrap().id;
+        let mut snippet = snippet(1, 2000, 100, 5e3);
+        let values = [
+            (40_000.0, 80.0, 96.0),
+            (300.0, 12.0, 255.0),
+            (2e6, 50.0, 32.0),
+        ];
+        for (i, sample) in snippet.samples.iter_mut().enumerate() {
+            let (duration, occupancy, registers) = values[i % values.len()];
+            sample.values = vec![
+                CounterValue {
+                    counter: id("kernel_duration"),
+                    value: duration,
+                },
+                CounterValue {
+                    counter: id("registers_per_thread"),
+                    value: registers,
+                },
+            ];
+            // Every fifth launch has no occupancy: it belongs to no joint view.
+            if i % 5 != 4 {
+                sample.values.push(CounterValue {
+                    counter: id("achieved_occupancy"),
+                    value: occupancy,
+                });
+            }
+        }
+        let mut p = Pipeline::new(
+            PipelineConfig {
+                test_record_joint_values: true,
+                ..PipelineConfig::default()
+            },
+            keys().public_key().clone(),
+        )
+        .unwrap();
+        p.ingest(&snippet, Instant::now(), DAY).unwrap();
+        let sealed = p.flush(DAY).unwrap();
+        let joint = catalogue.joint_by_name("duration_x_occupancy").unwrap();
+        let grid = sealed
+            .iter()
+            .find(|s| s.report.counter == joint.view.id)
+            .expect("the joint view was sealed");
+        assert_eq!(grid.record.counter_name, "duration_x_occupancy");
+        assert_eq!(grid.record.samples, 16, "20 samples, 4 without occupancy");
+        let mut expected = [0u64; penrose_core::counters::BIN_COUNT];
+        for (i, _) in snippet
+            .samples
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 5 != 4)
+        {
+            let (duration, occupancy, _) = values[i % values.len()];
+            expected[joint.bin(duration, occupancy).unwrap().index()] += 1;
+        }
+        let packed = keys()
+            .public_key()
+            .validate_packed(grid.report.ciphertexts.as_bytes())
+            .unwrap();
+        assert_eq!(keys().decrypt_packed(&packed).unwrap(), expected);
+        assert_eq!(grid.record.joint_values.len(), 16);
+        assert_eq!(grid.record.joint_values[0], [40_000.0, 80.0]);
+        // (40 us, 80%) is cell (5, 6); (300 ns, 12%) cell (0, 0); (2 ms, 50%) cell (8, 4).
+        assert_eq!(joint.cell_of(joint.bin(40_000.0, 80.0).unwrap()), (5, 6));
+        assert_eq!(joint.cell_of(joint.bin(300.0, 12.0).unwrap()), (0, 0));
+        assert_eq!(joint.cell_of(joint.bin(2e6, 50.0).unwrap()), (8, 4));
+        let registers = catalogue.joint_by_name("registers_x_occupancy").unwrap();
+        assert!(sealed.iter().any(|s| s.report.counter == registers.view.id));
+        let tensor = catalogue.joint_by_name("tensor_x_dram").unwrap();
+        assert!(!sealed.iter().any(|s| s.report.counter == tensor.view.id));
+        // Single counters keep no raw values.
+        assert!(
+            sealed
+                .iter()
+                .filter(|s| catalogue.counter(s.report.counter).is_some())
+                .all(|s| s.record.joint_values.is_empty())
+        );
+        // Without the test setting no raw value is kept.
+        let mut p = pipeline(10_000, Duration::from_secs(3600));
+        p.ingest(&snippet, Instant::now(), DAY).unwrap();
+        assert!(
+            p.flush(DAY)
+                .unwrap()
+                .iter()
+                .all(|s| s.record.joint_values.is_empty())
+        );
     }
 
     #[test]

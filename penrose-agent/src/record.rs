@@ -70,7 +70,7 @@ pub enum SealReason {
 }
 
 /// One sealed histogram, as encrypted.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SealedRecord {
     /// The report id (in the file: its text form, 32 hex digits).
     pub report_id: ReportId,
@@ -97,6 +97,11 @@ pub struct SealedRecord {
     pub bins: Vec<u32>,
     /// Why it was sealed.
     pub reason: SealReason,
+    /// TEST EQUIPMENT (`seal.test_record_joint_values`): a joint view's raw (x, y) values,
+    /// one pair per sample, so that a test can check the decrypted grid against the values
+    /// themselves rather than against the agent's own binning. Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joint_values: Vec<[f64; 2]>,
 }
 
 /// How much of the sealed record is kept (`spool.record_max_bytes`,
@@ -363,6 +368,7 @@ mod tests {
             samples: 1,
             bins: vec![0; 128],
             reason: SealReason::Age,
+            joint_values: Vec::new(),
         }
     }
 

@@ -51,6 +51,7 @@ fn record(i: u32, day: u32) -> SealedRecord {
         samples: 128,
         bins: vec![1; 128],
         reason: SealReason::Size,
+        joint_values: Vec::new(),
     }
 }
 

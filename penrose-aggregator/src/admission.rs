@@ -326,17 +326,18 @@ pub fn write_key_ring(path: &Path, ring: &KeyRing) -> Result<(), KeyRingFileErro
     })
 }
 
-/// Test equipment: a key ring of fresh issuer keys for every counter of the current catalogue
+/// Test equipment: a key ring of fresh issuer keys for every counter and joint view of the
+/// current catalogue
 /// and every day from `first` to `last`, as an issuer would export it (tests, benchmarks,
 /// `examples/token_keys.rs`). A real server verifies with the issuer's export instead.
 pub fn test_equipment_key_ring(first: Day, last: Day) -> Result<KeyRing, TokenError> {
     let mut rng = rand::rng();
     let mut keys = Vec::new();
     for epoch in first.0..=last.0 {
-        for counter in penrose_core::counters::Catalogue::current().counters {
+        for counter in penrose_core::counters::Catalogue::current().report_ids() {
             keys.push(IssuerKey::generate(
                 TokenEpoch(epoch),
-                TokenScope(counter.id.0),
+                TokenScope(counter.0),
                 &mut rng,
             ));
         }

@@ -475,7 +475,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
     let pool = encrypt_pool(&key, args.pool, total, args.seed)?;
     let ciphertexts = pool.all_ciphertexts(&key, total)?;
     drop(pool);
-    let counters: Vec<CounterId> = Catalogue::current().counters.iter().map(|c| c.id).collect();
+    let counters: Vec<CounterId> = Catalogue::current().report_ids().collect();
     ensure!(!counters.is_empty(), "the catalogue has no counters");
     // Every report's counter, chosen up front so that tokens can be minted for it.
     let plan: Vec<CounterId> = {

@@ -184,7 +184,7 @@ pub fn validate_report(
 ) -> Result<ValidReport, Rejection> {
     let catalogue = Catalogue::by_version(report.catalogue)
         .ok_or(Rejection::UnknownCatalogue(report.catalogue.0))?;
-    if catalogue.counter(report.counter).is_none() {
+    if catalogue.view(report.counter).is_none() {
         return Err(Rejection::UnknownCounter {
             counter: report.counter.0,
             catalogue: report.catalogue.0,
@@ -317,6 +317,16 @@ mod tests {
         let mut r = report.clone();
         r.counter = CounterId(60_000);
         assert_eq!(reason(r, &keys), RejectReason::UnknownCounter);
+
+        // A joint view's id is a report's counter in the catalogue that defines it (version
+        // 2), and unknown in one that does not (version 1).
+        let mut r = report.clone();
+        r.counter = CounterId(9);
+        assert_eq!(reason(r.clone(), &keys), RejectReason::UnknownCounter);
+        r.catalogue = CatalogueVersion(2);
+        let frame = Message::Report(r).to_frame().unwrap();
+        let single = DesignKeys::single(keys.public_key().clone());
+        assert!(validate_frame(&frame, &single, TODAY, &Admission::Open).is_ok());
 
         // Only shipping generations, minor version zeroed: not unknown, not a model (8.6), not
         // a generation this build does not know (a prototype would single out its owners).

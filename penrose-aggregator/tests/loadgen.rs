@@ -74,7 +74,7 @@ async fn loadgen_with_tokens_is_counted_by_a_server_admitting_by_tokens() {
     let key = dir.path().join("public.key");
     std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
     let t = today();
-    let counters: Vec<_> = Catalogue::current().counters.iter().map(|c| c.id).collect();
+    let counters: Vec<_> = Catalogue::current().report_ids().collect();
     let ring = token_ring(&[t, Day(t.0 + 1)], &counters, 81);
     let ring_path = dir.path().join("token-keys");
     write_ring(&ring_path, &ring);

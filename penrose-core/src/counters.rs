@@ -5,6 +5,16 @@
 //! that produced them: an aggregator must never add a histogram binned one way to a histogram
 //! binned another way, so every report names its [`CatalogueVersion`] and the aggregator refuses
 //! versions it does not know.
+//!
+//! Besides one histogram per counter, a catalogue may define **joint views** ([`JointView`]):
+//! two counters of one group, read on the same sampled launch, binned together into a grid of
+//! [`JOINT_X_CELLS`] x [`JOINT_Y_CELLS`] cells that fills the [`BIN_COUNT`] bins of one
+//! report. A joint view answers what two separate histograms cannot: how often both were high
+//! at once (tensor cores busy while DRAM bandwidth was low, say). Each axis is the counter's
+//! own binning taken [`BIN_COUNT`] / cells fine bins at a time, so a cell's edges are edges of
+//! the counter's own histogram. A joint view has its own [`CounterId`] (after the counters'),
+//! so everything that handles a report (caps, tokens, sums, release) treats it as one more
+//! counter; [`Catalogue::view`] says which of the two an id names.
 
 use thiserror::Error;
 
@@ -184,6 +194,8 @@ pub struct Catalogue {
     pub version: CatalogueVersion,
     /// Counters in id order.
     pub counters: &'static [Counter],
+    /// Joint views in id order, their ids after every counter's.
+    pub joints: &'static [JointView],
 }
 
 const PERCENT: Binning = Binning::Linear {
@@ -196,101 +208,148 @@ const PERCENT: Binning = Binning::Linear {
 /// driver can derive from real traces.
 pub const CATALOGUE_V1: Catalogue = Catalogue {
     version: CatalogueVersion(1),
-    counters: &[
-        Counter {
-            id: CounterId(0),
-            name: "sm_active",
-            description: "share of cycles with at least one warp resident on an SM",
-            unit: Unit::Percent,
-            binning: PERCENT,
-            group: CounterGroup(0),
+    counters: &V1_COUNTERS,
+    joints: &[],
+};
+
+/// Catalogue 2: the counters of version 1, with the same ids, names and binning, DRAM
+/// bandwidth read in group 0 with SM and tensor activity (GPM computes every metric from the
+/// same pair of device samples, so the three can be read on one launch), and three joint
+/// views. Its reports are kept apart from version 1's like any other version's.
+pub const CATALOGUE_V2: Catalogue = Catalogue {
+    version: CatalogueVersion(2),
+    counters: &V2_COUNTERS,
+    joints: &[
+        JointView {
+            id: CounterId(9),
+            name: "tensor_x_dram",
+            description: "tensor core activity against DRAM bandwidth used, on the same launch: \
+                          how much of the time the tensor cores are busy while memory is idle, \
+                          or memory is the bottleneck while the tensor cores wait",
+            x: CounterId(1),
+            y: CounterId(2),
         },
-        Counter {
-            id: CounterId(1),
-            name: "tensor_active",
-            description: "share of cycles the tensor cores were busy",
-            unit: Unit::Percent,
-            binning: PERCENT,
-            group: CounterGroup(0),
+        JointView {
+            id: CounterId(10),
+            name: "duration_x_occupancy",
+            description: "kernel duration against achieved occupancy, on the same launch: \
+                          whether the time goes to long kernels that fill the SMs or to short \
+                          ones that leave them idle",
+            x: CounterId(5),
+            y: CounterId(4),
         },
-        Counter {
-            id: CounterId(2),
-            name: "dram_bandwidth",
-            description: "DRAM bandwidth used, as a share of the peak",
-            unit: Unit::Percent,
-            binning: PERCENT,
-            group: CounterGroup(1),
-        },
-        Counter {
-            id: CounterId(3),
-            name: "l2_hit_rate",
-            description: "share of L2 requests that hit",
-            unit: Unit::Percent,
-            binning: PERCENT,
-            group: CounterGroup(1),
-        },
-        Counter {
-            id: CounterId(4),
-            name: "achieved_occupancy",
-            description: "achieved warps per SM as a share of the maximum",
-            unit: Unit::Percent,
-            binning: PERCENT,
-            group: CounterGroup(2),
-        },
-        Counter {
-            id: CounterId(5),
-            name: "kernel_duration",
-            description: "kernel execution time, 100 ns to 10 s",
-            unit: Unit::Nanoseconds,
-            binning: Binning::Log {
-                min: 100.0,
-                max: 1e10,
-            },
-            group: CounterGroup(2),
-        },
-        Counter {
-            id: CounterId(6),
-            name: "blocks_per_sm",
-            description: "thread blocks per SM in the launch, 1/64 to 4096",
-            unit: Unit::Count,
-            binning: Binning::Log {
-                min: 1.0 / 64.0,
-                max: 4096.0,
-            },
-            group: CounterGroup(2),
-        },
-        Counter {
-            id: CounterId(7),
-            name: "registers_per_thread",
-            description: "registers allocated per thread, 0 to 256",
-            unit: Unit::Count,
-            binning: Binning::Linear {
-                min: 0.0,
-                max: 256.0,
-            },
-            group: CounterGroup(2),
-        },
-        Counter {
-            id: CounterId(8),
-            name: "shared_memory",
-            description: "shared memory per block, 1 B to 1 MiB",
-            unit: Unit::Bytes,
-            binning: Binning::Log {
-                min: 1.0,
-                max: 1_048_576.0,
-            },
-            group: CounterGroup(2),
+        JointView {
+            id: CounterId(11),
+            name: "registers_x_occupancy",
+            description: "registers per thread against achieved occupancy, on the same \
+                          launch: how often register pressure goes with low occupancy",
+            x: CounterId(7),
+            y: CounterId(4),
         },
     ],
 };
 
+/// Version 2's counters: version 1's, DRAM bandwidth moved to group 0.
+const V2_COUNTERS: [Counter; 9] = {
+    let mut counters = V1_COUNTERS;
+    counters[2].group = CounterGroup(0);
+    counters
+};
+
+const V1_COUNTERS: [Counter; 9] = [
+    Counter {
+        id: CounterId(0),
+        name: "sm_active",
+        description: "share of cycles with at least one warp resident on an SM",
+        unit: Unit::Percent,
+        binning: PERCENT,
+        group: CounterGroup(0),
+    },
+    Counter {
+        id: CounterId(1),
+        name: "tensor_active",
+        description: "share of cycles the tensor cores were busy",
+        unit: Unit::Percent,
+        binning: PERCENT,
+        group: CounterGroup(0),
+    },
+    Counter {
+        id: CounterId(2),
+        name: "dram_bandwidth",
+        description: "DRAM bandwidth used, as a share of the peak",
+        unit: Unit::Percent,
+        binning: PERCENT,
+        group: CounterGroup(1),
+    },
+    Counter {
+        id: CounterId(3),
+        name: "l2_hit_rate",
+        description: "share of L2 requests that hit",
+        unit: Unit::Percent,
+        binning: PERCENT,
+        group: CounterGroup(1),
+    },
+    Counter {
+        id: CounterId(4),
+        name: "achieved_occupancy",
+        description: "achieved warps per SM as a share of the maximum",
+        unit: Unit::Percent,
+        binning: PERCENT,
+        group: CounterGroup(2),
+    },
+    Counter {
+        id: CounterId(5),
+        name: "kernel_duration",
+        description: "kernel execution time, 100 ns to 10 s",
+        unit: Unit::Nanoseconds,
+        binning: Binning::Log {
+            min: 100.0,
+            max: 1e10,
+        },
+        group: CounterGroup(2),
+    },
+    Counter {
+        id: CounterId(6),
+        name: "blocks_per_sm",
+        description: "thread blocks per SM in the launch, 1/64 to 4096",
+        unit: Unit::Count,
+        binning: Binning::Log {
+            min: 1.0 / 64.0,
+            max: 4096.0,
+        },
+        group: CounterGroup(2),
+    },
+    Counter {
+        id: CounterId(7),
+        name: "registers_per_thread",
+        description: "registers allocated per thread, 0 to 256",
+        unit: Unit::Count,
+        binning: Binning::Linear {
+            min: 0.0,
+            max: 256.0,
+        },
+        group: CounterGroup(2),
+    },
+    Counter {
+        id: CounterId(8),
+        name: "shared_memory",
+        description: "shared memory per block, 1 B to 1 MiB",
+        unit: Unit::Bytes,
+        binning: Binning::Log {
+            min: 1.0,
+            max: 1_048_576.0,
+        },
+        group: CounterGroup(2),
+    },
+];
+
 /// Every catalogue this build understands, oldest first.
-pub const CATALOGUES: &[Catalogue] = &[CATALOGUE_V1];
+pub const CATALOGUES: &[Catalogue] = &[CATALOGUE_V1, CATALOGUE_V2];
 
 impl Catalogue {
     /// The catalogue new reports are binned against.
     pub const fn current() -> &'static Catalogue {
-        &CATALOGUE_V1
+        &CATALOGUE_V2
     }
 
     /// The catalogue with this version, if this build knows it.
@@ -320,6 +379,194 @@ impl Catalogue {
         groups.dedup();
         groups
     }
+
+    /// The joint view with this id, its axes resolved (`None` for a counter's id, an unknown
+    /// id, or a view whose axes the catalogue does not hold, which its tests rule out).
+    pub fn joint(&self, id: CounterId) -> Option<Joint> {
+        self.joints
+            .iter()
+            .find(|j| j.id == id)
+            .and_then(|j| self.resolve(j))
+    }
+
+    /// The joint view with this name.
+    pub fn joint_by_name(&self, name: &str) -> Option<Joint> {
+        self.joints
+            .iter()
+            .find(|j| j.name == name)
+            .and_then(|j| self.resolve(j))
+    }
+
+    /// Every joint view, resolved.
+    pub fn joint_views(&self) -> impl Iterator<Item = Joint> + '_ {
+        self.joints.iter().filter_map(|j| self.resolve(j))
+    }
+
+    fn resolve(&self, view: &'static JointView) -> Option<Joint> {
+        Some(Joint {
+            view,
+            x: Axis::new(self.counter(view.x)?, JOINT_X_CELLS),
+            y: Axis::new(self.counter(view.y)?, JOINT_Y_CELLS),
+        })
+    }
+
+    /// What an id a report carries names: a counter's histogram or a joint view's grid.
+    pub fn view(&self, id: CounterId) -> Option<View> {
+        match self.counter(id) {
+            Some(counter) => Some(View::Counter(counter)),
+            None => self.joint(id).map(View::Joint),
+        }
+    }
+
+    /// Every id a report of this catalogue may carry: the counters', then the joint views'.
+    /// Caps, token scopes and load generators range over these.
+    pub fn report_ids(&self) -> impl Iterator<Item = CounterId> + '_ {
+        self.counters
+            .iter()
+            .map(|c| c.id)
+            .chain(self.joints.iter().map(|j| j.id))
+    }
+
+    /// The name of what `id` names (`None` if nothing).
+    pub fn name_of(&self, id: CounterId) -> Option<&'static str> {
+        match self.view(id)? {
+            View::Counter(c) => Some(c.name),
+            View::Joint(j) => Some(j.view.name),
+        }
+    }
+}
+
+/// Cells of a joint view along its first counter (x).
+pub const JOINT_X_CELLS: usize = 16;
+/// Cells of a joint view along its second counter (y).
+pub const JOINT_Y_CELLS: usize = 8;
+
+const _: () = assert!(JOINT_X_CELLS * JOINT_Y_CELLS == BIN_COUNT);
+const _: () = assert!(BIN_COUNT.is_multiple_of(JOINT_X_CELLS));
+const _: () = assert!(BIN_COUNT.is_multiple_of(JOINT_Y_CELLS));
+
+/// A joint view as the catalogue defines it: two counters of one group, by id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JointView {
+    /// Its id, after the counters' ids; a report of the view carries it.
+    pub id: CounterId,
+    /// Short machine name (`tensor_x_dram`).
+    pub name: &'static str,
+    /// What it shows, for architects reading a report.
+    pub description: &'static str,
+    /// The counter along x ([`JOINT_X_CELLS`] cells).
+    pub x: CounterId,
+    /// The counter along y ([`JOINT_Y_CELLS`] cells).
+    pub y: CounterId,
+}
+
+/// One axis of a joint view: a counter's binning, `cells` cells of `BIN_COUNT / cells` fine
+/// bins each, so every cell edge is an edge of the counter's own histogram.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Axis {
+    /// The counter.
+    pub counter: &'static Counter,
+    cells: usize,
+}
+
+impl Axis {
+    fn new(counter: &'static Counter, cells: usize) -> Self {
+        Self { counter, cells }
+    }
+
+    /// How many cells the axis has.
+    pub fn cells(&self) -> usize {
+        self.cells
+    }
+
+    /// Fine bins per cell.
+    fn width(&self) -> usize {
+        BIN_COUNT / self.cells
+    }
+
+    /// The cell a value falls into: the cell of its fine bin, so that the axis classifies a
+    /// value exactly as the counter's own histogram does.
+    pub fn cell(&self, value: f64) -> Result<usize, BinningError> {
+        Ok(self.counter.binning.bin(value)?.index() / self.width())
+    }
+
+    /// The lower and upper edge of `cell` (`cell` past the last is taken as the last).
+    pub fn edges(&self, cell: usize) -> (f64, f64) {
+        let cell = cell.min(self.cells - 1);
+        let first = Bin::new(cell * self.width()).unwrap_or(Bin::LAST);
+        let last = Bin::new((cell + 1) * self.width() - 1).unwrap_or(Bin::LAST);
+        (
+            self.counter.binning.edges(first).0,
+            self.counter.binning.edges(last).1,
+        )
+    }
+
+    /// The cell edge nearest to `value`, as the index of the first cell at or above it (0 to
+    /// `cells`): where a threshold a person picks falls on this axis. Edges are compared on
+    /// the binning's own scale (logarithmic for log-binned counters). `None` for NaN.
+    pub fn nearest_edge(&self, value: f64) -> Option<usize> {
+        if value.is_nan() {
+            return None;
+        }
+        let scale = |v: f64| match self.counter.binning {
+            Binning::Linear { .. } => v,
+            Binning::Log { min, .. } => v.max(min * 1e-300).ln(),
+        };
+        let target = scale(value);
+        (0..=self.cells).min_by(|&a, &b| {
+            let da = (scale(self.edge(a)) - target).abs();
+            let db = (scale(self.edge(b)) - target).abs();
+            da.total_cmp(&db)
+        })
+    }
+
+    /// Edge `i` of the axis: the lower edge of cell `i`, or the upper edge of the last cell
+    /// for `i = cells`.
+    pub fn edge(&self, i: usize) -> f64 {
+        if i >= self.cells {
+            self.edges(self.cells - 1).1
+        } else {
+            self.edges(i).0
+        }
+    }
+}
+
+/// A joint view with its axes resolved against its catalogue.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Joint {
+    /// The definition.
+    pub view: &'static JointView,
+    /// The x axis ([`JOINT_X_CELLS`] cells).
+    pub x: Axis,
+    /// The y axis ([`JOINT_Y_CELLS`] cells).
+    pub y: Axis,
+}
+
+impl Joint {
+    /// The bin of a launch whose x counter read `x` and y counter `y`: row-major, y outer.
+    pub fn bin(&self, x: f64, y: f64) -> Result<Bin, BinningError> {
+        let (cx, cy) = (self.x.cell(x)?, self.y.cell(y)?);
+        Ok(Bin::new(cy * self.x.cells() + cx).unwrap_or(Bin::LAST))
+    }
+
+    /// The (x cell, y cell) of a bin of the grid.
+    pub fn cell_of(&self, bin: Bin) -> (usize, usize) {
+        (bin.index() % self.x.cells(), bin.index() / self.x.cells())
+    }
+
+    /// The group the view is read in (its counters').
+    pub fn group(&self) -> CounterGroup {
+        self.x.counter.group
+    }
+}
+
+/// What an id a report carries names.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum View {
+    /// One counter's histogram.
+    Counter(&'static Counter),
+    /// A joint view's grid.
+    Joint(Joint),
 }
 
 #[cfg(test)]
@@ -342,6 +589,85 @@ mod tests {
                     assert!(min > 0.0 && max > min, "{}", counter.name);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn joint_views_pair_two_counters_of_one_group_under_ids_of_their_own() {
+        for catalogue in CATALOGUES {
+            let ids: Vec<CounterId> = catalogue.report_ids().collect();
+            let mut sorted = ids.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted, ids, "ids unique and in order");
+            let names: Vec<&str> = ids.iter().filter_map(|&i| catalogue.name_of(i)).collect();
+            let mut unique = names.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), ids.len(), "every id has a name of its own");
+            for view in catalogue.joints {
+                let joint = catalogue.joint(view.id).expect("its axes are counters");
+                assert_ne!(view.x, view.y);
+                assert_eq!(
+                    joint.x.counter.group, joint.y.counter.group,
+                    "{}",
+                    view.name
+                );
+                assert!(catalogue.counter(view.id).is_none());
+                assert!(matches!(catalogue.view(view.id), Some(View::Joint(_))));
+            }
+        }
+        assert_eq!(Catalogue::current().joints.len(), 3);
+        assert!(CATALOGUE_V1.joints.is_empty());
+    }
+
+    #[test]
+    fn version_2_keeps_version_1s_counters_and_binning() {
+        assert_eq!(CATALOGUE_V1.counters.len(), CATALOGUE_V2.counters.len());
+        for (a, b) in CATALOGUE_V1.counters.iter().zip(CATALOGUE_V2.counters) {
+            assert_eq!(
+                (a.id, a.name, a.unit, a.binning),
+                (b.id, b.name, b.unit, b.binning)
+            );
+        }
+        let dram = CATALOGUE_V2.counter_by_name("dram_bandwidth").unwrap();
+        let tensor = CATALOGUE_V2.counter_by_name("tensor_active").unwrap();
+        assert_eq!(dram.group, tensor.group);
+    }
+
+    #[test]
+    fn a_joint_cell_is_the_pair_of_the_counters_own_bins_taken_in_blocks() {
+        let joint = CATALOGUE_V2.joint_by_name("tensor_x_dram").unwrap();
+        // Tensor 50% is fine bin 64 of 128, cell 8 of 16; DRAM 30% is fine bin 38, cell 2 of 8.
+        let bin = joint.bin(50.0, 30.0).unwrap();
+        assert_eq!(joint.cell_of(bin), (8, 2));
+        assert_eq!(bin.index(), 2 * JOINT_X_CELLS + 8);
+        assert_eq!(joint.x.edges(8), (50.0, 56.25));
+        assert_eq!(joint.y.edges(2), (25.0, 37.5));
+        assert_eq!(joint.bin(f64::NAN, 1.0), Err(BinningError::NotANumber));
+        assert_eq!(joint.bin(-1.0, 1e9).map(|b| joint.cell_of(b)), Ok((0, 7)));
+        // A log axis: kernel duration, 100 ns to 10 s in 16 cells of half a decade.
+        let duration = CATALOGUE_V2.joint_by_name("duration_x_occupancy").unwrap();
+        let (lo, hi) = duration.x.edges(4);
+        assert!((lo - 1e4).abs() < 1e-6 && (hi - 1e4 * 10f64.sqrt()).abs() < 1e-6);
+        assert_eq!(duration.x.nearest_edge(9_000.0), Some(4));
+        assert_eq!(duration.x.nearest_edge(1e12), Some(JOINT_X_CELLS));
+        assert_eq!(duration.x.nearest_edge(0.0), Some(0));
+        assert_eq!(duration.y.nearest_edge(49.0), Some(4));
+        assert_eq!(duration.y.nearest_edge(f64::NAN), None);
+    }
+
+    proptest! {
+        #[test]
+        fn a_joint_cell_holds_its_values_between_its_edges(x in 0.0f64..1e11, y in -10.0f64..120.0) {
+            let joint = CATALOGUE_V2.joint_by_name("duration_x_occupancy").unwrap();
+            let (cx, cy) = joint.cell_of(joint.bin(x, y).unwrap());
+            prop_assert_eq!(cx, joint.x.cell(x).unwrap());
+            prop_assert_eq!(cy, joint.y.cell(y).unwrap());
+            let (lo, hi) = joint.x.edges(cx);
+            let slack = 1e-9 * hi;
+            if cx > 0 { prop_assert!(x >= lo - slack); }
+            if cx + 1 < JOINT_X_CELLS { prop_assert!(x < hi + slack); }
         }
     }
 

@@ -83,15 +83,19 @@ pub enum Command {
     ///
     /// Per class and counter: reports, samples, the contributor bound, mean and percentiles
     /// at bin resolution, and (with --json or --csv-bins) the 128 bin sums; classes with their
-    /// labels (`penrose-design label`). --html DIR also writes DIR/index.html, one page with
-    /// the plots and tables that opens in a browser from the file; --svg DIR the plots as .svg
-    /// files. A released sum is
+    /// labels (`penrose-design label`). Per joint view (two counters read on the same launch,
+    /// binned into a 16 x 8 grid: tensor_x_dram, duration_x_occupancy, registers_x_occupancy)
+    /// the share of samples in each quadrant around a split (--split), and of kernel time
+    /// where an axis is a duration. --html DIR also writes DIR/index.html, one page with
+    /// the plots (histograms, heat maps) and tables that opens in a browser from the file;
+    /// --svg DIR the plots as .svg files. A released sum is
     /// decrypted only when at least --threshold contributors are behind it, counted as
     /// reports / (T x days of its epoch) rounded up, T = --reports-per-contributor; others are
     /// listed as held back. A sum whose bins do not add up to the samples its reports declared
     /// is quarantined (listed, not added); the rest still decrypt. Example:
     ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key
     ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key --html out
+    ///   penrose-design report --archive A --key K --split tensor_x_dram:50,30 --csv-quadrants
     Report {
         /// The archive directory.
         #[arg(long)]
@@ -106,15 +110,26 @@ pub enum Command {
         /// T: the most reports one agent sends per counter and day (at least 24).
         #[arg(long, default_value_t = ReportsPerContributor::DEFAULT.get())]
         reports_per_contributor: u32,
-        /// Print JSON (every bin).
-        #[arg(long, conflicts_with_all = ["csv", "csv_bins"])]
+        /// Print JSON (every bin, and every joint view's quadrants).
+        #[arg(long, conflicts_with_all = ["csv", "csv_bins", "csv_quadrants"])]
         json: bool,
         /// Print CSV: one row per decrypted (class, counter) with its statistics.
-        #[arg(long, conflicts_with = "csv_bins")]
+        #[arg(long, conflicts_with_all = ["csv_bins", "csv_quadrants"])]
         csv: bool,
-        /// Print CSV: one row per non-empty bin, with its edges.
-        #[arg(long)]
+        /// Print CSV: one row per non-empty bin, with its edges (a joint view's cell: the
+        /// edges of both counters).
+        #[arg(long, conflicts_with = "csv_quadrants")]
         csv_bins: bool,
+        /// Print CSV: one row per quadrant of each decrypted joint view, with its share of
+        /// samples and, where an axis is a duration, of kernel time.
+        #[arg(long)]
+        csv_quadrants: bool,
+        /// Where to split a joint view into quadrants: VIEW:X,Y in the counters' units
+        /// (percent, nanoseconds, registers), moved to the nearest cell edge; once per view.
+        /// Defaults: 50 for percentages, 10000 ns for durations, 128 registers. Example:
+        /// --split tensor_x_dram:50,30 --split duration_x_occupancy:100000,25
+        #[arg(long = "split", value_name = "VIEW:X,Y")]
+        splits: Vec<String>,
         /// Also write DIR/index.html: the report as one self-contained page (created if
         /// missing; an existing index.html is replaced).
         #[arg(long, value_name = "DIR")]

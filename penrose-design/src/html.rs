@@ -7,11 +7,13 @@
 //! The page: a header (bundles, epochs, k, T, whether admission tokens enforced the contributor
 //! bound, what was held back, quarantined or withheld), the fleet overview (classes by
 //! reports), a section per decrypted class (its id, label, the classes merged into it, and per
-//! counter its histogram and statistics), then the (class, counter)s under the threshold
+//! counter its histogram and statistics; per joint view its heat map and the shares of its
+//! quadrants), then the (class, counter)s under the threshold
 //! (listed, never drawn), quarantined sums and skipped epochs.
 
 use std::fmt::Write as _;
 
+use crate::joint::JointSummary;
 use crate::plot::{self, escape, human};
 use crate::report::{CounterReport, Report};
 
@@ -88,9 +90,60 @@ fn counter_table(c: &CounterReport) -> String {
         ),
     ];
     for (name, value) in rows {
+        if c.joint.is_some() && ["mean", "p50", "p90", "p99"].contains(&name) {
+            continue;
+        }
         let _ = write!(t, r#"<tr><th>{name}</th><td class="n">{value}</td></tr>"#);
     }
     t.push_str("</tbody></table>");
+    t
+}
+
+/// A joint view's quadrants: what each covers and its share of samples (and of kernel time,
+/// where an axis is a duration).
+fn quadrant_table(j: &JointSummary) -> String {
+    let timed = j.quadrants.iter().any(|q| q.time_share.is_some());
+    let mut t = String::from(
+        r#"<table class="quadrants"><thead><tr><th>quadrant</th><th>samples</th><th>share of samples</th>"#,
+    );
+    if timed {
+        t.push_str("<th>share of kernel time (bounds)</th>");
+    }
+    t.push_str("</tr></thead><tbody>");
+    for q in &j.quadrants {
+        let mut cells = vec![
+            ("", escape(&j.describe(q))),
+            ("n", q.samples.to_string()),
+            ("n", format!("{:.1}%", q.share * 100.0)),
+        ];
+        if let Some(e) = q.time_share {
+            cells.push((
+                "n",
+                format!(
+                    "{:.1}% ({:.1}% to {:.1}%)",
+                    e.estimate * 100.0,
+                    e.low * 100.0,
+                    e.high * 100.0
+                ),
+            ));
+        } else if timed {
+            cells.push(("n", "-".to_string()));
+        }
+        row(&mut t, &cells);
+    }
+    t.push_str("</tbody></table>");
+    if j.x.asked != j.x.split || j.y.asked != j.y.split {
+        let _ = write!(
+            t,
+            "<p>Split asked at {} = {} and {} = {}; the grid splits only at cell edges, so at              {} and {}.</p>",
+            escape(&j.x.counter),
+            escape(&human(j.x.asked, &j.x.unit)),
+            escape(&j.y.counter),
+            escape(&human(j.y.asked, &j.y.unit)),
+            escape(&human(j.x.split, &j.x.unit)),
+            escape(&human(j.y.split, &j.y.unit)),
+        );
+    }
     t
 }
 
@@ -207,10 +260,14 @@ pub fn render(report: &Report) -> String {
                 escape(&c.name),
                 escape(&c.arch)
             );
-            out.push_str(&plot::histogram(
-                c,
-                report.labels.get(class).map(|l| l.as_str()),
-            ));
+            let label = report.labels.get(class).map(|l| l.as_str());
+            match &c.joint {
+                Some(j) => {
+                    out.push_str(&plot::heatmap(c, j, label));
+                    out.push_str(&quadrant_table(j));
+                }
+                None => out.push_str(&plot::histogram(c, label)),
+            }
             out.push_str(&counter_table(c));
             out.push_str("</div>");
         }
@@ -359,6 +416,27 @@ mod tests {
         assert!(page.contains("threshold k</dt><dd>10 contributors"));
         assert!(page.contains("contributor bound enforced by admission tokens: no"));
         assert!(page.contains("default-src 'none'"));
+    }
+
+    /// A joint view is drawn as a heat map with its quadrant table (shares of samples and of
+    /// kernel time), not as a histogram, and without the per-counter statistics it has not.
+    #[test]
+    fn a_joint_view_is_a_heat_map_with_its_quadrants() {
+        let mut r = report();
+        r.decrypted.push(crate::plot::tests::joint_counter(8));
+        let page = render(&r);
+        let tags = check_tags(page.trim_start_matches("<!DOCTYPE html>\n")).unwrap();
+        assert_eq!(tags.iter().filter(|t| *t == "svg").count(), 4);
+        assert_eq!(page.matches(r#"class="cell""#).count(), 2);
+        assert_eq!(page.matches(r#"<table class="quadrants">"#).count(), 1);
+        assert!(
+            page.contains("kernel_duration &gt;= 10.0 µs and achieved_occupancy &lt; 50.0%"),
+            "{page}"
+        );
+        assert!(page.contains("share of kernel time (bounds)"));
+        let joint = page.split("counter-10\"").nth(1).unwrap();
+        let joint = joint.split("</div>").next().unwrap();
+        assert!(!joint.contains("<th>p50</th>"), "{joint}");
     }
 
     #[test]

@@ -13,9 +13,13 @@
 //! - [`report`]: decryption above the contributor bound, quarantine of sums that do not
 //!   decrypt to their declared samples; histograms, means and percentiles per (class,
 //!   counter) as text, JSON or CSV.
+//! - [`joint`]: joint counter views (two counters binned into one grid) split into
+//!   quadrants at thresholds an architect picks, with each quadrant's share of samples and,
+//!   where an axis is a duration, of kernel time.
 //! - [`output`]: what the other commands print (`keygen`, `key-info`, `labels`, `import`),
 //!   as types the JSON and the text are printed from.
-//! - [`plot`] and [`html`]: the report's plots as SVG (histograms, the fleet overview) and
+//! - [`plot`] and [`html`]: the report's plots as SVG (histograms, heat maps of joint views,
+//!   the fleet overview) and
 //!   one self-contained HTML page with them and the tables.
 //! - [`simulate`]: the fleet simulator: hours until a fleet's applications are covered, under
 //!   the agent's sampler, window scheduler and sealing and the servers' release rule.
@@ -23,6 +27,7 @@
 pub mod archive;
 pub mod cli;
 pub mod html;
+pub mod joint;
 pub mod key_list;
 pub mod keyfile;
 pub mod labels;

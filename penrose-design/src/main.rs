@@ -10,6 +10,7 @@ use penrose_core::paillier::Keypair;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_design::archive::{self, Archive, Imported};
 use penrose_design::cli::{Cli, Command};
+use penrose_design::joint::Splits;
 use penrose_design::key_list;
 use penrose_design::keyfile;
 use penrose_design::labels::Label;
@@ -68,6 +69,8 @@ fn run(cli: Cli) -> Result<()> {
             json,
             csv,
             csv_bins,
+            csv_quadrants,
+            splits,
             html,
             svg,
         } => {
@@ -79,11 +82,18 @@ fn run(cli: Cli) -> Result<()> {
                 Format::Csv
             } else if csv_bins {
                 Format::CsvBins
+            } else if csv_quadrants {
+                Format::CsvQuadrants
             } else {
                 Format::Text
             };
+            let mut split = Splits::default();
+            for s in &splits {
+                split.set(s).with_context(|| format!("--split {s}"))?;
+            }
             let outputs = Outputs {
                 format,
+                splits: split,
                 html: html.as_deref(),
                 svg: svg.as_deref(),
             };
@@ -296,11 +306,13 @@ enum Format {
     Json,
     Csv,
     CsvBins,
+    CsvQuadrants,
 }
 
 /// What `report` prints and writes.
 struct Outputs<'a> {
     format: Format,
+    splits: Splits,
     html: Option<&'a Path>,
     svg: Option<&'a Path>,
 }
@@ -329,6 +341,7 @@ fn print_report(
         .collect::<Result<Vec<_>, _>>()?;
     let mut report = report::build(&merged, &keys, threshold, cap)?;
     report.apply_labels(&labels);
+    report.apply_splits(&outputs.splits);
     if let Some(out) = outputs.html {
         let path = write_file(out, "index.html", &penrose_design::html::render(&report))?;
         eprintln!("wrote {}", path.display());
@@ -342,7 +355,11 @@ fn print_report(
         for c in &report.decrypted {
             let name = format!("class-{}-{}-counter-{}.svg", c.class, c.arch, c.counter);
             let label = c.label.as_ref().map(|l| l.as_str());
-            write_file(out, &name, &penrose_design::plot::histogram(c, label))?;
+            let plot = match &c.joint {
+                Some(j) => penrose_design::plot::heatmap(c, j, label),
+                None => penrose_design::plot::histogram(c, label),
+            };
+            write_file(out, &name, &plot)?;
         }
         eprintln!(
             "wrote {} SVG files into {}",
@@ -361,6 +378,10 @@ fn print_report(
         }
         Format::CsvBins => {
             print!("{}", report::to_csv_bins(&report));
+            return Ok(());
+        }
+        Format::CsvQuadrants => {
+            print!("{}", report::to_csv_quadrants(&report));
             return Ok(());
         }
         Format::Text => {}
@@ -413,6 +434,9 @@ fn print_report(
                 "           (with classes {} that the aggregator merged into it)",
                 merged.join(", ")
             );
+        }
+        if let Some(j) = &c.joint {
+            print!("{j}");
         }
     }
     for h in &report.held_back {

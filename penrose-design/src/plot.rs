@@ -1,5 +1,6 @@
-//! Plots as SVG, written by hand: a histogram per decrypted (class, counter) and a fleet
-//! overview of classes by reports.
+//! Plots as SVG, written by hand: a histogram per decrypted (class, counter), a heat map per
+//! decrypted joint view (two counters of one launch in a 16 x 8 grid, split into quadrants),
+//! and a fleet overview of classes by reports.
 //!
 //! Only what [`crate::report`] decrypted is drawn: a [`CounterReport`] exists only for
 //! released sums above the threshold, and a bin is drawn only when its sum is non-zero.
@@ -13,6 +14,7 @@ use std::fmt::Write as _;
 
 use penrose_core::counters::{BIN_COUNT, Bin, Binning, Catalogue, CatalogueVersion, CounterId};
 
+use crate::joint::JointSummary;
 use crate::report::{CounterReport, Report};
 
 /// Escapes text for XML and HTML content and attribute values.
@@ -119,9 +121,24 @@ impl Svg {
 
     /// A filled rectangle, with a tooltip (`<title>`) if given.
     pub fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: &'static str, tip: Option<&str>) {
+        self.shape("bar", x, y, w, h, &Colour::Named(fill), tip);
+    }
+
+    /// A rectangle of class `class` (`bar`, `cell`), filled with `fill`.
+    #[allow(clippy::too_many_arguments)]
+    fn shape(
+        &mut self,
+        class: &str,
+        x: f64,
+        y: f64,
+        w: f64,
+        h: f64,
+        fill: &Colour,
+        tip: Option<&str>,
+    ) {
         let _ = write!(
             self.body,
-            r#"<rect class="bar" x="{x:.2}" y="{y:.2}" width="{w:.2}" height="{h:.2}" fill="{fill}">"#
+            r#"<rect class="{class}" x="{x:.2}" y="{y:.2}" width="{w:.2}" height="{h:.2}" fill="{fill}">"#
         );
         if let Some(tip) = tip {
             let _ = write!(self.body, "<title>{}</title>", escape(tip));
@@ -134,6 +151,14 @@ impl Svg {
         let _ = write!(
             self.body,
             r#"<line x1="{x1:.2}" y1="{y1:.2}" x2="{x2:.2}" y2="{y2:.2}" stroke="{stroke}" stroke-width="1"/>"#
+        );
+    }
+
+    /// A dashed line two pixels wide (a split).
+    fn dashed(&mut self, x1: f64, y1: f64, x2: f64, y2: f64, stroke: &'static str) {
+        let _ = write!(
+            self.body,
+            r#"<line class="split" x1="{x1:.2}" y1="{y1:.2}" x2="{x2:.2}" y2="{y2:.2}" stroke="{stroke}" stroke-width="2" stroke-dasharray="6 3"/>"#
         );
     }
 
@@ -157,6 +182,154 @@ impl Svg {
             b = self.body
         )
     }
+}
+
+/// A fill colour: a named constant or one computed for a heat map cell.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Colour {
+    Named(&'static str),
+    Rgb(u8, u8, u8),
+}
+
+impl std::fmt::Display for Colour {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Colour::Named(name) => f.write_str(name),
+            Colour::Rgb(r, g, b) => write!(f, "#{r:02x}{g:02x}{b:02x}"),
+        }
+    }
+}
+
+/// The heat map's colour of a cell holding `share` (0 to 1) of the fullest cell's samples:
+/// from a pale to a dark blue, on a square-root scale so that cells of a few samples still
+/// show beside a dominant one.
+fn heat(share: f64) -> Colour {
+    let t = share.clamp(0.0, 1.0).sqrt();
+    let mix = |a: u8, b: u8| (f64::from(a) + (f64::from(b) - f64::from(a)) * t).round() as u8;
+    Colour::Rgb(mix(0xde, 0x08), mix(0xeb, 0x30), mix(0xf7, 0x6b))
+}
+
+/// The splits' colour.
+const SPLIT: &str = "#c0392b";
+
+/// The heat map of one decrypted joint view: its 16 x 8 cells coloured by samples (empty cells
+/// left blank), each with a tooltip of its ranges and count, the split as two dashed lines and
+/// each quadrant's share of samples written in its corner.
+pub fn heatmap(c: &CounterReport, j: &JointSummary, label: Option<&str>) -> String {
+    const W: f64 = 640.0;
+    const H: f64 = 330.0;
+    const LEFT: f64 = 78.0;
+    const RIGHT: f64 = 24.0;
+    const TOP: f64 = 30.0;
+    const BOTTOM: f64 = 56.0;
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let (nx, ny) = (j.x.edges.len() - 1, j.y.edges.len() - 1);
+    let (cw, ch) = (pw / nx as f64, ph / ny as f64);
+    let who = match label {
+        Some(l) => format!("class {} ({l})", c.class),
+        None => format!("class {}", c.class),
+    };
+    let title = format!(
+        "{who}, {}: {} ({} against {}), {} samples",
+        c.arch, c.name, j.x.counter, j.y.counter, c.samples
+    );
+    let mut svg = Svg::new(W as u32, H as u32, &title);
+    svg.text(LEFT, 18.0, Anchor::Start, 13, &title);
+    let max = c.bins.iter().copied().max().unwrap_or(0);
+    let total: u64 = c.bins.iter().sum();
+    let base = TOP + ph;
+    let cell_x = |i: usize| LEFT + i as f64 * cw;
+    // Row 0 at the bottom.
+    let cell_y = |i: usize| base - (i + 1) as f64 * ch;
+    if max > 0 {
+        for (i, &count) in c.bins.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let (cx, cy) = (i % nx, i / nx);
+            let tip = format!(
+                "{} [{}, {}), {} [{}, {}): {count} samples ({:.1}%)",
+                j.x.counter,
+                human(j.x.edges[cx], &j.x.unit),
+                human(j.x.edges[cx + 1], &j.x.unit),
+                j.y.counter,
+                human(j.y.edges[cy], &j.y.unit),
+                human(j.y.edges[cy + 1], &j.y.unit),
+                count as f64 / total.max(1) as f64 * 100.0
+            );
+            svg.shape(
+                "cell",
+                cell_x(cx),
+                cell_y(cy),
+                cw,
+                ch,
+                &heat(count as f64 / max as f64),
+                Some(&tip),
+            );
+        }
+    }
+    // Axes, with the edges every few cells.
+    svg.line(LEFT, base, LEFT + pw, base, INK);
+    svg.line(LEFT, TOP, LEFT, base, INK);
+    svg.line(LEFT, TOP, LEFT + pw, TOP, GRID);
+    svg.line(LEFT + pw, TOP, LEFT + pw, base, GRID);
+    for i in (0..=nx).step_by(4) {
+        let x = cell_x(i);
+        svg.line(x, base, x, base + 4.0, INK);
+        svg.text(
+            x,
+            base + 16.0,
+            Anchor::Middle,
+            11,
+            &human(j.x.edges[i], &j.x.unit),
+        );
+    }
+    for i in (0..=ny).step_by(2) {
+        let y = base - i as f64 * ch;
+        svg.line(LEFT - 4.0, y, LEFT, y, INK);
+        svg.text(
+            LEFT - 6.0,
+            y + 4.0,
+            Anchor::End,
+            11,
+            &human(j.y.edges[i], &j.y.unit),
+        );
+    }
+    svg.text(
+        LEFT + pw / 2.0,
+        H - 24.0,
+        Anchor::Middle,
+        12,
+        &format!("x: {} ({nx} cells)", j.x.counter),
+    );
+    svg.text(
+        LEFT + pw / 2.0,
+        H - 8.0,
+        Anchor::Middle,
+        12,
+        &format!(
+            "y: {} ({ny} cells); colour: samples per cell; dashed: the split",
+            j.y.counter
+        ),
+    );
+    // The split and the quadrants' shares.
+    let (sx, sy) = (cell_x(j.x.split_cell), base - j.y.split_cell as f64 * ch);
+    if j.x.split_cell > 0 && j.x.split_cell < nx {
+        svg.dashed(sx, TOP, sx, base, SPLIT);
+    }
+    if j.y.split_cell > 0 && j.y.split_cell < ny {
+        svg.dashed(LEFT, sy, LEFT + pw, sy, SPLIT);
+    }
+    for q in &j.quadrants {
+        let (x, anchor) = if q.x_high {
+            (LEFT + pw - 4.0, Anchor::End)
+        } else {
+            (LEFT + 4.0, Anchor::Start)
+        };
+        let y = if q.y_high { TOP + 14.0 } else { base - 6.0 };
+        svg.text(x, y, anchor, 12, &format!("{:.1}%", q.share * 100.0));
+    }
+    svg.finish()
 }
 
 /// The catalogue's binning of a decrypted counter (`None` for a counter it does not know).
@@ -440,6 +613,7 @@ pub(crate) mod tests {
             p90: Some(2.0),
             p99: Some(3.0),
             label: None,
+            joint: None,
         }
     }
 
@@ -479,6 +653,52 @@ pub(crate) mod tests {
                 .count(),
             0
         );
+    }
+
+    /// A decrypted joint view of 90 short, fully occupied launches and 10 long, poorly
+    /// occupied ones.
+    pub(crate) fn joint_counter(class: u32) -> CounterReport {
+        let joint = Catalogue::current()
+            .joint_by_name("duration_x_occupancy")
+            .unwrap();
+        let mut c = counter(class, &[]);
+        c.bins[joint.bin(2_000.0, 90.0).unwrap().index()] = 90;
+        c.bins[joint.bin(1e6, 20.0).unwrap().index()] = 10;
+        c.samples = 100;
+        c.catalogue = 2;
+        c.counter = joint.view.id.0;
+        c.name = joint.view.name.into();
+        c.unit = String::new();
+        c.joint = Some(JointSummary::new(
+            &joint,
+            &c.bins,
+            crate::joint::Split {
+                x: 10_000.0,
+                y: 50.0,
+            },
+        ));
+        c
+    }
+
+    #[test]
+    fn a_heat_map_draws_its_non_empty_cells_the_split_and_the_quadrant_shares() {
+        let c = joint_counter(4);
+        let j = c.joint.as_ref().unwrap();
+        let svg = heatmap(&c, j, Some("<b>bold</b>"));
+        check_tags(&svg).unwrap();
+        assert_eq!(svg.matches(r#"class="cell""#).count(), 2, "{svg}");
+        assert_eq!(svg.matches(r#"class="split""#).count(), 2, "{svg}");
+        // The quadrants' shares, and the cells' tooltips with their ranges.
+        for text in ["90.0%", "10.0%", "0.0%", "kernel_duration [1.00 ms, 3.16 ms)"] {
+            assert!(svg.contains(text), "{text} in {svg}");
+        }
+        assert!(!svg.contains("<b>"));
+        // The fuller cell is darker.
+        let fills: Vec<&str> = svg
+            .match_indices(r##"fill="#"##)
+            .map(|(at, _)| &svg[at + 6..at + 13])
+            .collect();
+        assert!(fills.contains(&"#08306b"), "{fills:?}");
     }
 
     #[test]

@@ -28,13 +28,16 @@
 use std::collections::BTreeMap;
 
 use penrose_core::bundle::{BundleEntry, ClassId};
-use penrose_core::counters::{BIN_COUNT, Bin, Binning, Catalogue, CatalogueVersion, CounterId};
+use penrose_core::counters::{
+    BIN_COUNT, Bin, Binning, Catalogue, CatalogueVersion, CounterId, Joint,
+};
 use penrose_core::gpu::GpuArch;
 use penrose_core::paillier::{PaillierError, PrivateKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, contributors_at_least};
 use thiserror::Error;
 
 use crate::archive::Aggregates;
+use crate::joint::{JointSummary, Splits};
 use crate::labels::{Label, Labels};
 
 /// Why a report could not be made at all (a single bad sum is quarantined instead).
@@ -99,6 +102,10 @@ pub struct CounterReport {
     pub p99: Option<f64>,
     /// The architect's label of the class (`penrose-design label`), if any.
     pub label: Option<Label>,
+    /// For a joint view (two counters binned into one grid): its axes and the shares of its
+    /// four quadrants at the split asked for ([`Report::apply_splits`]; `None` for one
+    /// counter's histogram).
+    pub joint: Option<JointSummary>,
 }
 
 /// A (class, architecture, counter) not decrypted: every released sum of it is under the
@@ -200,6 +207,13 @@ impl Report {
             .collect();
         for c in &mut self.decrypted {
             c.label = labels.get(c.class).cloned();
+        }
+    }
+
+    /// Splits every decrypted joint view at `splits` (the report is built with the defaults).
+    pub fn apply_splits(&mut self, splits: &Splits) {
+        for c in &mut self.decrypted {
+            c.joint = joint_summary(c, splits);
         }
     }
 
@@ -335,17 +349,21 @@ pub fn build(
             }
             continue;
         }
-        let known = Catalogue::by_version(catalogue).and_then(|c| c.counter(counter));
+        let cat = Catalogue::by_version(catalogue);
+        let known = cat.and_then(|c| c.counter(counter));
         let binning = known.map(|c| c.binning);
         epochs.sort_unstable();
         merged_from.sort_unstable();
-        decrypted.push(CounterReport {
+        let mut report = CounterReport {
             class: class.0,
             arch: arch.to_string(),
             merged_from,
             catalogue: catalogue.0,
             counter: counter.0,
-            name: known.map_or("?".into(), |c| c.name.to_string()),
+            name: cat
+                .and_then(|c| c.name_of(counter))
+                .unwrap_or("?")
+                .to_string(),
             unit: known.map_or(String::new(), |c| c.unit.suffix().to_string()),
             reports,
             samples,
@@ -360,7 +378,10 @@ pub fn build(
             p99: binning.and_then(|b| quantile(&bins, &b, 0.99)),
             bins: bins.to_vec(),
             label: None,
-        });
+            joint: None,
+        };
+        report.joint = joint_summary(&report, &Splits::default());
+        decrypted.push(report);
     }
     let epochs_without_tokens = aggregates
         .epochs
@@ -394,6 +415,19 @@ pub fn build(
 
 fn bin(i: usize) -> Bin {
     Bin::new(i).unwrap_or(Bin::LAST)
+}
+
+/// The joint view a decrypted (class, counter) is, if it is one its catalogue knows.
+pub fn joint_of(c: &CounterReport) -> Option<Joint> {
+    Catalogue::by_version(CatalogueVersion(c.catalogue))?.joint(CounterId(c.counter))
+}
+
+/// The summary of a decrypted joint view at its split in `splits` (`None` for a counter, or a
+/// view of a catalogue whose views this build's splits do not name).
+fn joint_summary(c: &CounterReport, splits: &Splits) -> Option<JointSummary> {
+    let joint = joint_of(c)?;
+    let split = splits.of(joint.view.name)?;
+    Some(JointSummary::new(&joint, &c.bins, split))
 }
 
 /// The mean of the bins' representative values, weighted by their counts.
@@ -489,12 +523,16 @@ pub fn to_csv_table(report: &Report) -> String {
 /// The bins as CSV: one row per non-empty bin of each decrypted (class, architecture, counter),
 /// with the bin's edges from the catalogue (empty for a counter it does not know), so a
 /// spreadsheet can plot it: `class,label,arch,counter,name,unit,reports,samples,bin,low,high,
-/// count`.
+/// count,x_low,x_high,y_low,y_high` (a joint view's cell: `low` and `high` empty, the edges
+/// of its two counters in the last four columns, empty for a counter's bin).
 pub fn to_csv_bins(report: &Report) -> String {
-    let mut out =
-        String::from("class,label,arch,counter,name,unit,reports,samples,bin,low,high,count\n");
+    let mut out = String::from(
+        "class,label,arch,counter,name,unit,reports,samples,bin,low,high,count,x_low,x_high,\
+         y_low,y_high\n",
+    );
     for c in &report.decrypted {
         let binning = crate::plot::binning(c);
+        let joint = joint_of(c);
         for (i, &count) in c.bins.iter().enumerate() {
             if count == 0 {
                 continue;
@@ -503,8 +541,13 @@ pub fn to_csv_bins(report: &Report) -> String {
                 let (lo, hi) = b.edges(bin(i));
                 (Some(lo), Some(hi))
             });
+            let cell = joint.map_or([None; 4], |j| {
+                let (cx, cy) = j.cell_of(bin(i));
+                let ((xl, xh), (yl, yh)) = (j.x.edges(cx), j.y.edges(cy));
+                [Some(xl), Some(xh), Some(yl), Some(yh)]
+            });
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 c.class,
                 csv_text(c.label.as_ref().map_or("", Label::as_str)),
                 c.arch,
@@ -516,7 +559,50 @@ pub fn to_csv_bins(report: &Report) -> String {
                 i,
                 csv_number(lo),
                 csv_number(hi),
-                count
+                count,
+                csv_number(cell[0]),
+                csv_number(cell[1]),
+                csv_number(cell[2]),
+                csv_number(cell[3]),
+            ));
+        }
+    }
+    out
+}
+
+/// The joint views' quadrants as CSV, one row per quadrant of each decrypted joint view:
+/// `class,label,arch,counter,view,reports,samples,x_counter,x_split,x_high,y_counter,y_split,
+/// y_high,quadrant_samples,share,time_share,time_share_low,time_share_high` (shares 0 to 1;
+/// time shares empty where no axis is a duration).
+pub fn to_csv_quadrants(report: &Report) -> String {
+    let mut out = String::from(
+        "class,label,arch,counter,view,reports,samples,x_counter,x_split,x_high,y_counter,\
+         y_split,y_high,quadrant_samples,share,time_share,time_share_low,time_share_high\n",
+    );
+    for c in &report.decrypted {
+        let Some(j) = &c.joint else { continue };
+        for q in &j.quadrants {
+            let t = q.time_share;
+            out.push_str(&format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                c.class,
+                csv_text(c.label.as_ref().map_or("", Label::as_str)),
+                c.arch,
+                c.counter,
+                csv_text(&j.view),
+                c.reports,
+                c.samples,
+                csv_text(&j.x.counter),
+                j.x.split,
+                q.x_high,
+                csv_text(&j.y.counter),
+                j.y.split,
+                q.y_high,
+                q.samples,
+                q.share,
+                csv_number(t.map(|t| t.estimate)),
+                csv_number(t.map(|t| t.low)),
+                csv_number(t.map(|t| t.high)),
             ));
         }
     }

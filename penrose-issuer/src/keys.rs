@@ -19,12 +19,12 @@ use penrose_core::wire::Day;
 use crate::error::IssuerError;
 use crate::seed::MasterSeed;
 
-/// The scopes tokens are issued for: every counter of the current catalogue.
+/// The scopes tokens are issued for: every id a report of the current catalogue may carry
+/// (each counter and each joint view: the agent's cap of T reports applies to each).
 pub fn scopes() -> Vec<TokenScope> {
     Catalogue::current()
-        .counters
-        .iter()
-        .map(|counter| TokenScope(counter.id.0))
+        .report_ids()
+        .map(|id| TokenScope(id.0))
         .collect()
 }
 
@@ -164,7 +164,7 @@ mod tests {
         let published = Published::of(&seed, PublishWindow::default(), Day(20_000)).unwrap();
         let epochs: Vec<u32> = published.set.epochs().map(|e| e.0).collect();
         assert_eq!(epochs, (19_998..=20_002).collect::<Vec<_>>());
-        assert_eq!(scopes().len(), Catalogue::current().counters.len());
+        assert_eq!(scopes().len(), Catalogue::current().report_ids().count());
         assert_eq!(published.set.entries().len(), 5 * scopes().len());
         let ring = key_ring(&seed, Day(19_990), Day(20_010)).unwrap();
         for entry in published.set.entries() {

@@ -141,7 +141,9 @@ fn an_operator_sets_up_enrols_revokes_and_exports() {
     ]);
     assert_eq!(mode(&ring_path), 0o600);
     let decoded = KeyRing::decode(&std::fs::read(&ring_path).unwrap()).unwrap();
-    let counters = penrose_core::counters::Catalogue::current().counters.len();
+    let counters = penrose_core::counters::Catalogue::current()
+        .report_ids()
+        .count();
     assert_eq!(decoded.keys().len(), 10 * counters);
     assert_eq!(ring["keys"].as_u64(), Some(10 * counters as u64));
     let today = SystemClock.today();

@@ -53,7 +53,7 @@ async fn enrolled_agents_get_tokens_over_quic_that_verify_with_the_exported_ring
     assert_eq!(epochs, (day(-2).0..=day(2).0).collect::<Vec<_>>());
     assert_eq!(
         set.epoch(TokenEpoch(START_DAY.0)).len(),
-        Catalogue::current().counters.len()
+        Catalogue::current().report_ids().count()
     );
 
     // Two scopes of today and one of tomorrow in one request.

@@ -7,7 +7,9 @@
 //!
 //! GPM (Hopper and later) computes metrics between two samples of the device's counters, so a
 //! reading is the device-wide activity over the interval since the previous sampled launch:
-//! SM and tensor activity (group 0), DRAM bandwidth (group 1), achieved occupancy (group 2).
+//! SM and tensor activity and DRAM bandwidth (group 0, all computed from the same pair of
+//! samples, so the joint view of tensor activity against DRAM bandwidth has both from one
+//! launch), achieved occupancy (group 2).
 //! The first reading only takes the starting sample. Only device 0 is read today; a launch
 //! event does not say which device its context is on.
 
