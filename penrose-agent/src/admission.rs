@@ -163,7 +163,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Fetcher {
-    /// A fetcher for every counter of the current catalogue. `client` is the issuer's
+    /// A fetcher for every counter and joint view of the current catalogue. `client` is the issuer's
     /// exchange client (its own connections: [`ISSUER_PROTOCOL`]).
     pub fn new(
         client: ExchangeClient,
@@ -173,9 +173,8 @@ impl Fetcher {
         clock: DayClock,
     ) -> Self {
         let scopes = Catalogue::current()
-            .counters
-            .iter()
-            .map(|c| TokenScope(c.id.0))
+            .report_ids()
+            .map(|id| TokenScope(id.0))
             .collect();
         Self {
             client,

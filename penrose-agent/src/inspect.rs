@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::Path;
 
-use penrose_core::counters::{Bin, Catalogue, CounterId};
+use penrose_core::counters::{Bin, Catalogue, CatalogueVersion, CounterId, View};
 use penrose_core::wire::ReportId;
 use serde::Serialize;
 
@@ -129,7 +129,6 @@ impl fmt::Display for Inspection {
             )?;
             write!(f, "{}", HeldTokens(&self.tokens_held))?;
         }
-        let catalogue = Catalogue::current();
         for r in &self.reports {
             writeln!(
                 f,
@@ -151,22 +150,31 @@ impl fmt::Display for Inspection {
                 },
                 r.reason
             )?;
-            let binning = catalogue
-                .counter(CounterId(r.counter))
-                .map(|c| (c.binning, c.unit.suffix()));
+            // The record's own catalogue: a bin means what the binning it was sealed under says.
+            let view = Catalogue::by_version(CatalogueVersion(r.catalogue))
+                .and_then(|c| c.view(CounterId(r.counter)));
             for (i, &count) in r.bins.iter().enumerate() {
                 if count == 0 {
                     continue;
                 }
-                let range = binning
-                    .as_ref()
-                    .and_then(|(b, unit)| {
-                        Bin::new(i).map(|bin| {
-                            let (lo, hi) = b.edges(bin);
-                            format!("[{lo:.3}, {hi:.3}) {unit}")
-                        })
-                    })
-                    .unwrap_or_default();
+                let range = match (Bin::new(i), view) {
+                    (Some(bin), Some(View::Counter(c))) => {
+                        let (lo, hi) = c.binning.edges(bin);
+                        format!("[{lo:.3}, {hi:.3}) {}", c.unit.suffix())
+                    }
+                    (Some(bin), Some(View::Joint(j))) => {
+                        let (cx, cy) = j.cell_of(bin);
+                        let ((xl, xh), (yl, yh)) = (j.x.edges(cx), j.y.edges(cy));
+                        format!(
+                            "{} [{xl:.3}, {xh:.3}) {} x {} [{yl:.3}, {yh:.3}) {}",
+                            j.x.counter.name,
+                            j.x.counter.unit.suffix(),
+                            j.y.counter.name,
+                            j.y.counter.unit.suffix()
+                        )
+                    }
+                    _ => String::new(),
+                };
                 writeln!(f, "  bin {i:>3} {range:<32} {count}")?;
             }
         }
@@ -179,7 +187,6 @@ mod tests {
     use super::*;
     use crate::record::SealReason;
     use crate::spool::Spool;
-    use penrose_core::counters::CatalogueVersion;
     use penrose_core::fingerprint::{LOCATOR_BANDS, Locator, SnippetHash};
     use penrose_core::gpu::GpuArch;
     use penrose_core::histogram::SampleCount;

@@ -413,9 +413,7 @@ impl fmt::Display for HeldTokens<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let catalogue = Catalogue::current();
         for c in self.0 {
-            let name = catalogue
-                .counter(CounterId(c.scope))
-                .map_or("?", |counter| counter.name);
+            let name = catalogue.name_of(CounterId(c.scope)).unwrap_or("?");
             writeln!(
                 f,
                 "  day {} counter {} ({name}): {} unspent, {} attached to a report in flight",

@@ -528,9 +528,8 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
     let rt = runtime();
     let today = penrose_agent::pipeline::today().0;
     let scopes: Vec<u16> = penrose_core::counters::Catalogue::current()
-        .counters
-        .iter()
-        .map(|c| c.id.0)
+        .report_ids()
+        .map(|id| id.0)
         .collect();
     let issuer = IssuerState::new(&[today, today + 1], &scopes, 24, CREDENTIAL);
     let issuer_identity = Identity::self_signed(vec![ISSUER_NAME.to_string()]).unwrap();

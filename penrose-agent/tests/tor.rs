@@ -475,9 +475,8 @@ fn tokens_over_tor(world: &mut World, runtime: &tokio::runtime::Runtime) {
 
     let today = penrose_agent::pipeline::today().0;
     let scopes: Vec<u16> = penrose_core::counters::Catalogue::current()
-        .counters
-        .iter()
-        .map(|c| c.id.0)
+        .report_ids()
+        .map(|id| id.0)
         .collect();
     let issuer = IssuerState::new(&[today, today + 1], &scopes, 24, CREDENTIAL);
     let issuer_identity = Identity::self_signed(vec![ISSUER_NAME.to_string()]).unwrap();

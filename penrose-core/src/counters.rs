@@ -136,11 +136,25 @@ impl Binning {
             return Ok(Bin::FIRST);
         }
         let scaled = position * BIN_COUNT as f64;
-        if scaled >= (BIN_COUNT - 1) as f64 {
-            return Ok(Bin::LAST);
-        }
-        // In range [0, BIN_COUNT - 1) here, so the truncating cast is exact and in bounds.
-        Ok(Bin::new(scaled as usize).unwrap_or(Bin::LAST))
+        let guess = if scaled >= (BIN_COUNT - 1) as f64 {
+            BIN_COUNT - 1
+        } else {
+            // In range [0, BIN_COUNT - 1) here, so the truncating cast is exact and in bounds.
+            scaled as usize
+        };
+        // The edges are what a bin means (plots, reports, the splits of joint views compare
+        // values with them), and the formula above can land one bin off where rounding puts a
+        // value on an edge (10 us on the duration scale computes as bin 32, its edge as
+        // 10000.000000000004 ns): the guess is checked against its own edges.
+        let (lo, hi) = self.edges(Bin::new(guess).unwrap_or(Bin::LAST));
+        let index = if value < lo && guess > 0 {
+            guess - 1
+        } else if value >= hi && guess < BIN_COUNT - 1 {
+            guess + 1
+        } else {
+            guess
+        };
+        Ok(Bin::new(index).unwrap_or(Bin::LAST))
     }
 
     /// The lower and upper edge of a bin, for plots and for estimating statistics.
@@ -686,6 +700,21 @@ mod tests {
         assert_eq!(b.bin(49.99).map(Bin::index), Ok(63));
     }
 
+    /// Whole decades of the duration scale, which the plain formula put in the bin above
+    /// their edge (computed a hair over them) or below it.
+    #[test]
+    fn decades_of_the_duration_scale_land_with_their_edges() {
+        let b = CATALOGUE_V2
+            .counter_by_name("kernel_duration")
+            .unwrap()
+            .binning;
+        for v in [1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9] {
+            let bin = b.bin(v).unwrap();
+            let (lo, hi) = b.edges(bin);
+            assert!(lo <= v && v < hi, "{v} in {bin:?} [{lo}, {hi})");
+        }
+    }
+
     #[test]
     fn log_bins_split_decades_evenly() {
         let b = Binning::Log { min: 1.0, max: 1e8 };
@@ -707,10 +736,22 @@ mod tests {
             };
             let bin = b.bin(v).unwrap();
             let (lo, hi) = b.edges(bin);
-            // Edges are computed in floating point; allow a relative rounding slack.
-            let slack = 1e-9 * hi.abs().max(1.0);
-            if bin != Bin::FIRST { prop_assert!(v >= lo - slack, "{v} < {lo} in {bin:?}"); }
-            if bin != Bin::LAST { prop_assert!(v < hi + slack, "{v} >= {hi} in {bin:?}"); }
+            // Exactly: the edges are what a bin means.
+            if bin != Bin::FIRST { prop_assert!(v >= lo, "{v} < {lo} in {bin:?}"); }
+            if bin != Bin::LAST { prop_assert!(v < hi, "{v} >= {hi} in {bin:?}"); }
+        }
+
+        #[test]
+        fn a_value_on_an_edge_lands_in_the_bin_the_edge_opens(i in 1usize..BIN_COUNT, log in any::<bool>()) {
+            let b = if log {
+                Binning::Log { min: 100.0, max: 1e10 }
+            } else {
+                Binning::Linear { min: 0.0, max: 256.0 }
+            };
+            let bin = Bin::new(i).unwrap();
+            let edge = b.edges(bin).0;
+            prop_assert_eq!(b.bin(edge), Ok(bin));
+            prop_assert_eq!(b.bin(edge.next_down()).map(Bin::index), Ok(i - 1));
         }
 
         #[test]

@@ -689,7 +689,12 @@ pub(crate) mod tests {
         assert_eq!(svg.matches(r#"class="cell""#).count(), 2, "{svg}");
         assert_eq!(svg.matches(r#"class="split""#).count(), 2, "{svg}");
         // The quadrants' shares, and the cells' tooltips with their ranges.
-        for text in ["90.0%", "10.0%", "0.0%", "kernel_duration [1.00 ms, 3.16 ms)"] {
+        for text in [
+            "90.0%",
+            "10.0%",
+            "0.0%",
+            "kernel_duration [1.00 ms, 3.16 ms)",
+        ] {
             assert!(svg.contains(text), "{text} in {svg}");
         }
         assert!(!svg.contains("<b>"));

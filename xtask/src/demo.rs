@@ -226,6 +226,8 @@ pub struct Outcome {
     /// With `--tor`: what went over the private Tor network.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tor: Option<TorFigures>,
+    /// The decrypted joint views, each checked against the agents' raw values.
+    pub joints: Vec<JointCheck>,
 }
 
 /// What went over the private Tor network in a `--tor` run.
@@ -326,6 +328,37 @@ pub struct Admission {
     /// was enforced by tokens, the Spent table holds one row per counted report; and no agent
     /// saw a partition attempt.
     pub admitted: bool,
+}
+
+/// One decrypted joint view, checked against the agents' raw values.
+#[derive(Debug, Serialize)]
+pub struct JointCheck {
+    /// Class.
+    pub class: u32,
+    /// The view's name.
+    pub view: String,
+    /// Raw (x, y) values the agents recorded for its reports.
+    pub samples: u64,
+    /// Its quadrants as the design server split them.
+    pub quadrants: Vec<JointQuadrant>,
+    /// Samples per quadrant in the decrypted grid, as the design server counted them.
+    pub from_grid: Vec<u64>,
+    /// Raw values per quadrant, compared with the split directly.
+    pub from_values: Vec<u64>,
+    /// Each quadrant holds as many of the raw values, and the same share, as the design
+    /// server counted in the decrypted grid.
+    pub exact: bool,
+}
+
+/// One quadrant of a decrypted joint view.
+#[derive(Debug, Serialize)]
+pub struct JointQuadrant {
+    /// What it covers.
+    pub describe: String,
+    /// Its share of the samples.
+    pub share: f64,
+    /// Its share of kernel time (estimated), where an axis is a duration.
+    pub time_share: Option<f64>,
 }
 
 /// One decrypted (class, counter).
@@ -620,6 +653,9 @@ window_seconds = 1.0
 [seal]
 samples = 40
 max_age_seconds = 1.0
+# Test equipment: the raw values behind every joint view's cells go into the sealed record, so
+# that the demo checks the decrypted grids' quadrants against the values themselves.
+test_record_joint_values = true
 
 [upload]
 delay_max_seconds = 0.005
@@ -1327,7 +1363,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let counted = store.contains_many(Table::Seen, &keys_of)?;
     // Per (class, GPU architecture, counter, day): the epoch of a report is its day (nothing
     // closed early); sums never mix architectures.
-    type Sum = ([u64; BIN_COUNT], u64, bool);
+    type Sum = ([u64; BIN_COUNT], u64, bool, Vec<[f64; 2]>);
     let mut per_day: BTreeMap<(u32, String, u16, u32), Sum> = BTreeMap::new();
     for ((alone, record), counted) in records.iter().zip(&counted) {
         if !counted {
@@ -1341,21 +1377,23 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .context("a counted report's snippet has no class")?;
         let entry = per_day
             .entry((class, record.arch.clone(), record.counter, record.day))
-            .or_insert(([0; BIN_COUNT], 0, false));
+            .or_insert(([0; BIN_COUNT], 0, false, Vec::new()));
         for (sum, bin) in entry.0.iter_mut().zip(&record.bins) {
             *sum += u64::from(*bin);
         }
         entry.1 += 1;
         entry.2 |= *alone;
+        entry.3.extend_from_slice(&record.joint_values);
     }
     let threshold = Threshold::new(options.threshold)?;
     let cap = ReportsPerContributor::DEFAULT;
     // What must be decrypted: per (class, architecture, counter), the days whose sum reaches
     // k contributors.
-    let mut expected: HashMap<(u32, String, u16), ([u64; BIN_COUNT], u64)> = HashMap::new();
+    type Expected = ([u64; BIN_COUNT], u64, Vec<[f64; 2]>);
+    let mut expected: HashMap<(u32, String, u16), Expected> = HashMap::new();
     let mut pairs: std::collections::BTreeSet<(u32, String, u16)> = Default::default();
     let (mut alone_counted, mut alone_decrypted) = (0usize, 0usize);
-    for ((class, arch, counter, _), (bins, n, alone)) in &per_day {
+    for ((class, arch, counter, _), (bins, n, alone, values)) in &per_day {
         let (class, counter) = (*class, *counter);
         pairs.insert((class, arch.clone(), counter));
         let released = releasable(*n, 1, threshold, cap);
@@ -1368,16 +1406,20 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         if !released {
             continue;
         }
-        let entry = expected
-            .entry((class, arch.clone(), counter))
-            .or_insert(([0; BIN_COUNT], 0));
+        let entry = expected.entry((class, arch.clone(), counter)).or_insert((
+            [0; BIN_COUNT],
+            0,
+            Vec::new(),
+        ));
         for (s, b) in entry.0.iter_mut().zip(bins) {
             *s += b;
         }
         entry.1 += n;
+        entry.2.extend_from_slice(values);
     }
     let mut exact = alone_decrypted == 0;
     let mut rows = Vec::new();
+    let mut joints = Vec::new();
     let decrypted = report["decrypted"].as_array().cloned().unwrap_or_default();
     for d in &decrypted {
         let class = d["class"].as_u64().unwrap_or(u64::MAX) as u32;
@@ -1388,10 +1430,14 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .map(|b| b.iter().filter_map(|v| v.as_u64()).collect())
             .unwrap_or_default();
         let reports = d["reports"].as_u64().unwrap_or(0);
-        let ok = expected
-            .get(&(class, arch, counter))
-            .is_some_and(|(sum, n)| *n == reports && sum.as_slice() == bins.as_slice());
+        let wanted = expected.get(&(class, arch, counter));
+        let ok =
+            wanted.is_some_and(|(sum, n, _)| *n == reports && sum.as_slice() == bins.as_slice());
         exact &= ok;
+        if !d["joint"].is_null() {
+            let values = wanted.map_or(&[][..], |w| w.2.as_slice());
+            joints.push(check_joint(class, d, values));
+        }
         rows.push(Row {
             class,
             counter: d["name"].as_str().unwrap_or("?").to_string(),
@@ -1469,7 +1515,88 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         killed,
         seconds,
         tor: tor_figures,
+        joints,
     })
+}
+
+/// Checks one decrypted joint view of the design server's report (`d`, its JSON) against the
+/// raw (x, y) values the agents recorded for the reports in it: as many values as samples,
+/// and in each quadrant as many values, and the same share, as the design server found in the
+/// decrypted grid. The values are compared with the split the report names directly (`x >=
+/// split`), not through the catalogue's binning, so a cell put on the wrong side of an edge
+/// anywhere from the agent to the design server shows.
+fn check_joint(class: u32, d: &serde_json::Value, values: &[[f64; 2]]) -> JointCheck {
+    let j = &d["joint"];
+    let split = |axis: &str| j[axis]["split"].as_f64().unwrap_or(f64::NAN);
+    let (sx, sy) = (split("x"), split("y"));
+    let mut counted = [0u64; 4];
+    // Kernel time per quadrant, where an axis is a duration.
+    let duration_axis = match (j["x"]["unit"].as_str(), j["y"]["unit"].as_str()) {
+        (Some("ns"), _) => Some(0),
+        (_, Some("ns")) => Some(1),
+        _ => None,
+    };
+    let mut time = [0f64; 4];
+    for &[x, y] in values {
+        let q = usize::from(x >= sx) + 2 * usize::from(y >= sy);
+        counted[q] += 1;
+        if let Some(axis) = duration_axis {
+            time[q] += [x, y][axis];
+        }
+    }
+    let all_time: f64 = time.iter().sum();
+    let total = values.len() as u64;
+    let mut quadrants = Vec::new();
+    let mut from_grid = Vec::new();
+    let mut exact = total == d["samples"].as_u64().unwrap_or(u64::MAX) && total > 0;
+    for (i, q) in j["quadrants"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let samples = q["samples"].as_u64().unwrap_or(u64::MAX);
+        from_grid.push(samples);
+        let share = q["share"].as_f64().unwrap_or(f64::NAN);
+        let from_values = counted.get(i).copied().unwrap_or(u64::MAX);
+        let at = (q["x_high"].as_bool(), q["y_high"].as_bool());
+        exact &= at == (Some(i % 2 == 1), Some(i >= 2));
+        // Counts exactly; the share up to the last bit, which serde_json's float parsing
+        // (without its float_roundtrip feature) may not give back.
+        let expected_share = from_values as f64 / total.max(1) as f64;
+        exact &= samples == from_values && (share - expected_share).abs() <= 1e-12;
+        // The share of kernel time the raw durations give lies within the bounds the design
+        // server derived from the cell edges.
+        if duration_axis.is_some() {
+            let truth = time.get(i).copied().unwrap_or(f64::NAN) / all_time;
+            let bound = |name: &str| q["time_share"][name].as_f64().unwrap_or(f64::NAN);
+            exact &= bound("low") <= truth + 1e-12 && truth <= bound("high") + 1e-12;
+        }
+        quadrants.push(JointQuadrant {
+            describe: format!(
+                "{} {} {} and {} {} {}",
+                j["x"]["counter"].as_str().unwrap_or("?"),
+                if i % 2 == 1 { ">=" } else { "<" },
+                with_unit(sx, j["x"]["unit"].as_str().unwrap_or("")),
+                j["y"]["counter"].as_str().unwrap_or("?"),
+                if i >= 2 { ">=" } else { "<" },
+                with_unit(sy, j["y"]["unit"].as_str().unwrap_or("")),
+            ),
+            share,
+            time_share: q["time_share"]["estimate"].as_f64(),
+        });
+    }
+    exact &= quadrants.len() == 4;
+    JointCheck {
+        class,
+        view: d["name"].as_str().unwrap_or("?").to_string(),
+        samples: total,
+        quadrants,
+        from_grid,
+        from_values: counted.to_vec(),
+        exact,
+    }
 }
 
 /// The private Tor network of a `--tor` run.
@@ -1916,6 +2043,26 @@ fn print_outcome(o: &Outcome, threshold: u64) {
         "every report the aggregation server counted was admitted by an admission token: {}",
         if a.admitted { "yes" } else { "NO" }
     );
+    for j in &o.joints {
+        println!(
+            "joint view {} of class {} ({} samples): quadrant shares from the decrypted grid \
+             equal those counted from the agents' raw values: {}",
+            j.view,
+            j.class,
+            j.samples,
+            if j.exact { "yes" } else { "NO" }
+        );
+        for q in &j.quadrants {
+            let time = q.time_share.map_or(String::new(), |t| {
+                format!(", {:.1}% of kernel time", t * 100.0)
+            });
+            println!(
+                "    {}: {:.1}% of samples{time}",
+                q.describe,
+                q.share * 100.0
+            );
+        }
+    }
     if let Some(t) = &o.tor {
         print_tor(t);
     }
@@ -2083,6 +2230,13 @@ mod tests {
         assert!(outcome.alone_counted > 0, "{outcome:?}");
         assert_eq!(outcome.alone_decrypted, 0, "{outcome:?}");
         assert!(outcome.exact, "{outcome:?}");
+        // Joint views: decrypted, and split into quadrants exactly as the raw values fall.
+        assert!(!outcome.joints.is_empty(), "{outcome:?}");
+        assert!(
+            outcome.joints.iter().all(|j| j.exact),
+            "{:?}",
+            outcome.joints
+        );
         if faults {
             assert_eq!(outcome.killed, ["penrose-agent", "penrose-aggregator"]);
         }
