@@ -67,6 +67,7 @@ pub mod gpu;
 mod output;
 mod params;
 mod run;
+pub mod steer;
 
 pub use output::{svg, table};
 pub use params::{Checked, Params, Scenario, SimulateError};
