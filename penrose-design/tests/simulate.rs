@@ -11,6 +11,7 @@ use penrose_core::release::{ReportsPerContributor, contributors_at_least};
 use penrose_core::sampling::{Decision, SamplePeriod, SamplingSchedule, hit_probability};
 use penrose_design::simulate::fleet::Mix;
 use penrose_design::simulate::gpu::{SamplerModel, Sink};
+use penrose_design::simulate::steer::Policy;
 use penrose_design::simulate::{Checked, Fleet, Params};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -406,4 +407,209 @@ fn bad_parameters_are_refused_by_name() {
         let e = params.check().unwrap_err().to_string();
         assert!(e.starts_with(name), "{name}: {e}");
     }
+}
+
+/// The released, reported and sampled hours and the per-GPU-hour rates of a run, as numbers
+/// to compare exactly.
+fn outcome(checked: &Checked) -> Vec<Option<f64>> {
+    checked
+        .run(2, &|_| {})
+        .scenarios
+        .iter()
+        .flat_map(|s| {
+            [
+                s.released.p97_5,
+                s.released.p100,
+                s.reported.p97_5,
+                s.reported.p100,
+                s.sampled.p97_5,
+                s.sampled.p100,
+                Some(s.samples_per_gpu_hour),
+                Some(s.reports_per_gpu_hour),
+                Some(s.probed_per_gpu_hour),
+                Some(s.curve.iter().map(|&(_, v)| v).sum::<f64>()),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn steering_off_gives_the_results_of_the_simulator_before_steering() {
+    // Printed (`--json`) by the simulator before steering existed (commit 3d656f4):
+    // `simulate --gpus 3000 --apps 20 --mixes small-kernel,large-kernel --hours 12`.
+    let params = Params {
+        gpus: 3_000,
+        apps: vec![20],
+        mixes: vec![Mix::SmallKernel, Mix::LargeKernel],
+        hours: 12.0,
+        ..Params::default()
+    };
+    assert_eq!(params.steer, Policy::None);
+    let before = [
+        Some(8.65),
+        Some(8.65),
+        Some(1.0365302414454804),
+        Some(1.0365302414454804),
+        Some(0.030900496725721753),
+        Some(0.030900496725721753),
+        Some(6.789305555555556),
+        Some(2.1781944444444443),
+        Some(67887.95311111111),
+        Some(149.6500000000001),
+        None,
+        None,
+        Some(1.101047599856928),
+        Some(1.101047599856928),
+        Some(0.08505023730056337),
+        Some(0.08505023730056337),
+        Some(5.480722222222222),
+        Some(1.9275277777777777),
+        Some(54750.42963888889),
+        Some(120.14999999999988),
+    ];
+    let now = outcome(&params.check().unwrap());
+    for (i, (a, b)) in now.iter().zip(&before).enumerate() {
+        match (a, b) {
+            (Some(a), Some(b)) => assert!((a - b).abs() <= 1e-9 * b.abs(), "{i}: {a} != {b}"),
+            _ => assert_eq!(a, b, "{i}"),
+        }
+    }
+    assert_eq!(now.len(), before.len());
+}
+
+/// Every window and report of a steered run, per GPU.
+#[derive(Default)]
+struct Log {
+    gpu: u64,
+    /// (GPU, application, group, at, launches, sampled).
+    windows: Vec<(u64, u32, u8, f64, u64, u64)>,
+    /// (GPU, application, group, sealed, arrives).
+    reports: Vec<(u64, u32, u8, f64, f64)>,
+}
+
+impl Sink for Log {
+    fn window(&mut self, app: u32, group: u8, at: f64, launches: u64, sampled: u64) {
+        self.windows
+            .push((self.gpu, app, group, at, launches, sampled));
+    }
+    fn report(&mut self, app: u32, group: u8, sealed: f64, arrives: f64) {
+        self.reports.push((self.gpu, app, group, sealed, arrives));
+    }
+    fn gpu(&mut self, index: u64) {
+        self.gpu = index;
+    }
+}
+
+fn steered_log(params: &Params, threads: usize) -> Log {
+    let checked = params.check().unwrap();
+    let fleet = Fleet::new(&checked, checked.scenarios[0]);
+    let sinks = (0..threads).map(|_| Log::default()).collect();
+    let mut all = Log::default();
+    for log in fleet.run_steered(sinks, &|_| {}) {
+        all.windows.extend(log.windows);
+        all.reports.extend(log.reports);
+    }
+    all.windows.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    all.reports.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    all
+}
+
+#[test]
+fn steering_raises_the_rate_only_while_a_class_is_short_and_keeps_the_cap() {
+    // 300 GPUs over 20 applications (Zipf): the popular ones pass 217 reports within hours,
+    // the rarest never. Within the first day (one epoch) counts only grow, so a class the
+    // server has counted short of release at a window's time was short at every earlier
+    // count, and its agents must sample it at S / f.
+    let params = Params {
+        gpus: 300,
+        apps: vec![20],
+        mixes: vec![Mix::SmallKernel],
+        hours: 12.0,
+        steer: Policy::Both,
+        ..Params::default()
+    };
+    let checked = params.check().unwrap();
+    let need = checked.reports_needed(1);
+    let log = steered_log(&params, 2);
+    // Arrivals per (application, group), sorted: the server's count at t.
+    let mut arrivals: std::collections::HashMap<(u32, u8), Vec<f64>> = Default::default();
+    for &(_, app, group, _, arrives) in &log.reports {
+        arrivals.entry((app, group)).or_default().push(arrives);
+    }
+    arrivals
+        .values_mut()
+        .for_each(|v| v.sort_by(f64::total_cmp));
+    let counted = |app, group, t: f64| {
+        arrivals
+            .get(&(app, group))
+            .map_or(0, |v| v.partition_point(|&a| a <= t)) as u64
+    };
+    let (mut boosted, mut relaxed) = (0, 0);
+    for &(_, app, group, at, launches, sampled) in &log.windows {
+        // A full window (L = 10,000 launches) holds exactly 10 samples at S / f = 1,000 and at
+        // most one at S or S x f.
+        if launches != 10_000 {
+            continue;
+        }
+        if sampled == 10 {
+            boosted += 1;
+        } else {
+            assert!(sampled <= 1, "{sampled} samples in a full window");
+            relaxed += 1;
+            assert!(
+                counted(app, group, at) >= need,
+                "app {app} group {group} slowed at {at} s with {} reports counted",
+                counted(app, group, at)
+            );
+        }
+    }
+    assert!(boosted > 1_000 && relaxed > 1_000, "{boosted} {relaxed}");
+    // The cap: at most T reports per (GPU, group, day), however short the seal age.
+    let mut per: std::collections::HashMap<(u64, u8, u64), u32> = Default::default();
+    for &(gpu, _, group, sealed, _) in &log.reports {
+        *per.entry((gpu, group, (sealed / 86_400.0) as u64))
+            .or_default() += 1;
+    }
+    let most = per.values().copied().max().unwrap();
+    assert!(most <= params.reports_per_day, "{most}");
+    // A steered run does not depend on the thread count either.
+    let one = steered_log(&params, 1);
+    assert_eq!(one.windows, log.windows);
+    assert_eq!(one.reports, log.reports);
+}
+
+#[test]
+fn steering_releases_an_application_on_twelve_gpus_in_half_the_day_the_default_takes() {
+    // One application on 12 GPUs. Unsteered a GPU seals about 0.67 reports per group and hour
+    // (an hour's seal age, then the group's next turn), 12 x 0.67 = 8 an hour: 217 take about
+    // the whole day (this seed: 23.6 h). Told it is short, each GPU seals at 300 s, up to T = 24 per group and
+    // day: 12 x 24 = 288 >= 217, within hours. The reports per group can never pass 12 x T.
+    let params = Params {
+        gpus: 12,
+        apps: vec![1],
+        mixes: vec![Mix::SmallKernel],
+        ..Params::default()
+    };
+    let plain = params.check().unwrap().run(1, &|_| {});
+    let slow = plain.scenarios[0].released.p100.unwrap_or(f64::INFINITY);
+    assert!(slow > 20.0, "{slow}");
+    let steered = Params {
+        steer: Policy::SealAge,
+        ..params
+    };
+    let checked = steered.check().unwrap();
+    let (result, tally) = checked.run_scenario(checked.scenarios[0], 1, &|_| {});
+    let hours = result.released.p100.expect("released within the day");
+    // 217 reports at 12 GPUs x at most 2 windows per group-turn-hour cannot come in under 4 h.
+    assert!((4.0..12.0).contains(&hours), "{hours}");
+    assert!(
+        tally.reports.iter().all(|&r| r <= 12 * 24),
+        "{:?}",
+        tally.reports
+    );
+    assert!(
+        tally.reports.iter().all(|&r| r >= 217),
+        "{:?}",
+        tally.reports
+    );
 }

@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::fleet::Mix;
 use super::gpu::SamplerModel;
+use super::steer::Policy;
 use super::{Params, svg, table};
 
 /// How long until a fleet's applications are covered: simulate N GPUs running A applications
@@ -27,6 +28,11 @@ use super::{Params, svg, table};
 ///   penrose-design simulate --apps 2000 --mixes small-kernel --budget 0.02,0.05,0.1
 ///
 ///   penrose-design simulate --json --svg coverage.svg > coverage.json
+///
+/// Steering by the ack (what the aggregation server's ack could ask of agents; not in the
+/// shipped agent): the small-kernel mix with each policy:
+///
+///   penrose-design simulate --mixes small-kernel --steer seal-age
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
     /// N: GPUs in the fleet.
@@ -112,6 +118,25 @@ pub struct SimulateArgs {
     /// Time resolution of report arrivals (the released times are rounded up to it), seconds.
     #[arg(long, default_value_t = Params::default().resolution_seconds)]
     resolution_seconds: f64,
+    /// Steering by the ack, a policy not in the shipped agent: the aggregation server's ack
+    /// says, per counter group of the report's class, whether this epoch's reports are still
+    /// short of release; the agent then changes, for that application: none (nothing, the
+    /// shipped agent), rate (samples 1 in S / f while short, 1 in S x f once released),
+    /// seal-age (seals at --steer-seal-age-seconds while short), both. The cap T and the
+    /// threshold k hold either way. Steered runs advance all GPUs together in steps and are
+    /// slower.
+    #[arg(long, default_value = "none")]
+    steer: Policy,
+    /// f for --steer rate and both.
+    #[arg(long, default_value_t = Params::default().steer_factor)]
+    steer_factor: u32,
+    /// The seal age of a class short of release, seconds, for --steer seal-age and both.
+    #[arg(long, default_value_t = Params::default().steer_seal_age_seconds)]
+    steer_seal_age_seconds: f64,
+    /// How often the simulated server's counts behind the hints are brought up to date,
+    /// seconds (at least 60).
+    #[arg(long, default_value_t = Params::default().steer_step_seconds)]
+    steer_step_seconds: f64,
     /// Seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -168,6 +193,10 @@ impl SimulateArgs {
             epoch_hours: self.epoch_hours,
             upload_delay_seconds: self.upload_delay_seconds,
             resolution_seconds: self.resolution_seconds,
+            steer: self.steer,
+            steer_factor: self.steer_factor,
+            steer_seal_age_seconds: self.steer_seal_age_seconds,
+            steer_step_seconds: self.steer_step_seconds,
             seed: self.seed,
         }
     }

@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::fleet::AppProfile;
+use super::steer::{Hint, Server, Steering};
 
 /// Seconds in a day: reports are stamped with their day and capped per (counter, day).
 pub const DAY: f64 = 86_400.0;
@@ -57,6 +58,8 @@ pub struct AgentModel {
     pub reports_per_day: u32,
     /// The uploader's longest random delay, seconds.
     pub upload_delay: f64,
+    /// What the agent does with the hints in the aggregation server's acks.
+    pub steering: Steering,
 }
 
 /// One GPU's draws: what it runs and when its cycles fall.
@@ -88,11 +91,16 @@ pub trait Sink {
     /// A report of (`app`, `group`) was sealed at `sealed` and reaches the aggregation server
     /// at `arrives`.
     fn report(&mut self, app: u32, group: u8, sealed: f64, arrives: f64);
+    /// The events that follow, until the next call, are GPU `index`'s (a steered run advances
+    /// the GPUs a step at a time, so one sink sees several GPUs' events interleaved).
+    fn gpu(&mut self, _index: u64) {}
 }
 
 /// An open histogram of one counter group (its counters are sealed together).
 #[derive(Clone, Copy, Debug)]
 struct Open {
+    /// When it opened; a steering hint that shortens the seal age moves it forward so that an
+    /// open histogram already older than the new age seals when the hint arrives, not before.
     opened: f64,
     samples: u64,
     /// The day the cap held it back on: it seals at the next day's first tick.
@@ -107,6 +115,11 @@ struct Agent<'a> {
     /// Per group: the day of its last seal and how many it sealed that day (a group's seals
     /// come in time order; two groups' need not).
     sealed: Vec<(u64, u32)>,
+    /// Per group: the seal age in force (the model's, unless a hint changed it).
+    seal_age: Vec<f64>,
+    /// Arrival times of sealed reports whose acks (and hints) the agent has not acted on yet;
+    /// kept only when steering is on.
+    acks: Vec<f64>,
 }
 
 impl Agent<'_> {
@@ -134,6 +147,9 @@ impl Agent<'_> {
         } else {
             0.0
         };
+        if self.model.steering.is_on() {
+            self.acks.push(t + delay);
+        }
         sink.report(self.app, g as u8, t, t + delay);
         true
     }
@@ -145,7 +161,7 @@ impl Agent<'_> {
             while let Some(open) = self.open[g] {
                 let due = match open.held_on {
                     Some(day) => (day + 1) as f64 * DAY,
-                    None => open.opened + self.model.seal_age,
+                    None => open.opened + self.seal_age[g],
                 };
                 if due >= now || self.try_seal(g, due, rng, sink) {
                     break;
@@ -199,49 +215,167 @@ fn bernoulli_hits(rng: &mut ChaCha8Rng, n: u64, period: SamplePeriod) -> u64 {
     }
 }
 
-/// Runs one GPU from time 0 to `horizon` seconds: `setup` from the scenario, `profile` its
-/// application's windows, `rng` its own stream (upload delays, Bernoulli draws).
+/// One GPU's agent that can be run a stretch of time at a time, so that the fleet's GPUs can be
+/// advanced together and steered by what the aggregation server has counted
+/// ([`super::steer`]). Without steering, running it to the horizon in one stretch or in many
+/// gives the same events (windows are processed in the same order and nothing happens at a
+/// stretch's end).
+pub struct Gpu<'a> {
+    agent: Agent<'a>,
+    setup: GpuSetup,
+    profile: AppProfile,
+    horizon: f64,
+    countdown: Option<SamplingSchedule<ChaCha8Rng>>,
+    rng: ChaCha8Rng,
+    /// The next window's opening.
+    next: f64,
+    /// When the last window closed: nothing before it can change any more.
+    settled: f64,
+    /// Per group: the last hint received (an agent that has none yet treats its class as
+    /// short of reports; [`super::steer`] says why).
+    hints: Vec<Hint>,
+}
+
+impl<'a> Gpu<'a> {
+    /// A GPU at time 0: `setup` from the scenario, `profile` its application's windows, `rng`
+    /// its own stream (upload delays, Bernoulli draws, re-seeded countdowns).
+    pub fn new(
+        model: &'a AgentModel,
+        setup: &GpuSetup,
+        profile: &AppProfile,
+        horizon: f64,
+        rng: ChaCha8Rng,
+    ) -> Self {
+        let groups = usize::from(model.groups);
+        let countdown = match model.sampler {
+            SamplerModel::Countdown => Some(SamplingSchedule::new(
+                model.steering.period(model.period, Hint::Short),
+                model.reoffset,
+                ChaCha8Rng::seed_from_u64(setup.sampler_seed),
+                Duration::from_secs_f64(setup.first_window),
+            )),
+            SamplerModel::Bernoulli => None,
+        };
+        let initial_age = model.steering.seal_age(model.seal_age, Hint::Short);
+        Self {
+            agent: Agent {
+                model,
+                app: setup.app,
+                open: vec![None; groups],
+                sealed: vec![(0, 0); groups],
+                seal_age: vec![initial_age; groups],
+                acks: Vec::new(),
+            },
+            setup: *setup,
+            profile: *profile,
+            horizon,
+            countdown,
+            rng,
+            next: setup.first_window,
+            settled: 0.0,
+            hints: vec![Hint::Short; groups],
+        }
+    }
+
+    /// Acts on the acks that arrived by `now`: the hints for every group of the class, as the
+    /// server counted at `server`'s time. Histograms due before the ack's arrival (or the last
+    /// window's close, whichever is later) seal under the old age first; a new age applies to
+    /// the open ones from then on.
+    fn take_acks(&mut self, now: f64, server: &dyn Server, sink: &mut impl Sink) {
+        let Some(first) = self
+            .agent
+            .acks
+            .iter()
+            .copied()
+            .filter(|&a| a <= now)
+            .min_by(f64::total_cmp)
+        else {
+            return;
+        };
+        self.agent.acks.retain(|&a| a > now);
+        let at = first.max(self.settled);
+        self.agent.seal_due(at, &mut self.rng, sink);
+        let steering = self.agent.model.steering;
+        for g in 0..self.hints.len() {
+            let hint = server.hint(self.setup.app, g as u8, first);
+            self.hints[g] = hint;
+            let age = steering.seal_age(self.agent.model.seal_age, hint);
+            self.agent.seal_age[g] = age;
+            if let Some(open) = self.agent.open[g].as_mut() {
+                open.opened = open.opened.max(at - age);
+            }
+        }
+    }
+
+    /// Runs the windows that open before `until` (and before the horizon); `server` answers
+    /// the acks when steering is on.
+    pub fn advance(&mut self, until: f64, server: &dyn Server, sink: &mut impl Sink) {
+        let model = self.agent.model;
+        let until = until.min(self.horizon);
+        while self.next < until {
+            let t = self.next;
+            let group = self.setup.group_at(model, t);
+            let launches = self.profile.window_launches;
+            let hits = if model.steering.is_on() {
+                self.take_acks(t, server, sink);
+                let period = model
+                    .steering
+                    .period(model.period, self.hints[usize::from(group)]);
+                match self.countdown.as_mut() {
+                    Some(schedule) => {
+                        if schedule.period() != period {
+                            // The agent writes a fresh countdown for the new period.
+                            *schedule = SamplingSchedule::new(
+                                period,
+                                model.reoffset,
+                                ChaCha8Rng::seed_from_u64(self.rng.random()),
+                                Duration::from_secs_f64(t),
+                            );
+                        }
+                        schedule.on_launches(launches, Duration::from_secs_f64(t))
+                    }
+                    None => bernoulli_hits(&mut self.rng, launches, period),
+                }
+            } else {
+                match self.countdown.as_mut() {
+                    Some(schedule) => schedule.on_launches(launches, Duration::from_secs_f64(t)),
+                    None => bernoulli_hits(&mut self.rng, launches, model.period),
+                }
+            };
+            sink.window(self.setup.app, group, t, launches, hits);
+            // The window's snippet reaches the pipeline when the window closes.
+            let closed = t + self.profile.window_seconds;
+            self.agent
+                .seal_due(closed.min(self.horizon), &mut self.rng, sink);
+            if hits > 0 && closed < self.horizon {
+                self.agent
+                    .add(usize::from(group), closed, hits, &mut self.rng, sink);
+            }
+            self.settled = closed;
+            self.next += self.profile.cycle_seconds;
+        }
+    }
+
+    /// Seals what is due by the horizon; call once, after the last stretch.
+    pub fn finish(&mut self, sink: &mut impl Sink) {
+        self.agent.seal_due(self.horizon, &mut self.rng, sink);
+    }
+}
+
+/// Runs one GPU from time 0 to `horizon` seconds in one stretch, unsteered: `setup` from the
+/// scenario, `profile` its application's windows, `rng` its own stream (upload delays,
+/// Bernoulli draws).
 pub fn run(
     model: &AgentModel,
     setup: &GpuSetup,
     profile: &AppProfile,
     horizon: f64,
-    rng: &mut ChaCha8Rng,
+    rng: ChaCha8Rng,
     sink: &mut impl Sink,
 ) {
-    let mut agent = Agent {
-        model,
-        app: setup.app,
-        open: vec![None; usize::from(model.groups)],
-        sealed: vec![(0, 0); usize::from(model.groups)],
-    };
-    let mut countdown = match model.sampler {
-        SamplerModel::Countdown => Some(SamplingSchedule::new(
-            model.period,
-            model.reoffset,
-            ChaCha8Rng::seed_from_u64(setup.sampler_seed),
-            Duration::from_secs_f64(setup.first_window),
-        )),
-        SamplerModel::Bernoulli => None,
-    };
-    let mut t = setup.first_window;
-    while t < horizon {
-        let launches = profile.window_launches;
-        let hits = match countdown.as_mut() {
-            Some(schedule) => schedule.on_launches(launches, Duration::from_secs_f64(t)),
-            None => bernoulli_hits(rng, launches, model.period),
-        };
-        let group = setup.group_at(model, t);
-        sink.window(setup.app, group, t, launches, hits);
-        // The window's snippet reaches the pipeline when the window closes.
-        let closed = t + profile.window_seconds;
-        agent.seal_due(closed.min(horizon), rng, sink);
-        if hits > 0 && closed < horizon {
-            agent.add(usize::from(group), closed, hits, rng, sink);
-        }
-        t += profile.cycle_seconds;
-    }
-    agent.seal_due(horizon, rng, sink);
+    let mut gpu = Gpu::new(model, setup, profile, horizon, rng);
+    gpu.advance(horizon, &super::steer::Unsteered, sink);
+    gpu.finish(sink);
 }
 
 #[cfg(test)]

@@ -60,6 +60,21 @@
 //! Each GPU has its own random stream seeded from (seed, A, GPU index), so a scenario's result
 //! depends neither on the thread count nor on the other scenarios of the run; budgets and
 //! mixes of one A share the GPUs' draws.
+//!
+//! # Steering by the ack (`--steer`, not in the shipped agent)
+//!
+//! [`steer`]: the aggregation server's ack to a report tells the agent, per counter group of
+//! the report's class, whether this epoch's reports are still short of release; the agent
+//! samples that application more (`rate`: 1 in S / f while short, S x f once released), seals
+//! it sooner (`seal-age`), or both. That couples the GPUs through the server, so a steered
+//! run does not run each GPU alone from start to end: it advances every GPU to the end of a
+//! step (`--steer-step-seconds`, 300 s), then counts the reports that reached the server by
+//! then per (application, group, epoch); the acks that arrive in the next step carry hints
+//! from those counts ([`Fleet::run_steered`]). Within a step GPUs do not interact, so the
+//! result still does not depend on the thread count. An unsteered run takes the old path,
+//! GPU by GPU, and gives the same results as before steering existed (tested). The cap T and
+//! the threshold k are the same with every policy. The numbers, the cost and the decision are
+//! in docs/evaluation.md, "Steering by the ack".
 
 pub mod cli;
 pub mod fleet;
@@ -67,6 +82,7 @@ pub mod gpu;
 mod output;
 mod params;
 mod run;
+pub mod steer;
 
 pub use output::{svg, table};
 pub use params::{Checked, Params, Scenario, SimulateError};

@@ -68,6 +68,14 @@ pub fn table(sim: &Simulation) -> String {
         p.threshold,
         p.epoch_hours
     );
+    if p.steer != super::steer::Policy::None {
+        let _ = writeln!(
+            out,
+            "steered by the ack: policy {}, f = {}, seal age {} s while short; server counts \
+             every {} s",
+            p.steer, p.steer_factor, p.steer_seal_age_seconds, p.steer_step_seconds
+        );
+    }
     let _ = writeln!(
         out,
         "\nHours until 97.5% / 100% of the applications the fleet runs are covered \

@@ -11,6 +11,7 @@ use thiserror::Error;
 
 use super::fleet::{CaptureModel, Mix};
 use super::gpu::{AgentModel, SamplerModel};
+use super::steer::{Policy, Steering};
 
 /// Seconds in an hour.
 pub(super) const HOUR: f64 = 3600.0;
@@ -90,6 +91,15 @@ pub struct Params {
     pub upload_delay_seconds: f64,
     /// Time resolution of report arrivals, seconds.
     pub resolution_seconds: f64,
+    /// Steering by the ack (`none`: the shipped agent).
+    pub steer: Policy,
+    /// f: a class short of release samples 1 in S / f, a released one 1 in S x f (policies
+    /// `rate` and `both`).
+    pub steer_factor: u32,
+    /// The seal age of a class short of release, seconds (policies `seal-age` and `both`).
+    pub steer_seal_age_seconds: f64,
+    /// How often the simulated server's counts are brought up to date for the hints, seconds.
+    pub steer_step_seconds: f64,
     /// Seed.
     pub seed: u64,
 }
@@ -127,6 +137,10 @@ impl Default for Params {
             epoch_hours: 24.0,
             upload_delay_seconds: 60.0,
             resolution_seconds: 60.0,
+            steer: Policy::None,
+            steer_factor: 10,
+            steer_seal_age_seconds: 300.0,
+            steer_step_seconds: 300.0,
             seed: 1,
         }
     }
@@ -243,6 +257,25 @@ impl Params {
                 format!("{needed} report counters would be kept; make the resolution coarser"),
             ));
         }
+        if self.steer_factor == 0 {
+            return Err(bad("--steer-factor", "f is at least 1"));
+        }
+        let short_seal_age = positive("--steer-seal-age-seconds", self.steer_seal_age_seconds)?;
+        // A step under a minute would only slow the run: hints are at least a window old.
+        if positive("--steer-step-seconds", self.steer_step_seconds)? < 60.0 {
+            return Err(bad(
+                "--steer-step-seconds",
+                format!("at least 60 s, not {}", self.steer_step_seconds),
+            ));
+        }
+        let steering = match self.steer {
+            Policy::None => Steering::OFF,
+            policy => Steering {
+                policy,
+                rate_factor: self.steer_factor,
+                short_seal_age,
+            },
+        };
         let agent = AgentModel {
             sampler: self.sampler,
             period,
@@ -253,6 +286,7 @@ impl Params {
             seal_age: self.seal_max_age_seconds,
             reports_per_day: self.reports_per_day,
             upload_delay,
+            steering,
         };
         let capture = |budget: OverheadBudget| CaptureModel {
             schedule: BudgetConfig {

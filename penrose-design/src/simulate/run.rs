@@ -9,8 +9,9 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::fleet::{Apps, Mix};
-use super::gpu::{self, GpuSetup, Sink};
+use super::gpu::{self, Gpu, GpuSetup, Sink};
 use super::params::{Checked, HOUR, Params, Scenario};
+use super::steer::Counts;
 
 /// GPUs a worker takes at a time.
 const CHUNK: u64 = 1024;
@@ -75,20 +76,143 @@ impl<'a> Fleet<'a> {
         (busy.then_some(setup), rng)
     }
 
-    /// Runs GPU `index` into `sink`.
+    /// Runs GPU `index` into `sink`, unsteered, in one stretch.
     pub fn run_gpu(&self, index: u64, sink: &mut impl Sink) {
-        let (setup, mut rng) = self.setup(index);
+        let (setup, rng) = self.setup(index);
         if let Some(setup) = setup {
+            sink.gpu(index);
             let profile = &self.apps.profiles[setup.app as usize];
             gpu::run(
                 &self.checked.agent,
                 &setup,
                 profile,
                 self.checked.horizon,
-                &mut rng,
+                rng,
                 sink,
             );
         }
+    }
+
+    /// Runs every GPU together, a step (`--steer-step-seconds`) at a time, on as many threads
+    /// as `sinks` holds (one sink per thread, returned). After each step the reports that
+    /// reached the aggregation server by its end are counted per (application, group, epoch);
+    /// an ack that arrives during the next step carries the hint from those counts. So a hint
+    /// is at most about one step (plus a window cycle, until the agent's next window) old. The
+    /// result does not depend on the number of threads: within a step the GPUs do not interact.
+    pub fn run_steered<S: Sink + Send>(
+        &self,
+        sinks: Vec<S>,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Vec<S> {
+        let checked = self.checked;
+        let horizon = checked.horizon;
+        let need = (0..checked.epochs)
+            .map(|e| checked.reports_needed(checked.epoch_days(e)))
+            .collect();
+        let mut server = Counts::new(
+            self.scenario.apps,
+            checked.params.groups,
+            checked.epoch,
+            need,
+        );
+        let mut gpus: Vec<(u64, Gpu<'_>)> = (0..checked.params.gpus)
+            .filter_map(|index| {
+                let (setup, rng) = self.setup(index);
+                let setup = setup?;
+                let profile = &self.apps.profiles[setup.app as usize];
+                Some((
+                    index,
+                    Gpu::new(&checked.agent, &setup, profile, horizon, rng),
+                ))
+            })
+            .collect();
+        let mut logged: Vec<Logged<S>> = sinks
+            .into_iter()
+            .map(|inner| Logged {
+                inner,
+                log: Vec::new(),
+            })
+            .collect();
+        let per = gpus.len().div_ceil(logged.len().max(1)).max(1);
+        let step = checked.params.steer_step_seconds;
+        let steps = (horizon / step).ceil().max(1.0) as u64;
+        // Reports sealed but not yet at the server: (index into the counts, arrival).
+        let mut pending: Vec<(usize, f64)> = Vec::new();
+        let mut done = 0;
+        for i in 0..steps {
+            let end = ((i + 1) as f64 * step).min(horizon);
+            let server_now = &server;
+            std::thread::scope(|s| {
+                let mut work = gpus.chunks_mut(per).zip(logged.iter_mut());
+                let first = work.next();
+                let handles: Vec<_> = work
+                    .map(|(chunk, sink)| s.spawn(move || advance_all(chunk, sink, end, server_now)))
+                    .collect();
+                if let Some((chunk, sink)) = first {
+                    advance_all(chunk, sink, end, server_now);
+                }
+                for h in handles {
+                    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                }
+            });
+            for sink in &mut logged {
+                for (app, group, sealed, arrives) in sink.log.drain(..) {
+                    pending.push((server.index(app, group, server.epoch_of(sealed)), arrives));
+                }
+            }
+            pending.retain(|&(index, arrives)| {
+                let arrived = arrives <= end;
+                if arrived {
+                    server.count(index);
+                }
+                !arrived
+            });
+            let target = checked.params.gpus * (i + 1) / steps;
+            progress(target - done);
+            done = target;
+        }
+        for (chunk, sink) in gpus.chunks_mut(per).zip(logged.iter_mut()) {
+            for (index, gpu) in chunk {
+                sink.gpu(*index);
+                gpu.finish(sink);
+            }
+        }
+        logged.into_iter().map(|l| l.inner).collect()
+    }
+}
+
+/// Advances a worker's GPUs to `end`.
+fn advance_all<S: Sink>(
+    gpus: &mut [(u64, Gpu<'_>)],
+    sink: &mut Logged<S>,
+    end: f64,
+    server: &Counts,
+) {
+    for (index, gpu) in gpus {
+        sink.gpu(*index);
+        gpu.advance(end, server, sink);
+    }
+}
+
+/// A worker's sink that also logs the reports of the current step for the server's counts.
+struct Logged<S> {
+    inner: S,
+    /// (application, group, sealed, arrives).
+    log: Vec<(u32, u8, f64, f64)>,
+}
+
+impl<S: Sink> Sink for Logged<S> {
+    fn window(&mut self, app: u32, group: u8, at: f64, launches: u64, sampled: u64) {
+        self.inner.window(app, group, at, launches, sampled);
+    }
+
+    fn report(&mut self, app: u32, group: u8, sealed: f64, arrives: f64) {
+        self.log.push((app, group, sealed, arrives));
+        self.inner.report(app, group, sealed, arrives);
+    }
+
+    fn gpu(&mut self, index: u64) {
+        self.inner.gpu(index);
     }
 }
 
@@ -317,6 +441,37 @@ impl Checked {
     ) -> (ScenarioResult, Tally) {
         let started = Instant::now();
         let fleet = Fleet::new(self, scenario);
+        let mut tallies = if self.agent.steering.is_on() {
+            let sinks = (0..threads.max(1))
+                .map(|_| Tally::new(self, scenario.apps))
+                .collect();
+            fleet.run_steered(sinks, progress)
+        } else {
+            self.run_independent(&fleet, threads, progress)
+        };
+        let mut tally = tallies.swap_remove(0);
+        for other in &tallies {
+            tally.merge(other);
+        }
+        // The applications each GPU runs, counted apart from the workers (idle GPUs too).
+        for index in 0..self.params.gpus {
+            if let (Some(setup), _) = fleet.setup(index) {
+                tally.gpus[setup.app as usize] += 1;
+            }
+        }
+        let result = self.summarise(&scenario, &tally, started.elapsed().as_secs_f64());
+        (result, tally)
+    }
+
+    /// Runs each GPU alone from start to end (no steering), the GPUs shared out in chunks
+    /// among `threads` workers; one tally per worker.
+    fn run_independent(
+        &self,
+        fleet: &Fleet<'_>,
+        threads: usize,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Vec<Tally> {
+        let scenario = fleet.scenario;
         let next = AtomicU64::new(0);
         let gpus = self.params.gpus;
         let work = || {
@@ -333,7 +488,7 @@ impl Checked {
                 progress(to - from);
             }
         };
-        let mut tallies: Vec<Tally> = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             let handles: Vec<_> = (1..threads.max(1)).map(|_| s.spawn(work)).collect();
             let mut all = vec![work()];
             // A worker that panicked takes the run down with it rather than leave a hole.
@@ -343,19 +498,14 @@ impl Checked {
                     .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))),
             );
             all
-        });
-        let mut tally = tallies.swap_remove(0);
-        for other in &tallies {
-            tally.merge(other);
-        }
-        // The applications each GPU runs, counted apart from the workers (idle GPUs too).
-        for index in 0..gpus {
-            if let (Some(setup), _) = fleet.setup(index) {
-                tally.gpus[setup.app as usize] += 1;
-            }
-        }
-        let result = self.summarise(&scenario, &tally, started.elapsed().as_secs_f64());
-        (result, tally)
+        })
+    }
+
+    /// The days epoch `e` spans (a report of it counts as 1 / (T x days) of a contributor).
+    pub fn epoch_days(&self, e: usize) -> u32 {
+        let start = e as f64 * self.epoch;
+        let end = start + self.epoch;
+        ((end / gpu::DAY).ceil() - (start / gpu::DAY).floor()).max(1.0) as u32
     }
 
     fn summarise(&self, scenario: &Scenario, tally: &Tally, seconds: f64) -> ScenarioResult {
