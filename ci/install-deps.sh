@@ -12,6 +12,7 @@ set -euo pipefail
 # download, 414 MB installed with its 24 dependencies; without it that test says SKIPPED).
 # tor: penrose-tornet's private Tor network on loopback (tor and tor-gencert; without them its
 # test says SKIPPED).
+# fonts-dejavu-core: the text of the design server's PNG plots (the package recommends it).
 packages=(
     build-essential pkg-config libgmp-dev librocksdb-dev
     clang libclang-dev
@@ -20,6 +21,7 @@ packages=(
     python3-pip
     chromium
     tor
+    fonts-dejavu-core
 )
 
 step "apt packages: ${packages[*]}"

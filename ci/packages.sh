@@ -109,6 +109,8 @@ for pkg in "${PACKAGES[@]}"; do
             ;;
         penrose-design)
             [ ! -e "$ctrl/postinst" ] || fail "$pkg has a postinst; it should need none"
+            [[ "$(dpkg-deb -f "$deb" Recommends)" == *fonts-dejavu-core* ]] ||
+                fail "$pkg: Recommends lacks fonts-dejavu-core (report --png draws text with it)"
             ;;
     esac
     for script in preinst postinst prerm postrm; do

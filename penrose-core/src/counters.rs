@@ -167,8 +167,17 @@ impl Binning {
                 (min + i * width, min + (i + 1.0) * width)
             }
             Binning::Log { min, max } => {
-                let ratio = (max / min).ln() / n;
-                (min * (i * ratio).exp(), min * ((i + 1.0) * ratio).exp())
+                // In the base whose logarithms of the range's ends are whole (10 for the
+                // duration scale, 2 for sizes and per-SM counts), so that round values (1 ms,
+                // 64 KiB) are edges exactly rather than a rounding error away from one.
+                let base = if min.log10().fract() == 0.0 && max.log10().fract() == 0.0 {
+                    10.0f64
+                } else {
+                    2.0
+                };
+                let (lo, hi) = (min.log(base), max.log(base));
+                let at = |k: f64| base.powf(lo + k * (hi - lo) / n);
+                (at(i), at(i + 1.0))
             }
         }
     }
@@ -700,18 +709,24 @@ mod tests {
         assert_eq!(b.bin(49.99).map(Bin::index), Ok(63));
     }
 
-    /// Whole decades of the duration scale, which the plain formula put in the bin above
-    /// their edge (computed a hair over them) or below it.
+    /// Whole decades of the duration scale and powers of two of the size scales are edges
+    /// exactly, and land in the bin they open (computed through `ln`, 1 ms was an edge of
+    /// 1000000.0000000009 ns, so a kernel of exactly 1 ms fell below a split at 1 ms).
     #[test]
-    fn decades_of_the_duration_scale_land_with_their_edges() {
-        let b = CATALOGUE_V2
-            .counter_by_name("kernel_duration")
-            .unwrap()
-            .binning;
-        for v in [1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9] {
-            let bin = b.bin(v).unwrap();
-            let (lo, hi) = b.edges(bin);
-            assert!(lo <= v && v < hi, "{v} in {bin:?} [{lo}, {hi})");
+    fn round_values_are_edges_exactly_and_open_their_bin() {
+        let catalogue = &CATALOGUE_V2;
+        let scales = [
+            ("kernel_duration", vec![1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9]),
+            // 20 octaves in 128 bins: an octave edge every 32 bins; 18 in 128: one at 64.
+            ("shared_memory", vec![32.0, 1024.0, 32_768.0]),
+            ("blocks_per_sm", vec![8.0]),
+        ];
+        for (name, values) in scales {
+            let b = catalogue.counter_by_name(name).unwrap().binning;
+            for v in values {
+                let bin = b.bin(v).unwrap();
+                assert_eq!(b.edges(bin).0, v, "{name}: {v} opens {bin:?}");
+            }
         }
     }
 

@@ -135,9 +135,14 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         html: Option<PathBuf>,
         /// Also write the plots as SVG files into DIR: overview.svg and
-        /// class-C-counter-N.svg.
+        /// class-C-ARCH-counter-N.svg.
         #[arg(long, value_name = "DIR")]
         svg: Option<PathBuf>,
+        /// Also write the plots as PNG files into DIR, named as with --svg (.png), at twice
+        /// the SVG's size. Text needs a font under /usr/share/fonts (fonts-dejavu-core);
+        /// without one the plots are written without text, with a warning.
+        #[arg(long, value_name = "DIR")]
+        png: Option<PathBuf>,
     },
     /// Label a class (or with --remove, remove its label); reports show the label.
     ///

@@ -21,6 +21,7 @@
 //! - [`plot`] and [`html`]: the report's plots as SVG (histograms, heat maps of joint views,
 //!   the fleet overview) and
 //!   one self-contained HTML page with them and the tables.
+//! - [`png`]: the same plots as PNG files, rasterised from their SVG.
 //! - [`simulate`]: the fleet simulator: hours until a fleet's applications are covered, under
 //!   the agent's sampler, window scheduler and sealing and the servers' release rule.
 
@@ -33,5 +34,6 @@ pub mod keyfile;
 pub mod labels;
 pub mod output;
 pub mod plot;
+pub mod png;
 pub mod report;
 pub mod simulate;

@@ -73,6 +73,7 @@ fn run(cli: Cli) -> Result<()> {
             splits,
             html,
             svg,
+            png,
         } => {
             let threshold = Threshold::new(threshold)?;
             let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
@@ -96,6 +97,7 @@ fn run(cli: Cli) -> Result<()> {
                 splits: split,
                 html: html.as_deref(),
                 svg: svg.as_deref(),
+                png: png.as_deref(),
             };
             print_report(&archive, &key, threshold, cap, &outputs)?
         }
@@ -315,6 +317,7 @@ struct Outputs<'a> {
     splits: Splits,
     html: Option<&'a Path>,
     svg: Option<&'a Path>,
+    png: Option<&'a Path>,
 }
 
 /// Writes `text` to `dir/name`, creating `dir`.
@@ -346,23 +349,52 @@ fn print_report(
         let path = write_file(out, "index.html", &penrose_design::html::render(&report))?;
         eprintln!("wrote {}", path.display());
     }
-    if let Some(out) = outputs.svg {
-        write_file(
-            out,
-            "overview.svg",
-            &penrose_design::plot::overview(&report),
-        )?;
-        for c in &report.decrypted {
-            let name = format!("class-{}-{}-counter-{}.svg", c.class, c.arch, c.counter);
+    // Every plot, by the file name it is written under (without the extension).
+    let plots = || {
+        std::iter::once((
+            "overview".to_string(),
+            penrose_design::plot::overview(&report),
+        ))
+        .chain(report.decrypted.iter().map(|c| {
             let label = c.label.as_ref().map(|l| l.as_str());
             let plot = match &c.joint {
                 Some(j) => penrose_design::plot::heatmap(c, j, label),
                 None => penrose_design::plot::histogram(c, label),
             };
-            write_file(out, &name, &plot)?;
+            (
+                format!("class-{}-{}-counter-{}", c.class, c.arch, c.counter),
+                plot,
+            )
+        }))
+    };
+    if let Some(out) = outputs.svg {
+        for (name, plot) in plots() {
+            write_file(out, &format!("{name}.svg"), &plot)?;
         }
         eprintln!(
             "wrote {} SVG files into {}",
+            report.decrypted.len() + 1,
+            out.display()
+        );
+    }
+    if let Some(out) = outputs.png {
+        let raster = penrose_design::png::Rasteriser::with_system_fonts();
+        if raster.fonts() == 0 {
+            tracing::warn!(
+                "no font under /usr/share/fonts: the PNG plots have no text (install \
+                 fonts-dejavu-core)"
+            );
+        }
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        for (name, plot) in plots() {
+            let path = out.join(format!("{name}.png"));
+            let png = raster
+                .png(&plot)
+                .with_context(|| format!("drawing {}", path.display()))?;
+            std::fs::write(&path, png).with_context(|| format!("writing {}", path.display()))?;
+        }
+        eprintln!(
+            "wrote {} PNG files into {}",
             report.decrypted.len() + 1,
             out.display()
         );

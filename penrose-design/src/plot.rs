@@ -229,10 +229,8 @@ pub fn heatmap(c: &CounterReport, j: &JointSummary, label: Option<&str>) -> Stri
         Some(l) => format!("class {} ({l})", c.class),
         None => format!("class {}", c.class),
     };
-    let title = format!(
-        "{who}, {}: {} ({} against {}), {} samples",
-        c.arch, c.name, j.x.counter, j.y.counter, c.samples
-    );
+    // The axes name the two counters; the title stays short enough for the plot's width.
+    let title = format!("{who}, {}: {}, {} samples", c.arch, c.name, c.samples);
     let mut svg = Svg::new(W as u32, H as u32, &title);
     svg.text(LEFT, 18.0, Anchor::Start, 13, &title);
     let max = c.bins.iter().copied().max().unwrap_or(0);

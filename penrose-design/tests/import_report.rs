@@ -725,15 +725,18 @@ fn the_cli_refuses_a_tampered_bundle_with_exit_code_3() {
 }
 
 /// An archive of one bundle under a 2048-bit key (the CLI refuses smaller ones): class 0's
-/// kernel durations above the threshold, class 1's under it; the key files written. Returns
-/// the temporary directory, the archive and the private key file.
+/// kernel durations and its joint view of duration against occupancy (catalogue 2) above the
+/// threshold, class 1's durations under it; the key files written. Returns the temporary
+/// directory, the archive and the private key file.
 fn cli_archive() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let mut f = Fixture::new();
     f.keys = Keypair::generate_with_size(KeySize::Bits2048, &mut f.rng);
     let dir = tempfile::tempdir().unwrap();
     let (above, _) = f.entry(DAY, 0, 5, ENOUGH);
+    let (mut joint, _) = f.entry(DAY, 0, JOINT, ENOUGH);
+    joint.catalogue = CatalogueVersion(2);
     let (below, _) = f.entry(DAY, 1, 5, ENOUGH - 1);
-    let path = f.bundle(dir.path(), &[DAY], vec![above, below]);
+    let path = f.bundle(dir.path(), &[DAY], vec![above, joint, below]);
     let archive_dir = dir.path().join("archive");
     Archive::open(&archive_dir)
         .unwrap()
@@ -752,11 +755,14 @@ fn design(args: &[&std::ffi::OsStr]) -> std::process::Output {
         .unwrap()
 }
 
+/// The id of catalogue 2's joint view of kernel duration against achieved occupancy.
+const JOINT: u16 = 10;
+
 /// A label that would run a script, if it were not escaped.
 const HOSTILE: &str = "<script>alert(1)</script> & bert";
 
-/// Labels the archive's class 0 with [`HOSTILE`] and writes the report as CSV (stdout), HTML
-/// and SVG files; returns the HTML page's path and the CSV.
+/// Labels the archive's class 0 with [`HOSTILE`] and writes the report as CSV (stdout), HTML,
+/// SVG and PNG files; returns the HTML page's path and the CSV.
 fn labelled_report(dir: &Path, archive: &Path, private: &Path) -> (PathBuf, String) {
     let out = design(&[
         "label".as_ref(),
@@ -768,6 +774,7 @@ fn labelled_report(dir: &Path, archive: &Path, private: &Path) -> (PathBuf, Stri
     assert!(out.status.success(), "{out:?}");
     let html = dir.join("html");
     let svg = dir.join("svg");
+    let png = dir.join("png");
     let out = design(&[
         "report".as_ref(),
         "--archive".as_ref(),
@@ -779,9 +786,24 @@ fn labelled_report(dir: &Path, archive: &Path, private: &Path) -> (PathBuf, Stri
         html.as_os_str(),
         "--svg".as_ref(),
         svg.as_os_str(),
+        "--png".as_ref(),
+        png.as_os_str(),
     ]);
     assert!(out.status.success(), "{out:?}");
-    assert!(svg.join("overview.svg").exists() && svg.join("class-0-sm_90-counter-5.svg").exists());
+    for name in [
+        "overview",
+        "class-0-sm_90-counter-5",
+        "class-0-sm_90-counter-10",
+    ] {
+        assert!(svg.join(format!("{name}.svg")).exists(), "{name}");
+        // A PNG at twice the SVG's width (640), its header intact.
+        let bytes = std::fs::read(png.join(format!("{name}.png"))).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{name}");
+        let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+        assert_eq!(width, 1280, "{name}");
+    }
+    let heat = std::fs::read_to_string(svg.join("class-0-sm_90-counter-10.svg")).unwrap();
+    assert!(heat.contains(r#"class="cell""#) && heat.contains(r#"class="split""#));
     (
         html.join("index.html"),
         String::from_utf8(out.stdout).unwrap(),
@@ -827,9 +849,16 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(listed, serde_json::json!([{"class": 0, "label": HOSTILE}]));
 
-    // CSV: a header and one row, class 0 with its label and statistics.
+    // CSV: a header and two rows, class 0's durations with its label and statistics, and its
+    // joint view, which has no mean or percentiles.
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines.len(), 2, "{csv}");
+    assert_eq!(lines.len(), 3, "{csv}");
+    assert!(
+        lines[2].starts_with(&format!(
+            "0,{HOSTILE},sm_90,10,duration_x_occupancy,,2,{ENOUGH},"
+        )),
+        "{csv}"
+    );
     assert!(lines[0].starts_with("class,label,arch,counter,name,unit,catalogue,reports"));
     assert!(
         lines[1].starts_with(&format!(
@@ -838,17 +867,20 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
         "{csv}"
     );
 
-    // The page: the label escaped, the overview and one histogram, class 1 listed as withheld.
+    // The page: the label escaped, the overview, one histogram and one heat map with its
+    // quadrants, class 1 listed as withheld.
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(!html.contains("<script"), "escaped");
     assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; bert"));
-    assert_eq!(html.matches("<svg").count(), 2);
+    assert_eq!(html.matches("<svg").count(), 3);
+    assert_eq!(html.matches(r#"<table class="quadrants">"#).count(), 1);
     assert!(html.contains(r#"id="class-0""#) && !html.contains(r#"id="class-1""#));
     assert!(html.contains("Withheld") && html.contains("<td>class 1</td>"));
     assert!(html.contains("threshold k</dt><dd>10 contributors"));
-    assert!(
-        !html.contains("http://") || html.matches("http://").count() == 2,
-        "only xmlns"
+    assert_eq!(
+        html.matches("http://").count(),
+        html.matches(r#"<svg xmlns="http://www.w3.org/2000/svg""#).count(),
+        "only each plot's xmlns"
     );
 
     // The text report shows the label too; removing it leaves none.
@@ -945,7 +977,11 @@ fn the_html_report_renders_in_headless_chromium() {
         .match_indices("<svg")
         .map(|(at, _)| &dom[at..at + dom[at..].find('>').unwrap()])
         .collect();
-    assert_eq!(svgs.len(), 2, "the overview and one histogram: {dom}");
+    assert_eq!(
+        svgs.len(),
+        3,
+        "the overview, one histogram and one heat map: {dom}"
+    );
     for svg in &svgs {
         let size = |n| attribute(svg, n).and_then(|v| v.parse::<f64>().ok());
         assert!(
