@@ -879,7 +879,8 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
     assert!(html.contains("threshold k</dt><dd>10 contributors"));
     assert_eq!(
         html.matches("http://").count(),
-        html.matches(r#"<svg xmlns="http://www.w3.org/2000/svg""#).count(),
+        html.matches(r#"<svg xmlns="http://www.w3.org/2000/svg""#)
+            .count(),
         "only each plot's xmlns"
     );
 
