@@ -436,40 +436,29 @@ fn print_report(
     println!("{}", report.admission_line());
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     for c in &report.decrypted {
-        if let Some(j) = &c.joint {
+        let head = format!(
+            "class {:>4}{}  {:<7}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples",
+            c.class,
+            c.label
+                .as_ref()
+                .map_or(String::new(), |l| format!(" ({l})")),
+            c.arch,
+            c.name,
+            c.reports,
+            c.contributors_at_least,
+            c.samples,
+        );
+        match &c.joint {
             // A joint view has no mean or percentiles: its quadrants follow.
-            println!(
-                "class {:>4}{}  {:<7}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples  joint view of {} and {}:",
-                c.class,
-                c.label
-                    .as_ref()
-                    .map_or(String::new(), |l| format!(" ({l})")),
-                c.arch,
-                c.name,
-                c.reports,
-                c.contributors_at_least,
-                c.samples,
-                j.x.counter,
-                j.y.counter,
-            );
-        } else {
-            println!(
-                "class {:>4}{}  {:<7}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
-                c.class,
-                c.label
-                    .as_ref()
-                    .map_or(String::new(), |l| format!(" ({l})")),
-                c.arch,
-                c.name,
-                c.reports,
-                c.contributors_at_least,
-                c.samples,
+            Some(j) => println!("{head}  joint view of {} and {}:", j.x.counter, j.y.counter),
+            None => println!(
+                "{head}  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
                 fmt(c.mean),
                 fmt(c.p50),
                 fmt(c.p90),
                 fmt(c.p99),
                 u = c.unit
-            );
+            ),
         }
         if !c.merged_from.is_empty() {
             let merged: Vec<String> = c

@@ -212,6 +212,14 @@ fn heat(share: f64) -> Colour {
 /// The splits' colour.
 const SPLIT: &str = "#c0392b";
 
+/// A class as a plot's title names it: `class 7 (label)`.
+fn class_name(class: u32, label: Option<&str>) -> String {
+    match label {
+        Some(l) => format!("class {class} ({l})"),
+        None => format!("class {class}"),
+    }
+}
+
 /// The heat map of one decrypted joint view: its 16 x 8 cells coloured by samples (empty cells
 /// left blank), each with a tooltip of its ranges and count, the split as two dashed lines and
 /// each quadrant's share of samples written in its corner.
@@ -225,10 +233,7 @@ pub fn heatmap(c: &CounterReport, j: &JointSummary, label: Option<&str>) -> Stri
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let (nx, ny) = (j.x.edges.len() - 1, j.y.edges.len() - 1);
     let (cw, ch) = (pw / nx as f64, ph / ny as f64);
-    let who = match label {
-        Some(l) => format!("class {} ({l})", c.class),
-        None => format!("class {}", c.class),
-    };
+    let who = class_name(c.class, label);
     // The axes name the two counters; the title stays short enough for the plot's width.
     let title = format!("{who}, {}: {}, {} samples", c.arch, c.name, c.samples);
     let mut svg = Svg::new(W as u32, H as u32, &title);
@@ -352,10 +357,7 @@ pub fn histogram(c: &CounterReport, label: Option<&str>) -> String {
     const BOTTOM: f64 = 48.0;
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let bw = pw / BIN_COUNT as f64;
-    let who = match label {
-        Some(l) => format!("class {} ({l})", c.class),
-        None => format!("class {}", c.class),
-    };
+    let who = class_name(c.class, label);
     let title = format!(
         "{who}, {}: {} histogram, {} samples",
         c.arch, c.name, c.samples
