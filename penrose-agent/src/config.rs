@@ -19,9 +19,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use penrose_core::fingerprint::FingerprintParams;
+use penrose_core::histogram::DEFAULT_SEAL_MAX_AGE;
 use penrose_core::paillier::MAX_REPORT_SAMPLES;
 use penrose_core::release::ReportsPerContributor;
-use penrose_core::sampling::SamplePeriod;
+use penrose_core::sampling::{DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -465,7 +466,7 @@ impl Default for CaptureSection {
             max_window_seconds: 10.0,
             min_gap_seconds: 60.0,
             max_gap_seconds: 21_600.0,
-            sample_period: 10_000,
+            sample_period: DEFAULT_SAMPLE_PERIOD.get(),
             reoffset_seconds: 600.0,
             group_seconds: 600.0,
             counters: SourceKind::Nvml,
@@ -501,7 +502,7 @@ impl Default for SealSection {
     fn default() -> Self {
         Self {
             samples: 10_000,
-            max_age_seconds: 3600.0,
+            max_age_seconds: DEFAULT_SEAL_MAX_AGE.as_secs_f64(),
             max_reports_per_counter_per_day: ReportsPerContributor::DEFAULT.get(),
             test_record_joint_values: false,
         }
@@ -578,7 +579,7 @@ max_window_seconds = 10.0
 min_gap_seconds = 60.0
 max_gap_seconds = 21600.0
 # S: one launch in S is sampled.
-sample_period = 10000
+sample_period = 1000
 # O: the random sampling offset is re-drawn this often.
 reoffset_seconds = 600.0
 # Counter groups take turns of this length.
@@ -620,7 +621,7 @@ max_local_apps = 1024
 # A histogram is sealed (encrypted and spooled) at this many samples (at most 10000) ...
 samples = 10000
 # ... or at this age, whichever comes first.
-max_age_seconds = 3600.0
+max_age_seconds = 300.0
 # At most this many reports per counter and day, all local applications together (1 to 24;
 # servers count one contributor per 24). A histogram due beyond it is held until the next
 # day; once full, its counter's further samples are dropped and counted (`status`); at stop,

@@ -36,7 +36,7 @@ use penrose_core::fingerprint::{
     Fingerprint, FingerprintParams, Fingerprinter, ParamsError, SnippetHash,
 };
 use penrose_core::gpu::GpuArch;
-use penrose_core::histogram::{Histogram, HistogramError};
+use penrose_core::histogram::{DEFAULT_SEAL_MAX_AGE, Histogram, HistogramError};
 use penrose_core::paillier::PaillierError;
 use penrose_core::release::ReportsPerContributor;
 use penrose_core::wire::{Day, Message, PackedBytes, Report, ReportId, WireError};
@@ -106,7 +106,7 @@ impl Default for PipelineConfig {
             tau: FingerprintParams::default().tau,
             max_local_apps: 1024,
             seal_samples: 10_000,
-            max_age: Duration::from_secs(3600),
+            max_age: DEFAULT_SEAL_MAX_AGE,
             reports_per_counter_per_day: ReportsPerContributor::DEFAULT,
             arch: GpuArch::UNKNOWN,
             test_record_joint_values: false,

@@ -1,9 +1,18 @@
 //! Histograms of sampled counter values: what an agent accumulates per (local application,
 //! counter) and what the design server finally decrypts.
 
+use std::time::Duration;
+
 use thiserror::Error;
 
 use crate::counters::{BIN_COUNT, Bin, Binning};
+
+/// The agent's seal age: a histogram is sealed this long after it opened unless it filled
+/// first (300 s; the paper's agent and ours before used one hour). A short age lets slow
+/// samplers contribute within minutes; T still caps reports per (counter, day). Chosen from the
+/// fleet simulator together with [`crate::sampling::DEFAULT_SAMPLE_PERIOD`]
+/// (docs/evaluation.md, "Steering by the ack").
+pub const DEFAULT_SEAL_MAX_AGE: Duration = Duration::from_secs(300);
 
 /// How many samples a histogram holds. Reports carry it in clear so that the aggregator can
 /// bound sums without decrypting.

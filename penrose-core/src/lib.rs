@@ -12,7 +12,7 @@
 //! - [`gpu`]: the GPU architecture a report's counters were read on.
 //! - [`sampling`]: which launches are sampled (1 in S, offset re-drawn every O seconds).
 //! - [`counters`]: the versioned counter catalogue and the mapping of a value to one of 128 bins.
-//! - [`histogram`]: 128-bin histograms of sampled counter values.
+//! - [`histogram`]: 128-bin histograms of sampled counter values (and the age they seal at).
 //! - [`paillier`]: packed Paillier encryption of histograms, homomorphic sums, decryption.
 //! - [`wire`]: the versioned, length-delimited report and ack messages.
 //! - [`datagrams`]: QUIC datagrams framed on a byte stream (the Tor path).

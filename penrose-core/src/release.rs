@@ -60,8 +60,9 @@ impl Threshold {
 pub struct ReportsPerContributor(u32);
 
 impl ReportsPerContributor {
-    /// What agents ship with: one sealed histogram per hour of the day per counter (the seal's
-    /// maximum age), shared by all of the host's applications.
+    /// What agents ship with: on average one sealed histogram per hour of the day per counter,
+    /// shared by all of the host's applications (the seal's maximum age is shorter, so a busy
+    /// host reaches the cap and holds the rest for the next day).
     pub const DEFAULT: Self = Self(DEFAULT_CAP);
 
     /// A cap of `t` reports per (counter, day). Servers refuse values under the default,

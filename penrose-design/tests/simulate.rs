@@ -248,13 +248,25 @@ fn z_score(hits: &[bool], p: &[f64]) -> f64 {
     (observed - expected) / variance.sqrt().max(f64::MIN_POSITIVE)
 }
 
+/// The agent's defaults before the static change to S = 1,000 and a 300 s seal age (commit
+/// 3cc32fb): S = 10,000, seal age one hour. The sampler's law is checked at S = L (a full window
+/// holds exactly one sample, and slow launchers' P_hit spreads over (0, 1)), and steering was
+/// measured against these defaults.
+fn before_static_defaults() -> Params {
+    Params {
+        sample_period: 10_000,
+        seal_max_age_seconds: 3_600.0,
+        ..Params::default()
+    }
+}
+
 /// The tolerance of the statistical tests: 4 standard errors (a two-sided false alarm of
 /// 6 in 100,000 for a fresh seed; the seed is fixed, so the outcome is too).
 const TOLERANCE: f64 = 4.0;
 
 #[test]
 fn per_gpu_hit_probability_matches_p_hit_under_bernoulli_sampling() {
-    // Default parameters (S = 10,000, the budget scheduler, the uniform mix, A = 500) but the
+    // Default parameters but S = 10,000 (the budget scheduler, the uniform mix, A = 500) and the
     // Bernoulli sampler, over one hour: a GPU that probed u launches has been sampled at least
     // once with probability P_hit = 1 - (1 - 1/S)^u.
     let gpus = per_gpu(Params {
@@ -264,9 +276,9 @@ fn per_gpu_hit_probability_matches_p_hit_under_bernoulli_sampling() {
         hours: 1.0,
         sampler: SamplerModel::Bernoulli,
         seed: 11,
-        ..Params::default()
+        ..before_static_defaults()
     });
-    let s = Params::default().sample_period;
+    let s = before_static_defaults().sample_period;
     let period = SamplePeriod(std::num::NonZeroU32::new(s).unwrap());
     let hits: Vec<bool> = gpus.iter().map(|g| g.sampled > 0).collect();
     let p: Vec<f64> = gpus
@@ -292,7 +304,7 @@ fn per_gpu_hit_probability_matches_p_hit_under_bernoulli_sampling() {
 
 #[test]
 fn the_agents_countdown_samples_more_surely_than_p_hit() {
-    // Default parameters, the agent's countdown sampler: a window of u launches starting
+    // Default parameters but S = 10,000 = L, the agent's countdown sampler: a window of u launches starting
     // from a fresh offset (the first window) holds a sample with probability min(1, u / S),
     // not P_hit; a full window (u = L = S) always holds exactly one, where P_hit says 0.63.
     let gpus = per_gpu(Params {
@@ -301,9 +313,9 @@ fn the_agents_countdown_samples_more_surely_than_p_hit() {
         mixes: vec![Mix::Uniform],
         hours: 1.0,
         seed: 11,
-        ..Params::default()
+        ..before_static_defaults()
     });
-    let s = Params::default().sample_period;
+    let s = before_static_defaults().sample_period;
     let period = SamplePeriod(std::num::NonZeroU32::new(s).unwrap());
     let first: Vec<(u64, u64)> = gpus.iter().filter_map(|g| g.first_window).collect();
     let hits: Vec<bool> = first.iter().map(|&(_, sampled)| sampled > 0).collect();
@@ -436,13 +448,14 @@ fn outcome(checked: &Checked) -> Vec<Option<f64>> {
 #[test]
 fn steering_off_gives_the_results_of_the_simulator_before_steering() {
     // Printed (`--json`) by the simulator before steering existed (commit 3d656f4):
-    // `simulate --gpus 3000 --apps 20 --mixes small-kernel,large-kernel --hours 12`.
+    // `simulate --gpus 3000 --apps 20 --mixes small-kernel,large-kernel --hours 12`, at that
+    // commit's defaults (S = 10,000, seal age one hour).
     let params = Params {
         gpus: 3_000,
         apps: vec![20],
         mixes: vec![Mix::SmallKernel, Mix::LargeKernel],
         hours: 12.0,
-        ..Params::default()
+        ..before_static_defaults()
     };
     assert_eq!(params.steer, Policy::None);
     let before = [
@@ -519,14 +532,15 @@ fn steering_raises_the_rate_only_while_a_class_is_short_and_keeps_the_cap() {
     // 300 GPUs over 20 applications (Zipf): the popular ones pass 217 reports within hours,
     // the rarest never. Within the first day (one epoch) counts only grow, so a class the
     // server has counted short of release at a window's time was short at every earlier
-    // count, and its agents must sample it at S / f.
+    // count, and its agents must sample it at S / f. Steered from the defaults before the
+    // static change (S = 10,000, an hour's seal age), as it was evaluated.
     let params = Params {
         gpus: 300,
         apps: vec![20],
         mixes: vec![Mix::SmallKernel],
         hours: 12.0,
         steer: Policy::Both,
-        ..Params::default()
+        ..before_static_defaults()
     };
     let checked = params.check().unwrap();
     let need = checked.reports_needed(1);
@@ -580,15 +594,16 @@ fn steering_raises_the_rate_only_while_a_class_is_short_and_keeps_the_cap() {
 
 #[test]
 fn steering_releases_an_application_on_twelve_gpus_in_half_the_day_the_default_takes() {
-    // One application on 12 GPUs. Unsteered a GPU seals about 0.67 reports per group and hour
-    // (an hour's seal age, then the group's next turn), 12 x 0.67 = 8 an hour: 217 take about
+    // One application on 12 GPUs, at the defaults before the static change (S = 10,000, an
+    // hour's seal age; steering's seal-age lever is today's default). Unsteered a GPU seals
+    // about 0.67 reports per group and hour (an hour's seal age, then the group's next turn), 12 x 0.67 = 8 an hour: 217 take about
     // the whole day (this seed: 23.6 h). Told it is short, each GPU seals at 300 s, up to T = 24 per group and
     // day: 12 x 24 = 288 >= 217, within hours. The reports per group can never pass 12 x T.
     let params = Params {
         gpus: 12,
         apps: vec![1],
         mixes: vec![Mix::SmallKernel],
-        ..Params::default()
+        ..before_static_defaults()
     };
     let plain = params.check().unwrap().run(1, &|_| {});
     let slow = plain.scenarios[0].released.p100.unwrap_or(f64::INFINITY);
@@ -612,4 +627,22 @@ fn steering_releases_an_application_on_twelve_gpus_in_half_the_day_the_default_t
         "{:?}",
         tally.reports
     );
+    // Today's defaults (S = 1,000, seal age 300 s, for every class) release it within hours
+    // too, without a hint.
+    let shipped = Params {
+        gpus: 12,
+        apps: vec![1],
+        mixes: vec![Mix::SmallKernel],
+        ..Params::default()
+    };
+    assert_eq!(
+        (shipped.sample_period, shipped.seal_max_age_seconds),
+        (1_000, 300.0)
+    );
+    let run = shipped.check().unwrap().run(1, &|_| {});
+    let hours = run.scenarios[0]
+        .released
+        .p100
+        .expect("released within the day");
+    assert!((4.0..12.0).contains(&hours), "{hours}");
 }

@@ -685,10 +685,11 @@ fn report(r: &Results, trace: &Path, machine: &str, command: &str) -> String {
     let _ = writeln!(
         s,
         "\nOverhead at the default schedule (budget 0.02% of the probed process's CPU time, L = \
-         10,000, windows at most 10 s, gaps 60 s to 6 h, S = 10,000), for each real trace's launch \
+         10,000, windows at most 10 s, gaps 60 s to 6 h, S = {}), for each real trace's launch \
          rate (launches over the span of its largest process), with the measured probe cost above \
          and the launching process assumed to keep one CPU busy. The paper we compete with \
-         reports 0.045% overall.\n"
+         reports 0.045% overall.\n",
+        DEFAULT_SAMPLE_PERIOD.get()
     );
     let _ = writeln!(
         s,

@@ -731,7 +731,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     say(&format!("workload: {workload}"));
     say(
         "compressed time: L = 2,000 launches per window (design: 10,000), 1 launch in 20 sampled \
-         (10,000), histograms sealed at 40 samples or 1 s (10,000 or 1 h) and at most 24 per counter and day as in the design, windows of at most 2 s \
+         (1,000), histograms sealed at 40 samples or 1 s (10,000 or 300 s) and at most 24 per counter and day as in the design, windows of at most 2 s \
          at least 0.3 s apart under a 100% budget (0.02%), uploads after a random delay of at most 5 ms (60 s), \
          a failed admission token fetch tried again after 1 s (600 s)",
     );

@@ -5,7 +5,7 @@
 //! # Coverage
 //!
 //! An application is **covered** at time t when, for every counter group of the catalogue
-//! (`penrose_core::counters`: 3 groups in catalogue v1), the reports of that application and
+//! (`penrose_core::counters`: 3 groups in catalogue 2), the reports of that application and
 //! group that reached the aggregation server by t *within one epoch* are enough for the sum to
 //! be released: their contributor bound `ceil(r / (T x days))` (`penrose_core::release`) is at
 //! least k, that is r >= (k - 1) x T x days + 1 reports (217 with the defaults k = 10, T = 24 and
@@ -45,21 +45,27 @@
 //!   process's CPU time (one core busy by default), with the 0.02% budget, clamped to
 //!   60 s..6 h. Each GPU's first window falls uniformly in its first cycle.
 //! - **Sampling** ([`gpu::SamplerModel`]): by default the agent's own sampler,
-//!   `penrose_core::sampling::SamplingSchedule` (1 in S = 10,000 by countdown, offset re-drawn
+//!   `penrose_core::sampling::SamplingSchedule` (1 in S = 1,000 by countdown, offset re-drawn
 //!   every 600 s), run on each window's launches at once (`on_launches`, equal to launch by
 //!   launch); or independent Bernoulli(1/S) draws, the P_hit model. The two differ: u launches
 //!   from a fresh offset hold a countdown sample with probability min(1, u / S), at least
-//!   P_hit (a full window of L = S launches always holds one, where P_hit is 0.63).
+//!   P_hit (a window of u = S launches always holds one, where P_hit is 0.63; a full window of
+//!   L = 10 S exactly 10).
 //! - **Counters and reports** ([`gpu`]): a sampled launch reads the counter group active at
 //!   the window's start (groups rotate every 600 s from a random phase per GPU); samples go
 //!   into that group's histogram when the window closes; a histogram is sealed at 10,000
-//!   samples or one hour after it opened, at most T = 24 per (counter, day) (a histogram over
+//!   samples or 300 s after it opened, at most T = 24 per (counter, day) (a histogram over
 //!   the cap is held to the next day); a sealed report reaches the aggregation server after a
 //!   uniform upload delay of up to 60 s. A report belongs to the epoch of its seal time.
 //!
 //! Each GPU has its own random stream seeded from (seed, A, GPU index), so a scenario's result
 //! depends neither on the thread count nor on the other scenarios of the run; budgets and
 //! mixes of one A share the GPUs' draws.
+//!
+//! The defaults are the agent's (`penrose_core::sampling::DEFAULT_SAMPLE_PERIOD`,
+//! `penrose_core::histogram::DEFAULT_SEAL_MAX_AGE`, ...), which were chosen from this
+//! simulator; `--sample-period 10000 --seal-max-age-seconds 3600` gives the agent's defaults
+//! before that.
 //!
 //! # Steering by the ack (`--steer`, not in the shipped agent)
 //!
@@ -73,8 +79,10 @@
 //! from those counts ([`Fleet::run_steered`]). Within a step GPUs do not interact, so the
 //! result still does not depend on the thread count. An unsteered run takes the old path,
 //! GPU by GPU, and gives the same results as before steering existed (tested). The cap T and
-//! the threshold k are the same with every policy. The numbers, the cost and the decision are
-//! in docs/evaluation.md, "Steering by the ack".
+//! the threshold k are the same with every policy. It was measured from the defaults before
+//! (S = 10,000, an hour's seal age); at today's defaults `seal-age` changes nothing (the steered
+//! seal age, 300 s, is the default) and `rate` lowers S to 100. The numbers, the cost and the
+//! decision (static defaults, no steering) are in docs/evaluation.md, "Steering by the ack".
 
 pub mod cli;
 pub mod fleet;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use penrose_core::counters::Catalogue;
+use penrose_core::histogram::DEFAULT_SEAL_MAX_AGE;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::sampling::{DEFAULT_REOFFSET_INTERVAL, DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 use penrose_core::schedule::{BudgetConfig, DEFAULT_BUDGET, OverheadBudget, ProbeCost};
@@ -131,7 +132,7 @@ impl Default for Params {
             // `upload.delay_max_seconds` defaults.
             group_seconds: 600.0,
             seal_samples: 10_000,
-            seal_max_age_seconds: 3_600.0,
+            seal_max_age_seconds: DEFAULT_SEAL_MAX_AGE.as_secs_f64(),
             reports_per_day: ReportsPerContributor::DEFAULT.get(),
             threshold: Threshold::DEFAULT.get(),
             epoch_hours: 24.0,

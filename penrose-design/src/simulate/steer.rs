@@ -22,9 +22,9 @@
 //!
 //! An agent that has had no ack yet (just started) treats its class as short: its first
 //! reports then leave minutes after start, and the acks to them relax the common classes at
-//! once; waiting for the first ack at the default seal age would cost a rare class its first
-//! hour. A new epoch starts every count at zero, so every class is short again until it is
-//! released anew.
+//! once; waiting for the first ack at an hour's seal age (the default when steering was
+//! measured) would cost a rare class its first hour. A new epoch starts every count at zero,
+//! so every class is short again until it is released anew.
 //!
 //! Not levers: the threshold k and the cap T (privacy guarantees: steering must never let one
 //! GPU count as more contributors), the overhead budget (a promise to each host, not a fleet
