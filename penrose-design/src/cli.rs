@@ -128,8 +128,8 @@ pub enum Command {
         /// (percent, nanoseconds, registers), moved to the nearest cell edge; once per view.
         /// Defaults: 50 for percentages, 10000 ns for durations, 128 registers. Example:
         /// --split tensor_x_dram:50,30 --split duration_x_occupancy:100000,25
-        #[arg(long = "split", value_name = "VIEW:X,Y")]
-        splits: Vec<String>,
+        #[arg(long = "split", value_name = "VIEW:X,Y", value_parser = crate::joint::parse_split)]
+        splits: Vec<(&'static str, crate::joint::Split)>,
         /// Also write DIR/index.html: the report as one self-contained page (created if
         /// missing; an existing index.html is replaced).
         #[arg(long, value_name = "DIR")]

@@ -78,42 +78,53 @@ impl Default for Splits {
     }
 }
 
+/// Parses a `VIEW:X,Y` the user gave (`report --split`): the view, by its catalogue name,
+/// and where to split it.
+pub fn parse_split(text: &str) -> Result<(&'static str, Split), SplitError> {
+    let (name, values) = text
+        .split_once(':')
+        .ok_or_else(|| SplitError::Syntax(text.to_string()))?;
+    let (x, y) = values
+        .split_once(',')
+        .ok_or_else(|| SplitError::Syntax(text.to_string()))?;
+    let number = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| !v.is_nan())
+            .ok_or_else(|| SplitError::NotANumber(v.to_string()))
+    };
+    let catalogue = Catalogue::current();
+    let joint = catalogue
+        .joint_by_name(name.trim())
+        .ok_or_else(|| SplitError::UnknownView {
+            name: name.trim().to_string(),
+            known: catalogue
+                .joint_views()
+                .map(|j| j.view.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    Ok((
+        joint.view.name,
+        Split {
+            x: number(x)?,
+            y: number(y)?,
+        },
+    ))
+}
+
 impl Splits {
     /// Takes a `VIEW:X,Y` the user gave, replacing that view's default.
     pub fn set(&mut self, text: &str) -> Result<(), SplitError> {
-        let (name, values) = text
-            .split_once(':')
-            .ok_or_else(|| SplitError::Syntax(text.to_string()))?;
-        let (x, y) = values
-            .split_once(',')
-            .ok_or_else(|| SplitError::Syntax(text.to_string()))?;
-        let number = |v: &str| {
-            v.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| !v.is_nan())
-                .ok_or_else(|| SplitError::NotANumber(v.to_string()))
-        };
-        let catalogue = Catalogue::current();
-        let joint =
-            catalogue
-                .joint_by_name(name.trim())
-                .ok_or_else(|| SplitError::UnknownView {
-                    name: name.trim().to_string(),
-                    known: catalogue
-                        .joint_views()
-                        .map(|j| j.view.name)
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })?;
-        self.0.insert(
-            joint.view.name,
-            Split {
-                x: number(x)?,
-                y: number(y)?,
-            },
-        );
+        let (view, split) = parse_split(text)?;
+        self.0.insert(view, split);
         Ok(())
+    }
+
+    /// Replaces the split of `view` (a name [`parse_split`] returned).
+    pub fn insert(&mut self, view: &'static str, split: Split) {
+        self.0.insert(view, split);
     }
 
     /// The split of a view (`None` for a view this build's catalogue does not name).

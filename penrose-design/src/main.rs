@@ -89,8 +89,8 @@ fn run(cli: Cli) -> Result<()> {
                 Format::Text
             };
             let mut split = Splits::default();
-            for s in &splits {
-                split.set(s).with_context(|| format!("--split {s}"))?;
+            for (view, s) in splits {
+                split.insert(view, s);
             }
             let outputs = Outputs {
                 format,

@@ -884,6 +884,57 @@ fn the_cli_labels_classes_and_writes_the_report_as_csv_and_one_html_page() {
         "only each plot's xmlns"
     );
 
+    // The joint view's quadrants as CSV, split where asked (1 ms is an edge; 30% moves to the
+    // 25% edge): four rows whose samples add up to the view's; an unknown view or a malformed
+    // split is a usage error.
+    let quadrants = design(&[
+        "report".as_ref(),
+        "--archive".as_ref(),
+        archive.as_os_str(),
+        "--key".as_ref(),
+        private.as_os_str(),
+        "--csv-quadrants".as_ref(),
+        "--split".as_ref(),
+        "duration_x_occupancy:1000000,30".as_ref(),
+    ]);
+    assert!(quadrants.status.success(), "{quadrants:?}");
+    let csv = String::from_utf8(quadrants.stdout).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "{csv}");
+    let (samples, shares): (u64, f64) = rows.iter().fold((0, 0.0), |(n, s), r| {
+        (
+            n + r[13].parse::<u64>().unwrap(),
+            s + r[14].parse::<f64>().unwrap(),
+        )
+    });
+    assert_eq!(samples, rows[0][6].parse::<u64>().unwrap(), "{csv}");
+    assert!((shares - 1.0).abs() < 1e-9, "{csv}");
+    assert_eq!((rows[0][8], rows[0][11]), ("1000000", "25"), "{csv}");
+    assert!(
+        rows.iter().all(|r| !r[15].is_empty()),
+        "kernel-time shares: {csv}"
+    );
+    for bad in [
+        "nothing:1,2",
+        "duration_x_occupancy:5",
+        "duration_x_occupancy:x,1",
+    ] {
+        let refused = design(&[
+            "report".as_ref(),
+            "--archive".as_ref(),
+            archive.as_os_str(),
+            "--key".as_ref(),
+            private.as_os_str(),
+            "--split".as_ref(),
+            bad.as_ref(),
+        ]);
+        assert_eq!(refused.status.code(), Some(2), "{bad}: {refused:?}");
+    }
+
     // The text report shows the label too; removing it leaves none.
     let text = design(&[
         "report".as_ref(),
