@@ -147,13 +147,21 @@ calibrate = false
     assert!(status.windows >= 1 && status.launches > 0, "{status:?}");
     assert!(status.pipeline.samples > 0);
     let records = fx.records();
-    let names = [
-        "kernel_duration",
-        "achieved_occupancy",
-        "blocks_per_sm",
-        "registers_per_thread",
-        "shared_memory",
-    ];
+    // The stand-in fills the per-launch group: its five counters and the joint views that pair
+    // two of them.
+    let catalogue = penrose_core::counters::Catalogue::current();
+    let group = penrose_core::counters::CounterGroup(2);
+    let names: Vec<&str> = catalogue
+        .group(group)
+        .map(|c| c.name)
+        .chain(
+            catalogue
+                .joint_views()
+                .filter(|j| j.group() == group)
+                .map(|j| j.view.name),
+        )
+        .collect();
+    assert_eq!(names.len(), 7, "{names:?}");
     for r in &records {
         assert!(
             names.contains(&r.counter_name.as_str()),
@@ -161,6 +169,12 @@ calibrate = false
             r.counter_name
         );
     }
+    assert!(
+        records
+            .iter()
+            .any(|r| r.counter_name == "duration_x_occupancy"),
+        "a joint view was sealed"
+    );
     for id in handler.ids() {
         assert!(records.iter().any(|r| r.report_id == id));
     }
