@@ -115,13 +115,6 @@ pub fn parse_split(text: &str) -> Result<(&'static str, Split), SplitError> {
 }
 
 impl Splits {
-    /// Takes a `VIEW:X,Y` the user gave, replacing that view's default.
-    pub fn set(&mut self, text: &str) -> Result<(), SplitError> {
-        let (view, split) = parse_split(text)?;
-        self.0.insert(view, split);
-        Ok(())
-    }
-
     /// Replaces the split of `view` (a name [`parse_split`] returned).
     pub fn insert(&mut self, view: &'static str, split: Split) {
         self.0.insert(view, split);
@@ -433,18 +426,19 @@ mod tests {
                 y: 50.0
             })
         );
-        splits.set("tensor_x_dram:75,25").unwrap();
+        let (view, split) = parse_split("tensor_x_dram:75,25").unwrap();
+        splits.insert(view, split);
         assert_eq!(splits.of("tensor_x_dram"), Some(Split { x: 75.0, y: 25.0 }));
         assert!(matches!(
-            splits.set("nothing:1,2"),
+            parse_split("nothing:1,2"),
             Err(SplitError::UnknownView { .. })
         ));
         assert!(matches!(
-            splits.set("tensor_x_dram:1"),
+            parse_split("tensor_x_dram:1"),
             Err(SplitError::Syntax(_))
         ));
         assert!(matches!(
-            splits.set("tensor_x_dram:NaN,2"),
+            parse_split("tensor_x_dram:NaN,2"),
             Err(SplitError::NotANumber(_))
         ));
         assert_eq!(splits.of("tensor_x_dram").unwrap().x, 75.0, "unchanged");

@@ -216,6 +216,13 @@ impl<S: Sink> Sink for Logged<S> {
     }
 }
 
+/// The days epoch `e` spans when epochs last `epoch` seconds each.
+fn days_of_epoch(epoch: f64, e: usize) -> u32 {
+    let start = e as f64 * epoch;
+    let end = start + epoch;
+    ((end / gpu::DAY).ceil() - (start / gpu::DAY).floor()).max(1.0) as u32
+}
+
 /// What the GPUs of one scenario did, per (application, group) and in all.
 #[derive(Clone, Debug)]
 pub struct Tally {
@@ -291,9 +298,7 @@ impl Tally {
         let mut best = f64::INFINITY;
         for e in 0..self.epochs {
             let start = e as f64 * self.epoch;
-            let end = start + self.epoch;
-            let days = ((end / gpu::DAY).ceil() - (start / gpu::DAY).floor()).max(1.0) as u32;
-            let need = need(days);
+            let need = need(days_of_epoch(self.epoch, e));
             let base = (cell * self.epochs + e) * self.bins;
             let mut total = 0u64;
             for (b, &n) in self.arrivals[base..base + self.bins].iter().enumerate() {
@@ -503,9 +508,7 @@ impl Checked {
 
     /// The days epoch `e` spans (a report of it counts as 1 / (T x days) of a contributor).
     pub fn epoch_days(&self, e: usize) -> u32 {
-        let start = e as f64 * self.epoch;
-        let end = start + self.epoch;
-        ((end / gpu::DAY).ceil() - (start / gpu::DAY).floor()).max(1.0) as u32
+        days_of_epoch(self.epoch, e)
     }
 
     fn summarise(&self, scenario: &Scenario, tally: &Tally, seconds: f64) -> ScenarioResult {
