@@ -25,6 +25,12 @@ use penrose_core::paillier::PublicKey;
 use penrose_core::wire;
 use penrose_transport::Limits;
 
+/// The server allocates and frees a frame, a validated report and a write batch's rows per
+/// report on several threads; mimalloc's per-thread free lists do that without the
+/// lock, consolidation and page faults glibc's malloc showed in profiles (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

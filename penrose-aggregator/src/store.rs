@@ -182,6 +182,48 @@ const SEEN_BUCKET_PREFIX: usize = 9;
 /// random spent id.
 const SPENT_BUCKET_PREFIX: usize = 8;
 
+/// The first 4 bytes of a key, or all of a shorter one: an SST key's (a snippet hash,
+/// uniformly random) and an EST key's (the class id, the whole key).
+fn capped_prefix_4(key: &[u8]) -> &[u8] {
+    &key[..key.len().min(4)]
+}
+
+/// The first 10 bytes of a key, or all of a shorter one: an ASH key's class, GPU
+/// architecture, catalogue and counter, which every epoch, design key and generation of one
+/// sum's series share.
+fn capped_prefix_10(key: &[u8]) -> &[u8] {
+    &key[..key.len().min(10)]
+}
+
+/// A table kept in a hash memtable bucketed by a capped prefix of its keys.
+struct HashedMemtable {
+    /// The prefix extractor's name, recorded with the table's files.
+    name: &'static str,
+    prefix: fn(&[u8]) -> &[u8],
+    buckets: usize,
+}
+
+impl HashedMemtable {
+    /// How `table` is bucketed, if it is.
+    fn of(table: Table) -> Option<Self> {
+        let capped_4 = |buckets| Self {
+            name: "penrose.capped4",
+            prefix: capped_prefix_4,
+            buckets,
+        };
+        match table {
+            Table::Sst => Some(capped_4(1 << 20)),
+            Table::Est => Some(capped_4(1 << 16)),
+            Table::Ash => Some(Self {
+                name: "penrose.capped10",
+                prefix: capped_prefix_10,
+                buckets: 1 << 18,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// The RocksDB store: one column family per [`Table`].
 pub struct RocksStore {
     db: DB,
@@ -235,6 +277,21 @@ impl RocksStore {
                 cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(prefix));
                 cf.set_memtable_factory(MemtableFactory::HashSkipList {
                     bucket_count: 1 << 20,
+                    height: 4,
+                    branching_factor: 4,
+                });
+            }
+            // At fleet scale nearly every report writes a row of its own to each of these
+            // (a new snippet, its class's count, a sum alone in its batch), read back only by
+            // point lookups and, rarely, by whole-table scans (start, export, admin). In one
+            // skip list over the memtable each insert cost a search through tens of thousands
+            // of rows, a sixth of the server's CPU (docs/benchmarks.md); a hash memtable puts
+            // it in a short list of its bucket. The prefixes are capped rather than fixed so
+            // that a key shorter than the prefix is still bucketed by what it has.
+            if let Some(hashed) = HashedMemtable::of(table) {
+                cf.set_prefix_extractor(SliceTransform::create(hashed.name, hashed.prefix, None));
+                cf.set_memtable_factory(MemtableFactory::HashSkipList {
+                    bucket_count: hashed.buckets,
                     height: 4,
                     branching_factor: 4,
                 });
@@ -409,6 +466,91 @@ mod tests {
             Some(&b"2"[..])
         );
         assert_eq!(copy.sizes().len(), Table::ALL.len());
+    }
+
+    /// The hash memtables of SST, EST and ASH bucket by a key prefix: keys shorter than it,
+    /// keys sharing it, rewritten keys and range deletions must all behave as in one sorted
+    /// table, in the memtable, after a flush and after a reopen.
+    #[test]
+    fn hashed_tables_answer_like_sorted_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        // Short keys, keys sharing a 4- and a 10-byte prefix, and longer random-looking ones.
+        let mut keys: Vec<Vec<u8>> = vec![b"".to_vec(), b"a".to_vec(), b"abc".to_vec()];
+        for i in 0u8..40 {
+            keys.push([b"abcd".as_slice(), &[i; 3]].concat());
+            keys.push([b"0123456789".as_slice(), &[i; 9]].concat());
+            keys.push(
+                (0..32u8)
+                    .map(|j| i.wrapping_mul(37).wrapping_add(j.wrapping_mul(11)))
+                    .collect(),
+            );
+        }
+        keys.sort();
+        keys.dedup();
+        let tables = [Table::Sst, Table::Est, Table::Ash];
+        let check = |store: &RocksStore, version: u8| {
+            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let absent: Vec<&[u8]> = vec![b"ab", b"abcd\xff", b"0123456789\xff"];
+            for table in tables {
+                let values = store.get_many(table, &refs).unwrap();
+                assert!(
+                    values.iter().all(|v| v.as_deref() == Some(&[version][..])),
+                    "{table:?}"
+                );
+                assert_eq!(store.get(table, b"a").unwrap(), Some(vec![version]));
+                assert_eq!(
+                    store.contains_many(table, &absent).unwrap(),
+                    [false, false, false]
+                );
+                let mut scanned = Vec::new();
+                store
+                    .scan(&[table], &mut |_, k, v| {
+                        assert_eq!(v, [version]);
+                        scanned.push(k.to_vec());
+                        Ok(())
+                    })
+                    .unwrap();
+                assert_eq!(scanned, keys, "{table:?} scans in key order");
+            }
+        };
+        {
+            let store = RocksStore::open(&path).unwrap();
+            for version in [1u8, 2] {
+                let mut set = WriteSet::new();
+                for table in tables {
+                    // Unsorted, as a batch's rows come.
+                    for key in keys.iter().rev() {
+                        set.put(table, key.clone(), vec![version]);
+                    }
+                }
+                store.write(set).unwrap();
+            }
+            check(&store, 2);
+            store.compact().unwrap();
+            check(&store, 2);
+            let mut set = WriteSet::new();
+            for table in tables {
+                set.delete_range(table, b"abcd".to_vec(), b"abce".to_vec());
+            }
+            store.write(set).unwrap();
+            for table in tables {
+                assert_eq!(
+                    store.get(table, &keys[keys.len() / 2]).unwrap().is_some(),
+                    !keys[keys.len() / 2].starts_with(b"abcd")
+                );
+                assert!(store.get(table, b"abcd\x05\x05\x05").unwrap().is_none());
+            }
+            let mut set = WriteSet::new();
+            for table in tables {
+                for key in keys.iter().filter(|k| k.starts_with(b"abcd")) {
+                    set.put(table, key.clone(), vec![2]);
+                }
+            }
+            store.write(set).unwrap();
+        }
+        let store = RocksStore::open(&path).unwrap();
+        check(&store, 2);
     }
 
     #[test]
