@@ -15,7 +15,7 @@ use ed25519_dalek::SigningKey;
 use penrose_aggregator::admission::Admission;
 use penrose_aggregator::design_keys::{DesignKeyError, DesignKeys, KeySettings, KeySlot};
 use penrose_aggregator::export::{self, ReleaseConfig};
-use penrose_aggregator::ingest::{Ingest, IngestConfig, today};
+use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer, today};
 use penrose_aggregator::metrics::Metrics;
 use penrose_aggregator::state::{State, StateError, meta, stored_throttle};
 use penrose_aggregator::store::{RocksStore, Store, Table, WriteSet};
@@ -67,7 +67,9 @@ fn settings(list: &KeyList) -> KeySettings {
     KeySettings::signed(list.sign(&signer()), signer().verifying_key()).unwrap()
 }
 
-fn start(dir: &std::path::Path, keys: KeySettings) -> (Ingest, Arc<dyn Store>) {
+/// A running ingest pipeline; the caller joins the writer after dropping the ingest handle, so
+/// that no thread still uses the store when the test process exits.
+fn start(dir: &std::path::Path, keys: KeySettings) -> (Ingest, Writer, Arc<dyn Store>) {
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir).unwrap());
     let state = State::open(
         Arc::clone(&store),
@@ -78,7 +80,7 @@ fn start(dir: &std::path::Path, keys: KeySettings) -> (Ingest, Arc<dyn Store>) {
     )
     .unwrap();
     let throttle = stored_throttle(store.as_ref()).unwrap();
-    let (ingest, _writer) = Ingest::start(
+    let (ingest, writer) = Ingest::start(
         state,
         throttle,
         IngestConfig::default(),
@@ -86,14 +88,14 @@ fn start(dir: &std::path::Path, keys: KeySettings) -> (Ingest, Arc<dyn Store>) {
         Arc::new(Metrics::default()),
     )
     .unwrap();
-    (ingest, store)
+    (ingest, writer, store)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_under_two_keys_stay_apart_and_each_decrypts_with_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let today = today();
-    let (ingest, store) = start(&dir.path().join("agg"), settings(&list(1, today)));
+    let (ingest, writer, store) = start(&dir.path().join("agg"), settings(&list(1, today)));
     let snippet = Fingerprinter::new(FingerprintParams::default())
         .unwrap()
         .fingerprint_of_names(&names(3, 0, 1_500));
@@ -212,6 +214,8 @@ async fn sums_under_two_keys_stay_apart_and_each_decrypts_with_its_own() {
     );
     assert_eq!(both.decrypted[0].reports, 480);
     assert!(both.quarantined.is_empty());
+    drop(ingest);
+    writer.join().unwrap();
 }
 
 #[test]
@@ -345,7 +349,7 @@ async fn a_format_7_store_is_migrated_and_keeps_its_sums() {
         set.put(Table::Meta, meta::FORMAT, 7u32.to_be_bytes().to_vec());
         store.write(set).unwrap();
     }
-    let (ingest, _writer, store) = start_default(&data);
+    let (ingest, writer, store) = start_default(&data);
     assert_eq!(
         store.get(Table::Meta, meta::FORMAT).unwrap(),
         Some(8u32.to_be_bytes().to_vec())
@@ -357,6 +361,8 @@ async fn a_format_7_store_is_migrated_and_keeps_its_sums() {
     let after = export::all_sums(store.as_ref()).unwrap();
     assert_eq!(after.len(), before.len());
     assert_eq!(after[0].reports, before[0].reports + 1);
+    drop(ingest);
+    writer.join().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,7 +380,7 @@ async fn reload_reads_the_list_file_again_and_a_bad_file_leaves_the_list_in_use(
     .unwrap();
     std::fs::write(&list_path, list(1, Day(100)).sign(&signer())).unwrap();
     let settings = KeySettings::from_files(&list_path, &signer_path).unwrap();
-    let (ingest, _store) = start(&dir.path().join("agg"), settings);
+    let (ingest, writer, _store) = start(&dir.path().join("agg"), settings);
     assert_eq!(ingest.design_keys().list().sequence(), 1);
     std::fs::write(&list_path, list(2, Day(90)).sign(&signer())).unwrap();
     ingest.reload_design_keys().unwrap();
@@ -392,4 +398,6 @@ async fn reload_reads_the_list_file_again_and_a_bad_file_leaves_the_list_in_use(
         assert!(ingest.reload_design_keys().is_err());
         assert_eq!(ingest.design_keys().list().sequence(), 2);
     }
+    drop(ingest);
+    writer.join().unwrap();
 }
