@@ -17,8 +17,8 @@ use rug::Integer;
 
 use super::ciphertext::{Ciphertext, PackedCiphertexts, assign_be};
 use super::error::PaillierError;
-use super::keys::{KeyId, PublicKey, push_fixed};
-use super::montgomery::{Limb, Montgomery, Scratch, from_limbs, to_limbs};
+use super::keys::{KeyId, PublicKey};
+use super::montgomery::{Limb, Montgomery, Scratch, from_limbs, push_limbs_be, to_limbs};
 use super::params::{ACCUMULATOR_REPORT_BOUND, MAX_REPORT_SAMPLES};
 
 const LIMB_BYTES: usize = Limb::BITS as usize / 8;
@@ -193,7 +193,7 @@ impl Accumulator {
         let mut out = Vec::with_capacity(self.count * self.ciphertext_bytes);
         // A state is below n^2, so it fits the ciphertext length (R may have more limbs).
         for state in self.states.chunks_exact(self.mont.limbs()) {
-            push_fixed(&mut out, &from_limbs(state), self.ciphertext_bytes);
+            push_limbs_be(&mut out, state, self.ciphertext_bytes);
         }
         out
     }

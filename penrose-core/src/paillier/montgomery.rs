@@ -255,6 +255,20 @@ pub(crate) fn from_limbs(limbs: &[Limb]) -> Integer {
     Integer::from_digits(limbs, Order::Lsf)
 }
 
+/// Appends the number `limbs` hold (least significant limb first) as exactly `len`
+/// big-endian bytes, as [`push_fixed`](super::keys::push_fixed) does for an `Integer`, without
+/// building one: the aggregator writes every touched accumulator's state after each batch.
+/// The number must fit `len` bytes; limbs beyond them must be zero.
+pub(crate) fn push_limbs_be(out: &mut Vec<u8>, limbs: &[Limb], len: usize) {
+    let start = out.len();
+    out.resize(start + len, 0);
+    let field = &mut out[start..];
+    let little_endian = limbs.iter().flat_map(|limb| limb.to_le_bytes());
+    for (byte, slot) in little_endian.zip(field.iter_mut().rev()) {
+        *slot = byte;
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -262,6 +276,39 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
 
     use super::*;
+
+    #[test]
+    fn limbs_are_written_big_endian_like_an_integer() {
+        let mut rng = ChaCha20Rng::seed_from_u64(17);
+        for (count, len) in [
+            (0usize, 0usize),
+            (1, 8),
+            (1, 3),
+            (3, 24),
+            (3, 20),
+            (64, 512),
+            (66, 512),
+        ] {
+            for _ in 0..8 {
+                let mut limbs: Vec<Limb> = (0..count).map(|_| rng.random()).collect();
+                // Zero what does not fit `len` bytes, as a state below n^2 has.
+                let bits = len * 8;
+                for (i, limb) in limbs.iter_mut().enumerate() {
+                    let low = i * Limb::BITS as usize;
+                    if low >= bits {
+                        *limb = 0;
+                    } else if bits - low < Limb::BITS as usize {
+                        *limb &= (1 << (bits - low)) - 1;
+                    }
+                }
+                let mut want = vec![9u8];
+                crate::paillier::keys::push_fixed(&mut want, &from_limbs(&limbs), len);
+                let mut got = vec![9u8];
+                push_limbs_be(&mut got, &limbs, len);
+                assert_eq!(got, want, "{count} limbs in {len} bytes");
+            }
+        }
+    }
 
     fn random_below(modulus: &Integer, rng: &mut ChaCha20Rng) -> Integer {
         let bytes: Vec<u8> = (0..modulus.significant_bits().div_ceil(8) + 8)
