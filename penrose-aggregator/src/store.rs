@@ -195,32 +195,70 @@ fn capped_prefix_10(key: &[u8]) -> &[u8] {
     &key[..key.len().min(10)]
 }
 
-/// A table kept in a hash memtable bucketed by a capped prefix of its keys.
+/// How a table's keys choose their memtable bucket.
+enum BucketPrefix {
+    /// The first so many bytes; every key of the table is at least that long.
+    Fixed(usize),
+    /// [`capped_prefix_4`] or [`capped_prefix_10`], under the name recorded with the table's
+    /// files.
+    Capped(&'static str, fn(&[u8]) -> &[u8]),
+}
+
+/// A table kept in a hash memtable: buckets by a key prefix, each a short skip list.
+///
+/// Seen and Spent hold random 128-bit ids and digests behind a day or epoch: point lookups,
+/// and range deletions of whole days. One skip list over every id of the memtable cost a
+/// fifth of the writer's time; in buckets a batch's ids go in at about one cache miss each.
+/// At fleet scale nearly every report also writes a row of its own to SST, EST and ASH (a
+/// new snippet, its class's row, a sum alone in its batch), read back by point lookups and
+/// rarely by whole-table scans (start, export, admin); in one skip list their inserts and
+/// lookups took a sixth of the server's CPU (docs/benchmarks.md). Their prefixes are capped
+/// rather than fixed, so that a key shorter than the prefix is still bucketed by what it has
+/// (a fixed prefix longer than a key is undefined in RocksDB). Range tombstones live in a
+/// skip list of their own, and scans use a total-order iterator.
 struct HashedMemtable {
-    /// The prefix extractor's name, recorded with the table's files.
-    name: &'static str,
-    prefix: fn(&[u8]) -> &[u8],
+    prefix: BucketPrefix,
     buckets: usize,
+    /// Tuned for point lookups of mostly absent keys (dedupe).
+    point_lookups: bool,
 }
 
 impl HashedMemtable {
     /// How `table` is bucketed, if it is.
     fn of(table: Table) -> Option<Self> {
-        let capped_4 = |buckets| Self {
-            name: "penrose.capped4",
-            prefix: capped_prefix_4,
-            buckets,
+        let capped_4 = BucketPrefix::Capped("penrose.capped4", capped_prefix_4);
+        let (prefix, buckets, point_lookups) = match table {
+            Table::Seen => (BucketPrefix::Fixed(SEEN_BUCKET_PREFIX), 1 << 20, true),
+            Table::Spent => (BucketPrefix::Fixed(SPENT_BUCKET_PREFIX), 1 << 20, true),
+            Table::Sst => (capped_4, 1 << 20, false),
+            Table::Est => (capped_4, 1 << 16, false),
+            Table::Ash => (
+                BucketPrefix::Capped("penrose.capped10", capped_prefix_10),
+                1 << 18,
+                false,
+            ),
+            Table::Meta => return None,
         };
-        match table {
-            Table::Sst => Some(capped_4(1 << 20)),
-            Table::Est => Some(capped_4(1 << 16)),
-            Table::Ash => Some(Self {
-                name: "penrose.capped10",
-                prefix: capped_prefix_10,
-                buckets: 1 << 18,
-            }),
-            _ => None,
+        Some(Self {
+            prefix,
+            buckets,
+            point_lookups,
+        })
+    }
+
+    fn apply(self, cf: &mut Options) {
+        if self.point_lookups {
+            cf.optimize_for_point_lookup(64);
         }
+        cf.set_prefix_extractor(match self.prefix {
+            BucketPrefix::Fixed(len) => SliceTransform::create_fixed_prefix(len),
+            BucketPrefix::Capped(name, prefix) => SliceTransform::create(name, prefix, None),
+        });
+        cf.set_memtable_factory(MemtableFactory::HashSkipList {
+            bucket_count: self.buckets,
+            height: 4,
+            branching_factor: 4,
+        });
     }
 }
 
@@ -242,7 +280,7 @@ impl RocksStore {
         // Every write is synced anyway; a larger WAL only delays flushes.
         options.set_max_total_wal_size(256 << 20);
         options.set_keep_log_file_num(4);
-        // One writer thread; the hash memtable of Seen (below) requires it.
+        // One writer thread; the hash memtables (below) require it.
         options.set_allow_concurrent_memtable_write(false);
         let existing = DB::list_cf(&Options::default(), path).ok();
         let tables = Table::ALL.into_iter().filter(|table| {
@@ -260,41 +298,8 @@ impl RocksStore {
             // reading a block.
             block.set_bloom_filter(10.0, false);
             cf.set_block_based_table_factory(&block);
-            let bucket_prefix = match table {
-                Table::Seen => Some(SEEN_BUCKET_PREFIX),
-                Table::Spent => Some(SPENT_BUCKET_PREFIX),
-                _ => None,
-            };
-            if let Some(prefix) = bucket_prefix {
-                // Random 128-bit ids and digests behind a day: point lookups, and range
-                // deletions of whole days. A hash memtable (buckets by the day and the first
-                // bytes of the id, each a short skip list) inserts a batch's ids in about one
-                // cache miss each, where one skip list over every id of the memtable cost a
-                // fifth of the writer's time; range tombstones live in a skip list of their
-                // own, and scans (admin only) still work, with a total-order iterator. Spent
-                // ids (random, behind their epoch) are looked up and expire the same way.
-                cf.optimize_for_point_lookup(64);
-                cf.set_prefix_extractor(SliceTransform::create_fixed_prefix(prefix));
-                cf.set_memtable_factory(MemtableFactory::HashSkipList {
-                    bucket_count: 1 << 20,
-                    height: 4,
-                    branching_factor: 4,
-                });
-            }
-            // At fleet scale nearly every report writes a row of its own to each of these
-            // (a new snippet, its class's count, a sum alone in its batch), read back only by
-            // point lookups and, rarely, by whole-table scans (start, export, admin). In one
-            // skip list over the memtable each insert cost a search through tens of thousands
-            // of rows, a sixth of the server's CPU (docs/benchmarks.md); a hash memtable puts
-            // it in a short list of its bucket. The prefixes are capped rather than fixed so
-            // that a key shorter than the prefix is still bucketed by what it has.
             if let Some(hashed) = HashedMemtable::of(table) {
-                cf.set_prefix_extractor(SliceTransform::create(hashed.name, hashed.prefix, None));
-                cf.set_memtable_factory(MemtableFactory::HashSkipList {
-                    bucket_count: hashed.buckets,
-                    height: 4,
-                    branching_factor: 4,
-                });
+                hashed.apply(&mut cf);
             }
             ColumnFamilyDescriptor::new(table.name(), cf)
         });
