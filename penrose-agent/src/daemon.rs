@@ -213,13 +213,11 @@ pub async fn run_with_source(
         PipelineConfig {
             tau: config.classes.tau,
             max_local_apps: config.classes.max_local_apps,
-            // The machine's GPU as the counter source read it (the stand-in's, a Hopper, only
-            // when test equipment is configured); the pipeline coarsens it to its generation
-            // and refuses one no report may name. Without counters there are no samples, so
-            // no report, and no architecture.
-            arch: source
-                .gpu_arch()
-                .unwrap_or(penrose_core::gpu::GpuArch::UNKNOWN),
+            // The host's GPUs as the counter source read them (the stand-in's only when test
+            // equipment is configured); the pipeline coarsens each to its generation and
+            // refuses any no report may name. Without counters there are no samples, so no
+            // report, and no architecture.
+            archs: source.gpu_archs(),
             seal_samples: config.seal.samples,
             max_age: seconds(config.seal.max_age_seconds),
             reports_per_counter_per_day: ReportsPerContributor::for_agent(
@@ -275,7 +273,7 @@ pub async fn run_with_source(
             ..Default::default()
         },
         record: record_status,
-        arch: (!pipeline.arch().is_unknown()).then(|| pipeline.arch().to_string()),
+        arch: crate::source::archs_text(pipeline.archs()),
         ..AgentStatus::default()
     }));
     let spool = Arc::new(Mutex::new(spool));

@@ -90,10 +90,12 @@ pub struct PipelineConfig {
     pub max_age: Duration,
     /// T: the most reports sealed per (counter, day), across all local applications.
     pub reports_per_counter_per_day: ReportsPerContributor,
-    /// The GPU architecture of the machine, from the counter source ([`GpuArch::UNKNOWN`]
-    /// without counters). Reports name only its generation: [`Pipeline::new`] coarsens it
-    /// ([`GpuArch::generation`]) and refuses one of no generation a report may name.
-    pub arch: GpuArch,
+    /// The architectures of the host's GPUs, from the counter source (empty without counters).
+    /// Reports name only a generation: [`Pipeline::new`] coarsens each
+    /// ([`GpuArch::generation`]) and refuses any of no generation a report may name. Each
+    /// sample carries its own GPU's architecture, and samples of different generations never
+    /// share a histogram.
+    pub archs: Vec<GpuArch>,
     /// TEST EQUIPMENT (`seal.test_record_joint_values`): keep each joint view's raw (x, y)
     /// values and write them into the sealed record, so that an end-to-end test can compare
     /// the decrypted grid with the values themselves. Off in a product configuration.
@@ -108,7 +110,7 @@ impl Default for PipelineConfig {
             seal_samples: 10_000,
             max_age: DEFAULT_SEAL_MAX_AGE,
             reports_per_counter_per_day: ReportsPerContributor::DEFAULT,
-            arch: GpuArch::UNKNOWN,
+            archs: Vec::new(),
             test_record_joint_values: false,
         }
     }
@@ -188,7 +190,17 @@ struct LocalApp {
     /// The first snippet's hash: matches later snippets to this application; never reported.
     representative: SnippetHash,
     last_seen: Instant,
-    histograms: BTreeMap<CounterId, OpenHistogram>,
+    histograms: BTreeMap<HistogramKey, OpenHistogram>,
+}
+
+/// Which histogram of a local application a value goes into: one per counter and GPU
+/// generation, so that values read on different architectures never mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct HistogramKey {
+    /// The generation reports name ([`GpuArch::generation`]).
+    arch: GpuArch,
+    /// The counter (or joint view).
+    counter: CounterId,
 }
 
 /// The agent's local applications and their open histograms.
@@ -212,12 +224,13 @@ impl Pipeline {
         keys: impl Into<DesignKeys>,
     ) -> Result<Self, PipelineError> {
         let keys = keys.into();
-        if !config.arch.is_unknown() {
-            config.arch = config
-                .arch
-                .generation()
-                .ok_or(PipelineError::Arch(config.arch))?;
-        }
+        let archs = config
+            .archs
+            .iter()
+            .filter(|a| !a.is_unknown())
+            .map(|a| a.generation().ok_or(PipelineError::Arch(*a)))
+            .collect::<Result<Vec<_>, _>>()?;
+        config.archs = crate::capture::distinct_archs(archs);
         let fingerprinter = Fingerprinter::new(FingerprintParams {
             tau: config.tau,
             ..FingerprintParams::default()
@@ -234,10 +247,10 @@ impl Pipeline {
         })
     }
 
-    /// The architecture every report names: the machine's generation (coarsened), or
-    /// [`GpuArch::UNKNOWN`] without counters.
-    pub fn arch(&self) -> GpuArch {
-        self.config.arch
+    /// The generations reports name: those of the host's GPUs, each once (empty without
+    /// counters).
+    pub fn archs(&self) -> &[GpuArch] {
+        &self.config.archs
     }
 
     /// Takes in the reports sealed before this pipeline started (the daemon reads them from
@@ -347,7 +360,14 @@ impl Pipeline {
             if !sample.values.is_empty() {
                 self.counts.samples += 1;
             }
-            for (id, bin, pair) in self.bins_of(&sample.values) {
+            // A sample of a GPU of no reportable generation is refused (the start-up check
+            // refuses such a host; this keeps a source that names one from reaching a report).
+            let Some(arch) = sample.arch.generation() else {
+                self.counts.values_refused += sample.values.len() as u64;
+                continue;
+            };
+            for (counter, bin, pair) in self.bins_of(&sample.values) {
+                let id = HistogramKey { arch, counter };
                 let full = self.apps[index]
                     .histograms
                     .get(&id)
@@ -423,7 +443,7 @@ impl Pipeline {
         let (max_age, limit) = (self.config.max_age, self.config.seal_samples);
         let mut due = Vec::new();
         for (index, app) in self.apps.iter().enumerate() {
-            for (&counter, h) in &app.histograms {
+            for (&key, h) in &app.histograms {
                 let reason = if h.histogram.samples().0 >= limit {
                     SealReason::Size
                 } else if now.saturating_duration_since(h.opened) >= max_age {
@@ -431,13 +451,13 @@ impl Pipeline {
                 } else {
                     continue;
                 };
-                due.push((h.opened, index, counter, reason));
+                due.push((h.opened, index, key, reason));
             }
         }
-        due.sort_by_key(|&(opened, index, counter, _)| (opened, index, counter));
+        due.sort_by_key(|&(opened, index, key, _)| (opened, index, key));
         let mut out = Vec::new();
-        for (_, index, counter, reason) in due {
-            self.try_seal(index, counter, reason, day, &mut out)?;
+        for (_, index, key, reason) in due {
+            self.try_seal(index, key, reason, day, &mut out)?;
         }
         Ok(out)
     }
@@ -457,24 +477,24 @@ impl Pipeline {
     fn try_seal(
         &mut self,
         index: usize,
-        counter: CounterId,
+        key: HistogramKey,
         reason: SealReason,
         day: Day,
         out: &mut Vec<Sealed>,
     ) -> Result<bool, PipelineError> {
-        let capped = self.cap_reached(counter, day);
+        let capped = self.cap_reached(key.counter, day);
         let app = &mut self.apps[index];
         if capped {
-            if let Some(h) = app.histograms.get_mut(&counter) {
+            if let Some(h) = app.histograms.get_mut(&key) {
                 h.held = true;
             }
             return Ok(false);
         }
         let id = app.id;
-        let Some(open) = app.histograms.remove(&counter) else {
+        let Some(open) = app.histograms.remove(&key) else {
             return Ok(false);
         };
-        out.extend(self.seal(id, counter, open, reason, day)?);
+        out.extend(self.seal(id, key, open, reason, day)?);
         Ok(true)
     }
 
@@ -487,13 +507,13 @@ impl Pipeline {
         day: Day,
         out: &mut Vec<Sealed>,
     ) -> Result<(), PipelineError> {
-        for (counter, open) in app.histograms {
-            if self.cap_reached(counter, day) {
+        for (key, open) in app.histograms {
+            if self.cap_reached(key.counter, day) {
                 self.counts.histograms_over_cap += 1;
                 self.counts.samples_over_cap += u64::from(open.histogram.samples().0);
                 continue;
             }
-            out.extend(self.seal(app.id, counter, open, reason, day)?);
+            out.extend(self.seal(app.id, key, open, reason, day)?);
         }
         Ok(())
     }
@@ -503,11 +523,12 @@ impl Pipeline {
     fn seal(
         &mut self,
         local_app: u64,
-        counter: CounterId,
+        key: HistogramKey,
         open: OpenHistogram,
         reason: SealReason,
         day: Day,
     ) -> Result<Option<Sealed>, PipelineError> {
+        let HistogramKey { arch, counter } = key;
         let OpenHistogram {
             histogram,
             snippet,
@@ -528,7 +549,7 @@ impl Pipeline {
             report_id,
             snippet: snippet.hash,
             locator: snippet.locator,
-            arch: self.config.arch,
+            arch,
             counter,
             catalogue: self.catalogue.version,
             day,
@@ -545,7 +566,7 @@ impl Pipeline {
             counter_name: self.catalogue.name_of(counter).unwrap_or("?").to_string(),
             catalogue: self.catalogue.version.0,
             day: day.0,
-            arch: self.config.arch.to_string(),
+            arch: arch.to_string(),
             samples: histogram.samples().0,
             bins: histogram.bins().to_vec(),
             reason,
@@ -636,6 +657,7 @@ mod tests {
                 position,
                 kernel: names[position].clone(),
                 group: CounterGroup(2),
+                arch: GpuArch::new(9, 0),
                 values: vec![CounterValue {
                     counter: duration,
                     value: duration_ns,
@@ -814,21 +836,23 @@ mod tests {
     /// GPU of no listed generation is refused before anything is sealed.
     #[test]
     fn reports_name_the_generation_of_the_gpu_never_its_model() {
-        let with_arch = |arch| {
+        let with_archs = |archs| {
             Pipeline::new(
                 PipelineConfig {
                     seal_samples: 25,
-                    arch,
+                    archs,
                     ..PipelineConfig::default()
                 },
                 keys().public_key().clone(),
             )
         };
-        let mut p = with_arch(GpuArch::new(8, 6)).unwrap();
-        assert_eq!(p.arch(), GpuArch::new(8, 0));
-        let sealed = p
-            .ingest(&snippet(1, 3000, 100, 1.5e6), Instant::now(), DAY)
-            .unwrap();
+        let mut p = with_archs(vec![GpuArch::new(8, 6), GpuArch::new(8, 0)]).unwrap();
+        assert_eq!(p.archs(), [GpuArch::new(8, 0)]);
+        let mut on_ampere = snippet(1, 3000, 100, 1.5e6);
+        for sample in &mut on_ampere.samples {
+            sample.arch = GpuArch::new(8, 6);
+        }
+        let sealed = p.ingest(&on_ampere, Instant::now(), DAY).unwrap();
         assert!(!sealed.is_empty());
         for s in &sealed {
             assert_eq!(s.report.arch, GpuArch::new(8, 0));
@@ -837,12 +861,50 @@ mod tests {
             assert!(matches!(decoded, Message::Report(r) if r.arch == GpuArch::new(8, 0)));
         }
         for rare in [GpuArch::new(13, 0), GpuArch::new(6, 1)] {
-            assert!(matches!(with_arch(rare), Err(PipelineError::Arch(a)) if a == rare));
+            let host = vec![GpuArch::new(9, 0), rare];
+            assert!(matches!(with_archs(host), Err(PipelineError::Arch(a)) if a == rare));
         }
         // Without counters (no samples, so no reports) there is no architecture.
+        assert!(with_archs(Vec::new()).unwrap().archs().is_empty());
+    }
+
+    /// One application on a host with two architectures: the samples of each GPU fill
+    /// histograms of their own generation; no report mixes them.
+    #[test]
+    fn samples_of_different_architectures_never_share_a_histogram() {
+        let mut p = Pipeline::new(
+            PipelineConfig {
+                seal_samples: 10_000,
+                archs: vec![GpuArch::new(9, 0), GpuArch::new(8, 0)],
+                ..PipelineConfig::default()
+            },
+            keys().public_key().clone(),
+        )
+        .unwrap();
+        let mut mixed = snippet(1, 3000, 100, 1.5e6);
+        for (i, sample) in mixed.samples.iter_mut().enumerate() {
+            if i % 3 == 0 {
+                sample.arch = GpuArch::new(8, 0);
+            }
+        }
+        let hopper = mixed.samples.iter().filter(|s| s.arch.major == 9).count() as u32;
+        let ampere = mixed.samples.len() as u32 - hopper;
+        assert!(p.ingest(&mixed, Instant::now(), DAY).unwrap().is_empty());
+        let sealed = p.flush(DAY).unwrap();
+        let samples_of = |arch: GpuArch| -> Vec<u32> {
+            sealed
+                .iter()
+                .filter(|s| s.report.arch == arch)
+                .map(|s| s.record.samples)
+                .collect()
+        };
+        // Each counter's histogram of one generation holds exactly that generation's samples.
+        assert!(samples_of(GpuArch::new(9, 0)).iter().all(|&n| n == hopper));
+        assert!(samples_of(GpuArch::new(8, 0)).iter().all(|&n| n == ampere));
+        assert!(!samples_of(GpuArch::new(9, 0)).is_empty());
         assert_eq!(
-            with_arch(GpuArch::UNKNOWN).unwrap().arch(),
-            GpuArch::UNKNOWN
+            samples_of(GpuArch::new(9, 0)).len(),
+            samples_of(GpuArch::new(8, 0)).len()
         );
     }
 
@@ -965,15 +1027,16 @@ mod tests {
                 entry: penrose_ebpf_common::EntryPoint::LaunchKernel,
                 caller: 0,
             };
-            let sample = launch.sampled.then(|| {
-                (
-                    CounterGroup(2),
-                    vec![CounterValue {
+            let sample = launch
+                .sampled
+                .then(|| crate::capture::window::SampledValues {
+                    group: CounterGroup(2),
+                    arch: GpuArch::new(9, 0),
+                    values: vec![CounterValue {
                         counter: duration,
                         value: 5e3,
                     }],
-                )
-            });
+                });
             w.record(&launch, Naming::None, sample);
         }
         let (snippets, _) = w.close();

@@ -140,8 +140,9 @@ pub struct AgentStatus {
     pub running: bool,
     /// The snippet source.
     pub source: SourceInfo,
-    /// The GPU generation every report names (`sm_90`: the compute capability's major version,
-    /// the minor zeroed); `None` without counters (no reports).
+    /// The GPU generations reports name (`sm_80, sm_90`: each GPU's compute capability's major
+    /// version, the minor zeroed; a report names its own GPU's); `None` without counters (no
+    /// reports).
     #[serde(default)]
     pub arch: Option<String>,
     /// The design server's key today's reports are sealed under, and the key list it comes
@@ -288,13 +289,30 @@ impl fmt::Display for AgentStatus {
         match (&s.arch, &s.source.gpu_arch) {
             (Some(arch), Some(read)) => writeln!(
                 f,
-                "GPU architecture: {read}; reports name its generation {arch} (the major version only)"
+                "GPU architecture: {read}; reports name the generation of the GPU each launch ran on ({arch}: the major version only)"
             )?,
             (Some(arch), None) => writeln!(f, "GPU architecture: reports name {arch}")?,
             (None, _) => writeln!(
                 f,
                 "GPU architecture: none (no counter values, so no reports)"
             )?,
+        }
+        let samples = &s.source.samples;
+        if samples.sampled > 0 {
+            let m = &samples.missing;
+            writeln!(
+                f,
+                "samples: {} sampled, {} with counter values; without: device unknown {}, counters busy (another tool holds them) {}, too soon for the GPU {}, warm-up {}, not found {}, device error {}, group not read {}",
+                samples.sampled,
+                samples.with_values,
+                m.device_unknown,
+                m.counters_busy,
+                m.too_soon,
+                m.warmup,
+                m.not_found,
+                m.device_error,
+                m.group_not_supported + m.no_source,
+            )?;
         }
         match (&s.design_key.key_id_today, s.design_key.list_sequence) {
             (Some(id), Some(seq)) => writeln!(
@@ -530,7 +548,7 @@ mod tests {
             status().to_string(),
             format!(
                 "agent pid 4242 (running), source ebpf (counters: nvml)\n\
-                 GPU architecture: sm_86; reports name its generation sm_80 (the major version only)\n\
+                 GPU architecture: sm_86; reports name the generation of the GPU each launch ran on (sm_80: the major version only)\n\
                  libraries probed: 1; not probed: 3 root does not control, 1 over capture.max_libraries\n\
                  windows: 12 (34567 launches), probe time 0.123 s, probe overhead 0.0123% (budget 0.02%)\n\
                  pipeline: 5 snippets, 0 samples, 0 local applications, 0 open histograms, 2 sealed\n\

@@ -24,6 +24,7 @@ use penrose_agent::capture::window::{Snippet, SnippetEnd};
 use penrose_agent::capture::{Capture, CaptureConfig};
 use penrose_agent::counters::SourceKind;
 use penrose_core::counters::Catalogue;
+use penrose_core::gpu::GpuArch;
 use penrose_core::sampling::SamplePeriod;
 use penrose_standin::{
     Driver, EntryPoint, Loops, NextCounters, Pace, ProcessSelection, ReplayOptions, ReplayPlan,
@@ -33,9 +34,22 @@ use serde_json::Value;
 
 const CHILD: &str = "PENROSE_CAPTURE_CHILD";
 
+/// Set in the re-run of this binary that checks device attribution on a stand-in host of two
+/// architectures (`PENROSE_STANDIN_GPUS` must be in the capture's environment from the start).
+const DEVICES_RUN: &str = "PENROSE_CAPTURE_DEVICES";
+
+/// The stand-in host of the device checks: four Amperes, then four Hoppers, in PCI order.
+/// CUDA's default order (fastest first) puts the Hoppers first, so a process's ordinal i is
+/// host GPU (i + 4) % 8 there, and the host index only under `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+const MIXED_HOST: &str = "8.0,8.0,8.0,8.0,9.0,9.0,9.0,9.0";
+
 fn main() {
     if std::env::var_os(CHILD).is_some() {
         child();
+        return;
+    }
+    if std::env::var_os(DEVICES_RUN).is_some() {
+        devices_run();
         return;
     }
     let started = Instant::now();
@@ -98,6 +112,269 @@ fn main() {
     snippets_end_at_the_limit(&lib, &full);
     sampled_launches_carry_their_own_trace_values(&lib, &full);
     a_budget_window_closes_when_every_process_reached_l(&lib, &full);
+    device_checks_on_a_host_of_two_architectures();
+}
+
+/// Re-runs this binary with [`MIXED_HOST`] in its environment for the device checks, and
+/// passes its output on.
+fn device_checks_on_a_host_of_two_architectures() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(DEVICES_RUN, "1")
+        .env(penrose_standin::ring::GPUS_VAR, MIXED_HOST)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("CUDA_DEVICE_ORDER")
+        .output()
+        .unwrap();
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "device checks: {}", out.status);
+}
+
+/// The device checks, on [`MIXED_HOST`] (this process's environment says so).
+fn devices_run() {
+    let traces = traces().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = penrose_standin::install_libcuda(dir.path()).unwrap();
+    let trace = traces
+        .iter()
+        .max_by_key(|t| replayed_sequence(t).len())
+        .unwrap();
+    eight_processes_on_eight_devices_each_read_their_own(&lib, trace);
+    a_process_switching_devices_is_attributed_launch_by_launch(&lib, trace);
+    an_ordinal_with_no_certain_device_gets_no_values(&lib, trace);
+    busy_counters_give_no_values_until_they_are_free(&lib, trace);
+}
+
+/// Where one replayer runs: its ordinal, switches, whether it asks for UUIDs, and the two
+/// environment variables that renumber devices.
+#[derive(Clone, Copy, Default)]
+struct OnDevices<'a> {
+    ordinal: i32,
+    switch_every: Option<u64>,
+    query_uuids: bool,
+    visible: Option<&'a str>,
+    order: Option<&'a str>,
+    /// At the trace's pace times this (back to back when `None`): eight launchers at full
+    /// speed outrun a debug build's reader on two cores.
+    speed: Option<f64>,
+}
+
+fn spawn_on(lib: &Path, trace: &Path, on: OnDevices<'_>) -> Replayer {
+    let out = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .env(CHILD, "1")
+        .env(format!("{CHILD}_OUT"), &out)
+        .env(format!("{CHILD}_LIB"), lib)
+        .env(format!("{CHILD}_TRACE"), trace)
+        .env(format!("{CHILD}_RESOLVE"), "module")
+        .env(format!("{CHILD}_VIA"), "launch")
+        .env(format!("{CHILD}_LOOPS"), "1")
+        .env(format!("{CHILD}_DEVICE"), on.ordinal.to_string())
+        .env_remove(DEVICES_RUN);
+    if let Some(every) = on.switch_every {
+        command.env(format!("{CHILD}_SWITCH"), every.to_string());
+    }
+    if on.query_uuids {
+        command.env(format!("{CHILD}_UUIDS"), "1");
+    }
+    if let Some(speed) = on.speed {
+        command.env(format!("{CHILD}_PACE"), speed.to_string());
+    }
+    for (var, value) in [
+        ("CUDA_VISIBLE_DEVICES", on.visible),
+        ("CUDA_DEVICE_ORDER", on.order),
+    ] {
+        match value {
+            Some(v) => command.env(var, v),
+            None => command.env_remove(var),
+        };
+    }
+    Replayer {
+        child: command.spawn().unwrap(),
+        trace: trace.to_path_buf(),
+        out,
+    }
+}
+
+/// The architecture of [`MIXED_HOST`]'s GPU `host`.
+fn mixed_arch(host: usize) -> GpuArch {
+    if host < 4 {
+        GpuArch::new(8, 0)
+    } else {
+        GpuArch::new(9, 0)
+    }
+}
+
+/// Every sample of `snippet` carries the trace's own values for its kernel.
+fn assert_trace_values(snippet: &Snippet, seq: &[penrose_traces::Kernel], what: &str) {
+    let duration = Catalogue::current()
+        .counter_by_name("kernel_duration")
+        .unwrap()
+        .id;
+    for sample in &snippet.samples {
+        let expected = NextCounters::from_kernel(&seq[sample.position]);
+        let value = sample.values.iter().find(|v| v.counter == duration);
+        assert_eq!(
+            value.map(|v| v.value),
+            Some(expected.duration_ns as f64),
+            "{what}: sample at {}",
+            sample.position
+        );
+    }
+}
+
+/// Eight processes, one per GPU: four find their GPU through the UUIDs the driver gave them
+/// (CUDA's default order, in which ordinal i is host GPU (i + 4) % 8), four through
+/// `CUDA_VISIBLE_DEVICES` (one GPU each, renumbered to ordinal 0). The stand-in stamps each
+/// record with the GPU that ran it, so a launch attributed to any other GPU would find no
+/// values: every sample has its own GPU's values and architecture.
+fn eight_processes_on_eight_devices_each_read_their_own(lib: &Path, trace: &Path) {
+    let mut capture = standin_capture(lib, usize::MAX, 97);
+    assert_eq!(
+        capture.gpu_archs(),
+        [GpuArch::new(8, 0), GpuArch::new(9, 0)]
+    );
+    capture.open_window().unwrap();
+    let visible: Vec<String> = (0..4).map(|i| i.to_string()).collect();
+    let mut replayers = Vec::new();
+    let mut host_of = Vec::new();
+    for ordinal in 0..4 {
+        let on = OnDevices {
+            ordinal,
+            query_uuids: true,
+            speed: Some(0.5),
+            ..OnDevices::default()
+        };
+        replayers.push(spawn_on(lib, trace, on));
+        host_of.push((ordinal as usize + 4) % 8);
+    }
+    for host in &visible {
+        let on = OnDevices {
+            visible: Some(host),
+            order: Some("PCI_BUS_ID"),
+            speed: Some(0.5),
+            ..OnDevices::default()
+        };
+        replayers.push(spawn_on(lib, trace, on));
+        host_of.push(host.parse().unwrap());
+    }
+    let pids: Vec<u32> = replayers.iter().map(|r| r.child.id()).collect();
+    wait_all(&mut capture, replayers);
+    capture.close_window().unwrap();
+    let snippets = capture.take_snippets();
+    let counts = capture.counts();
+    let seq = replayed_sequence(trace);
+    assert_eq!(capture.drops().unwrap(), 0, "ring-buffer drops");
+    assert!(counts.sampled >= 8, "{counts:?}");
+    assert_eq!(counts.samples_with_values, counts.sampled, "{counts:?}");
+    assert!(counts.devices.by_uuid > 0, "{:?}", counts.devices);
+    assert!(
+        counts.devices.by_visible_devices > 0,
+        "{:?}",
+        counts.devices
+    );
+    for (pid, host) in pids.iter().zip(&host_of) {
+        let snippet = snippet_of(&snippets, Pid(*pid));
+        assert!(!snippet.samples.is_empty(), "pid {pid}");
+        for sample in &snippet.samples {
+            assert_eq!(sample.arch, mixed_arch(*host), "pid {pid} on GPU {host}");
+        }
+        assert_trace_values(snippet, &seq, &format!("pid {pid} on GPU {host}"));
+    }
+    println!(
+        "  8 processes on 8 GPUs of two architectures: {} samples, each with its own GPU's values ({} through UUIDs, {} through visible devices)",
+        counts.sampled, counts.devices.by_uuid, counts.devices.by_visible_devices
+    );
+    check("eight_processes_on_eight_devices_each_read_their_own");
+}
+
+/// One process moving to the next GPU every 1,000 launches: each sample is read on the GPU
+/// its launch ran on, so its architecture follows the switches position by position.
+fn a_process_switching_devices_is_attributed_launch_by_launch(lib: &Path, trace: &Path) {
+    let every = 1_000u64;
+    let mut capture = standin_capture(lib, usize::MAX, 31);
+    capture.open_window().unwrap();
+    let on = OnDevices {
+        switch_every: Some(every),
+        query_uuids: true,
+        ..OnDevices::default()
+    };
+    let replayer = spawn_on(lib, trace, on);
+    let pid = Pid(replayer.child.id());
+    wait_all(&mut capture, vec![replayer]);
+    capture.close_window().unwrap();
+    let snippets = capture.take_snippets();
+    let snippet = snippet_of(&snippets, pid);
+    let counts = capture.counts();
+    assert_eq!(counts.samples_with_values, counts.sampled, "{counts:?}");
+    let mut archs = HashSet::new();
+    for sample in &snippet.samples {
+        let ordinal = (sample.position as u64 / every) % 8;
+        let host = (ordinal as usize + 4) % 8;
+        assert_eq!(
+            sample.arch,
+            mixed_arch(host),
+            "sample at {}",
+            sample.position
+        );
+        archs.insert(sample.arch);
+    }
+    assert_trace_values(snippet, &replayed_sequence(trace), "switching process");
+    assert_eq!(archs.len(), 2, "the replay crossed both architectures");
+    println!(
+        "  a process switching GPUs every {every} launches: {} samples, each on its launch's GPU",
+        snippet.samples.len()
+    );
+    check("a_process_switching_devices_is_attributed_launch_by_launch");
+}
+
+/// CUDA's default order on a host of two architectures is a heuristic the agent does not
+/// guess: a process that neither asked for UUIDs nor named its devices gets no values, never
+/// another GPU's.
+fn an_ordinal_with_no_certain_device_gets_no_values(lib: &Path, trace: &Path) {
+    let mut capture = standin_capture(lib, usize::MAX, 97);
+    capture.open_window().unwrap();
+    let replayer = spawn_on(lib, trace, OnDevices::default());
+    wait_all(&mut capture, vec![replayer]);
+    capture.close_window().unwrap();
+    let counts = capture.counts();
+    assert!(counts.sampled > 0);
+    assert_eq!(counts.samples_with_values, 0, "{counts:?}");
+    assert_eq!(
+        counts.samples_missing.device_unknown, counts.sampled,
+        "{counts:?}"
+    );
+    check("an_ordinal_with_no_certain_device_gets_no_values");
+}
+
+/// While another tool holds a GPU's counters (the stand-in's busy file), samples on it get
+/// none and are counted; once it lets go, values come again.
+fn busy_counters_give_no_values_until_they_are_free(lib: &Path, trace: &Path) {
+    let busy = penrose_agent::counters::standin::busy_path(4);
+    let mut capture = standin_capture(lib, usize::MAX, 97);
+    let on = OnDevices {
+        query_uuids: true,
+        ..OnDevices::default()
+    };
+    std::fs::write(&busy, b"").unwrap();
+    capture.open_window().unwrap();
+    wait_all(&mut capture, vec![spawn_on(lib, trace, on)]);
+    let held = capture.counts();
+    std::fs::remove_file(&busy).unwrap();
+    assert!(held.sampled > 0);
+    assert_eq!(held.samples_missing.counters_busy, held.sampled, "{held:?}");
+    wait_all(&mut capture, vec![spawn_on(lib, trace, on)]);
+    capture.close_window().unwrap();
+    let after = capture.counts();
+    assert!(after.sampled > held.sampled);
+    assert_eq!(
+        after.samples_with_values,
+        after.sampled - held.sampled,
+        "{after:?}"
+    );
+    assert_eq!(after.samples_missing.counters_busy, held.sampled);
+    check("busy_counters_give_no_values_until_they_are_free");
 }
 
 fn standin_capture(lib: &Path, window_launches: usize, sample_period: u32) -> Capture {
@@ -392,6 +669,16 @@ fn child() {
             Via::Entry(EntryPoint::LaunchKernel)
         },
         stop: None,
+        devices: penrose_standin::DevicePlan {
+            ordinal: std::env::var(format!("{CHILD}_DEVICE"))
+                .ok()
+                .and_then(|d| d.parse().ok())
+                .unwrap_or(0),
+            switch_every: std::env::var(format!("{CHILD}_SWITCH"))
+                .ok()
+                .and_then(|d| d.parse().ok()),
+            query_uuids: std::env::var_os(format!("{CHILD}_UUIDS")).is_some(),
+        },
     };
     let summary = penrose_standin::replay(&driver, &plan, &options).unwrap();
     // A file, not stdout: the summary (every kernel name) outgrows a pipe's buffer.

@@ -32,6 +32,7 @@ fn main() {
             resolve: Resolve::Module,
             via: Via::Entry(EntryPoint::LaunchKernel),
             stop: None,
+            devices: penrose_standin::DevicePlan::default(),
         };
         penrose_standin::replay(&driver, &plan, &options).unwrap();
         return;

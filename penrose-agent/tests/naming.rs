@@ -133,6 +133,7 @@ fn child() {
             resolve: Resolve::Module,
             via,
             stop: Some(&stop),
+            devices: penrose_standin::DevicePlan::default(),
         };
         let libs = Libraries {
             driver: &driver,

@@ -32,6 +32,9 @@ pub enum EventKind {
     /// A [`RuntimeLaunchEvent`]: `cudaLaunchKernel` was called; the driver launch that follows
     /// on the same thread is of the function it names.
     RuntimeLaunch = 6,
+    /// A [`ContextEvent`]: a driver call that changes which device a thread's launches run on
+    /// (contexts made current, pushed, popped or created, streams created, device UUIDs asked).
+    Context = 7,
 }
 
 impl EventKind {
@@ -44,6 +47,7 @@ impl EventKind {
             4 => Some(Self::KernelFunction),
             5 => Some(Self::StubKernel),
             6 => Some(Self::RuntimeLaunch),
+            7 => Some(Self::Context),
             _ => None,
         }
     }
@@ -246,6 +250,96 @@ pub struct RuntimeLaunchEvent {
     pub function: u64,
 }
 
+/// What a [`ContextEvent`] reports; the wire value is [`ContextEvent::op`].
+///
+/// Together they give, per process, thread -> context stack -> device ordinal, stream ->
+/// context, and device ordinal -> UUID: what the agent needs to attribute a launch to the GPU
+/// it runs on (a launch runs in its thread's current context).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContextOp {
+    /// `cuCtxSetCurrent(ctx)`: `handle` replaces the top of the thread's context stack (a
+    /// null `handle` pops it).
+    SetCurrent = 1,
+    /// `cuCtxPushCurrent(ctx)`: `handle` is pushed on the thread's stack.
+    Push = 2,
+    /// `cuCtxPopCurrent(&ctx)`: the top of the thread's stack is popped.
+    Pop = 3,
+    /// `cuDevicePrimaryCtxRetain(&ctx, dev)` returned: context `handle` is on ordinal `device`.
+    /// It is not made current (the caller does that).
+    PrimaryRetained = 4,
+    /// `cuCtxCreate*(&ctx, ..., dev)` returned: context `handle` is on ordinal `device` and is
+    /// now the top of the thread's stack.
+    Created = 5,
+    /// `cuStreamCreate*(&stream, ...)` returned: stream `handle` belongs to the thread's
+    /// current context.
+    StreamCreated = 6,
+    /// `cuDeviceGetUuid*(&uuid, dev)` returned: ordinal `device` is the GPU `uuid`.
+    DeviceUuid = 7,
+}
+
+impl ContextOp {
+    /// Decodes [`ContextEvent::op`]; `None` for a value this build does not know.
+    pub const fn from_u32(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(Self::SetCurrent),
+            2 => Some(Self::Push),
+            3 => Some(Self::Pop),
+            4 => Some(Self::PrimaryRetained),
+            5 => Some(Self::Created),
+            6 => Some(Self::StreamCreated),
+            7 => Some(Self::DeviceUuid),
+            _ => None,
+        }
+    }
+}
+
+/// One driver call that bears on which device a thread's launches run on ([`ContextOp`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextEvent {
+    /// Always [`EventKind::Context`] as `u32`.
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// A [`ContextOp`] wire value.
+    pub op: u32,
+    /// `bpf_ktime_get_ns` at the probe.
+    pub timestamp_ns: u64,
+    /// The `CUcontext` (or, for [`ContextOp::StreamCreated`], the `CUstream`); zero when the
+    /// call has none.
+    pub handle: u64,
+    /// The `CUdevice` ordinal the call named (-1 when it named none).
+    pub device: i32,
+    /// Zero; keeps `uuid` 8-byte aligned.
+    pub reserved: u32,
+    /// The device's UUID for [`ContextOp::DeviceUuid`]; zero otherwise.
+    pub uuid: [u8; 16],
+}
+
+impl ContextEvent {
+    /// Reads a context record; `None` when it is not one or is too short.
+    pub fn parse(record: &[u8]) -> Option<Self> {
+        use core::mem::offset_of;
+        let at = offset_of!(Self, uuid);
+        let uuid: [u8; 16] = record.get(at..at.checked_add(16)?)?.try_into().ok()?;
+        let event = Self {
+            kind: read_u32(record, offset_of!(Self, kind))?,
+            pid: read_u32(record, offset_of!(Self, pid))?,
+            tid: read_u32(record, offset_of!(Self, tid))?,
+            op: read_u32(record, offset_of!(Self, op))?,
+            timestamp_ns: read_u64(record, offset_of!(Self, timestamp_ns))?,
+            handle: read_u64(record, offset_of!(Self, handle))?,
+            device: read_u32(record, offset_of!(Self, device))? as i32,
+            reserved: read_u32(record, offset_of!(Self, reserved))?,
+            uuid,
+        };
+        (event.kind == EventKind::Context as u32).then_some(event)
+    }
+}
+
 /// A thread group leader exited (`sched:sched_process_exit` with pid == tgid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -390,6 +484,11 @@ const _: () = {
     assert!(size_of::<RuntimeLaunchEvent>() == 32);
     assert!(offset_of!(RuntimeLaunchEvent, function) == 24);
     assert!(size_of::<ExitEvent>() == 16);
+    assert!(size_of::<ContextEvent>() == 56);
+    assert!(offset_of!(ContextEvent, op) == 12);
+    assert!(offset_of!(ContextEvent, handle) == 24);
+    assert!(offset_of!(ContextEvent, device) == 32);
+    assert!(offset_of!(ContextEvent, uuid) == 40);
     assert!(offset_of!(ExitEvent, kind) == 0);
     assert!(offset_of!(ExitEvent, timestamp_ns) == 8);
 };
@@ -420,6 +519,7 @@ mod tests {
             EventKind::KernelFunction,
             EventKind::StubKernel,
             EventKind::RuntimeLaunch,
+            EventKind::Context,
         ] {
             let mut record = [0u8; 16];
             record[..4].copy_from_slice(&(kind as u32).to_ne_bytes());
@@ -465,6 +565,29 @@ mod tests {
             HandleKind::from_u32(header.handle_kind),
             Some(HandleKind::Function)
         );
+    }
+
+    #[test]
+    fn context_records_round_trip_and_short_ones_are_rejected() {
+        let mut buf = [0u8; size_of::<ContextEvent>()];
+        let fields: [(usize, &[u8]); 6] = [
+            (0, &(EventKind::Context as u32).to_ne_bytes()),
+            (4, &42u32.to_ne_bytes()),
+            (12, &(ContextOp::DeviceUuid as u32).to_ne_bytes()),
+            (24, &0xc0ffee_u64.to_ne_bytes()),
+            (32, &(-1i32).to_ne_bytes()),
+            (40, &[7u8; 16]),
+        ];
+        for (at, bytes) in fields {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+        }
+        let event = ContextEvent::parse(&buf).unwrap();
+        assert_eq!((event.pid, event.handle, event.device), (42, 0xc0ffee, -1));
+        assert_eq!(ContextOp::from_u32(event.op), Some(ContextOp::DeviceUuid));
+        assert_eq!(event.uuid, [7u8; 16]);
+        assert_eq!(ContextEvent::parse(&buf[..buf.len() - 1]), None);
+        assert_eq!(ContextOp::from_u32(0), None);
+        assert_eq!(ContextOp::from_u32(8), None);
     }
 
     #[test]

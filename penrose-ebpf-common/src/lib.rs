@@ -12,8 +12,8 @@ pub mod probes;
 
 pub use entry_point::EntryPoint;
 pub use events::{
-    EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent, NAME_CAPACITY, NameEvent,
-    NameHeader, RuntimeLaunchEvent, SampleConfig, StubKernelEvent,
+    ContextEvent, ContextOp, EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent,
+    NAME_CAPACITY, NameEvent, NameHeader, RuntimeLaunchEvent, SampleConfig, StubKernelEvent,
 };
 pub use probes::{
     Library, PROCESS_EXIT, ProbeKind, ProbeRole, TracePoint, USER_PROBES, UserProbe, programs,

@@ -47,6 +47,44 @@ pub mod programs {
     pub const CUDART_LAUNCH_KERNEL: &str = "cudart_launch_kernel";
     /// Uprobe on the runtime's `cudaLaunchKernel_ptsz`.
     pub const CUDART_LAUNCH_KERNEL_PTSZ: &str = "cudart_launch_kernel_ptsz";
+    /// Uprobe on `cuCtxSetCurrent`.
+    pub const CU_CTX_SET_CURRENT: &str = "cu_ctx_set_current";
+    /// Uprobe on `cuCtxPushCurrent_v2`.
+    pub const CU_CTX_PUSH_CURRENT: &str = "cu_ctx_push_current";
+    /// Uprobe on `cuCtxPopCurrent_v2`.
+    pub const CU_CTX_POP_CURRENT: &str = "cu_ctx_pop_current";
+    /// Uprobe on `cuDevicePrimaryCtxRetain`: stashes the out-pointer and the ordinal.
+    pub const CU_DEVICE_PRIMARY_CTX_RETAIN: &str = "cu_device_primary_ctx_retain";
+    /// Uretprobe on `cuDevicePrimaryCtxRetain`: emits the context and its ordinal.
+    pub const CU_DEVICE_PRIMARY_CTX_RETAIN_RET: &str = "cu_device_primary_ctx_retain_ret";
+    /// Uprobe on `cuCtxCreate_v2`.
+    pub const CU_CTX_CREATE_V2: &str = "cu_ctx_create_v2";
+    /// Uretprobe on `cuCtxCreate_v2`.
+    pub const CU_CTX_CREATE_V2_RET: &str = "cu_ctx_create_v2_ret";
+    /// Uprobe on `cuCtxCreate_v3`.
+    pub const CU_CTX_CREATE_V3: &str = "cu_ctx_create_v3";
+    /// Uretprobe on `cuCtxCreate_v3`.
+    pub const CU_CTX_CREATE_V3_RET: &str = "cu_ctx_create_v3_ret";
+    /// Uprobe on `cuCtxCreate_v4`.
+    pub const CU_CTX_CREATE_V4: &str = "cu_ctx_create_v4";
+    /// Uretprobe on `cuCtxCreate_v4`.
+    pub const CU_CTX_CREATE_V4_RET: &str = "cu_ctx_create_v4_ret";
+    /// Uprobe on `cuStreamCreate`.
+    pub const CU_STREAM_CREATE: &str = "cu_stream_create";
+    /// Uretprobe on `cuStreamCreate`.
+    pub const CU_STREAM_CREATE_RET: &str = "cu_stream_create_ret";
+    /// Uprobe on `cuStreamCreateWithPriority`.
+    pub const CU_STREAM_CREATE_WITH_PRIORITY: &str = "cu_stream_create_with_priority";
+    /// Uretprobe on `cuStreamCreateWithPriority`.
+    pub const CU_STREAM_CREATE_WITH_PRIORITY_RET: &str = "cu_stream_create_with_priority_ret";
+    /// Uprobe on `cuDeviceGetUuid`.
+    pub const CU_DEVICE_GET_UUID: &str = "cu_device_get_uuid";
+    /// Uretprobe on `cuDeviceGetUuid`.
+    pub const CU_DEVICE_GET_UUID_RET: &str = "cu_device_get_uuid_ret";
+    /// Uprobe on `cuDeviceGetUuid_v2`.
+    pub const CU_DEVICE_GET_UUID_V2: &str = "cu_device_get_uuid_v2";
+    /// Uretprobe on `cuDeviceGetUuid_v2`.
+    pub const CU_DEVICE_GET_UUID_V2_RET: &str = "cu_device_get_uuid_v2_ret";
     /// Tracepoint `sched:sched_process_exit`.
     pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
 }
@@ -94,6 +132,11 @@ pub enum ProbeRole {
     Launch,
     /// Name probe: fires only at module load, so it stays attached for the agent's lifetime.
     Name,
+    /// Context probe: a driver call that says which device a thread's launches run on
+    /// (contexts, streams, device UUIDs). Such calls are rare (start-up, device switches), and
+    /// a context made current before a window opened must be known inside it, so these stay
+    /// attached like name probes.
+    Context,
     /// A runtime launch probe that only helps name launches (the legacy path passes host
     /// stubs to `cudaLaunchKernel`): attached inside windows, and only while launches remain
     /// unnamed, since it doubles the traps of the launches it sees.
@@ -136,6 +179,16 @@ impl UserProbe {
         }
     }
 
+    const fn context(program: &'static str, symbol: &'static str, kind: ProbeKind) -> Self {
+        Self {
+            program,
+            symbol,
+            library: Library::Driver,
+            kind,
+            role: ProbeRole::Context,
+        }
+    }
+
     const fn runtime(
         program: &'static str,
         symbol: &'static str,
@@ -154,8 +207,9 @@ impl UserProbe {
 
 /// Every uprobe and uretprobe in the object: eight launch probes and an entry and a return
 /// probe for each of the three name functions on the driver; on the runtime, the stub
-/// registration, `__cudaGetKernel` (entry and return) and the two `cudaLaunchKernel`s.
-pub const USER_PROBES: [UserProbe; 19] = [
+/// registration, `__cudaGetKernel` (entry and return) and the two `cudaLaunchKernel`s; then
+/// the context probes on the driver (three entry probes, eight entry and return pairs).
+pub const USER_PROBES: [UserProbe; 38] = [
     UserProbe::launch(EntryPoint::LaunchKernel),
     UserProbe::launch(EntryPoint::LaunchKernelPtsz),
     UserProbe::launch(EntryPoint::LaunchKernelEx),
@@ -224,6 +278,101 @@ pub const USER_PROBES: [UserProbe; 19] = [
         ProbeKind::Uprobe,
         ProbeRole::LaunchNaming,
     ),
+    UserProbe::context(
+        programs::CU_CTX_SET_CURRENT,
+        "cuCtxSetCurrent",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_PUSH_CURRENT,
+        "cuCtxPushCurrent_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_POP_CURRENT,
+        "cuCtxPopCurrent_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_DEVICE_PRIMARY_CTX_RETAIN,
+        "cuDevicePrimaryCtxRetain",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_DEVICE_PRIMARY_CTX_RETAIN_RET,
+        "cuDevicePrimaryCtxRetain",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_CREATE_V2,
+        "cuCtxCreate_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_CREATE_V2_RET,
+        "cuCtxCreate_v2",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_CREATE_V3,
+        "cuCtxCreate_v3",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_CREATE_V3_RET,
+        "cuCtxCreate_v3",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_CREATE_V4,
+        "cuCtxCreate_v4",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_CTX_CREATE_V4_RET,
+        "cuCtxCreate_v4",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::context(
+        programs::CU_STREAM_CREATE,
+        "cuStreamCreate",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_STREAM_CREATE_RET,
+        "cuStreamCreate",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::context(
+        programs::CU_STREAM_CREATE_WITH_PRIORITY,
+        "cuStreamCreateWithPriority",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_STREAM_CREATE_WITH_PRIORITY_RET,
+        "cuStreamCreateWithPriority",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::context(
+        programs::CU_DEVICE_GET_UUID,
+        "cuDeviceGetUuid",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_DEVICE_GET_UUID_RET,
+        "cuDeviceGetUuid",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::context(
+        programs::CU_DEVICE_GET_UUID_V2,
+        "cuDeviceGetUuid_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::context(
+        programs::CU_DEVICE_GET_UUID_V2_RET,
+        "cuDeviceGetUuid_v2",
+        ProbeKind::Uretprobe,
+    ),
 ];
 
 /// A tracepoint program and where it attaches.
@@ -280,6 +429,21 @@ mod tests {
             };
             assert_eq!(kinds(ProbeKind::Uprobe), 1, "{symbol}");
             assert_eq!(kinds(ProbeKind::Uretprobe), 1, "{symbol}");
+        }
+    }
+
+    #[test]
+    fn context_probes_stay_on_the_driver_and_returns_follow_entries() {
+        let context = || USER_PROBES.iter().filter(|p| p.role == ProbeRole::Context);
+        assert_eq!(context().count(), 19);
+        for probe in context() {
+            assert_eq!(probe.library, Library::Driver, "{}", probe.symbol);
+            if probe.kind == ProbeKind::Uretprobe {
+                let entry = context()
+                    .find(|p| p.symbol == probe.symbol && p.kind == ProbeKind::Uprobe)
+                    .unwrap_or_else(|| panic!("{} has no entry", probe.symbol));
+                assert_eq!(probe.program.strip_suffix("_ret"), Some(entry.program));
+            }
         }
     }
 

@@ -4,11 +4,13 @@
 //!
 //! One program per launch entry point, because each has its own argument layout; they share
 //! [`launch`]'s `submit`, which stamps, samples and queues the event. The agent attaches and
-//! detaches those to open and close capture windows (DESIGN.md section 3). The name probes
-//! ([`names`]) and the exit tracepoint ([`exit`]) stay attached.
+//! detaches those to open and close capture windows (docs/design.md section 3). The name probes
+//! ([`names`]), the context probes that attribute launches to devices ([`devices`]) and the
+//! exit tracepoint ([`exit`]) stay attached.
 #![no_std]
 #![no_main]
 
+mod devices;
 mod exit;
 mod launch;
 mod maps;

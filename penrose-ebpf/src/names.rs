@@ -30,6 +30,22 @@ pub(crate) enum NameCall {
     KernelGetFunction = 3,
     /// The runtime's `__cudaGetKernel` (see `runtime`).
     GetKernel = 4,
+    /// `cuDevicePrimaryCtxRetain` (see `devices`).
+    PrimaryCtxRetain = 5,
+    /// `cuCtxCreate_v2`.
+    CtxCreateV2 = 6,
+    /// `cuCtxCreate_v3`.
+    CtxCreateV3 = 7,
+    /// `cuCtxCreate_v4`.
+    CtxCreateV4 = 8,
+    /// `cuStreamCreate`.
+    StreamCreate = 9,
+    /// `cuStreamCreateWithPriority`.
+    StreamCreateWithPriority = 10,
+    /// `cuDeviceGetUuid`.
+    DeviceGetUuid = 11,
+    /// `cuDeviceGetUuid_v2`.
+    DeviceGetUuidV2 = 12,
 }
 
 /// Key of [`PENDING_CALLS`]: one call in flight per thread and function.
@@ -43,8 +59,8 @@ pub(crate) struct PendingKey {
 /// name pointer (or, for `cuKernelGetFunction`, the kernel handle).
 #[repr(C)]
 pub(crate) struct PendingCall {
-    out: u64,
-    arg: u64,
+    pub(crate) out: u64,
+    pub(crate) arg: u64,
 }
 
 /// `CUDA_SUCCESS`.
@@ -122,6 +138,20 @@ pub(crate) fn stash(ctx: &ProbeContext, call: NameCall, out_arg: usize, other_ar
 /// it wrote is readable.
 #[inline(always)]
 pub(crate) fn take(ctx: &RetProbeContext, call: NameCall) -> Option<Resolved> {
+    let (pid_tgid, pending) = take_pending(ctx, call)?;
+    // SAFETY: `bpf_probe_read_user` checks the user address and fails instead of faulting.
+    let handle = unsafe { bpf_probe_read_user(pending.out as *const u64) }.ok()?;
+    Some(Resolved {
+        pid_tgid,
+        handle,
+        arg: pending.arg,
+    })
+}
+
+/// Removes the thread's stashed call; `Some` (the thread and what the entry stashed) only
+/// when the call returned `CUDA_SUCCESS`.
+#[inline(always)]
+pub(crate) fn take_pending(ctx: &RetProbeContext, call: NameCall) -> Option<(u64, PendingCall)> {
     let key = PendingKey {
         pid_tgid: bpf_get_current_pid_tgid(),
         call: call as u64,
@@ -137,13 +167,7 @@ pub(crate) fn take(ctx: &RetProbeContext, call: NameCall) -> Option<Resolved> {
     if result as u32 != CUDA_SUCCESS {
         return None;
     }
-    // SAFETY: `bpf_probe_read_user` checks the user address and fails instead of faulting.
-    let handle = unsafe { bpf_probe_read_user(pending.out as *const u64) }.ok()?;
-    Some(Resolved {
-        pid_tgid: key.pid_tgid,
-        handle,
-        arg: pending.arg,
-    })
+    Some((key.pid_tgid, pending))
 }
 
 /// Assembles a name record in per-CPU scratch and copies header plus name into the ring.

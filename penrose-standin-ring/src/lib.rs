@@ -51,8 +51,9 @@ use penrose_ebpf_common::EntryPoint;
 
 /// `"PNSRING1"` read as a little-endian `u64`; 0 until the writer has filled in the header.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"PNSRING1");
-/// The ring layout (and stand-in ABI) version. 2 added `timestamp_ns` and `tid`.
-pub const RING_VERSION: u32 = 2;
+/// The ring layout (and stand-in ABI) version. 2 added `timestamp_ns` and `tid`; 3 the
+/// `device` a launch ran on.
+pub const RING_VERSION: u32 = 3;
 /// The header's size in bytes.
 pub const HEADER_SIZE: usize = size_of::<RingHeader>();
 /// One record's size in bytes.
@@ -68,6 +69,67 @@ pub const COMPUTE_CAPABILITY: (u8, u8) = (9, 0);
 
 const _: () = assert!(HEADER_SIZE == 64);
 const _: () = assert!(RECORD_SIZE == 80);
+
+/// The environment variable that lists the stand-in host's GPUs by compute capability, in
+/// host (PCI bus) order: `9.0,9.0,8.0`. The stand-in libcuda reads it in `cuInit`, the agent's
+/// stand-in counter source when it opens; both sides must see the same value.
+pub const GPUS_VAR: &str = "PENROSE_STANDIN_GPUS";
+
+/// GPUs of a stand-in host when [`GPUS_VAR`] is unset or names none: a data-centre server's
+/// eight.
+pub const DEFAULT_GPUS: usize = 8;
+
+/// One GPU of the stand-in host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StandinGpu {
+    /// Its host index (NVML's index: PCI bus order).
+    pub index: u32,
+    /// (major, minor).
+    pub compute_capability: (u8, u8),
+    /// Its UUID, as `cuDeviceGetUuid` and NVML give it.
+    pub uuid: [u8; 16],
+}
+
+/// The UUID of the stand-in's GPU `index`: `PNSG`, zeros, then the index (big-endian).
+pub fn standin_uuid(index: u32) -> [u8; 16] {
+    let mut uuid = [0u8; 16];
+    uuid[..4].copy_from_slice(b"PNSG");
+    uuid[14] = (index >> 8) as u8;
+    uuid[15] = index as u8;
+    uuid
+}
+
+/// The host's GPUs as `spec` (the value of [`GPUS_VAR`]) lists them, parsed as the stand-in
+/// parses it: entries up to the first that is not `MAJOR.MINOR`; none at all means
+/// [`DEFAULT_GPUS`] of [`COMPUTE_CAPABILITY`].
+pub fn standin_gpus(spec: Option<&str>) -> Vec<StandinGpu> {
+    let mut ccs = Vec::new();
+    for entry in spec.unwrap_or("").split(',') {
+        let parsed = entry
+            .trim_start()
+            .split_once('.')
+            .and_then(|(major, minor)| {
+                let major: u8 = major.parse().ok().filter(|m| *m <= 25)?;
+                let minor: u8 = minor.parse().ok().filter(|m| *m <= 9)?;
+                Some((major, minor))
+            });
+        match parsed {
+            Some(cc) if ccs.len() < 64 => ccs.push(cc),
+            _ => break,
+        }
+    }
+    if ccs.is_empty() {
+        ccs = vec![COMPUTE_CAPABILITY; DEFAULT_GPUS];
+    }
+    ccs.into_iter()
+        .zip(0u32..)
+        .map(|(compute_capability, index)| StandinGpu {
+            index,
+            compute_capability,
+            uuid: standin_uuid(index),
+        })
+        .collect()
+}
 
 /// Where the ring of process `pid` lives.
 pub fn ring_path(pid: u32) -> PathBuf {
@@ -177,8 +239,9 @@ pub struct CounterRecord {
     pub timestamp_ns: u64,
     /// The launching thread.
     pub tid: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The host index of the GPU the launch ran on (its current context's device), plus one;
+    /// 0 when the thread had no current context.
+    pub device: u32,
 }
 
 fn get_u64(bytes: &[u8], at: usize) -> u64 {
@@ -262,7 +325,7 @@ impl CounterRecord {
             present: get_u32(b, offset_of!(Self, present)),
             timestamp_ns: get_u64(b, offset_of!(Self, timestamp_ns)),
             tid: get_u32(b, offset_of!(Self, tid)),
-            reserved: get_u32(b, offset_of!(Self, reserved)),
+            device: get_u32(b, offset_of!(Self, device)),
         }
     }
 
@@ -313,12 +376,13 @@ impl CounterRecord {
             &self.timestamp_ns.to_le_bytes(),
         );
         put(&mut b, offset_of!(Self, tid), &self.tid.to_le_bytes());
-        put(
-            &mut b,
-            offset_of!(Self, reserved),
-            &self.reserved.to_le_bytes(),
-        );
+        put(&mut b, offset_of!(Self, device), &self.device.to_le_bytes());
         b
+    }
+
+    /// The host index of the GPU the launch ran on; `None` when it ran with no context.
+    pub fn host_device(&self) -> Option<u32> {
+        self.device.checked_sub(1)
     }
 
     fn field<T>(&self, bit: u32, value: T) -> Option<T> {
@@ -645,11 +709,31 @@ mod tests {
             present: Present::DURATION | Present::OCCUPANCY,
             timestamp_ns: 1_000 * seq,
             tid: 100 + (seq % 2) as u32,
-            reserved: 0,
+            device: 1,
         }
     }
 
     /// The byte layout is the C struct's, field by field (offsets of `struct ring_record`).
+    #[test]
+    fn gpu_lists_parse_as_the_stand_in_parses_them() {
+        let eight = standin_gpus(None);
+        assert_eq!(eight.len(), DEFAULT_GPUS);
+        assert!(
+            eight
+                .iter()
+                .all(|g| g.compute_capability == COMPUTE_CAPABILITY)
+        );
+        assert_eq!(standin_gpus(Some("")).len(), DEFAULT_GPUS);
+        let mixed = standin_gpus(Some("9.0,9.0,8.0,x,8.6"));
+        let ccs: Vec<(u8, u8)> = mixed.iter().map(|g| g.compute_capability).collect();
+        assert_eq!(ccs, [(9, 0), (9, 0), (8, 0)]);
+        assert_eq!(mixed[2].index, 2);
+        assert_eq!(mixed[2].uuid, standin_uuid(2));
+        assert_ne!(standin_uuid(1), standin_uuid(2));
+        assert_eq!(&standin_uuid(300)[..4], b"PNSG");
+        assert_eq!(standin_gpus(Some("26.0")).len(), DEFAULT_GPUS);
+    }
+
     #[test]
     fn the_encoding_is_the_c_layout() {
         let r = record(5);

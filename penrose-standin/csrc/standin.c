@@ -215,7 +215,7 @@ static int valid_kernel(const void *p) {
 /* ---- Counter ring (mirrored by penrose-standin-ring/src/lib.rs) ---- */
 
 #define PENROSE_RING_MAGIC 0x31474e4952534e50ull /* "PNSRING1" little-endian */
-#define PENROSE_RING_VERSION 2u
+#define PENROSE_RING_VERSION 3u
 #define PENROSE_RING_CAPACITY 65536u /* records; a power of two */
 
 /* Bits of `present`: which trace fields the replayer passed for this launch. */
@@ -248,7 +248,7 @@ struct ring_record {            /* 80 bytes */
     uint32_t present;           /* PRESENT_* bits */
     uint64_t timestamp_ns;      /* CLOCK_MONOTONIC, read under ring_lock (never decreases) */
     uint32_t tid;               /* the launching thread */
-    uint32_t reserved;
+    uint32_t device;            /* host index of the GPU it ran on, plus one (0: unknown) */
 };
 
 _Static_assert(sizeof(struct ring_header) == 64, "ring header layout");
@@ -334,7 +334,8 @@ static int ring_open(void) {
 }
 
 /* Appends one record (a seqlock per slot: seq 0 while written, index + 1 when complete). */
-static void ring_write(enum penrose_entry entry, const void *function, CUstream stream) {
+static void ring_write(enum penrose_entry entry, const void *function, CUstream stream,
+                       uint32_t device) {
     struct penrose_standin_counters c = next_counters;
     memset(&next_counters, 0, sizeof next_counters);
     if (!ring)
@@ -359,13 +360,16 @@ static void ring_write(enum penrose_entry entry, const void *function, CUstream 
     if (thread_id == 0)
         thread_id = (uint32_t)syscall(SYS_gettid);
     r->tid = thread_id;
-    r->reserved = 0;
+    r->device = device;
     __atomic_store_n(&r->seq, index + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&ring->head, index + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ring_lock);
 }
 
 /* ---- Initialisation, devices, contexts ---- */
+
+static void parse_gpus(void);
+static void parse_visible(void);
 
 EXPORT CUresult cuInit(unsigned int Flags) {
     if (Flags != 0)
@@ -374,6 +378,8 @@ EXPORT CUresult cuInit(unsigned int Flags) {
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&init_lock);
     if (!initialized) {
+        parse_gpus();
+        parse_visible();
         if (ring_open() != 0)
             rc = CUDA_ERROR_OPERATING_SYSTEM;
         else
@@ -383,36 +389,376 @@ EXPORT CUresult cuInit(unsigned int Flags) {
     return rc;
 }
 
+/* ---- Devices (PENROSE_STANDIN_GPUS), their CUDA ordinals and UUIDs ----
+ *
+ * The host's GPUs are a list of compute capabilities, `PENROSE_STANDIN_GPUS=9.0,9.0,8.0`
+ * (default: eight 9.0s), in PCI bus order: host index i is NVML's index i. The agent's
+ * stand-in counter source reads the same variable (penrose-standin-ring mirrors the parsing
+ * and the UUIDs). A process sees them as CUDA does: CUDA_DEVICE_ORDER=PCI_BUS_ID enumerates
+ * them in host order, anything else (FASTEST_FIRST, the default) by compute capability,
+ * highest first, ties in host order; CUDA_VISIBLE_DEVICES then picks and renumbers them by
+ * enumeration index or UUID prefix, and ends at its first invalid entry. */
+
+#define MAX_GPUS 64
+#define MAX_CONTEXTS 1024
+#define MAX_STREAMS 65536
+#define MAX_CTX_DEPTH 16
+#define CONTEXT_MAGIC 0x50524e4354583031ull /* "PRNCTX01" */
+#define STREAM_MAGIC 0x50524e5354524d31ull  /* "PRNSTRM1" */
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+static int gpu_count;
+static unsigned gpu_cc[MAX_GPUS];  /* major * 10 + minor */
+static int visible[MAX_GPUS];      /* CUDA ordinal -> host index */
+static int visible_count;
+
+static void gpu_uuid(int host, unsigned char out[16]) {
+    memset(out, 0, 16);
+    memcpy(out, "PNSG", 4);
+    out[14] = (unsigned char)(host >> 8);
+    out[15] = (unsigned char)host;
+}
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML and CUDA_VISIBLE_DEVICES spell it. */
+static void gpu_uuid_text(int host, char out[41]) {
+    unsigned char u[16];
+    gpu_uuid(host, u);
+    snprintf(out, 41,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+static void parse_gpus(void) {
+    const char *spec = getenv("PENROSE_STANDIN_GPUS");
+    gpu_count = 0;
+    if (spec && *spec) {
+        const char *p = spec;
+        while (*p && gpu_count < MAX_GPUS) {
+            unsigned major = 0, minor = 0;
+            int used = 0;
+            if (sscanf(p, "%u.%u%n", &major, &minor, &used) != 2 || major > 25 || minor > 9)
+                break;
+            gpu_cc[gpu_count++] = major * 10 + minor;
+            p += used;
+            if (*p != ',')
+                break;
+            p++;
+        }
+    }
+    if (gpu_count == 0) {
+        gpu_count = 8;
+        for (int i = 0; i < gpu_count; i++)
+            gpu_cc[i] = 90;
+    }
+}
+
+static void parse_visible(void) {
+    int order[MAX_GPUS];
+    for (int i = 0; i < gpu_count; i++)
+        order[i] = i;
+    const char *device_order = getenv("CUDA_DEVICE_ORDER");
+    if (!device_order || strcmp(device_order, "PCI_BUS_ID") != 0) {
+        /* FASTEST_FIRST: a stable insertion sort by compute capability, highest first. */
+        for (int i = 1; i < gpu_count; i++) {
+            int v = order[i], j = i - 1;
+            while (j >= 0 && gpu_cc[order[j]] < gpu_cc[v]) {
+                order[j + 1] = order[j];
+                j--;
+            }
+            order[j + 1] = v;
+        }
+    }
+    const char *list = getenv("CUDA_VISIBLE_DEVICES");
+    visible_count = 0;
+    if (!list) {
+        for (int i = 0; i < gpu_count; i++)
+            visible[visible_count++] = order[i];
+        return;
+    }
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", list);
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok && visible_count < MAX_GPUS;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        int host = -1;
+        if (strncmp(tok, "GPU-", 4) == 0) {
+            for (int i = 0; i < gpu_count; i++) {
+                char text[41];
+                gpu_uuid_text(i, text);
+                if (strncmp(text, tok, strlen(tok)) == 0) {
+                    if (host >= 0) {
+                        host = -2; /* ambiguous prefix */
+                        break;
+                    }
+                    host = i;
+                }
+            }
+        } else {
+            char *end = NULL;
+            long n = strtol(tok, &end, 10);
+            if (end != tok && *end == '\0' && n >= 0 && n < gpu_count)
+                host = order[n];
+        }
+        if (host < 0)
+            break;
+        for (int i = 0; i < visible_count; i++)
+            if (visible[i] == host)
+                host = -1;
+        if (host < 0)
+            break;
+        visible[visible_count++] = host;
+    }
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = visible_count;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0)
+    if (ordinal < 0 || ordinal >= visible_count)
         return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    *device = ordinal;
     return CUDA_SUCCESS;
 }
 
-static struct CUctx_st {
-    uint64_t magic;
-} the_context = {0x50524e4354583031ull};
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    gpu_uuid(visible[dev], (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
 
-EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    (void)flags;
+PROBED CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    return device_uuid(uuid, dev);
+}
+
+PROBED CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    return device_uuid(uuid, dev);
+}
+
+/* ---- Contexts and streams ---- */
+
+struct CUctx_st {
+    uint64_t magic;
+    int ordinal;
+    int host;
+};
+
+struct CUstream_st {
+    uint64_t magic;
+    struct CUctx_st *ctx;
+};
+
+static struct CUctx_st contexts[MAX_CONTEXTS];
+static uint64_t context_count;
+static struct CUctx_st *primary[MAX_GPUS];
+static struct CUstream_st streams[MAX_STREAMS];
+static uint64_t stream_count;
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The calling thread's context stack; the top is current. */
+static __thread CUcontext ctx_stack[MAX_CTX_DEPTH];
+static __thread int ctx_depth;
+
+static int valid_context(const void *p) {
+    return in_array(p, contexts, sizeof contexts[0], 0, &context_count);
+}
+
+static int valid_stream(const void *p) {
+    return in_array(p, streams, sizeof streams[0], 0, &stream_count);
+}
+
+static CUcontext current_context(void) {
+    return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL;
+}
+
+static CUcontext new_context(CUdevice dev) {
+    CUcontext c = NULL;
+    pthread_mutex_lock(&ctx_lock);
+    if (context_count < MAX_CONTEXTS) {
+        c = &contexts[context_count];
+        c->magic = CONTEXT_MAGIC;
+        c->ordinal = dev;
+        c->host = visible[dev];
+        __atomic_store_n(&context_count, context_count + 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    return c;
+}
+
+PROBED CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
-    if (dev != 0)
+    if (dev < 0 || dev >= visible_count)
         return CUDA_ERROR_INVALID_DEVICE;
-    *pctx = &the_context;
+    if (!__atomic_load_n(&primary[dev], __ATOMIC_ACQUIRE)) {
+        CUcontext c = new_context(dev);
+        if (!c)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        CUcontext expected = NULL;
+        __atomic_compare_exchange_n(&primary[dev], &expected, c, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+    }
+    *pctx = __atomic_load_n(&primary[dev], __ATOMIC_ACQUIRE);
     return CUDA_SUCCESS;
+}
+
+/* One body for every cuCtxCreate version: each probed entry point must fire once per call. */
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth >= MAX_CTX_DEPTH)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUcontext c = new_context(dev);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+PROBED CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+/* CUDA 11.4: with execution affinity parameters (ignored here). */
+PROBED CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams,
+                               unsigned int flags, CUdevice dev) {
+    (void)paramsArray;
+    (void)numParams;
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+/* CUDA 12.5: with a CUctxCreateParams (ignored here). */
+PROBED CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags,
+                               CUdevice dev) {
+    (void)ctxCreateParams;
+    (void)flags;
+    return ctx_create(pctx, dev);
 }
 
 /* The pre-3.2 name, still exported by real drivers for old binaries. */
 EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    return cuCtxCreate_v2(pctx, flags, dev);
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+PROBED CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx) {
+        if (ctx_depth > 0)
+            ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!valid_context(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == 0)
+        ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current_context();
+    return CUDA_SUCCESS;
+}
+
+PROBED CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_context(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth >= MAX_CTX_DEPTH)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+PROBED CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = ctx_stack[--ctx_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_create(CUstream *ph) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ph)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = current_context();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUstream s = NULL;
+    pthread_mutex_lock(&ctx_lock);
+    if (stream_count < MAX_STREAMS) {
+        s = &streams[stream_count];
+        s->magic = STREAM_MAGIC;
+        s->ctx = c;
+        __atomic_store_n(&stream_count, stream_count + 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ph = s;
+    return CUDA_SUCCESS;
+}
+
+PROBED CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    (void)Flags;
+    return stream_create(phStream);
+}
+
+PROBED CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
+    (void)flags;
+    (void)priority;
+    return stream_create(phStream);
+}
+
+/* The host index a launch on `stream` runs on, plus one (0: no current context). A stream the
+ * stand-in made must belong to the current context, as the driver requires; other values are
+ * the replayer's opaque stream ids and are taken as they come. */
+static CUresult launch_device(CUstream stream, uint32_t *device) {
+    CUcontext c = current_context();
+    if (valid_stream(stream) && stream->ctx != c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = c ? (uint32_t)c->host + 1 : 0;
+    return CUDA_SUCCESS;
 }
 
 /* ---- Modules and the CUDA 12 library API ---- */
@@ -541,8 +887,12 @@ static CUresult launch(enum penrose_entry entry, CUfunction f, unsigned int gx, 
         return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz)
         return CUDA_ERROR_INVALID_VALUE;
+    uint32_t device;
+    CUresult rc = launch_device(stream, &device);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     __atomic_fetch_add(&launch_counts[entry], 1, __ATOMIC_RELAXED);
-    ring_write(entry, f, stream);
+    ring_write(entry, f, stream, device);
     return CUDA_SUCCESS;
 }
 
@@ -623,8 +973,12 @@ static CUresult graph_launch(enum penrose_entry entry, CUgraphExec exec, CUstrea
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
+    uint32_t device;
+    CUresult rc = launch_device(stream, &device);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     __atomic_fetch_add(&launch_counts[entry], 1, __ATOMIC_RELAXED);
-    ring_write(entry, exec, stream);
+    ring_write(entry, exec, stream, device);
     return CUDA_SUCCESS;
 }
 

@@ -116,6 +116,11 @@ struct Symbols {
     private_kernel: unsafe extern "C" fn(*mut *mut c_void, *const c_char) -> c_int,
     set_next_counters: unsafe extern "C" fn(*const NextCounters),
     abi_version: unsafe extern "C" fn() -> u32,
+    device_get_count: unsafe extern "C" fn(*mut c_int) -> c_int,
+    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int,
+    primary_ctx_retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int,
+    ctx_set_current: unsafe extern "C" fn(*mut c_void) -> c_int,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int,
 }
 
 /// Grid, block, shared memory and stream of one launch.
@@ -183,6 +188,11 @@ impl Driver {
                 private_kernel: symbol(&library, b"penrose_standin_private_kernel\0")?,
                 set_next_counters: symbol(&library, b"penrose_standin_set_next_counters\0")?,
                 abi_version: symbol(&library, b"penrose_standin_abi_version\0")?,
+                device_get_count: symbol(&library, b"cuDeviceGetCount\0")?,
+                device_get_uuid: symbol(&library, b"cuDeviceGetUuid_v2\0")?,
+                primary_ctx_retain: symbol(&library, b"cuDevicePrimaryCtxRetain\0")?,
+                ctx_set_current: symbol(&library, b"cuCtxSetCurrent\0")?,
+                stream_create: symbol(&library, b"cuStreamCreate\0")?,
             }
         };
         // SAFETY: takes no arguments, returns a constant.
@@ -213,6 +223,46 @@ impl Driver {
         let mut ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ctx` is a valid out-pointer for the call's duration.
         CuResult(unsafe { (self.sym.ctx_create)(&mut ctx, 0, device) }).check("cuCtxCreate_v2")
+    }
+
+    /// `cuDeviceGetCount`: the devices this process sees (after `CUDA_VISIBLE_DEVICES`).
+    pub fn device_count(&self) -> Result<i32, StandinError> {
+        let mut count: c_int = 0;
+        // SAFETY: `count` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.device_get_count)(&mut count) }).check("cuDeviceGetCount")?;
+        Ok(count)
+    }
+
+    /// `cuDeviceGetUuid_v2` of `ordinal`, as an application asking for its devices'
+    /// properties does.
+    pub fn device_uuid(&self, ordinal: i32) -> Result<[u8; 16], StandinError> {
+        let mut uuid = [0u8; 16];
+        // SAFETY: `uuid` is a valid 16-byte out-buffer (`CUuuid`) for the call's duration.
+        CuResult(unsafe { (self.sym.device_get_uuid)(&mut uuid, ordinal) })
+            .check("cuDeviceGetUuid_v2")?;
+        Ok(uuid)
+    }
+
+    /// Makes device `ordinal` this thread's current device as the CUDA runtime does
+    /// (`cudaSetDevice`): `cuDeviceGet`, `cuDevicePrimaryCtxRetain`, `cuCtxSetCurrent`.
+    pub fn use_device(&self, ordinal: i32) -> Result<(), StandinError> {
+        let mut device: c_int = -1;
+        // SAFETY: `device` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.device_get)(&mut device, ordinal) }).check("cuDeviceGet")?;
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.primary_ctx_retain)(&mut ctx, device) })
+            .check("cuDevicePrimaryCtxRetain")?;
+        // SAFETY: `ctx` is the handle the stand-in just returned.
+        CuResult(unsafe { (self.sym.ctx_set_current)(ctx) }).check("cuCtxSetCurrent")
+    }
+
+    /// `cuStreamCreate`: a stream of this thread's current context.
+    pub fn stream_create(&self) -> Result<StreamHandle, StandinError> {
+        let mut stream: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `stream` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.stream_create)(&mut stream, 0) }).check("cuStreamCreate")?;
+        Ok(StreamHandle(stream as usize))
     }
 
     /// `cuModuleLoadData` with `image` (the stand-in accepts any non-empty image).

@@ -43,8 +43,8 @@ pub use driver::{
 };
 pub use error::StandinError;
 pub use replay::{
-    Libraries, Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary, Resolve,
-    RuntimeVia, Via, replay, replay_with,
+    DevicePlan, Libraries, Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary,
+    Resolve, RuntimeVia, Via, replay, replay_with,
 };
 pub use ring::{CounterRecord, CounterRing, RingError, RingHeader, ring_path};
 pub use runtime::{

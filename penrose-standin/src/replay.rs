@@ -178,6 +178,76 @@ pub struct ReplayOptions<'a> {
     /// Polled between launches; set it to end a replay early (required for [`Loops::Forever`]
     /// to end).
     pub stop: Option<&'a AtomicBool>,
+    /// Which devices it launches on.
+    pub devices: DevicePlan,
+}
+
+/// Which devices a replay launches on, picked as an application picks them: the CUDA
+/// runtime's way (`cuDevicePrimaryCtxRetain`, then `cuCtxSetCurrent`), with the trace's streams
+/// created in each device's context (`cuStreamCreate`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevicePlan {
+    /// The CUDA ordinal (after `CUDA_VISIBLE_DEVICES`) the replay starts on.
+    pub ordinal: i32,
+    /// Moves to the next ordinal (wrapping) after every this many launches: a process that
+    /// switches devices.
+    pub switch_every: Option<u64>,
+    /// Asks the driver for every visible device's UUID first (`cuDeviceGetUuid_v2`), as an
+    /// application reading its devices' properties does.
+    pub query_uuids: bool,
+}
+
+/// The device a replay is on now, and the streams made in each device's context.
+struct OnDevice {
+    ordinal: i32,
+    count: i32,
+    streams: std::collections::HashMap<i32, Vec<StreamHandle>>,
+}
+
+impl OnDevice {
+    /// Makes `plan.ordinal` current and creates its streams.
+    fn start(driver: &Driver, plan: DevicePlan, streams: usize) -> Result<Self, StandinError> {
+        let count = driver.device_count()?;
+        if plan.query_uuids {
+            for ordinal in 0..count {
+                driver.device_uuid(ordinal)?;
+            }
+        }
+        let mut on = Self {
+            ordinal: plan.ordinal,
+            count,
+            streams: std::collections::HashMap::new(),
+        };
+        on.switch_to(driver, plan.ordinal, streams)?;
+        Ok(on)
+    }
+
+    fn switch_to(
+        &mut self,
+        driver: &Driver,
+        ordinal: i32,
+        streams: usize,
+    ) -> Result<(), StandinError> {
+        driver.use_device(ordinal)?;
+        self.ordinal = ordinal;
+        if !self.streams.contains_key(&ordinal) {
+            let made = (0..streams)
+                .map(|_| driver.stream_create())
+                .collect::<Result<Vec<_>, _>>()?;
+            self.streams.insert(ordinal, made);
+        }
+        Ok(())
+    }
+
+    /// Moves to the next ordinal (wrapping).
+    fn next(&mut self, driver: &Driver, streams: usize) -> Result<(), StandinError> {
+        let next = (self.ordinal + 1) % self.count.max(1);
+        self.switch_to(driver, next, streams)
+    }
+
+    fn streams(&self) -> &[StreamHandle] {
+        self.streams.get(&self.ordinal).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// One launch, resolved ahead of time.
@@ -201,11 +271,6 @@ pub struct ReplayPlan {
     processes: Vec<ProcessId>,
     launches: Vec<PlannedLaunch>,
     period_us: f64,
-}
-
-/// A distinct, non-null fake `CUstream` per trace stream, recognisable in a debugger.
-fn stream_handle(index: usize) -> StreamHandle {
-    StreamHandle(0x5e_0000_0000 + 0x100 * (index + 1))
 }
 
 impl ReplayPlan {
@@ -426,7 +491,8 @@ pub fn replay_with(
 ) -> Result<ReplaySummary, StandinError> {
     let driver = libs.driver;
     driver.init()?;
-    driver.create_context(0)?;
+    let mut on = OnDevice::start(driver, options.devices, plan.streams.len())?;
+    let first_streams = on.streams().to_vec();
     let image = c"penrose-standin module image";
     let missing = |what| StandinError::MissingLibrary {
         via: options.via.label(),
@@ -483,7 +549,6 @@ pub fn replay_with(
             (Targets::Static(lib, kernels), Vec::new())
         }
     };
-    let streams: Vec<StreamHandle> = (0..plan.streams.len()).map(stream_handle).collect();
     let stopped = || options.stop.is_some_and(|s| s.load(Ordering::Relaxed));
 
     let start = Instant::now();
@@ -503,6 +568,13 @@ pub fn replay_with(
             if let Pace::Trace { speed } = options.pace {
                 wait_until(start, (loop_offset_us + l.offset_us) / speed);
             }
+            if let Some(every) = options.devices.switch_every
+                && replayed > 0
+                && replayed % every.max(1) == 0
+            {
+                on.next(driver, plan.streams.len())?;
+            }
+            let streams = on.streams();
             // The thread's next driver launch takes these, whichever library makes it.
             driver.set_next_counters(&l.counters);
             let launch = Launch {
@@ -558,7 +630,7 @@ pub fn replay_with(
         streams: plan
             .streams
             .iter()
-            .zip(&streams)
+            .zip(&first_streams)
             .map(|(s, h)| StreamName {
                 trace_stream: s.0,
                 handle: h.0 as u64,

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use penrose_ebpf_common::{
-    EntryPoint, EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent, NameHeader,
-    RuntimeLaunchEvent, StubKernelEvent,
+    ContextEvent, ContextOp, EntryPoint, EventKind, ExitEvent, HandleKind, KernelFunctionEvent,
+    LaunchEvent, NameHeader, RuntimeLaunchEvent, StubKernelEvent,
 };
 
 /// Most handles (functions, kernels and stubs together) named per process; beyond it new
@@ -69,6 +69,8 @@ pub enum Event {
         /// `CUfunction`.
         function: u64,
     },
+    /// A driver call that bears on which device a thread's launches run on.
+    Context(super::devices::ContextChange),
     /// A process exited.
     Exit {
         /// Process.
@@ -159,6 +161,17 @@ pub fn decode(record: &[u8]) -> Option<Event> {
         EventKind::Exit => Some(Event::Exit {
             pid: Pid(ExitEvent::parse(record)?.pid),
         }),
+        EventKind::Context => {
+            let e = ContextEvent::parse(record)?;
+            Some(Event::Context(super::devices::ContextChange {
+                pid: Pid(e.pid),
+                tid: e.tid,
+                op: ContextOp::from_u32(e.op)?,
+                handle: e.handle,
+                device: e.device,
+                uuid: e.uuid,
+            }))
+        }
     }
 }
 

@@ -218,19 +218,18 @@ impl Probes {
         &self.libraries
     }
 
-    /// Attaches the name probes of the library's kind (driver or runtime) to `library` (and
-    /// its launch probes, inside a window). A library already probed (same file) is skipped.
-    /// Returns how many probes attached; a symbol the library lacks is skipped, so a library
-    /// that lacks them all attaches none.
+    /// Attaches the name and context probes of the library's kind (driver or runtime) to
+    /// `library` (and its launch probes, inside a window). A library already probed (same
+    /// file) is skipped. Returns how many probes attached; a symbol the library lacks is
+    /// skipped, so a library that lacks them all attaches none.
     pub fn add_library(&mut self, library: LibraryFile) -> Result<usize, CaptureError> {
         if self.libraries.iter().any(|l| l.id == library.id) {
             return Ok(0);
         }
         let mut attached = 0;
-        for probe in USER_PROBES
-            .iter()
-            .filter(|p| p.role == ProbeRole::Name && p.library == library.kind)
-        {
+        for probe in USER_PROBES.iter().filter(|p| {
+            matches!(p.role, ProbeRole::Name | ProbeRole::Context) && p.library == library.kind
+        }) {
             if self.attach(probe, &library)?.is_some() {
                 attached += 1;
             }
@@ -372,6 +371,12 @@ impl Probes {
         let program = uprobe(&mut self.ebpf, probe.program)?;
         match program.attach(probe.symbol, &library.path, UProbeScope::AllProcesses) {
             Ok(link) => Ok(Some(link)),
+            // Context entry points come and go with driver versions (`cuCtxCreate_v4` is
+            // CUDA 12.5's): one a driver lacks is no warning.
+            Err(e) if probe.role == ProbeRole::Context => {
+                tracing::info!("{} on {}: {e}", probe.symbol, library.path.display());
+                Ok(None)
+            }
             Err(e) => {
                 tracing::warn!("{} on {}: {e}", probe.symbol, library.path.display());
                 Ok(None)

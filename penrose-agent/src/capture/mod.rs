@@ -3,6 +3,7 @@
 //! - [`locate`]: which libcuda files exist (ldconfig, configuration, running processes).
 //! - [`loader`]: the committed eBPF object loaded, probes attached and detached.
 //! - [`events`]: ring-buffer records decoded; per-process handle names.
+//! - [`devices`]: which of the host's GPUs a launch runs on (contexts, streams, ordinals).
 //! - [`identity`]: a stable identity (build id, call site, launch configuration) for launches
 //!   that no name reaches.
 //! - [`launch_log`]: every recorded launch in order, when asked for (comparing with a
@@ -23,6 +24,7 @@
 
 pub mod calibrate;
 pub mod cpu;
+pub mod devices;
 pub mod error;
 pub mod events;
 pub mod identity;
@@ -163,6 +165,9 @@ pub struct Counts {
     /// Library files not probed because `max_libraries` were probed already (each counted
     /// once).
     pub libraries_over_cap: u64,
+    /// Context records and how sampled launches were attributed to GPUs.
+    #[serde(default)]
+    pub devices: devices::DeviceCounts,
 }
 
 /// Sampled launches without counter values, by [`MissingReason`].
@@ -178,6 +183,15 @@ pub struct MissingCounts {
     pub warmup: u64,
     /// The device returned an error.
     pub device_error: u64,
+    /// The launch was not attributed to one of the host's GPUs.
+    #[serde(default)]
+    pub device_unknown: u64,
+    /// Another tool held the GPU's counters.
+    #[serde(default)]
+    pub counters_busy: u64,
+    /// The device's previous reading was younger than the source's minimum interval.
+    #[serde(default)]
+    pub too_soon: u64,
 }
 
 impl MissingCounts {
@@ -188,8 +202,21 @@ impl MissingCounts {
             MissingReason::NotFound => self.not_found += 1,
             MissingReason::Warmup => self.warmup += 1,
             MissingReason::DeviceError => self.device_error += 1,
+            MissingReason::DeviceUnknown => self.device_unknown += 1,
+            MissingReason::CountersBusy => self.counters_busy += 1,
+            MissingReason::TooSoon => self.too_soon += 1,
         }
     }
+}
+
+/// Each architecture of `archs` once, in order.
+pub fn distinct_archs(
+    archs: impl IntoIterator<Item = penrose_core::gpu::GpuArch>,
+) -> Vec<penrose_core::gpu::GpuArch> {
+    let mut archs: Vec<_> = archs.into_iter().collect();
+    archs.sort();
+    archs.dedup();
+    archs
 }
 
 /// A running capture.
@@ -207,6 +234,7 @@ pub struct Capture {
     started: Instant,
     cost: ProbeCost,
     names: HashMap<Pid, ProcessNames>,
+    devices: devices::Devices,
     late: late::LateNamer,
     identities: identity::Identities,
     /// Processes whose pre-attach registrations were read (once each).
@@ -272,6 +300,7 @@ impl Capture {
             started: now,
             cost: ProbeCost::ASSUMED,
             names: HashMap::new(),
+            devices: devices::Devices::default(),
             late: late::LateNamer::default(),
             identities: identity::Identities::default(),
             late_named: std::collections::HashSet::new(),
@@ -685,9 +714,11 @@ impl Capture {
                     .or_default()
                     .runtime_launch(tid, function);
             }
+            Event::Context(change) => self.devices.apply(change),
             Event::Exit { pid } => {
                 self.counts.exits += 1;
                 self.names.remove(&pid);
+                self.devices.exited(pid);
                 self.late_named.remove(&pid);
                 self.identities.exited(pid);
                 self.cpu.exited(pid);
@@ -699,12 +730,9 @@ impl Capture {
         }
     }
 
-    /// The counter values of a sampled launch for the group active now; a launch without
-    /// values is counted by reason.
-    fn read_sample(
-        &mut self,
-        launch: &events::Launch,
-    ) -> Option<(CounterGroup, Vec<crate::counters::CounterValue>)> {
+    /// The counter values of a sampled launch for the group active now, read on the GPU it
+    /// ran on; a launch without values (none attributed among them) is counted by reason.
+    fn read_sample(&mut self, launch: &events::Launch) -> Option<window::SampledValues> {
         self.counts.sampled += 1;
         let Some(group) = self.active_group() else {
             self.counts
@@ -712,10 +740,28 @@ impl Capture {
                 .count(MissingReason::GroupNotSupported);
             return None;
         };
-        match self.counters.read(launch, group) {
+        let device = match self.devices.attribute(launch, self.counters.devices()) {
+            Ok(device) => *device,
+            Err(why) => {
+                tracing::trace!(
+                    "pid {} tid {}: no device ({why:?})",
+                    launch.pid.0,
+                    launch.tid
+                );
+                self.counts
+                    .samples_missing
+                    .count(MissingReason::DeviceUnknown);
+                return None;
+            }
+        };
+        match self.counters.read(launch, &device, group) {
             Reading::Values(values) => {
                 self.counts.samples_with_values += 1;
-                Some((group, values))
+                Some(window::SampledValues {
+                    group,
+                    arch: device.arch,
+                    values,
+                })
             }
             Reading::Missing(reason) => {
                 self.counts.samples_missing.count(reason);
@@ -858,9 +904,15 @@ impl Capture {
         self.counters.name()
     }
 
-    /// The compute capability of the GPU the counter source reads (`None`: no counters).
-    pub fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch> {
-        self.counters.arch()
+    /// The compute capabilities of the host's GPUs the counter source reads, each once, in
+    /// order (empty: no counters).
+    pub fn gpu_archs(&self) -> Vec<penrose_core::gpu::GpuArch> {
+        distinct_archs(self.counters.devices().iter().map(|d| d.arch))
+    }
+
+    /// The host's GPUs the counter source reads.
+    pub fn host_devices(&self) -> &[devices::HostDevice] {
+        self.counters.devices()
     }
 
     /// Snippets that have ended since the last call.
@@ -882,7 +934,10 @@ impl Capture {
 
     /// Counts so far.
     pub fn counts(&self) -> Counts {
-        self.counts
+        Counts {
+            devices: self.devices.counts(),
+            ..self.counts
+        }
     }
 
     /// Launches ignored because their process had reached L in a closed window.

@@ -27,6 +27,7 @@ use penrose_core::fingerprint::{
     Element, Fingerprint, Fingerprinter, LaunchConfig, LaunchToken, NameDigest, RepetitionTracker,
     SnippetHash,
 };
+use penrose_core::gpu::GpuArch;
 
 use super::events::{Launch, Pid};
 use crate::counters::CounterValue;
@@ -151,7 +152,22 @@ pub struct Sample {
     pub kernel: Arc<str>,
     /// The counter group that was active.
     pub group: CounterGroup,
+    /// The compute capability of the GPU the launch ran on (its values are that GPU's;
+    /// reports name only its generation).
+    pub arch: GpuArch,
     /// The values the counter source read.
+    pub values: Vec<CounterValue>,
+}
+
+/// What the counter source read for one sampled launch: on which GPU architecture, for which
+/// group, which values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledValues {
+    /// The counter group that was active.
+    pub group: CounterGroup,
+    /// The compute capability of the GPU the launch ran on.
+    pub arch: GpuArch,
+    /// The values.
     pub values: Vec<CounterValue>,
 }
 
@@ -250,7 +266,7 @@ impl Window {
         &mut self,
         launch: &Launch,
         naming: Naming<'_>,
-        sample: Option<(CounterGroup, Vec<crate::counters::CounterValue>)>,
+        sample: Option<SampledValues>,
     ) -> Recorded {
         if self.at_limit.contains(&launch.pid) {
             self.beyond_limit += 1;
@@ -296,11 +312,17 @@ impl Window {
                 (label, Recorded::Token)
             }
         };
-        if let Some((group, values)) = sample {
+        if let Some(SampledValues {
+            group,
+            arch,
+            values,
+        }) = sample
+        {
             snippet.samples.push(Sample {
                 position,
                 kernel: Arc::clone(&name),
                 group,
+                arch,
                 values,
             });
         }
@@ -538,7 +560,11 @@ mod tests {
         w.record(
             &launch(1, 11, EntryPoint::LaunchKernel),
             Naming::Name(&b),
-            Some((CounterGroup(2), vec![value])),
+            Some(SampledValues {
+                group: CounterGroup(2),
+                arch: GpuArch::new(9, 0),
+                values: vec![value],
+            }),
         );
         assert!(!w.all_at_limit());
         w.record(
@@ -555,6 +581,7 @@ mod tests {
                 position: 1,
                 kernel: Arc::clone(&b),
                 group: CounterGroup(2),
+                arch: GpuArch::new(9, 0),
                 values: vec![value],
             }]
         );
@@ -577,7 +604,11 @@ mod tests {
         w.record(
             &shaped(1, 0x7f00, 64, 256, 0),
             Naming::None,
-            Some((CounterGroup(1), vec![value])),
+            Some(SampledValues {
+                group: CounterGroup(1),
+                arch: GpuArch::new(8, 0),
+                values: vec![value],
+            }),
         );
         let (snippets, _) = w.close();
         let s = &snippets[0];

@@ -17,8 +17,8 @@ pub mod nvml;
 pub mod standin;
 
 use penrose_core::counters::{CounterGroup, CounterId};
-use penrose_core::gpu::GpuArch;
 
+use crate::capture::devices::HostDevice;
 use crate::capture::events::{Launch, Pid};
 pub use nvml::{NvmlSource, NvmlUnavailable};
 pub use standin::StandinSource;
@@ -55,6 +55,15 @@ pub enum MissingReason {
     Warmup,
     /// The device or library returned an error.
     DeviceError,
+    /// The launch could not be attributed to one of the host's GPUs (its context was made
+    /// before the agent attached, say): no values rather than another device's.
+    DeviceUnknown,
+    /// Another tool holds the GPU's performance counters (DCGM profiling, a profiler): the
+    /// agent takes no sample rather than disturb it.
+    CountersBusy,
+    /// The device's previous reading is younger than the source's minimum interval (GPM: 100
+    /// ms), so no new reading is taken.
+    TooSoon,
 }
 
 /// A source of counter values for sampled launches.
@@ -65,10 +74,10 @@ pub trait CounterSource: Send {
     /// The catalogue groups this source can read; the agent rotates among them.
     fn groups(&self) -> Vec<CounterGroup>;
 
-    /// The compute capability of the GPU the values are read on, as the source reads it
-    /// (`None`: no GPU, no values). Reports name only its generation
-    /// ([`GpuArch::generation`]).
-    fn arch(&self) -> Option<GpuArch>;
+    /// The host's GPUs this source reads, each with its compute capability (reports name
+    /// only its generation, `GpuArch::generation`). Empty: no GPU, no values. A sampled launch
+    /// is attributed to one of these before it is read (`capture::devices`).
+    fn devices(&self) -> &[HostDevice];
 
     /// A process launched inside a window: sources that need per-process state open it now,
     /// while the process is certainly alive.
@@ -77,8 +86,8 @@ pub trait CounterSource: Send {
     /// The process exited; its state may go.
     fn forget(&mut self, _pid: Pid) {}
 
-    /// The counters of `group` for one sampled launch.
-    fn read(&mut self, launch: &Launch, group: CounterGroup) -> Reading;
+    /// The counters of `group` for one sampled launch, on `device`, the GPU it ran on.
+    fn read(&mut self, launch: &Launch, device: &HostDevice, group: CounterGroup) -> Reading;
 }
 
 /// The groups among `groups`, each once, in catalogue order: what a source offers to rotate.
@@ -102,11 +111,11 @@ impl CounterSource for NoCounters {
         Vec::new()
     }
 
-    fn arch(&self) -> Option<GpuArch> {
-        None
+    fn devices(&self) -> &[HostDevice] {
+        &[]
     }
 
-    fn read(&mut self, _launch: &Launch, _group: CounterGroup) -> Reading {
+    fn read(&mut self, _launch: &Launch, _device: &HostDevice, _group: CounterGroup) -> Reading {
         Reading::Missing(MissingReason::GroupNotSupported)
     }
 }
@@ -116,7 +125,7 @@ impl CounterSource for NoCounters {
 #[serde(rename_all = "kebab-case")]
 #[derive(clap::ValueEnum)]
 pub enum SourceKind {
-    /// NVML/GPM on device 0, the product's source (the default). If it cannot be opened the
+    /// NVML/GPM on the GPU each launch runs on, the product's source (the default). If it cannot be opened the
     /// agent stops with an error instead of using another source.
     #[default]
     Nvml,
@@ -143,7 +152,7 @@ impl SourceKind {
 }
 
 /// Opens the source `kind` names. There is no fallback: when NVML cannot be opened (no NVIDIA
-/// driver, no GPM on device 0) the error is returned and the capture does not start. The
+/// driver, no GPU with GPM) the error is returned and the capture does not start. The
 /// test-equipment source logs a warning saying so.
 pub fn open(kind: SourceKind) -> Result<Box<dyn CounterSource>, NvmlUnavailable> {
     Ok(match kind {

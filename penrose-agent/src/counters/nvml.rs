@@ -5,21 +5,31 @@
 //! once with [`NvmlUnavailable`], and the capture that asked for it does not start (there is no
 //! fallback to another source; `capture.counters = "none"` runs without counters).
 //!
-//! GPM (Hopper and later) computes metrics between two samples of the device's counters, so a
-//! reading is the device-wide activity over the interval since the previous sampled launch:
-//! SM and tensor activity and DRAM bandwidth (group 0, all computed from the same pair of
-//! samples, so the joint view of tensor activity against DRAM bandwidth has both from one
-//! launch), achieved occupancy (group 2).
-//! The first reading only takes the starting sample. Only device 0 is read today; a launch
-//! event does not say which device its context is on.
+//! GPM (Hopper and later) computes metrics between two samples of a device's counters, so a
+//! reading is the activity of *the launch's GPU* over the interval since that GPU's previous
+//! reading: SM and tensor activity and DRAM bandwidth (group 0, all computed from the same pair
+//! of samples, so the joint view of tensor activity against DRAM bandwidth has both from one
+//! launch), achieved occupancy (group 2). Every GPU of the host is enumerated with its UUID and
+//! compute capability (`capture::devices` attributes each sampled launch to one of them); each
+//! keeps its own previous sample, and its first reading only takes that sample. A GPU is never
+//! sampled faster than [`GPM_MIN_INTERVAL`] (NVML documents 100 ms as GPM's minimum on
+//! Hopper): a sampled launch that comes sooner gets no values ([`MissingReason::TooSoon`]).
+//! When NVML answers that another client holds the counters (`NVML_ERROR_IN_USE`), the
+//! reading is [`MissingReason::CountersBusy`] and the GPU's previous sample is dropped, so the
+//! next reading starts afresh once the other tool is done. MIG instances are not read yet
+//! (their GPM calls take a GPU instance id, which launches do not carry).
+
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use penrose_core::counters::{Catalogue, CounterGroup, CounterId};
 use penrose_core::gpu::GpuArch;
 
 use super::{CounterSource, CounterValue, MissingReason, Reading};
+use crate::capture::devices::{GpuUuid, HostDevice};
 use crate::capture::events::Launch;
 
 /// The NVML library file the driver installs (the unversioned name belongs to dev packages).
@@ -39,54 +49,67 @@ const METRICS: [(&str, GpmMetricId); 4] = [
 pub struct NvmlUnavailable {
     what: &'static str,
     #[source]
-    source: nvml_wrapper::error::NvmlError,
+    source: NvmlError,
 }
 
-/// GPM readings of device 0.
+/// Shortest interval between two GPM samples of one GPU.
+pub const GPM_MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One GPU's GPM state.
+struct GpmDevice {
+    host: HostDevice,
+    /// Whether its first sample succeeded (pre-Hopper parts have no GPM).
+    gpm: bool,
+    previous: Option<(GpmSample<'static>, Instant)>,
+}
+
+/// GPM readings of the host's GPUs.
 pub struct NvmlSource {
     nvml: &'static Nvml,
     counters: Vec<(CounterId, CounterGroup, GpmMetricId)>,
-    previous: Option<GpmSample<'static>>,
-    arch: GpuArch,
+    devices: Vec<GpmDevice>,
+    hosts: Vec<HostDevice>,
 }
 
 impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlSource")
             .field("counters", &self.counters.len())
+            .field("devices", &self.hosts)
             .finish()
     }
 }
 
+fn unavailable(what: &'static str) -> impl FnOnce(NvmlError) -> NvmlUnavailable {
+    move |source| NvmlUnavailable { what, source }
+}
+
 impl NvmlSource {
-    /// Loads NVML and checks that device 0 supports GPM.
+    /// Loads NVML and enumerates the host's GPUs; fails unless at least one has GPM.
     pub fn open() -> Result<Self, NvmlUnavailable> {
         let nvml = Nvml::builder()
             .lib_path(std::ffi::OsStr::new(NVML_LIBRARY))
             .init()
-            .map_err(|source| NvmlUnavailable {
-                what: "loading NVML",
-                source,
-            })?;
+            .map_err(unavailable("loading NVML"))?;
         // The agent holds one NVML for its lifetime; samples borrow it.
         let nvml: &'static Nvml = Box::leak(Box::new(nvml));
-        let device = nvml.device_by_index(0).map_err(|source| NvmlUnavailable {
-            what: "NVML device 0",
-            source,
-        })?;
-        // Taking a sample is the support check that matters: it fails on pre-Hopper parts.
-        let first = device.gpm_sample().map_err(|source| NvmlUnavailable {
-            what: "GPM sample on device 0",
-            source,
-        })?;
-        let capability = device
-            .cuda_compute_capability()
-            .map_err(|source| NvmlUnavailable {
-                what: "compute capability of device 0",
-                source,
-            })?;
-        let part = |v: i32| u8::try_from(v).unwrap_or(u8::MAX);
-        let arch = GpuArch::new(part(capability.major), part(capability.minor));
+        let count = nvml
+            .device_count()
+            .map_err(unavailable("NVML device count"))?;
+        let mut devices = Vec::new();
+        let mut last_error = None;
+        for index in 0..count {
+            match Self::enumerate(nvml, index) {
+                Ok(device) => devices.push(device),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        if !devices.iter().any(|d| d.gpm) {
+            return Err(last_error.unwrap_or(NvmlUnavailable {
+                what: "no GPU with GPM",
+                source: NvmlError::NotSupported,
+            }));
+        }
         let catalogue = Catalogue::current();
         let counters = METRICS
             .iter()
@@ -95,11 +118,37 @@ impl NvmlSource {
                 Some((c.id, c.group, *metric))
             })
             .collect();
+        let hosts = devices.iter().map(|d| d.host).collect();
         Ok(Self {
             nvml,
             counters,
-            previous: Some(first),
-            arch,
+            devices,
+            hosts,
+        })
+    }
+
+    /// One GPU: its UUID, compute capability and a first GPM sample (the support check that
+    /// matters: it fails on pre-Hopper parts).
+    fn enumerate(nvml: &'static Nvml, index: u32) -> Result<GpmDevice, NvmlUnavailable> {
+        let device = nvml
+            .device_by_index(index)
+            .map_err(unavailable("NVML device"))?;
+        let uuid = device.uuid().map_err(unavailable("GPU UUID"))?;
+        let capability = device
+            .cuda_compute_capability()
+            .map_err(unavailable("compute capability"))?;
+        let part = |v: i32| u8::try_from(v).unwrap_or(u8::MAX);
+        let first = device.gpm_sample().ok();
+        Ok(GpmDevice {
+            host: HostDevice {
+                index,
+                // A UUID NVML spells otherwise matches no driver answer: its launches are
+                // attributed only through the visible-device list.
+                uuid: GpuUuid::parse(&uuid).unwrap_or(GpuUuid([0; 16])),
+                arch: GpuArch::new(part(capability.major), part(capability.minor)),
+            },
+            gpm: first.is_some(),
+            previous: first.map(|s| (s, Instant::now())),
         })
     }
 }
@@ -113,35 +162,46 @@ impl CounterSource for NvmlSource {
         super::distinct_groups(self.counters.iter().map(|c| c.1))
     }
 
-    fn arch(&self) -> Option<GpuArch> {
-        Some(self.arch)
+    fn devices(&self) -> &[HostDevice] {
+        &self.hosts
     }
 
-    fn read(&mut self, _launch: &Launch, group: CounterGroup) -> Reading {
+    fn read(&mut self, _launch: &Launch, device: &HostDevice, group: CounterGroup) -> Reading {
         let wanted: Vec<(CounterId, GpmMetricId)> = self
             .counters
             .iter()
             .filter(|c| c.1 == group)
             .map(|c| (c.0, c.2))
             .collect();
-        if wanted.is_empty() {
+        let nvml = self.nvml;
+        let Some(state) = self.devices.iter_mut().find(|d| d.host == *device) else {
+            return Reading::Missing(MissingReason::DeviceUnknown);
+        };
+        if wanted.is_empty() || !state.gpm {
             return Reading::Missing(MissingReason::GroupNotSupported);
         }
-        let sample = match self.nvml.device_by_index(0).and_then(|d| d.gpm_sample()) {
+        if state
+            .previous
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() < GPM_MIN_INTERVAL)
+        {
+            return Reading::Missing(MissingReason::TooSoon);
+        }
+        let sample = match nvml
+            .device_by_index(device.index)
+            .and_then(|d| d.gpm_sample())
+        {
             Ok(sample) => sample,
-            Err(e) => {
-                tracing::debug!("GPM sample: {e}");
-                return Reading::Missing(MissingReason::DeviceError);
-            }
+            Err(e) => return missing_for(e, state),
         };
-        let Some(previous) = self.previous.replace(sample) else {
+        let Some((previous, _)) = state.previous.replace((sample, Instant::now())) else {
             return Reading::Missing(MissingReason::Warmup);
         };
-        let Some(current) = self.previous.as_ref() else {
+        let Some((current, _)) = state.previous.as_ref() else {
             return Reading::Missing(MissingReason::Warmup);
         };
         let ids: Vec<GpmMetricId> = wanted.iter().map(|w| w.1).collect();
-        match gpm_metrics_get(self.nvml, &previous, current, &ids) {
+        match gpm_metrics_get(nvml, &previous, current, &ids) {
             Ok(results) => Reading::Values(
                 wanted
                     .iter()
@@ -154,11 +214,22 @@ impl CounterSource for NvmlSource {
                     })
                     .collect(),
             ),
-            Err(e) => {
-                tracing::debug!("GPM metrics: {e}");
-                Reading::Missing(MissingReason::DeviceError)
-            }
+            Err(e) => missing_for(e, state),
         }
+    }
+}
+
+/// What an NVML error means for a reading: another client holding the counters is
+/// [`MissingReason::CountersBusy`] (and the interval restarts once it lets go), anything else a
+/// device error.
+fn missing_for(error: NvmlError, state: &mut GpmDevice) -> Reading {
+    tracing::debug!("GPM on device {}: {error}", state.host.index);
+    match error {
+        NvmlError::InUse => {
+            state.previous = None;
+            Reading::Missing(MissingReason::CountersBusy)
+        }
+        _ => Reading::Missing(MissingReason::DeviceError),
     }
 }
 

@@ -5,6 +5,14 @@
 //! estimated achieved occupancy, blocks per SM, registers per thread, shared memory). Those map
 //! onto the catalogue's per-launch group; the other groups (SM, tensor and DRAM activity, L2
 //! hit rate) have no source in a trace, so this source does not offer them.
+//!
+//! The stand-in host has several GPUs (`PENROSE_STANDIN_GPUS`, default eight Hoppers; the
+//! stand-in libcuda reads the same variable), and stamps each record with the GPU the launch
+//! ran on. This source reads GPU d's counters as the records stamped d: a launch the agent
+//! attributes to another GPU than the one it ran on finds nothing there
+//! ([`MissingReason::NotFound`]), as GPM on the wrong GPU would have read the wrong activity.
+//! A file [`busy_path`] marks GPU d's counters as held by another tool
+//! ([`MissingReason::CountersBusy`]) while it exists.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -13,6 +21,7 @@ use penrose_core::counters::{Catalogue, CounterGroup, CounterId};
 use penrose_core::gpu::GpuArch;
 
 use super::{CounterSource, CounterValue, MissingReason, Reading};
+use crate::capture::devices::{GpuUuid, HostDevice};
 use crate::capture::events::{Launch, Pid};
 use penrose_standin_ring::{CounterRecord, CounterRing, Lookup};
 
@@ -45,11 +54,31 @@ pub fn standin_arch() -> GpuArch {
     GpuArch::new(major, minor)
 }
 
+/// While this file exists, the stand-in GPU `index`'s counters count as held by another tool.
+pub fn busy_path(index: u32) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/dev/shm/penrose-standin-busy-{index}"))
+}
+
+/// The stand-in host's GPUs, as `PENROSE_STANDIN_GPUS` in this process's environment lists
+/// them (the stand-in libcuda of the launching processes must see the same value).
+pub fn standin_devices() -> Vec<HostDevice> {
+    let spec = std::env::var(penrose_standin_ring::GPUS_VAR).ok();
+    penrose_standin_ring::standin_gpus(spec.as_deref())
+        .into_iter()
+        .map(|g| HostDevice {
+            index: g.index,
+            uuid: GpuUuid(g.uuid),
+            arch: GpuArch::new(g.compute_capability.0, g.compute_capability.1),
+        })
+        .collect()
+}
+
 /// Per-process rings of the stand-in driver.
 #[derive(Debug)]
 pub struct StandinSource {
     rings: HashMap<Pid, Option<CounterRing>>,
     counters: Vec<(CounterId, CounterGroup, Field)>,
+    devices: Vec<HostDevice>,
 }
 
 impl Default for StandinSource {
@@ -72,6 +101,7 @@ impl StandinSource {
         Self {
             rings: HashMap::new(),
             counters,
+            devices: standin_devices(),
         }
     }
 
@@ -98,8 +128,8 @@ impl CounterSource for StandinSource {
         super::distinct_groups(self.counters.iter().map(|c| c.1))
     }
 
-    fn arch(&self) -> Option<GpuArch> {
-        Some(standin_arch())
+    fn devices(&self) -> &[HostDevice] {
+        &self.devices
     }
 
     fn watch(&mut self, pid: Pid) {
@@ -110,9 +140,12 @@ impl CounterSource for StandinSource {
         self.rings.remove(&pid);
     }
 
-    fn read(&mut self, launch: &Launch, group: CounterGroup) -> Reading {
+    fn read(&mut self, launch: &Launch, device: &HostDevice, group: CounterGroup) -> Reading {
         if !self.counters.iter().any(|c| c.1 == group) {
             return Reading::Missing(MissingReason::GroupNotSupported);
+        }
+        if busy_path(device.index).exists() {
+            return Reading::Missing(MissingReason::CountersBusy);
         }
         let Some(ring) = self.ring(launch.pid) else {
             return Reading::Missing(MissingReason::NoSource);
@@ -138,6 +171,9 @@ impl CounterSource for StandinSource {
                 }
             }
         };
+        if record.host_device() != Some(device.index) {
+            return Reading::Missing(MissingReason::NotFound);
+        }
         let values = self
             .counters
             .iter()
@@ -264,7 +300,7 @@ mod tests {
                 present: Present::DURATION,
                 timestamp_ns: 1_000 * seq,
                 tid: 100,
-                reserved: 0,
+                device: 1,
             };
             let at = HEADER_SIZE + (seq as usize - 1) * RECORD_SIZE;
             bytes[at..at + RECORD_SIZE].copy_from_slice(&record.to_bytes());
@@ -278,7 +314,7 @@ mod tests {
         let mut source = StandinSource::new();
         source.watch(Pid(pid));
         // The probe fired just before record 2 was written.
-        match source.read(&launch(pid, 1_500), duration.group) {
+        match source.read(&launch(pid, 1_500), &standin_devices()[0], duration.group) {
             Reading::Values(values) => assert!(
                 values
                     .iter()
@@ -294,12 +330,12 @@ mod tests {
             .set_len(0)
             .unwrap();
         assert_eq!(
-            source.read(&launch(pid, 2_500), duration.group),
+            source.read(&launch(pid, 2_500), &standin_devices()[0], duration.group),
             Reading::Missing(MissingReason::DeviceError)
         );
         // Forgotten: later launches of that process are not looked up in it again.
         assert_eq!(
-            source.read(&launch(pid, 3_500), duration.group),
+            source.read(&launch(pid, 3_500), &standin_devices()[0], duration.group),
             Reading::Missing(MissingReason::NoSource)
         );
     }

@@ -38,7 +38,7 @@ fn info_of(capture: &Capture) -> SourceInfo {
     SourceInfo {
         kind: "ebpf".into(),
         counters: capture.counter_source().into(),
-        gpu_arch: capture.gpu_arch().map(|a| a.to_string()),
+        gpu_arch: super::archs_text(&capture.gpu_archs()),
         probe_cost_ns: u64::try_from(capture.probe_cost().per_launch.as_nanos())
             .unwrap_or(u64::MAX),
         inputs: capture
@@ -48,6 +48,12 @@ fn info_of(capture: &Capture) -> SourceInfo {
             .collect(),
         libraries_untrusted: counts.libraries_untrusted,
         libraries_over_cap: counts.libraries_over_cap,
+        samples: super::SampleStatus {
+            sampled: counts.sampled,
+            with_values: counts.samples_with_values,
+            missing: counts.samples_missing,
+            devices: counts.devices,
+        },
     }
 }
 
@@ -56,8 +62,8 @@ impl SnippetSource for EbpfSource {
         info_of(&self.capture)
     }
 
-    fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch> {
-        self.capture.gpu_arch()
+    fn gpu_archs(&self) -> Vec<penrose_core::gpu::GpuArch> {
+        self.capture.gpu_archs()
     }
 
     fn run(

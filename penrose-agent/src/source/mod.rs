@@ -83,8 +83,9 @@ pub struct SourceInfo {
     pub kind: String,
     /// Where counter values come from.
     pub counters: String,
-    /// The compute capability of the GPU the counter values are read on, as read (`sm_86`;
-    /// `None` without counters). Reports name only its generation (`AgentStatus::arch`).
+    /// The compute capabilities of the host's GPUs the counter values are read on, as read
+    /// (`sm_86, sm_90`; `None` without counters). Reports name only their generations
+    /// (`AgentStatus::arch`).
     #[serde(default)]
     pub gpu_arch: Option<String>,
     /// Per-launch probe cost the schedule uses, nanoseconds (0 for the replay).
@@ -97,6 +98,34 @@ pub struct SourceInfo {
     /// Library files not probed because `capture.max_libraries` were probed already.
     #[serde(default)]
     pub libraries_over_cap: u64,
+    /// Sampled launches, and how many got counter values (live capture only).
+    #[serde(default)]
+    pub samples: SampleStatus,
+}
+
+/// What became of the launches the sampler picked: values, or the reason there are none, and
+/// how they were attributed to the host's GPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SampleStatus {
+    /// Launches sampled.
+    pub sampled: u64,
+    /// Of those, launches with counter values.
+    pub with_values: u64,
+    /// The others, by reason (`counters_busy`: another tool held the GPU's counters).
+    pub missing: crate::capture::MissingCounts,
+    /// How sampled launches were attributed to GPUs.
+    pub devices: crate::capture::devices::DeviceCounts,
+}
+
+/// Architectures as `status` shows them: `sm_86, sm_90`; `None` for none.
+pub fn archs_text(archs: &[penrose_core::gpu::GpuArch]) -> Option<String> {
+    (!archs.is_empty()).then(|| {
+        archs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
 }
 
 /// A producer of snippets.
@@ -104,9 +133,9 @@ pub trait SnippetSource: Send {
     /// What it is, for `status`.
     fn info(&self) -> SourceInfo;
 
-    /// The compute capability of the GPU its counter values are read on (`None`: it yields no
-    /// counter values).
-    fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch>;
+    /// The compute capabilities of the host's GPUs its counter values are read on, each once
+    /// (empty: it yields no counter values).
+    fn gpu_archs(&self) -> Vec<penrose_core::gpu::GpuArch>;
 
     /// Runs until `stop` is set or the source has nothing more, handing output to `sink`.
     fn run(

@@ -140,18 +140,23 @@ impl SnippetSource for ReplaySource {
             } else {
                 "test-standin-ring (trace fields)".into()
             },
-            gpu_arch: self.gpu_arch().map(|a| a.to_string()),
+            gpu_arch: super::archs_text(&self.gpu_archs()),
             probe_cost_ns: 0,
             inputs: self.inputs.clone(),
             libraries_untrusted: 0,
             libraries_over_cap: 0,
+            samples: super::SampleStatus::default(),
         }
     }
 
     /// The stand-in's GPU when the traces' counter values are sampled (as the stand-in ring
     /// would give them), none otherwise.
-    fn gpu_arch(&self) -> Option<penrose_core::gpu::GpuArch> {
-        (!self.groups.is_empty()).then(crate::counters::standin::standin_arch)
+    fn gpu_archs(&self) -> Vec<penrose_core::gpu::GpuArch> {
+        if self.groups.is_empty() {
+            Vec::new()
+        } else {
+            vec![crate::counters::standin::standin_arch()]
+        }
     }
 
     fn run(
@@ -193,6 +198,7 @@ impl SnippetSource for ReplaySource {
                             position: i,
                             kernel: Arc::clone(&p.names[at]),
                             group,
+                            arch: crate::counters::standin::standin_arch(),
                             values: trace_values(&p.kernels[at], group),
                         });
                     }

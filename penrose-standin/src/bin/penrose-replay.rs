@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use penrose_standin::{
-    Driver, EntryPoint, LIBCUDA_PATH, LIBCUDART_PATH, Libraries, Loops, NVCC_APP_PATH, NvccApp,
-    Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve, Runtime, RuntimeVia,
+    DevicePlan, Driver, EntryPoint, LIBCUDA_PATH, LIBCUDART_PATH, Libraries, Loops, NVCC_APP_PATH,
+    NvccApp, Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve, Runtime, RuntimeVia,
     STATIC_LIB_PATH, StandinError, StaticLib, Via, replay_with, ring_path, signal,
 };
 
@@ -68,6 +68,17 @@ struct Args {
     /// The stripped library to dlopen (libpenrose_static.so); defaults to the built one.
     #[arg(long)]
     static_lib: Option<PathBuf>,
+    /// The CUDA device ordinal to launch on (after CUDA_VISIBLE_DEVICES renumbers the
+    /// stand-in host's GPUs, PENROSE_STANDIN_GPUS).
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// Move to the next device ordinal (wrapping) after every N launches.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    switch_device_every: Option<u64>,
+    /// Ask the driver for every device's UUID before launching (cuDeviceGetUuid_v2), as an
+    /// application reading its devices' properties does.
+    #[arg(long)]
+    query_uuids: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -269,6 +280,11 @@ fn run(args: &Args) -> Result<(), Failure> {
         },
         via,
         stop,
+        devices: DevicePlan {
+            ordinal: args.device,
+            switch_every: args.switch_device_every,
+            query_uuids: args.query_uuids,
+        },
     };
     let result = replay_with(&libs, &plan, &options);
     if !args.keep_ring {
