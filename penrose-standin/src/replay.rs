@@ -230,11 +230,11 @@ impl OnDevice {
     ) -> Result<(), StandinError> {
         driver.use_device(ordinal)?;
         self.ordinal = ordinal;
-        if !self.streams.contains_key(&ordinal) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.streams.entry(ordinal) {
             let made = (0..streams)
                 .map(|_| driver.stream_create())
                 .collect::<Result<Vec<_>, _>>()?;
-            self.streams.insert(ordinal, made);
+            slot.insert(made);
         }
         Ok(())
     }
@@ -570,7 +570,7 @@ pub fn replay_with(
             }
             if let Some(every) = options.devices.switch_every
                 && replayed > 0
-                && replayed % every.max(1) == 0
+                && replayed.is_multiple_of(every.max(1))
             {
                 on.next(driver, plan.streams.len())?;
             }
