@@ -584,8 +584,8 @@ sample_period = 1000
 reoffset_seconds = 600.0
 # Counter groups take turns of this length.
 group_seconds = 600.0
-# Counter source: "nvml" (GPM metrics of device 0; if NVML or GPM is unavailable the agent
-# exits with code 3) or "none" (no counter values). ("test-standin-ring" reads the stand-in
+# Counter source: "nvml" (GPM metrics of the GPU each sampled launch ran on; if NVML or GPM
+# is unavailable the agent exits with code 3) or "none" (no counter values). ("test-standin-ring" reads the stand-in
 # libcuda's ring: test equipment, for tests and the demo only.)
 counters = "nvml"
 # libcuda files to probe besides those ldconfig and running processes show.

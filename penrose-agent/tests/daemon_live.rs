@@ -79,9 +79,15 @@ calibrate = false
 
     let trace = fx.traces.join("hta-trace_filter--sampled_rank-0.json.gz");
     let me = std::env::current_exe().unwrap();
-    let mut replayers: Vec<_> = (0..2)
-        .map(|_| {
+    // Started before the agent, as on a host whose agent restarts under running jobs: the
+    // agent never sees their contexts, and attributes their launches to the one GPU each
+    // process's environment makes visible (the stand-in host has eight).
+    let mut replayers: Vec<_> = ["3", "6"]
+        .into_iter()
+        .map(|gpu| {
             Command::new(&me)
+                .env("CUDA_VISIBLE_DEVICES", gpu)
+                .env_remove("CUDA_DEVICE_ORDER")
                 .env(
                     CHILD,
                     format!(
@@ -147,6 +153,13 @@ calibrate = false
     );
     assert!(status.windows >= 1 && status.launches > 0, "{status:?}");
     assert!(status.pipeline.samples > 0);
+    let devices = status.source.samples.devices;
+    assert!(devices.single_visible > 0, "{:?}", status.source.samples);
+    assert_eq!(
+        status.source.samples.with_values, status.source.samples.sampled,
+        "{:?}",
+        status.source.samples
+    );
     let records = fx.records();
     // The stand-in fills the per-launch group: its five counters and the joint views that pair
     // two of them.

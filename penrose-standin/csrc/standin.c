@@ -516,6 +516,18 @@ static void parse_visible(void) {
     }
 }
 
+/* The checks every call on a device ordinal makes: initialised, an out-pointer, a visible
+ * ordinal. */
+static CUresult check_device_call(const void *out, CUdevice dev) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuDeviceGetCount(int *count) {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -526,23 +538,17 @@ EXPORT CUresult cuDeviceGetCount(int *count) {
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-    if (!initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || ordinal >= visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = check_device_call(device, ordinal);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
 
 static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
-    if (!initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!uuid)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = check_device_call(uuid, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     gpu_uuid(visible[dev], (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
@@ -605,12 +611,9 @@ static CUcontext new_context(CUdevice dev) {
 }
 
 PROBED CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    if (!initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = check_device_call(pctx, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (!__atomic_load_n(&primary[dev], __ATOMIC_ACQUIRE)) {
         CUcontext c = new_context(dev);
         if (!c)
@@ -625,12 +628,9 @@ PROBED CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 
 /* One body for every cuCtxCreate version: each probed entry point must fire once per call. */
 static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
-    if (!initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= visible_count)
-        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = check_device_call(pctx, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (ctx_depth >= MAX_CTX_DEPTH)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUcontext c = new_context(dev);

@@ -16,8 +16,10 @@
 //!    a process's ordinal is not NVML's index).
 //!
 //! Where a step has no certain answer the launch is [`Unattributed`], and its sample gets no
-//! counter values: never another device's. The one shortcut is a host with a single GPU. State
-//! is bounded per host ([`MAX_ENTRIES`]); what does not fit is counted, not kept.
+//! counter values: never another device's. Two shortcuts: a host with a single GPU, and a
+//! process whose contexts were made before the agent attached but whose start environment
+//! makes one GPU visible (the usual one process per GPU). State is bounded per host
+//! ([`MAX_ENTRIES`]); what does not fit is counted, not kept.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -126,6 +128,10 @@ pub struct DeviceCounts {
     pub by_visible_devices: u64,
     /// Sampled launches attributed because the host has one GPU.
     pub single_device: u64,
+    /// Sampled launches of a process whose contexts the agent never saw (made before it
+    /// attached), attributed because its start environment makes one GPU visible.
+    #[serde(default)]
+    pub single_visible: u64,
     /// Sampled launches not attributed, by reason ([`Unattributed`]).
     pub unattributed: UnattributedCounts,
 }
@@ -262,11 +268,19 @@ impl ProcessDevices {
 }
 
 /// The per-host device state: every process's contexts, streams and ordinals.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Devices {
     processes: HashMap<Pid, ProcessDevices>,
     entries: usize,
     counts: DeviceCounts,
+    /// Reads a process's start environment (`/proc/PID/environ`; tests give their own).
+    environ_of: fn(Pid) -> Option<Vec<u8>>,
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Self::with_environ(read_environ)
+    }
 }
 
 /// One context record, decoded.
@@ -287,6 +301,16 @@ pub struct ContextChange {
 }
 
 impl Devices {
+    /// Device state that reads start environments with `environ_of`.
+    pub fn with_environ(environ_of: fn(Pid) -> Option<Vec<u8>>) -> Self {
+        Self {
+            processes: HashMap::new(),
+            entries: 0,
+            counts: DeviceCounts::default(),
+            environ_of,
+        }
+    }
+
     /// Counts so far.
     pub fn counts(&self) -> DeviceCounts {
         self.counts
@@ -301,13 +325,7 @@ impl Devices {
     pub fn apply(&mut self, change: ContextChange) {
         self.counts.context_events += 1;
         let full = self.entries >= MAX_ENTRIES;
-        let process = self
-            .processes
-            .entry(change.pid)
-            .or_insert_with(|| ProcessDevices {
-                environ: read_environ(change.pid).map(|e| VisibleSpec::from_environ(&e)),
-                ..ProcessDevices::default()
-            });
+        let process = process_in(&mut self.processes, self.environ_of, change.pid);
         let before = process.entries();
         let dropped = apply_to(process, &change, full);
         self.entries = self.entries + process.entries() - before;
@@ -350,15 +368,27 @@ impl Devices {
             }
             _ => {}
         }
-        let process = self
-            .processes
-            .get(&launch.pid)
-            .ok_or(Unattributed::NoContext)?;
-        let context = current_context(process, launch)?;
-        let ordinal = *process
-            .contexts
-            .get(&context)
-            .ok_or(Unattributed::UnknownOrdinal)?;
+        let process = process_in(&mut self.processes, self.environ_of, launch.pid);
+        let visible = process.environ.as_ref().and_then(|spec| spec.resolve(host));
+        let ordinal = match current_context(process, launch).and_then(|context| {
+            process
+                .contexts
+                .get(&context)
+                .copied()
+                .ok_or(Unattributed::UnknownOrdinal)
+        }) {
+            Ok(ordinal) => ordinal,
+            // Contexts made before the agent attached: a process that can see one GPU only
+            // runs there.
+            Err(why) => {
+                let only = match visible.as_deref() {
+                    Some([only]) => *only,
+                    _ => return Err(why),
+                };
+                self.counts.single_visible += 1;
+                return by_index(host, only);
+            }
+        };
         if let Some(uuid) = process.uuids.get(&ordinal) {
             self.counts.by_uuid += 1;
             return host
@@ -366,16 +396,33 @@ impl Devices {
                 .find(|d| d.uuid == *uuid)
                 .ok_or(Unattributed::UnresolvedOrdinal);
         }
-        let visible = process.environ.as_ref().and_then(|spec| spec.resolve(host));
         let index = usize::try_from(ordinal.0)
             .ok()
             .and_then(|o| visible?.get(o).copied())
             .ok_or(Unattributed::UnresolvedOrdinal)?;
         self.counts.by_visible_devices += 1;
-        host.iter()
-            .find(|d| d.index == index)
-            .ok_or(Unattributed::UnresolvedOrdinal)
+        by_index(host, index)
     }
+}
+
+/// The host GPU of index `index`.
+fn by_index(host: &[HostDevice], index: u32) -> Result<&HostDevice, Unattributed> {
+    host.iter()
+        .find(|d| d.index == index)
+        .ok_or(Unattributed::UnresolvedOrdinal)
+}
+
+/// A process's state in `processes`, made (with its start environment read by `environ_of`)
+/// at its first record.
+fn process_in(
+    processes: &mut HashMap<Pid, ProcessDevices>,
+    environ_of: fn(Pid) -> Option<Vec<u8>>,
+    pid: Pid,
+) -> &mut ProcessDevices {
+    processes.entry(pid).or_insert_with(|| ProcessDevices {
+        environ: environ_of(pid).map(|e| VisibleSpec::from_environ(&e)),
+        ..ProcessDevices::default()
+    })
 }
 
 /// The context `launch` ran in: its thread's current one, checked against its stream's.
@@ -538,7 +585,7 @@ mod tests {
     #[test]
     fn a_thread_switching_devices_is_attributed_launch_by_launch() {
         let host = host(&[(9, 0); 4]);
-        let mut devices = Devices::default();
+        let mut devices = Devices::with_environ(|_| None);
         with_uuids(&mut devices, &host, &[(0, 2), (1, 3)]);
         devices.apply(change(1, ContextOp::PrimaryRetained, 0xa, 0));
         devices.apply(change(1, ContextOp::PrimaryRetained, 0xb, 1));
@@ -573,7 +620,7 @@ mod tests {
     #[test]
     fn streams_name_their_context_and_a_conflict_is_refused() {
         let host = host(&[(9, 0); 2]);
-        let mut devices = Devices::default();
+        let mut devices = Devices::with_environ(|_| None);
         with_uuids(&mut devices, &host, &[(0, 0), (1, 1)]);
         devices.apply(change(1, ContextOp::Created, 0xa, 0));
         devices.apply(change(1, ContextOp::StreamCreated, 0x5a, -1));
@@ -606,7 +653,7 @@ mod tests {
     #[test]
     fn a_context_of_unknown_ordinal_or_a_process_never_seen_gets_no_device() {
         let host = host(&[(9, 0); 2]);
-        let mut devices = Devices::default();
+        let mut devices = Devices::with_environ(|_| None);
         assert_eq!(
             devices.attribute(&launch(1, 0), &host),
             Err(Unattributed::NoContext)
@@ -627,6 +674,37 @@ mod tests {
             devices.attribute(&launch(1, 0), &[]),
             Err(Unattributed::NoDevices)
         );
+    }
+
+    /// A process whose contexts the agent never saw (started before it attached) is
+    /// attributed only when its start environment makes a single GPU visible.
+    #[test]
+    fn a_process_started_before_the_agent_is_attributed_only_to_its_one_visible_gpu() {
+        let host = host(&[(9, 0); 8]);
+        let mut pinned = Devices::with_environ(|_| Some(b"CUDA_VISIBLE_DEVICES=5\0".to_vec()));
+        assert_eq!(
+            pinned.attribute(&launch(1, 0), &host).map(|d| d.index),
+            Ok(5)
+        );
+        assert_eq!(pinned.counts().single_visible, 1);
+        // A context it was seen to make on another ordinal is not overruled by the shortcut
+        // (ordinal 0 of a one-GPU list is that GPU; ordinal 1 exists nowhere).
+        pinned.apply(change(2, ContextOp::Created, 0xa, 1));
+        assert_eq!(
+            pinned.attribute(&launch(2, 0), &host),
+            Err(Unattributed::UnresolvedOrdinal)
+        );
+        let mut all = Devices::with_environ(|_| Some(b"HOME=/\0".to_vec()));
+        assert_eq!(
+            all.attribute(&launch(1, 0), &host),
+            Err(Unattributed::NoContext)
+        );
+        let mut two = Devices::with_environ(|_| Some(b"CUDA_VISIBLE_DEVICES=1,2\0".to_vec()));
+        assert_eq!(
+            two.attribute(&launch(1, 0), &host),
+            Err(Unattributed::NoContext)
+        );
+        assert_eq!(two.counts().unattributed.no_context, 1);
     }
 
     #[test]
@@ -667,7 +745,7 @@ mod tests {
 
     #[test]
     fn the_state_is_bounded_per_host_and_exits_free_it() {
-        let mut devices = Devices::default();
+        let mut devices = Devices::with_environ(|_| None);
         for i in 0..(MAX_ENTRIES as u64 + 10) {
             devices.apply(ContextChange {
                 pid: Pid((i % 3) as u32),

@@ -4,7 +4,7 @@
 /// (the CLI exits with status 3 for them); the rest are unexpected.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    /// The configured counter source cannot be opened (no NVIDIA driver, no GPM on device 0).
+    /// The configured counter source cannot be opened (no NVIDIA driver, no GPU with GPM).
     /// The capture does not fall back to another source.
     #[error(
         "capture.counters = \"{counters}\" cannot be used on this host: {reason}. The agent does not fall back to another counter source; set capture.counters = \"none\" (or capture --counters none) to run without counter values"
