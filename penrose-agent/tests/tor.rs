@@ -121,6 +121,9 @@ fn main() {
         ));
         return;
     }
+    if !traces_present() {
+        return;
+    }
     // The safety rule, first thing: leave the host's network before any thread or process
     // exists, so that nothing started here can reach anything but loopback.
     penrose_tornet::enter_loopback_namespace().expect("entering a loopback-only namespace");
@@ -225,7 +228,7 @@ async fn start_world() -> World {
 
 /// A fixture whose agent pins the world's server and sends over Tor.
 fn tor_agent(world: &World, extra: &str) -> (Fixture, std::path::PathBuf) {
-    let fixture = Fixture::new();
+    let fixture = Fixture::new().unwrap();
     world
         .identity
         .save(

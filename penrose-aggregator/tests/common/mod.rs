@@ -475,3 +475,20 @@ pub fn rss_kib_of(pid: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
 }
+
+/// Whether the real traces are here (`penrose_traces::TraceFolder::default_dir`); says SKIPPED
+/// on the process's own stderr (libtest captures `eprintln!`; CI counts these lines) when not:
+/// a fresh clone has no `../shared`.
+pub fn traces_present() -> bool {
+    let dir = penrose_traces::TraceFolder::default_dir();
+    let present = penrose_traces::TraceFolder::open(&dir).is_ok_and(|f| !f.files().is_empty());
+    if !present {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: the real traces are not in {} (set PENROSE_TRACES)",
+            dir.display()
+        );
+    }
+    present
+}
