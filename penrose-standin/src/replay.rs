@@ -718,6 +718,7 @@ mod tests {
             ts_us: ts,
             dur_us: 2.5,
             launch_ts_us: Some(ts - 1.0),
+            graph_launch: false,
             process: ProcessId(pid),
             stream: Some(StreamId(stream)),
             device: None,

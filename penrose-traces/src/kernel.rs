@@ -33,6 +33,9 @@ pub struct Kernel {
     pub dur_us: f64,
     /// Start of the runtime launch call linked by correlation id, µs, when the trace has it.
     pub launch_ts_us: Option<f64>,
+    /// Launched by a graph launch (`cudaGraphLaunch`): the kernel ran as a node of a CUDA
+    /// graph, and its correlation id is the graph launch's, shared by the graph's kernels.
+    pub graph_launch: bool,
     /// See [`ProcessId`].
     pub process: ProcessId,
     /// The stream (`args.stream`, else the event's `tid`).

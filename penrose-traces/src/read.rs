@@ -17,6 +17,12 @@ use crate::trace::Trace;
 /// The gzip magic number; compressed traces are recognised by content, not only by extension.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
+/// Whether a runtime or driver call's name is a graph launch: `cudaGraphLaunch`,
+/// `cuGraphLaunch` and their per-thread-stream (`_ptsz`) and versioned forms.
+pub fn is_graph_launch(name: &str) -> bool {
+    name.starts_with("cudaGraphLaunch") || name.starts_with("cuGraphLaunch")
+}
+
 /// Event categories whose `args.correlation` marks the host-side launch of a GPU activity.
 const LAUNCH_CATEGORIES: [&str; 3] = ["cuda_runtime", "cuda_driver", "runtime"];
 
@@ -152,7 +158,7 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
         }
     };
 
-    let mut launches: HashMap<i64, (f64, Option<i64>)> = HashMap::new();
+    let mut launches: HashMap<i64, (f64, Option<i64>, bool)> = HashMap::new();
     for event in &events {
         let is_launch = event
             .cat
@@ -163,7 +169,8 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
             event.ts,
             event.args.as_ref().and_then(|a| a.correlation),
         ) {
-            launches.entry(corr).or_insert((ts, event.pid));
+            let graph = event.name.as_deref().is_some_and(is_graph_launch);
+            launches.entry(corr).or_insert((ts, event.pid, graph));
         }
     }
 
@@ -192,7 +199,7 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
         let args = event.args;
         let correlation = args.as_ref().and_then(|a| a.correlation);
         let launch = correlation.and_then(|c| launches.get(&c).copied());
-        if let Some(pid) = launch.and_then(|(_, pid)| pid) {
+        if let Some(pid) = launch.and_then(|(_, pid, _)| pid) {
             let seen = launchers.entry(event.pid).or_default();
             if !seen.contains(&pid) {
                 seen.push(pid);
@@ -203,8 +210,14 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
             name,
             ts_us,
             dur_us: event.dur.unwrap_or(0.0),
-            launch_ts_us: launch.map(|(ts, _)| ts),
-            process: ProcessId(launch.and_then(|(_, pid)| pid).or(event.pid).unwrap_or(0)),
+            launch_ts_us: launch.map(|(ts, _, _)| ts),
+            graph_launch: launch.is_some_and(|(_, _, graph)| graph),
+            process: ProcessId(
+                launch
+                    .and_then(|(_, pid, _)| pid)
+                    .or(event.pid)
+                    .unwrap_or(0),
+            ),
             stream: args
                 .as_ref()
                 .and_then(|a| a.stream)
