@@ -35,6 +35,9 @@ pub enum EventKind {
     /// A [`ContextEvent`]: a driver call that changes which device a thread's launches run on
     /// (contexts made current, pushed, popped or created, streams created, device UUIDs asked).
     Context = 7,
+    /// A [`crate::GraphEvent`]: a CUDA graph call (stream capture, kernel nodes,
+    /// instantiation, updates, destruction).
+    Graph = 8,
 }
 
 impl EventKind {
@@ -48,6 +51,7 @@ impl EventKind {
             5 => Some(Self::StubKernel),
             6 => Some(Self::RuntimeLaunch),
             7 => Some(Self::Context),
+            8 => Some(Self::Graph),
             _ => None,
         }
     }
@@ -69,7 +73,9 @@ pub struct LaunchEvent {
     pub pid: u32,
     /// Thread id of the launching thread.
     pub tid: u32,
-    /// Non-zero when the BPF-side countdown marked this launch for sampling.
+    /// Non-zero when the BPF-side countdown marked this launch for sampling: 1 for a kernel
+    /// launch; for a graph launch, one more than the position of the sampled kernel among the
+    /// graph's kernels (the countdown counts a graph's kernels, [`crate::GraphKey`]).
     pub sampled: u32,
     /// `bpf_ktime_get_ns` at the probe.
     pub timestamp_ns: u64,
@@ -439,7 +445,7 @@ impl ExitEvent {
     }
 }
 
-fn read_u32x3(record: &[u8], at: usize) -> Option<[u32; 3]> {
+pub(crate) fn read_u32x3(record: &[u8], at: usize) -> Option<[u32; 3]> {
     Some([
         read_u32(record, at)?,
         read_u32(record, at.checked_add(4)?)?,
@@ -447,12 +453,12 @@ fn read_u32x3(record: &[u8], at: usize) -> Option<[u32; 3]> {
     ])
 }
 
-fn read_u32(record: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn read_u32(record: &[u8], at: usize) -> Option<u32> {
     let bytes = record.get(at..at.checked_add(4)?)?;
     Some(u32::from_ne_bytes(bytes.try_into().ok()?))
 }
 
-fn read_u64(record: &[u8], at: usize) -> Option<u64> {
+pub(crate) fn read_u64(record: &[u8], at: usize) -> Option<u64> {
     let bytes = record.get(at..at.checked_add(8)?)?;
     Some(u64::from_ne_bytes(bytes.try_into().ok()?))
 }
@@ -520,6 +526,7 @@ mod tests {
             EventKind::StubKernel,
             EventKind::RuntimeLaunch,
             EventKind::Context,
+            EventKind::Graph,
         ] {
             let mut record = [0u8; 16];
             record[..4].copy_from_slice(&(kind as u32).to_ne_bytes());

@@ -7,6 +7,7 @@
 
 mod entry_point;
 mod events;
+mod graphs;
 pub mod maps;
 pub mod probes;
 
@@ -15,6 +16,7 @@ pub use events::{
     ContextEvent, ContextOp, EventKind, ExitEvent, HandleKind, KernelFunctionEvent, LaunchEvent,
     NAME_CAPACITY, NameEvent, NameHeader, RuntimeLaunchEvent, SampleConfig, StubKernelEvent,
 };
+pub use graphs::{GRAPH_KERNELS_ENTRIES, GraphEvent, GraphKey, GraphOp};
 pub use probes::{
     Library, PROCESS_EXIT, ProbeKind, ProbeRole, TracePoint, USER_PROBES, UserProbe, programs,
 };

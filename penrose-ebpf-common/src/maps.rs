@@ -15,3 +15,7 @@ pub const PENDING_CALLS: &str = "PENDING_CALLS";
 /// Per-CPU scratch of one [`crate::NameEvent`], where a name is assembled before it is copied
 /// into [`EVENTS`] with its actual length. Internal to the object.
 pub const NAME_SCRATCH: &str = "NAME_SCRATCH";
+/// Hash of [`crate::GraphKey`] to `u32`: how many kernels an executable graph runs, written by
+/// the agent when it learns an instantiation or update, read by the graph launch programs so
+/// the sampling countdown counts a graph's kernels. Holds [`crate::GRAPH_KERNELS_ENTRIES`].
+pub const GRAPH_KERNELS: &str = "GRAPH_KERNELS";

@@ -85,6 +85,50 @@ pub mod programs {
     pub const CU_DEVICE_GET_UUID_V2: &str = "cu_device_get_uuid_v2";
     /// Uretprobe on `cuDeviceGetUuid_v2`.
     pub const CU_DEVICE_GET_UUID_V2_RET: &str = "cu_device_get_uuid_v2_ret";
+    /// Uprobe on `cuStreamBeginCapture_v2`.
+    pub const CU_STREAM_BEGIN_CAPTURE_V2: &str = "cu_stream_begin_capture_v2";
+    /// Uprobe on `cuStreamBeginCapture_v2_ptsz`.
+    pub const CU_STREAM_BEGIN_CAPTURE_V2_PTSZ: &str = "cu_stream_begin_capture_v2_ptsz";
+    /// Uprobe on `cuStreamEndCapture`.
+    pub const CU_STREAM_END_CAPTURE: &str = "cu_stream_end_capture";
+    /// Uretprobe on `cuStreamEndCapture`.
+    pub const CU_STREAM_END_CAPTURE_RET: &str = "cu_stream_end_capture_ret";
+    /// Uprobe on `cuStreamEndCapture_ptsz`.
+    pub const CU_STREAM_END_CAPTURE_PTSZ: &str = "cu_stream_end_capture_ptsz";
+    /// Uretprobe on `cuStreamEndCapture_ptsz`.
+    pub const CU_STREAM_END_CAPTURE_PTSZ_RET: &str = "cu_stream_end_capture_ptsz_ret";
+    /// Uprobe on `cuGraphAddKernelNode`.
+    pub const CU_GRAPH_ADD_KERNEL_NODE: &str = "cu_graph_add_kernel_node";
+    /// Uretprobe on `cuGraphAddKernelNode`.
+    pub const CU_GRAPH_ADD_KERNEL_NODE_RET: &str = "cu_graph_add_kernel_node_ret";
+    /// Uprobe on `cuGraphAddKernelNode_v2`.
+    pub const CU_GRAPH_ADD_KERNEL_NODE_V2: &str = "cu_graph_add_kernel_node_v2";
+    /// Uretprobe on `cuGraphAddKernelNode_v2`.
+    pub const CU_GRAPH_ADD_KERNEL_NODE_V2_RET: &str = "cu_graph_add_kernel_node_v2_ret";
+    /// Uprobe on `cuGraphInstantiateWithFlags`.
+    pub const CU_GRAPH_INSTANTIATE_WITH_FLAGS: &str = "cu_graph_instantiate_with_flags";
+    /// Uretprobe on `cuGraphInstantiateWithFlags`.
+    pub const CU_GRAPH_INSTANTIATE_WITH_FLAGS_RET: &str = "cu_graph_instantiate_with_flags_ret";
+    /// Uprobe on `cuGraphInstantiateWithParams`.
+    pub const CU_GRAPH_INSTANTIATE_WITH_PARAMS: &str = "cu_graph_instantiate_with_params";
+    /// Uretprobe on `cuGraphInstantiateWithParams`.
+    pub const CU_GRAPH_INSTANTIATE_WITH_PARAMS_RET: &str = "cu_graph_instantiate_with_params_ret";
+    /// Uprobe on `cuGraphExecKernelNodeSetParams`.
+    pub const CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS: &str = "cu_graph_exec_kernel_node_set_params";
+    /// Uprobe on `cuGraphExecKernelNodeSetParams_v2`.
+    pub const CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2: &str = "cu_graph_exec_kernel_node_set_params_v2";
+    /// Uprobe on `cuGraphExecUpdate`.
+    pub const CU_GRAPH_EXEC_UPDATE: &str = "cu_graph_exec_update";
+    /// Uretprobe on `cuGraphExecUpdate`.
+    pub const CU_GRAPH_EXEC_UPDATE_RET: &str = "cu_graph_exec_update_ret";
+    /// Uprobe on `cuGraphExecUpdate_v2`.
+    pub const CU_GRAPH_EXEC_UPDATE_V2: &str = "cu_graph_exec_update_v2";
+    /// Uretprobe on `cuGraphExecUpdate_v2`.
+    pub const CU_GRAPH_EXEC_UPDATE_V2_RET: &str = "cu_graph_exec_update_v2_ret";
+    /// Uprobe on `cuGraphDestroy`.
+    pub const CU_GRAPH_DESTROY: &str = "cu_graph_destroy";
+    /// Uprobe on `cuGraphExecDestroy`.
+    pub const CU_GRAPH_EXEC_DESTROY: &str = "cu_graph_exec_destroy";
     /// Tracepoint `sched:sched_process_exit`.
     pub const SCHED_PROCESS_EXIT: &str = "sched_process_exit";
 }
@@ -137,6 +181,11 @@ pub enum ProbeRole {
     /// a context made current before a window opened must be known inside it, so these stay
     /// attached like name probes.
     Context,
+    /// Graph probe: a driver call that builds, instantiates, updates or destroys a CUDA graph,
+    /// so a graph launch can enter a snippet as the kernels it runs. Graphs are built at
+    /// start-up (warm-up and capture) and rarely after, and a graph built before a window
+    /// opened is launched inside it, so these stay attached like name probes.
+    Graph,
     /// A runtime launch probe that only helps name launches (the legacy path passes host
     /// stubs to `cudaLaunchKernel`): attached inside windows, and only while launches remain
     /// unnamed, since it doubles the traps of the launches it sees.
@@ -189,6 +238,16 @@ impl UserProbe {
         }
     }
 
+    const fn graph(program: &'static str, symbol: &'static str, kind: ProbeKind) -> Self {
+        Self {
+            program,
+            symbol,
+            library: Library::Driver,
+            kind,
+            role: ProbeRole::Graph,
+        }
+    }
+
     const fn runtime(
         program: &'static str,
         symbol: &'static str,
@@ -208,8 +267,9 @@ impl UserProbe {
 /// Every uprobe and uretprobe in the object: eight launch probes and an entry and a return
 /// probe for each of the three name functions on the driver; on the runtime, the stub
 /// registration, `__cudaGetKernel` (entry and return) and the two `cudaLaunchKernel`s; then
-/// the context probes on the driver (three entry probes, eight entry and return pairs).
-pub const USER_PROBES: [UserProbe; 38] = [
+/// the context probes on the driver (three entry probes, eight entry and return pairs); then
+/// the graph probes on the driver (six entry probes, eight entry and return pairs).
+pub const USER_PROBES: [UserProbe; 60] = [
     UserProbe::launch(EntryPoint::LaunchKernel),
     UserProbe::launch(EntryPoint::LaunchKernelPtsz),
     UserProbe::launch(EntryPoint::LaunchKernelEx),
@@ -373,6 +433,28 @@ pub const USER_PROBES: [UserProbe; 38] = [
         "cuDeviceGetUuid_v2",
         ProbeKind::Uretprobe,
     ),
+    UserProbe::graph(programs::CU_STREAM_BEGIN_CAPTURE_V2, "cuStreamBeginCapture_v2", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_STREAM_BEGIN_CAPTURE_V2_PTSZ, "cuStreamBeginCapture_v2_ptsz", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_STREAM_END_CAPTURE, "cuStreamEndCapture", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_STREAM_END_CAPTURE_RET, "cuStreamEndCapture", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_STREAM_END_CAPTURE_PTSZ, "cuStreamEndCapture_ptsz", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_STREAM_END_CAPTURE_PTSZ_RET, "cuStreamEndCapture_ptsz", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE, "cuGraphAddKernelNode", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE_RET, "cuGraphAddKernelNode", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE_V2, "cuGraphAddKernelNode_v2", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE_V2_RET, "cuGraphAddKernelNode_v2", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_FLAGS, "cuGraphInstantiateWithFlags", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_FLAGS_RET, "cuGraphInstantiateWithFlags", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_PARAMS, "cuGraphInstantiateWithParams", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_PARAMS_RET, "cuGraphInstantiateWithParams", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS, "cuGraphExecKernelNodeSetParams", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2, "cuGraphExecKernelNodeSetParams_v2", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE, "cuGraphExecUpdate", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE_RET, "cuGraphExecUpdate", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE_V2, "cuGraphExecUpdate_v2", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE_V2_RET, "cuGraphExecUpdate_v2", ProbeKind::Uretprobe),
+    UserProbe::graph(programs::CU_GRAPH_DESTROY, "cuGraphDestroy", ProbeKind::Uprobe),
+    UserProbe::graph(programs::CU_GRAPH_EXEC_DESTROY, "cuGraphExecDestroy", ProbeKind::Uprobe),
 ];
 
 /// A tracepoint program and where it attaches.
@@ -440,6 +522,21 @@ mod tests {
             assert_eq!(probe.library, Library::Driver, "{}", probe.symbol);
             if probe.kind == ProbeKind::Uretprobe {
                 let entry = context()
+                    .find(|p| p.symbol == probe.symbol && p.kind == ProbeKind::Uprobe)
+                    .unwrap_or_else(|| panic!("{} has no entry", probe.symbol));
+                assert_eq!(probe.program.strip_suffix("_ret"), Some(entry.program));
+            }
+        }
+    }
+
+    #[test]
+    fn graph_probes_stay_on_the_driver_and_returns_follow_entries() {
+        let graph = || USER_PROBES.iter().filter(|p| p.role == ProbeRole::Graph);
+        assert_eq!(graph().count(), 22);
+        for probe in graph() {
+            assert_eq!(probe.library, Library::Driver, "{}", probe.symbol);
+            if probe.kind == ProbeKind::Uretprobe {
+                let entry = graph()
                     .find(|p| p.symbol == probe.symbol && p.kind == ProbeKind::Uprobe)
                     .unwrap_or_else(|| panic!("{} has no entry", probe.symbol));
                 assert_eq!(probe.program.strip_suffix("_ret"), Some(entry.program));

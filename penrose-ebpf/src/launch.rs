@@ -7,10 +7,10 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use aya_log_ebpf::debug;
-use penrose_ebpf_common::{EntryPoint, EventKind, LaunchEvent};
+use penrose_ebpf_common::{EntryPoint, EventKind, GraphKey, LaunchEvent};
 
 use crate::{
-    maps::{EVENTS, count_drop},
+    maps::{EVENTS, GRAPH_KERNELS, count_drop},
     sampling,
 };
 
@@ -110,27 +110,45 @@ pub fn cu_launch_cooperative_kernel_ptsz(ctx: ProbeContext) -> u32 {
     )
 }
 
-/// `cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)`: one event for the whole graph.
+/// `cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)`: one event for the whole graph,
+/// which the agent expands into the graph's kernels when it saw the graph built.
 #[uprobe]
 pub fn cu_graph_launch(ctx: ProbeContext) -> u32 {
-    on_launch(&ctx, EntryPoint::GraphLaunch, read_graph_launch_args(&ctx))
+    on_graph_launch(&ctx, EntryPoint::GraphLaunch)
 }
 
 /// `cuGraphLaunch_ptsz`.
 #[uprobe]
 pub fn cu_graph_launch_ptsz(ctx: ProbeContext) -> u32 {
-    on_launch(
-        &ctx,
-        EntryPoint::GraphLaunchPtsz,
-        read_graph_launch_args(&ctx),
-    )
+    on_graph_launch(&ctx, EntryPoint::GraphLaunchPtsz)
 }
 
 #[inline(always)]
 fn on_launch(ctx: &ProbeContext, entry: EntryPoint, args: Option<LaunchArgs>) -> u32 {
     match args {
-        Some(args) => submit(entry, &args),
+        Some(args) => submit(entry, &args, || u32::from(sampling::tick())),
         None => debug!(ctx, "penrose: unreadable launch arguments"),
+    }
+    0
+}
+
+/// A graph launch: the countdown counts the kernels the agent says the graph runs (one when
+/// it does not know the graph).
+#[inline(always)]
+fn on_graph_launch(ctx: &ProbeContext, entry: EntryPoint) -> u32 {
+    match read_graph_launch_args(ctx) {
+        Some(args) => {
+            let key = GraphKey {
+                pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+                reserved: 0,
+                exec: args.function,
+            };
+            // SAFETY: the value is copied out at once; the agent may update it concurrently,
+            // and a torn read of one `u32` is not possible.
+            let kernels = unsafe { GRAPH_KERNELS.get(&key) }.copied().unwrap_or(1);
+            submit(entry, &args, || sampling::tick_graph(u64::from(kernels)))
+        }
+        None => debug!(ctx, "penrose: unreadable graph launch arguments"),
     }
     0
 }
@@ -198,7 +216,7 @@ fn read_graph_launch_args(ctx: &ProbeContext) -> Option<LaunchArgs> {
 
 /// Stamps, samples and queues one launch; a full ring buffer counts a drop instead.
 #[inline(always)]
-fn submit(entry: EntryPoint, args: &LaunchArgs) {
+fn submit(entry: EntryPoint, args: &LaunchArgs, sampled: impl FnOnce() -> u32) {
     let Some(mut slot) = EVENTS.reserve::<LaunchEvent>(0) else {
         count_drop();
         return;
@@ -208,7 +226,7 @@ fn submit(entry: EntryPoint, args: &LaunchArgs) {
         kind: EventKind::Launch as u32,
         pid: (pid_tgid >> 32) as u32,
         tid: pid_tgid as u32,
-        sampled: u32::from(sampling::tick()),
+        sampled: sampled(),
         // SAFETY: `bpf_ktime_get_ns` has no preconditions.
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         function: args.function,

@@ -5,13 +5,15 @@
 //! One program per launch entry point, because each has its own argument layout; they share
 //! [`launch`]'s `submit`, which stamps, samples and queues the event. The agent attaches and
 //! detaches those to open and close capture windows (docs/design.md section 3). The name probes
-//! ([`names`]), the context probes that attribute launches to devices ([`devices`]) and the
-//! exit tracepoint ([`exit`]) stay attached.
+//! ([`names`]), the context probes that attribute launches to devices ([`devices`]), the graph
+//! probes that tell which kernels a graph launch runs ([`graphs`]) and the exit tracepoint
+//! ([`exit`]) stay attached.
 #![no_std]
 #![no_main]
 
 mod devices;
 mod exit;
+mod graphs;
 mod launch;
 mod maps;
 mod names;

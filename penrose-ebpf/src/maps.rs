@@ -2,9 +2,9 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use penrose_ebpf_common::{NameEvent, SampleConfig};
+use penrose_ebpf_common::{GRAPH_KERNELS_ENTRIES, GraphKey, NameEvent, SampleConfig};
 
 use crate::names::{PendingCall, PendingKey};
 
@@ -44,6 +44,12 @@ pub(crate) static PENDING_CALLS: LruHashMap<PendingKey, PendingCall> =
 /// Index 0: where a name record is assembled; too large for the 512-byte BPF stack.
 #[map]
 pub(crate) static NAME_SCRATCH: PerCpuArray<NameEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// How many kernels each executable graph runs, written by the agent (which learns graphs from
+/// the graph probes), read at graph launches so the sampling countdown counts kernels.
+#[map]
+pub(crate) static GRAPH_KERNELS: HashMap<GraphKey, u32> =
+    HashMap::with_max_entries(GRAPH_KERNELS_ENTRIES, 0);
 
 /// Counts one event that found [`EVENTS`] full.
 #[inline(always)]

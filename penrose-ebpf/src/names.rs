@@ -46,6 +46,22 @@ pub(crate) enum NameCall {
     DeviceGetUuid = 11,
     /// `cuDeviceGetUuid_v2`.
     DeviceGetUuidV2 = 12,
+    /// `cuStreamEndCapture` (see `graphs`).
+    StreamEndCapture = 13,
+    /// `cuStreamEndCapture_ptsz`.
+    StreamEndCapturePtsz = 14,
+    /// `cuGraphAddKernelNode`.
+    GraphAddKernelNode = 15,
+    /// `cuGraphAddKernelNode_v2`.
+    GraphAddKernelNodeV2 = 16,
+    /// `cuGraphInstantiateWithFlags`.
+    GraphInstantiateWithFlags = 17,
+    /// `cuGraphInstantiateWithParams`.
+    GraphInstantiateWithParams = 18,
+    /// `cuGraphExecUpdate`.
+    GraphExecUpdate = 19,
+    /// `cuGraphExecUpdate_v2`.
+    GraphExecUpdateV2 = 20,
 }
 
 /// Key of [`PENDING_CALLS`]: one call in flight per thread and function.
@@ -152,6 +168,14 @@ pub(crate) fn take(ctx: &RetProbeContext, call: NameCall) -> Option<Resolved> {
 /// when the call returned `CUDA_SUCCESS`.
 #[inline(always)]
 pub(crate) fn take_pending(ctx: &RetProbeContext, call: NameCall) -> Option<(u64, PendingCall)> {
+    let (pid_tgid, pending, succeeded) = take_any(ctx, call)?;
+    succeeded.then_some((pid_tgid, pending))
+}
+
+/// Removes the thread's stashed call whatever it returned: the thread, what the entry stashed
+/// and whether the call returned `CUDA_SUCCESS`.
+#[inline(always)]
+pub(crate) fn take_any(ctx: &RetProbeContext, call: NameCall) -> Option<(u64, PendingCall, bool)> {
     let key = PendingKey {
         pid_tgid: bpf_get_current_pid_tgid(),
         call: call as u64,
@@ -164,10 +188,7 @@ pub(crate) fn take_pending(ctx: &RetProbeContext, call: NameCall) -> Option<(u64
     let _ = PENDING_CALLS.remove(&key);
     let pending = pending?;
     let result: u64 = ctx.ret();
-    if result as u32 != CUDA_SUCCESS {
-        return None;
-    }
-    Some((key.pid_tgid, pending))
+    Some((key.pid_tgid, pending, result as u32 == CUDA_SUCCESS))
 }
 
 /// Assembles a name record in per-CPU scratch and copies header plus name into the ring.

@@ -27,3 +27,30 @@ pub(crate) fn tick() -> bool {
         false
     }
 }
+
+/// Counts the `kernels` launches of one graph launch on this CPU; 0 when none of them is the
+/// one to sample, else one more than the position of the first that is. A graph launch carries
+/// at most one sample: when a graph holds more than S kernels, the later ones the countdown
+/// would have sampled are skipped, and the countdown keeps its phase.
+#[inline(always)]
+pub(crate) fn tick_graph(kernels: u64) -> u32 {
+    let period = match SAMPLE_CONFIG.get(0) {
+        Some(config) if config.period != 0 => config.period,
+        _ => return 0,
+    };
+    let Some(countdown) = SAMPLE_COUNTDOWN.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: as in `tick`: a per-CPU array slot, only this CPU touches it during the run.
+    let left = unsafe { &mut *countdown };
+    let kernels = kernels.max(1);
+    let due = (*left).max(1);
+    if due <= kernels {
+        let after = kernels - due;
+        *left = period - after % period;
+        due as u32
+    } else {
+        *left = due - kernels;
+        0
+    }
+}

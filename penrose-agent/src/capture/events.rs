@@ -7,9 +7,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use penrose_ebpf_common::{
-    ContextEvent, ContextOp, EntryPoint, EventKind, ExitEvent, HandleKind, KernelFunctionEvent,
-    LaunchEvent, NameHeader, RuntimeLaunchEvent, StubKernelEvent,
+    ContextEvent, ContextOp, EntryPoint, EventKind, ExitEvent, GraphEvent, GraphOp, HandleKind,
+    KernelFunctionEvent, LaunchEvent, NameHeader, RuntimeLaunchEvent, StubKernelEvent,
 };
+
+use super::graphs::{GraphChange, KernelNode};
 
 /// Most handles (functions, kernels and stubs together) named per process; beyond it new
 /// names are dropped and counted, so a process registering names without end cannot grow the
@@ -71,6 +73,8 @@ pub enum Event {
     },
     /// A driver call that bears on which device a thread's launches run on.
     Context(super::devices::ContextChange),
+    /// A CUDA graph call: capture, nodes, instantiation, updates, destruction.
+    Graph(GraphChange),
     /// A process exited.
     Exit {
         /// Process.
@@ -87,6 +91,11 @@ pub struct Launch {
     pub tid: u32,
     /// Marked by the BPF sampling countdown.
     pub sampled: bool,
+    /// For a sampled graph launch, which of the graph's kernels the countdown fell on (zero
+    /// otherwise).
+    pub sampled_kernel: u32,
+    /// A kernel of an expanded graph launch (the launch record was the graph's).
+    pub in_graph: bool,
     /// `bpf_ktime_get_ns`.
     pub timestamp_ns: u64,
     /// `CUfunction` (the `CUgraphExec` for a graph launch).
@@ -114,6 +123,8 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 pid: Pid(e.pid),
                 tid: e.tid,
                 sampled: e.sampled != 0,
+                sampled_kernel: e.sampled.saturating_sub(1),
+                in_graph: false,
                 timestamp_ns: e.timestamp_ns,
                 function: e.function,
                 stream: e.stream,
@@ -171,6 +182,50 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 device: e.device,
                 uuid: e.uuid,
             }))
+        }
+        EventKind::Graph => {
+            let e = GraphEvent::parse(record)?;
+            Some(Event::Graph(GraphChange {
+                pid: Pid(e.pid),
+                tid: e.tid,
+                op: GraphOp::from_u32(e.op)?,
+                timestamp_ns: e.timestamp_ns,
+                graph: e.graph,
+                exec: e.exec,
+                stream: e.stream,
+                node: KernelNode {
+                    node: e.node,
+                    function: e.function,
+                    kernel: e.kernel,
+                    grid: e.grid,
+                    block: e.block,
+                    shared_mem_bytes: e.shared_mem_bytes,
+                },
+            }))
+        }
+    }
+}
+
+impl Launch {
+    /// A graph launch not expanded into its kernels: one `<graph>` element.
+    pub fn is_opaque_graph(&self) -> bool {
+        self.entry.is_graph() && !self.in_graph
+    }
+
+    /// Kernel `index` of this graph launch, as `node` launches it.
+    pub fn graph_kernel(&self, index: usize, node: &KernelNode) -> Self {
+        Self {
+            sampled: self.sampled && index == self.sampled_kernel as usize,
+            sampled_kernel: 0,
+            in_graph: true,
+            function: match node.function {
+                0 => node.kernel,
+                function => function,
+            },
+            grid: node.grid,
+            block: node.block,
+            shared_mem_bytes: node.shared_mem_bytes,
+            ..*self
         }
     }
 }
@@ -280,6 +335,14 @@ impl ProcessNames {
     /// Names not kept because the bounds were reached.
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// The name of a graph's kernel node by the handle it launches: a `CUfunction`, or the
+    /// `CUkernel` of v2 parameters without one. Unlike [`launch`](Self::launch), pairs nothing with runtime calls.
+    pub fn node(&self, handle: u64) -> Option<&Arc<str>> {
+        self.functions
+            .get(&handle)
+            .or_else(|| self.kernels.get(&handle))
     }
 
     /// The name a launch's function handle was resolved from.

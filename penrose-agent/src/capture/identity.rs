@@ -187,6 +187,8 @@ mod tests {
             pid: Pid(std::process::id()),
             tid: 1,
             sampled: false,
+            sampled_kernel: 0,
+            in_graph: false,
             timestamp_ns: 0,
             function: 0xf00,
             stream: 0,

@@ -105,7 +105,7 @@ impl LaunchLog {
         }
         let name = match name {
             Some(n) => Arc::clone(n),
-            None if launch.entry.is_graph() => Arc::from(GRAPH),
+            None if launch.is_opaque_graph() => Arc::from(GRAPH),
             None => Arc::from(UNNAMED),
         };
         self.launches.push(LoggedLaunch {
@@ -137,6 +137,8 @@ mod tests {
             pid: Pid(7),
             tid: 8,
             sampled: false,
+            sampled_kernel: 0,
+            in_graph: false,
             timestamp_ns: ts,
             function: 0xf00,
             stream: 0x5,

@@ -185,6 +185,18 @@ impl Probes {
         ))
     }
 
+    /// The kernel count per executable graph (key: pid, `CUgraphExec`), handed to the capture
+    /// (once).
+    pub fn take_graph_map(
+        &mut self,
+    ) -> Result<aya::maps::HashMap<MapData, [u64; 2], u32>, CaptureError> {
+        let map = self
+            .ebpf
+            .take_map(maps::GRAPH_KERNELS)
+            .ok_or(CaptureError::MissingMap(maps::GRAPH_KERNELS))?;
+        aya::maps::HashMap::try_from(map).map_err(CaptureError::Map)
+    }
+
     /// Attaches the `cuLaunchKernel` program at `offset` in `path`, for this process only: the
     /// start-up calibration measures what a probed launch costs on this machine by calling a
     /// function of the agent's own through it.
@@ -228,7 +240,10 @@ impl Probes {
         }
         let mut attached = 0;
         for probe in USER_PROBES.iter().filter(|p| {
-            matches!(p.role, ProbeRole::Name | ProbeRole::Context) && p.library == library.kind
+            matches!(
+                p.role,
+                ProbeRole::Name | ProbeRole::Context | ProbeRole::Graph
+            ) && p.library == library.kind
         }) {
             if self.attach(probe, &library)?.is_some() {
                 attached += 1;
@@ -371,9 +386,9 @@ impl Probes {
         let program = uprobe(&mut self.ebpf, probe.program)?;
         match program.attach(probe.symbol, &library.path, UProbeScope::AllProcesses) {
             Ok(link) => Ok(Some(link)),
-            // Context entry points come and go with driver versions (`cuCtxCreate_v4` is
-            // CUDA 12.5's): one a driver lacks is no warning.
-            Err(e) if probe.role == ProbeRole::Context => {
+            // Context and graph entry points come and go with driver versions
+            // (`cuCtxCreate_v4` is CUDA 12.5's): one a driver lacks is no warning.
+            Err(e) if matches!(probe.role, ProbeRole::Context | ProbeRole::Graph) => {
                 tracing::info!("{} on {}: {e}", probe.symbol, library.path.display());
                 Ok(None)
             }

@@ -4,6 +4,8 @@
 //! - [`loader`]: the committed eBPF object loaded, probes attached and detached.
 //! - [`events`]: ring-buffer records decoded; per-process handle names.
 //! - [`devices`]: which of the host's GPUs a launch runs on (contexts, streams, ordinals).
+//! - [`graphs`]: which kernels each CUDA graph runs (stream capture, kernel nodes,
+//!   instantiation, updates), so a graph launch enters a snippet as its kernels.
 //! - [`identity`]: a stable identity (build id, call site, launch configuration) for launches
 //!   that no name reaches.
 //! - [`launch_log`]: every recorded launch in order, when asked for (comparing with a
@@ -27,6 +29,7 @@ pub mod cpu;
 pub mod devices;
 pub mod error;
 pub mod events;
+pub mod graphs;
 pub mod identity;
 pub mod late;
 pub mod launch_log;
@@ -168,6 +171,9 @@ pub struct Counts {
     /// Context records and how sampled launches were attributed to GPUs.
     #[serde(default)]
     pub devices: devices::DeviceCounts,
+    /// Graph records, captures, and how graph launches entered snippets.
+    #[serde(default)]
+    pub graphs: graphs::GraphCounts,
 }
 
 /// Sampled launches without counter values, by [`MissingReason`].
@@ -235,6 +241,12 @@ pub struct Capture {
     cost: ProbeCost,
     names: HashMap<Pid, ProcessNames>,
     devices: devices::Devices,
+    graphs: graphs::Graphs,
+    /// The BPF side's kernel count per executable graph ([`graphs::KernelCount`]).
+    graph_kernels: aya::maps::HashMap<MapData, [u64; 2], u32>,
+    /// When the launch probes were last attached (CLOCK_MONOTONIC ns, the clock of the
+    /// records); `None` while they are not: captures that began before miss launches.
+    launch_probes_since: Option<u64>,
     late: late::LateNamer,
     identities: identity::Identities,
     /// Processes whose pre-attach registrations were read (once each).
@@ -277,6 +289,7 @@ impl Capture {
         let mut probes = Probes::load()?;
         let (ring, drops) = probes.take_maps()?;
         let (sample_period_map, countdown) = probes.take_sampling_maps()?;
+        let graph_kernels = probes.take_graph_map()?;
         let counters = counters::open(config.counters).map_err(|e| CaptureError::Counters {
             counters: config.counters.name(),
             reason: e.to_string(),
@@ -301,6 +314,9 @@ impl Capture {
             cost: ProbeCost::ASSUMED,
             names: HashMap::new(),
             devices: devices::Devices::default(),
+            graphs: graphs::Graphs::default(),
+            graph_kernels,
+            launch_probes_since: None,
             late: late::LateNamer::default(),
             identities: identity::Identities::default(),
             late_named: std::collections::HashSet::new(),
@@ -519,7 +535,9 @@ impl Capture {
         self.cpu.clear();
         self.counts.windows += 1;
         let started = Instant::now();
+        let since = monotonic_ns();
         let attached = self.probes.attach_launch(self.naming_needed)?;
+        self.launch_probes_since = Some(since);
         tracing::debug!(
             "window opened: {attached} launch probes in {:?}",
             started.elapsed()
@@ -547,6 +565,8 @@ impl Capture {
             started.elapsed()
         );
         self.drain();
+        self.launch_probes_since = None;
+        self.graphs.probes_detached();
         let cost = WindowCost {
             open_for: self.window_opened.elapsed(),
             // Every probe hit is a trap the budget pays for, the runtime's included.
@@ -598,64 +618,8 @@ impl Capture {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::Launch(launch) => {
-                if launch.pid == self.own_pid {
-                    // The calibration's own calls.
-                    return;
-                }
-                self.counts.launches += 1;
-                if self.window.is_none() {
-                    self.counts.launches_outside_window += 1;
-                    return;
-                }
-                self.window_launches += 1;
-                if self.cpu.watch(launch.pid) {
-                    self.counters.watch(launch.pid);
-                }
-                let at_limit = self
-                    .window
-                    .as_ref()
-                    .is_some_and(|w| w.is_at_limit(launch.pid));
-                let sample = if launch.sampled && !at_limit {
-                    self.read_sample(&launch)
-                } else {
-                    None
-                };
-                let name = self
-                    .names
-                    .get_mut(&launch.pid)
-                    .and_then(|n| n.launch(launch.tid, launch.function))
-                    .cloned();
-                let identity = match name {
-                    Some(_) => None,
-                    None if launch.entry.is_graph() => None,
-                    None => {
-                        self.window_unnamed += 1;
-                        self.counts.unnamed_launches += 1;
-                        self.window_unnamed_pids.insert(launch.pid);
-                        let identity = self.identities.of(&launch);
-                        if identity.is_some() {
-                            self.counts.identified_launches += 1;
-                        }
-                        identity
-                    }
-                };
-                if !at_limit {
-                    let index = self.counts.windows.saturating_sub(1);
-                    self.launch_log
-                        .record(index, &launch, name.as_ref().or(identity.as_ref()));
-                }
-                let naming = match (&name, &identity) {
-                    (Some(name), _) => window::Naming::Name(name),
-                    (None, Some(identity)) => window::Naming::Identity(identity),
-                    (None, None) => window::Naming::None,
-                };
-                if let Some(window) = &mut self.window
-                    && window.record(&launch, naming, sample) == window::Recorded::Token
-                {
-                    self.counts.token_launches += 1;
-                }
-            }
+            Event::Launch(launch) => self.on_launch(launch),
+            Event::Graph(change) => self.on_graph(&change),
             Event::Name {
                 pid,
                 kind,
@@ -717,6 +681,9 @@ impl Capture {
             Event::Context(change) => self.devices.apply(change),
             Event::Exit { pid } => {
                 self.counts.exits += 1;
+                for exec in self.graphs.exited(pid) {
+                    self.set_kernel_count(graphs::KernelCount::Remove { pid, exec });
+                }
                 self.names.remove(&pid);
                 self.devices.exited(pid);
                 self.late_named.remove(&pid);
@@ -727,6 +694,132 @@ impl Capture {
                     window.exit(pid);
                 }
             }
+        }
+    }
+
+    /// A launch record: recorded into a capture when its stream is capturing, expanded into
+    /// its kernels when it is a launch of a graph the agent saw built, else recorded as is.
+    fn on_launch(&mut self, launch: events::Launch) {
+        if launch.pid == self.own_pid {
+            // The calibration's own calls.
+            return;
+        }
+        self.counts.launches += 1;
+        if self.window.is_none() {
+            self.counts.launches_outside_window += 1;
+            return;
+        }
+        self.window_launches += 1;
+        if self.cpu.watch(launch.pid) {
+            self.counters.watch(launch.pid);
+        }
+        if !launch.entry.is_graph() && self.graphs.capturing(launch.pid, launch.stream) {
+            self.graphs.captured(&launch);
+            return;
+        }
+        if !launch.entry.is_graph() {
+            self.record_launch(&launch);
+            return;
+        }
+        match self.graphs.expansion(launch.pid, launch.function) {
+            graphs::Expansion::Kernels(nodes) => {
+                for (index, node) in nodes.iter().enumerate() {
+                    if self
+                        .window
+                        .as_ref()
+                        .is_some_and(|w| w.is_at_limit(launch.pid))
+                    {
+                        break;
+                    }
+                    self.record_launch(&launch.graph_kernel(index, node));
+                }
+            }
+            graphs::Expansion::Opaque(why) => {
+                tracing::trace!("pid {}: graph launch stays opaque ({why:?})", launch.pid.0);
+                self.record_launch(&launch);
+            }
+        }
+    }
+
+    /// Adds one kernel (or opaque graph) launch to its window: its name, identity or token,
+    /// and its counter values when sampled.
+    fn record_launch(&mut self, launch: &events::Launch) {
+        let at_limit = self
+            .window
+            .as_ref()
+            .is_some_and(|w| w.is_at_limit(launch.pid));
+        let sample = if launch.sampled && !at_limit {
+            self.read_sample(launch)
+        } else {
+            None
+        };
+        let name = self.name_of(launch);
+        let identity = match name {
+            Some(_) => None,
+            None if launch.is_opaque_graph() => None,
+            None => {
+                self.window_unnamed += 1;
+                self.counts.unnamed_launches += 1;
+                self.window_unnamed_pids.insert(launch.pid);
+                let identity = self.identities.of(launch);
+                if identity.is_some() {
+                    self.counts.identified_launches += 1;
+                }
+                identity
+            }
+        };
+        if !at_limit {
+            let index = self.counts.windows.saturating_sub(1);
+            self.launch_log
+                .record(index, launch, name.as_ref().or(identity.as_ref()));
+        }
+        let naming = match (&name, &identity) {
+            (Some(name), _) => window::Naming::Name(name),
+            (None, Some(identity)) => window::Naming::Identity(identity),
+            (None, None) => window::Naming::None,
+        };
+        if let Some(window) = &mut self.window
+            && window.record(launch, naming, sample) == window::Recorded::Token
+        {
+            self.counts.token_launches += 1;
+        }
+    }
+
+    /// A launch's kernel name: a graph's kernel by its node's handle, any other launch through
+    /// the runtime pairing of its thread.
+    fn name_of(&mut self, launch: &events::Launch) -> Option<std::sync::Arc<str>> {
+        let names = self.names.get_mut(&launch.pid)?;
+        match launch.in_graph {
+            true => names.node(launch.function),
+            false => names.launch(launch.tid, launch.function),
+        }
+        .cloned()
+    }
+
+    /// A graph record: the graph state changes, and with it the BPF side's kernel count.
+    fn on_graph(&mut self, change: &graphs::GraphChange) {
+        if let Some(count) = self.graphs.apply(change, self.launch_probes_since) {
+            self.set_kernel_count(count);
+        }
+    }
+
+    /// Writes (or removes) an executable graph's kernel count in the BPF map; a full map
+    /// leaves its launches counted as one by the countdown, which is logged.
+    fn set_kernel_count(&mut self, count: graphs::KernelCount) {
+        let result = match count {
+            graphs::KernelCount::Set { pid, exec, kernels } => {
+                self.graph_kernels
+                    .insert([u64::from(pid.0), exec], kernels, 0)
+            }
+            graphs::KernelCount::Remove { pid, exec } => {
+                match self.graph_kernels.remove(&[u64::from(pid.0), exec]) {
+                    Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                    other => other,
+                }
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!("graph kernel count {count:?}: {e}");
         }
     }
 
@@ -936,6 +1029,7 @@ impl Capture {
     pub fn counts(&self) -> Counts {
         Counts {
             devices: self.devices.counts(),
+            graphs: self.graphs.counts(),
             ..self.counts
         }
     }
@@ -955,4 +1049,22 @@ impl Capture {
     pub fn launch_log(&self) -> &launch_log::LaunchLog {
         &self.launch_log
     }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of `bpf_ktime_get_ns` and so of the records.
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: FFI: `now` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    if rc != 0 {
+        return u64::MAX;
+    }
+    u64::try_from(now.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0))
 }

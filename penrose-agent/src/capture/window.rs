@@ -290,7 +290,7 @@ impl Window {
                 snippet.identified += 1;
                 (Arc::clone(n), Recorded::Identity)
             }
-            Naming::None if launch.entry.is_graph() => {
+            Naming::None if launch.is_opaque_graph() => {
                 open.repetitions.skip();
                 (Arc::from(GRAPH), Recorded::Graph)
             }
@@ -404,6 +404,8 @@ mod tests {
             pid: Pid(pid),
             tid: pid,
             sampled: false,
+            sampled_kernel: 0,
+            in_graph: false,
             timestamp_ns: 0,
             function,
             stream: 0,

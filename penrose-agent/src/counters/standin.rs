@@ -254,6 +254,8 @@ mod tests {
             pid: Pid(pid),
             tid: 100,
             sampled: true,
+            sampled_kernel: 0,
+            in_graph: false,
             timestamp_ns,
             function: 0xf00,
             stream: 0,
