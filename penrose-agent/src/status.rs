@@ -314,6 +314,19 @@ impl fmt::Display for AgentStatus {
                 m.group_not_supported + m.no_source,
             )?;
         }
+        let g = &s.source.graphs;
+        if g.graph_events > 0 || g.launches_unknown > 0 {
+            writeln!(
+                f,
+                "graphs: {} launches expanded into {} kernels; kept as <graph>: {} built before the agent saw them, {} not seen whole; {} launches captured; {} over the bounds",
+                g.launches_expanded,
+                g.kernels_expanded,
+                g.launches_unknown,
+                g.launches_incomplete,
+                g.captured_launches,
+                g.over_bounds,
+            )?;
+        }
         match (&s.design_key.key_id_today, s.design_key.list_sequence) {
             (Some(id), Some(seq)) => writeln!(
                 f,

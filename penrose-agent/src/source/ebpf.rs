@@ -54,6 +54,7 @@ fn info_of(capture: &Capture) -> SourceInfo {
             missing: counts.samples_missing,
             devices: counts.devices,
         },
+        graphs: counts.graphs,
     }
 }
 

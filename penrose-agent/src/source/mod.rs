@@ -101,6 +101,9 @@ pub struct SourceInfo {
     /// Sampled launches, and how many got counter values (live capture only).
     #[serde(default)]
     pub samples: SampleStatus,
+    /// How graph launches entered snippets (live capture only).
+    #[serde(default)]
+    pub graphs: crate::capture::graphs::GraphCounts,
 }
 
 /// What became of the launches the sampler picked: values, or the reason there are none, and

@@ -146,6 +146,7 @@ impl SnippetSource for ReplaySource {
             libraries_untrusted: 0,
             libraries_over_cap: 0,
             samples: super::SampleStatus::default(),
+            graphs: Default::default(),
         }
     }
 
