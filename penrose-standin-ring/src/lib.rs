@@ -19,7 +19,13 @@
 //! ```text
 //! offset 0     RingHeader (64 bytes): magic, version, record_size, capacity, pid, head
 //! offset 64    capacity x CounterRecord (80 bytes each); record i lives in slot i % capacity
+//! then         capacity x LaunchRecord (48 bytes each): record i's launch configuration
 //! ```
+//!
+//! A graph launch (`cuGraphLaunch`) writes one record per kernel node of the executable graph,
+//! in node order, back to back: each carries the node's function and counters, and its
+//! [`LaunchRecord`] the node's grid, block and shared memory, the `CUgraphExec` and the node's
+//! position. A kernel launch writes one record with its own configuration.
 //!
 //! `head` counts records ever written and is stored with release order after each record.
 //! Each slot is a seqlock: the writer sets `seq` to 0, writes the fields, then stores
@@ -52,12 +58,15 @@ use penrose_ebpf_common::EntryPoint;
 /// `"PNSRING1"` read as a little-endian `u64`; 0 until the writer has filled in the header.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"PNSRING1");
 /// The ring layout (and stand-in ABI) version. 2 added `timestamp_ns` and `tid`; 3 the
-/// `device` a launch ran on.
-pub const RING_VERSION: u32 = 3;
+/// `device` a launch ran on; 4 the [`LaunchRecord`]s after the records, and graph launches
+/// recorded per kernel node (before, one record carried the `CUgraphExec`).
+pub const RING_VERSION: u32 = 4;
 /// The header's size in bytes.
 pub const HEADER_SIZE: usize = size_of::<RingHeader>();
 /// One record's size in bytes.
 pub const RECORD_SIZE: usize = size_of::<CounterRecord>();
+/// One launch configuration's size in bytes.
+pub const LAUNCH_RECORD_SIZE: usize = size_of::<LaunchRecord>();
 /// The most slots a reader accepts (the stand-in writes 65,536): a header claiming more is
 /// refused rather than searched.
 pub const MAX_CAPACITY: u32 = 1 << 20;
@@ -69,6 +78,7 @@ pub const COMPUTE_CAPABILITY: (u8, u8) = (9, 0);
 
 const _: () = assert!(HEADER_SIZE == 64);
 const _: () = assert!(RECORD_SIZE == 80);
+const _: () = assert!(LAUNCH_RECORD_SIZE == 48);
 
 /// The environment variable that lists the stand-in host's GPUs by compute capability, in
 /// host (PCI bus) order: `9.0,9.0,8.0`. The stand-in libcuda reads it in `cuInit`, the agent's
@@ -215,9 +225,10 @@ pub struct RingHeader {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C)]
 pub struct CounterRecord {
-    /// Position in the process's launch order, from 1.
+    /// Position in the process's launch order, from 1 (a graph launch has one per node).
     pub seq: u64,
-    /// `CUfunction` (the `CUgraphExec` for a graph launch).
+    /// `CUfunction` as the launch passed it (a `CUkernel` cast as one is recorded as passed);
+    /// for a graph launch, the kernel node's function.
     pub function: u64,
     /// `CUstream`.
     pub stream: u64,
@@ -231,7 +242,7 @@ pub struct CounterRecord {
     pub registers_per_thread: u32,
     /// Shared memory per block, bytes.
     pub shared_memory_bytes: u32,
-    /// [`EntryPoint`] index.
+    /// [`EntryPoint`] index (`cuGraphLaunch` or `_ptsz` for every node of a graph launch).
     pub entry: u32,
     /// [`Present`] bits.
     pub present: u32,
@@ -242,6 +253,76 @@ pub struct CounterRecord {
     /// The host index of the GPU the launch ran on (its current context's device), plus one;
     /// 0 when the thread had no current context.
     pub device: u32,
+}
+
+/// The launch configuration of the record with the same `seq`: what a probe reads from the
+/// launch call's arguments, so tests can check what ran. Mirrors `struct ring_launch`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct LaunchRecord {
+    /// The record's `seq` when complete.
+    pub seq: u64,
+    /// The `CUgraphExec` of a graph launch; 0 for a kernel launch.
+    pub graph_exec: u64,
+    /// Grid dimensions, blocks.
+    pub grid: [u32; 3],
+    /// Block dimensions, threads.
+    pub block: [u32; 3],
+    /// The launch's (or kernel node's) `sharedMemBytes`.
+    pub shared_mem_bytes: u32,
+    /// A graph launch's node: its index in the executable graph plus one; 0 for a kernel
+    /// launch.
+    pub node: u32,
+}
+
+impl LaunchRecord {
+    /// Decodes a launch record's bytes (little-endian, the `#[repr(C)]` field offsets).
+    pub fn from_bytes(b: &[u8; LAUNCH_RECORD_SIZE]) -> Self {
+        let dims = |at: usize| [0, 1, 2].map(|i| get_u32(b, at + 4 * i));
+        Self {
+            seq: get_u64(b, offset_of!(Self, seq)),
+            graph_exec: get_u64(b, offset_of!(Self, graph_exec)),
+            grid: dims(offset_of!(Self, grid)),
+            block: dims(offset_of!(Self, block)),
+            shared_mem_bytes: get_u32(b, offset_of!(Self, shared_mem_bytes)),
+            node: get_u32(b, offset_of!(Self, node)),
+        }
+    }
+
+    /// Encodes the launch record as the writer lays it out (tests build rings with it).
+    pub fn to_bytes(&self) -> [u8; LAUNCH_RECORD_SIZE] {
+        let mut b = [0u8; LAUNCH_RECORD_SIZE];
+        put(&mut b, offset_of!(Self, seq), &self.seq.to_le_bytes());
+        put(
+            &mut b,
+            offset_of!(Self, graph_exec),
+            &self.graph_exec.to_le_bytes(),
+        );
+        for i in 0..3 {
+            put(
+                &mut b,
+                offset_of!(Self, grid) + 4 * i,
+                &self.grid[i].to_le_bytes(),
+            );
+            put(
+                &mut b,
+                offset_of!(Self, block) + 4 * i,
+                &self.block[i].to_le_bytes(),
+            );
+        }
+        put(
+            &mut b,
+            offset_of!(Self, shared_mem_bytes),
+            &self.shared_mem_bytes.to_le_bytes(),
+        );
+        put(&mut b, offset_of!(Self, node), &self.node.to_le_bytes());
+        b
+    }
+
+    /// The node's index in the executable graph, for a graph launch.
+    pub fn graph_node(&self) -> Option<u32> {
+        self.node.checked_sub(1)
+    }
 }
 
 fn get_u64(bytes: &[u8], at: usize) -> u64 {
@@ -441,6 +522,8 @@ pub struct CounterRing {
     pid: u32,
     next: u64,
     lost: u64,
+    /// Whether the file holds the launch records after the counter records.
+    has_launches: bool,
 }
 
 impl CounterRing {
@@ -477,6 +560,7 @@ impl CounterRing {
             pid: 0,
             next: 0,
             lost: 0,
+            has_launches: false,
         };
         if len < HEADER_SIZE as u64 {
             return Err(layout(format!("{len} bytes, shorter than a header")));
@@ -508,6 +592,7 @@ impl CounterRing {
         }
         ring.capacity = capacity;
         ring.pid = header.pid;
+        ring.has_launches = len >= needed + capacity * LAUNCH_RECORD_SIZE as u64;
         ring.next = ring.head()?.saturating_sub(capacity);
         Ok(ring)
     }
@@ -642,6 +727,32 @@ impl CounterRing {
         Ok(false)
     }
 
+    /// The launch configuration of the record numbered `seq` ([`CounterRecord::seq`]), if the
+    /// ring still holds it completely written; `None` once the writer has lapped it, and for a
+    /// ring without launch records (one a test wrote with the counter records only).
+    pub fn launch_record(&self, seq: u64) -> Result<Option<LaunchRecord>, RingError> {
+        let Some(index) = seq.checked_sub(1) else {
+            return Ok(None);
+        };
+        if !self.has_launches {
+            return Ok(None);
+        }
+        let slot = index & (self.capacity - 1);
+        let offset = HEADER_SIZE as u64
+            + self.capacity * RECORD_SIZE as u64
+            + slot * LAUNCH_RECORD_SIZE as u64;
+        if self.read_u64(offset)? != seq {
+            return Ok(None);
+        }
+        fence(Ordering::Acquire);
+        let mut bytes = [0u8; LAUNCH_RECORD_SIZE];
+        self.read_at(&mut bytes, offset)?;
+        let launch = LaunchRecord::from_bytes(&bytes);
+        fence(Ordering::Acquire);
+        let after = self.read_u64(offset)?;
+        Ok((launch.seq == seq && after == seq).then_some(launch))
+    }
+
     /// Copies record `index` if its slot still holds it, completely written: `seq` read
     /// before the copy, the copy's own `seq` and `seq` read after it must all be `index + 1`
     /// (a copy torn by the writer fails one of them). Each read is a system call of its own;
@@ -762,6 +873,47 @@ mod tests {
         assert!(ring.read_new().unwrap().is_empty());
         assert_eq!(records[0].est_achieved_occupancy_pct(), Some(50.0));
         assert_eq!(records[0].blocks_per_sm(), None);
+    }
+
+    #[test]
+    fn launch_records_follow_the_counter_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let capacity = 4u32;
+        let records: Vec<_> = (1..=6).map(record).collect();
+        let path = write_ring(dir.path(), capacity, &records[2..], 6);
+        // Without the launch records (a ring written with the counter records only).
+        let ring = CounterRing::open_path(&path).unwrap();
+        assert_eq!(ring.launch_record(5).unwrap(), None);
+        // With them: slot i % capacity after the records, each with its own seq.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let base = bytes.len();
+        bytes.resize(base + capacity as usize * LAUNCH_RECORD_SIZE, 0);
+        let launch = |seq: u64| LaunchRecord {
+            seq,
+            graph_exec: if seq.is_multiple_of(2) { 0xe000 } else { 0 },
+            grid: [seq as u32, 2, 3],
+            block: [128, 1, 1],
+            shared_mem_bytes: 256,
+            node: (seq % 2 * seq) as u32,
+        };
+        for seq in 3..=6u64 {
+            let at = base + ((seq - 1) % u64::from(capacity)) as usize * LAUNCH_RECORD_SIZE;
+            bytes[at..at + LAUNCH_RECORD_SIZE].copy_from_slice(&launch(seq).to_bytes());
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let ring = CounterRing::open_path(&path).unwrap();
+        for seq in 3..=6 {
+            assert_eq!(ring.launch_record(seq).unwrap(), Some(launch(seq)));
+        }
+        // Lapped (slot 1 holds 5, not 1), and never written.
+        assert_eq!(ring.launch_record(1).unwrap(), None);
+        assert_eq!(ring.launch_record(0).unwrap(), None);
+        assert_eq!(launch(5).graph_node(), Some(4));
+        assert_eq!(launch(4).graph_node(), None);
+        let b = launch(3).to_bytes();
+        assert_eq!(b[16..20], 3u32.to_le_bytes());
+        assert_eq!(b[28..32], 128u32.to_le_bytes());
+        assert_eq!(b[44..48], 3u32.to_le_bytes());
     }
 
     #[test]

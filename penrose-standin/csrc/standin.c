@@ -6,7 +6,9 @@
  * stack slots they would read on a real driver. It launches nothing: each launch entry point
  * checks its arguments like a driver would, counts the launch per entry point and appends a
  * counter record to a shared-memory ring (`/dev/shm/penrose-standin-<pid>`) that the agent's
- * stand-in counter source reads. The layout of that ring is mirrored by
+ * stand-in counter source reads. CUDA graphs (stream capture and the explicit graph API, kernel
+ * nodes only) are kept as heap objects; a graph launch "runs" its kernel nodes in order, one
+ * ring record each. The layout of that ring is mirrored by
  * `penrose-standin-ring/src/lib.rs` (the agent and this crate's tests read it through that
  * crate); change both together and bump PENROSE_RING_VERSION.
  *
@@ -44,6 +46,9 @@ typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
 typedef struct CUstream_st *CUstream;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef uint64_t cuuint64_t;
 typedef int CUjit_option;
 typedef int CUlibraryOption;
 
@@ -71,7 +76,99 @@ typedef struct CUlaunchConfig_st {
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_OPERATING_SYSTEM 304
 #define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_ILLEGAL_STATE 401
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD 908
+#define CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE 910
+
+/* ---- CUDA graph types (cuda.h, CUDA 12) ---- */
+
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
+typedef enum CUgraphExecUpdateResult_enum {
+    CU_GRAPH_EXEC_UPDATE_SUCCESS = 0x0,
+    CU_GRAPH_EXEC_UPDATE_ERROR = 0x1,
+    CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 0x2,
+    CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED = 0x3,
+    CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED = 0x4,
+    CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED = 0x5,
+    CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED = 0x6,
+    CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE = 0x7,
+    CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED = 0x8
+} CUgraphExecUpdateResult;
+
+typedef enum CUgraphInstantiateResult_enum {
+    CUDA_GRAPH_INSTANTIATE_SUCCESS = 0,
+    CUDA_GRAPH_INSTANTIATE_ERROR = 1,
+    CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE = 2,
+    CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED = 3,
+    CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED = 4
+} CUgraphInstantiateResult;
+
+/* CUgraphInstantiate_flags: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4, USE_NODE_PRIORITY 8. */
+#define GRAPH_INSTANTIATE_FLAGS 0xfull
+
+typedef struct CUDA_KERNEL_NODE_PARAMS_st {
+    CUfunction func;
+    unsigned int gridDimX;
+    unsigned int gridDimY;
+    unsigned int gridDimZ;
+    unsigned int blockDimX;
+    unsigned int blockDimY;
+    unsigned int blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS_v1;
+
+typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    CUfunction func;
+    unsigned int gridDimX;
+    unsigned int gridDimY;
+    unsigned int gridDimZ;
+    unsigned int blockDimX;
+    unsigned int blockDimY;
+    unsigned int blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;  /* launched when func is NULL */
+    CUcontext ctx;  /* with kern: the context (NULL: the current one) */
+} CUDA_KERNEL_NODE_PARAMS_v2;
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    CUgraphInstantiateResult result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+typedef struct CUgraphExecUpdateResultInfo_st {
+    CUgraphExecUpdateResult result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
+/* The layouts abi.rs mirrors (KernelNodeParamsV1/V2, GraphInstantiateParams,
+ * GraphExecUpdateResultInfo). */
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v1) == 56, "v1 kernel node params");
+_Static_assert(offsetof(CUDA_KERNEL_NODE_PARAMS_v1, kernelParams) == 40, "v1 kernelParams");
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v2) == 72, "v2 kernel node params");
+_Static_assert(offsetof(CUDA_KERNEL_NODE_PARAMS_v2, kern) == 56, "v2 kern");
+_Static_assert(sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS) == 32, "instantiate params");
+_Static_assert(sizeof(CUgraphExecUpdateResultInfo) == 24, "update result info");
 
 /* ---- Launch entry points, counted separately (order mirrored by EntryPoint in abi.rs) ---- */
 
@@ -215,7 +312,7 @@ static int valid_kernel(const void *p) {
 /* ---- Counter ring (mirrored by penrose-standin-ring/src/lib.rs) ---- */
 
 #define PENROSE_RING_MAGIC 0x31474e4952534e50ull /* "PNSRING1" little-endian */
-#define PENROSE_RING_VERSION 3u
+#define PENROSE_RING_VERSION 4u
 #define PENROSE_RING_CAPACITY 65536u /* records; a power of two */
 
 /* Bits of `present`: which trace fields the replayer passed for this launch. */
@@ -251,8 +348,20 @@ struct ring_record {            /* 80 bytes */
     uint32_t device;            /* host index of the GPU it ran on, plus one (0: unknown) */
 };
 
+/* Version 4: after the records, `capacity` launch configurations; record i's is in slot
+ * i % capacity, written before the record's seq is stored, with its own seq. */
+struct ring_launch {            /* 48 bytes */
+    uint64_t seq;               /* index + 1 when complete; 0 while being written */
+    uint64_t graph_exec;        /* the CUgraphExec of a graph launch; 0 for a kernel launch */
+    uint32_t grid[3];
+    uint32_t block[3];
+    uint32_t shared_mem_bytes;  /* the launch's (or node's) sharedMemBytes */
+    uint32_t node;              /* a graph launch's node: its index in the exec plus one */
+};
+
 _Static_assert(sizeof(struct ring_header) == 64, "ring header layout");
 _Static_assert(sizeof(struct ring_record) == 80, "ring record layout");
+_Static_assert(sizeof(struct ring_launch) == 48, "ring launch layout");
 
 /* What the replayer passes before a launch (mirrored by NextCounters in abi.rs). */
 struct penrose_standin_counters {
@@ -265,8 +374,19 @@ struct penrose_standin_counters {
     uint32_t reserved;
 };
 
+/* One kernel launch as the stand-in runs it: what a kernel node holds, and what a launch call
+ * passes. `func` is the handle the ring records. */
+struct kernel_launch {
+    const void *func;
+    uint32_t grid[3];
+    uint32_t block[3];
+    uint32_t shared_mem_bytes;
+    struct penrose_standin_counters counters;
+};
+
 static struct ring_header *ring;
 static struct ring_record *ring_records;
+static struct ring_launch *ring_launches;
 static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread struct penrose_standin_counters next_counters;
 /* The thread's id, looked up once per thread (a gettid syscall per launch would cost more
@@ -309,7 +429,9 @@ static int ring_open(void) {
     int fd = shm_open(name, O_CREAT | O_RDWR | O_TRUNC, 0600);
     if (fd < 0)
         return -1;
-    size_t size = sizeof(struct ring_header) + (size_t)PENROSE_RING_CAPACITY * sizeof(struct ring_record);
+    size_t size = sizeof(struct ring_header) +
+                  (size_t)PENROSE_RING_CAPACITY *
+                      (sizeof(struct ring_record) + sizeof(struct ring_launch));
     if (ftruncate(fd, (off_t)size) != 0) {
         close(fd);
         shm_unlink(name);
@@ -323,6 +445,7 @@ static int ring_open(void) {
     }
     ring = map;
     ring_records = (struct ring_record *)(ring + 1);
+    ring_launches = (struct ring_launch *)(ring_records + PENROSE_RING_CAPACITY);
     ring->version = PENROSE_RING_VERSION;
     ring->record_size = sizeof(struct ring_record);
     ring->capacity = PENROSE_RING_CAPACITY;
@@ -333,36 +456,63 @@ static int ring_open(void) {
     return 0;
 }
 
-/* Appends one record (a seqlock per slot: seq 0 while written, index + 1 when complete). */
-static void ring_write(enum penrose_entry entry, const void *function, CUstream stream,
-                       uint32_t device) {
+/* The calling thread's pending counters (penrose_standin_set_next_counters), consumed. */
+static struct penrose_standin_counters take_next_counters(void) {
     struct penrose_standin_counters c = next_counters;
     memset(&next_counters, 0, sizeof next_counters);
-    if (!ring)
-        return;
-    pthread_mutex_lock(&ring_lock);
+    return c;
+}
+
+static uint32_t current_tid(void) {
+    if (thread_id == 0)
+        thread_id = (uint32_t)syscall(SYS_gettid);
+    return thread_id;
+}
+
+/* Appends one record and its launch configuration; the caller holds ring_lock (a seqlock per
+ * slot: seq 0 while written, index + 1 when complete). */
+static void ring_append_locked(enum penrose_entry entry, const struct kernel_launch *k,
+                               CUstream stream, uint32_t device, const void *exec,
+                               uint32_t node) {
     uint64_t index = __atomic_load_n(&ring->head, __ATOMIC_RELAXED);
-    struct ring_record *r = &ring_records[index & (PENROSE_RING_CAPACITY - 1)];
+    uint64_t slot = index & (PENROSE_RING_CAPACITY - 1);
+    struct ring_record *r = &ring_records[slot];
+    struct ring_launch *l = &ring_launches[slot];
     __atomic_store_n(&r->seq, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&l->seq, 0, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    r->function = (uint64_t)(uintptr_t)function;
+    l->graph_exec = (uint64_t)(uintptr_t)exec;
+    memcpy(l->grid, k->grid, sizeof l->grid);
+    memcpy(l->block, k->block, sizeof l->block);
+    l->shared_mem_bytes = k->shared_mem_bytes;
+    l->node = node;
+    const struct penrose_standin_counters *c = &k->counters;
+    r->function = (uint64_t)(uintptr_t)k->func;
     r->stream = (uint64_t)(uintptr_t)stream;
-    r->duration_ns = c.duration_ns;
-    r->est_achieved_occupancy_pct = c.est_achieved_occupancy_pct;
-    r->blocks_per_sm = c.blocks_per_sm;
-    r->registers_per_thread = c.registers_per_thread;
-    r->shared_memory_bytes = c.shared_memory_bytes;
+    r->duration_ns = c->duration_ns;
+    r->est_achieved_occupancy_pct = c->est_achieved_occupancy_pct;
+    r->blocks_per_sm = c->blocks_per_sm;
+    r->registers_per_thread = c->registers_per_thread;
+    r->shared_memory_bytes = c->shared_memory_bytes;
     r->entry = (uint32_t)entry;
-    r->present = c.present;
+    r->present = c->present;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     r->timestamp_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-    if (thread_id == 0)
-        thread_id = (uint32_t)syscall(SYS_gettid);
-    r->tid = thread_id;
+    r->tid = current_tid();
     r->device = device;
+    __atomic_store_n(&l->seq, index + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&r->seq, index + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&ring->head, index + 1, __ATOMIC_RELEASE);
+}
+
+/* Appends the record of one kernel launch. */
+static void ring_write(enum penrose_entry entry, const struct kernel_launch *k, CUstream stream,
+                       uint32_t device) {
+    if (!ring)
+        return;
+    pthread_mutex_lock(&ring_lock);
+    ring_append_locked(entry, k, stream, device, NULL, 0);
     pthread_mutex_unlock(&ring_lock);
 }
 
@@ -874,25 +1024,322 @@ EXPORT CUresult penrose_standin_private_kernel(void **kernel_out, const char *na
     return CUDA_SUCCESS;
 }
 
+/* ---- CUDA graphs: objects, registries, stream capture ----
+ *
+ * Graphs, their nodes and executable graphs are heap objects with magic numbers. A handle is
+ * checked before it is used, never dereferenced on trust: graphs and execs are looked up in a
+ * registry of live objects, nodes by their address inside one of their graph's chunks (so a
+ * made-up node handle is refused without being read). Only kernel nodes exist; a graph's nodes
+ * are kept in insertion order, which is a topological order, and run in that order.
+ *
+ * CUDA graph objects are not thread-safe, but the registries are shared: one lock (graph_lock)
+ * covers every graph call, taken before ring_lock when both are needed. */
+
+#define GRAPH_MAGIC 0x31485052474e5250ull /* "PRNGRPH1" */
+#define NODE_MAGIC 0x3145444f4e4e5250ull  /* "PRNNODE1" */
+#define EXEC_MAGIC 0x31435845474e5250ull  /* "PRNGEXC1" */
+#define NODE_CHUNK 1024u                  /* nodes per allocation: handles never move */
+#define MAX_GRAPH_NODES 1048576u
+#define MAX_CAPTURES 1024
+
+struct CUgraphNode_st {
+    uint64_t magic;
+    struct CUgraph_st *graph;
+    struct kernel_launch params;
+};
+
+/* A chunk of nodes by address, for turning a node handle into its index. */
+struct chunk_ref {
+    uintptr_t base;
+    uint32_t ordinal;
+};
+
+struct CUgraph_st {
+    uint64_t magic;
+    struct CUgraphNode_st **chunks; /* chunk k holds nodes k * NODE_CHUNK .. */
+    struct chunk_ref *by_address;   /* the chunks sorted by address */
+    uint32_t count;                 /* nodes, in insertion order */
+    uint32_t nchunks;
+    uint32_t chunk_cap;
+};
+
+struct CUgraphExec_st {
+    uint64_t magic;
+    struct kernel_launch *nodes;   /* what a launch runs, in order */
+    uint32_t count;
+    uint32_t nchunks;
+    struct chunk_ref *by_address;  /* the source graph's chunks: its node handles, by address */
+};
+
+/* A set of live object addresses (open addressing; 0 empty, 1 removed). */
+struct ptrset {
+    uintptr_t *slots;
+    size_t cap; /* a power of two, or 0 */
+    size_t used;
+    size_t removed;
+};
+
+#define PTRSET_REMOVED ((uintptr_t)1)
+
+static size_t ptrset_home(uintptr_t v, size_t cap) {
+    return (size_t)(((uint64_t)v * 0x9e3779b97f4a7c15ull) >> 17) & (cap - 1);
+}
+
+/* The slot holding v, or the empty slot where a search for it ends; cap must be non-zero. */
+static size_t ptrset_find(const struct ptrset *s, uintptr_t v) {
+    size_t i = ptrset_home(v, s->cap);
+    while (s->slots[i] != 0 && s->slots[i] != v)
+        i = (i + 1) & (s->cap - 1);
+    return i;
+}
+
+static int ptrset_has(const struct ptrset *s, const void *p) {
+    uintptr_t v = (uintptr_t)p;
+    if (s->cap == 0 || v <= PTRSET_REMOVED)
+        return 0;
+    return s->slots[ptrset_find(s, v)] == v;
+}
+
+static int ptrset_rehash(struct ptrset *s, size_t cap) {
+    uintptr_t *slots = calloc(cap, sizeof *slots);
+    if (!slots)
+        return -1;
+    for (size_t i = 0; i < s->cap; i++) {
+        uintptr_t v = s->slots[i];
+        if (v <= PTRSET_REMOVED)
+            continue;
+        size_t j = ptrset_home(v, cap);
+        while (slots[j] != 0)
+            j = (j + 1) & (cap - 1);
+        slots[j] = v;
+    }
+    free(s->slots);
+    s->slots = slots;
+    s->cap = cap;
+    s->removed = 0;
+    return 0;
+}
+
+/* Adds p (not in the set); -1 when out of memory. At most half the slots are ever in use. */
+static int ptrset_add(struct ptrset *s, const void *p) {
+    if ((s->used + s->removed + 1) * 2 > s->cap) {
+        size_t cap = 16;
+        while (cap < (s->used + 1) * 4)
+            cap *= 2;
+        if (ptrset_rehash(s, cap) != 0)
+            return -1;
+    }
+    uintptr_t v = (uintptr_t)p;
+    size_t i = ptrset_home(v, s->cap);
+    while (s->slots[i] > PTRSET_REMOVED)
+        i = (i + 1) & (s->cap - 1);
+    if (s->slots[i] == PTRSET_REMOVED)
+        s->removed--;
+    s->slots[i] = v;
+    s->used++;
+    return 0;
+}
+
+static void ptrset_remove(struct ptrset *s, const void *p) {
+    if (!ptrset_has(s, p))
+        return;
+    s->slots[ptrset_find(s, (uintptr_t)p)] = PTRSET_REMOVED;
+    s->used--;
+    s->removed++;
+}
+
+/* A capture in progress: launches on `stream` become nodes of `graph`. */
+struct capture {
+    CUstream stream;
+    struct CUgraph_st *graph;
+    CUstreamCaptureMode mode;
+    uint32_t tid;     /* the thread that began it */
+    int invalidated;  /* a launch failed: EndCapture returns no graph */
+};
+
+static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ptrset live_graphs;
+static struct ptrset live_execs;
+static struct capture captures[MAX_CAPTURES];
+static int capture_count; /* under graph_lock */
+/* capture_count, read without the lock: a launch looks for its stream's capture only when
+ * some stream is capturing, so eager launches pay one load. */
+static volatile int capturing;
+static volatile uint64_t captured_launches;
+static volatile uint64_t graph_node_launches;
+
+static int valid_graph(const void *g) {
+    return g && ptrset_has(&live_graphs, g);
+}
+
+static int valid_exec(const void *e) {
+    return e && ptrset_has(&live_execs, e);
+}
+
+static struct CUgraphNode_st *graph_node(const struct CUgraph_st *g, uint32_t i) {
+    return &g->chunks[i / NODE_CHUNK][i % NODE_CHUNK];
+}
+
+/* The index of node handle p among `count` nodes kept in the chunks `refs` (sorted by
+ * address), or -1: p is never dereferenced. */
+static int64_t node_index(const struct chunk_ref *refs, uint32_t nrefs, uint32_t count,
+                          const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t lo = 0, hi = nrefs;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (refs[mid].base <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return -1;
+    const struct chunk_ref *r = &refs[lo - 1];
+    uintptr_t offset = a - r->base;
+    const size_t size = sizeof(struct CUgraphNode_st);
+    if (offset % size != 0 || offset / size >= NODE_CHUNK)
+        return -1;
+    uint64_t i = (uint64_t)r->ordinal * NODE_CHUNK + offset / size;
+    return i < count ? (int64_t)i : -1;
+}
+
+static struct CUgraph_st *graph_new(void) {
+    struct CUgraph_st *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    if (ptrset_add(&live_graphs, g) != 0) {
+        free(g);
+        return NULL;
+    }
+    g->magic = GRAPH_MAGIC;
+    return g;
+}
+
+static void graph_free(struct CUgraph_st *g) {
+    ptrset_remove(&live_graphs, g);
+    for (uint32_t i = 0; i < g->nchunks; i++)
+        free(g->chunks[i]);
+    free(g->chunks);
+    free(g->by_address);
+    g->magic = 0;
+    free(g);
+}
+
+/* Room for one more chunk of nodes, kept sorted by address too. */
+static int graph_add_chunk(struct CUgraph_st *g) {
+    if (g->nchunks == g->chunk_cap) {
+        uint32_t cap = g->chunk_cap ? g->chunk_cap * 2 : 4;
+        struct CUgraphNode_st **chunks = realloc(g->chunks, cap * sizeof *chunks);
+        if (!chunks)
+            return -1;
+        g->chunks = chunks;
+        struct chunk_ref *refs = realloc(g->by_address, cap * sizeof *refs);
+        if (!refs)
+            return -1;
+        g->by_address = refs;
+        g->chunk_cap = cap;
+    }
+    struct CUgraphNode_st *chunk = malloc(NODE_CHUNK * sizeof *chunk);
+    if (!chunk)
+        return -1;
+    uint32_t at = 0;
+    while (at < g->nchunks && g->by_address[at].base < (uintptr_t)chunk)
+        at++;
+    memmove(&g->by_address[at + 1], &g->by_address[at],
+            (g->nchunks - at) * sizeof g->by_address[0]);
+    g->by_address[at] = (struct chunk_ref){(uintptr_t)chunk, g->nchunks};
+    g->chunks[g->nchunks++] = chunk;
+    return 0;
+}
+
+/* Appends a kernel node (insertion order is the graph's order). */
+static CUresult graph_append(struct CUgraph_st *g, const struct kernel_launch *k,
+                             struct CUgraphNode_st **out) {
+    if (g->count >= MAX_GRAPH_NODES)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (g->count % NODE_CHUNK == 0 && graph_add_chunk(g) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUgraphNode_st *n = graph_node(g, g->count);
+    n->magic = NODE_MAGIC;
+    n->graph = g;
+    n->params = *k;
+    g->count++;
+    if (out)
+        *out = n;
+    return CUDA_SUCCESS;
+}
+
+static struct capture *capture_of(CUstream stream) {
+    for (int i = 0; i < capture_count; i++)
+        if (captures[i].stream == stream)
+            return &captures[i];
+    return NULL;
+}
+
+/*
+ * A launch on a capturing stream becomes a kernel node of the capture's graph (with the
+ * counters set for it) instead of running. Returns 1 with the launch's result in *rc when
+ * `stream` is capturing, 0 when the launch should run. `check` is the launch's own argument
+ * check: an invalid launch invalidates the capture, as in CUDA.
+ */
+static int capture_launch(CUstream stream, CUresult check, const struct kernel_launch *k,
+                          CUresult *rc) {
+    pthread_mutex_lock(&graph_lock);
+    struct capture *c = capture_of(stream);
+    if (!c) {
+        pthread_mutex_unlock(&graph_lock);
+        return 0;
+    }
+    if (c->invalidated) {
+        *rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (check != CUDA_SUCCESS) {
+        c->invalidated = 1;
+        *rc = check;
+    } else {
+        struct kernel_launch node = *k;
+        node.counters = take_next_counters();
+        *rc = graph_append(c->graph, &node, NULL);
+        if (*rc != CUDA_SUCCESS)
+            c->invalidated = 1;
+        else
+            __atomic_fetch_add(&captured_launches, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return 1;
+}
+
 /* ---- Launch entry points ---- */
+
+/* The checks every kernel launch makes: a function (or a CUkernel cast as one: cuda.h allows it
+ * for cuLaunchKernel and its variants) and no zero dimension. */
+static CUresult check_kernel_launch(const void *f, const uint32_t grid[3],
+                                    const uint32_t block[3]) {
+    if (!valid_function(f) && !valid_kernel(f))
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < 3; i++)
+        if (!grid[i] || !block[i])
+            return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
 
 static CUresult launch(enum penrose_entry entry, CUfunction f, unsigned int gx, unsigned int gy,
                        unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
-                       CUstream stream) {
+                       unsigned int smem, CUstream stream) {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    /* A CUkernel cast as CUfunction is a valid launch handle (cuda.h says so for
-       cuLaunchKernel and its variants); the ring records the handle as passed. */
-    if (!valid_function(f) && !valid_kernel(f))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!gx || !gy || !gz || !bx || !by || !bz)
-        return CUDA_ERROR_INVALID_VALUE;
-    uint32_t device;
-    CUresult rc = launch_device(stream, &device);
+    struct kernel_launch k = {f, {gx, gy, gz}, {bx, by, bz}, smem, {0}};
+    CUresult rc = check_kernel_launch(f, k.grid, k.block);
+    uint32_t device = 0;
+    if (rc == CUDA_SUCCESS)
+        rc = launch_device(stream, &device);
+    if (__atomic_load_n(&capturing, __ATOMIC_ACQUIRE) && capture_launch(stream, rc, &k, &rc))
+        return rc;
     if (rc != CUDA_SUCCESS)
         return rc;
+    k.counters = take_next_counters();
     __atomic_fetch_add(&launch_counts[entry], 1, __ATOMIC_RELAXED);
-    ring_write(entry, f, stream, device);
+    ring_write(entry, &k, stream, device);
     return CUDA_SUCCESS;
 }
 
@@ -901,11 +1348,10 @@ PROBED CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int
                                unsigned int blockDimY, unsigned int blockDimZ,
                                unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
                                void **extra) {
-    (void)sharedMemBytes;
     (void)kernelParams;
     (void)extra;
     return launch(ENTRY_LAUNCH_KERNEL, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
-                  blockDimZ, hStream);
+                  blockDimZ, sharedMemBytes, hStream);
 }
 
 PROBED CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -913,11 +1359,10 @@ PROBED CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigne
                                     unsigned int blockDimY, unsigned int blockDimZ,
                                     unsigned int sharedMemBytes, CUstream hStream,
                                     void **kernelParams, void **extra) {
-    (void)sharedMemBytes;
     (void)kernelParams;
     (void)extra;
     return launch(ENTRY_LAUNCH_KERNEL_PTSZ, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
-                  blockDimZ, hStream);
+                  blockDimZ, sharedMemBytes, hStream);
 }
 
 static CUresult launch_ex(enum penrose_entry entry, const CUlaunchConfig *config, CUfunction f) {
@@ -926,7 +1371,8 @@ static CUresult launch_ex(enum penrose_entry entry, const CUlaunchConfig *config
     if (config->numAttrs && !config->attrs)
         return CUDA_ERROR_INVALID_VALUE;
     return launch(entry, f, config->gridDimX, config->gridDimY, config->gridDimZ,
-                  config->blockDimX, config->blockDimY, config->blockDimZ, config->hStream);
+                  config->blockDimX, config->blockDimY, config->blockDimZ,
+                  config->sharedMemBytes, config->hStream);
 }
 
 PROBED CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
@@ -948,10 +1394,9 @@ PROBED CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
                                           unsigned int blockDimX, unsigned int blockDimY,
                                           unsigned int blockDimZ, unsigned int sharedMemBytes,
                                           CUstream hStream, void **kernelParams) {
-    (void)sharedMemBytes;
     (void)kernelParams;
     return launch(ENTRY_LAUNCH_COOPERATIVE_KERNEL, f, gridDimX, gridDimY, gridDimZ, blockDimX,
-                  blockDimY, blockDimZ, hStream);
+                  blockDimY, blockDimZ, sharedMemBytes, hStream);
 }
 
 PROBED CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
@@ -960,26 +1405,400 @@ PROBED CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDi
                                                unsigned int blockDimZ,
                                                unsigned int sharedMemBytes, CUstream hStream,
                                                void **kernelParams) {
-    (void)sharedMemBytes;
     (void)kernelParams;
     return launch(ENTRY_LAUNCH_COOPERATIVE_KERNEL_PTSZ, f, gridDimX, gridDimY, gridDimZ,
-                  blockDimX, blockDimY, blockDimZ, hStream);
+                  blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream);
 }
 
-/* A graph launch is one event; its record carries the exec handle where others carry the
-   function. Any non-null exec handle is accepted. */
+/* ---- Stream capture ---- */
+
+/* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD, the special stream values of cuda.h. */
+#define STREAM_LEGACY ((CUstream)0x1)
+#define STREAM_PER_THREAD ((CUstream)0x2)
+
+static CUresult begin_capture(CUstream stream, CUstreamCaptureMode mode) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* The default streams cannot be captured here (the legacy one cannot be in CUDA either). */
+    if (!stream || stream == STREAM_LEGACY || stream == STREAM_PER_THREAD)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!valid_stream(stream))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (stream->ctx != current_context())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&graph_lock);
+    if (capture_of(stream)) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (capture_count >= MAX_CAPTURES) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        struct CUgraph_st *g = graph_new();
+        if (!g) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            captures[capture_count++] = (struct capture){stream, g, mode, current_tid(), 0};
+            __atomic_store_n(&capturing, capture_count, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+PROBED CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode);
+}
+
+PROBED CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode);
+}
+
+static CUresult end_capture(CUstream stream, CUgraph *phGraph) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    struct capture *c = capture_of(stream);
+    if (!c) {
+        pthread_mutex_unlock(&graph_lock);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->tid != current_tid()) {
+        pthread_mutex_unlock(&graph_lock);
+        return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    }
+    struct capture done = *c;
+    *c = captures[--capture_count];
+    __atomic_store_n(&capturing, capture_count, __ATOMIC_RELEASE);
+    CUresult rc = CUDA_SUCCESS;
+    if (done.invalidated) {
+        graph_free(done.graph);
+        *phGraph = NULL;
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else {
+        *phGraph = done.graph;
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+PROBED CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    return end_capture(hStream, phGraph);
+}
+
+PROBED CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+    return end_capture(hStream, phGraph);
+}
+
+PROBED CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!captureStatus)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    const struct capture *c = capture_of(hStream);
+    *captureStatus = !c                ? CU_STREAM_CAPTURE_STATUS_NONE
+                     : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                      : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&graph_lock);
+    return CUDA_SUCCESS;
+}
+
+/* ---- The explicit graph API ---- */
+
+PROBED CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraph || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    struct CUgraph_st *g = graph_new();
+    pthread_mutex_unlock(&graph_lock);
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *phGraph = g;
+    return CUDA_SUCCESS;
+}
+
+/* The launch a kernel node's parameters describe, checked as a launch is: `func` if set (a
+ * CUfunction, or a CUkernel cast as one), else the function `kern` resolves to. */
+static CUresult node_launch(const void *func, CUkernel kern, CUcontext ctx, unsigned int gx,
+                            unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+                            unsigned int bz, unsigned int smem, void **kernelParams,
+                            void **extra, struct kernel_launch *out) {
+    if (!func) {
+        if (!kern)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (!valid_kernel(kern))
+            return CUDA_ERROR_INVALID_HANDLE;
+        if (ctx && !valid_context(ctx))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        func = ((const struct kernel *)kern)->function;
+    }
+    *out = (struct kernel_launch){func, {gx, gy, gz}, {bx, by, bz}, smem, {0}};
+    if (kernelParams && extra)
+        return CUDA_ERROR_INVALID_VALUE;
+    return check_kernel_launch(func, out->grid, out->block);
+}
+
+static CUresult node_launch_v1(const CUDA_KERNEL_NODE_PARAMS_v1 *p, struct kernel_launch *out) {
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return node_launch(p->func, NULL, NULL, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX,
+                       p->blockDimY, p->blockDimZ, p->sharedMemBytes, p->kernelParams, p->extra,
+                       out);
+}
+
+static CUresult node_launch_v2(const CUDA_KERNEL_NODE_PARAMS_v2 *p, struct kernel_launch *out) {
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return node_launch(p->func, p->kern, p->ctx, p->gridDimX, p->gridDimY, p->gridDimZ,
+                       p->blockDimX, p->blockDimY, p->blockDimZ, p->sharedMemBytes,
+                       p->kernelParams, p->extra, out);
+}
+
+/* Adds a kernel node after its dependencies (nodes of the same graph). The node takes the
+ * calling thread's pending counters, as a launch would. */
+static CUresult add_kernel_node(CUgraphNode *phNode, CUgraph hGraph,
+                                const CUgraphNode *dependencies, size_t numDependencies,
+                                CUresult checked, const struct kernel_launch *k) {
+    if (!phNode || (numDependencies && !dependencies))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    CUresult rc = valid_graph(hGraph) ? checked : CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < numDependencies; i++)
+        if (node_index(hGraph->by_address, hGraph->nchunks, hGraph->count, dependencies[i]) < 0)
+            rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        struct kernel_launch node = *k;
+        node.counters = take_next_counters();
+        rc = graph_append(hGraph, &node, phNode);
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+PROBED CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, size_t numDependencies,
+                                     const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct kernel_launch k;
+    CUresult checked = node_launch_v1(nodeParams, &k);
+    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, checked, &k);
+}
+
+PROBED CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                        const CUgraphNode *dependencies, size_t numDependencies,
+                                        const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct kernel_launch k;
+    CUresult checked = node_launch_v2(nodeParams, &k);
+    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, checked, &k);
+}
+
+/* An executable copy of the graph: later changes to the graph do not reach it. */
+static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph, uint64_t flags) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraphExec || (flags & ~GRAPH_INSTANTIATE_FLAGS))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_lock);
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUgraphExec_st *e = NULL;
+    if (!valid_graph(hGraph)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if ((e = calloc(1, sizeof *e)) != NULL) {
+        const struct CUgraph_st *g = hGraph;
+        e->count = g->count;
+        e->nchunks = g->nchunks;
+        e->nodes = malloc(((size_t)g->count + 1) * sizeof *e->nodes);
+        e->by_address = malloc(((size_t)g->nchunks + 1) * sizeof *e->by_address);
+        if (e->nodes && e->by_address && ptrset_add(&live_execs, e) == 0) {
+            for (uint32_t i = 0; i < g->count; i++)
+                e->nodes[i] = graph_node(g, i)->params;
+            memcpy(e->by_address, g->by_address, g->nchunks * sizeof *e->by_address);
+            e->magic = EXEC_MAGIC;
+            *phGraphExec = e;
+            rc = CUDA_SUCCESS;
+        } else {
+            free(e->nodes);
+            free(e->by_address);
+            free(e);
+        }
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+PROBED CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                            unsigned long long flags) {
+    return instantiate(phGraphExec, hGraph, flags);
+}
+
+PROBED CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    if (!instantiateParams)
+        return initialized ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = instantiate(phGraphExec, hGraph, instantiateParams->flags);
+    instantiateParams->hErrNode_out = NULL;
+    instantiateParams->result_out =
+        rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return rc;
+}
+
+/* Replaces one node's parameters in the exec (hNode: a node of the graph it was instantiated
+ * from). The node takes the calling thread's pending counters. */
+static CUresult exec_set_params(CUgraphExec hGraphExec, CUgraphNode hNode, CUresult checked,
+                                const struct kernel_launch *k) {
+    pthread_mutex_lock(&graph_lock);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (valid_exec(hGraphExec)) {
+        struct CUgraphExec_st *e = hGraphExec;
+        int64_t i = node_index(e->by_address, e->nchunks, e->count, hNode);
+        rc = i < 0 ? CUDA_ERROR_INVALID_VALUE : checked;
+        if (rc == CUDA_SUCCESS) {
+            e->nodes[i] = *k;
+            e->nodes[i].counters = take_next_counters();
+        }
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+PROBED CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                               const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct kernel_launch k;
+    CUresult checked = node_launch_v1(nodeParams, &k);
+    return exec_set_params(hGraphExec, hNode, checked, &k);
+}
+
+PROBED CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                  const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct kernel_launch k;
+    CUresult checked = node_launch_v2(nodeParams, &k);
+    return exec_set_params(hGraphExec, hNode, checked, &k);
+}
+
+/* The exec takes the graph's node parameters when both have as many kernel nodes (paired in
+ * order); otherwise nothing changes (topology changed, no error node). */
+static CUresult exec_update(CUgraphExec hGraphExec, CUgraph hGraph,
+                            CUgraphExecUpdateResult *result) {
+    *result = CU_GRAPH_EXEC_UPDATE_ERROR;
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&graph_lock);
+    CUresult rc = CUDA_SUCCESS;
+    *result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+    if (!valid_exec(hGraphExec) || !valid_graph(hGraph)) {
+        *result = CU_GRAPH_EXEC_UPDATE_ERROR;
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (hGraphExec->count != hGraph->count) {
+        *result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+        rc = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    } else {
+        for (uint32_t i = 0; i < hGraph->count; i++)
+            hGraphExec->nodes[i] = graph_node(hGraph, i)->params;
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+/* The CUDA 10.2-11.x signature, still exported under this name by CUDA 12 drivers. */
+PROBED CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph,
+                                  CUgraphNode *hErrorNode_out,
+                                  CUgraphExecUpdateResult *updateResult_out) {
+    CUgraphExecUpdateResult result;
+    CUresult rc = exec_update(hGraphExec, hGraph, &result);
+    if (hErrorNode_out)
+        *hErrorNode_out = NULL;
+    if (updateResult_out)
+        *updateResult_out = result;
+    return rc;
+}
+
+PROBED CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                     CUgraphExecUpdateResultInfo *resultInfo) {
+    CUgraphExecUpdateResult result;
+    CUresult rc = exec_update(hGraphExec, hGraph, &result);
+    if (resultInfo) {
+        resultInfo->result = result;
+        resultInfo->errorNode = NULL;
+        resultInfo->errorFromNode = NULL;
+    }
+    return rc;
+}
+
+PROBED CUresult cuGraphDestroy(CUgraph hGraph) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&graph_lock);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (valid_graph(hGraph)) {
+        graph_free(hGraph);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+PROBED CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&graph_lock);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (valid_exec(hGraphExec)) {
+        struct CUgraphExec_st *e = hGraphExec;
+        ptrset_remove(&live_execs, e);
+        free(e->nodes);
+        free(e->by_address);
+        e->magic = 0;
+        free(e);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+/*
+ * A graph launch runs the exec's kernel nodes in order: one ring record per node (its function,
+ * launch configuration and counters; the launching thread and the stream's device), written
+ * back to back under one hold of the ring lock. It counts once in launch_counts and once per
+ * node in graph_node_launches. Launching into a capturing stream (a child graph node in CUDA)
+ * is not supported: it invalidates that capture.
+ */
 static CUresult graph_launch(enum penrose_entry entry, CUgraphExec exec, CUstream stream) {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!exec)
-        return CUDA_ERROR_INVALID_VALUE;
-    uint32_t device;
-    CUresult rc = launch_device(stream, &device);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    __atomic_fetch_add(&launch_counts[entry], 1, __ATOMIC_RELAXED);
-    ring_write(entry, exec, stream, device);
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&graph_lock);
+    uint32_t device = 0;
+    CUresult rc = valid_exec(exec) ? launch_device(stream, &device) : CUDA_ERROR_INVALID_VALUE;
+    struct capture *c = rc == CUDA_SUCCESS ? capture_of(stream) : NULL;
+    if (c) {
+        c->invalidated = 1;
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (rc == CUDA_SUCCESS) {
+        (void)take_next_counters(); /* the nodes carry their own */
+        __atomic_fetch_add(&launch_counts[entry], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&graph_node_launches, exec->count, __ATOMIC_RELAXED);
+        if (ring) {
+            pthread_mutex_lock(&ring_lock);
+            for (uint32_t i = 0; i < exec->count; i++)
+                ring_append_locked(entry, &exec->nodes[i], stream, device, exec, i + 1);
+            pthread_mutex_unlock(&ring_lock);
+        }
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
 }
 
 PROBED CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
@@ -991,6 +1810,16 @@ PROBED CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
 }
 
 /* ---- Stand-in extras (not CUDA): what tests and the replayer use ---- */
+
+/* Kernel launches recorded as graph nodes by stream capture so far (not counted as launches). */
+EXPORT uint64_t penrose_standin_captured_launch_count(void) {
+    return __atomic_load_n(&captured_launches, __ATOMIC_RELAXED);
+}
+
+/* Kernel nodes run by graph launches so far (each also has its ring record). */
+EXPORT uint64_t penrose_standin_graph_node_launch_count(void) {
+    return __atomic_load_n(&graph_node_launches, __ATOMIC_RELAXED);
+}
 
 /* Launches through one entry point so far in this process; 0 for an unknown entry. */
 EXPORT uint64_t penrose_standin_launch_count(unsigned int entry) {

@@ -8,7 +8,11 @@ use std::path::Path;
 
 use libloading::Library;
 
-use crate::abi::{CuResult, EntryPoint, LaunchConfig, NextCounters};
+use crate::abi::{
+    CaptureMode, CaptureStatus, CuResult, EntryPoint, GraphExecUpdateResult,
+    GraphExecUpdateResultInfo, GraphInstantiateParams, KernelNodeParamsV1, KernelNodeParamsV2,
+    LaunchConfig, NextCounters,
+};
 use crate::error::StandinError;
 use crate::ring::RING_VERSION;
 
@@ -46,6 +50,88 @@ handle!(
     /// A `CUstream`; 0 is the legacy default stream.
     StreamHandle
 );
+handle!(
+    /// A `CUgraph`: kernel nodes in insertion order, built explicitly or by stream capture.
+    GraphHandle
+);
+handle!(
+    /// A `CUgraphNode` (a kernel node; its graph's nodes are the only ones the stand-in makes).
+    GraphNodeHandle
+);
+handle!(
+    /// A `CUgraphExec`: an instantiated graph, what `cuGraphLaunch` runs.
+    GraphExecHandle
+);
+
+/// What a kernel node launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NodeKernel {
+    /// A `CUfunction` (`func`).
+    Function(FunctionHandle),
+    /// A `CUkernel`: `kern` with a null `func` in the v2 parameters (the node runs the function
+    /// the kernel resolves to); cast as `func` in the v1 parameters, as cuda.h allows.
+    Kernel(KernelHandle),
+}
+
+/// A kernel node's parameters, for both parameter versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelNode {
+    /// What it launches.
+    pub kernel: NodeKernel,
+    /// Grid dimensions, blocks.
+    pub grid: [u32; 3],
+    /// Block dimensions, threads.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl KernelNode {
+    /// `CUDA_KERNEL_NODE_PARAMS_v1`.
+    fn v1(&self) -> KernelNodeParamsV1 {
+        let func = match self.kernel {
+            NodeKernel::Function(f) => f.ptr(),
+            NodeKernel::Kernel(k) => k.ptr(),
+        };
+        let [gx, gy, gz] = self.grid;
+        let [bx, by, bz] = self.block;
+        KernelNodeParamsV1 {
+            func,
+            grid_dim_x: gx,
+            grid_dim_y: gy,
+            grid_dim_z: gz,
+            block_dim_x: bx,
+            block_dim_y: by,
+            block_dim_z: bz,
+            shared_mem_bytes: self.shared_mem_bytes,
+            kernel_params: std::ptr::null_mut(),
+            extra: std::ptr::null_mut(),
+        }
+    }
+
+    /// `CUDA_KERNEL_NODE_PARAMS_v2` (no context: the current one).
+    fn v2(&self) -> KernelNodeParamsV2 {
+        let v1 = self.v1();
+        let (func, kern) = match self.kernel {
+            NodeKernel::Function(f) => (f.ptr(), std::ptr::null_mut()),
+            NodeKernel::Kernel(k) => (std::ptr::null_mut(), k.ptr()),
+        };
+        KernelNodeParamsV2 {
+            func,
+            grid_dim_x: v1.grid_dim_x,
+            grid_dim_y: v1.grid_dim_y,
+            grid_dim_z: v1.grid_dim_z,
+            block_dim_x: v1.block_dim_x,
+            block_dim_y: v1.block_dim_y,
+            block_dim_z: v1.block_dim_z,
+            shared_mem_bytes: v1.shared_mem_bytes,
+            kernel_params: std::ptr::null_mut(),
+            extra: std::ptr::null_mut(),
+            kern,
+            ctx: std::ptr::null_mut(),
+        }
+    }
+}
 
 type LaunchFn = unsafe extern "C" fn(
     *mut c_void,
@@ -79,6 +165,73 @@ type LaunchCooperativeFn = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> c_int;
 type GraphLaunchFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+type BeginCaptureFn = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
+type EndCaptureFn = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> c_int;
+type AddKernelNodeFn<P> = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *mut c_void,
+    *const *mut c_void,
+    usize,
+    *const P,
+) -> c_int;
+type ExecSetParamsFn<P> = unsafe extern "C" fn(*mut c_void, *mut c_void, *const P) -> c_int;
+type DestroyFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+/// The graph symbols of one loaded stand-in (see [`Symbols`]).
+struct GraphSymbols {
+    begin_capture: BeginCaptureFn,
+    begin_capture_ptsz: BeginCaptureFn,
+    end_capture: EndCaptureFn,
+    end_capture_ptsz: EndCaptureFn,
+    is_capturing: unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int,
+    create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int,
+    add_kernel_node: AddKernelNodeFn<KernelNodeParamsV1>,
+    add_kernel_node_v2: AddKernelNodeFn<KernelNodeParamsV2>,
+    instantiate_with_flags: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> c_int,
+    instantiate_with_params:
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *mut GraphInstantiateParams) -> c_int,
+    exec_set_params: ExecSetParamsFn<KernelNodeParamsV1>,
+    exec_set_params_v2: ExecSetParamsFn<KernelNodeParamsV2>,
+    exec_update:
+        unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void, *mut c_int) -> c_int,
+    exec_update_v2:
+        unsafe extern "C" fn(*mut c_void, *mut c_void, *mut GraphExecUpdateResultInfo) -> c_int,
+    destroy: DestroyFn,
+    exec_destroy: DestroyFn,
+    captured_launch_count: unsafe extern "C" fn() -> u64,
+    node_launch_count: unsafe extern "C" fn() -> u64,
+}
+
+impl GraphSymbols {
+    /// # Safety
+    /// `library` must be a stand-in of this crate's ABI (the types are csrc/standin.c's).
+    unsafe fn load(library: &Library) -> Result<Self, StandinError> {
+        // SAFETY (all lookups): each type is the signature in csrc/standin.c, which follows
+        // cuda.h for the CUDA symbols.
+        unsafe {
+            Ok(Self {
+                begin_capture: symbol(library, b"cuStreamBeginCapture_v2\0")?,
+                begin_capture_ptsz: symbol(library, b"cuStreamBeginCapture_v2_ptsz\0")?,
+                end_capture: symbol(library, b"cuStreamEndCapture\0")?,
+                end_capture_ptsz: symbol(library, b"cuStreamEndCapture_ptsz\0")?,
+                is_capturing: symbol(library, b"cuStreamIsCapturing\0")?,
+                create: symbol(library, b"cuGraphCreate\0")?,
+                add_kernel_node: symbol(library, b"cuGraphAddKernelNode\0")?,
+                add_kernel_node_v2: symbol(library, b"cuGraphAddKernelNode_v2\0")?,
+                instantiate_with_flags: symbol(library, b"cuGraphInstantiateWithFlags\0")?,
+                instantiate_with_params: symbol(library, b"cuGraphInstantiateWithParams\0")?,
+                exec_set_params: symbol(library, b"cuGraphExecKernelNodeSetParams\0")?,
+                exec_set_params_v2: symbol(library, b"cuGraphExecKernelNodeSetParams_v2\0")?,
+                exec_update: symbol(library, b"cuGraphExecUpdate\0")?,
+                exec_update_v2: symbol(library, b"cuGraphExecUpdate_v2\0")?,
+                destroy: symbol(library, b"cuGraphDestroy\0")?,
+                exec_destroy: symbol(library, b"cuGraphExecDestroy\0")?,
+                captured_launch_count: symbol(library, b"penrose_standin_captured_launch_count\0")?,
+                node_launch_count: symbol(library, b"penrose_standin_graph_node_launch_count\0")?,
+            })
+        }
+    }
+}
 
 /// The symbols of one loaded stand-in. Fields are plain function pointers copied out of
 /// `libloading::Symbol`s; they stay valid because `Driver` keeps the `Library` alive.
@@ -109,6 +262,7 @@ struct Symbols {
     launch_cooperative_ptsz: LaunchCooperativeFn,
     graph_launch: GraphLaunchFn,
     graph_launch_ptsz: GraphLaunchFn,
+    graph: GraphSymbols,
     launch_count: unsafe extern "C" fn(c_uint) -> u64,
     function_count: unsafe extern "C" fn() -> u64,
     name_call_count: unsafe extern "C" fn() -> u64,
@@ -181,6 +335,7 @@ impl Driver {
                 launch_cooperative_ptsz: symbol(&library, b"cuLaunchCooperativeKernel_ptsz\0")?,
                 graph_launch: symbol(&library, b"cuGraphLaunch\0")?,
                 graph_launch_ptsz: symbol(&library, b"cuGraphLaunch_ptsz\0")?,
+                graph: GraphSymbols::load(&library)?,
                 launch_count: symbol(&library, b"penrose_standin_launch_count\0")?,
                 function_count: symbol(&library, b"penrose_standin_function_count\0")?,
                 name_call_count: symbol(&library, b"penrose_standin_name_call_count\0")?,
@@ -345,7 +500,8 @@ impl Driver {
     }
 
     /// Launches `f` through `entry` with no kernel parameters. For the graph entry points `f`
-    /// is passed as the `CUgraphExec` (the stand-in only checks that it is not null).
+    /// is passed as the `CUgraphExec`, which the stand-in refuses (`CUDA_ERROR_INVALID_VALUE`)
+    /// unless it is a live executable graph's value: use [`Driver::graph_launch`].
     pub fn launch(
         &self,
         entry: EntryPoint,
@@ -437,6 +593,262 @@ impl Driver {
         CuResult(code).check(entry.symbol())
     }
 
+    /// `cuStreamBeginCapture_v2`: launches on `stream` (a stream the stand-in made, of the
+    /// current context) become kernel nodes of a new graph until [`Driver::end_capture`].
+    pub fn begin_capture(
+        &self,
+        stream: StreamHandle,
+        mode: CaptureMode,
+    ) -> Result<(), StandinError> {
+        // SAFETY: plain values; the stand-in checks the stream.
+        CuResult(unsafe { (self.sym.graph.begin_capture)(stream.ptr(), mode as c_int) })
+            .check("cuStreamBeginCapture_v2")
+    }
+
+    /// `cuStreamBeginCapture_v2_ptsz` (the per-thread default stream variant).
+    pub fn begin_capture_ptsz(
+        &self,
+        stream: StreamHandle,
+        mode: CaptureMode,
+    ) -> Result<(), StandinError> {
+        // SAFETY: plain values; the stand-in checks the stream.
+        CuResult(unsafe { (self.sym.graph.begin_capture_ptsz)(stream.ptr(), mode as c_int) })
+            .check("cuStreamBeginCapture_v2_ptsz")
+    }
+
+    /// `cuStreamEndCapture`: the captured graph (an invalidated capture is
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, with no graph).
+    pub fn end_capture(&self, stream: StreamHandle) -> Result<GraphHandle, StandinError> {
+        let mut graph: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.graph.end_capture)(stream.ptr(), &mut graph) })
+            .check("cuStreamEndCapture")?;
+        Ok(GraphHandle(graph as usize))
+    }
+
+    /// `cuStreamEndCapture_ptsz`.
+    pub fn end_capture_ptsz(&self, stream: StreamHandle) -> Result<GraphHandle, StandinError> {
+        let mut graph: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.graph.end_capture_ptsz)(stream.ptr(), &mut graph) })
+            .check("cuStreamEndCapture_ptsz")?;
+        Ok(GraphHandle(graph as usize))
+    }
+
+    /// `cuStreamIsCapturing`.
+    pub fn is_capturing(&self, stream: StreamHandle) -> Result<CaptureStatus, StandinError> {
+        let mut status: c_int = -1;
+        // SAFETY: `status` is a valid out-pointer (a C enum is an int) for the call's duration.
+        CuResult(unsafe { (self.sym.graph.is_capturing)(stream.ptr(), &mut status) })
+            .check("cuStreamIsCapturing")?;
+        CaptureStatus::from_c(status).ok_or(StandinError::Cuda {
+            call: "cuStreamIsCapturing",
+            code: CuResult::INVALID_VALUE,
+        })
+    }
+
+    /// `cuGraphCreate(&graph, 0)`: an empty graph.
+    pub fn graph_create(&self) -> Result<GraphHandle, StandinError> {
+        let mut graph: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid out-pointer for the call's duration.
+        CuResult(unsafe { (self.sym.graph.create)(&mut graph, 0) }).check("cuGraphCreate")?;
+        Ok(GraphHandle(graph as usize))
+    }
+
+    /// `cuGraphAddKernelNode` (v1 parameters) after `dependencies` (nodes of `graph`). The node
+    /// takes the counters set with [`Driver::set_next_counters`], as a launch would.
+    pub fn graph_add_kernel_node(
+        &self,
+        graph: GraphHandle,
+        dependencies: &[GraphNodeHandle],
+        node: &KernelNode,
+    ) -> Result<GraphNodeHandle, StandinError> {
+        let deps: Vec<*mut c_void> = dependencies.iter().map(|d| d.ptr()).collect();
+        let params = node.v1();
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `deps` holds `deps.len()` handles and `params` is a v1
+        // struct, both alive for the call; the stand-in checks every handle.
+        CuResult(unsafe {
+            (self.sym.graph.add_kernel_node)(
+                &mut out,
+                graph.ptr(),
+                deps.as_ptr(),
+                deps.len(),
+                &params,
+            )
+        })
+        .check("cuGraphAddKernelNode")?;
+        Ok(GraphNodeHandle(out as usize))
+    }
+
+    /// `cuGraphAddKernelNode_v2` (v2 parameters: a [`NodeKernel::Kernel`] goes in `kern`).
+    pub fn graph_add_kernel_node_v2(
+        &self,
+        graph: GraphHandle,
+        dependencies: &[GraphNodeHandle],
+        node: &KernelNode,
+    ) -> Result<GraphNodeHandle, StandinError> {
+        let deps: Vec<*mut c_void> = dependencies.iter().map(|d| d.ptr()).collect();
+        let params = node.v2();
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: as for `graph_add_kernel_node`, with a v2 struct.
+        CuResult(unsafe {
+            (self.sym.graph.add_kernel_node_v2)(
+                &mut out,
+                graph.ptr(),
+                deps.as_ptr(),
+                deps.len(),
+                &params,
+            )
+        })
+        .check("cuGraphAddKernelNode_v2")?;
+        Ok(GraphNodeHandle(out as usize))
+    }
+
+    /// `cuGraphInstantiateWithFlags`: an executable copy of `graph`.
+    pub fn graph_instantiate(
+        &self,
+        graph: GraphHandle,
+        flags: u64,
+    ) -> Result<GraphExecHandle, StandinError> {
+        let mut exec: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; plain values otherwise.
+        CuResult(unsafe { (self.sym.graph.instantiate_with_flags)(&mut exec, graph.ptr(), flags) })
+            .check("cuGraphInstantiateWithFlags")?;
+        Ok(GraphExecHandle(exec as usize))
+    }
+
+    /// `cuGraphInstantiateWithParams` with `flags` and `upload_stream`.
+    pub fn graph_instantiate_with_params(
+        &self,
+        graph: GraphHandle,
+        flags: u64,
+        upload_stream: StreamHandle,
+    ) -> Result<GraphExecHandle, StandinError> {
+        let mut params = GraphInstantiateParams {
+            flags,
+            upload_stream: upload_stream.ptr(),
+            err_node_out: std::ptr::null_mut(),
+            result_out: -1,
+        };
+        let mut exec: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and parameter struct for the call's duration.
+        CuResult(unsafe {
+            (self.sym.graph.instantiate_with_params)(&mut exec, graph.ptr(), &mut params)
+        })
+        .check("cuGraphInstantiateWithParams")?;
+        Ok(GraphExecHandle(exec as usize))
+    }
+
+    /// `cuGraphExecKernelNodeSetParams` (v1): `node` (of the graph `exec` was instantiated
+    /// from) runs with `params` from the next launch on, with the counters set with
+    /// [`Driver::set_next_counters`].
+    pub fn graph_exec_kernel_node_set_params(
+        &self,
+        exec: GraphExecHandle,
+        node: GraphNodeHandle,
+        params: &KernelNode,
+    ) -> Result<(), StandinError> {
+        let p = params.v1();
+        // SAFETY: `p` is a v1 struct alive for the call; the stand-in checks the handles.
+        CuResult(unsafe { (self.sym.graph.exec_set_params)(exec.ptr(), node.ptr(), &p) })
+            .check("cuGraphExecKernelNodeSetParams")
+    }
+
+    /// `cuGraphExecKernelNodeSetParams_v2`.
+    pub fn graph_exec_kernel_node_set_params_v2(
+        &self,
+        exec: GraphExecHandle,
+        node: GraphNodeHandle,
+        params: &KernelNode,
+    ) -> Result<(), StandinError> {
+        let p = params.v2();
+        // SAFETY: `p` is a v2 struct alive for the call; the stand-in checks the handles.
+        CuResult(unsafe { (self.sym.graph.exec_set_params_v2)(exec.ptr(), node.ptr(), &p) })
+            .check("cuGraphExecKernelNodeSetParams_v2")
+    }
+
+    /// `cuGraphExecUpdate` (the CUDA 11 signature): `exec` takes `graph`'s node parameters, or
+    /// [`StandinError::GraphExecUpdate`] says why not.
+    pub fn graph_exec_update(
+        &self,
+        exec: GraphExecHandle,
+        graph: GraphHandle,
+    ) -> Result<(), StandinError> {
+        let mut error_node: *mut c_void = std::ptr::null_mut();
+        let mut result: c_int = -1;
+        // SAFETY: valid out-pointers for the call's duration.
+        let code = CuResult(unsafe {
+            (self.sym.graph.exec_update)(exec.ptr(), graph.ptr(), &mut error_node, &mut result)
+        });
+        update_result("cuGraphExecUpdate", code, result)
+    }
+
+    /// `cuGraphExecUpdate_v2` (`CUgraphExecUpdateResultInfo`).
+    pub fn graph_exec_update_v2(
+        &self,
+        exec: GraphExecHandle,
+        graph: GraphHandle,
+    ) -> Result<(), StandinError> {
+        let mut info = GraphExecUpdateResultInfo {
+            result: -1,
+            error_node: std::ptr::null_mut(),
+            error_from_node: std::ptr::null_mut(),
+        };
+        // SAFETY: `info` is a valid out-struct for the call's duration.
+        let code = CuResult(unsafe {
+            (self.sym.graph.exec_update_v2)(exec.ptr(), graph.ptr(), &mut info)
+        });
+        update_result("cuGraphExecUpdate_v2", code, info.result)
+    }
+
+    /// `cuGraphLaunch`: runs `exec`'s kernel nodes in order on `stream` (one ring record each).
+    pub fn graph_launch(
+        &self,
+        exec: GraphExecHandle,
+        stream: StreamHandle,
+    ) -> Result<(), StandinError> {
+        // SAFETY: plain values; the stand-in checks the exec handle.
+        CuResult(unsafe { (self.sym.graph_launch)(exec.ptr(), stream.ptr()) })
+            .check("cuGraphLaunch")
+    }
+
+    /// `cuGraphLaunch_ptsz`.
+    pub fn graph_launch_ptsz(
+        &self,
+        exec: GraphExecHandle,
+        stream: StreamHandle,
+    ) -> Result<(), StandinError> {
+        // SAFETY: plain values; the stand-in checks the exec handle.
+        CuResult(unsafe { (self.sym.graph_launch_ptsz)(exec.ptr(), stream.ptr()) })
+            .check("cuGraphLaunch_ptsz")
+    }
+
+    /// `cuGraphDestroy` (executable graphs made from it stay valid).
+    pub fn graph_destroy(&self, graph: GraphHandle) -> Result<(), StandinError> {
+        // SAFETY: plain value; the stand-in checks the handle.
+        CuResult(unsafe { (self.sym.graph.destroy)(graph.ptr()) }).check("cuGraphDestroy")
+    }
+
+    /// `cuGraphExecDestroy`.
+    pub fn graph_exec_destroy(&self, exec: GraphExecHandle) -> Result<(), StandinError> {
+        // SAFETY: plain value; the stand-in checks the handle.
+        CuResult(unsafe { (self.sym.graph.exec_destroy)(exec.ptr()) }).check("cuGraphExecDestroy")
+    }
+
+    /// Kernel launches stream capture recorded as graph nodes in this process so far (they are
+    /// not counted as launches).
+    pub fn captured_launch_count(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { (self.sym.graph.captured_launch_count)() }
+    }
+
+    /// Kernel nodes run by graph launches in this process so far.
+    pub fn graph_node_launch_count(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { (self.sym.graph.node_launch_count)() }
+    }
+
     /// Hands the trace fields of the calling thread's next launch to the stand-in.
     pub fn set_next_counters(&self, counters: &NextCounters) {
         // SAFETY: the pointer is valid for the call; the stand-in copies the struct.
@@ -467,6 +879,19 @@ impl Driver {
         // SAFETY: no arguments.
         unsafe { (self.sym.private_kernel_count)() }
     }
+}
+
+/// The outcome of a `cuGraphExecUpdate` call: `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE` with the
+/// reason the result names, any other error as it is.
+fn update_result(call: &'static str, code: CuResult, result: c_int) -> Result<(), StandinError> {
+    if code == CuResult::GRAPH_EXEC_UPDATE_FAILURE {
+        return Err(StandinError::GraphExecUpdate {
+            call,
+            code,
+            result: GraphExecUpdateResult(result),
+        });
+    }
+    code.check(call)
 }
 
 #[cfg(test)]
@@ -558,7 +983,17 @@ mod tests {
             .module_get_function(m, c"every_entry_point_counts")
             .unwrap();
         let mut ring = CounterRing::open(std::process::id()).unwrap();
-        for (i, entry) in EntryPoint::ALL.into_iter().enumerate() {
+        // The six kernel launch entry points; a graph launch takes an executable graph, which
+        // a function handle is not (the graph tests in tests/graphs.rs launch real ones).
+        let kernel_entries = &EntryPoint::ALL[..6];
+        for entry in [EntryPoint::GraphLaunch, EntryPoint::GraphLaunchPtsz] {
+            let err = d.launch(entry, f, &launch_on(0x1000)).unwrap_err();
+            assert!(
+                matches!(err, StandinError::Cuda { code, .. } if code == CuResult::INVALID_VALUE),
+                "{entry:?}: {err}"
+            );
+        }
+        for (i, entry) in kernel_entries.iter().copied().enumerate() {
             let before = d.launch_count(entry);
             let counters = NextCounters {
                 duration_ns: 1000 + i as u64,
@@ -577,9 +1012,15 @@ mod tests {
             .into_iter()
             .filter(|r| r.function == f.0 as u64)
             .collect();
-        assert_eq!(ours.len(), EntryPoint::ALL.len());
+        assert_eq!(ours.len(), kernel_entries.len());
         for (i, r) in ours.iter().enumerate() {
-            assert_eq!(r.entry_point(), Some(EntryPoint::ALL[i]));
+            assert_eq!(r.entry_point(), Some(kernel_entries[i]));
+            let launch = ring.launch_record(r.seq).unwrap().unwrap();
+            assert_eq!((launch.grid, launch.block), ([4, 2, 1], [128, 1, 1]));
+            assert_eq!(
+                (launch.shared_mem_bytes, launch.graph_exec, launch.node),
+                (1024, 0, 0)
+            );
             assert_eq!(r.stream, 0x1000 + i as u64);
             assert_eq!(r.duration_ns(), Some(1000 + i as u64));
             assert_eq!(r.registers_per_thread(), Some(32));

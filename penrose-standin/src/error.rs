@@ -26,6 +26,17 @@ pub enum StandinError {
         /// Its result.
         code: CuResult,
     },
+    /// `cuGraphExecUpdate` refused the graph (`CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`); the
+    /// executable graph is unchanged.
+    #[error("{call} failed: {code}: {result}")]
+    GraphExecUpdate {
+        /// The driver function.
+        call: &'static str,
+        /// Its result.
+        code: CuResult,
+        /// Why, as `CUgraphExecUpdateResult`.
+        result: crate::abi::GraphExecUpdateResult,
+    },
     /// A stand-in runtime call returned a `cudaError_t`.
     #[error("{call} failed: cudaError_t {code}")]
     Runtime {
@@ -65,6 +76,9 @@ pub enum StandinError {
     /// The selected process has no kernels in the trace.
     #[error("{0}")]
     NothingToReplay(String),
+    /// A synthetic graph that cannot be built as asked (no kernels).
+    #[error("synthetic graph: {0}")]
+    BadGraph(String),
     /// A kernel name holds a NUL byte, so it cannot be passed as a C string.
     #[error("kernel name {0:?} contains a NUL byte")]
     NameWithNul(String),

@@ -14,6 +14,8 @@
 //!   stubs carry nvcc's symbol names, and the stripped library with a statically linked
 //!   runtime, each behind safe methods.
 //! - [`replay`]: a trace turned into launches, and the loop that replays them.
+//! - [`graphs`]: CUDA graphs in replays: a trace's graph launches captured once and relaunched,
+//!   and a synthetic explicit graph with updates between launches.
 //! - [`signal`]: stopping a looping replay cleanly on SIGINT/SIGTERM.
 //! - [`error`]: what can go wrong, as typed errors.
 //!
@@ -29,6 +31,7 @@
 pub mod abi;
 pub mod driver;
 pub mod error;
+pub mod graphs;
 pub mod replay;
 pub mod runtime;
 pub mod signal;
@@ -37,16 +40,21 @@ pub use penrose_standin_ring as ring;
 
 use std::path::{Path, PathBuf};
 
-pub use abi::{CuResult, EntryPoint, LaunchConfig, NextCounters, Present};
+pub use abi::{
+    CaptureMode, CaptureStatus, CuResult, EntryPoint, GraphExecUpdateResult, LaunchConfig,
+    NextCounters, Present,
+};
 pub use driver::{
-    Driver, FunctionHandle, KernelHandle, Launch, LibraryHandle, ModuleHandle, StreamHandle,
+    Driver, FunctionHandle, GraphExecHandle, GraphHandle, GraphNodeHandle, KernelHandle,
+    KernelNode, Launch, LibraryHandle, ModuleHandle, NodeKernel, StreamHandle,
 };
 pub use error::StandinError;
+pub use graphs::{GraphUpdate, NodeSpec, SyntheticGraph, SyntheticSummary, run_synthetic_graph};
 pub use replay::{
     DevicePlan, Libraries, Loops, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary,
     Resolve, RuntimeVia, Via, replay, replay_with,
 };
-pub use ring::{CounterRecord, CounterRing, RingError, RingHeader, ring_path};
+pub use ring::{CounterRecord, CounterRing, LaunchRecord, RingError, RingHeader, ring_path};
 pub use runtime::{
     AppLaunch, Dim3, FatBinaryHandle, NvccApp, Runtime, RuntimeCounter, StaticLib, StubAddress,
 };

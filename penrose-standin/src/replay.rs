@@ -3,6 +3,10 @@
 //! The plan resolves everything a launch needs before the clock starts (names as C strings,
 //! stream handles, counter fields), so that at full speed the loop does nothing but call the
 //! driver: the replayer's launch rate is the workload the probes are measured against.
+//!
+//! With [`ReplayPlan::with_graphs`], the kernels of each trace graph launch are replayed as a
+//! graph launch: captured on the replay stream the first time their sequence of (name, grid,
+//! block) is seen, relaunched with `cuGraphLaunch` after that (see [`crate::graphs`]).
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -15,6 +19,7 @@ use serde::Serialize;
 
 use crate::abi::{EntryPoint, NextCounters, saturate_u32};
 use crate::driver::{Driver, FunctionHandle, Launch, StreamHandle};
+use crate::graphs::{GraphCache, GraphKey, GraphLaunch, GraphSteps, Step, graph_key};
 use crate::runtime::{AppLaunch, NvccApp, Runtime, RuntimeCounter, StaticLib, StubAddress};
 
 /// The entry points that launch one kernel (all but the graph launches), rotated through by
@@ -202,6 +207,8 @@ struct OnDevice {
     ordinal: i32,
     count: i32,
     streams: std::collections::HashMap<i32, Vec<StreamHandle>>,
+    /// Device switches made so far.
+    switches: u64,
 }
 
 impl OnDevice {
@@ -217,6 +224,7 @@ impl OnDevice {
             ordinal: plan.ordinal,
             count,
             streams: std::collections::HashMap::new(),
+            switches: 0,
         };
         on.switch_to(driver, plan.ordinal, streams)?;
         Ok(on)
@@ -261,6 +269,8 @@ struct PlannedLaunch {
     /// µs after the sequence's first launch.
     offset_us: f64,
     counters: NextCounters,
+    /// The trace graph launch that launched it, if any.
+    graph: Option<GraphKey>,
 }
 
 /// A trace's chosen kernel sequence, ready to replay.
@@ -271,6 +281,8 @@ pub struct ReplayPlan {
     processes: Vec<ProcessId>,
     launches: Vec<PlannedLaunch>,
     period_us: f64,
+    /// Set by [`ReplayPlan::with_graphs`]: the launches as steps, graph launches gathered.
+    graphs: Option<GraphSteps>,
 }
 
 impl ReplayPlan {
@@ -347,6 +359,7 @@ impl ReplayPlan {
                 shared_mem_bytes: saturate_u32(k.shared_memory_bytes.unwrap_or(0)),
                 offset_us: (k.launch_order_ts_us() - first_ts).max(0.0),
                 counters: NextCounters::from_kernel(k),
+                graph: graph_key(k),
             });
         }
         let last = kernels[kernels.len() - 1];
@@ -358,7 +371,38 @@ impl ReplayPlan {
             processes,
             launches,
             period_us,
+            graphs: None,
         })
+    }
+
+    /// Replays each trace graph launch (the kernels of one process launched by one
+    /// `cudaGraphLaunch`, sharing its correlation id) as a graph launch when `on`, else every
+    /// kernel with its own launch (the default).
+    pub fn with_graphs(mut self, on: bool) -> Self {
+        self.graphs = on.then(|| {
+            let keys: Vec<Option<GraphKey>> = self.launches.iter().map(|l| l.graph).collect();
+            let kernels: Vec<_> = self
+                .launches
+                .iter()
+                .map(|l| (l.name, l.grid, l.block))
+                .collect();
+            GraphSteps::plan(&keys, &kernels)
+        });
+        self
+    }
+
+    /// The steps a graph replay takes ([`ReplayPlan::with_graphs`]); `None` when every kernel
+    /// is launched on its own.
+    pub fn graph_steps(&self) -> Option<&GraphSteps> {
+        self.graphs.as_ref()
+    }
+
+    /// Trace graph launches in one loop (replayed as graph launches only
+    /// [`ReplayPlan::with_graphs`]).
+    pub fn graph_launches(&self) -> usize {
+        let keys: std::collections::HashSet<GraphKey> =
+            self.launches.iter().filter_map(|l| l.graph).collect();
+        keys.len()
     }
 
     /// Launches per loop.
@@ -397,7 +441,8 @@ impl ReplayPlan {
 pub struct ReplaySummary {
     /// The replaying process (its ring is `/dev/shm/penrose-standin-<pid>`).
     pub pid: u32,
-    /// Launches the replay made.
+    /// Kernels the replay launched, on their own or as graph nodes (a graph's kernels count
+    /// once per graph launch).
     pub replayed: u64,
     /// Loops completed (the last may be partial when stopped).
     pub loops: u64,
@@ -410,6 +455,15 @@ pub struct ReplaySummary {
     pub name_calls: u64,
     /// Distinct kernels made through the driver's private path in this process.
     pub private_kernels: u64,
+    /// Graph launches the replay made (`cuGraphLaunch`; with [`ReplayPlan::with_graphs`]).
+    pub graph_launches: u64,
+    /// Graphs captured: distinct (name, grid, block) sequences, each captured and instantiated
+    /// once.
+    pub graphs_captured: u64,
+    /// Kernels launched through graph launches (each graph launch counts its kernels).
+    pub graph_kernels: u64,
+    /// Kernel launches the stand-in recorded as graph nodes while capturing.
+    pub captured_launches: u64,
     /// The stand-in runtime's counters, for [`Via::Runtime`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeCounts>,
@@ -491,7 +545,10 @@ pub fn replay_with(
 ) -> Result<ReplaySummary, StandinError> {
     let driver = libs.driver;
     driver.init()?;
-    let mut on = OnDevice::start(driver, options.devices, plan.streams.len())?;
+    // A graph replay makes one more stream, for graph launches of kernels with no stream (the
+    // default stream cannot be captured).
+    let stream_count = plan.streams.len() + usize::from(plan.graphs.is_some());
+    let on = OnDevice::start(driver, options.devices, stream_count)?;
     let first_streams = on.streams().to_vec();
     let image = c"penrose-standin module image";
     let missing = |what| StandinError::MissingLibrary {
@@ -550,9 +607,28 @@ pub fn replay_with(
         }
     };
     let stopped = || options.stop.is_some_and(|s| s.load(Ordering::Relaxed));
+    let eager;
+    let steps = match &plan.graphs {
+        Some(steps) => steps,
+        None => {
+            eager = GraphSteps::eager(plan.launches.len());
+            &eager
+        }
+    };
+    let mut run = Run {
+        driver,
+        targets: &targets,
+        via: options.via,
+        on,
+        streams: stream_count,
+        switch_every: options.devices.switch_every.map(|e| e.max(1)),
+        replayed: 0,
+        graph_launches: 0,
+        graph_kernels: 0,
+    };
+    let mut cache = GraphCache::default();
 
     let start = Instant::now();
-    let mut replayed = 0u64;
     let mut loops = 0u64;
     'outer: loop {
         if let Loops::Count(n) = options.loops
@@ -561,43 +637,29 @@ pub fn replay_with(
             break;
         }
         let loop_offset_us = loops as f64 * plan.period_us;
-        for l in &plan.launches {
+        for step in &steps.steps {
             if stopped() {
                 break 'outer;
             }
-            if let Pace::Trace { speed } = options.pace {
-                wait_until(start, (loop_offset_us + l.offset_us) / speed);
-            }
-            if let Some(every) = options.devices.switch_every
-                && replayed > 0
-                && replayed.is_multiple_of(every.max(1))
-            {
-                on.next(driver, plan.streams.len())?;
-            }
-            let streams = on.streams();
-            // The thread's next driver launch takes these, whichever library makes it.
-            driver.set_next_counters(&l.counters);
-            let launch = Launch {
-                grid: l.grid,
-                block: l.block,
-                shared_mem_bytes: l.shared_mem_bytes,
-                stream: l.stream.map_or(StreamHandle(0), |s| streams[s]),
+            let first = match *step {
+                Step::Kernel(i) => i,
+                // A graph launch is paced by its first kernel (it has at least one).
+                Step::Graph(g) => steps.graphs[g].launches.first().copied().unwrap_or(0),
             };
-            match &targets {
-                Targets::Driver(handles) => {
-                    let entry = match options.via {
-                        Via::Rotate => {
-                            KERNEL_LAUNCHES[(replayed % KERNEL_LAUNCHES.len() as u64) as usize]
-                        }
-                        Via::Entry(e) => e,
-                        Via::Runtime(_) | Via::Static => EntryPoint::LaunchKernel,
-                    };
-                    driver.launch(entry, handles[l.name], &launch)?;
-                }
-                Targets::App(app, how) => app.launch(stub_index(l.name), &launch, *how)?,
-                Targets::Static(lib, kernels) => lib.launch(kernels[l.name], &launch)?,
+            if let Pace::Trace { speed } = options.pace {
+                wait_until(
+                    start,
+                    (loop_offset_us + plan.launches[first].offset_us) / speed,
+                );
             }
-            replayed += 1;
+            run.switch_device_if_due()?;
+            match *step {
+                Step::Kernel(i) => {
+                    let l = &plan.launches[i];
+                    run.launch(l, run.stream_of(l.stream))?;
+                }
+                Step::Graph(g) => run.graph(plan, &mut cache, &steps.graphs[g])?,
+            }
         }
         loops += 1;
         if stopped() {
@@ -605,6 +667,9 @@ pub fn replay_with(
         }
     }
     let elapsed_s = start.elapsed().as_secs_f64();
+    let graphs_captured = cache.captured;
+    cache.destroy(driver)?;
+    let replayed = run.replayed;
 
     Ok(ReplaySummary {
         pid: std::process::id(),
@@ -617,6 +682,10 @@ pub fn replay_with(
         distinct_functions: driver.function_count(),
         name_calls: driver.name_call_count(),
         private_kernels: driver.private_kernel_count(),
+        graph_launches: run.graph_launches,
+        graphs_captured,
+        graph_kernels: run.graph_kernels,
+        captured_launches: driver.captured_launch_count(),
         runtime: match (options.via, libs.runtime) {
             (Via::Runtime(_), Some(r)) => Some(RuntimeCounts {
                 register_function: r.count(RuntimeCounter::RegisterFunction),
@@ -643,6 +712,102 @@ pub fn replay_with(
             0.0
         },
     })
+}
+
+/// A replay in progress: the path launches take, the device it is on, and what it has done.
+struct Run<'r, 'a> {
+    driver: &'a Driver,
+    targets: &'r Targets<'a>,
+    via: Via,
+    on: OnDevice,
+    /// Streams made per device (the plan's, plus the graph stream in a graph replay).
+    streams: usize,
+    switch_every: Option<u64>,
+    replayed: u64,
+    graph_launches: u64,
+    graph_kernels: u64,
+}
+
+impl Run<'_, '_> {
+    /// The handle on the current device of trace stream index `stream` (none: the default
+    /// stream).
+    fn stream_of(&self, stream: Option<usize>) -> StreamHandle {
+        stream
+            .and_then(|s| self.on.streams().get(s).copied())
+            .unwrap_or(StreamHandle(0))
+    }
+
+    /// Moves to the next device once `switch_every` more kernels have been launched (checked
+    /// between steps: a graph is never split across devices).
+    fn switch_device_if_due(&mut self) -> Result<(), StandinError> {
+        if let Some(every) = self.switch_every
+            && self.replayed > 0
+            && self.replayed / every > self.on.switches
+        {
+            self.on.switches = self.replayed / every;
+            self.on.next(self.driver, self.streams)?;
+        }
+        Ok(())
+    }
+
+    /// Launches one planned kernel on `stream` with its counters.
+    fn launch(&mut self, l: &PlannedLaunch, stream: StreamHandle) -> Result<(), StandinError> {
+        // The thread's next driver launch takes these, whichever library makes it.
+        self.driver.set_next_counters(&l.counters);
+        let launch = Launch {
+            grid: l.grid,
+            block: l.block,
+            shared_mem_bytes: l.shared_mem_bytes,
+            stream,
+        };
+        match self.targets {
+            Targets::Driver(handles) => {
+                let entry = match self.via {
+                    Via::Rotate => {
+                        KERNEL_LAUNCHES[(self.replayed % KERNEL_LAUNCHES.len() as u64) as usize]
+                    }
+                    Via::Entry(e) => e,
+                    Via::Runtime(_) | Via::Static => EntryPoint::LaunchKernel,
+                };
+                self.driver.launch(entry, handles[l.name], &launch)?;
+            }
+            Targets::App(app, how) => app.launch(stub_index(l.name), &launch, *how)?,
+            Targets::Static(lib, kernels) => lib.launch(kernels[l.name], &launch)?,
+        }
+        self.replayed += 1;
+        Ok(())
+    }
+
+    /// One trace graph launch: its shape's exec (captured now if this is the shape's first
+    /// launch), launched with `cuGraphLaunch` on the stream of its first kernel.
+    fn graph(
+        &mut self,
+        plan: &ReplayPlan,
+        cache: &mut GraphCache,
+        graph: &GraphLaunch,
+    ) -> Result<(), StandinError> {
+        let first = graph.launches.first().map(|&i| &plan.launches[i]);
+        let stream = self.stream_of(first.and_then(|l| l.stream).or(Some(plan.streams.len())));
+        let exec = match cache.get(graph.shape) {
+            Some(exec) => {
+                self.replayed += graph.launches.len() as u64;
+                exec
+            }
+            None => {
+                let driver = self.driver;
+                cache.capture(driver, graph.shape, stream, || {
+                    graph
+                        .launches
+                        .iter()
+                        .try_for_each(|&i| self.launch(&plan.launches[i], stream))
+                })?
+            }
+        };
+        self.driver.graph_launch(exec, stream)?;
+        self.graph_launches += 1;
+        self.graph_kernels += graph.launches.len() as u64;
+        Ok(())
+    }
 }
 
 /// The application stub that stands for the plan's name `i`.

@@ -1,4 +1,6 @@
-//! `penrose-replay`: replays a profiler trace's kernel launches through a stand-in libcuda.
+//! `penrose-replay`: replays a profiler trace's kernel launches through a stand-in libcuda
+//! (`--graphs`: a trace's graph launches as graph launches), or launches one synthetic CUDA
+//! graph (`--synthetic-graph NODES`).
 //!
 //! Exit status: 0 on success, 2 when the trace (or the process selection) is unusable, 1 for
 //! anything else (library not loadable, a driver call failed).
@@ -9,9 +11,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use penrose_standin::{
-    DevicePlan, Driver, EntryPoint, LIBCUDA_PATH, LIBCUDART_PATH, Libraries, Loops, NVCC_APP_PATH,
-    NvccApp, Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve, Runtime, RuntimeVia,
-    STATIC_LIB_PATH, StandinError, StaticLib, Via, replay_with, ring_path, signal,
+    DevicePlan, Driver, EntryPoint, GraphUpdate, LIBCUDA_PATH, LIBCUDART_PATH, Libraries, Loops,
+    NVCC_APP_PATH, NvccApp, Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve, Runtime,
+    RuntimeVia, STATIC_LIB_PATH, StandinError, StaticLib, SyntheticGraph, Via, replay_with,
+    ring_path, run_synthetic_graph, signal,
 };
 
 #[derive(Parser, Debug)]
@@ -85,8 +88,41 @@ struct Args {
     /// Leave /dev/shm/penrose-standin-<pid> in place for a reader (removed by default).
     #[arg(long)]
     keep_ring: bool,
+    /// Replay each trace graph launch (the kernels one cudaGraphLaunch ran) as a graph launch:
+    /// captured on the replay stream the first time its (name, grid, block) sequence is seen,
+    /// then relaunched with cuGraphLaunch.
+    #[arg(long)]
+    graphs: bool,
+    /// Instead of a trace: build one explicit graph of NODES kernel nodes (cuGraphCreate,
+    /// cuGraphAddKernelNode_v2) and launch it --graph-launches times.
+    #[arg(long, value_name = "NODES", conflicts_with_all = ["trace", "graphs"])]
+    synthetic_graph: Option<u32>,
+    /// Distinct kernels of the synthetic graph (graph_node_kernel_<i % M>).
+    #[arg(long, value_name = "M", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..), requires = "synthetic_graph")]
+    graph_kernels: u32,
+    /// Launches of the synthetic graph.
+    #[arg(
+        long,
+        value_name = "K",
+        default_value_t = 1,
+        requires = "synthetic_graph"
+    )]
+    graph_launches: u64,
+    /// What changes between launches of the synthetic graph: node-params updates one node
+    /// (cuGraphExecKernelNodeSetParams_v2), exec the whole exec (cuGraphExecUpdate_v2).
+    #[arg(long, value_enum, default_value_t = UpdateArg::None, requires = "synthetic_graph")]
+    graph_update: UpdateArg,
     /// The trace (.json or .json.gz).
-    trace: PathBuf,
+    #[arg(required_unless_present = "synthetic_graph")]
+    trace: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum UpdateArg {
+    None,
+    NodeParams,
+    Exec,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -207,6 +243,61 @@ fn via(args: &Args) -> Result<Via, String> {
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
+    match (&args.trace, args.synthetic_graph) {
+        (_, Some(nodes)) => run_synthetic(args, nodes),
+        (Some(trace), None) => run_trace(args, trace),
+        (None, None) => Err(Failure::BadInput(anyhow::anyhow!(
+            "name a trace or --synthetic-graph"
+        ))),
+    }
+}
+
+/// Loads the stand-in the flags name (or the built one).
+fn load_driver(args: &Args) -> Result<Driver, Failure> {
+    let lib = args
+        .lib
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(LIBCUDA_PATH));
+    Ok(Driver::load(&lib).with_context(|| format!("loading {}", lib.display()))?)
+}
+
+/// Builds and launches the synthetic graph.
+fn run_synthetic(args: &Args, nodes: u32) -> Result<(), Failure> {
+    let spec = SyntheticGraph {
+        nodes,
+        kernels: args.graph_kernels,
+        launches: args.graph_launches,
+        update: match args.graph_update {
+            UpdateArg::None => GraphUpdate::None,
+            UpdateArg::NodeParams => GraphUpdate::NodeParams,
+            UpdateArg::Exec => GraphUpdate::Exec,
+        },
+    };
+    let driver = load_driver(args)?;
+    let result = run_synthetic_graph(&driver, &spec, args.device);
+    if !args.keep_ring {
+        let _ = std::fs::remove_file(ring_path(std::process::id()));
+    }
+    let summary = result.context("replaying the synthetic graph")?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&summary).context("encoding the summary")?;
+        println!("{json}");
+    } else {
+        println!(
+            "synthetic graph: {} nodes of {} kernels, {} launches ({} updates): {} nodes in {:.3} s",
+            nodes,
+            spec.kernels,
+            summary.graph_launches,
+            summary.updates,
+            summary.node_launches,
+            summary.elapsed_s
+        );
+    }
+    Ok(())
+}
+
+/// Replays a trace.
+fn run_trace(args: &Args, trace_path: &std::path::Path) -> Result<(), Failure> {
     if !(args.speed.is_finite() && args.speed > 0.0) {
         return Err(Failure::BadInput(anyhow::anyhow!(
             "--speed must be a positive number, got {}",
@@ -214,18 +305,16 @@ fn run(args: &Args) -> Result<(), Failure> {
         )));
     }
     let via = via(args).map_err(|e| Failure::BadInput(anyhow::anyhow!(e)))?;
-    let trace = penrose_traces::read_trace(&args.trace)
+    let trace = penrose_traces::read_trace(trace_path)
         .map_err(|e| Failure::BadInput(anyhow::Error::new(e)))?;
-    let plan = ReplayPlan::from_trace(&trace, args.process).map_err(|e| match e {
-        StandinError::NameWithNul(_) | StandinError::NothingToReplay(_) => {
-            Failure::BadInput(anyhow::Error::new(e))
-        }
-        other => Failure::Other(anyhow::Error::new(other)),
-    })?;
-    let lib = args
-        .lib
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(LIBCUDA_PATH));
+    let plan = ReplayPlan::from_trace(&trace, args.process)
+        .map_err(|e| match e {
+            StandinError::NameWithNul(_) | StandinError::NothingToReplay(_) => {
+                Failure::BadInput(anyhow::Error::new(e))
+            }
+            other => Failure::Other(anyhow::Error::new(other)),
+        })?
+        .with_graphs(args.graphs);
     // Before the stand-in loads: loading it creates the counter ring, which is what a caller
     // waits for before it may send SIGTERM; a handler installed later let that signal kill
     // the process without its summary.
@@ -234,7 +323,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     } else {
         None
     };
-    let driver = Driver::load(&lib).with_context(|| format!("loading {}", lib.display()))?;
+    let driver = load_driver(args)?;
     // Loaded in a real process's order: driver, runtime, application (each finds the one
     // before by soname).
     let path_or = |p: &Option<PathBuf>, default: &str| p.clone().unwrap_or_else(|| default.into());
@@ -293,10 +382,10 @@ fn run(args: &Args) -> Result<(), Failure> {
     }
     let summary = result.map_err(|e| match e {
         StandinError::TooManyKernels { .. } => Failure::BadInput(
-            anyhow::Error::new(e).context(format!("replaying {}", args.trace.display())),
+            anyhow::Error::new(e).context(format!("replaying {}", trace_path.display())),
         ),
         other => Failure::Other(
-            anyhow::Error::new(other).context(format!("replaying {}", args.trace.display())),
+            anyhow::Error::new(other).context(format!("replaying {}", trace_path.display())),
         ),
     })?;
     if args.json {
@@ -305,13 +394,19 @@ fn run(args: &Args) -> Result<(), Failure> {
     } else {
         println!(
             "{}: replayed {} launches of {} distinct kernels ({} loops) in {:.3} s: {:.0} launches/s",
-            args.trace.display(),
+            trace_path.display(),
             summary.replayed,
             plan.names().len(),
             summary.loops,
             summary.elapsed_s,
             summary.launches_per_s
         );
+        if args.graphs {
+            println!(
+                "graphs: {} graph launches of {} captured graphs ran {} kernels",
+                summary.graph_launches, summary.graphs_captured, summary.graph_kernels
+            );
+        }
     }
     Ok(())
 }
