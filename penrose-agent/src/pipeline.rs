@@ -1018,7 +1018,7 @@ mod tests {
                 pid: Pid(7),
                 tid: 7,
                 sampled: i % 100 == 0,
-                sampled_kernel: 0,
+                graph_position: 0,
                 in_graph: false,
                 timestamp_ns: 0,
                 function: 0x7f00_0000 + u64::from(k) * 0x40,

@@ -549,7 +549,7 @@ mod tests {
             pid: Pid(7),
             tid,
             sampled: true,
-            sampled_kernel: 0,
+            graph_position: 0,
             in_graph: false,
             timestamp_ns: 0,
             function: 0xf,

@@ -91,9 +91,10 @@ pub struct Launch {
     pub tid: u32,
     /// Marked by the BPF sampling countdown.
     pub sampled: bool,
-    /// For a sampled graph launch, which of the graph's kernels the countdown fell on (zero
-    /// otherwise).
-    pub sampled_kernel: u32,
+    /// For a sampled graph launch record, the position among the graph's kernels of the one
+    /// the countdown fell on; for a kernel of an expanded graph launch, its own position in the
+    /// graph; zero otherwise.
+    pub graph_position: u32,
     /// A kernel of an expanded graph launch (the launch record was the graph's).
     pub in_graph: bool,
     /// `bpf_ktime_get_ns`.
@@ -123,7 +124,7 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 pid: Pid(e.pid),
                 tid: e.tid,
                 sampled: e.sampled != 0,
-                sampled_kernel: e.sampled.saturating_sub(1),
+                graph_position: e.sampled.saturating_sub(1),
                 in_graph: false,
                 timestamp_ns: e.timestamp_ns,
                 function: e.function,
@@ -215,8 +216,8 @@ impl Launch {
     /// Kernel `index` of this graph launch, as `node` launches it.
     pub fn graph_kernel(&self, index: usize, node: &KernelNode) -> Self {
         Self {
-            sampled: self.sampled && index == self.sampled_kernel as usize,
-            sampled_kernel: 0,
+            sampled: self.sampled && index == self.graph_position as usize,
+            graph_position: u32::try_from(index).unwrap_or(u32::MAX),
             in_graph: true,
             function: match node.function {
                 0 => node.kernel,

@@ -305,6 +305,28 @@ impl Graphs {
         }
     }
 
+    /// The ring lost records: any graph state may have missed a node, a change or a
+    /// destruction, so every capture, graph and executable graph is no longer whole (its later
+    /// launches stay `<graph>` until it is built again). Returns the executable graphs, whose
+    /// BPF-side kernel counts must go.
+    pub fn records_lost(&mut self) -> Vec<(Pid, u64)> {
+        let mut execs = Vec::new();
+        for (pid, process) in &mut self.processes {
+            let bodies = process
+                .captures
+                .values_mut()
+                .chain(process.graphs.values_mut());
+            for body in bodies {
+                body.complete = false;
+            }
+            for (exec, body) in &mut process.execs {
+                body.complete = false;
+                execs.push((*pid, *exec));
+            }
+        }
+        execs
+    }
+
     /// The process exited: its state goes. Returns its executable graphs, whose BPF-side
     /// kernel counts must go too.
     pub fn exited(&mut self, pid: Pid) -> Vec<u64> {
@@ -343,6 +365,16 @@ impl Graphs {
     }
 
     fn node_params(&mut self, change: &GraphChange) {
+        let earlier = self
+            .processes
+            .get(&change.pid)
+            .and_then(|p| p.adding.get(&change.tid))
+            .map(|(graph, _)| *graph);
+        if let Some(graph) = earlier {
+            // The thread's previous addition never returned a node: it failed, or its record
+            // was lost. Either way that graph may lack a node.
+            self.incomplete(change.pid, Place::Graph(graph));
+        }
         let process = self.process(change.pid);
         if process.adding.len() < MAX_ADDING || process.adding.contains_key(&change.tid) {
             process
@@ -352,16 +384,15 @@ impl Graphs {
     }
 
     fn node_added(&mut self, change: &GraphChange) {
-        let Some((graph, mut node)) = self
+        let pending = self
             .processes
             .get_mut(&change.pid)
-            .and_then(|p| p.adding.remove(&change.tid))
-        else {
+            .and_then(|p| p.adding.remove(&change.tid));
+        let Some((graph, mut node)) = pending.filter(|(graph, _)| *graph == change.graph) else {
+            // A node whose parameters were not seen (a lost record): the graph lacks it.
+            self.incomplete(change.pid, Place::Graph(change.graph));
             return;
         };
-        if graph != change.graph {
-            return;
-        }
         node.node = change.node.node;
         let known = self
             .processes
@@ -447,13 +478,17 @@ impl Graphs {
         let cost = if shared { len + 1 } else { 1 };
         if len >= self.limits.per_graph || !self.charge(pid, cost) {
             self.counts.over_bounds += 1;
-            if let Some(body) = self.body(pid, place) {
-                body.complete = false;
-            }
+            self.incomplete(pid, place);
             return;
         }
         if let Some(body) = self.body(pid, place) {
             Arc::make_mut(&mut body.nodes).push(node);
+        }
+    }
+
+    fn incomplete(&mut self, pid: Pid, place: Place) {
+        if let Some(body) = self.body(pid, place) {
+            body.complete = false;
         }
     }
 
@@ -566,7 +601,7 @@ mod tests {
             pid: PID,
             tid: 70,
             sampled: false,
-            sampled_kernel: 0,
+            graph_position: 0,
             in_graph: false,
             timestamp_ns: 2_000,
             function,
@@ -863,10 +898,61 @@ mod tests {
     }
 
     #[test]
+    fn lost_records_leave_no_graph_taken_for_whole() {
+        let mut graphs = Graphs::default();
+        add_node(&mut graphs, 0x6a, 0xa1, 11);
+        // Parameters whose node never came back, then the next node: the graph may lack one.
+        let params = GraphChange {
+            graph: 0x6a,
+            ..change(GraphOp::KernelNodeParams)
+        };
+        graphs.apply(&params, None);
+        add_node(&mut graphs, 0x6a, 0xa3, 13);
+        let instantiate = GraphChange {
+            graph: 0x6a,
+            exec: 0xe0,
+            ..change(GraphOp::Instantiated)
+        };
+        graphs.apply(&instantiate, None);
+        assert_eq!(
+            graphs.expansion(PID, 0xe0),
+            Expansion::Opaque(Opaque::Incomplete)
+        );
+        // A node handle whose parameters were lost.
+        let added = GraphChange {
+            graph: 0x6b,
+            ..change(GraphOp::KernelNodeAdded)
+        };
+        add_node(&mut graphs, 0x6b, 0xb1, 21);
+        graphs.apply(&added, None);
+        graphs.apply(
+            &GraphChange {
+                graph: 0x6b,
+                exec: 0xe1,
+                ..change(GraphOp::Instantiated)
+            },
+            None,
+        );
+        assert_eq!(
+            graphs.expansion(PID, 0xe1),
+            Expansion::Opaque(Opaque::Incomplete)
+        );
+        // Records lost anywhere in the ring: nothing is whole any more.
+        capture(&mut graphs, Some(0), &[1, 2], 0x6c, 0xe2);
+        assert!(matches!(graphs.expansion(PID, 0xe2), Expansion::Kernels(_)));
+        let execs = graphs.records_lost();
+        assert!(execs.contains(&(PID, 0xe2)));
+        assert_eq!(
+            graphs.expansion(PID, 0xe2),
+            Expansion::Opaque(Opaque::Incomplete)
+        );
+    }
+
+    #[test]
     fn a_sampled_graph_launch_samples_the_kernel_the_countdown_fell_on() {
         let graph_launch = Launch {
             sampled: true,
-            sampled_kernel: 2,
+            graph_position: 2,
             entry: EntryPoint::GraphLaunch,
             ..launch(0xe0)
         };

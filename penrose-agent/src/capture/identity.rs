@@ -187,7 +187,7 @@ mod tests {
             pid: Pid(std::process::id()),
             tid: 1,
             sampled: false,
-            sampled_kernel: 0,
+            graph_position: 0,
             in_graph: false,
             timestamp_ns: 0,
             function: 0xf00,

@@ -137,7 +137,7 @@ mod tests {
             pid: Pid(7),
             tid: 8,
             sampled: false,
-            sampled_kernel: 0,
+            graph_position: 0,
             in_graph: false,
             timestamp_ns: ts,
             function: 0xf00,

@@ -247,6 +247,8 @@ pub struct Capture {
     /// When the launch probes were last attached (CLOCK_MONOTONIC ns, the clock of the
     /// records); `None` while they are not: captures that began before miss launches.
     launch_probes_since: Option<u64>,
+    /// Ring drops already accounted for in the graph state.
+    drops_seen: u64,
     late: late::LateNamer,
     identities: identity::Identities,
     /// Processes whose pre-attach registrations were read (once each).
@@ -317,6 +319,7 @@ impl Capture {
             graphs: graphs::Graphs::default(),
             graph_kernels,
             launch_probes_since: None,
+            drops_seen: 0,
             late: late::LateNamer::default(),
             identities: identity::Identities::default(),
             late_named: std::collections::HashSet::new(),
@@ -610,6 +613,9 @@ impl Capture {
             }
         }
         self.counts.events += read;
+        if read > 0 {
+            self.check_drops();
+        }
         if let Some(window) = &mut self.window {
             self.finished.extend(window.take_finished());
         }
@@ -794,6 +800,17 @@ impl Capture {
             false => names.launch(launch.tid, launch.function),
         }
         .cloned()
+    }
+
+    /// Records lost since the last look make every graph the agent holds unsure.
+    fn check_drops(&mut self) {
+        let Ok(drops) = self.drops() else { return };
+        if drops > self.drops_seen {
+            self.drops_seen = drops;
+            for (pid, exec) in self.graphs.records_lost() {
+                self.set_kernel_count(graphs::KernelCount::Remove { pid, exec });
+            }
+        }
     }
 
     /// A graph record: the graph state changes, and with it the BPF side's kernel count.

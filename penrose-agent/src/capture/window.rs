@@ -404,7 +404,7 @@ mod tests {
             pid: Pid(pid),
             tid: pid,
             sampled: false,
-            sampled_kernel: 0,
+            graph_position: 0,
             in_graph: false,
             timestamp_ns: 0,
             function,

@@ -153,6 +153,8 @@ impl CounterSource for StandinSource {
         let started = Instant::now();
         let record = loop {
             match ring.find_launch(launch.tid, launch.function, launch.timestamp_ns) {
+                // A graph runs a kernel at several nodes: its own node's record, not the first.
+                Ok(Lookup::Found(record)) if !is_own_node(ring, launch, &record) => continue,
                 Ok(Lookup::Found(record)) => break record,
                 Ok(Lookup::Gone) => return Reading::Missing(MissingReason::NotFound),
                 Ok(Lookup::NotYet) if started.elapsed() < Duration::from_micros(200) => {
@@ -183,6 +185,19 @@ impl CounterSource for StandinSource {
             })
             .collect();
         Reading::Values(values)
+    }
+}
+
+/// Whether `record` is the one of `launch`: always for a kernel launch; for a kernel of an
+/// expanded graph launch, when the record's launch record names the same node (a ring without
+/// launch records cannot tell, and is taken at its word).
+fn is_own_node(ring: &CounterRing, launch: &Launch, record: &CounterRecord) -> bool {
+    if !launch.in_graph {
+        return true;
+    }
+    match ring.launch_record(record.seq) {
+        Ok(Some(written)) => written.graph_node() == Some(launch.graph_position),
+        Ok(None) | Err(_) => true,
     }
 }
 
@@ -254,7 +269,7 @@ mod tests {
             pid: Pid(pid),
             tid: 100,
             sampled: true,
-            sampled_kernel: 0,
+            graph_position: 0,
             in_graph: false,
             timestamp_ns,
             function: 0xf00,
