@@ -6,10 +6,12 @@
 //! - [`windows`]: capture windows at random offsets of the looped sequences, perturbed.
 //! - [`tokens`]: each window as kernel names, name-free tokens, or both.
 //! - [`cluster`]: the aggregator's online clustering, simulated, and its score.
+//! - [`graphs`]: CUDA graph launches expanded into their kernels or not (issue 24).
 //! - [`report`]: the markdown document.
 
 mod cluster;
 mod corpus;
+mod graphs;
 mod report;
 mod tokens;
 mod windows;
@@ -34,7 +36,7 @@ use corpus::{Corpus, LaunchId, Mode};
 use tokens::{Tokenizer, Tokens};
 
 /// Arguments.
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct Args {
     /// Folder of `.json` / `.json.gz` profiler traces [default: $PENROSE_TRACES, else
     /// ../shared/traces next to the workspace].
@@ -164,6 +166,9 @@ pub struct Cell {
     /// The shipped encoding at the shipped tau under simpler class rules, to measure what
     /// healing gains.
     healing: Vec<HealingScore>,
+    /// The shipped encoding, tau and class rule: per file label (per process: the index of
+    /// the per-process sequence), its windows in their own class and its windows.
+    own_by_file: Vec<[usize; 2]>,
 }
 
 /// The shipped encoding and tau under one class rule.
@@ -203,6 +208,8 @@ pub struct Evaluation {
     /// n-grams, for n = 1 and the shipped n.
     ranks: Vec<RankSimilarity>,
     cells: Vec<Cell>,
+    /// Per process, graph launches expanded into their kernels or not (issue 24).
+    graphs: graphs::GraphEval,
 }
 
 /// How alike two ranks of one job are.
@@ -294,56 +301,15 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     );
     let corpus =
         Corpus::read(&dir).with_context(|| format!("reading traces in {}", dir.display()))?;
-    let foreign: Vec<Vec<LaunchId>> = (0..corpus.apps.len())
-        .map(|app| {
-            corpus
-                .process
-                .iter()
-                .filter(|s| s.app != app)
-                .flat_map(|s| s.seq.iter().copied())
-                .collect()
-        })
-        .collect();
-
-    let mut jobs = Vec::new();
-    for mode in [Mode::Process, Mode::Stream] {
-        for &len in &args.lengths {
-            for &p in &args.perturb {
-                jobs.push((mode, len, p));
-            }
-        }
-    }
-    // Longest windows first, so the two workers finish together.
-    jobs.sort_by_key(|job| std::cmp::Reverse(job.1));
-    let bar = ProgressBar::new((jobs.len() * args.ngrams.len() * args.tokens.len()) as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} cells {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let next = AtomicUsize::new(0);
-    let cells = Mutex::new(Vec::new());
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(mode, len, p)) = jobs.get(i) else {
-                        break;
-                    };
-                    let seed = args.seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                    let out = run_job(&corpus, &foreign, &args, mode, len, p, seed, &bar);
-                    if let Ok(mut cells) = cells.lock() {
-                        cells.extend(out);
-                    }
-                }
-            });
-        }
-    });
+    let foreign = foreign(&corpus);
+    let jobs = jobs(&args);
+    let bar = progress_bar((jobs.len() * args.ngrams.len() * args.tokens.len()) as u64);
+    let mut cells = parallel(&jobs, |&(i, (mode, len, p))| {
+        let seed = job_seed(args.seed, i);
+        run_job(&corpus, &foreign, &args, mode, len, p, seed, &bar)
+    })?;
     bar.finish_and_clear();
-    let mut cells = cells
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("a worker panicked"))?;
+    let graphs = graphs::evaluate(&corpus, &args)?;
     let token_rank = |t: Tokens| args.tokens.iter().position(|&x| x == t);
     cells.sort_by(|a, b| {
         (a.mode as u8, token_rank(a.tokens), a.n, a.len)
@@ -373,6 +339,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         distinct_configs: corpus.configs.len(),
         ranks: rank_similarities(&corpus),
         cells,
+        graphs,
     };
     let markdown = report::render(&eval, &args);
     if args.out.as_os_str() != "-" {
@@ -398,6 +365,74 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         println!("{}", report::summary(&eval, &args));
     }
     Ok(())
+}
+
+/// Every application's foreign kernels: the launches of all other applications' processes.
+fn foreign(corpus: &Corpus) -> Vec<Vec<LaunchId>> {
+    (0..corpus.apps.len())
+        .map(|app| {
+            corpus
+                .process
+                .iter()
+                .filter(|s| s.app != app)
+                .flat_map(|s| s.seq.iter().copied())
+                .collect()
+        })
+        .collect()
+}
+
+/// Every (mode, L, p) of the grid, numbered in the order that seeds them ([`job_seed`]),
+/// longest windows first so the workers finish together.
+fn jobs(args: &Args) -> Vec<(usize, (Mode, usize, f64))> {
+    let mut jobs = Vec::new();
+    for mode in [Mode::Process, Mode::Stream] {
+        for &len in &args.lengths {
+            for &p in &args.perturb {
+                jobs.push((mode, len, p));
+            }
+        }
+    }
+    jobs.sort_by_key(|job| std::cmp::Reverse(job.1));
+    jobs.into_iter().enumerate().collect()
+}
+
+/// The seed of job `i` of [`jobs`].
+fn job_seed(seed: u64, i: usize) -> u64 {
+    seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+fn progress_bar(len: u64) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} cells {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// The cells of every job, one worker per core.
+fn parallel<J: Sync>(
+    jobs: &[J],
+    run: impl Fn(&J) -> Vec<Cell> + Sync,
+) -> anyhow::Result<Vec<Cell>> {
+    let next = AtomicUsize::new(0);
+    let cells = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                while let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let out = run(job);
+                    if let Ok(mut cells) = cells.lock() {
+                        cells.extend(out);
+                    }
+                }
+            });
+        }
+    });
+    cells
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a worker panicked"))
 }
 
 /// How the report names the trace folder: the project's layout (`../shared/traces`) when it
@@ -570,7 +605,7 @@ fn score_cell(
         .collect();
     let exact = exact_medians(drawn, apps, keys, clean_keys, unperturbed_keys);
     let mut scores = Vec::new();
-    let mut healing = Vec::new();
+    let mut healing = (Vec::new(), Vec::new());
     for encoding in Encoding::ALL {
         let sim = SimMatrix::new(prints.len(), |i, j| {
             let (a, b) = (&prints[i], &prints[j]);
@@ -591,29 +626,10 @@ fn score_cell(
             });
         }
         if encoding == Encoding::Weighted256 {
-            let shipped = args.rule();
-            let simpler = [
-                cluster::Rule {
-                    max_reps: 1,
-                    merge: false,
-                    ..shipped
-                },
-                cluster::Rule {
-                    merge: false,
-                    ..shipped
-                },
-                shipped,
-            ];
-            for rule in simpler {
-                let class_of = cluster::online(order, &sim, DEFAULT_TAU, rule);
-                healing.push(HealingScore {
-                    rule,
-                    score: cluster::score(&class_of, labels, apps),
-                    score_by_file: cluster::score(&class_of, file_labels, apps),
-                });
-            }
+            healing = healing_scores(args.rule(), order, &sim, labels, file_labels, apps);
         }
     }
+    let (healing, own_by_file) = healing;
     Cell {
         mode,
         tokens,
@@ -624,7 +640,48 @@ fn score_cell(
         exact,
         scores,
         healing,
+        own_by_file,
     }
+}
+
+/// The shipped encoding's windows at the shipped tau under the shipped class rule and two
+/// simpler ones (one representative without merging; without merging), and under the shipped
+/// rule each file label's windows in their own class.
+fn healing_scores(
+    shipped: cluster::Rule,
+    order: &[usize],
+    sim: &SimMatrix,
+    labels: &[usize],
+    file_labels: &[usize],
+    apps: &[usize],
+) -> (Vec<HealingScore>, Vec<[usize; 2]>) {
+    let simpler = [
+        cluster::Rule {
+            max_reps: 1,
+            merge: false,
+            ..shipped
+        },
+        cluster::Rule {
+            merge: false,
+            ..shipped
+        },
+    ];
+    let mut healing = Vec::new();
+    for rule in simpler {
+        let class_of = cluster::online(order, sim, DEFAULT_TAU, rule);
+        healing.push(HealingScore {
+            rule,
+            score: cluster::score(&class_of, labels, apps),
+            score_by_file: cluster::score(&class_of, file_labels, apps),
+        });
+    }
+    let class_of = cluster::online(order, sim, DEFAULT_TAU, shipped);
+    healing.push(HealingScore {
+        rule: shipped,
+        score: cluster::score(&class_of, labels, apps),
+        score_by_file: cluster::score(&class_of, file_labels, apps),
+    });
+    (healing, cluster::own_class_by_label(&class_of, file_labels))
 }
 
 /// A window: its source, the perturbed window, an unperturbed window at an independent offset,

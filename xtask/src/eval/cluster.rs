@@ -124,13 +124,45 @@ pub struct Score {
 /// (1) stops a merge of several applications from counting for all of them.
 pub fn score(class_of: &[usize], labels: &[usize], apps: &[usize]) -> Score {
     let classes = class_of.iter().max().map_or(0, |m| m + 1);
-    let n_labels = labels.iter().max().map_or(0, |m| m + 1);
     let n_apps = apps.iter().max().map_or(0, |m| m + 1);
-    let mut by_class = vec![vec![0usize; n_labels]; classes];
     let mut apps_in = vec![vec![false; n_apps]; classes];
-    for ((&c, &l), &a) in class_of.iter().zip(labels).zip(apps) {
-        by_class[c][l] += 1;
+    for (&c, &a) in class_of.iter().zip(apps) {
         apps_in[c][a] = true;
+    }
+    let correct = in_own_class(class_of, labels)
+        .into_iter()
+        .filter(|&x| x)
+        .count();
+    let mixed = apps_in
+        .iter()
+        .filter(|a| a.iter().filter(|&&x| x).count() > 1)
+        .count();
+    Score {
+        own_class: correct as f64 / class_of.len().max(1) as f64,
+        mixed_classes: mixed as f64 / classes.max(1) as f64,
+        classes,
+    }
+}
+
+/// Per label (indexed by label): how many of its windows are in their own class (as
+/// [`score`] counts them) and how many windows it has.
+pub fn own_class_by_label(class_of: &[usize], labels: &[usize]) -> Vec<[usize; 2]> {
+    let n_labels = labels.iter().max().map_or(0, |m| m + 1);
+    let mut out = vec![[0, 0]; n_labels];
+    for (&l, ok) in labels.iter().zip(in_own_class(class_of, labels)) {
+        out[l][0] += usize::from(ok);
+        out[l][1] += 1;
+    }
+    out
+}
+
+/// Whether each window is in its own label's class (see [`score`]).
+fn in_own_class(class_of: &[usize], labels: &[usize]) -> Vec<bool> {
+    let classes = class_of.iter().max().map_or(0, |m| m + 1);
+    let n_labels = labels.iter().max().map_or(0, |m| m + 1);
+    let mut by_class = vec![vec![0usize; n_labels]; classes];
+    for (&c, &l) in class_of.iter().zip(labels) {
+        by_class[c][l] += 1;
     }
     let majority: Vec<Option<usize>> = by_class
         .iter()
@@ -150,20 +182,11 @@ pub fn score(class_of: &[usize], labels: &[usize], apps: &[usize]) -> Score {
                 .max_by(|&a, &b| by_class[a][l].cmp(&by_class[b][l]).then(b.cmp(&a)))
         })
         .collect();
-    let correct = class_of
+    class_of
         .iter()
         .zip(labels)
-        .filter(|&(&c, &l)| majority[c] == Some(l) && home[l] == Some(c))
-        .count();
-    let mixed = apps_in
-        .iter()
-        .filter(|a| a.iter().filter(|&&x| x).count() > 1)
-        .count();
-    Score {
-        own_class: correct as f64 / class_of.len().max(1) as f64,
-        mixed_classes: mixed as f64 / classes.max(1) as f64,
-        classes,
-    }
+        .map(|(&c, &l)| majority[c] == Some(l) && home[l] == Some(c))
+        .collect()
 }
 
 #[cfg(test)]
@@ -182,6 +205,15 @@ mod tests {
         let alone = score(&[0, 1, 2, 3, 4, 5], &labels, &labels);
         assert!((alone.own_class - 2.0 / 6.0).abs() < 1e-12);
         assert_eq!(alone.mixed_classes, 0.0);
+        // Per label: the home class's window only.
+        assert_eq!(
+            own_class_by_label(&[0, 1, 2, 3, 4, 5], &labels),
+            [[1, 3], [1, 3]]
+        );
+        assert_eq!(
+            own_class_by_label(&[0, 0, 1, 1, 1, 1], &labels),
+            [[2, 3], [3, 3]]
+        );
     }
 
     #[test]

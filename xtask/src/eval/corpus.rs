@@ -31,6 +31,7 @@ pub enum Mode {
 }
 
 /// One looped sequence windows are drawn from.
+#[derive(Clone)]
 pub struct Source {
     /// The trace file it came from.
     pub file: String,
@@ -42,6 +43,9 @@ pub struct Source {
     pub file_label: usize,
     /// The sequence of launches.
     pub seq: Vec<LaunchId>,
+    /// Per launch of `seq`, the graph launch that launched it (its correlation id), `None`
+    /// for a kernel launched on its own; empty for per-stream sources (see [`super::graphs`]).
+    pub graph: Vec<Option<i64>>,
 }
 
 /// Every trace in a folder, interned.
@@ -132,6 +136,7 @@ impl Corpus {
                     app,
                     label: app,
                     file_label: process.len(),
+                    graph: seq.iter().map(|k| graph_launch_of(k)).collect(),
                     seq: seq.into_iter().map(&mut intern).collect(),
                 });
             }
@@ -148,6 +153,7 @@ impl Corpus {
                     label,
                     file_label: stream_files,
                     seq: seq.into_iter().map(&mut intern).collect(),
+                    graph: Vec::new(),
                 });
             }
         }
@@ -173,6 +179,16 @@ impl Corpus {
     }
 }
 
+/// The graph launch a kernel ran under: its correlation id, which all kernels of one graph
+/// launch share. A graph kernel without one cannot occur (the flag comes from the linked
+/// launch) and would count as launched on its own.
+fn graph_launch_of(kernel: &Kernel) -> Option<i64> {
+    kernel
+        .correlation
+        .filter(|_| kernel.graph_launch)
+        .map(|c| c.0)
+}
+
 fn file_stem(path: &Path) -> String {
     let name = path
         .file_name()
@@ -181,4 +197,36 @@ fn file_stem(path: &Path) -> String {
     name.trim_end_matches(".gz")
         .trim_end_matches(".json")
         .to_owned()
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// A corpus of one application whose kernels are `names`, all with one configuration
+    /// (launch i is kernel i), and one per-process source per (sequence, graph launches).
+    pub fn corpus_of(names: &[&str], sources: &[(Vec<LaunchId>, Vec<Option<i64>>)]) -> Corpus {
+        let process = sources
+            .iter()
+            .enumerate()
+            .map(|(i, (seq, graph))| Source {
+                file: format!("file{i}"),
+                app: 0,
+                label: 0,
+                file_label: i,
+                seq: seq.clone(),
+                graph: graph.clone(),
+            })
+            .collect();
+        Corpus {
+            apps: vec!["app".into()],
+            process,
+            stream: Vec::new(),
+            digests: names.iter().map(|n| NameDigest::of(n)).collect(),
+            launches: (0..names.len() as u32).map(|l| (l, 0)).collect(),
+            configs: vec![LaunchConfig::default()],
+            kernels: 0,
+            kernels_without_config: 0,
+        }
+    }
 }

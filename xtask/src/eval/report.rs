@@ -302,7 +302,7 @@ fn pct(x: f64) -> String {
 }
 
 /// The shipped defaults, as an encoding of the 256-bit hash.
-fn default_encoding() -> Encoding {
+pub(super) fn default_encoding() -> Encoding {
     match FingerprintParams::default().weighting {
         Weighting::Set => Encoding::Set256,
         Weighting::Counts => Encoding::Weighted256,
@@ -369,6 +369,7 @@ pub fn summary(eval: &Evaluation, args: &Args) -> String {
         let _ = writeln!(s, "\n{:?}, n = {}:", top.mode, top.n);
         s.push_str(&key_table(eval, args, top.mode, top.n));
     }
+    s.push_str(&super::graphs::summary(&eval.graphs));
     s
 }
 
@@ -859,6 +860,7 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
         );
     }
     w.push_str(NAMES_TEXT);
+    w.push_str(&super::graphs::section(&eval.graphs));
     s
 }
 
