@@ -49,6 +49,7 @@ fn main() {
     let lib = penrose_standin::install_libcuda(dir.path()).unwrap();
     explicit_graphs_expand_and_updates_change_the_sequence(&lib);
     a_ten_thousand_node_graph_expands_without_drops(&lib);
+    the_countdown_counts_a_known_graphs_kernels(&lib);
     match trace() {
         Some(trace) => {
             a_trace_replayed_eagerly_and_through_graphs_fingerprints_the_same(&lib, &trace);
@@ -216,8 +217,8 @@ fn a_ten_thousand_node_graph_expands_without_drops(lib: &Path) {
     assert_eq!(counts.graphs.over_bounds, 0);
     // A graph launch carries at most one sample. The launches here follow the instantiation
     // at once, before the agent has read the 20,000 records that built the graph and written
-    // its kernel count, so the countdown counts each as one launch: whether the count takes
-    // effect is not shown by this test (see the issue note).
+    // its kernel count, so the countdown counts each as one launch (the count taking effect is
+    // `the_countdown_counts_a_known_graphs_kernels`).
     assert!(
         snippet.samples.len() <= spec.launches as usize,
         "{counts:?}"
@@ -236,6 +237,80 @@ fn a_ten_thousand_node_graph_expands_without_drops(lib: &Path) {
         snippet.samples.len()
     );
     check("a_ten_thousand_node_graph_expands_without_drops");
+}
+
+/// A graph of 1,000 nodes, instantiated, then launched 20 times half a second later (the
+/// agent has written its kernel count by then): with S = 500 the countdown, counting 1,000
+/// kernels per launch, falls inside every launch, so there are exactly 20 samples, each at the
+/// node it fell on with that node's values. Counting each launch as one, as before the kernel
+/// count existed, would give at most one.
+fn the_countdown_counts_a_known_graphs_kernels(lib: &Path) {
+    let mut capture = standin_capture(lib, 500);
+    let (snippet, _) = capture_one(&mut capture, lib, &format!("paced:{PACED_NODES}:20"));
+    assert_eq!(snippet.names.len(), 20 * PACED_NODES as usize);
+    let counts = capture.counts();
+    assert_eq!(snippet.samples.len(), 20, "{counts:?}");
+    let duration = Catalogue::current()
+        .counter_by_name("kernel_duration")
+        .unwrap()
+        .id;
+    for sample in &snippet.samples {
+        let node = (sample.position % PACED_NODES as usize) as u64;
+        let value = sample.values.iter().find(|v| v.counter == duration);
+        assert_eq!(value.map(|v| v.value), Some(paced_duration_ns(node) as f64));
+    }
+    println!(
+        "  1,000-node graph x 20 with S = 500: {} samples, one per launch, each with its node's values",
+        snippet.samples.len()
+    );
+    check("the_countdown_counts_a_known_graphs_kernels");
+}
+
+/// Nodes of the paced graph.
+const PACED_NODES: u32 = 1_000;
+
+/// The duration the paced graph's node `i` carries.
+fn paced_duration_ns(i: u64) -> u64 {
+    10_000 + i
+}
+
+/// Builds a graph of `nodes` nodes of one kernel, instantiates it, waits half a second and
+/// launches it `launches` times.
+fn paced_graph(driver: &Driver, nodes: u32, launches: u32) -> Value {
+    use penrose_standin::{KernelNode, NodeKernel, Present};
+    driver.init().unwrap();
+    driver.use_device(0).unwrap();
+    let stream = driver.stream_create().unwrap();
+    let module = driver.module_load_data(c"penrose graphs test").unwrap();
+    let function = driver
+        .module_get_function(module, c"paced_graph_kernel")
+        .unwrap();
+    let graph = driver.graph_create().unwrap();
+    let mut previous = Vec::new();
+    for i in 0..nodes {
+        driver.set_next_counters(&NextCounters {
+            duration_ns: paced_duration_ns(u64::from(i)),
+            present: Present::DURATION,
+            ..NextCounters::default()
+        });
+        let node = KernelNode {
+            kernel: NodeKernel::Function(function),
+            grid: [1 + i % 7, 1, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 0,
+        };
+        previous = vec![
+            driver
+                .graph_add_kernel_node_v2(graph, &previous, &node)
+                .unwrap(),
+        ];
+    }
+    let exec = driver.graph_instantiate(graph, 0).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for _ in 0..launches {
+        driver.graph_launch(exec, stream).unwrap();
+    }
+    serde_json::json!({ "pid": std::process::id() })
 }
 
 /// The graph-launching reference trace replayed eagerly, then with its graph launches captured
@@ -344,6 +419,10 @@ fn child(mode: &str) {
             };
             serde_json::to_value(penrose_standin::run_synthetic_graph(&driver, &spec, 0).unwrap())
                 .unwrap()
+        }
+        Some(("paced", spec)) => {
+            let (nodes, launches) = spec.split_once(':').unwrap();
+            paced_graph(&driver, nodes.parse().unwrap(), launches.parse().unwrap())
         }
         Some((how, trace)) => {
             let trace = penrose_traces::read_trace(Path::new(trace)).unwrap();
