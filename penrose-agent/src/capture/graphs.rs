@@ -249,11 +249,11 @@ impl Graphs {
             GraphOp::Instantiated | GraphOp::ExecUpdated => self.instantiate(change),
             GraphOp::ExecNodeParams => self.exec_node_params(change),
             GraphOp::GraphDestroyed => {
-                self.remove_graph(change.pid, change.graph);
+                self.remove(change.pid, Place::Graph(change.graph));
                 None
             }
             GraphOp::ExecDestroyed => {
-                self.remove_exec(change.pid, change.exec);
+                self.remove(change.pid, Place::Exec(change.exec));
                 Some(KernelCount::Remove {
                     pid: change.pid,
                     exec: change.exec,
@@ -339,7 +339,7 @@ impl Graphs {
 
     fn begin_capture(&mut self, change: &GraphChange, complete: bool) {
         let pid = change.pid;
-        self.remove_capture(pid, change.stream);
+        self.remove(pid, Place::Capture(change.stream));
         if self.charge(pid, 1) {
             self.process(pid)
                 .captures
@@ -360,7 +360,7 @@ impl Graphs {
             self.release(pid, &body);
             return;
         }
-        self.remove_graph(pid, change.graph);
+        self.remove(pid, Place::Graph(change.graph));
         self.process(pid).graphs.insert(change.graph, body);
     }
 
@@ -429,7 +429,7 @@ impl Graphs {
         } else {
             self.counts.instantiated_incomplete += 1;
         }
-        self.remove_exec(pid, change.exec);
+        self.remove(pid, Place::Exec(change.exec));
         if !self.charge(pid, 1) {
             return Some(KernelCount::Remove {
                 pid,
@@ -442,29 +442,21 @@ impl Graphs {
     }
 
     fn exec_node_params(&mut self, change: &GraphChange) -> Option<KernelCount> {
-        let pid = change.pid;
-        let body = self.processes.get(&pid)?.execs.get(&change.exec)?;
+        let (pid, place) = (change.pid, Place::Exec(change.exec));
+        let body = self.body(pid, place)?;
         let position = body.nodes.iter().position(|n| n.node == change.node.node);
-        let Some(position) = position else {
-            // A node the agent does not know (a captured one): what the exec runs is unsure.
-            let body = self.processes.get_mut(&pid)?.execs.get_mut(&change.exec)?;
-            body.complete = false;
+        let shared = Arc::strong_count(&body.nodes) > 1;
+        let len = body.nodes.len();
+        // A node the agent does not know (a captured one), or no room for the exec's own copy:
+        // what the exec runs is unsure.
+        let Some(position) = position.filter(|_| !shared || self.charge(pid, len)) else {
+            self.incomplete(pid, place);
             return Some(KernelCount::Remove {
                 pid,
                 exec: change.exec,
             });
         };
-        let shared = Arc::strong_count(&body.nodes) > 1;
-        let len = body.nodes.len();
-        if shared && !self.charge(pid, len) {
-            let body = self.processes.get_mut(&pid)?.execs.get_mut(&change.exec)?;
-            body.complete = false;
-            return Some(KernelCount::Remove {
-                pid,
-                exec: change.exec,
-            });
-        }
-        let body = self.processes.get_mut(&pid)?.execs.get_mut(&change.exec)?;
+        let body = self.body(pid, place)?;
         Arc::make_mut(&mut body.nodes)[position] = change.node;
         None
     }
@@ -497,34 +489,16 @@ impl Graphs {
         match place {
             Place::Capture(stream) => process.captures.get_mut(&stream),
             Place::Graph(graph) => process.graphs.get_mut(&graph),
+            Place::Exec(exec) => process.execs.get_mut(&exec),
         }
     }
 
-    fn remove_capture(&mut self, pid: Pid, stream: u64) {
-        let removed = self
-            .processes
-            .get_mut(&pid)
-            .and_then(|p| p.captures.remove(&stream));
-        if let Some(body) = removed {
-            self.release(pid, &body);
-        }
-    }
-
-    fn remove_graph(&mut self, pid: Pid, graph: u64) {
-        let removed = self
-            .processes
-            .get_mut(&pid)
-            .and_then(|p| p.graphs.remove(&graph));
-        if let Some(body) = removed {
-            self.release(pid, &body);
-        }
-    }
-
-    fn remove_exec(&mut self, pid: Pid, exec: u64) {
-        let removed = self
-            .processes
-            .get_mut(&pid)
-            .and_then(|p| p.execs.remove(&exec));
+    fn remove(&mut self, pid: Pid, place: Place) {
+        let removed = self.processes.get_mut(&pid).and_then(|p| match place {
+            Place::Capture(stream) => p.captures.remove(&stream),
+            Place::Graph(graph) => p.graphs.remove(&graph),
+            Place::Exec(exec) => p.execs.remove(&exec),
+        });
         if let Some(body) = removed {
             self.release(pid, &body);
         }
@@ -561,11 +535,12 @@ impl Graphs {
     }
 }
 
-/// Where a node goes.
+/// Which node list: a capture's (by stream), a graph's or an executable graph's.
 #[derive(Clone, Copy, Debug)]
 enum Place {
     Capture(u64),
     Graph(u64),
+    Exec(u64),
 }
 
 fn kernel_count(pid: Pid, exec: u64, body: &Body) -> KernelCount {
