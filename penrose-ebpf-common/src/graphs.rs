@@ -8,8 +8,8 @@
 //! the calls, and reads the kernel count of an executable graph at its launches
 //! ([`GraphKey`], [`crate::maps::GRAPH_KERNELS`]) so the sampling countdown counts kernels.
 
-use crate::events::{read_u32, read_u32x3, read_u64};
 use crate::EventKind;
+use crate::events::{read_u32, read_u32x3, read_u64};
 
 /// What a [`GraphEvent`] reports; the wire value is [`GraphEvent::op`].
 #[repr(u32)]

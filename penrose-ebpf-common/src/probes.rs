@@ -116,7 +116,8 @@ pub mod programs {
     /// Uprobe on `cuGraphExecKernelNodeSetParams`.
     pub const CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS: &str = "cu_graph_exec_kernel_node_set_params";
     /// Uprobe on `cuGraphExecKernelNodeSetParams_v2`.
-    pub const CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2: &str = "cu_graph_exec_kernel_node_set_params_v2";
+    pub const CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2: &str =
+        "cu_graph_exec_kernel_node_set_params_v2";
     /// Uprobe on `cuGraphExecUpdate`.
     pub const CU_GRAPH_EXEC_UPDATE: &str = "cu_graph_exec_update";
     /// Uretprobe on `cuGraphExecUpdate`.
@@ -433,28 +434,116 @@ pub const USER_PROBES: [UserProbe; 60] = [
         "cuDeviceGetUuid_v2",
         ProbeKind::Uretprobe,
     ),
-    UserProbe::graph(programs::CU_STREAM_BEGIN_CAPTURE_V2, "cuStreamBeginCapture_v2", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_STREAM_BEGIN_CAPTURE_V2_PTSZ, "cuStreamBeginCapture_v2_ptsz", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_STREAM_END_CAPTURE, "cuStreamEndCapture", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_STREAM_END_CAPTURE_RET, "cuStreamEndCapture", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_STREAM_END_CAPTURE_PTSZ, "cuStreamEndCapture_ptsz", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_STREAM_END_CAPTURE_PTSZ_RET, "cuStreamEndCapture_ptsz", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE, "cuGraphAddKernelNode", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE_RET, "cuGraphAddKernelNode", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE_V2, "cuGraphAddKernelNode_v2", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_ADD_KERNEL_NODE_V2_RET, "cuGraphAddKernelNode_v2", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_FLAGS, "cuGraphInstantiateWithFlags", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_FLAGS_RET, "cuGraphInstantiateWithFlags", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_PARAMS, "cuGraphInstantiateWithParams", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_INSTANTIATE_WITH_PARAMS_RET, "cuGraphInstantiateWithParams", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS, "cuGraphExecKernelNodeSetParams", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2, "cuGraphExecKernelNodeSetParams_v2", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE, "cuGraphExecUpdate", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE_RET, "cuGraphExecUpdate", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE_V2, "cuGraphExecUpdate_v2", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_EXEC_UPDATE_V2_RET, "cuGraphExecUpdate_v2", ProbeKind::Uretprobe),
-    UserProbe::graph(programs::CU_GRAPH_DESTROY, "cuGraphDestroy", ProbeKind::Uprobe),
-    UserProbe::graph(programs::CU_GRAPH_EXEC_DESTROY, "cuGraphExecDestroy", ProbeKind::Uprobe),
+    UserProbe::graph(
+        programs::CU_STREAM_BEGIN_CAPTURE_V2,
+        "cuStreamBeginCapture_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_STREAM_BEGIN_CAPTURE_V2_PTSZ,
+        "cuStreamBeginCapture_v2_ptsz",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_STREAM_END_CAPTURE,
+        "cuStreamEndCapture",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_STREAM_END_CAPTURE_RET,
+        "cuStreamEndCapture",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_STREAM_END_CAPTURE_PTSZ,
+        "cuStreamEndCapture_ptsz",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_STREAM_END_CAPTURE_PTSZ_RET,
+        "cuStreamEndCapture_ptsz",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_ADD_KERNEL_NODE,
+        "cuGraphAddKernelNode",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_ADD_KERNEL_NODE_RET,
+        "cuGraphAddKernelNode",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_ADD_KERNEL_NODE_V2,
+        "cuGraphAddKernelNode_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_ADD_KERNEL_NODE_V2_RET,
+        "cuGraphAddKernelNode_v2",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_INSTANTIATE_WITH_FLAGS,
+        "cuGraphInstantiateWithFlags",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_INSTANTIATE_WITH_FLAGS_RET,
+        "cuGraphInstantiateWithFlags",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_INSTANTIATE_WITH_PARAMS,
+        "cuGraphInstantiateWithParams",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_INSTANTIATE_WITH_PARAMS_RET,
+        "cuGraphInstantiateWithParams",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS,
+        "cuGraphExecKernelNodeSetParams",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2,
+        "cuGraphExecKernelNodeSetParams_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_EXEC_UPDATE,
+        "cuGraphExecUpdate",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_EXEC_UPDATE_RET,
+        "cuGraphExecUpdate",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_EXEC_UPDATE_V2,
+        "cuGraphExecUpdate_v2",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_EXEC_UPDATE_V2_RET,
+        "cuGraphExecUpdate_v2",
+        ProbeKind::Uretprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_DESTROY,
+        "cuGraphDestroy",
+        ProbeKind::Uprobe,
+    ),
+    UserProbe::graph(
+        programs::CU_GRAPH_EXEC_DESTROY,
+        "cuGraphExecDestroy",
+        ProbeKind::Uprobe,
+    ),
 ];
 
 /// A tracepoint program and where it attaches.
