@@ -4,7 +4,7 @@
 # build of penrose-agent in $PENROSE_AGENT (default .gpu/penrose-agent, relative to the
 # current directory). Results go to $OUT (default /tmp/gpu-check).
 #
-# Two cases, each a PyTorch workload (tests/gpu/torch_workload.py: linear layers and batched
+# Three cases, each a PyTorch workload (tests/gpu/torch_workload.py: linear layers and batched
 # matmuls through cuBLAS/cuBLASLt, layer norm, softmax, GELU, dropout, cross entropy, forward
 # and backward, AdamW) under torch.profiler, and `penrose-agent capture --json --all-names
 # --launches` attached to the real driver and runtime:
@@ -14,17 +14,20 @@
 #             then the agent starts (finding the libraries through the running process and
 #             naming what was registered before it from the process's symbols and memory),
 #             then the workload runs its later iterations.
+#   graph     the agent first, then the block's forward pass captured once in a CUDA graph
+#             (torch.cuda.graphs) and replayed: the agent must expand each graph launch into
+#             the kernels the profiler records under it (issue 24);
 # tests/gpu/compare.py aligns the agent's launches of the workload's pid with the profiler's,
 # launch by launch, and writes a verdict per case (target: >= 99% of launches with a name
 # equal to the profiler's, or an identity that stands for exactly one profiler kernel).
 #
-# $OUT gets six files (a lent host returns only a few): verdict.json (both cases in short),
-# verdict-attached.json and verdict-late.json (each in full), host.txt, gpu-check.log (this
+# $OUT gets seven files (a lent host returns only a few): verdict.json (every case in short),
+# verdict-attached.json, verdict-late.json and verdict-graph.json (each in full), host.txt, gpu-check.log (this
 # script's steps) and run.tar.gz with everything else: agent-*.log, capture-*.json,
 # workload-*.log, profiler-*.json, trace-*.json.gz (the profiler's own traces, left out if the
 # bundle would pass 15 MiB) and torch-probe.json. Intermediate files live in a temporary
 # folder ($PENROSE_GPU_CHECK_WORK to keep them somewhere else).
-# Exit code: 0 both cases hold the target, 1 one does not, 2 a run failed (not root, no
+# Exit code: 0 every case holds the target, 1 one does not, 2 a run failed (not root, no
 # agent, no PyTorch or no GPU, a process crashed or hung); verdict.json says which.
 set -u
 final=${OUT:-/tmp/gpu-check}
@@ -37,7 +40,7 @@ iterations=${PENROSE_GPU_CHECK_ITERATIONS:-30}
 # The agent's own limit; it is stopped as soon as its workload has ended.
 agent_seconds=${PENROSE_GPU_CHECK_SECONDS:-280}
 # Every wait below ends by this deadline, so a hung step cannot hold the host.
-deadline=$(($(date +%s) + ${PENROSE_GPU_CHECK_DEADLINE_S:-270}))
+deadline=$(($(date +%s) + ${PENROSE_GPU_CHECK_DEADLINE_S:-360}))
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../tests/gpu" && pwd)
 started=$(date +%s)
 
@@ -65,7 +68,7 @@ finish() {
     local rc
     if command -v "$python" >/dev/null 2>&1; then
         "$python" "$here/compare.py" --combine "$out/verdict-attached.json" \
-            "$out/verdict-late.json" >"$out/verdict.json"
+            "$out/verdict-late.json" "$out/verdict-graph.json" >"$out/verdict.json"
         rc=$?
     else
         printf '{"status": "run_failed", "reason": "no %s"}\n' "$python" >"$out/verdict.json"
@@ -80,7 +83,8 @@ finish() {
 # The few files $OUT gets; everything else in one bundle.
 pack() {
     local f
-    for f in verdict.json verdict-attached.json verdict-late.json host.txt gpu-check.log; do
+    for f in verdict.json verdict-attached.json verdict-late.json verdict-graph.json host.txt \
+        gpu-check.log; do
         [ -e "$out/$f" ] && cp "$out/$f" "$final/$f"
     done
     tar -czf "$final/run.tar.gz" -C "$out" --exclude=late.ready --exclude=late.go .
@@ -91,10 +95,11 @@ pack() {
     [ -n "${PENROSE_GPU_CHECK_WORK:-}" ] || rm -rf "$out"
 }
 
-# Both cases fail for a reason found before either ran.
+# Every case fails for a reason found before any ran.
 fail_both() {
     write_failed attached "$1"
     write_failed late "$1"
+    write_failed graph "$1"
     finish
 }
 
@@ -251,5 +256,25 @@ else
     write_failed late "the agent did not open its window (agent-late.log)"
 fi
 rm -f "$ready" "$go"
+
+# --- graph: the agent first, then CUDA graph replays ----------------------------------------------
+say "graph: starting the agent"
+if start_agent graph "${lib_args[@]}"; then
+    sleep 0.5
+    timeout "$(budget 150)" "$python" "$here/torch_workload.py" "$out/profiler-graph.json" \
+        --graph --iterations "$iterations" --trace "$out/trace-graph.json.gz" \
+        >"$out/workload-graph.log" 2>&1
+    workload_rc=$?
+    echo "workload exit $workload_rc" >>"$out/workload-graph.log"
+    sleep 1
+    stop_agent graph
+    if [ "$workload_rc" = 0 ]; then
+        compare_case graph
+    else
+        write_failed graph "the workload exited $workload_rc (workload-graph.log)"
+    fi
+else
+    write_failed graph "the agent did not open its window (agent-graph.log)"
+fi
 
 finish

@@ -124,6 +124,13 @@ class Block:
         out = torch.matmul(attn, v).transpose(1, 2).reshape(b, s, w)
         return self.proj(out)
 
+    def forward(self, x):
+        """The block's forward pass without loss or optimiser: what a serving stack replays."""
+        torch = self.torch
+        h = x + self.attention(self.norm1(x))
+        h = h + self.down(torch.nn.functional.gelu(self.up(self.norm2(h))))
+        return self.head(h)
+
     def step(self, autocast):
         torch = self.torch
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -135,6 +142,29 @@ class Block:
         loss.backward()
         self.optimizer.step()
         return loss
+
+
+def graph_replays(torch, block, iterations):
+    """The block's forward pass (inference, no autocast) captured once with torch.cuda.graphs
+    and replayed `iterations` times: every replay is one cudaGraphLaunch whose kernels the
+    profiler records under that launch's correlation id, and which the agent must expand into
+    the same kernels (issue 24)."""
+    static_x = block.x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        # Warm-up outside the capture, as torch.cuda.graphs asks (lazy init, cuBLAS handles).
+        for _ in range(3):
+            block.forward(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        block.forward(static_x)
+    torch.cuda.synchronize()
+    with torch.profiler.record_function(AFTER_ATTACH):
+        for _ in range(iterations):
+            graph.replay()
+        torch.cuda.synchronize()
 
 
 def launches_in_order(trace):
@@ -271,7 +301,10 @@ def run(args):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         block = Block(torch, device)
         done = 0
-        if late:
+        if args.graph:
+            block.modules.eval()
+            graph_replays(torch, block, args.iterations)
+        elif late:
             ready, go = args.late
             for i in range(args.warmup):
                 block.step(autocast=i % 2 == 1)
@@ -287,10 +320,11 @@ def run(args):
                 return RUN_FAILED
             # However soon the go came, leave a clear gap in the launch calls.
             time.sleep(2.0)
-        with torch.profiler.record_function(AFTER_ATTACH):
-            for i in range(done, done + args.iterations):
-                block.step(autocast=i % 2 == 1)
-            torch.cuda.synchronize()
+        if not args.graph:
+            with torch.profiler.record_function(AFTER_ATTACH):
+                for i in range(done, done + args.iterations):
+                    block.step(autocast=i % 2 == 1)
+                torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
@@ -311,7 +345,8 @@ def run(args):
     gpu_order = sorted(range(len(rows)), key=lambda i: rows[i]["gpu_ts_us"])
     doc = {
         "pid": os.getpid(),
-        "mode": "late" if late else "attached",
+        "mode": "graph" if args.graph else ("late" if late else "attached"),
+        "graph_launches": sum(1 for r in rows if r["launch_api"] and "GraphLaunch" in r["launch_api"]),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name(),
@@ -344,6 +379,11 @@ def main():
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--late", nargs=2, metavar=("READY", "GO"))
+    parser.add_argument(
+        "--graph",
+        action="store_true",
+        help="capture the block's forward pass in a CUDA graph and replay it --iterations times",
+    )
     parser.add_argument("--wait-s", type=float, default=180.0)
     parser.add_argument("--trace", help="also keep the profiler's chrome trace here (gzip)")
     args = parser.parse_args()
