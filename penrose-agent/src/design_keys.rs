@@ -375,6 +375,20 @@ mod tests {
                 held: 3
             }))
         ));
+        // The held sequence with other contents: a fork of the signed history, refused.
+        let fork = KeyList::new(
+            3,
+            2,
+            vec![ScheduledKey {
+                from: Day(0),
+                key: boot.clone(),
+            }],
+        )
+        .unwrap();
+        assert!(matches!(
+            again.offer(&fork.sign(&signing)),
+            Err(AgentKeyError::List(KeyListError::Fork { sequence: 3 }))
+        ));
         let forged = KeyList::new(
             9,
             2,

@@ -442,5 +442,18 @@ mod tests {
             ),
             "{err}"
         );
+        // The held sequence with other contents is a fork of the signed history: refused,
+        // and the held list stays.
+        let fork = KeyList::new(2, 2, vec![at(20, &b), at(40, &a)]).unwrap();
+        let settings = KeySettings::signed(fork.sign(&signing), signing.verifying_key()).unwrap();
+        let err = DesignKeys::load(&store, settings, &mut WriteSet::new()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DesignKeyError::List(KeyListError::Fork { sequence: 2 })
+            ),
+            "{err}"
+        );
+        assert_eq!(stored_list(&store).unwrap().unwrap().0, second);
     }
 }

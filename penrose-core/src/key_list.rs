@@ -21,7 +21,8 @@
 //!
 //! **Rollback.** `sequence` grows with every list the design server signs; a holder refuses a
 //! list older than the one it has, so an old list cannot be replayed to bring back a retired
-//! key.
+//! key, and a list with the held one's sequence but other contents (a fork of the signed
+//! history: two lists signed under one number) instead of taking the later-seen one.
 //!
 //! **What it reveals, and the limit.** Every agent should hold the same list. A key holder
 //! that signed a different list for each agent (or the aggregation server choosing which of
@@ -120,6 +121,16 @@ pub enum KeyListError {
     /// The signature does not verify under the pinned signing key.
     #[error("the key list's signature does not verify under the pinned signing key")]
     BadSignature,
+    /// The sequence of the list already held, with other contents: two lists signed under
+    /// one number, a fork of the signer's history (a compromised or misused signing key) that
+    /// no agent or server follows.
+    #[error(
+        "key list {sequence} differs from the list {sequence} already held: a fork of the signed history, refused"
+    )]
+    Fork {
+        /// The sequence both lists carry.
+        sequence: u64,
+    },
     /// Older than the list already held.
     #[error("key list {offered} is older than list {held}, which is already held")]
     Rollback {
@@ -273,12 +284,18 @@ impl KeyList {
         Self::new(sequence, grace_days, keys)
     }
 
-    /// Refuses `self` when it is older than `held` (module docs, "Rollback").
+    /// Refuses `self` when it is older than `held` (module docs, "Rollback"), or carries
+    /// `held`'s sequence with other contents (a fork).
     pub fn check_not_older_than(&self, held: &KeyList) -> Result<(), KeyListError> {
         if self.sequence < held.sequence {
             return Err(KeyListError::Rollback {
                 offered: self.sequence,
                 held: held.sequence,
+            });
+        }
+        if self.sequence == held.sequence && self != held {
+            return Err(KeyListError::Fork {
+                sequence: self.sequence,
             });
         }
         Ok(())
@@ -428,6 +445,12 @@ mod tests {
             })
         );
         assert_eq!(newer.check_not_older_than(&older), Ok(()));
+        assert_eq!(newer.check_not_older_than(&newer.clone()), Ok(()));
+        let fork = list(4, &k[1..2], &[1]);
+        assert_eq!(
+            fork.check_not_older_than(&newer),
+            Err(KeyListError::Fork { sequence: 4 })
+        );
         assert_eq!(
             KeyList::verify(&[0; 100], &signer().verifying_key()),
             Err(KeyListError::BadMagic)
