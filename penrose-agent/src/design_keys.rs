@@ -4,7 +4,7 @@
 //! The configured public key (`design.public_key`) encrypts every day until the agent holds
 //! the design server's signed key list (`penrose_core::key_list`). With
 //! `design.key_list_signer` set, the agent asks the aggregation server for the list at start
-//! and then every [`REFRESH`] ([`run_fetcher`]), verifies it under that pinned key, refuses one
+//! and then about every [`REFRESH`] ([`run_fetcher`], each wait drawn afresh), verifies it under that pinned key, refuses one
 //! older than the list it holds, and keeps the last good one in its state directory
 //! (`key-list`), so that a restart does not fall back to the configured key. A histogram is
 //! encrypted when it is sealed, under the key of the day it is stamped with, so an agent
@@ -31,8 +31,17 @@ use thiserror::Error;
 
 /// The held list's file in the state directory.
 pub const KEY_LIST_FILE: &str = "key-list";
-/// How often the agent asks for the list once it has one.
+/// How often the agent asks for the list once it has one, on average: each wait is drawn
+/// afresh ([`refresh_wait`]), so the time of day an agent asks says nothing that stays the
+/// same from one request to the next.
 pub const REFRESH: Duration = Duration::from_secs(6 * 3600);
+
+/// One wait before the next request: uniform between half and one and a half [`REFRESH`]. A
+/// fixed period would give each agent a phase of its own, seen by the aggregation server at
+/// every request and linkable to the reports the same host sends.
+pub fn refresh_wait(rng: &mut impl rand::Rng) -> Duration {
+    REFRESH / 2 + REFRESH.mul_f64(rng.random::<f64>())
+}
 /// How long it waits before asking again after a failed request.
 pub const RETRY: Duration = Duration::from_secs(300);
 
@@ -260,7 +269,8 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), AgentKeyError> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
-/// Asks the aggregation server for the key list at start and every [`REFRESH`] after (every
+/// Asks the aggregation server for the key list at start and about every [`REFRESH`] after
+/// ([`refresh_wait`]; every
 /// [`RETRY`] while requests fail), for ever: the daemon aborts the task when it stops (it
 /// holds nothing between its await points that an abort could leave half done). Each request
 /// goes on a connection of its own, like a report.
@@ -270,9 +280,9 @@ pub async fn run_fetcher(keys: DesignKeys, client: penrose_transport::Client) {
             Ok(bytes) => match keys.offer(&bytes) {
                 Ok(Offered::Newer { sequence }) => {
                     tracing::info!(sequence, "new design key list from the aggregation server");
-                    REFRESH
+                    refresh_wait(&mut rand::rng())
                 }
-                Ok(Offered::Same) => REFRESH,
+                Ok(Offered::Same) => refresh_wait(&mut rand::rng()),
                 Err(e) => {
                     tracing::warn!("the aggregation server's key list was refused: {e}");
                     RETRY
@@ -295,6 +305,25 @@ mod tests {
     use penrose_core::paillier::{KeySize, Keypair};
 
     use super::*;
+
+    #[test]
+    fn refresh_waits_are_drawn_afresh_not_a_fixed_phase() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+        let waits: Vec<Duration> = (0..1000).map(|_| refresh_wait(&mut rng)).collect();
+        assert!(
+            waits
+                .iter()
+                .all(|w| *w >= REFRESH / 2 && *w <= REFRESH * 3 / 2)
+        );
+        let (min, max) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+        assert!(*max - *min > REFRESH * 9 / 10, "spread {min:?}..{max:?}");
+        let mean = waits.iter().sum::<Duration>() / 1000;
+        assert!(
+            mean > REFRESH * 9 / 10 && mean < REFRESH * 11 / 10,
+            "{mean:?}"
+        );
+    }
 
     fn key() -> PublicKey {
         Keypair::generate_with_size(KeySize::Bits2048, &mut rand::rng())
