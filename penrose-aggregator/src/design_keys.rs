@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use ed25519_dalek::VerifyingKey;
 use penrose_core::key_list::{KeyList, KeyListError};
 use penrose_core::paillier::{KeyId, PublicKey};
+use penrose_core::release::check_key_bits;
 use penrose_core::wire::Day;
 use thiserror::Error;
 
@@ -88,6 +89,17 @@ pub enum DesignKeyError {
     /// `reload-keys` with no list file to read again.
     #[error("the design keys were not read from a key list file; nothing to reload")]
     NoListFile,
+    /// A listed key under the size floor (`penrose_core::release::MIN_KEY_BITS`), at start or
+    /// at a reload alike.
+    #[error("key {key} of {path}: {source}")]
+    WeakKey {
+        /// The list file.
+        path: PathBuf,
+        /// The key.
+        key: KeyId,
+        /// Why.
+        source: penrose_core::release::PolicyError,
+    },
 }
 
 /// The meta key of `slot`'s record.
@@ -190,7 +202,8 @@ impl KeySettings {
         Self::from_file(list, signer)
     }
 
-    /// The signed list in file `list`, verified under `signer`.
+    /// The signed list in file `list`, verified under `signer`, every key at or over the size
+    /// floor: the one reader of list files, at start and at `reload-keys`.
     pub fn from_file(list: &Path, signer: VerifyingKey) -> Result<Self, DesignKeyError> {
         let file = |source| DesignKeyError::File {
             path: list.to_path_buf(),
@@ -205,6 +218,15 @@ impl KeySettings {
             path: list.to_path_buf(),
             source: e,
         })?;
+        for k in settings.list.keys() {
+            check_key_bits(k.key.size().modulus_bits()).map_err(|source| {
+                DesignKeyError::WeakKey {
+                    path: list.to_path_buf(),
+                    key: k.key.key_id(),
+                    source,
+                }
+            })?;
+        }
         settings.source = Some(ListSource {
             list: list.to_path_buf(),
             signer,
@@ -385,6 +407,33 @@ mod tests {
         Keypair::generate_with_size(KeySize::Bits512, &mut rand::rng())
             .public_key()
             .clone()
+    }
+
+    #[test]
+    fn a_list_file_with_a_key_under_the_floor_is_refused_at_start_and_at_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let signing = SigningKey::from_bytes(&[3; 32]);
+        let strong = Keypair::generate_with_size(KeySize::Bits2048, &mut rand::rng())
+            .public_key()
+            .clone();
+        let weak = key();
+        let path = dir.path().join("key-list");
+        let at = |d, k: &PublicKey| ScheduledKey {
+            from: Day(d),
+            key: k.clone(),
+        };
+        let good = KeyList::new(1, 2, vec![at(10, &strong)]).unwrap();
+        std::fs::write(&path, good.sign(&signing)).unwrap();
+        let settings = KeySettings::from_file(&path, signing.verifying_key()).unwrap();
+        assert_eq!(settings.list(), &good);
+        // The file a reload reads again now holds a 512-bit key: refused, whoever reads it.
+        let bad = KeyList::new(2, 2, vec![at(10, &strong), at(20, &weak)]).unwrap();
+        std::fs::write(&path, bad.sign(&signing)).unwrap();
+        let err = KeySettings::from_file(&path, signing.verifying_key()).unwrap_err();
+        assert!(
+            matches!(&err, DesignKeyError::WeakKey { key, .. } if *key == weak.key_id()),
+            "{err}"
+        );
     }
 
     #[test]

@@ -119,14 +119,8 @@ pub fn open(
                 .with_context(|| format!("{}", path.display()))?;
             Some(KeySettings::single(key))
         }
-        KeySource::List { list, signer } => {
-            let settings = KeySettings::from_files(list, signer)?;
-            for k in settings.list().keys() {
-                check_key_bits(k.key.size().modulus_bits())
-                    .with_context(|| format!("key {} of {}", k.key.key_id(), list.display()))?;
-            }
-            Some(settings)
-        }
+        // The list's reader checks the key floor, at start and at `reload-keys` alike.
+        KeySource::List { list, signer } => Some(KeySettings::from_files(list, signer)?),
     };
     data.create()
         .with_context(|| format!("creating {}", data.0.display()))?;

@@ -40,6 +40,11 @@ static NEW: LazyLock<Keypair> = LazyLock::new(|| {
     )
 });
 
+/// A 2048-bit key to replace [`common::KEYS_2048`] in list files, which must hold keys at the
+/// size floor.
+static NEW_2048: LazyLock<Keypair> =
+    LazyLock::new(|| Keypair::generate(&mut rand_chacha::ChaCha8Rng::seed_from_u64(78)));
+
 fn signer() -> SigningKey {
     SigningKey::from_bytes(&[31; 32])
 }
@@ -378,21 +383,41 @@ async fn reload_reads_the_list_file_again_and_a_bad_file_leaves_the_list_in_use(
         ),
     )
     .unwrap();
-    std::fs::write(&list_path, list(1, Day(100)).sign(&signer())).unwrap();
+    // List files hold keys at the size floor: a reload checks it like a start does.
+    let strong = |sequence, switch| {
+        KeyList::new(
+            sequence,
+            2,
+            vec![
+                ScheduledKey {
+                    from: Day(0),
+                    key: common::KEYS_2048.public_key().clone(),
+                },
+                ScheduledKey {
+                    from: switch,
+                    key: NEW_2048.public_key().clone(),
+                },
+            ],
+        )
+        .unwrap()
+    };
+    std::fs::write(&list_path, strong(1, Day(100)).sign(&signer())).unwrap();
     let settings = KeySettings::from_files(&list_path, &signer_path).unwrap();
     let (ingest, writer, _store) = start(&dir.path().join("agg"), settings);
     assert_eq!(ingest.design_keys().list().sequence(), 1);
-    std::fs::write(&list_path, list(2, Day(90)).sign(&signer())).unwrap();
+    std::fs::write(&list_path, strong(2, Day(90)).sign(&signer())).unwrap();
     ingest.reload_design_keys().unwrap();
     assert_eq!(ingest.design_keys().list().sequence(), 2);
     assert_eq!(
         ingest.design_keys().current(Day(95)).map(|k| k.key_id()),
-        Some(NEW.public_key().key_id())
+        Some(NEW_2048.public_key().key_id())
     );
     for bad in [
         b"not a list".to_vec(),
-        list(3, Day(90)).sign(&SigningKey::from_bytes(&[1; 32])),
-        list(1, Day(100)).sign(&signer()),
+        strong(3, Day(90)).sign(&SigningKey::from_bytes(&[1; 32])),
+        strong(1, Day(100)).sign(&signer()),
+        // Newer and well signed, but its keys are 1024-bit: under the floor.
+        list(3, Day(90)).sign(&signer()),
     ] {
         std::fs::write(&list_path, bad).unwrap();
         assert!(ingest.reload_design_keys().is_err());
