@@ -314,19 +314,7 @@ impl fmt::Display for AgentStatus {
                 m.group_not_supported + m.no_source,
             )?;
         }
-        let g = &s.source.graphs;
-        if g.graph_events > 0 || g.launches_unknown > 0 {
-            writeln!(
-                f,
-                "graphs: {} launches expanded into {} kernels; kept as <graph>: {} built before the agent saw them, {} not seen whole; {} launches captured; {} over the bounds",
-                g.launches_expanded,
-                g.kernels_expanded,
-                g.launches_unknown,
-                g.launches_incomplete,
-                g.captured_launches,
-                g.over_bounds,
-            )?;
-        }
+        write_graphs(f, &s.source.graphs)?;
         match (&s.design_key.key_id_today, s.design_key.list_sequence) {
             (Some(id), Some(seq)) => writeln!(
                 f,
@@ -458,6 +446,26 @@ impl fmt::Display for HeldTokens<'_> {
 /// Where the status file of `state_dir` is.
 pub fn status_path(state_dir: &Path) -> PathBuf {
     state_dir.join(STATUS_FILE)
+}
+
+/// How graph launches entered snippets, when the capture saw any graph.
+fn write_graphs(
+    f: &mut std::fmt::Formatter<'_>,
+    g: &crate::capture::graphs::GraphCounts,
+) -> std::fmt::Result {
+    if g.graph_events == 0 && g.launches_unknown == 0 {
+        return Ok(());
+    }
+    writeln!(
+        f,
+        "graphs: {} launches expanded into {} kernels; kept as <graph>: {} built before the agent saw them, {} not seen whole; {} launches captured; {} over the bounds",
+        g.launches_expanded,
+        g.kernels_expanded,
+        g.launches_unknown,
+        g.launches_incomplete,
+        g.captured_launches,
+        g.over_bounds,
+    )
 }
 
 #[cfg(test)]

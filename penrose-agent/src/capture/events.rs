@@ -184,27 +184,30 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 uuid: e.uuid,
             }))
         }
-        EventKind::Graph => {
-            let e = GraphEvent::parse(record)?;
-            Some(Event::Graph(GraphChange {
-                pid: Pid(e.pid),
-                tid: e.tid,
-                op: GraphOp::from_u32(e.op)?,
-                timestamp_ns: e.timestamp_ns,
-                graph: e.graph,
-                exec: e.exec,
-                stream: e.stream,
-                node: KernelNode {
-                    node: e.node,
-                    function: e.function,
-                    kernel: e.kernel,
-                    grid: e.grid,
-                    block: e.block,
-                    shared_mem_bytes: e.shared_mem_bytes,
-                },
-            }))
-        }
+        EventKind::Graph => decode_graph(record).map(Event::Graph),
     }
+}
+
+/// A graph record; `None` for a short one or an unknown operation.
+fn decode_graph(record: &[u8]) -> Option<GraphChange> {
+    let e = GraphEvent::parse(record)?;
+    Some(GraphChange {
+        pid: Pid(e.pid),
+        tid: e.tid,
+        op: GraphOp::from_u32(e.op)?,
+        timestamp_ns: e.timestamp_ns,
+        graph: e.graph,
+        exec: e.exec,
+        stream: e.stream,
+        node: KernelNode {
+            node: e.node,
+            function: e.function,
+            kernel: e.kernel,
+            grid: e.grid,
+            block: e.block,
+            shared_mem_bytes: e.shared_mem_bytes,
+        },
+    })
 }
 
 impl Launch {

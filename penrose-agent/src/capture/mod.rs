@@ -348,25 +348,30 @@ impl Capture {
         if capture.config.calibrate {
             capture.cost = capture.calibrate()?;
         }
-        tracing::info!(
-            "capture: L = {}, 1 in {} launches sampled (offset re-drawn every {:?}), counters from {} (groups {:?}), probe cost {:?} per launch{}",
-            capture.config.window_launches,
-            capture.config.sample_period.get(),
-            capture.config.reoffset_every,
-            capture.counters.name(),
-            capture.groups.iter().map(|g| g.0).collect::<Vec<_>>(),
-            capture.cost.per_launch,
-            if capture.config.calibrate {
-                " (measured)"
-            } else {
-                " (assumed)"
-            },
-        );
+        capture.log_settings();
         capture.rescan()?;
         if capture.libraries().is_empty() {
             tracing::warn!("no libcuda found yet; looking again at each window");
         }
         Ok(capture)
+    }
+
+    /// Says at start how the capture runs.
+    fn log_settings(&self) {
+        tracing::info!(
+            "capture: L = {}, 1 in {} launches sampled (offset re-drawn every {:?}), counters from {} (groups {:?}), probe cost {:?} per launch{}",
+            self.config.window_launches,
+            self.config.sample_period.get(),
+            self.config.reoffset_every,
+            self.counters.name(),
+            self.groups.iter().map(|g| g.0).collect::<Vec<_>>(),
+            self.cost.per_launch,
+            if self.config.calibrate {
+                " (measured)"
+            } else {
+                " (assumed)"
+            },
+        );
     }
 
     /// Looks for libcuda files again (new containers) and probes the new ones that root
