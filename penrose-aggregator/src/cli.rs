@@ -247,12 +247,36 @@ pub enum Command {
     ///
     /// DIR must not exist. The signing key is copied with it (0600). Restore by pointing
     /// `serve --data-dir` at a directory holding DIR as `db` and the key as `server.key`.
+    ///
+    /// The copy is a new instance: its own bundle chain, and every epoch it holds (open ones
+    /// included) is never released from it, since the original releases those. A restore
+    /// therefore loses the reports of the epochs that were open at backup time.
     Backup {
         /// The data directory and configuration file.
         #[command(flatten)]
         data: DataArg,
         /// Target directory.
         dir: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a store copied around the product (cp -a, rsync, a file-level restore) a new
+    /// instance, so that it may serve and export again.
+    ///
+    /// `serve` and `export` refuse a store found in another directory than the one it was
+    /// created in, because a copy that released the epochs its original also releases would
+    /// give two versions of one sum. This gives the copy its own bundle chain and marks every
+    /// epoch it holds as released elsewhere: those reports are never released from here. Run
+    /// it with no server on the directory. Example:
+    ///   penrose-aggregator adopt-copy -d /var/lib/penrose
+    AdoptCopy {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Close every open epoch that holds reports now, instead of waiting for its day to pass
     /// or its count to fill.

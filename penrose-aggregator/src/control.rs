@@ -166,13 +166,13 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
         }
         Request::Backup { dir } => {
             admin.store.backup(dir).map_err(|e| fail(&e))?;
-            let instance = admin.ingest.state().instance();
             let copy = crate::store::RocksStore::open(dir).map_err(|e| fail(&e))?;
-            let new = export::make_new_instance(&copy, instance).map_err(|e| fail(&e))?;
+            let new = crate::copies::make_new_instance(&copy).map_err(|e| fail(&e))?;
             Response::of(BackupReply {
                 backup: dir.clone(),
-                instance: new.to_string(),
-                parent: instance.to_string(),
+                instance: new.instance.to_string(),
+                parent: new.parent.to_string(),
+                released_elsewhere: new.released_elsewhere.iter().map(|e| e.0).collect(),
             })
         }
         Request::ReloadKeys => {

@@ -44,6 +44,7 @@ use rand::RngCore;
 use thiserror::Error;
 
 use crate::aggregate::AshRecord;
+use crate::copies;
 use crate::design_keys::{DesignKeyError, KeySlot, stored_keys};
 use crate::epochs::{self, EpochRecord};
 use crate::ingest::today;
@@ -247,6 +248,8 @@ struct Snapshot {
     links: BTreeMap<u64, LinkRecord>,
     closed: BTreeMap<EpochId, EpochRecord>,
     exported: BTreeMap<EpochId, u64>,
+    /// Epochs a backup copy holds of its parent, never released here (`crate::copies`).
+    elsewhere: std::collections::BTreeSet<EpochId>,
     /// The store's cursor (the last committed batch).
     cursor: Cursor,
     /// Every merge and the cursor of the batch that made it.
@@ -255,6 +258,16 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// The closed epochs this chain has still to release: neither exported nor released
+    /// elsewhere.
+    fn unexported(&self) -> Vec<EpochId> {
+        self.closed
+            .keys()
+            .filter(|id| !self.exported.contains_key(id) && !self.elsewhere.contains(id))
+            .copied()
+            .collect()
+    }
+
     /// The merges made up to `as_of`, as a map.
     fn class_map(&self, as_of: Cursor) -> Result<ClassMap, ExportError> {
         let mut map = ClassMap::default();
@@ -293,6 +306,7 @@ enum Want<'a> {
 /// closed epochs never change, so the second read agrees with the first.
 fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> {
     check_format(store)?;
+    copies::check_home(store)?;
     let mut snap = Snapshot {
         instance: InstanceId::default(),
         parent: None,
@@ -301,6 +315,7 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
         links: BTreeMap::new(),
         closed: BTreeMap::new(),
         exported: BTreeMap::new(),
+        elsewhere: std::collections::BTreeSet::new(),
         cursor: Cursor(0),
         merges: Vec::new(),
         ash: Vec::new(),
@@ -358,6 +373,14 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
                     _ => bad = Some(damaged("exported")),
                 }
             }
+            Table::Meta if k.starts_with(copies::keys::ELSEWHERE) => {
+                match copies::decode_elsewhere_key(k) {
+                    Some(id) => {
+                        snap.elsewhere.insert(id);
+                    }
+                    None => bad = Some(damaged("copy/elsewhere")),
+                }
+            }
             Table::Meta if k.starts_with(epochs::keys::RECORD) => match EpochRecord::decode(k, v) {
                 Some(r) if r.closed => {
                     snap.closed.insert(r.id, r);
@@ -373,13 +396,7 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
         return Err(e);
     }
     let wanted: Option<std::collections::BTreeSet<EpochId>> = match want {
-        Want::Unexported => Some(
-            snap.closed
-                .keys()
-                .filter(|id| !snap.exported.contains_key(id))
-                .copied()
-                .collect(),
-        ),
+        Want::Unexported => Some(snap.unexported().into_iter().collect()),
         Want::Epochs(ids) => Some(ids.iter().copied().collect()),
         Want::All => None,
     };
@@ -589,12 +606,7 @@ pub fn export(
     let _one_at_a_time = EXPORTING.lock().unwrap_or_else(|p| p.into_inner());
     let keys = stored_keys(store)?;
     let snap = snapshot(store, Want::Unexported)?;
-    let epochs: Vec<EpochId> = snap
-        .closed
-        .keys()
-        .filter(|id| !snap.exported.contains_key(id))
-        .copied()
-        .collect();
+    let epochs = snap.unexported();
     if epochs.is_empty() {
         return Ok(None);
     }
@@ -706,20 +718,6 @@ pub fn reexport(
         )));
     }
     Ok((bundle, bytes))
-}
-
-/// Makes a backup copy a new instance: a fresh instance id, `parent` recording the one it was
-/// copied from, and an empty chain. Epochs the parent already exported stay marked exported,
-/// so the new chain never releases them again. Returns the new id.
-pub fn make_new_instance(copy: &dyn Store, parent: InstanceId) -> Result<InstanceId, ExportError> {
-    let mut id = [0u8; 16];
-    rand::rng().fill_bytes(&mut id);
-    let mut set = WriteSet::new();
-    set.put(Table::Meta, meta::INSTANCE, id.to_vec());
-    set.put(Table::Meta, meta::PARENT, parent.0.to_vec());
-    set.put(Table::Meta, chain_keys::SEQ, 0u64.to_be_bytes().to_vec());
-    copy.write(set)?;
-    Ok(InstanceId(id))
 }
 
 /// Every sum of the store, open epochs included, summed and merged by the same code export

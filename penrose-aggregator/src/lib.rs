@@ -20,6 +20,8 @@
 //!
 //! And around it:
 //!
+//! - [`copies`]: backups and copied directories as new instances that never release their
+//!   parent's epochs.
 //! - [`export`]: the chain of signed bundles of released sums (closed epochs, at or above the
 //!   contributor threshold) for the design server, taken while serving.
 //! - [`metrics`]: Prometheus counters and the HTTP responder that serves them.
@@ -37,6 +39,7 @@ pub mod aggregate;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod copies;
 pub mod design_keys;
 pub mod epochs;
 pub mod export;

@@ -11,8 +11,8 @@ use clap::Parser;
 use penrose_aggregator::admission::{Admission, AdmissionConfig, AdmissionDescription, TokenRing};
 use penrose_aggregator::cli::{Cli, Command, DataArg, ReleaseArgs};
 use penrose_aggregator::control::reply::{
-    AdmissionStatus, CloseEpochsReply, ExportReply, ReloadKeysReply, StatusReply, ThrottleReply,
-    TopReply,
+    AdmissionStatus, BackupReply, CloseEpochsReply, ExportReply, ReloadKeysReply, StatusReply,
+    ThrottleReply, TopReply,
 };
 use penrose_aggregator::control::{self, Request, Response};
 use penrose_aggregator::export;
@@ -235,22 +235,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             println!("compacted");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Backup { data, dir } => {
-            let target = std::path::absolute(&dir)?;
-            if target.exists() {
-                bail!("{} exists; backups go to a new directory", target.display());
-            }
-            let (data_dir, _) = data.resolve()?;
-            std::fs::create_dir_all(&target)?;
-            let db = target.join("db");
-            admin(&data, Request::Backup { dir: db }).await?;
-            let key = data_dir.signing_key();
-            let copy = target.join("server.key");
-            std::fs::copy(&key, &copy).with_context(|| format!("copying {}", key.display()))?;
-            std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-            println!("backup written to {}", target.display());
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Backup { data, dir, json } => backup(&data, &dir, json).await,
+        Command::AdoptCopy { data, json } => adopt_copy(&data, json),
         Command::CloseEpoch { data, json } => {
             let r = admin_with(&data, Request::CloseEpochs, &ReleaseArgs::default()).await?;
             let closed = CloseEpochsReply::try_from(r.reply)?;
@@ -320,6 +306,79 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 /// Runs an admin request on the running server, or on the data directory when none runs.
 async fn admin(data: &DataArg, request: Request) -> Result<Response> {
     admin_with(data, request, &ReleaseArgs::default()).await
+}
+
+/// `backup`: the store through the admin channel (a checkpoint made a new instance), then
+/// the signing key beside it.
+async fn backup(data: &DataArg, dir: &Path, json: bool) -> Result<ExitCode> {
+    let target = std::path::absolute(dir)?;
+    if target.exists() {
+        bail!("{} exists; backups go to a new directory", target.display());
+    }
+    let (data_dir, _) = data.resolve()?;
+    std::fs::create_dir_all(&target)?;
+    let db = target.join("db");
+    let reply = BackupReply::try_from(admin(data, Request::Backup { dir: db }).await?.reply)?;
+    let key = data_dir.signing_key();
+    let copy = target.join("server.key");
+    std::fs::copy(&key, &copy).with_context(|| format!("copying {}", key.display()))?;
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    if json {
+        println!("{}", serde_json::to_string(&reply)?);
+    } else {
+        println!(
+            "backup written to {} (instance {}, copied from {}); {} epoch(s) it holds will \
+             never be released from it",
+            target.display(),
+            reply.instance,
+            reply.parent,
+            reply.released_elsewhere.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `adopt-copy`: a copied store made a new instance, offline (RocksDB's lock refuses a
+/// directory a server holds).
+fn adopt_copy(data: &DataArg, json: bool) -> Result<ExitCode> {
+    let (dir, _) = data.resolve()?;
+    if !dir.db().exists() {
+        bail!("{} holds no store (wrong --data-dir?)", dir.0.display());
+    }
+    let store = penrose_aggregator::store::RocksStore::open(&dir.db()).with_context(|| {
+        format!(
+            "opening {} (is a server running on it?)",
+            dir.db().display()
+        )
+    })?;
+    penrose_aggregator::state::check_format(&store)?;
+    if penrose_aggregator::copies::check_home(&store).is_ok() {
+        bail!(
+            "{} is in the directory it was created in: it is not a copy, and adopting it would \
+             withhold its open epochs for nothing",
+            dir.db().display()
+        );
+    }
+    let new = penrose_aggregator::copies::make_new_instance(&store)?;
+    let reply = BackupReply {
+        backup: dir.db(),
+        instance: new.instance.to_string(),
+        parent: new.parent.to_string(),
+        released_elsewhere: new.released_elsewhere.iter().map(|e| e.0).collect(),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&reply)?);
+    } else {
+        println!(
+            "{} is now instance {} (copied from {}); {} epoch(s) it holds will never be \
+             released from it",
+            reply.backup.display(),
+            reply.instance,
+            reply.parent,
+            reply.released_elsewhere.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// [`admin`], with the release rule to apply when no server runs (a running server applies

@@ -237,6 +237,20 @@ pub enum StateError {
         /// The policy given.
         given: EpochPolicy,
     },
+    /// The store is not in the directory it was created in: a copy made around the product
+    /// (`crate::copies`), which may not release what its parent may.
+    #[error(
+        "this store was created in another directory ({recorded}; this one: {found}): it is a \
+         copy, and a copy may not release epochs its original also holds. Make it a new \
+         instance with `penrose-aggregator adopt-copy` (its existing epochs are then never \
+         released here), or point the server at the original"
+    )]
+    Copied {
+        /// The directory the store was created in.
+        recorded: crate::store::StoreHome,
+        /// The one it is in now.
+        found: crate::store::StoreHome,
+    },
     /// The store was written by a build with another record layout.
     #[error(
         "this data directory has store format {found}, but this aggregator reads format \
@@ -359,6 +373,7 @@ impl State {
                     migrate_7_to_8(store.as_ref())?;
                 }
                 check_format(store.as_ref())?;
+                crate::copies::check_home(store.as_ref())?;
             }
             false => {
                 let mut set = WriteSet::new();
@@ -370,6 +385,11 @@ impl State {
                 let mut instance = [0u8; 16];
                 rand::rng().fill_bytes(&mut instance);
                 set.put(Table::Meta, meta::INSTANCE, instance.to_vec());
+                set.put(
+                    Table::Meta,
+                    crate::copies::keys::HOME,
+                    store.home()?.to_bytes().to_vec(),
+                );
                 epochs::write_policy(&mut set, policy.unwrap_or_default());
                 store.write(set)?;
             }

@@ -129,6 +129,67 @@ pub struct TableSize {
     pub memtable_bytes: u64,
 }
 
+/// The identity of a store's directory: what a copy of it cannot keep and a rename on one
+/// file system does (`crate::copies`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreHome {
+    /// The directory's inode number.
+    pub inode: u64,
+    /// Its birth time in nanoseconds since the Unix epoch; 0 where the file system does not
+    /// keep one.
+    pub born_ns: u64,
+}
+
+impl StoreHome {
+    /// Reads the identity of `dir`.
+    pub fn of(dir: &Path) -> Result<Self, StoreError> {
+        let meta = std::fs::metadata(dir).map_err(|source| StoreError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let born_ns = meta
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Ok(Self {
+            inode: std::os::unix::fs::MetadataExt::ino(&meta),
+            born_ns,
+        })
+    }
+
+    /// Whether `other` is the same directory: the same inode, and the same birth time where
+    /// both are known.
+    pub fn same_directory(&self, other: &StoreHome) -> bool {
+        self.inode == other.inode
+            && (self.born_ns == 0 || other.born_ns == 0 || self.born_ns == other.born_ns)
+    }
+
+    /// The stored form: inode, birth time, both u64be.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.inode.to_be_bytes());
+        out[8..].copy_from_slice(&self.born_ns.to_be_bytes());
+        out
+    }
+
+    /// Reads the stored form (`None`: damaged).
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let bytes: [u8; 16] = bytes.try_into().ok()?;
+        let (inode, born) = bytes.split_at(8);
+        Some(Self {
+            inode: u64::from_be_bytes(inode.try_into().ok()?),
+            born_ns: u64::from_be_bytes(born.try_into().ok()?),
+        })
+    }
+}
+
+impl std::fmt::Display for StoreHome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "inode {} born {} ns", self.inode, self.born_ns)
+    }
+}
+
 /// Why the store failed. A failed write means nothing of it may be acknowledged.
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -170,6 +231,8 @@ pub trait Store: Send + Sync + 'static {
     fn compact(&self) -> Result<(), StoreError>;
     /// Writes a consistent copy of the whole store into `dir` (which must not exist).
     fn backup(&self, dir: &Path) -> Result<(), StoreError>;
+    /// The identity of the directory the store is in now (`crate::copies`).
+    fn home(&self) -> Result<StoreHome, StoreError>;
     /// Size estimates per table.
     fn sizes(&self) -> Vec<TableSize>;
 }
@@ -395,6 +458,10 @@ impl Store for RocksStore {
         self.db.flush_wal(true)?;
         Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
         Ok(())
+    }
+
+    fn home(&self) -> Result<StoreHome, StoreError> {
+        StoreHome::of(&self.path)
     }
 
     fn sizes(&self) -> Vec<TableSize> {

@@ -464,13 +464,8 @@ fn closed_epochs_stay_closed_across_a_restart_and_late_reports_join_the_next() {
             .collect()
     };
     let sums_before = closed_sums(&store);
-    // What an export would have been before the restart, from a checkpoint of the store (the
-    // same instance, not a backup's new one).
-    let copy_path = dir.path().join("copy");
-    store.backup(&copy_path).unwrap();
-    let copy = rocks(&copy_path);
-    let (before, before_bytes) = export_next(&copy).unwrap();
-    drop(copy);
+    // The bundle before the restart; the store must rebuild it byte for byte after.
+    let (before, before_bytes) = export_next(&store).unwrap();
 
     drop(state);
     let mut state = open(&store, None).unwrap();
@@ -490,8 +485,9 @@ fn closed_epochs_stay_closed_across_a_restart_and_late_reports_join_the_next() {
         sums_before,
         "a closed epoch's sums changed"
     );
-    // The same bundle as before the restart, byte for byte.
-    let (after, after_bytes) = export_next(&store).unwrap();
+    // Nothing new to release, and the same bundle as before the restart, byte for byte.
+    assert!(export_next(&store).is_none());
+    let (after, after_bytes) = export::reexport(store.as_ref(), 1, &signing()).unwrap();
     assert_eq!(after, before);
     assert_eq!(after_bytes, before_bytes);
     drop(state);
@@ -541,11 +537,27 @@ async fn a_backup_is_a_new_chain_that_does_not_re_export_its_parents_epochs() {
     let new = copy_state.instance();
     assert_ne!(new, original);
     assert_eq!(response.instance, new.to_string());
-    // The parent's exported epoch is not exported again, and the open one not at all.
+    // Every epoch the copy holds is released elsewhere: the exported one and the open one.
+    let open_at_backup = ingest
+        .state()
+        .epochs()
+        .open()
+        .map(|e| e.id.0)
+        .collect::<Vec<_>>();
+    let mut held: Vec<u32> = open_at_backup.clone();
+    held.push(first_epoch[0].id.0);
+    held.sort();
+    assert_eq!(response.released_elsewhere, held);
     assert!(export_next(&copy).is_none());
+    // The copy's own report joins an epoch of its own; the parent's reports never leave it.
+    let copy_only = reports(1, snippet, 4, today(), &mut rng);
+    accept(&mut copy_state, &copy_only, today());
     let closed = close_now(&mut copy_state, today());
     assert_eq!(closed.len(), 1);
-    assert_ne!(closed[0], first_epoch[0].id);
+    assert!(
+        !held.contains(&closed[0].0),
+        "{closed:?} reused a parent's epoch"
+    );
     let (c1, c1_bytes) = export_next(&copy).unwrap();
     let c1_verified = Bundle::verify(&c1_bytes, Some(&signing().verifying_key())).unwrap();
     assert_eq!(c1_verified, c1);
@@ -555,11 +567,14 @@ async fn a_backup_is_a_new_chain_that_does_not_re_export_its_parents_epochs() {
     assert_eq!(c1.link.prev, BundleHash::default());
     let epochs: Vec<EpochId> = c1.epochs.iter().map(|e| e.id).collect();
     assert_eq!(epochs, closed);
-    assert_eq!(c1.epochs[0].reports, 2);
+    assert_eq!(c1.epochs[0].reports, 1, "only the copy's own report");
     drop(copy_state);
     drop(copy);
 
-    // The original's chain goes on unchanged.
+    // The original's chain goes on unchanged, with the reports it held at backup time.
+    for s in reports(1, snippet, 4, today(), &mut rng) {
+        assert_eq!(ingest.handle(s.frame).await.status, AckStatus::Accepted);
+    }
     close_all(&ingest).await;
     let (b2, _) = export_next(&store).unwrap();
     assert_eq!(
@@ -567,8 +582,142 @@ async fn a_backup_is_a_new_chain_that_does_not_re_export_its_parents_epochs() {
         (original, None, 2)
     );
     assert_ne!(InstanceId::default(), original);
+    // Across both chains every report is in exactly one bundle: 3 + 2 + 1 + 1.
+    let released: u64 = [&b1, &b2, &c1]
+        .iter()
+        .flat_map(|b| b.epochs.iter().map(|e| e.reports))
+        .sum();
+    assert_eq!(released, 7);
     drop(ingest);
     writer.join().unwrap();
+}
+
+/// Reports per chain: the sum of its bundles' epoch summaries, after every epoch is closed.
+fn released_reports(store: &Arc<dyn Store>, state: &mut State) -> u64 {
+    close_now(state, TODAY);
+    let mut total = 0;
+    while let Some((bundle, _)) = export_next(store) {
+        total += bundle.epochs.iter().map(|e| e.reports).sum::<u64>();
+    }
+    total
+}
+
+/// A backup of `store` made a new instance, as `penrose-aggregator backup` does, opened.
+fn backup_as_served(store: &Arc<dyn Store>, to: &std::path::Path) -> (Arc<dyn Store>, State) {
+    store.backup(to).unwrap();
+    let copy = rocks(to);
+    penrose_aggregator::copies::make_new_instance(copy.as_ref()).unwrap();
+    let state = open(&copy, None).unwrap();
+    (copy, state)
+}
+
+#[test]
+fn backups_at_two_moments_never_release_a_report_twice_in_any_chain() {
+    // The difference attack: a backup before and one after some reports, each served and
+    // exported on its own, then archived apart. Every chain is counted, not one.
+    let dir = tempfile::tempdir().unwrap();
+    let store = rocks(&dir.path().join("db"));
+    let mut state = open(&store, None).unwrap();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(31);
+    accept(&mut state, &reports(4, snippet, 4, TODAY, &mut rng), TODAY);
+    let (copy1, mut state1) = backup_as_served(&store, &dir.path().join("copy1"));
+    accept(&mut state, &reports(3, snippet, 4, TODAY, &mut rng), TODAY);
+    let (copy2, mut state2) = backup_as_served(&store, &dir.path().join("copy2"));
+    accept(&mut state, &reports(2, snippet, 4, TODAY, &mut rng), TODAY);
+    accept(&mut state1, &reports(1, snippet, 4, TODAY, &mut rng), TODAY);
+    accept(&mut state2, &reports(1, snippet, 4, TODAY, &mut rng), TODAY);
+
+    let per_chain = [
+        released_reports(&store, &mut state),
+        released_reports(&copy1, &mut state1),
+        released_reports(&copy2, &mut state2),
+    ];
+    assert_eq!(
+        per_chain,
+        [9, 1, 1],
+        "reports per chain: original, copy 1, copy 2"
+    );
+}
+
+/// Copies every file under `from` into `to` (what `cp -a` of a stopped store makes).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        match entry.file_type().unwrap().is_dir() {
+            true => copy_tree(&entry.path(), &target),
+            false => {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_directory_copied_around_the_product_is_refused_until_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = rocks(&data.join("db"));
+    let mut state = open(&store, None).unwrap();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(32);
+    accept(&mut state, &reports(5, snippet, 4, TODAY, &mut rng), TODAY);
+    drop(state);
+    drop(store);
+    let copied = dir.path().join("copied");
+    copy_tree(&data, &copied);
+
+    // Neither serve nor export takes the copy.
+    let copy = rocks(&copied.join("db"));
+    assert!(matches!(open(&copy, None), Err(StateError::Copied { .. })));
+    assert!(matches!(
+        export::export(copy.as_ref(), ReleaseConfig::default(), &signing()),
+        Err(ExportError::State(StateError::Copied { .. }))
+    ));
+    drop(copy);
+
+    // The CLI adopts the copy, and refuses the original (it is no copy).
+    let adopt = |data: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+            .args(["adopt-copy", "--json", "-d"])
+            .arg(data)
+            .output()
+            .unwrap()
+    };
+    let refused = adopt(&data);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not a copy"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let adopted = adopt(&copied);
+    assert!(
+        adopted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&adopted.stderr)
+    );
+    let reply: BackupReply = serde_json::from_slice(&adopted.stdout).unwrap();
+    assert_eq!(reply.released_elsewhere, [TODAY.0]);
+
+    // Renamed on one file system, the original is still itself; the adopted copy releases
+    // only what it accepts from now on.
+    let moved = dir.path().join("moved");
+    std::fs::rename(&data, &moved).unwrap();
+    let store = rocks(&moved.join("db"));
+    let mut state = open(&store, None).unwrap();
+    let copy = rocks(&copied.join("db"));
+    let mut copy_state = open(&copy, None).unwrap();
+    assert_ne!(copy_state.instance(), state.instance());
+    accept(
+        &mut copy_state,
+        &reports(2, snippet, 4, TODAY, &mut rng),
+        TODAY,
+    );
+    assert_eq!(released_reports(&store, &mut state), 5);
+    assert_eq!(released_reports(&copy, &mut copy_state), 2);
 }
 
 #[test]
@@ -607,4 +756,38 @@ fn a_store_cut_by_day_refuses_the_count_policy_and_is_left_alone() {
         })
     ));
     assert_eq!(dump(store.as_ref()), before);
+}
+
+#[test]
+fn a_backup_carried_off_the_machine_and_adopted_still_descends_from_the_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = rocks(&dir.path().join("db"));
+    let mut state = open(&store, None).unwrap();
+    let original = state.instance();
+    let snippet = snippets(1, 1)[0].1;
+    let mut rng = rng(33);
+    accept(&mut state, &reports(3, snippet, 4, TODAY, &mut rng), TODAY);
+    let (backup, backup_state) = backup_as_served(&store, &dir.path().join("backup"));
+    let backup_instance = backup_state.instance();
+    drop(backup_state);
+    drop(backup);
+    let brought_back = dir.path().join("brought-back");
+    copy_tree(&dir.path().join("backup"), &brought_back);
+    let copy = rocks(&brought_back);
+    assert!(matches!(open(&copy, None), Err(StateError::Copied { .. })));
+    let adopted = penrose_aggregator::copies::make_new_instance(copy.as_ref()).unwrap();
+    // The backup never exported, so the design server, which follows the original's chain,
+    // must see the restored chain descend from the original.
+    assert_eq!(adopted.parent, original);
+    assert_ne!(adopted.instance, backup_instance);
+    assert_eq!(adopted.released_elsewhere, [EpochId(TODAY.0)]);
+    let mut copy_state = open(&copy, None).unwrap();
+    accept(
+        &mut copy_state,
+        &reports(1, snippet, 4, TODAY, &mut rng),
+        TODAY,
+    );
+    assert_eq!(released_reports(&copy, &mut copy_state), 1);
+    let (c1, _) = export::reexport(copy.as_ref(), 1, &signing()).unwrap();
+    assert_eq!(c1.link.parent, Some(original));
 }

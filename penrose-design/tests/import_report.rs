@@ -486,8 +486,9 @@ fn a_restored_chain_is_imported_deliberately_and_never_re_releases_an_epoch() {
         .unwrap();
     let old_instance = f.instance;
 
-    // The aggregator is restored from a backup taken before it released DAY: the copy is a
-    // new instance whose first bundle releases DAY again (another version) and DAY + 1.
+    // A copy of the aggregator whose first bundle releases DAY again (another version) and
+    // DAY + 1. The product's copies never do (penrose-aggregator's tests/release.rs counts
+    // every chain); this is the archive's own second line, which holds within one archive.
     let mut restored = Fixture {
         keys: f.keys.clone(),
         instance: InstanceId([2; 16]),

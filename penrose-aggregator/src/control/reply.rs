@@ -204,6 +204,9 @@ pub struct BackupReply {
     pub instance: String,
     /// The chain it was copied from.
     pub parent: String,
+    /// The epochs the copy holds and will never release (`crate::copies`): a restore from
+    /// it loses the reports of those still open when it was taken.
+    pub released_elsewhere: Vec<u32>,
 }
 
 /// `reload-keys`: the key ring now in use.
@@ -649,9 +652,11 @@ mod tests {
                     backup: "/backup/db".into(),
                     instance: "ffeeddccbbaa99887766554433221100".into(),
                     parent: "00112233445566778899aabbccddeeff".into(),
+                    released_elsewhere: vec![20000, 20001],
                 }),
                 r#"{"backup":"/backup/db","instance":"ffeeddccbbaa99887766554433221100",
-                    "parent":"00112233445566778899aabbccddeeff"}"#,
+                    "parent":"00112233445566778899aabbccddeeff",
+                    "released_elsewhere":[20000,20001]}"#,
             ),
             (
                 Request::CloseEpochs,
