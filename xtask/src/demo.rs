@@ -1392,18 +1392,20 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     type Expected = ([u64; BIN_COUNT], u64, Vec<[f64; 2]>);
     let mut expected: HashMap<(u32, String, u16), Expected> = HashMap::new();
     let mut pairs: std::collections::BTreeSet<(u32, String, u16)> = Default::default();
-    let (mut alone_counted, mut alone_decrypted) = (0usize, 0usize);
+    let mut alone_counted = 0usize;
+    let mut origins: HashMap<(u32, String, u16), Origins> = HashMap::new();
     for ((class, arch, counter, _), (bins, n, alone, values)) in &per_day {
         let (class, counter) = (*class, *counter);
         pairs.insert((class, arch.clone(), counter));
-        let released = releasable(*n, 1, threshold, cap);
-        if *alone {
-            alone_counted += *n as usize;
-            if released {
-                alone_decrypted += *n as usize;
+        let origin = origins.entry((class, arch.clone(), counter)).or_default();
+        match alone {
+            true => {
+                alone_counted += *n as usize;
+                origin.alone += n;
             }
+            false => origin.shared += n,
         }
-        if !released {
+        if !releasable(*n, 1, threshold, cap) {
             continue;
         }
         let entry = expected.entry((class, arch.clone(), counter)).or_insert((
@@ -1417,10 +1419,11 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         entry.1 += n;
         entry.2.extend_from_slice(values);
     }
+    let decrypted = report["decrypted"].as_array().cloned().unwrap_or_default();
+    let alone_decrypted = lone_reports_decrypted(&origins, &decrypted);
     let mut exact = alone_decrypted == 0;
     let mut rows = Vec::new();
     let mut joints = Vec::new();
-    let decrypted = report["decrypted"].as_array().cloned().unwrap_or_default();
     for d in &decrypted {
         let class = d["class"].as_u64().unwrap_or(u64::MAX) as u32;
         let counter = d["counter"].as_u64().unwrap_or(u64::MAX) as u16;
@@ -2148,9 +2151,78 @@ fn with_unit(v: f64, unit: &str) -> String {
     format!("{:.1} {name}", v / div)
 }
 
+/// Where the counted reports of one (class, architecture, counter) came from.
+#[derive(Debug, Default)]
+struct Origins {
+    /// From hosts that ran their application alone.
+    alone: u64,
+    /// From the others.
+    shared: u64,
+}
+
+/// The lone hosts' reports inside what the design server decrypted: those of every
+/// (class, architecture, counter) it decrypted that only lone hosts fed. Read from the design
+/// server's output, so that a design server that decrypted a lone application's sum makes the
+/// demo fail.
+fn lone_reports_decrypted(
+    origins: &HashMap<(u32, String, u16), Origins>,
+    decrypted: &[serde_json::Value],
+) -> usize {
+    decrypted
+        .iter()
+        .filter_map(|d| {
+            let class = u32::try_from(d["class"].as_u64()?).ok()?;
+            let counter = u16::try_from(d["counter"].as_u64()?).ok()?;
+            let arch = d["arch"].as_str()?.to_string();
+            origins.get(&(class, arch, counter))
+        })
+        .filter(|o| o.shared == 0)
+        .map(|o| o.alone as usize)
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decrypted_lone_application_is_seen_in_the_design_servers_output() {
+        let mut origins = HashMap::new();
+        origins.insert(
+            (7, "sm_90".to_string(), 3),
+            Origins {
+                alone: 12,
+                shared: 0,
+            },
+        );
+        origins.insert(
+            (8, "sm_90".to_string(), 3),
+            Origins {
+                alone: 5,
+                shared: 400,
+            },
+        );
+        origins.insert(
+            (9, "sm_90".to_string(), 3),
+            Origins {
+                alone: 0,
+                shared: 400,
+            },
+        );
+        let row = |class: u32, arch: &str| serde_json::json!({"class": class, "arch": arch, "counter": 3, "reports": 1});
+        // The popular classes only (one of which a lone host also fed): nothing lone.
+        assert_eq!(
+            lone_reports_decrypted(&origins, &[row(8, "sm_90"), row(9, "sm_90")]),
+            0
+        );
+        // A design server that decrypted the lone class: its 12 reports.
+        assert_eq!(
+            lone_reports_decrypted(&origins, &[row(9, "sm_90"), row(7, "sm_90")]),
+            12
+        );
+        // The same class under another architecture is another sum.
+        assert_eq!(lone_reports_decrypted(&origins, &[row(7, "sm_80")]), 0);
+    }
 
     /// The binaries `cargo test --workspace` built next to this test.
     fn test_bins() -> Option<PathBuf> {
