@@ -1,8 +1,13 @@
 //! The agent's configuration file (TOML, default `/etc/penrose/agent.toml`).
 //!
-//! Every key has a default, so an empty file is a valid configuration; [`DEFAULT_FILE`] is the
-//! commented default file `penrose-agent config --print-default` prints, and a test checks that
-//! it parses to exactly [`AgentConfig::default`]. Unknown keys are errors (a misspelt key would
+//! Every key has a default, and [`DEFAULT_FILE`] is the commented default file
+//! `penrose-agent config --print-default` prints (the package's conffile); a test checks that
+//! it parses to exactly [`AgentConfig::default`] but for the route. The route is Tor by default,
+//! and the Tor network has no default in the code: the file names the public network, so an
+//! empty file is refused until it names a network or chooses `route = "direct"` (which shows
+//! this host's address to the aggregation server, and says so in `status`, `config --check` and
+//! the log). No default of the code therefore reaches the public Tor network, and none shows
+//! the host's address. Unknown keys are errors (a misspelt key would
 //! otherwise silently keep its default), and every error names the key and the line, so an
 //! operator who changed one value can find the mistake.
 //!
@@ -105,12 +110,28 @@ pub struct AgentConfig {
 #[serde(rename_all = "kebab-case")]
 pub enum RouteChoice {
     /// QUIC over UDP from this host's address: the servers see which address sent each
-    /// report (docs/threat-model.md).
-    #[default]
+    /// report (docs/threat-model.md). Only when chosen in so many words.
     Direct,
     /// QUIC over Tor (arti), each connection on a Tor stream and circuit of its own: the
-    /// servers see only exit relays.
+    /// servers see only exit relays. The default.
+    #[default]
     Tor,
+}
+
+/// What `status`, `config --check` and the log say of the direct route, so that an operator
+/// who chose it cannot miss what it gives away.
+pub const DIRECT_ROUTE_WARNING: &str = "transport.route = \"direct\": the aggregation server \
+    sees this host's address beside each report's application class; the Tor route (the \
+    default) hides it";
+
+impl RouteChoice {
+    /// The warning this route calls for, if any.
+    pub fn warning(self) -> Option<&'static str> {
+        match self {
+            RouteChoice::Direct => Some(DIRECT_ROUTE_WARNING),
+            RouteChoice::Tor => None,
+        }
+    }
 }
 
 /// `[transport]`.
@@ -136,7 +157,7 @@ pub struct TransportSection {
 impl Default for TransportSection {
     fn default() -> Self {
         Self {
-            route: RouteChoice::Direct,
+            route: RouteChoice::Tor,
             tor_network: String::new(),
             aggregator_stream: String::new(),
             issuer_stream: String::new(),
@@ -150,6 +171,12 @@ impl TransportSection {
     pub fn tor_network(&self) -> Result<Option<penrose_tor::TorNetwork>, String> {
         match self.route {
             RouteChoice::Direct => Ok(None),
+            RouteChoice::Tor if self.tor_network.trim().is_empty() => Err(
+                "is empty: the Tor route (the default) needs its network, \"public\" for the \
+                 Tor network or the path of an arti network file; or choose route = \"direct\", \
+                 with which the aggregation server sees this host's address"
+                    .into(),
+            ),
             RouteChoice::Tor => self
                 .tor_network
                 .parse()
@@ -536,7 +563,8 @@ impl Default for UploadSection {
 
 /// The commented default file. A unit test checks it parses to [`AgentConfig::default`].
 pub const DEFAULT_FILE: &str = r#"# Penrose agent configuration (/etc/penrose/agent.toml).
-# Every key is optional; the values below are the defaults.
+# Every key is optional; the values below are the defaults, but for [transport], where the file
+# names the public Tor network and the code names none (an empty file must choose a route).
 
 # The owner's opt-out: false makes `penrose-agent run` log one line and exit 0 without
 # capturing or sending anything.
@@ -680,18 +708,19 @@ refresh_max_seconds = 43200.0
 retry_min_seconds = 600.0
 
 [transport]
-# How reports and token requests leave this host. "direct": QUIC over UDP from this host's
-# address, so the servers see which address sent each report. "tor": QUIC over Tor (arti),
+# How reports and token requests leave this host. "tor" (the default): QUIC over Tor (arti),
 # every connection (each upload attempt, each token fetch) on a Tor circuit of its own, so the
-# servers see only Tor exit relays.
-route = "direct"
+# servers see only Tor exit relays. "direct": QUIC over UDP from this host's address, so the
+# aggregation server sees which address sent each report, beside its application class;
+# `status`, `config --check` and the log then say so.
+route = "tor"
 # (route = "tor") Which Tor network: "public" for the Tor network, or the path of an arti
 # configuration file that replaces arti's directory authorities and fallback relays (a private
-# network). There is no default: the public network is used only where it is named here.
-tor_network = ""
+# network). The code has no default: the public network is used only where it is named here.
+tor_network = "public"
 # (route = "tor") The aggregation server's stream port (its `serve --stream-listen`), host:port
 # as the exit reaches it; a host name is resolved by the exit, never by this host.
-aggregator_stream = ""
+aggregator_stream = "aggregator.penrose:9443"
 # (route = "tor", with [admission]) The issuer's stream port, host:port.
 issuer_stream = ""
 # (route = "tor") Longest wait for a Tor stream and the QUIC handshake on it.
@@ -1055,14 +1084,51 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
-    fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
+    /// `text` as written.
+    fn parse_exact(text: &str) -> Result<AgentConfig, ConfigError> {
         AgentConfig::parse(text, Path::new("agent.toml"))
     }
 
+    /// `text`, with the direct route chosen at its end where it chooses none (the tests about
+    /// other keys; line numbers stay those of `text`).
+    fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
+        match text.contains("[transport]") {
+            true => parse_exact(text),
+            false => parse_exact(&format!("{text}\n[transport]\nroute = \"direct\"\n")),
+        }
+    }
+
+    /// The code's defaults with the direct route (what [`parse`] adds).
+    fn direct_default() -> AgentConfig {
+        let mut config = AgentConfig::default();
+        config.transport.route = RouteChoice::Direct;
+        config
+    }
+
     #[test]
-    fn the_default_file_is_the_default() {
-        assert_eq!(parse(DEFAULT_FILE).unwrap(), AgentConfig::default());
-        assert_eq!(parse("").unwrap(), AgentConfig::default());
+    fn the_default_file_is_the_default_but_names_the_public_tor_network() {
+        let file = parse_exact(DEFAULT_FILE).unwrap();
+        let mut expected = AgentConfig::default();
+        expected.transport.tor_network = "public".into();
+        expected.transport.aggregator_stream = "aggregator.penrose:9443".into();
+        assert_eq!(file, expected);
+        assert_eq!(file.transport.route, RouteChoice::Tor);
+        assert_eq!(parse("").unwrap(), direct_default());
+    }
+
+    #[test]
+    fn tor_is_the_default_route_and_direct_must_be_chosen() {
+        assert_eq!(AgentConfig::default().transport.route, RouteChoice::Tor);
+        assert_eq!(RouteChoice::default(), RouteChoice::Tor);
+        // An empty file names no Tor network, and the code names none: refused, with both
+        // ways out named, rather than reaching the public network or showing the address.
+        let e = parse_exact("").unwrap_err().to_string();
+        assert!(e.contains("transport.tor_network"), "{e}");
+        assert!(e.contains("route = \"direct\""), "{e}");
+        let direct = parse_exact("[transport]\nroute = \"direct\"\n").unwrap();
+        assert_eq!(direct.transport.route.warning(), Some(DIRECT_ROUTE_WARNING));
+        assert_eq!(RouteChoice::Tor.warning(), None);
+        assert!(DIRECT_ROUTE_WARNING.contains("sees this host's address"));
     }
 
     #[test]
@@ -1121,7 +1187,7 @@ mod tests {
         for config in [
             AgentConfig::default(),
             parse("").unwrap(),
-            parse(DEFAULT_FILE).unwrap(),
+            parse_exact(DEFAULT_FILE).unwrap(),
         ] {
             let c = &config.capture;
             assert_eq!(
@@ -1221,9 +1287,9 @@ mod tests {
 
     #[test]
     fn the_tor_route_needs_a_named_network_and_stream_ports() {
-        let config = AgentConfig::default();
-        assert_eq!(config.transport.route, RouteChoice::Direct);
+        let config = direct_default();
         assert_eq!(config.transport.tor_network(), Ok(None));
+        assert!(AgentConfig::default().transport.tor_network().is_err());
         // Tor without a network: refused, never the public network by default.
         let e = parse("[transport]\nroute = \"tor\"\naggregator_stream = \"a.example:443\"\n")
             .unwrap_err();

@@ -317,6 +317,9 @@ pub async fn run_with_source(
     }
     let tokens = shared.tokens.clone();
     lock(&status).route.route = config.transport.route;
+    if let Some(warning) = config.transport.route.warning() {
+        tracing::warn!("{warning}");
+    }
     let status_keys = keys.clone();
     let refresh = |status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, tokens, state_dir: &Path| {
         refresh(

@@ -389,6 +389,7 @@ impl fmt::Display for AgentStatus {
                 .as_ref()
                 .map_or(String::new(), |e| format!("; last error: {e}"))
         )?;
+        write_route(f, &s.route)?;
         let t = &s.tokens;
         if t.configured || t.token_required > 0 {
             writeln!(
@@ -446,6 +447,21 @@ impl fmt::Display for HeldTokens<'_> {
 /// Where the status file of `state_dir` is.
 pub fn status_path(state_dir: &Path) -> PathBuf {
     state_dir.join(STATUS_FILE)
+}
+
+/// The route, and on the direct route what it gives away.
+fn write_route(f: &mut std::fmt::Formatter<'_>, r: &RouteStatus) -> std::fmt::Result {
+    match r.route.warning() {
+        Some(warning) => writeln!(f, "route: direct; warning: {warning}"),
+        None => writeln!(
+            f,
+            "route: tor ({}), directory {}, {} streams ({} failed)",
+            r.tor_network.as_deref().unwrap_or("network not read yet"),
+            if r.tor_ready { "ready" } else { "not ready" },
+            r.tor_streams,
+            r.tor_stream_failures
+        ),
+    }
 }
 
 /// How graph launches entered snippets, when the capture saw any graph.
@@ -512,6 +528,10 @@ mod tests {
             in_flight: 1,
         }];
         s.tokens.last_fetch_error = Some("refused".into());
+        s.route.tor_network = Some("public".into());
+        s.route.tor_ready = true;
+        s.route.tor_streams = 7;
+        s.route.tor_stream_failures = 1;
         s
     }
 
@@ -576,6 +596,7 @@ mod tests {
                  report cap: 0 histograms held until the next day, 0 samples and 0 histograms dropped over the cap\n\
                  spool: 2 reports, 2000 of 4096 bytes; 0 dropped when full, 0 write failures\n\
                  uploads: 1 accepted, 0 duplicate, 0 rejected, 0 overloaded, 5 held for a new class, 0 failed; server not reached, throttle 500/1000; last error: timed out\n\
+                 route: tor (public), directory ready, 7 streams (1 failed)\n\
                  admission tokens: configured; 3 fetches (1 failed), 0 received, 0 spent, 0 discarded, 0 reports re-stamped to today, 0 reports waiting for one, 0 TokenRequired acks, 0 partition warnings; last fetch: refused\n  \
                  day 20000 counter 2 ({counter}): 5 unspent, 1 attached to a report in flight\n\
                  last error: disk full\n"
@@ -595,11 +616,26 @@ mod tests {
         assert!(!shown.contains("libraries probed"), "{shown}");
         assert!(!shown.contains("admission tokens"), "{shown}");
         assert!(!shown.contains("last error"), "{shown}");
-        assert_eq!(shown.lines().count(), 7, "{shown}");
+        assert_eq!(shown.lines().count(), 8, "{shown}");
         s.tokens.token_required = 1;
         assert!(
             s.to_string()
                 .contains("admission tokens: NOT configured, and the server requires them; ")
         );
+    }
+
+    #[test]
+    fn the_direct_route_is_shown_with_what_it_gives_away() {
+        let mut s = status();
+        s.route.route = crate::config::RouteChoice::Direct;
+        let shown = s.to_string();
+        assert!(
+            shown.contains(&format!(
+                "\nroute: direct; warning: {}\n",
+                crate::config::DIRECT_ROUTE_WARNING
+            )),
+            "{shown}"
+        );
+        assert!(!shown.contains("route: tor"), "{shown}");
     }
 }

@@ -597,7 +597,9 @@ fn agent_config(
     credential: &Path,
 ) -> String {
     let libraries = lib.map_or(String::new(), |l| format!("{:?}", l.display().to_string()));
-    let transport = servers.tor.as_ref().map_or(String::new(), |tor| {
+    let direct = "\n[transport]\n# Without --tor: the direct route on loopback, named (the agent's default is \
+                  Tor).\nroute = \"direct\"\n";
+    let transport = servers.tor.as_ref().map_or(direct.to_string(), |tor| {
         format!(
             r#"
 [transport]

@@ -185,8 +185,16 @@ impl Fixture {
         AgentStatus::read(&self.state_dir()).ok()
     }
 
-    /// Writes a fast configuration sending to `addr`; `extra` is appended (TOML sections).
+    /// Writes a fast configuration sending to `addr`; `extra` is appended (TOML sections). The
+    /// route is named: `extra`'s `[transport]` (the private Tor network), else direct.
     pub fn config(&self, addr: SocketAddr, top: &str, extra: &str) -> PathBuf {
+        let direct =
+            "\n[transport]\n# Loopback tests: the direct route, named.\nroute = \"direct\"\n";
+        let route = if extra.contains("[transport]") {
+            ""
+        } else {
+            direct
+        };
         let text = format!(
             r#"{top}
 state_dir = "{state}"
@@ -221,7 +229,7 @@ backoff_max_seconds = 0.3
 connect_timeout_seconds = 0.5
 ack_timeout_seconds = 2.0
 {extra}
-"#,
+{route}"#,
             state = self.state_dir().display(),
             cert = self.cert_path.display(),
             key = self.key_path.display(),
