@@ -16,12 +16,16 @@
 //!    (`TokenRequest::finalize`); one that fails, or that names a key the set does not hold,
 //!    is discarded and logged at error level as a partition attempt.
 //!
-//! **When** ([`run`]): at a uniformly random time between half and all of
-//! `admission.refresh_max_seconds` after the previous fetch (the first one at a random time
-//! within that bound), never at a fixed wall-clock time; and at once whenever the store holds
-//! no unspent token for today, at most every `admission.retry_min_seconds` (jittered, doubling
-//! after failures), and not again that day once a fetch came back without any (the quota is
-//! spent, or the issuer has no key for today).
+//! **When** ([`run`]): on a schedule of its own and on nothing else. At a uniformly random time
+//! between half and all of `admission.refresh_max_seconds` after the previous fetch (the first
+//! one at a random time within that bound, or, when the store holds no token for today at
+//! start, within `admission.retry_min_seconds`), never at a fixed wall-clock time; after a
+//! failed fetch again after `retry_min` (jittered, doubling). Never because tokens ran out: the
+//! aggregation server decides which reports it refuses for their tokens, and a fetch that
+//! followed such refusals would show the issuer, who sees the credential, the host that was
+//! refused (docs/threat-model.md, "What an ack can make an agent do"). Each fetch takes today's
+//! and tomorrow's quota, so the day's reserve is in hand before the day starts; a report with
+//! no token left waits for the next scheduled fetch or the next day.
 //!
 //! **The credential** ([`load_credential`]) is a file installed with the package (format:
 //! `penrose_core::tokens::protocol::Credential::from_file`), refused when group or others
@@ -394,62 +398,54 @@ impl Fetcher {
 pub struct FetchTiming {
     /// The longest time between two fetches.
     pub refresh_max: Duration,
-    /// The shortest wait before an early fetch (no token for today) or after a failure.
+    /// The wait before the start-up fetch (no token for today at start) and the shortest
+    /// wait after a failure.
     pub retry_min: Duration,
 }
 
-/// Runs the fetcher until `stop` (module docs). `need` is notified by the uploader when a
-/// report waits for tokens; `uploads` is notified after every fetch that added tokens.
+/// Runs the fetcher until `stop` (module docs); `uploads` is notified after every fetch that
+/// added tokens.
 pub async fn run(
     fetcher: Fetcher,
     timing: FetchTiming,
     stop: Arc<AtomicBool>,
-    need: Arc<Notify>,
     uploads: Arc<Notify>,
 ) {
     let jitter = |d: Duration, low: f64| d.mul_f64(rand::rng().random_range(low..=1.0));
     let now = tokio::time::Instant::now;
-    let mut next_regular = now() + jitter(timing.refresh_max, 0.0);
-    let mut next_early = now();
+    let none_today = !lock(&fetcher.store).has_unspent_for(TokenEpoch(fetcher.clock.today().0));
+    let first = match none_today {
+        true => timing.retry_min.min(timing.refresh_max),
+        false => timing.refresh_max,
+    };
+    let mut next = now() + jitter(first, 0.0);
     let mut failures: u32 = 0;
-    let mut none_left_on = None;
     while !stop.load(Ordering::Relaxed) {
-        let today = fetcher.clock.today();
-        let short = !lock(&fetcher.store).has_unspent_for(TokenEpoch(today.0));
-        let early = short && none_left_on != Some(today) && now() >= next_early;
-        if early || now() >= next_regular {
-            let outcome = tokio::select! {
-                r = fetcher.fetch() => Some(r),
-                () = crate::upload::stopped(&stop) => None,
-            };
-            let Some(outcome) = outcome else { break };
-            match outcome {
-                Ok(fetched) => {
-                    failures = 0;
-                    none_left_on = fetched.none_for_today.then_some(today);
-                    if fetched.issued > 0 {
-                        uploads.notify_one();
-                    }
-                }
-                Err(e) => {
-                    failures = failures.saturating_add(1);
-                    tracing::warn!("fetching admission tokens: {e}");
-                }
-            }
-            let wait = timing
-                .retry_min
-                .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
-                .min(timing.refresh_max);
-            next_early = now() + jitter(wait, 0.5);
-            next_regular = now() + jitter(timing.refresh_max, 0.5);
-            if failures > 0 {
-                next_regular = next_regular.min(next_early);
-            }
-            continue;
-        }
         tokio::select! {
-            () = need.notified() => {}
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            () = tokio::time::sleep_until(next) => {}
+            () = crate::upload::stopped(&stop) => break,
+        }
+        let outcome = tokio::select! {
+            r = fetcher.fetch() => r,
+            () = crate::upload::stopped(&stop) => break,
+        };
+        match outcome {
+            Ok(fetched) => {
+                failures = 0;
+                if fetched.issued > 0 {
+                    uploads.notify_one();
+                }
+                next = now() + jitter(timing.refresh_max, 0.5);
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!("fetching admission tokens: {e}");
+                let wait = timing
+                    .retry_min
+                    .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
+                    .min(timing.refresh_max);
+                next = now() + jitter(wait, 0.5);
+            }
         }
     }
 }

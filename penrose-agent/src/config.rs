@@ -214,7 +214,8 @@ pub struct AdmissionSection {
     pub credential: PathBuf,
     /// Tokens are fetched at a random time at most this long after the previous fetch.
     pub refresh_max_seconds: f64,
-    /// Shortest wait before fetching again after a failure or when today's tokens ran out.
+    /// Shortest wait before fetching again after a failure, and the bound on the start-up
+    /// fetch when the store holds no token of today (never a fetch because tokens ran out).
     pub retry_min_seconds: f64,
 }
 

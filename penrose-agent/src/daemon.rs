@@ -306,7 +306,6 @@ pub async fn run_with_source(
                 fetch,
                 timing,
                 Arc::clone(&stop),
-                Arc::clone(&shared.need_tokens),
                 Arc::clone(&wake),
             )));
         }

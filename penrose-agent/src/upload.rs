@@ -8,10 +8,12 @@
 //! down simply means the spool grows until it returns. Accepted and Duplicate acks remove the
 //! report; Rejected moves it aside with its reason (resending would be refused again), except
 //! the reasons that say "retry later" ([`RejectReason::retry_later`]), which keep it:
-//! Overloaded slows the whole uploader down (backoff), NewClassLimit (the report would found an
-//! application class, and the server founds only so many an hour) sets that one report aside
-//! for a while, doubling, and the uploader goes on with the others, so that reports of
-//! known applications are not held up behind it.
+//! Overloaded and NewClassLimit (the report would found an application class, and the server
+//! founds only so many an hour) set that one report aside for a random while, doubling, and the
+//! uploader goes on with the others. An ack never holds up the spool behind the report it
+//! answered: if it did, a server could stall one host's whole spool by refusing its oldest
+//! report, and recognise the host by the silence (docs/threat-model.md, "What an ack can make
+//! an agent do"). A fleet-wide slow-down is the throttle hint's job, which every ack carries.
 //!
 //! Every upload, and every retry of it, goes out on a QUIC connection of its own from a UDP
 //! socket of its own ([`Reuse::FreshPerReport`]): a new source port, new connection ids, a full
@@ -23,13 +25,18 @@
 //! is sent it gets a token of its own day and counter from the store, attached to it durably
 //! ([`TokenStore::reserve`]), and carries `token.redeem(report.token_binding())`; a retry, also
 //! after a restart, carries the same token. Accepted and Duplicate remove the token (spent);
-//! InvalidToken and TokenSpent discard it and the report goes again, after a short backoff,
-//! with another; a report refused for good takes its token with it (a token is never put on a
-//! second report: one nonce on two reports would link them). A report with no token of its
+//! InvalidToken and TokenSpent discard it and the report goes again once, after a short
+//! backoff, with another; refused for its token a second time, it is moved aside like a report
+//! refused for good, so that a server cannot make a host spend token after token on one report
+//! (and run out, which a fetch would then show the issuer). A report refused for good takes its
+//! token with it (a token is never put on a second report: one nonce on two reports would link
+//! them). A report with no token of its
 //! day and counter waits in the spool, never dropped for lack of tokens: if it has never been
 //! sent and today's tokens of its counter exist, it is re-stamped to today (rewritten in the
 //! spool, then sent with today's token); a report sent before keeps its day, since the server
-//! deduplicates by report id and day. Without `[admission]` reports go without tokens; a
+//! deduplicates by report id and day. The fetcher is never asked for tokens early
+//! ([`crate::admission`]): a report without one waits for its schedule. Without `[admission]`
+//! reports go without tokens; a
 //! server that requires them answers TokenRequired, the reports stay spooled, and the uploader
 //! says so once, at error level.
 
@@ -75,8 +82,6 @@ pub struct Shared {
     pub stop: Arc<AtomicBool>,
     /// The token store when `[admission]` is configured; `None`: reports go without tokens.
     pub tokens: Option<Arc<Mutex<TokenStore>>>,
-    /// Notified when a report waits for a token (wakes the fetcher).
-    pub need_tokens: Arc<Notify>,
     /// The day (tokens are per day; tests move it).
     pub clock: DayClock,
 }
@@ -95,7 +100,6 @@ impl Shared {
             wake,
             stop,
             tokens: None,
-            need_tokens: Arc::new(Notify::new()),
             clock: DayClock::system(),
         }
     }
@@ -147,6 +151,8 @@ pub async fn run(config: UploadConfig, shared: Shared) {
     let mut throttle_permille: u16 = 1000;
     let mut failures: u32 = 0;
     let mut deferred: HashMap<u64, Deferral> = HashMap::new();
+    // Reports whose token the server refused once (the second refusal sets them aside).
+    let mut token_refused: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut told_token_required = false;
     // Reports already logged as waiting for a token (logged once each).
     let mut told_waiting: std::collections::HashSet<u64> = std::collections::HashSet::new();
@@ -174,6 +180,7 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                     spool.entries().iter().map(|e| e.sequence).collect();
                 deferred.retain(|sequence, _| spooled.contains(sequence));
                 told_waiting.retain(|sequence| spooled.contains(sequence));
+                token_refused.retain(|sequence| spooled.contains(sequence));
             }
             next_entry(spool.entries(), &deferred, tokio::time::Instant::now())
         };
@@ -222,7 +229,6 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                     kind: Wait::Token,
                 },
             );
-            shared.need_tokens.notify_one();
             continue;
         }
         // The random delay, stretched by the throttle hint (0: wait the longest backoff).
@@ -282,7 +288,17 @@ pub async fn run(config: UploadConfig, shared: Shared) {
             Ok(ack) => {
                 failures = 0;
                 throttle_permille = ack.throttle.permille();
-                let settled = settle(&shared, &entry, ack.status, throttle_permille);
+                let refused_before = token_refused.contains(&entry.sequence);
+                let settled = settle(
+                    &shared,
+                    &entry,
+                    ack.status,
+                    throttle_permille,
+                    refused_before,
+                );
+                if settled == Settled::TokenRefused {
+                    token_refused.insert(entry.sequence);
+                }
                 if settled == Settled::TokenRequired && !told_token_required {
                     told_token_required = true;
                     if shared.tokens.is_none() {
@@ -302,14 +318,12 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                 match settled {
                     Settled::Done => {
                         deferred.remove(&entry.sequence);
+                        token_refused.remove(&entry.sequence);
                     }
-                    Settled::Overloaded => {
-                        failures += 1;
-                        if !pause(backoff(&config, failures), stop).await {
-                            break;
-                        }
-                    }
-                    Settled::Deferred | Settled::TokenRefused | Settled::TokenRequired => {
+                    Settled::Overloaded
+                    | Settled::Deferred
+                    | Settled::TokenRefused
+                    | Settled::TokenRequired => {
                         let tries = deferred.get(&entry.sequence).map_or(0, |d| d.tries) + 1;
                         let until = tokio::time::Instant::now() + backoff(&config, tries);
                         deferred.insert(
@@ -504,20 +518,28 @@ fn next_entry(
 enum Settled {
     /// Delivered (removed) or refused for good (moved aside).
     Done,
-    /// The server is overloaded: kept, and the uploader slows down.
+    /// The server is overloaded: kept and set aside for a random while like
+    /// [`Settled::Deferred`]; the others go on (the throttle hint slows the uploader down).
     Overloaded,
     /// Kept and set aside for a while; the others go first (a class the server cannot found
     /// now, or any other retry-later reason a newer server may add).
     Deferred,
-    /// The server refused the report's token (invalid or spent): the token is discarded and
-    /// the report, kept, goes again with another.
+    /// The server refused the report's token (invalid or spent) for the first time: the token
+    /// is discarded and the report, kept, goes again once with another.
     TokenRefused,
     /// The server requires a token and the report carried none: kept.
     TokenRequired,
 }
 
-/// Applies an ack to the spool, the token store and the counts.
-fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille: u16) -> Settled {
+/// Applies an ack to the spool, the token store and the counts; `token_refused_before`: the
+/// server refused this report's token once already.
+fn settle(
+    shared: &Shared,
+    entry: &SpoolEntry,
+    ack: AckStatus,
+    throttle_permille: u16,
+    token_refused_before: bool,
+) -> Settled {
     let mut spool = lock(&shared.spool);
     let mut store = shared.tokens.as_deref().map(lock);
     let mut status = lock(&shared.status);
@@ -553,13 +575,15 @@ fn settle(shared: &Shared, entry: &SpoolEntry, ack: AckStatus, throttle_permille
             }
             Settled::Done
         }
-        AckStatus::Rejected(reason @ (RejectReason::InvalidToken | RejectReason::TokenSpent)) => {
+        AckStatus::Rejected(reason @ (RejectReason::InvalidToken | RejectReason::TokenSpent))
+            if !token_refused_before =>
+        {
             if drop_token(&mut status) {
                 status.tokens.discarded += 1;
             }
             tracing::warn!(
                 "the server refused the admission token of report {} ({reason:?}); token \
-                 discarded, the report goes again with another",
+                 discarded, the report goes again once with another",
                 entry.report_id
             );
             Settled::TokenRefused
@@ -640,6 +664,7 @@ mod tests {
             &entries[0],
             AckStatus::Rejected(RejectReason::NewClassLimit),
             1000,
+            false,
         );
         assert_eq!(settled, Settled::Deferred);
         assert!(
@@ -691,7 +716,8 @@ mod tests {
                 &shared,
                 &entries[1],
                 AckStatus::Rejected(RejectReason::Overloaded),
-                1000
+                1000,
+                false
             ),
             Settled::Overloaded
         );
@@ -701,11 +727,62 @@ mod tests {
                 &shared,
                 &entries[2],
                 AckStatus::Rejected(RejectReason::InvalidSnippet),
-                1000
+                1000,
+                false
             ),
             Settled::Done
         );
         assert!(!lock(&shared.spool).contains(&entries[2]));
         assert_eq!(lock(&shared.status).uploads.rejected, 1);
+    }
+
+    #[test]
+    fn a_token_refused_twice_sets_the_report_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(dir.path());
+        lock(&shared.spool)
+            .push(ReportId([7; 16]), &[7; 64])
+            .unwrap();
+        let entry = lock(&shared.spool).entries()[0].clone();
+        let refused = AckStatus::Rejected(RejectReason::TokenSpent);
+        assert_eq!(
+            settle(&shared, &entry, refused, 1000, false),
+            Settled::TokenRefused
+        );
+        assert!(lock(&shared.spool).contains(&entry), "kept for one retry");
+        let refused = AckStatus::Rejected(RejectReason::InvalidToken);
+        assert_eq!(settle(&shared, &entry, refused, 1000, true), Settled::Done);
+        assert!(!lock(&shared.spool).contains(&entry), "then set aside");
+        assert_eq!(lock(&shared.status).uploads.rejected, 1);
+    }
+
+    /// Every reason that is neither "retry later" nor about the token moves its report aside
+    /// and nothing else: the other report stays, untouched.
+    #[test]
+    fn every_final_reason_moves_only_its_report_aside() {
+        let final_reasons = (1..=255u8)
+            .map(RejectReason::from_code)
+            .filter(|r| !r.retry_later() && !r.token_problem());
+        for (n, reason) in final_reasons.enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let shared = shared(dir.path());
+            for id in [1u8, 2] {
+                lock(&shared.spool)
+                    .push(ReportId([id; 16]), &[id; 64])
+                    .unwrap();
+            }
+            let entries = lock(&shared.spool).entries().to_vec();
+            let ack = AckStatus::Rejected(reason);
+            assert_eq!(
+                settle(&shared, &entries[0], ack, 1000, false),
+                Settled::Done
+            );
+            assert!(
+                !lock(&shared.spool).contains(&entries[0]),
+                "{reason:?} #{n}"
+            );
+            assert!(lock(&shared.spool).contains(&entries[1]), "{reason:?} #{n}");
+            assert_eq!(lock(&shared.status).uploads.rejected, 1, "{reason:?}");
+        }
     }
 }

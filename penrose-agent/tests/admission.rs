@@ -187,7 +187,6 @@ impl Rig {
                 self.fetcher(),
                 timing,
                 Arc::clone(&self.stop),
-                Arc::clone(&shared.need_tokens),
                 wake,
             )));
         }
@@ -354,10 +353,11 @@ fn with_a_quota_of_three_two_of_five_reports_wait_for_the_next_days_tokens() {
     });
 }
 
-/// A server answering TokenSpent, then InvalidToken: the agent discards each refused token and
-/// sends the report again with another; three different tokens, one report, delivered once.
+/// A server answering TokenSpent, then InvalidToken: the agent discards the first refused
+/// token and sends the report again once with another; refused again, the report is set aside
+/// (moved to rejected) rather than fed a third token.
 #[test]
-fn a_refused_token_is_discarded_and_the_report_goes_again_with_another() {
+fn a_report_refused_for_its_token_goes_again_once_then_is_set_aside() {
     runtime().block_on(async {
         let mut rig = Rig::new(&[DAY, DAY + 1], &[2], 24).await;
         rig.server
@@ -368,8 +368,13 @@ fn a_refused_token_is_discarded_and_the_report_goes_again_with_another() {
         let r = report(DAY, 2);
         rig.push(&r);
         rig.start(true);
-        wait_for("the report accepted", || rig.accepted() == 1).await;
+        wait_for("the report set aside", || {
+            rig.status.lock().unwrap().uploads.rejected == 1
+        })
+        .await;
         wait_for("an empty spool", || rig.spooled() == 0).await;
+        // Nothing more goes: no third token is offered.
+        tokio::time::sleep(Duration::from_millis(800)).await;
         rig.stop().await;
         let seen = rig.server.seen.lock().unwrap();
         let attempts: Vec<_> = seen
@@ -386,14 +391,88 @@ fn a_refused_token_is_discarded_and_the_report_goes_again_with_another() {
             vec![
                 AckStatus::Rejected(RejectReason::TokenSpent),
                 AckStatus::Rejected(RejectReason::InvalidToken),
-                AckStatus::Accepted
             ]
         );
         let nonces: HashSet<_> = attempts.iter().map(|a| a.0.clone()).collect();
-        assert_eq!(nonces.len(), 3, "a new token each time");
+        assert_eq!(nonces.len(), 2, "a new token for the one retry");
+        assert!(seen.accepted.is_empty());
         let tokens = rig.status.lock().unwrap().tokens.clone();
-        assert_eq!((tokens.discarded, tokens.spent), (2, 1));
-        assert_eq!(rig.counts()[0], (DAY, 2, 21, 0));
+        assert_eq!((tokens.discarded, tokens.spent), (2, 0));
+        assert_eq!(rig.counts()[0], (DAY, 2, 22, 0));
+    });
+}
+
+/// Overloaded sets aside only the report it answered: the next report goes at once, and the
+/// refused one goes again later. The server cannot stall a host's spool by refusing its oldest
+/// report.
+#[test]
+fn an_overloaded_answer_defers_only_its_report_and_never_the_spool_behind_it() {
+    runtime().block_on(async {
+        let mut rig = Rig::new(&[DAY, DAY + 1], &[0], 24).await;
+        rig.server
+            .force
+            .lock()
+            .unwrap()
+            .push_back(RejectReason::Overloaded);
+        for _ in 0..3 {
+            rig.push(&report(DAY, 0));
+        }
+        rig.start(true);
+        wait_for("3 reports accepted", || rig.accepted() == 3).await;
+        rig.stop().await;
+        let seen = rig.server.seen.lock().unwrap();
+        let order: Vec<_> = seen
+            .received
+            .iter()
+            .map(|(report, status, _)| (report.report_id, *status))
+            .collect();
+        assert_eq!(order.len(), 4, "{order:?}");
+        assert_eq!(order[0].1, AckStatus::Rejected(RejectReason::Overloaded));
+        assert_ne!(
+            order[1].0, order[0].0,
+            "the spool behind the refused report waited for it: {order:?}"
+        );
+        assert_eq!(rig.status.lock().unwrap().uploads.overloaded, 1);
+    });
+}
+
+/// Tokens the server made the agent discard leave none for today: the report that then waits
+/// does not bring a fetch forward (the issuer, who sees the credential, would see the host the
+/// aggregation server refused). The next fetch is the scheduled one.
+#[test]
+fn running_out_of_tokens_never_brings_a_fetch_forward() {
+    runtime().block_on(async {
+        let mut rig = Rig::new(&[DAY, DAY + 1], &[2], 2).await;
+        rig.server
+            .force
+            .lock()
+            .unwrap()
+            .extend([RejectReason::TokenSpent, RejectReason::TokenSpent]);
+        rig.push(&report(DAY, 2));
+        rig.start(true);
+        wait_for("the report set aside", || {
+            rig.status.lock().unwrap().uploads.rejected == 1
+        })
+        .await;
+        let requests = rig.issuer.requests.lock().unwrap().len();
+        assert_eq!(rig.status.lock().unwrap().tokens.fetches, 1);
+        assert!(
+            rig.counts().iter().all(|c| c.0 != DAY || c.2 == 0),
+            "{:?}",
+            rig.counts()
+        );
+        // A report that now has no token waits, for longer than the fetcher's retry_min
+        // several times over, without a fetch.
+        rig.push(&report(DAY, 2));
+        wait_for("a report waiting for a token", || {
+            rig.status.lock().unwrap().tokens.waiting == 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        rig.stop().await;
+        assert_eq!(rig.issuer.requests.lock().unwrap().len(), requests);
+        assert_eq!(rig.status.lock().unwrap().tokens.fetches, 1);
+        assert_eq!(rig.spooled(), 1, "the report waits, kept");
     });
 }
 

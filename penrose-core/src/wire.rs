@@ -244,10 +244,11 @@ pub enum RejectReason {
     TokenRequired,
     /// The report's admission token does not verify: forged, bound to another report, of
     /// another scope (counter) or of an epoch other than the report's day, or of a key the
-    /// server does not hold. The agent discards that token and keeps the report.
+    /// server does not hold. The agent discards that token and sends the report again once
+    /// with another; refused again, the report is moved aside.
     InvalidToken,
     /// The report's token was already spent on another report. The agent discards that token
-    /// and keeps the report.
+    /// and sends the report again once with another, as for `InvalidToken`.
     TokenSpent,
     /// The server holds no key of the token's epoch (the report's day) yet: its key ring does
     /// not reach that day. The report and its token are fine; the sender keeps both and sends
@@ -319,7 +320,7 @@ impl RejectReason {
     }
 
     /// Whether the refusal is about the report's admission token, not the report: the sender
-    /// keeps the report and sends it again with another token (after discarding this one, for
+    /// keeps the report and sends it again with a token (once, after discarding this one, for
     /// [`InvalidToken`](RejectReason::InvalidToken) and
     /// [`TokenSpent`](RejectReason::TokenSpent)).
     pub fn token_problem(self) -> bool {
