@@ -545,20 +545,8 @@ fn settle(
     let mut status = lock(&shared.status);
     status.uploads.server_reachable = true;
     status.uploads.throttle_permille = throttle_permille;
-    // Removes the report's token, if it carries one; whether it did.
-    let mut drop_token = |status: &mut AgentStatus| match store.as_mut() {
-        Some(store) => match store.forget_in_flight(&entry.report_id) {
-            Ok(had) => had,
-            Err(e) => {
-                // Left attached: the report is gone (or goes again with it), and the next
-                // prune removes a token whose report left the spool.
-                tracing::warn!("token store: {e}");
-                status.last_error = Some(e.to_string());
-                false
-            }
-        },
-        None => false,
-    };
+    let mut drop_token =
+        |status: &mut AgentStatus| forget_token(store.as_deref_mut(), entry, status);
     match ack {
         AckStatus::Accepted | AckStatus::Duplicate => {
             if ack == AckStatus::Accepted {
@@ -620,6 +608,24 @@ fn settle(
             Settled::Done
         }
     }
+}
+
+/// Removes the report's token from the store, if it carries one; whether it did. An error
+/// leaves it attached: the report is gone (or goes again with it), and the next prune removes
+/// a token whose report left the spool.
+fn forget_token(
+    store: Option<&mut TokenStore>,
+    entry: &SpoolEntry,
+    status: &mut AgentStatus,
+) -> bool {
+    let Some(store) = store else { return false };
+    store
+        .forget_in_flight(&entry.report_id)
+        .unwrap_or_else(|e| {
+            tracing::warn!("token store: {e}");
+            status.last_error = Some(e.to_string());
+            false
+        })
 }
 
 /// `min(backoff_max, backoff_base * 2^(failures-1))`, less up to half at random.
