@@ -27,6 +27,12 @@
 //! is refused ([`Tables::record_if_founding_allowed`] changes nothing then) and may be sent
 //! again later. Snippets of existing classes are never rationed.
 //!
+//! **Buckets cannot be filled against an application.** A client can found junk classes under
+//! a known application's band keys. A full bucket therefore gives a newcomer at least as
+//! strong its weakest class's place ([`MAX_BUCKET_CLASSES`]), a shared key takes a few
+//! foundings a day ([`MAX_KEY_FOUNDINGS_PER_DAY`]), and a class offers its representatives to
+//! their keys again each time its reports double ([`IndexStats`] counts what happened).
+//!
 //! **Memory.** The class table (EST) and its index live in memory, bounded by the number of
 //! classes (at most [`MAX_REPRESENTATIVES`] representatives of 232 bytes each). The SST grows
 //! with every distinct snippet hash, which at fleet scale is nearly every report, so it is
@@ -61,9 +67,19 @@ pub const MAX_REPRESENTATIVES: usize = 8;
 /// Most classes one locator key indexes. A key is shared by classes whose representatives have
 /// the same two minima in a band, so a full bucket means many classes alike in that band; the
 /// cap bounds what one report can make the server compare (50 buckets x 64 classes), also for a
-/// client that sends a made-up locator naming the fullest buckets. A class left out of a full
-/// bucket is still found through its other 49 bands.
+/// client that sends a made-up locator naming the fullest buckets. A full bucket is not a closed
+/// one: a class at least as strong (reports) as its weakest takes that one's place, so junk
+/// classes founded on an application's keys cannot keep the application out (a class left out
+/// of a bucket is still found through its other 49 bands, and tries again each time its
+/// reports double).
 pub const MAX_BUCKET_CLASSES: usize = 64;
+
+/// Most new classes that enter one shared locator key per day (besides the key's first two).
+/// Junk founded on a target's keys fills a bucket in 8 days at the earliest, and cannot cycle a
+/// founding that arrived after it out of a full bucket within a day: the weakest-and-earliest
+/// goes first, and 64 of them stand before the newcomer. A founding refused by the ration is
+/// still founded and indexed under its other keys, and enters when its reports double.
+pub const MAX_KEY_FOUNDINGS_PER_DAY: u32 = 8;
 
 /// SST rows kept in memory by default ([`SnippetCache`]): about 60 MB.
 pub const DEFAULT_SNIPPET_CACHE: usize = 1 << 20;
@@ -289,12 +305,62 @@ impl SnippetCache {
 
 /// The candidate index: per band, locator key -> the classes with a representative of that key.
 /// Nearly every key names one class, so a key holds that class itself and only a key of two or
-/// more classes points into a shared list (ids with [`LocatorIndex::LIST`] set): about 10 bytes
-/// per representative and band, where a list per key cost about 70 (measured with
+/// more classes points into a shared [`Bucket`] (ids with [`LocatorIndex::LIST`] set): about 10
+/// bytes per representative and band, where a list per key cost about 70 (measured with
 /// `cargo xtask bench-fleet`, "tables MiB").
 struct LocatorIndex {
     bands: Vec<HashMap<u32, ClassId>>,
-    lists: Vec<Vec<ClassId>>,
+    lists: Vec<Bucket>,
+    stats: IndexStats,
+}
+
+/// The classes under one shared locator key, in the order they entered, and how many foundings
+/// entered it on its last day ([`MAX_KEY_FOUNDINGS_PER_DAY`]).
+#[derive(Debug)]
+struct Bucket {
+    classes: Vec<ClassId>,
+    day: Day,
+    foundings: u32,
+}
+
+/// Why a class is being indexed under a key: a founding is rationed per key, a class that has
+/// earned reports is not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entering {
+    /// Its founding report, the only one it has.
+    Founding,
+    /// A class with reports (a new representative, a merge, a growth step or a rebuild).
+    Earned,
+}
+
+/// How strong each class indexed under a key is: the reports of the class that holds it now,
+/// and nothing for a merged class whose survivor is indexed under the same key (it only takes
+/// a slot).
+struct Strength<'a> {
+    classes: &'a [ClassEntry],
+    merged: &'a ClassMap,
+}
+
+impl Strength<'_> {
+    fn of(&self, class: ClassId, bucket: &[ClassId]) -> u64 {
+        let root = self.merged.root(class);
+        if root != class && bucket.contains(&root) {
+            return 0;
+        }
+        self.classes.get(root.0 as usize).map_or(0, |c| c.reports)
+    }
+}
+
+/// What the index did with the entries it was offered since the tables were made: the counts
+/// behind the bucket rules ([`MAX_BUCKET_CLASSES`], [`MAX_KEY_FOUNDINGS_PER_DAY`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Weaker classes a stronger (or equally strong, newer) one displaced from a full bucket.
+    pub displaced: u64,
+    /// Entries left out because the bucket was full of stronger classes.
+    pub left_out_full: u64,
+    /// Foundings left out because their key had taken its day's foundings.
+    pub left_out_rationed: u64,
 }
 
 impl LocatorIndex {
@@ -306,6 +372,7 @@ impl LocatorIndex {
         Self {
             bands: (0..bands).map(|_| HashMap::new()).collect(),
             lists: Vec::new(),
+            stats: IndexStats::default(),
         }
     }
 
@@ -316,14 +383,14 @@ impl LocatorIndex {
             Some(entry) if entry.0 & Self::LIST != 0 => self
                 .lists
                 .get((entry.0 & !Self::LIST) as usize)
-                .map_or(&[], Vec::as_slice),
+                .map_or(&[], |b| b.classes.as_slice()),
             Some(entry) => std::slice::from_ref(entry),
         }
     }
 
-    /// Adds `class` under `key` of `band` unless it is there or the bucket holds
-    /// [`MAX_BUCKET_CLASSES`].
-    fn insert(&mut self, band: usize, key: u32, class: ClassId) {
+    /// Adds `class` under `key` of `band` unless it is there; a key of two or more classes
+    /// takes it by [`Bucket::admit`]'s rules.
+    fn insert(&mut self, band: usize, key: u32, class: ClassId, how: Entering, ctx: &Context) {
         if class.0 & Self::LIST != 0 {
             return;
         }
@@ -340,15 +407,17 @@ impl LocatorIndex {
                     return;
                 }
                 if entry.0 & Self::LIST == 0 {
-                    // A second class: the key gets a list (list ids stay below LIST too).
+                    // A second class: the key gets a list (list ids stay below LIST too). Its
+                    // first two classes are not counted against the key's foundings.
                     let list = self.lists.len() as u32;
-                    self.lists.push(vec![entry, class]);
+                    self.lists.push(Bucket {
+                        classes: vec![entry, class],
+                        day: ctx.today,
+                        foundings: 0,
+                    });
                     slot.insert(ClassId(list | Self::LIST));
-                } else if let Some(list) = self.lists.get_mut((entry.0 & !Self::LIST) as usize)
-                    && list.len() < MAX_BUCKET_CLASSES
-                    && !list.contains(&class)
-                {
-                    list.push(class);
+                } else if let Some(bucket) = self.lists.get_mut((entry.0 & !Self::LIST) as usize) {
+                    bucket.admit(class, how, ctx, &mut self.stats);
                 }
             }
         }
@@ -360,12 +429,64 @@ impl LocatorIndex {
             .iter()
             .map(|b| b.capacity() * (size_of::<(u32, ClassId)>() + 1))
             .sum::<usize>()
-            + self.lists.capacity() * size_of::<Vec<ClassId>>()
+            + self.lists.capacity() * size_of::<Bucket>()
             + self
                 .lists
                 .iter()
-                .map(|l| l.capacity() * size_of::<ClassId>())
+                .map(|l| l.classes.capacity() * size_of::<ClassId>())
                 .sum::<usize>()
+    }
+}
+
+/// What an insertion needs to know beyond the key: the day (for the founding ration) and how
+/// strong the classes are.
+struct Context<'a> {
+    today: Day,
+    strength: Strength<'a>,
+}
+
+impl Bucket {
+    /// Takes `class` unless it is here already. A founding is rationed to
+    /// [`MAX_KEY_FOUNDINGS_PER_DAY`] per day. A full bucket gives the newcomer the slot of its
+    /// weakest class (fewest reports; of equals, the one that entered first) when the newcomer
+    /// is at least as strong: a founding counts its founding report.
+    fn admit(&mut self, class: ClassId, how: Entering, ctx: &Context, stats: &mut IndexStats) {
+        if self.classes.contains(&class) {
+            return;
+        }
+        if how == Entering::Founding {
+            if self.day != ctx.today {
+                self.day = ctx.today;
+                self.foundings = 0;
+            }
+            if self.foundings >= MAX_KEY_FOUNDINGS_PER_DAY {
+                stats.left_out_rationed += 1;
+                return;
+            }
+            self.foundings += 1;
+        }
+        if self.classes.len() < MAX_BUCKET_CLASSES {
+            self.classes.push(class);
+            return;
+        }
+        let newcomer = match how {
+            Entering::Founding => 1,
+            Entering::Earned => ctx.strength.of(class, &self.classes),
+        };
+        let weakest = self
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(at, &c)| (ctx.strength.of(c, &self.classes), at))
+            .min();
+        match weakest {
+            Some((strength, at)) if strength <= newcomer => {
+                self.classes.remove(at);
+                self.classes.push(class);
+                stats.displaced += 1;
+            }
+            _ => stats.left_out_full += 1,
+        }
     }
 }
 
@@ -431,7 +552,7 @@ impl Tables {
     /// SST row is in the store but not in memory must be loaded first
     /// ([`Tables::load_snippet`]), or it is placed anew.
     pub fn record(&mut self, snippet: Fingerprint, today: Day) -> Placement {
-        if let Some(placement) = self.count_known(&snippet.hash) {
+        if let Some(placement) = self.count_known(&snippet.hash, today) {
             return placement;
         }
         let matches = self.matches(&snippet);
@@ -462,7 +583,7 @@ impl Tables {
         today: Day,
         may_found: impl FnOnce() -> bool,
     ) -> Option<Placement> {
-        if let Some(placement) = self.count_known(&snippet.hash) {
+        if let Some(placement) = self.count_known(&snippet.hash, today) {
             return Some(placement);
         }
         let matches = self.matches(&snippet);
@@ -473,11 +594,11 @@ impl Tables {
     }
 
     /// Counts a report of a snippet already in the SST; `None` for a new snippet.
-    fn count_known(&mut self, snippet: &SnippetHash) -> Option<Placement> {
+    fn count_known(&mut self, snippet: &SnippetHash, today: Day) -> Option<Placement> {
         let entry = self.sst.get_mut(snippet)?;
         entry.reports += 1;
         let class = self.merged.root(entry.class);
-        self.count(*snippet, class);
+        self.count(*snippet, class, today);
         Some(Placement {
             class,
             new_class: false,
@@ -505,16 +626,33 @@ impl Tables {
         if let Some(class) = self.classes.get_mut(placement.class.0 as usize) {
             class.snippets += 1;
         }
-        self.count(snippet.hash, placement.class);
+        self.count(snippet.hash, placement.class, today);
         placement
     }
 
-    fn count(&mut self, snippet: SnippetHash, class: ClassId) {
-        if let Some(entry) = self.classes.get_mut(class.0 as usize) {
-            entry.reports += 1;
+    fn count(&mut self, snippet: SnippetHash, class: ClassId, today: Day) {
+        let Some(entry) = self.classes.get_mut(class.0 as usize) else {
+            return;
+        };
+        entry.reports += 1;
+        if entry.reports >= 2 && entry.reports.is_power_of_two() {
+            self.index_again(class, today);
         }
         self.dirty_snippets.insert(snippet);
         self.dirty_classes.insert(class);
+    }
+
+    /// Offers every representative of `class` to its keys again, now that its reports have
+    /// doubled: a class left out of full buckets (or out of a key's day of foundings) takes
+    /// the place of weaker ones. At most 8 x 50 look-ups, log2(reports) times in a class's life.
+    fn index_again(&mut self, class: ClassId, today: Day) {
+        let Some(entry) = self.classes.get(class.0 as usize) else {
+            return;
+        };
+        let locators: Vec<Locator> = entry.representatives.iter().map(|r| r.locator).collect();
+        for locator in &locators {
+            self.index_representative(class, locator, Entering::Earned, today);
+        }
     }
 
     /// The class a snippet would join, without changing anything (for tests and tools).
@@ -545,7 +683,7 @@ impl Tables {
         match matches.first() {
             Some(&(best, similarity)) => {
                 let class = if MERGE_CLASSES && matches.len() > 1 {
-                    self.merge(matches.iter().map(|&(c, _)| c), best)
+                    self.merge(matches.iter().map(|&(c, _)| c), best, today)
                 } else {
                     best
                 };
@@ -553,7 +691,7 @@ impl Tables {
                 let entry = &mut self.classes[class.0 as usize];
                 if novel && entry.representatives.len() < MAX_REPRESENTATIVES {
                     entry.representatives.push(snippet);
-                    self.index_representative(class, &snippet.locator);
+                    self.index_representative(class, &snippet.locator, Entering::Earned, today);
                 }
                 Placement {
                     class,
@@ -571,7 +709,7 @@ impl Tables {
                     snippets: 0,
                 });
                 self.marks.push(0);
-                self.index_representative(class, &snippet.locator);
+                self.index_representative(class, &snippet.locator, Entering::Founding, today);
                 Placement {
                     class,
                     new_class: true,
@@ -631,7 +769,12 @@ impl Tables {
     /// Joins `classes` (each its own root) into the oldest of them and returns it (`fallback`
     /// when there is none). The survivor takes the others' representatives while it has room,
     /// and their counts.
-    fn merge(&mut self, classes: impl Iterator<Item = ClassId>, fallback: ClassId) -> ClassId {
+    fn merge(
+        &mut self,
+        classes: impl Iterator<Item = ClassId>,
+        fallback: ClassId,
+        today: Day,
+    ) -> ClassId {
         let mut classes: Vec<ClassId> = classes.collect();
         classes.sort_unstable();
         classes.dedup();
@@ -658,7 +801,7 @@ impl Tables {
             let moved: Vec<Fingerprint> = reps.into_iter().take(room).collect();
             survivor.representatives.extend(moved.iter().copied());
             for rep in &moved {
-                self.index_representative(into, &rep.locator);
+                self.index_representative(into, &rep.locator, Entering::Earned, today);
             }
             self.dirty_merges.push(merge);
         }
@@ -666,10 +809,28 @@ impl Tables {
         into
     }
 
-    fn index_representative(&mut self, class: ClassId, locator: &Locator) {
+    fn index_representative(
+        &mut self,
+        class: ClassId,
+        locator: &Locator,
+        how: Entering,
+        today: Day,
+    ) {
+        let ctx = Context {
+            today,
+            strength: Strength {
+                classes: &self.classes,
+                merged: &self.merged,
+            },
+        };
         for band in 0..Locator::bands(&self.params) {
-            self.index.insert(band, locator.0[band], class);
+            self.index.insert(band, locator.0[band], class, how, &ctx);
         }
+    }
+
+    /// What the index did with full buckets and rationed keys so far.
+    pub fn index_stats(&self) -> IndexStats {
+        self.index.stats
     }
 
     /// Makes every search probe all 50 bands, also after a confident match (what the search
@@ -737,9 +898,6 @@ impl Tables {
             if class.0 as usize != expected {
                 return Err(damaged("est", "class ids are not contiguous"));
             }
-            for rep in &entry.representatives {
-                tables.index_representative(class, &rep.locator);
-            }
             tables.classes.push(entry);
             tables.marks.push(0);
         }
@@ -748,6 +906,10 @@ impl Tables {
                 return Err(damaged("merge", "merge of an unknown class"));
             }
             tables.merged.insert(merge)?;
+        }
+        // Indexed once every class and merge is known, so that full buckets keep the strongest.
+        for i in 0..tables.classes.len() {
+            tables.index_again(ClassId(i as u32), Day(0));
         }
         // A survivor's count includes those of the classes it absorbed.
         tables.snippets = (0..tables.classes.len())
@@ -1107,26 +1269,51 @@ mod tests {
         assert!(tables.record(hidden, Day(7)).new_class);
     }
 
+    /// Founds `count` junk classes on `day`, each a hash of its own under `locator` (an
+    /// abusive client's made-up locator naming a target's keys).
+    fn found_junk(
+        tables: &mut Tables,
+        f: &Fingerprinter,
+        locator: Locator,
+        day: Day,
+        count: usize,
+    ) {
+        let start = tables.founded_count();
+        for j in start..start + count {
+            let junk = Fingerprint {
+                hash: f.snippet_hash(&names(10_000 + j, 0, 500)),
+                locator,
+            };
+            assert!(tables.record(junk, day).new_class);
+        }
+    }
+
+    /// The classes indexed under every key of `locator`, band by band.
+    fn buckets_of(tables: &Tables, locator: &Locator) -> Vec<Vec<ClassId>> {
+        (0..Locator::bands(&FingerprintParams::default()))
+            .map(|band| tables.index.get(band, locator.0[band]).to_vec())
+            .collect()
+    }
+
     #[test]
     fn a_bucket_indexes_at_most_its_cap_of_classes() {
         let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
         let mut tables = Tables::new(FingerprintParams::default());
         let shared = f.fingerprint_of_names(&names(0, 0, 500)).locator;
-        for app in 0..MAX_BUCKET_CLASSES + 20 {
-            let snippet = Fingerprint {
-                hash: f.snippet_hash(&names(app + 1, 0, 500)),
-                locator: shared,
-            };
-            assert!(tables.record(snippet, Day(7)).new_class);
-        }
-        assert!(!tables.index.lists.is_empty());
+        // A key takes 8 foundings a day after its first two: 84 foundings on one day fill
+        // 10 slots, and 11 days fill the bucket.
+        found_junk(&mut tables, &f, shared, Day(7), MAX_BUCKET_CLASSES + 20);
+        let per_day = 2 + MAX_KEY_FOUNDINGS_PER_DAY as usize;
         assert!(
-            tables
-                .index
-                .lists
+            buckets_of(&tables, &shared)
                 .iter()
-                .all(|bucket| bucket.len() <= MAX_BUCKET_CLASSES)
+                .all(|b| b.len() == per_day)
         );
+        for day in 8..20 {
+            found_junk(&mut tables, &f, shared, Day(day), 10);
+        }
+        let buckets = buckets_of(&tables, &shared);
+        assert!(buckets.iter().all(|b| b.len() == MAX_BUCKET_CLASSES));
         // One report naming those keys is compared with at most the cap's classes.
         let before = tables.search_stats().candidates;
         tables.record(
@@ -1134,12 +1321,117 @@ mod tests {
                 hash: f.snippet_hash(&names(999, 0, 500)),
                 locator: shared,
             },
-            Day(7),
+            Day(20),
         );
         assert_eq!(
             tables.search_stats().candidates - before,
             MAX_BUCKET_CLASSES as u64
         );
+    }
+
+    /// The review's attack: an abusive client founds junk classes on a target application's
+    /// band keys until its buckets are full, before the application founds its class, and goes
+    /// on founding after it. The application's class still takes a slot in each bucket, keeps
+    /// it, and its later windows find it (with no displacement they found classes of their own).
+    #[test]
+    fn junk_founded_on_a_targets_keys_cannot_keep_its_windows_from_their_class() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let mut tables = Tables::new(FingerprintParams::default());
+        let first = f.fingerprint_of_names(&names(1, 0, 2_000));
+        for day in 0..10 {
+            found_junk(&mut tables, &f, first.locator, Day(day), 12);
+        }
+        assert!(
+            buckets_of(&tables, &first.locator)
+                .iter()
+                .all(|b| b.len() == MAX_BUCKET_CLASSES)
+        );
+        let target = tables.record(first, Day(10));
+        assert!(target.new_class);
+        // More junk the same day: the ration and the 64 older junk classes keep the target in.
+        found_junk(&mut tables, &f, first.locator, Day(10), 40);
+        let stats = tables.index_stats();
+        assert!(
+            stats.displaced >= 50 && stats.left_out_rationed > 0,
+            "{stats:?}"
+        );
+        assert!(
+            buckets_of(&tables, &first.locator)
+                .iter()
+                .all(|b| b.contains(&target.class))
+        );
+        for window in 1..=12 {
+            let later = f.fingerprint_of_names(&names(1, window * 37, 2_000));
+            assert_eq!(
+                tables.record(later, Day(10)).class,
+                target.class,
+                "window {window}"
+            );
+        }
+        // Stronger now than any junk class: days of junk afterwards never displace it.
+        for day in 11..20 {
+            found_junk(&mut tables, &f, first.locator, Day(day), 12);
+        }
+        assert!(
+            buckets_of(&tables, &first.locator)
+                .iter()
+                .all(|b| b.contains(&target.class))
+        );
+        let late = f.fingerprint_of_names(&names(1, 1_001, 2_000));
+        assert_eq!(tables.record(late, Day(20)).class, target.class);
+    }
+
+    /// A client that spends a key's day of foundings before the application founds its class
+    /// keeps the class out of those keys for as long as the class has one report; its second
+    /// report (here the same window from another GPU) makes it enter, and its later windows
+    /// find it.
+    #[test]
+    fn a_founding_left_out_by_its_keys_ration_enters_when_its_reports_double() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let mut tables = Tables::new(FingerprintParams::default());
+        let first = f.fingerprint_of_names(&names(1, 0, 2_000));
+        found_junk(&mut tables, &f, first.locator, Day(3), 2 + 8);
+        let target = tables.record(first, Day(3)).class;
+        assert!(
+            buckets_of(&tables, &first.locator)
+                .iter()
+                .all(|b| !b.contains(&target))
+        );
+        assert_eq!(tables.index_stats().left_out_rationed, 50);
+        assert_eq!(tables.record(first, Day(3)).class, target);
+        assert!(
+            buckets_of(&tables, &first.locator)
+                .iter()
+                .all(|b| b.contains(&target))
+        );
+        let later = f.fingerprint_of_names(&names(1, 74, 2_000));
+        assert_eq!(tables.record(later, Day(3)).class, target);
+    }
+
+    /// Rebuilt from its records, a full bucket keeps its strongest classes, whatever the order
+    /// they were founded in.
+    #[test]
+    fn a_rebuilt_full_bucket_keeps_its_strongest_classes() {
+        let f = Fingerprinter::new(FingerprintParams::default()).unwrap();
+        let mut tables = Tables::new(FingerprintParams::default());
+        let first = f.fingerprint_of_names(&names(1, 0, 2_000));
+        for day in 0..10 {
+            found_junk(&mut tables, &f, first.locator, Day(day), 12);
+        }
+        let target = tables.record(first, Day(10)).class;
+        for window in 1..=4 {
+            tables.record(
+                f.fingerprint_of_names(&names(1, window * 37, 2_000)),
+                Day(10),
+            );
+        }
+        let (_, est) = tables.take_dirty();
+        let mut all: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        all.extend(est);
+        let rebuilt = Tables::load(FingerprintParams::default(), 64, all, []).unwrap();
+        let buckets = buckets_of(&rebuilt, &first.locator);
+        assert!(buckets.iter().all(|b| b.len() == MAX_BUCKET_CLASSES));
+        assert!(buckets.iter().all(|b| b.contains(&target)));
     }
 
     #[test]

@@ -108,6 +108,11 @@ struct Row {
     every_band_us_per_report: f64,
     every_band_classes_after: usize,
     every_band_merges: usize,
+    /// Full-bucket displacements, entries left out of full buckets and foundings left out by
+    /// a key's daily ration, over founders and reports (`penrose_aggregator::tables::IndexStats`).
+    bucket_displaced: u64,
+    bucket_left_out_full: u64,
+    bucket_left_out_rationed: u64,
     banding_reports: usize,
     banding_us_per_report: f64,
     banding_candidates_per_report: f64,
@@ -338,6 +343,7 @@ fn single(args: &Args, n: u32) -> Result<Row> {
     let placing = started.elapsed();
     let classes_after = tables.class_count();
     let after = tables.search_stats();
+    let buckets = tables.index_stats();
     let searches = (after.searches - before.searches).max(1) as f64;
     let (mut at_tau, mut at_tau_right, mut known, mut known_right) = (0usize, 0usize, 0, 0);
     for ((d, class), estimate) in draws.iter().zip(&placed).zip(&estimates) {
@@ -510,6 +516,9 @@ fn single(args: &Args, n: u32) -> Result<Row> {
         every_band_us_per_report: every_band.0,
         every_band_classes_after: every_band.1,
         every_band_merges: every_band.2,
+        bucket_displaced: buckets.displaced,
+        bucket_left_out_full: buckets.left_out_full,
+        bucket_left_out_rationed: buckets.left_out_rationed,
         banding_reports: queries.len(),
         banding_us_per_report: banding.as_secs_f64() * 1e6 / banding_n,
         banding_candidates_per_report: banding_candidates as f64 / banding_n,
@@ -652,13 +661,14 @@ fn markdown(args: &Args, rows: &[Row], recall: &[TraceRecall]) -> String {
          merges made.\n\n\
          | classes | reports of new applications | us/report, early stop | us/report, every band | \
          classes after, early stop | classes after, every band | merges, early stop | \
-         merges, every band |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         merges, every band | bucket displacements | left out of full buckets | \
+         foundings left out by a key's daily ration |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
             r.classes,
             r.new_reports,
             r.placement_us_per_report,
@@ -666,7 +676,10 @@ fn markdown(args: &Args, rows: &[Row], recall: &[TraceRecall]) -> String {
             r.classes_after,
             r.every_band_classes_after,
             r.merges,
-            r.every_band_merges
+            r.every_band_merges,
+            r.bucket_displaced,
+            r.bucket_left_out_full,
+            r.bucket_left_out_rationed
         );
     }
     out.push_str(
