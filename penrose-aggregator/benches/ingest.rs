@@ -19,13 +19,14 @@ use std::sync::Arc;
 use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use penrose_aggregator::admission::{Admission, SpentToken, TokenRing};
+use penrose_aggregator::export::ReleaseConfig;
 use penrose_aggregator::state::State;
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 use penrose_core::histogram::SampleCount;
-use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Keypair};
+use penrose_core::paillier::Keypair;
 use penrose_core::tokens::{IssuerKey, KeyRing, SpentId, TokenEpoch, TokenRequest, TokenScope};
 use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
 use rand::{Rng, RngCore, SeedableRng};
@@ -110,7 +111,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
         store,
         &key,
         FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
+        ReleaseConfig::default().sub_sum_reports(),
         None,
     )
     .unwrap();

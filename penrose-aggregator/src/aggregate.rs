@@ -4,10 +4,14 @@
 //! sum, nor do ciphertexts under different keys (a key rollover's grace days,
 //! `crate::design_keys`).
 //!
-//! Each report costs one multiplication per ciphertext. A sum holds at most the accumulator
-//! bound of reports (214,748 at 31-bit slots), after which the next report starts a fresh
-//! accumulator, the next [`Generation`]; full generations stay in the store unchanged and the
-//! design server decrypts each and adds the plaintexts. Closing an epoch drops its
+//! Each report costs one multiplication per ciphertext. A sum is kept as a run of *sub-sums*
+//! ([`Generation`]s): once one holds the sub-sum size of reports (the server's
+//! `ReleaseConfig::sub_sum_reports`, 2 k T: twice what the contributor threshold needs; never
+//! more than the accumulator bound, 214,748 at 31-bit slots), the next report starts the next.
+//! Full generations stay in the store unchanged. Export releases each sub-sum that meets the
+//! threshold alone and folds a short last one into the one before (`crate::export`), so that
+//! one bad report (bins that do not add up, which only the design server sees) costs the design
+//! server one sub-sum, not the whole (class, counter, epoch). Closing an epoch drops its
 //! accumulators, whose last states are in the store and never change again.
 //!
 //! **Loaded when touched.** Nothing is read at start: the first report of a sum key reads that
@@ -24,7 +28,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use penrose_core::bundle::{Cursor, EpochId, Generation};
 use penrose_core::counters::{CatalogueVersion, CounterId};
 use penrose_core::gpu::GpuArch;
-use penrose_core::paillier::{Accumulator, PackedCiphertexts, PaillierError, PublicKey};
+use penrose_core::paillier::{
+    ACCUMULATOR_REPORT_BOUND, Accumulator, PackedCiphertexts, PaillierError, PublicKey,
+};
 use thiserror::Error;
 
 use crate::design_keys::KeySlot;
@@ -145,25 +151,44 @@ pub enum AggregateError {
     Store(#[from] StoreError),
 }
 
-/// The latest generation of `key` in `store`, if any: point reads of generation 0, 1, ...
-/// until one is missing (generations are written in order, each only after the previous one
-/// filled, so they are contiguous from 0).
+/// The latest generation of `key` in `store`, if any. Generations are written in order, each
+/// only after the previous one filled, so they are contiguous from 0: point reads of 0, 1, 3,
+/// 7, ... until one is missing, then a binary search between the last present and the first
+/// missing (about 2 log2(generations) reads; a busy sum of a day has hundreds of sub-sums).
 pub fn latest_in_store(
     store: &dyn Store,
     key: SumKey,
 ) -> Result<Option<AshRecord>, AggregateError> {
-    let mut latest = None;
-    for g in 0..=u32::MAX {
+    let read = |g: u32| -> Result<Option<AshRecord>, AggregateError> {
         let stored_key = AshRecord::store_key(key, Generation(g));
-        match store.get(Table::Ash, &stored_key)? {
-            None => break,
-            Some(value) => {
-                let record = AshRecord::decode(&stored_key, &value)?;
-                latest = Some(record);
+        store
+            .get(Table::Ash, &stored_key)?
+            .map(|value| AshRecord::decode(&stored_key, &value))
+            .transpose()
+    };
+    let Some(mut present) = read(0)? else {
+        return Ok(None);
+    };
+    // Invariant: generation `present.generation` exists, `missing` does not (or is past u32).
+    let mut missing = u64::from(u32::MAX) + 1;
+    let mut probe = 1u64;
+    while probe < missing {
+        match read(probe as u32)? {
+            Some(record) => {
+                present = record;
+                probe = probe * 2 + 1;
             }
+            None => missing = probe,
         }
     }
-    Ok(latest)
+    while u64::from(present.generation.0) + 1 < missing {
+        let middle = (u64::from(present.generation.0) + missing) / 2;
+        match read(middle as u32)? {
+            Some(record) => present = record,
+            None => missing = middle,
+        }
+    }
+    Ok(Some(present))
 }
 
 /// How many accumulators [`Sums`] holds in memory at most, beyond those changed by batches not
@@ -189,6 +214,9 @@ pub struct Sums {
     bound: u64,
     open: HashMap<SumKey, Open>,
     dirty: HashSet<SumKey>,
+    /// Generations that filled since the last batch, in their last state: a generation can
+    /// fill and the next begin within one batch, and the batch must still write the full one.
+    filled: Vec<AshRecord>,
     /// Held keys by last use, oldest first.
     order: BTreeMap<u64, SumKey>,
     tick: u64,
@@ -198,8 +226,8 @@ pub struct Sums {
 }
 
 impl Sums {
-    /// No sums held yet, under the design keys `keys` (by slot); each accumulator takes at
-    /// most `bound` reports (at most the safe bound), and at most
+    /// No sums held yet, under the design keys `keys` (by slot); each generation takes at
+    /// most `bound` reports, the sub-sum size (at most the safe bound), and at most
     /// [`DEFAULT_HELD_ACCUMULATORS`] clean ones are held.
     pub fn new(keys: &[PublicKey], bound: u64) -> Result<Self, AggregateError> {
         // Checks the bound once per key, here, rather than on every fresh accumulator.
@@ -211,6 +239,7 @@ impl Sums {
             bound,
             open: HashMap::new(),
             dirty: HashSet::new(),
+            filled: Vec::new(),
             order: BTreeMap::new(),
             tick: 0,
             capacity: DEFAULT_HELD_ACCUMULATORS,
@@ -266,9 +295,11 @@ impl Sums {
                         self.loads += 1;
                         Open {
                             generation: record.generation,
+                            // The safe bound: a store written with larger sub-sums restores,
+                            // and rotates at its next report.
                             accumulator: Accumulator::restore(
                                 sum_key,
-                                self.bound,
+                                ACCUMULATOR_REPORT_BOUND,
                                 &record.sums,
                                 record.reports,
                                 record.samples,
@@ -288,8 +319,17 @@ impl Sums {
             }
         };
         self.order.insert(tick, key);
-        if open.accumulator.is_full() {
-            // The full generation's last state was written with the batch that filled it.
+        if open.accumulator.reports() >= self.bound {
+            // The full generation's last state goes with this batch (it may have filled in
+            // it); the cursor is stamped when the batch takes it.
+            self.filled.push(AshRecord {
+                key,
+                generation: open.generation,
+                changed: Cursor(0),
+                reports: open.accumulator.reports(),
+                samples: open.accumulator.samples(),
+                sums: open.accumulator.state_bytes(),
+            });
             open.generation = Generation(open.generation.0 + 1);
             open.accumulator = Accumulator::with_bound(sum_key, self.bound)?;
         }
@@ -301,7 +341,11 @@ impl Sums {
     /// The records of every sum changed since the last call, stamped with `cursor`: the
     /// caller writes them in the batch of that cursor.
     pub fn take_dirty(&mut self, cursor: Cursor) -> Vec<AshRecord> {
-        let mut out = Vec::with_capacity(self.dirty.len());
+        let mut out = std::mem::take(&mut self.filled);
+        for record in &mut out {
+            record.changed = cursor;
+        }
+        out.reserve(self.dirty.len());
         for key in std::mem::take(&mut self.dirty) {
             let Some(open) = self.open.get_mut(&key) else {
                 continue;

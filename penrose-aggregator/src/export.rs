@@ -175,6 +175,22 @@ pub struct ReleaseConfig {
     pub cap: ReportsPerContributor,
 }
 
+/// Contributors' worth of reports in one sub-sum (`crate::aggregate`), in units of the
+/// threshold: a sub-sum of 2 k T reports meets the threshold alone on a day epoch with room to
+/// spare, so release stays as prompt as for one whole sum, and one bad report costs the
+/// design server fewer than 4 k T reports (its sub-sum and a short last one folded into it)
+/// where it cost the whole (class, counter, epoch). Smaller means less lost per bad report and
+/// more sums to store, export and decrypt (docs/crypto.md, "What one bad report costs").
+pub const SUB_SUM_THRESHOLDS: u64 = 2;
+
+impl ReleaseConfig {
+    /// Reports per sub-sum: [`SUB_SUM_THRESHOLDS`] x k x T, at most the accumulator bound.
+    pub fn sub_sum_reports(&self) -> u64 {
+        (SUB_SUM_THRESHOLDS * self.threshold.get() * u64::from(self.cap.get()))
+            .min(ACCUMULATOR_REPORT_BOUND)
+    }
+}
+
 impl Default for ReleaseConfig {
     fn default() -> Self {
         Self {
@@ -470,7 +486,12 @@ fn build(
         .ash
         .iter()
         .filter(|r| summaries.contains_key(&r.key.epoch));
-    for entry in combine(keys, records, &merges.map)? {
+    let grouping = Grouping {
+        threshold,
+        cap,
+        summaries: &summaries.clone(),
+    };
+    for entry in combine(keys, records, &merges.map, Some(&grouping))? {
         let Some(summary) = summaries.get_mut(&entry.epoch) else {
             continue;
         };
@@ -520,15 +541,38 @@ fn build(
     })
 }
 
+/// The release rule a bundle's sums are grouped by: a group is closed as soon as it alone
+/// meets the threshold for its epoch's days.
+struct Grouping<'a> {
+    threshold: Threshold,
+    cap: ReportsPerContributor,
+    summaries: &'a BTreeMap<EpochId, EpochSummary>,
+}
+
+impl Grouping<'_> {
+    fn releasable(&self, reports: u64, epoch: EpochId) -> bool {
+        let days = self.summaries.get(&epoch).map_or(1, EpochSummary::days);
+        releasable(reports, days, self.threshold, self.cap)
+    }
+}
+
+/// One released sum in the making: reports, samples, the sum, and the record it began with.
+type Piece<'a> = (u64, u64, PackedCiphertexts, &'a AshRecord);
+
 /// The sums `records` stand for with every class resolved through `map`: per (epoch, class,
-/// architecture, catalogue, counter) the surviving class's own generations as they are, then each absorbed
-/// class's generations (in class and generation order) added into the last one while the
-/// combined reports stay within the accumulator bound, else as the next generation. Without
-/// merges this is one entry per record.
+/// architecture, catalogue, counter) the surviving class's generations (sub-sums), then each
+/// absorbed class's (in class and generation order). Grouped by a release rule, consecutive
+/// pieces are added while the group does not yet meet the threshold alone, and a short last
+/// group is folded into the one before, so that each released sum is as small as the rule
+/// allows (one bad report costs one of them) and no report is withheld that the whole sum
+/// would release. Without a rule the survivor's generations stay as they are and absorbed
+/// ones are added into the last (for tests and offline checks). Combined reports always stay
+/// within the accumulator bound.
 fn combine<'a>(
     keys: &[PublicKey],
     records: impl Iterator<Item = &'a AshRecord>,
     map: &ClassMap,
+    grouping: Option<&Grouping>,
 ) -> Result<Vec<BundleEntry>, ExportError> {
     type Group = (
         EpochId,
@@ -554,25 +598,28 @@ fn combine<'a>(
             .push(r);
     }
     let mut out = Vec::new();
-    for ((_, root, _, slot, _, _), mut pieces) in groups {
+    for ((epoch, root, _, slot, _, _), mut pieces) in groups {
         let key = keys
             .get(usize::from(slot.0))
             .ok_or_else(|| ExportError::Record(format!("no design key in slot {}", slot.0)))?;
         // The survivor's own first, then the absorbed classes', each by generation.
         pieces.sort_by_key(|r| (r.key.class != root, r.key.class, r.generation));
-        let mut sums: Vec<(u64, u64, PackedCiphertexts, &AshRecord)> = Vec::new();
+        let joins = |last: &Piece, r: &AshRecord| match grouping {
+            Some(rule) => !rule.releasable(last.0, epoch),
+            None => r.key.class != root,
+        };
+        let mut sums: Vec<Piece> = Vec::new();
         for r in pieces {
             let sum = decrypted_form(key, r)?;
             match sums.last_mut() {
-                Some((reports, samples, acc, _))
-                    if r.key.class != root && *reports + r.reports <= ACCUMULATOR_REPORT_BOUND =>
-                {
-                    *acc = key.add_packed(acc, &sum).map_err(|e| record_error(r, e))?;
-                    *reports += r.reports;
-                    *samples += r.samples;
+                Some(last) if last.0 + r.reports <= ACCUMULATOR_REPORT_BOUND && joins(last, r) => {
+                    add_into(key, last, (r.reports, r.samples, sum, r))?;
                 }
                 _ => sums.push((r.reports, r.samples, sum, r)),
             }
+        }
+        if let Some(rule) = grouping {
+            fold_short_last(key, &mut sums, |reports| rule.releasable(reports, epoch))?;
         }
         for (generation, (reports, samples, sum, first)) in sums.into_iter().enumerate() {
             out.push(BundleEntry {
@@ -590,6 +637,39 @@ fn combine<'a>(
         }
     }
     Ok(out)
+}
+
+/// Adds `piece` into `into` homomorphically.
+fn add_into<'a>(
+    key: &PublicKey,
+    into: &mut Piece<'a>,
+    piece: Piece<'a>,
+) -> Result<(), ExportError> {
+    into.2 = key
+        .add_packed(&into.2, &piece.2)
+        .map_err(|e| record_error(piece.3, e))?;
+    into.0 += piece.0;
+    into.1 += piece.1;
+    Ok(())
+}
+
+/// Folds a last group that does not meet the rule alone into the one before, while the
+/// accumulator bound allows.
+fn fold_short_last(
+    key: &PublicKey,
+    sums: &mut Vec<Piece>,
+    releasable: impl Fn(u64) -> bool,
+) -> Result<(), ExportError> {
+    let short = sums.last().is_some_and(|last| !releasable(last.0));
+    if short && sums.len() >= 2 {
+        let fits = sums.iter().rev().take(2).map(|p| p.0).sum::<u64>() <= ACCUMULATOR_REPORT_BOUND;
+        if let (true, Some(last)) = (fits, sums.pop())
+            && let Some(before) = sums.last_mut()
+        {
+            add_into(key, before, last)?;
+        }
+    }
+    Ok(())
 }
 
 /// Serialises exports in this process (a store is open in one process at a time).
@@ -726,7 +806,7 @@ pub fn reexport(
 pub fn all_sums(store: &dyn Store) -> Result<Vec<BundleEntry>, ExportError> {
     let keys = stored_keys(store)?;
     let snap = snapshot(store, Want::All)?;
-    combine(&keys, snap.ash.iter(), &snap.class_map(snap.cursor)?)
+    combine(&keys, snap.ash.iter(), &snap.class_map(snap.cursor)?, None)
 }
 
 /// The sum a stored accumulator state stands for: one exponentiation to take out the

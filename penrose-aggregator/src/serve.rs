@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use penrose_core::fingerprint::FingerprintParams;
-use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, PublicKey};
+use penrose_core::paillier::PublicKey;
 use penrose_core::release::check_key_bits;
 use penrose_transport::{Encoding, Identity, Limits, ServerConfig};
 use tokio::signal::unix::{SignalKind, signal};
@@ -145,7 +145,7 @@ pub fn open(
         Arc::clone(&store),
         settings,
         FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
+        release.sub_sum_reports(),
         epochs,
     )?;
     let throttle = stored_throttle(store.as_ref())?;

@@ -421,7 +421,8 @@ fn print_report(
     println!(
         "{} bundles, {} epochs; threshold k = {} contributors (T = {} reports per contributor and \
          day); {} (class, architecture, counter) aggregates decrypted in {} classes, {} held back, {} sums \
-         quarantined; {} sums ({} reports) withheld by the aggregation server under its threshold",
+         ({} reports) quarantined; {} sums ({} reports) withheld by the aggregation server under its \
+         threshold",
         report.bundles,
         report.epochs,
         threshold.get(),
@@ -430,6 +431,7 @@ fn print_report(
         report.classes(),
         report.held_back.len(),
         report.quarantined.len(),
+        report.quarantined.iter().map(|q| q.reports).sum::<u64>(),
         report.withheld_sums,
         report.withheld_reports,
     );

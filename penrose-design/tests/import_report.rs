@@ -532,14 +532,22 @@ fn a_restored_chain_is_imported_deliberately_and_never_re_releases_an_epoch() {
     assert!(err.to_string().contains("does not descend"), "{err}");
 }
 
+/// A poisoned sum costs its sub-sum only (issue 26 item 8). Class 1 is released as the
+/// aggregation server releases a busy sum, three sub-sums that each meet the threshold alone,
+/// one of which holds a report whose bins add up to 400 while it declares 1 sample: that
+/// sub-sum is quarantined and the other two still decrypt. The test counts the honest reports
+/// lost: 216 of class 1's 650, where one whole sum lost all 650.
 #[test]
 fn poisoned_sums_are_quarantined_and_every_other_class_decrypts_exactly() {
     let mut f = Fixture::new();
     let dir = tempfile::tempdir().unwrap();
     let public = f.keys.public_key().clone();
     let (good, good_sum) = f.entry(DAY, 0, 5, ENOUGH);
+    let (before, before_sum) = f.entry(DAY, 1, 5, ENOUGH);
+    let (mut after, after_sum) = f.entry(DAY, 1, 5, ENOUGH);
+    after.generation = Generation(2);
 
-    // Class 1: one report declares 1 sample but its bins add up to 400.
+    // Class 1, sub-sum 1: one report declares 1 sample but its bins add up to 400.
     let mut lying = Accumulator::new(&public);
     let mut samples = 0;
     for i in 0..ENOUGH {
@@ -550,7 +558,8 @@ fn poisoned_sums_are_quarantined_and_every_other_class_decrypts_exactly() {
         let packed = public.encrypt_packed(&bins, &mut f.rng).unwrap();
         lying.absorb_bytes(&packed.to_bytes(), declared).unwrap();
     }
-    let lying = seal(lying, DAY, 1, 5, ENOUGH, samples);
+    let mut lying = seal(lying, DAY, 1, 5, ENOUGH, samples);
+    lying.generation = Generation(1);
 
     // Class 2: one report's last ciphertext carries a plaintext bit above every slot (what a
     // client can do, since any plaintext mod n encrypts): decryption cannot unpack it.
@@ -580,14 +589,35 @@ fn poisoned_sums_are_quarantined_and_every_other_class_decrypts_exactly() {
     }
     let overflowing = seal(overflowing, DAY, 2, 5, ENOUGH, samples);
 
-    let path = f.bundle(dir.path(), &[DAY], vec![good, lying, overflowing]);
+    let path = f.bundle(
+        dir.path(),
+        &[DAY],
+        vec![good, before, lying, after, overflowing],
+    );
     let archive = Archive::open(&dir.path().join("archive")).unwrap();
     archive
         .import(&path, Some(&f.signing.verifying_key()), false)
         .unwrap();
     let report = build(&archive, &f.keys);
-    assert_eq!(report.decrypted.len(), 1, "{:?}", report.quarantined);
+    assert_eq!(report.decrypted.len(), 2, "{:?}", report.quarantined);
     assert_eq!(report.decrypted[0].bins, good_sum.to_vec());
+    let class1: Vec<u64> = before_sum
+        .iter()
+        .zip(&after_sum)
+        .map(|(a, b)| a + b)
+        .collect();
+    assert_eq!(
+        (report.decrypted[1].class, report.decrypted[1].reports),
+        (1, 2 * ENOUGH)
+    );
+    assert_eq!(report.decrypted[1].bins, class1);
+    let lost: Vec<(u32, u64)> = report
+        .quarantined
+        .iter()
+        .map(|q| (q.class, q.reports - 1))
+        .collect();
+    eprintln!("honest reports lost with each quarantined sum (class, reports): {lost:?}");
+    assert!(lost.contains(&(1, ENOUGH - 1)), "{lost:?}");
     let mut reasons: Vec<(u32, String)> = report
         .quarantined
         .iter()

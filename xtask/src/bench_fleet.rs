@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use penrose_aggregator::admission::Admission;
+use penrose_aggregator::export::ReleaseConfig;
 use penrose_aggregator::fleet::{
     Drawn, Origin, SimilarityProfile, SyntheticFleet, for_each_trace_window,
 };
@@ -39,7 +40,7 @@ use penrose_aggregator::validate::{ValidReport, validate_body};
 use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
 use penrose_core::fingerprint::{BandKey, FingerprintParams, LshBands};
 use penrose_core::histogram::SampleCount;
-use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Keypair, PublicKey};
+use penrose_core::paillier::{Keypair, PublicKey};
 use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
 use penrose_traces::TraceFolder;
 use rand::{Rng, RngCore, SeedableRng};
@@ -272,6 +273,11 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The sub-sum size the server runs with (`penrose-aggregator serve`).
+fn sub_sum() -> u64 {
+    ReleaseConfig::default().sub_sum_reports()
+}
+
 fn single(args: &Args, n: u32) -> Result<Row> {
     let params = FingerprintParams::default();
     let profile = SimilarityProfile::from_traces(&TraceFolder::default_dir(), 12, 10_000, 7)
@@ -437,7 +443,7 @@ fn single(args: &Args, n: u32) -> Result<Row> {
     let dir = tempfile::tempdir()?;
     let writer = {
         let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path())?);
-        let mut state = State::open(store, &key, params, ACCUMULATOR_REPORT_BOUND, None)?;
+        let mut state = State::open(store, &key, params, sub_sum(), None)?;
         state.set_new_classes_per_hour(NonZeroU32::MAX);
         let today = penrose_aggregator::ingest::today();
         let batch_of = |drawn: &[Drawn], rng: &mut ChaCha20Rng| -> Vec<ValidReport> {
@@ -570,13 +576,7 @@ fn reopen(dir: &Path) -> Result<Reopen> {
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir)?);
     let keys = penrose_aggregator::design_keys::stored_settings(store.as_ref())?
         .context("the data directory holds no key")?;
-    let state = State::open(
-        store,
-        keys,
-        FingerprintParams::default(),
-        ACCUMULATOR_REPORT_BOUND,
-        None,
-    )?;
+    let state = State::open(store, keys, FingerprintParams::default(), sub_sum(), None)?;
     let seconds = started.elapsed().as_secs_f64();
     std::hint::black_box(state.tables().class_count());
     Ok(Reopen {

@@ -144,6 +144,21 @@ pub fn report_by(
     day: Day,
     rng: &mut impl RngCore,
 ) -> Sent {
+    let declared = SampleCount(bins.iter().sum());
+    report_declaring(keys, snippet, counter, bins, declared, day, rng)
+}
+
+/// [`report_by`] declaring `samples` whatever the bins add up to: a report only the design
+/// server can tell is bad (the aggregation server sees no plaintext).
+pub fn report_declaring(
+    keys: &Keypair,
+    snippet: impl IntoFingerprint,
+    counter: CounterId,
+    bins: [u32; BIN_COUNT],
+    samples: SampleCount,
+    day: Day,
+    rng: &mut impl RngCore,
+) -> Sent {
     let snippet = snippet.into_fingerprint();
     let public = keys.public_key();
     let mut rng = ChaCha8Rng::seed_from_u64(rng.next_u64());
@@ -159,7 +174,7 @@ pub fn report_by(
         counter,
         catalogue: CatalogueVersion(1),
         day,
-        samples: SampleCount(bins.iter().sum()),
+        samples,
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
         token: None,
     };
