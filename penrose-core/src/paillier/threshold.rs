@@ -26,9 +26,6 @@
 //! Holders are coded 1 (design server) and 2 (release auditor).
 
 mod proof;
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests;
 
 use std::fmt;
 
@@ -672,3 +669,7 @@ impl<'a> Fields<'a> {
         Ok(Integer::from_digits(self.take(len)?, Order::Msf))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;
