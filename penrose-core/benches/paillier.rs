@@ -1,5 +1,6 @@
 //! Packed Paillier costs at the deployed 2048-bit size: what one client pays to encrypt a
-//! histogram, what the aggregator pays per report, what the design server pays per decryption.
+//! histogram, what the aggregator pays per report, what the design server pays per decryption,
+//! and what each holder and the combiner pay for a threshold (2-of-2) decryption.
 //!
 //! Run: `cargo bench -p penrose-core --bench paillier`. Targets (docs/design.md section 4):
 //! encrypt <= 3 ms, aggregate >= 60,000 histograms/s/core, report <= 2 KB.
@@ -13,9 +14,14 @@ use std::hint::black_box;
 
 use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use penrose_core::paillier::{Accumulator, BIN_COUNT, KeySize, Keypair, MAX_BIN_VALUE, PublicKey};
+use penrose_core::paillier::threshold::{self, split};
+use penrose_core::paillier::{
+    Accumulator, BIN_COUNT, KeySize, Keypair, MAX_BIN_VALUE, PackedCiphertexts, PublicKey,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
+use rug::Integer;
+use rug::integer::Order;
 
 #[path = "support/thread_cpu.rs"]
 mod thread_cpu;
@@ -105,6 +111,58 @@ fn paillier<M: Measurement + 'static>(c: &mut Criterion<M>, clock: &str) {
     c.bench_function(&format!("{clock}/decrypt_histogram_2048_crt"), |b| {
         b.iter(|| pair.private_key().decrypt_packed(black_box(&sum)).unwrap())
     });
+
+    threshold_decryption(c, clock, &pair, &bins, &mut rng);
+}
+
+/// Threshold decryption of an accumulated sum of a few reports, beside CRT decryption of the
+/// same sum (the ratio is what docs/crypto.md reports). Run alone with the filter `threshold`.
+fn threshold_decryption<M: Measurement + 'static>(
+    c: &mut Criterion<M>,
+    clock: &str,
+    pair: &Keypair,
+    bins: &[u32],
+    rng: &mut ChaCha20Rng,
+) {
+    let public = pair.public_key();
+    let shares = split(pair.private_key(), rng).unwrap();
+    let mut accumulator = Accumulator::new(public);
+    for _ in 0..4 {
+        let report = public.encrypt_packed(bins, rng).unwrap();
+        accumulator.absorb(&report, 1).unwrap();
+    }
+    let sum = accumulator.sum().unwrap();
+    let verification = shares.design.verification_key();
+    let design = shares.design.partial_decrypt(&sum, rng).unwrap();
+    let auditor = shares.auditor.partial_decrypt(&sum, rng).unwrap();
+    let combined = threshold::combine(verification, &sum, &design, &auditor).unwrap();
+    assert_eq!(combined, pair.private_key().decrypt_packed(&sum).unwrap());
+
+    let mut group = c.benchmark_group(format!("{clock}/threshold_decrypt_histogram_2048"));
+    group.sample_size(10);
+    group.bench_function("crt_reference", |b| {
+        b.iter(|| pair.private_key().decrypt_packed(black_box(&sum)).unwrap())
+    });
+    group.bench_function("partial_decrypt_with_proof_one_holder", |b| {
+        b.iter(|| {
+            shares
+                .auditor
+                .partial_decrypt(black_box(&sum), rng)
+                .unwrap()
+        })
+    });
+    let (ciphertexts, exponent, nn) = bare_share_powers(public, &sum, rng);
+    group.bench_function("share_powers_alone_without_proof", |b| {
+        b.iter(|| {
+            for ciphertext in &ciphertexts {
+                black_box(ciphertext.clone().secure_pow_mod(&exponent, &nn));
+            }
+        })
+    });
+    group.bench_function("combine_checking_both_proofs", |b| {
+        b.iter(|| threshold::combine(verification, black_box(&sum), &design, &auditor).unwrap())
+    });
+    group.finish();
 }
 
 fn wall(c: &mut Criterion) {
@@ -122,3 +180,26 @@ criterion_group! {
     targets = cpu
 }
 criterion_main!(wall_benches, cpu_benches);
+
+/// What a partial decryption costs without its proof: the sum's ciphertexts, an exponent of a
+/// share's size (2 |n| + 129 bits) and n^2, for c^(d_i) mod n^2 with `mpz_powm_sec`.
+fn bare_share_powers(
+    public: &PublicKey,
+    sum: &PackedCiphertexts,
+    rng: &mut ChaCha20Rng,
+) -> (Vec<Integer>, Integer, Integer) {
+    let size = public.size();
+    // The public key format: 7 header bytes, then n.
+    let n_bytes = &public.to_bytes()[7..7 + size.modulus_bytes()];
+    let nn = Integer::from_digits(n_bytes, Order::Msf).square();
+    let share_bits = 2 * size.modulus_bits() + 129;
+    let mut exponent_bytes = vec![0u8; share_bits.div_ceil(8) as usize];
+    rng.fill(&mut exponent_bytes[..]);
+    let exponent = Integer::from_digits(&exponent_bytes, Order::Msf).keep_bits(share_bits);
+    let ciphertexts = sum
+        .to_bytes()
+        .chunks(size.ciphertext_bytes())
+        .map(|chunk| Integer::from_digits(chunk, Order::Msf))
+        .collect();
+    (ciphertexts, exponent, nn)
+}

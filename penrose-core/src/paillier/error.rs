@@ -1,6 +1,7 @@
 //! Everything that can go wrong with keys, ciphertexts and sums, as one typed error.
 
 use super::keys::KeyId;
+use super::threshold::Holder;
 
 /// Why a Paillier operation refused its input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,4 +89,30 @@ pub enum PaillierError {
     /// A key encoding is well formed but its numbers are not a valid key.
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),
+    /// A threshold key share, verification key or partial decryption is well formed but its
+    /// numbers are not valid ones.
+    #[error("invalid threshold decryption material: {0}")]
+    InvalidShare(&'static str),
+    /// Combining needs one partial decryption from each holder; two from one would be a
+    /// decryption by one holder alone.
+    #[error("both partial decryptions are from the {0}")]
+    SameHolder(Holder),
+    /// A partial decryption's proof does not verify against the holder's verification key and
+    /// this sum: the value is wrong (damaged, shifted to change the plaintext) or belongs to
+    /// another sum.
+    #[error("the {holder}'s partial decryption of ciphertext {ciphertext} is not proven correct")]
+    PartialProofInvalid {
+        /// Who sent it.
+        holder: Holder,
+        /// Index of the ciphertext whose proof failed.
+        ciphertext: usize,
+    },
+    /// The two partial decryptions multiply to something that is not 1 mod n, so it is no
+    /// decryption: one of them was tampered with in a way its proof cannot see (module
+    /// `threshold`, docs/crypto.md).
+    #[error("partial decryptions of ciphertext {ciphertext} do not combine (product not 1 mod n)")]
+    PartialsInconsistent {
+        /// Index of the ciphertext whose partials disagree.
+        ciphertext: usize,
+    },
 }

@@ -25,14 +25,14 @@ use super::montgomery::Montgomery;
 use super::params::KeySize;
 use super::random::{random_bits, random_unit};
 
-/// Version byte of both key formats.
+/// Version byte of both key formats and of the threshold formats (`threshold`).
 const KEY_FORMAT_VERSION: u8 = 1;
 /// Tag of a public key file.
 const PUBLIC_TAG: [u8; 4] = *b"PNPK";
 /// Tag of a private (secret) key file.
 const PRIVATE_TAG: [u8; 4] = *b"PNSK";
 /// Tag, version byte and the u16 modulus size.
-const HEADER_BYTES: usize = 7;
+pub(crate) const HEADER_BYTES: usize = 7;
 /// Miller-Rabin rounds (after GMP's own Baillie-PSW) for generated and loaded primes.
 const PRIME_TEST_ROUNDS: u32 = 32;
 
@@ -145,7 +145,7 @@ impl PublicKey {
     /// Parses and checks a public key: known version and size, exact length, n odd with exactly
     /// the stated bits, h_s a unit below n^2.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, PaillierError> {
-        let (size, body) = parse_header(PUBLIC_TAG, bytes)?;
+        let (size, body) = parse_header(PUBLIC_TAG, "not a public key (wrong file tag)", bytes)?;
         let expected = HEADER_BYTES + size.modulus_bytes() + size.ciphertext_bytes();
         check_len(bytes, expected)?;
         let (n_bytes, hs_bytes) = body.split_at(size.modulus_bytes());
@@ -209,6 +209,12 @@ impl PrivateKey {
         &self.crt
     }
 
+    /// lambda = lcm(p - 1, q - 1), Carmichael's function of n: the threshold dealer builds
+    /// the shared exponent from it.
+    pub(crate) fn carmichael(&self) -> Integer {
+        Integer::from(&self.p - 1u32).lcm(&Integer::from(&self.q - 1u32))
+    }
+
     /// Versioned encoding (module docs). Secret: store it readable by its owner only.
     pub fn to_bytes(&self) -> Vec<u8> {
         let size = self.public.size;
@@ -223,7 +229,7 @@ impl PrivateKey {
     /// the size, n = p q of exactly the stated size, gcd(n, (p-1)(q-1)) = 1, and h_s an n-th
     /// residue (it must decrypt to 0, or encryptions under it would not decrypt).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, PaillierError> {
-        let (size, body) = parse_header(PRIVATE_TAG, bytes)?;
+        let (size, body) = parse_header(PRIVATE_TAG, "not a private key (wrong file tag)", bytes)?;
         let expected = HEADER_BYTES + 2 * size.prime_bytes() + size.ciphertext_bytes();
         check_len(bytes, expected)?;
         let (p_bytes, rest) = body.split_at(size.prime_bytes());
@@ -340,7 +346,9 @@ fn random_prime<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, bits: u32) -> Inte
     }
 }
 
-fn header(tag: [u8; 4], size: KeySize) -> Vec<u8> {
+/// The header every Paillier file format starts with: its tag, the format version and the
+/// modulus size.
+pub(crate) fn header(tag: [u8; 4], size: KeySize) -> Vec<u8> {
     let mut out = tag.to_vec();
     out.push(KEY_FORMAT_VERSION);
     // Modulus sizes are 512..=2048 bits: they fit a u16.
@@ -348,7 +356,13 @@ fn header(tag: [u8; 4], size: KeySize) -> Vec<u8> {
     out
 }
 
-fn parse_header(tag: [u8; 4], bytes: &[u8]) -> Result<(KeySize, &[u8]), PaillierError> {
+/// Checks a [`header`] for `tag` (refusing another with `wrong_tag`, which names what the file
+/// is not) and returns the size it names and the bytes after it.
+pub(crate) fn parse_header<'a>(
+    tag: [u8; 4],
+    wrong_tag: &'static str,
+    bytes: &'a [u8],
+) -> Result<(KeySize, &'a [u8]), PaillierError> {
     let [t0, t1, t2, t3, version, hi, lo, body @ ..] = bytes else {
         return Err(PaillierError::Length {
             expected: HEADER_BYTES,
@@ -356,11 +370,7 @@ fn parse_header(tag: [u8; 4], bytes: &[u8]) -> Result<(KeySize, &[u8]), Paillier
         });
     };
     if [*t0, *t1, *t2, *t3] != tag {
-        return Err(PaillierError::InvalidKey(if tag == PUBLIC_TAG {
-            "not a public key (wrong file tag)"
-        } else {
-            "not a private key (wrong file tag)"
-        }));
+        return Err(PaillierError::InvalidKey(wrong_tag));
     }
     if *version != KEY_FORMAT_VERSION {
         return Err(PaillierError::UnsupportedVersion(*version));
@@ -370,7 +380,7 @@ fn parse_header(tag: [u8; 4], bytes: &[u8]) -> Result<(KeySize, &[u8]), Paillier
     Ok((size, body))
 }
 
-fn check_len(bytes: &[u8], expected: usize) -> Result<(), PaillierError> {
+pub(crate) fn check_len(bytes: &[u8], expected: usize) -> Result<(), PaillierError> {
     if bytes.len() == expected {
         Ok(())
     } else {

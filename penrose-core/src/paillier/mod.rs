@@ -11,6 +11,8 @@
 //! - [`accumulator`]: the aggregator's homomorphic running sum, refusing to overflow a slot.
 //! - `montgomery`: multiplication mod n^2 without a division (the accumulator's hot loop).
 //! - [`units`]: the unit check of a whole batch of reports with one gcd.
+//! - [`threshold`]: the private key split between the design server and the release auditor,
+//!   so that decrypting a sum takes a proven partial decryption from each.
 //!
 //! The scheme is Paillier with g = n + 1 on a 2048-bit modulus; the crate works on GMP through
 //! `rug` directly (why not `kzen-paillier`: `docs/crypto.md`).
@@ -25,6 +27,7 @@ mod montgomery;
 mod packing;
 pub mod params;
 mod random;
+pub mod threshold;
 pub mod units;
 
 pub use accumulator::Accumulator;
