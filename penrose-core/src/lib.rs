@@ -20,12 +20,16 @@
 //!   bound, floors on k, T and key size, the day tolerance).
 //! - `bundle` (feature `bundle`): the signed export bundle of encrypted sums that the
 //!   aggregation server writes and the design server imports.
+//! - `audit` (feature `bundle`): how the design server asks the release auditor, the second
+//!   key holder, for its partial decryptions of a bundle's released sums.
 //! - `key_list` (feature `key-list`): the design server's signed list of which Paillier key
 //!   encrypts which day's reports, so that keys roll over without stopping the fleet.
 //! - `tokens` (feature `tokens`): anonymous admission tokens (RFC 9497 VOPRF, Privacy Pass
 //!   style) that the issuer issues, the agent spends on its reports and the aggregation server
 //!   verifies, so that only enrolled agents report and no token links to its agent.
 
+#[cfg(feature = "bundle")]
+pub mod audit;
 #[cfg(feature = "bundle")]
 pub mod bundle;
 pub mod calendar;
