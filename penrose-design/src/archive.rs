@@ -28,6 +28,8 @@
 //! chains                         the store instances followed, one per line, oldest first;
 //!                                the last is the one imports extend
 //! bundles/INSTANCE/SEQ.bundle    each imported bundle (SEQ: 20 digits)
+//! audit/INSTANCE/SEQ-FIRST.answer the release auditor's answer for the page of that bundle
+//!                                starting at entry FIRST (`crate::audit`), verbatim
 //! labels                         architects' names for classes (`crate::labels`; mode 0600)
 //! ```
 
@@ -161,6 +163,33 @@ pub struct Aggregates {
     /// Classes the aggregator merged into older ones, from every bundle; a later chain's merge
     /// that contradicts an earlier one is ignored (the first chain's stands).
     pub merges: ClassMap,
+    /// Where each released sum came from: its chain, bundle and index among the bundle's
+    /// entries, which is how the release auditor's partial decryptions name it.
+    pub origins: BTreeMap<SumId, SumOrigin>,
+}
+
+/// A released sum's place in the archive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SumOrigin {
+    /// The chain.
+    pub instance: InstanceId,
+    /// The bundle's number in it.
+    pub seq: u64,
+    /// The entry's index in the bundle.
+    pub index: u32,
+}
+
+/// One archived bundle, verified, with the bytes it was signed as.
+#[derive(Clone, Debug)]
+pub struct ArchivedBundle {
+    /// The chain.
+    pub instance: InstanceId,
+    /// Its number.
+    pub seq: u64,
+    /// The bytes as imported (what the auditor checks the signature of).
+    pub bytes: Vec<u8>,
+    /// The bundle.
+    pub bundle: Bundle,
 }
 
 impl Aggregates {
@@ -498,6 +527,34 @@ impl Archive {
         })
     }
 
+    /// Every archived bundle, verified again, chain by chain (oldest chain first) in order.
+    pub fn bundles(&self) -> Result<Vec<ArchivedBundle>, ArchiveError> {
+        let Some(trusted) = self.trusted_signer()? else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for instance in self.chain_ids()? {
+            for (_, bytes, bundle) in self.read_chain(instance, &trusted)?.bundles {
+                out.push(ArchivedBundle {
+                    instance,
+                    seq: bundle.link.seq,
+                    bytes,
+                    bundle,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where the auditor's answer for the page of bundle `seq` of `instance` starting at
+    /// entry `first` is kept.
+    pub fn answer_path(&self, instance: InstanceId, seq: u64, first: u32) -> PathBuf {
+        self.dir
+            .join("audit")
+            .join(instance.to_string())
+            .join(format!("{seq:020}-{first:010}.answer"))
+    }
+
     /// Every chain's bundles, verified again, merged: each released epoch from the first
     /// chain that released it.
     pub fn merged(&self) -> Result<Aggregates, ArchiveError> {
@@ -535,11 +592,18 @@ impl Archive {
                     out.epochs.insert(e.id, *e);
                     out.released_by.insert(e.id, chain.instance);
                 }
-                for entry in &bundle.entries {
+                for (at, entry) in bundle.entries.iter().enumerate() {
                     if mine.contains(&entry.epoch) {
                         let mut entry = entry.clone();
                         // The bundle was verified: every entry's key is listed.
                         entry.key = index.get(usize::from(entry.key)).copied().unwrap_or(0);
+                        let origin = SumOrigin {
+                            instance: chain.instance,
+                            seq: bundle.link.seq,
+                            // A bundle holds far fewer than 2^32 entries (it is read whole).
+                            index: at as u32,
+                        };
+                        out.origins.insert(entry.key(), origin);
                         out.entries.insert(entry.key(), entry);
                     }
                 }

@@ -36,16 +36,27 @@ pub struct Cli {
 /// is overridden by [`Cli`]'s).
 #[derive(Subcommand)]
 pub enum Command {
-    /// Generate a 2048-bit Paillier key pair.
+    /// Generate a 2048-bit Paillier key pair, whole or split with a release auditor.
     ///
     /// Writes DIR/private.key (mode 0600; keep it on this server only) and DIR/public.key (give
     /// it to the aggregation server and ship it with the agents). Existing keys are never
-    /// overwritten. Prints the key id that every report will carry. Example:
+    /// overwritten. Prints the key id that every report will carry.
+    ///
+    /// With --split the private key is never written: it is dealt into DIR/design.share (mode
+    /// 0600, stays here) and DIR/auditor.share (mode 0600: hand it to the release auditor's
+    /// operator, `penrose-auditor init --share`, and delete it here), with DIR/verification.key
+    /// (public, for both). Every sum then needs the auditor's partial decryption
+    /// (`penrose-design audit`), which it gives once per sum of the chain it follows.
+    /// Examples:
     ///   penrose-design keygen --out /etc/penrose/keys
+    ///   penrose-design keygen --split --out /etc/penrose/keys
     Keygen {
-        /// Directory to write the two key files into (created if missing).
+        /// Directory to write the key files into (created if missing).
         #[arg(long)]
         out: PathBuf,
+        /// Split the key with a release auditor (2-of-2 threshold): no private.key is written.
+        #[arg(long)]
+        split: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -79,6 +90,31 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask the release auditor for its partial decryptions of every archived bundle.
+    ///
+    /// Needed when the key was generated with `keygen --split`. Bundles go to the auditor in
+    /// chain order, exactly as imported, a page of entries at a time; each answer is kept in
+    /// the archive (ARCHIVE/audit/) before the next is asked, and pages already answered are
+    /// not asked again. The auditor checks each bundle (the aggregation server's signature,
+    /// the chain it follows, that no epoch was answered before under any chain, its own
+    /// threshold) and refuses with a reason; a refusal changes nothing on either side and
+    /// exits with 3. Example:
+    ///   penrose-design audit --archive /var/lib/penrose-design --auditor 10.0.0.7:4435 \
+    ///     --auditor-cert auditor.pem
+    Audit {
+        /// The archive directory.
+        #[arg(long)]
+        archive: PathBuf,
+        /// The auditor's address (UDP).
+        #[arg(long)]
+        auditor: std::net::SocketAddr,
+        /// The auditor's certificate (PEM or DER), pinned: nothing else is accepted.
+        #[arg(long)]
+        auditor_cert: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Decrypt the released sums above the contributor threshold and print them.
     ///
     /// Per class and counter: reports, samples, the contributor bound, mean and percentiles
@@ -102,8 +138,13 @@ pub enum Command {
         archive: PathBuf,
         /// The private key (mode 0600); once per key when sums are under several (after a key
         /// rollover).
-        #[arg(long, required = true)]
+        #[arg(long, required_unless_present = "split_key")]
         key: Vec<PathBuf>,
+        /// A split key's directory (`keygen --split`: public.key, verification.key,
+        /// design.share); sums under it are decrypted with the auditor's partials
+        /// (`penrose-design audit`), and listed as awaiting the auditor where there are none.
+        #[arg(long, value_name = "DIR")]
+        split_key: Vec<PathBuf>,
         /// k: the fewest contributors a sum must have to be decrypted (at least 10).
         #[arg(long, default_value_t = Threshold::DEFAULT.get())]
         threshold: u64,

@@ -368,6 +368,7 @@ mod tests {
                 contributors_at_least: 5,
             }],
             quarantined: Vec::new(),
+            awaiting_auditor: Vec::new(),
             skipped_epochs: Vec::new(),
             bound_enforced_by_tokens: false,
             epochs_without_tokens: 3,

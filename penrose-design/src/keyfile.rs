@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use penrose_core::paillier::threshold::{self, Holder, KeyShare, VerificationKey};
 use penrose_core::paillier::{Keypair, PaillierError, PrivateKey, PublicKey};
 use penrose_core::release::{PolicyError, check_key_bits};
 use penrose_secret_file::SecretFileError;
@@ -18,6 +19,14 @@ use thiserror::Error;
 pub const PRIVATE_KEY_FILE: &str = "private.key";
 /// File name of the public key inside a key directory.
 pub const PUBLIC_KEY_FILE: &str = "public.key";
+/// File name of the threshold verification key (public: both holders' v^(d_i)), written by a
+/// split key generation beside the public key.
+pub const VERIFICATION_KEY_FILE: &str = "verification.key";
+/// File name of the design server's share of a split key.
+pub const DESIGN_SHARE_FILE: &str = "design.share";
+/// File name of the release auditor's share of a split key: handed to the auditor's operator
+/// and deleted here (`penrose-auditor init --share`).
+pub const AUDITOR_SHARE_FILE: &str = "auditor.share";
 
 /// The largest key file read; a 2048-bit private key is under 1 KiB.
 const MAX_KEY_FILE: u64 = 64 * 1024;
@@ -51,6 +60,9 @@ pub enum KeyFileError {
         /// What is wrong with it.
         source: PaillierError,
     },
+    /// A share that is not the design server's (the auditor's belongs to the auditor alone).
+    #[error("{0} is not the design server's share of the key (is it the auditor's?)")]
+    NotDesignShare(PathBuf),
     /// A valid key, but smaller than every tier accepts.
     #[error("{path}: {source}")]
     Weak {
@@ -96,6 +108,84 @@ pub fn write_keypair(dir: &Path, keys: &Keypair) -> Result<(PathBuf, PathBuf), K
     write_new(&private, 0o600, &keys.private_key().to_bytes())?;
     write_new(&public, 0o644, &keys.public_key().to_bytes())?;
     Ok((private, public))
+}
+
+/// The files of a split key generation.
+#[derive(Clone, Debug)]
+pub struct SplitKeyFiles {
+    /// `public.key` (mode 0644): for the aggregation server and the agents.
+    pub public: PathBuf,
+    /// `verification.key` (mode 0644): for the design server and the auditor.
+    pub verification: PathBuf,
+    /// `design.share` (mode 0600): stays with the design server.
+    pub design: PathBuf,
+    /// `auditor.share` (mode 0600): goes to the auditor, and is deleted here.
+    pub auditor: PathBuf,
+}
+
+/// The dealer ceremony's output: the public key, the verification key and the two shares
+/// ([`penrose_core::paillier::threshold::split`]) in `dir`, refusing to replace any. The whole
+/// private key is never written: it lives in this process only while the shares are dealt.
+pub fn write_split(
+    dir: &Path,
+    keys: &Keypair,
+    rng: &mut impl rand::CryptoRng,
+) -> Result<SplitKeyFiles, KeyFileError> {
+    let files = SplitKeyFiles {
+        public: dir.join(PUBLIC_KEY_FILE),
+        verification: dir.join(VERIFICATION_KEY_FILE),
+        design: dir.join(DESIGN_SHARE_FILE),
+        auditor: dir.join(AUDITOR_SHARE_FILE),
+    };
+    for path in [
+        &files.public,
+        &files.verification,
+        &files.design,
+        &files.auditor,
+    ] {
+        if path.exists() {
+            return Err(KeyFileError::Exists(path.clone()));
+        }
+    }
+    let dealt =
+        threshold::split(keys.private_key(), rng).map_err(|source| KeyFileError::Invalid {
+            path: dir.to_owned(),
+            source,
+        })?;
+    write_new(&files.design, 0o600, &dealt.design.to_bytes())?;
+    write_new(&files.auditor, 0o600, &dealt.auditor.to_bytes())?;
+    let verification = dealt.design.verification_key().to_bytes();
+    write_new(&files.verification, 0o644, &verification)?;
+    write_new(&files.public, 0o644, &keys.public_key().to_bytes())?;
+    Ok(files)
+}
+
+/// Reads the design server's share of `public` with the shared secret-file reader (as a
+/// private key), refusing the auditor's share: the design server must never hold both.
+pub fn read_design_share(path: &Path, public: &PublicKey) -> Result<KeyShare, KeyFileError> {
+    let bytes = penrose_secret_file::read(path, MAX_KEY_FILE)?;
+    let invalid = |source| KeyFileError::Invalid {
+        path: path.to_owned(),
+        source,
+    };
+    let share = KeyShare::from_bytes(public, &bytes).map_err(invalid)?;
+    if share.holder() != Holder::Design {
+        return Err(KeyFileError::NotDesignShare(path.to_owned()));
+    }
+    Ok(share)
+}
+
+/// Reads a verification key of `public`.
+pub fn read_verification_key(
+    path: &Path,
+    public: &PublicKey,
+) -> Result<VerificationKey, KeyFileError> {
+    let file = File::open(path).map_err(io(path))?;
+    let bytes = read_limited(file, path)?;
+    VerificationKey::from_bytes(public, &bytes).map_err(|source| KeyFileError::Invalid {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 fn write_new(path: &Path, mode: u32, bytes: &[u8]) -> Result<(), KeyFileError> {
@@ -220,6 +310,38 @@ mod tests {
             read_private_key(&link),
             Err(KeyFileError::Secret(SecretFileError::Symlink(_)))
         ));
+    }
+
+    /// The dealer writes the public key, the verification key and both shares, never the
+    /// private key, refuses to overwrite, and the design server refuses the auditor's share.
+    #[test]
+    fn a_split_key_generation_writes_two_shares_and_no_private_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = keys();
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let files = write_split(dir.path(), &keys, &mut rng).unwrap();
+        assert!(!dir.path().join(PRIVATE_KEY_FILE).exists());
+        for (path, mode) in [(&files.design, 0o600), (&files.auditor, 0o600)] {
+            assert_eq!(
+                std::fs::metadata(path).unwrap().permissions().mode() & 0o777,
+                mode
+            );
+        }
+        let public = keys.public_key();
+        let share = read_design_share(&files.design, public).unwrap();
+        assert_eq!(share.holder(), Holder::Design);
+        assert!(matches!(
+            read_design_share(&files.auditor, public),
+            Err(KeyFileError::NotDesignShare(_))
+        ));
+        let vk = read_verification_key(&files.verification, public).unwrap();
+        assert_eq!(vk.key_id(), public.key_id());
+        let before = std::fs::read(&files.design).unwrap();
+        assert!(matches!(
+            write_split(dir.path(), &keys, &mut rng),
+            Err(KeyFileError::Exists(_))
+        ));
+        assert_eq!(std::fs::read(&files.design).unwrap(), before);
     }
 
     #[test]

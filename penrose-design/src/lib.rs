@@ -9,6 +9,8 @@
 //! - [`archive`]: imported export bundles, verified against the pinned aggregation server's
 //!   key and accepted only in chain order (forks, gaps, replays and unannounced new chains
 //!   refused); each released epoch merged once.
+//! - [`audit`]: the release auditor's partial decryptions under a split key, asked for
+//!   bundle by bundle in chain order and kept in the archive.
 //! - [`labels`]: architects' names for classes, kept in the archive directory.
 //! - [`report`]: decryption above the contributor bound, quarantine of sums that do not
 //!   decrypt to their declared samples; histograms, means and percentiles per (class,
@@ -26,6 +28,7 @@
 //!   the agent's sampler, window scheduler and sealing and the servers' release rule.
 
 pub mod archive;
+pub mod audit;
 pub mod cli;
 pub mod html;
 pub mod joint;

@@ -9,12 +9,15 @@ use clap::Parser;
 use penrose_core::paillier::Keypair;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_design::archive::{self, Archive, Imported};
+use penrose_design::audit;
 use penrose_design::cli::{Cli, Command};
 use penrose_design::joint::Splits;
 use penrose_design::key_list;
 use penrose_design::keyfile;
 use penrose_design::labels::Label;
-use penrose_design::output::{BundleImport, ImportSummary, KeyInfo, KeyKind, Keygen, LabelRow};
+use penrose_design::output::{
+    BundleImport, ImportSummary, KeyInfo, KeyKind, Keygen, LabelRow, SplitFiles,
+};
 use penrose_design::report;
 
 fn main() -> ExitCode {
@@ -28,32 +31,97 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             let refused = e
                 .downcast_ref::<archive::ArchiveError>()
-                .is_some_and(archive::ArchiveError::is_refusal);
+                .is_some_and(archive::ArchiveError::is_refusal)
+                || e.downcast_ref::<audit::AuditError>()
+                    .is_some_and(audit::AuditError::is_refusal);
             ExitCode::from(if refused { 3 } else { 1 })
         }
     }
 }
 
+fn keygen(out: &Path, split: bool, json: bool) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    tracing::info!(split, "generating a 2048-bit key pair");
+    let keys = Keypair::generate(&mut rand::rng());
+    let key_id = keys.public_key().key_id().to_string();
+    let made = if split {
+        let files = keyfile::write_split(out, &keys, &mut rand::rng())?;
+        Keygen {
+            key_id,
+            private: None,
+            public: files.public,
+            split: Some(SplitFiles {
+                design_share: files.design,
+                auditor_share: files.auditor,
+                verification_key: files.verification,
+            }),
+        }
+    } else {
+        let (private, public) = keyfile::write_keypair(out, &keys)?;
+        Keygen {
+            key_id,
+            private: Some(private),
+            public,
+            split: None,
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string(&made)?);
+        return Ok(());
+    }
+    println!("key id {}", made.key_id);
+    if let Some(private) = &made.private {
+        println!("private key: {} (mode 0600)", private.display());
+    }
+    println!("public key:  {}", made.public.display());
+    if let Some(files) = &made.split {
+        println!(
+            "design share:     {} (mode 0600; stays here)",
+            files.design_share.display()
+        );
+        println!(
+            "auditor share:    {} (mode 0600; give it to the auditor's operator, then delete it here)",
+            files.auditor_share.display()
+        );
+        println!("verification key: {}", files.verification_key.display());
+    }
+    Ok(())
+}
+
+fn audit(dir: &Path, auditor: std::net::SocketAddr, cert: &Path, json: bool) -> Result<()> {
+    let archive = Archive::open(dir)?;
+    let trust = penrose_transport::Trust::load_pinned(cert)
+        .with_context(|| format!("reading the auditor's certificate {}", cert.display()))?;
+    let mut config = penrose_transport::ClientConfig::new(auditor, "localhost", trust);
+    // A page of partial decryptions takes the auditor seconds, not an ack's milliseconds.
+    config.ack_timeout = std::time::Duration::from_secs(300);
+    let client = penrose_transport::exchange::ExchangeClient::new(config, audit::PROTOCOL)?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let summary = runtime.block_on(audit::fetch(&archive, &client))?;
+    if json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        println!(
+            "{} bundles: {} pages asked ({} partial decryptions, {} withheld by the auditor), {} already kept",
+            summary.bundles,
+            summary.pages_asked,
+            summary.partials,
+            summary.withheld,
+            summary.pages_kept
+        );
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Keygen { out, json } => {
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            tracing::info!("generating a 2048-bit key pair");
-            let keys = Keypair::generate(&mut rand::rng());
-            let (private, public) = keyfile::write_keypair(&out, &keys)?;
-            let made = Keygen {
-                key_id: keys.public_key().key_id().to_string(),
-                private,
-                public,
-            };
-            if json {
-                println!("{}", serde_json::to_string(&made)?);
-            } else {
-                println!("key id {}", made.key_id);
-                println!("private key: {} (mode 0600)", made.private.display());
-                println!("public key:  {}", made.public.display());
-            }
-        }
+        Command::Keygen { out, split, json } => keygen(&out, split, json)?,
+        Command::Audit {
+            archive,
+            auditor,
+            auditor_cert,
+            json,
+        } => audit(&archive, auditor, &auditor_cert, json)?,
         Command::Import {
             archive,
             signer,
@@ -64,6 +132,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report {
             archive,
             key,
+            split_key,
             threshold,
             reports_per_contributor,
             json,
@@ -99,7 +168,7 @@ fn run(cli: Cli) -> Result<()> {
                 svg: svg.as_deref(),
                 png: png.as_deref(),
             };
-            print_report(&archive, &key, threshold, cap, &outputs)?
+            print_report(&archive, &key, &split_key, threshold, cap, &outputs)?
         }
         Command::Label {
             archive,
@@ -328,9 +397,29 @@ fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The keys `report` decrypts with: private keys whole, split keys by their directory.
+fn holdings(keys: &[PathBuf], split: &[PathBuf]) -> Result<Vec<report::KeyHolding>> {
+    let mut out = Vec::with_capacity(keys.len() + split.len());
+    for k in keys {
+        out.push(report::KeyHolding::Whole(keyfile::read_private_key(k)?));
+    }
+    for dir in split {
+        let public = keyfile::read_public_key(&dir.join(keyfile::PUBLIC_KEY_FILE))?;
+        let verification =
+            keyfile::read_verification_key(&dir.join(keyfile::VERIFICATION_KEY_FILE), &public)?;
+        let share = keyfile::read_design_share(&dir.join(keyfile::DESIGN_SHARE_FILE), &public)?;
+        out.push(report::KeyHolding::Split {
+            share,
+            verification,
+        });
+    }
+    Ok(out)
+}
+
 fn print_report(
     dir: &Path,
     keys: &[PathBuf],
+    split: &[PathBuf],
     threshold: Threshold,
     cap: ReportsPerContributor,
     outputs: &Outputs<'_>,
@@ -338,11 +427,13 @@ fn print_report(
     let archive = Archive::open(dir)?;
     let merged = archive.merged()?;
     let labels = archive.labels()?;
-    let keys = keys
-        .iter()
-        .map(|k| keyfile::read_private_key(k))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut report = report::build(&merged, &keys, threshold, cap)?;
+    let keys = holdings(keys, split)?;
+    let auditor = if split.is_empty() {
+        audit::AuditorPartials::default()
+    } else {
+        audit::AuditorPartials::load(&archive)?
+    };
+    let mut report = report::build_with(&merged, &keys, &auditor, threshold, cap)?;
     report.apply_labels(&labels);
     report.apply_splits(&outputs.splits);
     if let Some(out) = outputs.html {
@@ -436,6 +527,17 @@ fn print_report(
         report.withheld_reports,
     );
     println!("{}", report.admission_line());
+    if !report.awaiting_auditor.is_empty() {
+        println!(
+            "{} sums ({} reports) await the release auditor's partial decryption (penrose-design audit)",
+            report.awaiting_auditor.len(),
+            report
+                .awaiting_auditor
+                .iter()
+                .map(|q| q.reports)
+                .sum::<u64>()
+        );
+    }
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     for c in &report.decrypted {
         let head = format!(

@@ -14,11 +14,29 @@ use crate::labels::{Label, Labels};
 pub struct Keygen {
     /// The new key's id (what bundles and reports name it by).
     pub key_id: String,
-    /// The private key file (mode 0600).
-    pub private: PathBuf,
+    /// The private key file (mode 0600); none when the key was split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private: Option<PathBuf>,
     /// The public key file, for agents and the aggregation server.
     pub public: PathBuf,
+    /// A split key's files: both shares and the verification key.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitFiles>,
 }
+
+/// The files a split key generation wrote besides the public key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitFiles {
+    /// The design server's share (mode 0600, stays here).
+    pub design_share: PathBuf,
+    /// The auditor's share (mode 0600): for the auditor's operator, then deleted here.
+    pub auditor_share: PathBuf,
+    /// Both holders' verification keys (public).
+    pub verification_key: PathBuf,
+}
+
+/// What `penrose-design audit` did.
+pub type AuditSummary = crate::audit::AuditSummary;
 
 /// Which kind of key file `key-info` read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,11 +171,27 @@ mod tests {
         round_trip(
             &Keygen {
                 key_id: "0123456789abcdef".into(),
-                private: "keys/private.key".into(),
+                private: Some("keys/private.key".into()),
                 public: "keys/public.key".into(),
+                split: None,
             },
             r#"{"key_id":"0123456789abcdef","private":"keys/private.key",
                 "public":"keys/public.key"}"#,
+        );
+        round_trip(
+            &Keygen {
+                key_id: "0123456789abcdef".into(),
+                private: None,
+                public: "keys/public.key".into(),
+                split: Some(SplitFiles {
+                    design_share: "keys/design.share".into(),
+                    auditor_share: "keys/auditor.share".into(),
+                    verification_key: "keys/verification.key".into(),
+                }),
+            },
+            r#"{"key_id":"0123456789abcdef","public":"keys/public.key",
+                "design_share":"keys/design.share","auditor_share":"keys/auditor.share",
+                "verification_key":"keys/verification.key"}"#,
         );
         for (kind, name) in [(KeyKind::Public, "public"), (KeyKind::Private, "private")] {
             round_trip(

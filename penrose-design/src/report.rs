@@ -27,16 +27,21 @@
 
 use std::collections::BTreeMap;
 
-use penrose_core::bundle::{BundleEntry, ClassId};
+use penrose_core::bundle::{BundleEntry, ClassId, SumId};
 use penrose_core::counters::{
     BIN_COUNT, Bin, Binning, Catalogue, CatalogueVersion, CounterId, Joint,
 };
 use penrose_core::gpu::GpuArch;
-use penrose_core::paillier::{PaillierError, PrivateKey};
+use penrose_core::paillier::threshold::{self, KeyShare, PartialDecryption, VerificationKey};
+use penrose_core::paillier::{PaillierError, PrivateKey, PublicKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, contributors_at_least};
 use thiserror::Error;
 
-use crate::archive::Aggregates;
+use crate::archive::{Aggregates, SumOrigin};
+use crate::audit::AuditorPartials;
+
+/// Why a sum under a split key was not decrypted while its auditor's partial is missing.
+const AWAITING: &str = "awaiting the release auditor's partial decryption (penrose-design audit)";
 use crate::joint::{JointSummary, Splits};
 use crate::labels::{Label, Labels};
 
@@ -165,6 +170,9 @@ pub struct Report {
     pub held_back: Vec<HeldBack>,
     /// Sums that did not decrypt to a valid histogram.
     pub quarantined: Vec<Quarantined>,
+    /// Sums under a split key the release auditor has not given its partial decryption of
+    /// (`penrose-design audit` asks; it refuses what it must): not decrypted, not lost.
+    pub awaiting_auditor: Vec<Quarantined>,
     /// Epochs a restored chain released again, never merged (chain, epoch).
     pub skipped_epochs: Vec<(String, u32)>,
     /// Whether every report of every released epoch was admitted by an admission token.
@@ -226,14 +234,78 @@ impl Report {
 }
 
 /// Decrypts one released sum and checks it against its declared samples.
-fn decrypt_checked(key: &PrivateKey, entry: &BundleEntry) -> Result<[u64; BIN_COUNT], String> {
-    let packed = key
-        .public_key()
-        .validate_packed(entry.sums.as_bytes())
-        .map_err(|e: PaillierError| format!("invalid ciphertext: {e}"))?;
-    let bins = key
-        .decrypt_packed(&packed)
-        .map_err(|e| format!("does not decrypt to a histogram: {e}"))?;
+/// How the design server decrypts the sums under one key.
+pub enum KeyHolding {
+    /// The whole private key (generated without `--split`): the design server decrypts alone.
+    Whole(PrivateKey),
+    /// The design server's share of a split key: every sum also needs the release auditor's
+    /// partial decryption (`crate::audit`), and the two are combined with their proofs checked.
+    Split {
+        /// The design server's share.
+        share: KeyShare,
+        /// Both holders' verification keys.
+        verification: VerificationKey,
+    },
+}
+
+impl KeyHolding {
+    fn public_key(&self) -> &PublicKey {
+        match self {
+            KeyHolding::Whole(key) => key.public_key(),
+            KeyHolding::Split { verification, .. } => verification.public_key(),
+        }
+    }
+}
+
+/// Why a sum was not decrypted.
+enum Failure {
+    /// It does not decrypt to a histogram of its declared samples: quarantined.
+    Bad(String),
+    /// The release auditor has not given its partial decryption (yet).
+    Awaiting,
+}
+
+/// The keys by the archive's key index, and the auditor's partials.
+struct Decryptor<'a> {
+    by_index: Vec<&'a KeyHolding>,
+    auditor: &'a AuditorPartials,
+    origins: &'a BTreeMap<SumId, SumOrigin>,
+}
+
+impl Decryptor<'_> {
+    fn decrypt(&self, entry: &BundleEntry) -> Result<[u64; BIN_COUNT], Failure> {
+        let Some(holding) = self.by_index.get(usize::from(entry.key)) else {
+            return Err(Failure::Bad("under a key the archive does not list".into()));
+        };
+        let packed = holding
+            .public_key()
+            .validate_packed(entry.sums.as_bytes())
+            .map_err(|e: PaillierError| Failure::Bad(format!("invalid ciphertext: {e}")))?;
+        let bins = match holding {
+            KeyHolding::Whole(key) => key.decrypt_packed(&packed),
+            KeyHolding::Split {
+                share,
+                verification,
+            } => {
+                let theirs = self
+                    .origins
+                    .get(&entry.key())
+                    .and_then(|origin| self.auditor.get(origin))
+                    .ok_or(Failure::Awaiting)?;
+                let theirs = PartialDecryption::from_bytes(verification.public_key(), theirs)
+                    .map_err(|e| Failure::Bad(format!("the auditor's partial: {e}")))?;
+                share
+                    .partial_decrypt(&packed, &mut rand::rng())
+                    .and_then(|mine| threshold::combine(verification, &packed, &mine, &theirs))
+            }
+        }
+        .map_err(|e| Failure::Bad(format!("does not decrypt to a histogram: {e}")))?;
+        check_bins(bins, entry).map_err(Failure::Bad)
+    }
+}
+
+/// A decrypted sum must be a histogram of exactly the samples its reports declared.
+fn check_bins(bins: [u64; BIN_COUNT], entry: &BundleEntry) -> Result<[u64; BIN_COUNT], String> {
     if let Some((i, b)) = bins.iter().enumerate().find(|(_, b)| **b > entry.samples) {
         return Err(format!(
             "bin {i} holds {b}, more than the {} samples its reports declared",
@@ -260,7 +332,27 @@ pub fn build(
     threshold: Threshold,
     cap: ReportsPerContributor,
 ) -> Result<Report, ReportError> {
-    let mut by_index: Vec<&PrivateKey> = Vec::with_capacity(aggregates.keys.len());
+    let holdings: Vec<KeyHolding> = keys.iter().cloned().map(KeyHolding::Whole).collect();
+    build_with(
+        aggregates,
+        &holdings,
+        &AuditorPartials::default(),
+        threshold,
+        cap,
+    )
+}
+
+/// [`build`] with keys held whole or split: a sum under a split key is decrypted with the
+/// design server's share and the release auditor's partial from `auditor`, and listed as
+/// awaiting the auditor where it has none.
+pub fn build_with(
+    aggregates: &Aggregates,
+    keys: &[KeyHolding],
+    auditor: &AuditorPartials,
+    threshold: Threshold,
+    cap: ReportsPerContributor,
+) -> Result<Report, ReportError> {
+    let mut by_index: Vec<&KeyHolding> = Vec::with_capacity(aggregates.keys.len());
     for archive in &aggregates.keys {
         let Some(key) = keys.iter().find(|k| k.public_key().key_id() == *archive) else {
             return Err(ReportError::WrongKey {
@@ -274,6 +366,11 @@ pub fn build(
         };
         by_index.push(key);
     }
+    let decryptor = Decryptor {
+        by_index,
+        auditor,
+        origins: &aggregates.origins,
+    };
     type Key = (ClassId, GpuArch, CatalogueVersion, CounterId);
     let mut grouped: BTreeMap<Key, Vec<&BundleEntry>> = BTreeMap::new();
     for (k, entry) in &aggregates.entries {
@@ -285,6 +382,7 @@ pub fn build(
     let mut decrypted = Vec::new();
     let mut held_back = Vec::new();
     let mut quarantined = Vec::new();
+    let mut awaiting = Vec::new();
     for ((class, arch, catalogue, counter), entries) in grouped {
         let mut bins = [0u64; BIN_COUNT];
         let (mut reports, mut samples, mut sums, mut held) = (0u64, 0u64, 0usize, 0u64);
@@ -302,11 +400,7 @@ pub fn build(
             }
             // The archive lists every key its entries are under; an entry beyond the list is
             // a bug, quarantined like a sum that does not decrypt.
-            let decrypted = match by_index.get(usize::from(entry.key)) {
-                Some(key) => decrypt_checked(key, entry),
-                None => Err("under a key the archive does not list".to_string()),
-            };
-            match decrypted {
+            match decryptor.decrypt(entry) {
                 Ok(sum) => {
                     for (b, s) in bins.iter_mut().zip(sum) {
                         *b += s;
@@ -326,15 +420,21 @@ pub fn build(
                         merged_from.push(entry.class.0);
                     }
                 }
-                Err(reason) => quarantined.push(Quarantined {
-                    class: class.0,
-                    arch: arch.to_string(),
-                    counter: counter.0,
-                    epoch: entry.epoch.0,
-                    generation: entry.generation.0,
-                    reports: entry.reports,
-                    reason,
-                }),
+                Err(failure) => {
+                    let (list, reason) = match failure {
+                        Failure::Bad(reason) => (&mut quarantined, reason),
+                        Failure::Awaiting => (&mut awaiting, AWAITING.to_string()),
+                    };
+                    list.push(Quarantined {
+                        class: class.0,
+                        arch: arch.to_string(),
+                        counter: counter.0,
+                        epoch: entry.epoch.0,
+                        generation: entry.generation.0,
+                        reports: entry.reports,
+                        reason,
+                    });
+                }
             }
         }
         if sums == 0 {
@@ -404,6 +504,7 @@ pub fn build(
         decrypted,
         held_back,
         quarantined,
+        awaiting_auditor: awaiting,
         labels: BTreeMap::new(),
         skipped_epochs: aggregates
             .skipped

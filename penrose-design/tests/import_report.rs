@@ -1095,3 +1095,90 @@ fn the_html_report_renders_in_headless_chromium() {
         std::fs::copy(&shot, keep).unwrap();
     }
 }
+
+/// Under a split key the design server alone decrypts nothing: each released sum is
+/// decrypted by combining its own partial with the release auditor's, kept in the archive as
+/// the auditor answered (`penrose_core::audit`); a sum with no auditor partial is listed as
+/// awaiting the auditor, and a partial of another sum is quarantined, never accepted.
+#[test]
+fn a_split_key_decrypts_only_with_the_auditors_partials() {
+    use penrose_core::audit::{AuditAnswer, EntryPartial};
+    use penrose_core::paillier::threshold;
+    use penrose_design::audit::AuditorPartials;
+
+    let mut f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let dealt = threshold::split(f.keys.private_key(), &mut f.rng).unwrap();
+    let (a, a_sum) = f.entry(DAY, 0, 5, ENOUGH);
+    let (b, b_sum) = f.entry(DAY, 1, 5, ENOUGH);
+    let (c, _) = f.entry(DAY, 2, 5, ENOUGH);
+    let entries = vec![a.clone(), b.clone(), c.clone()];
+    let path = f.bundle(dir.path(), &[DAY], entries.clone());
+    let archive = Archive::open(&dir.path().join("archive")).unwrap();
+    archive
+        .import(&path, Some(&f.signing.verifying_key()), false)
+        .unwrap();
+    let public = f.keys.public_key();
+    let holdings = [report::KeyHolding::Split {
+        share: dealt.design.clone(),
+        verification: dealt.design.verification_key().clone(),
+    }];
+    let report_now = |archive: &Archive| {
+        report::build_with(
+            &archive.merged().unwrap(),
+            &holdings,
+            &AuditorPartials::load(archive).unwrap(),
+            Threshold::DEFAULT,
+            ReportsPerContributor::DEFAULT,
+        )
+        .unwrap()
+    };
+    // No partials yet: nothing decrypts, nothing is quarantined.
+    let before = report_now(&archive);
+    assert!(before.decrypted.is_empty());
+    assert_eq!(before.awaiting_auditor.len(), 3);
+    assert!(before.quarantined.is_empty());
+
+    // The auditor's answer: entry 0 and 1 its own partials, entry 2 given entry 0's partial.
+    let partial_of = |e: &BundleEntry, rng: &mut ChaCha8Rng| {
+        let packed = public.validate_packed(e.sums.as_bytes()).unwrap();
+        dealt
+            .auditor
+            .partial_decrypt(&packed, rng)
+            .unwrap()
+            .to_bytes()
+    };
+    let p0 = partial_of(&a, &mut f.rng);
+    let answer = AuditAnswer::Partials {
+        hash: BundleHash::of(&std::fs::read(&path).unwrap()),
+        partials: vec![
+            EntryPartial {
+                entry: 0,
+                partial: p0.clone(),
+            },
+            EntryPartial {
+                entry: 1,
+                partial: partial_of(&b, &mut f.rng),
+            },
+            EntryPartial {
+                entry: 2,
+                partial: p0,
+            },
+        ],
+        withheld: vec![],
+    };
+    let instance = archive.bundles().unwrap()[0].instance;
+    let kept = archive.answer_path(instance, 1, 0);
+    std::fs::create_dir_all(kept.parent().unwrap()).unwrap();
+    std::fs::write(&kept, answer.encode()).unwrap();
+    let after = report_now(&archive);
+    let decrypted: Vec<(u32, Vec<u64>)> = after
+        .decrypted
+        .iter()
+        .map(|d| (d.class, d.bins.clone()))
+        .collect();
+    assert_eq!(decrypted, [(0, a_sum.to_vec()), (1, b_sum.to_vec())]);
+    assert_eq!(after.quarantined.len(), 1, "{:?}", after.quarantined);
+    assert_eq!(after.quarantined[0].class, 2);
+    assert!(after.awaiting_auditor.is_empty());
+}
