@@ -1,0 +1,109 @@
+//! `penrose-auditor`: parses the command line (its definition is `penrose_auditor::cli`) and
+//! runs it.
+
+use std::fmt::Display;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+use penrose_auditor::cli::{Cli, Command, KeyFiles};
+use penrose_auditor::service::{self, ServeOptions};
+use penrose_auditor::{AuditorError, InitOptions, Policy, admin, keys};
+use penrose_core::paillier::threshold::KeyShare;
+use serde::Serialize;
+
+/// Exit code of a refused input (cli.rs says which).
+const REFUSED: u8 = 3;
+/// Exit code when another process holds the data directory.
+const BUSY: u8 = 4;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(Cli::parse())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let typed = e.downcast_ref::<AuditorError>();
+            if typed.is_some_and(AuditorError::is_refusal) {
+                ExitCode::from(REFUSED)
+            } else if typed.is_some_and(AuditorError::is_busy) {
+                ExitCode::from(BUSY)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+fn print<T: Serialize + Display>(json: bool, value: &T) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        println!("{value}");
+    }
+    Ok(())
+}
+
+fn read_key(files: &KeyFiles) -> Result<KeyShare, AuditorError> {
+    keys::read_offered(&files.share, &files.public_key, &files.verification_key)
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Init {
+            data,
+            key,
+            aggregator_key,
+            instance,
+            threshold,
+            cap,
+            json,
+        } => {
+            let options = InitOptions {
+                share: read_key(&key)?,
+                aggregator: keys::read_aggregator_key(&aggregator_key)?,
+                policy: Policy::new(threshold, cap)?,
+                instance,
+            };
+            print(json, &admin::init(&data.dir(), options)?)?;
+        }
+        Command::AddShare { data, key, json } => {
+            print(json, &admin::add_share(&data.dir(), &read_key(&key)?)?)?;
+        }
+        Command::Serve {
+            data,
+            listen,
+            cert,
+            key,
+            name,
+        } => {
+            let mut options = ServeOptions::new(data.dir(), listen);
+            options.tls = cert.zip(key);
+            options.names = name;
+            service::run(options).await?;
+        }
+        Command::Status { data, json } => print(json, &admin::status(&data.dir())?)?,
+        Command::Follow {
+            data,
+            instance,
+            json,
+        } => print(json, &admin::follow(&data.dir(), instance)?)?,
+    }
+    Ok(())
+}
