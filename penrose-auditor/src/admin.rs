@@ -117,6 +117,8 @@ fn populate(data: &DataDir, options: &InitOptions) -> Result<(), AuditorError> {
     durable::replace(&data.aggregator_key(), key_text.as_bytes(), 0o644)?;
     options.policy.save(&data.policy())?;
     Record::new(options.instance).save(&data.record())?;
+    // Made here, so that taking the lock never changes the directory.
+    durable::replace(&data.lock_file(), b"", 0o600)?;
     durable::sync_dir(data.path())
 }
 

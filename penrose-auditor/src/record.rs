@@ -297,3 +297,46 @@ pub(crate) mod epoch_number {
         u32::deserialize(d).map(EpochId)
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn chain(byte: u8, seq: Option<u64>) -> Chain {
+        Chain {
+            instance: InstanceId([byte; 16]),
+            last: seq.map(|seq| Link {
+                seq,
+                hash: BundleHash([byte; 32]),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_repin_keeps_the_epochs_and_resumes_a_chain_followed_before() {
+        let mut record = Record::new(None);
+        record.chain = Some(chain(1, Some(3)));
+        record.answered.push(Answered {
+            epoch: EpochId(7),
+            instance: InstanceId([1; 16]),
+            seq: 3,
+            bundle: BundleHash([1; 32]),
+        });
+        assert!(record.follow(InstanceId([1; 16])).is_none());
+        let on_b = record.follow(InstanceId([2; 16])).unwrap();
+        assert_eq!(on_b.chain, Some(chain(2, None)));
+        assert_eq!(on_b.earlier, [chain(1, Some(3))]);
+        assert_eq!(on_b.answered, record.answered);
+        let back = on_b.follow(InstanceId([1; 16])).unwrap();
+        assert_eq!(back.chain, Some(chain(1, Some(3))));
+        assert_eq!(back.earlier, [chain(2, None)]);
+        // The file form reads back as written.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("record.json");
+        back.save(&path).unwrap();
+        assert_eq!(Record::load(&path).unwrap(), back);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(&"01".repeat(32)), "{text}");
+    }
+}

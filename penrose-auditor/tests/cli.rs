@@ -11,11 +11,11 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{ChainMaker, DAY, Dealing, ENOUGH, partials};
+use common::{ChainMaker, DAY, Dealing, ENOUGH, KeyFiles, partials};
 use ed25519_dalek::SigningKey;
 use penrose_auditor::service::{Listening, PROTOCOL};
 use penrose_auditor::{AuditorError, keys};
@@ -75,98 +75,140 @@ impl Drop for Killed {
     }
 }
 
-#[test]
-fn an_operator_sets_up_serves_and_repins_an_auditor() {
-    let dir = tempfile::tempdir().unwrap();
-    let dealing = Dealing::new(KeySize::Bits2048, 21);
-    let files = dealing.write_files(&dir.path().join("dealer"));
-    let signing = SigningKey::from_bytes(&[9; 32]);
-    let aggregator = dir.path().join("aggregator-signing.key.pub");
-    std::fs::write(
-        &aggregator,
-        keys::aggregator_key_text(&signing.verifying_key()),
-    )
-    .unwrap();
-    let data = dir.path().join("auditor");
-    let d = text(&data);
-    let init = |share: &Path, data: &str, extra: &[&str]| -> Vec<String> {
+/// An operator's files: the dealer's, the aggregation server's key, the data directory.
+struct Operator {
+    dir: tempfile::TempDir,
+    dealing: Dealing,
+    files: KeyFiles,
+    signing: SigningKey,
+    aggregator: PathBuf,
+    data: PathBuf,
+}
+
+impl Operator {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let dealing = Dealing::new(KeySize::Bits2048, 21);
+        let files = dealing.write_files(&dir.path().join("dealer"));
+        let signing = SigningKey::from_bytes(&[9; 32]);
+        let aggregator = dir.path().join("aggregator-signing.key.pub");
+        let key = keys::aggregator_key_text(&signing.verifying_key());
+        std::fs::write(&aggregator, key).unwrap();
+        let data = dir.path().join("auditor");
+        Operator {
+            dir,
+            dealing,
+            files,
+            signing,
+            aggregator,
+            data,
+        }
+    }
+
+    fn d(&self) -> &str {
+        text(&self.data)
+    }
+
+    /// `init` with `share` and `public`'s key files and the extra arguments.
+    fn init(&self, key: &KeyFiles, share: &Path, extra: &[&str]) -> Vec<String> {
         let mut args = vec![
             "init",
             "--data",
-            data,
+            self.d(),
             "--share",
             text(share),
             "--public-key",
-            text(&files.public),
+            text(&key.public),
             "--verification-key",
-            text(&files.verification),
+            text(&key.verification),
             "--aggregator-key",
-            text(&aggregator),
+            text(&self.aggregator),
         ];
         args.extend(extra);
         args.into_iter().map(str::to_owned).collect()
-    };
+    }
+}
 
-    // Refusals first: nothing is made.
-    let design = init(&files.design, d, &[]);
-    fails(&strs(&design), 3, "not the release auditor's share");
-    let low = init(&files.share, d, &["--threshold", "9"]);
-    fails(&strs(&low), 3, "below the floor");
-    std::fs::set_permissions(&files.share, std::fs::Permissions::from_mode(0o644)).unwrap();
+#[test]
+fn an_operator_sets_up_serves_and_repins_an_auditor() {
+    let op = Operator::new();
+    refusals_make_nothing(&op);
+    init_makes_a_private_directory(&op);
+    serve_and_release(&op.dealing, &op.signing, op.d());
+    repin(&op);
+}
+
+fn refusals_make_nothing(op: &Operator) {
+    let (files, share) = (&op.files, &op.files.share);
     fails(
-        &strs(&init(&files.share, d, &[])),
+        &strs(&op.init(files, &files.design, &[])),
+        3,
+        "not the release auditor's share",
+    );
+    fails(
+        &strs(&op.init(files, share, &["--threshold", "9"])),
+        3,
+        "below the floor",
+    );
+    std::fs::set_permissions(share, std::fs::Permissions::from_mode(0o644)).unwrap();
+    fails(
+        &strs(&op.init(files, share, &[])),
         1,
         "accessible to group or others",
     );
-    std::fs::set_permissions(&files.share, std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert!(!data.exists());
-    let weak = Dealing::new(KeySize::Bits1024, 3).write_files(&dir.path().join("weak"));
-    let mut weak_args = init(&weak.share, d, &[]);
-    weak_args[6] = text(&weak.public).to_owned();
-    weak_args[8] = text(&weak.verification).to_owned();
-    fails(&strs(&weak_args), 3, "too weak");
-    assert!(!data.exists());
+    std::fs::set_permissions(share, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let weak = Dealing::new(KeySize::Bits1024, 3).write_files(&op.dir.path().join("weak"));
+    fails(&strs(&op.init(&weak, &weak.share, &[])), 3, "too weak");
+    assert!(!op.data.exists());
+}
 
-    let made = ok(&strs(&init(&files.share, d, &["--json"])));
-    assert_eq!(made["key"], dealing.id().to_string());
+fn init_makes_a_private_directory(op: &Operator) {
+    let made = ok(&strs(&op.init(&op.files, &op.files.share, &["--json"])));
+    assert_eq!(made["key"], op.dealing.id().to_string());
     assert_eq!(
         (made["threshold"].as_u64(), made["cap"].as_u64()),
         (Some(10), Some(24))
     );
-    assert_eq!(mode(&data), 0o700);
-    let share = data.join("shares").join(format!("{}.share", dealing.id()));
+    assert_eq!(mode(&op.data), 0o700);
+    let share = op
+        .data
+        .join("shares")
+        .join(format!("{}.share", op.dealing.id()));
     assert_eq!(mode(&share), 0o600);
     assert_eq!(
         std::fs::read(&share).unwrap(),
-        std::fs::read(&files.share).unwrap()
+        std::fs::read(&op.files.share).unwrap()
     );
-    let before = common::snapshot(&data);
-    fails(&strs(&init(&files.share, d, &[])), 3, "already exists");
-    assert_eq!(common::snapshot(&data), before);
+    let before = common::snapshot(&op.data);
     fails(
-        &[
-            "add-share",
-            "--data",
-            d,
-            "--share",
-            text(&files.share),
-            "--public-key",
-            text(&files.public),
-            "--verification-key",
-            text(&files.verification),
-        ],
+        &strs(&op.init(&op.files, &op.files.share, &[])),
         3,
-        "already holds a share",
+        "already exists",
     );
-    let status = ok(&["status", "--data", d, "--json"]);
+    let files = &op.files;
+    let add = [
+        "add-share",
+        "--data",
+        op.d(),
+        "--share",
+        text(&files.share),
+        "--public-key",
+        text(&files.public),
+        "--verification-key",
+        text(&files.verification),
+    ];
+    fails(&add, 3, "already holds a share");
+    assert_eq!(common::snapshot(&op.data), before);
+    let status = ok(&["status", "--data", op.d(), "--json"]);
     assert_eq!(
-        (status["instance"].clone(), status["seq"].as_u64()),
-        (Value::Null, Some(0))
+        (&status["instance"], status["seq"].as_u64()),
+        (&Value::Null, Some(0))
     );
-    assert_eq!(status["keys"][0], dealing.id().to_string());
+    assert_eq!(status["keys"][0], op.dealing.id().to_string());
+}
 
-    serve_and_release(&dealing, &signing, d);
-
+fn repin(op: &Operator) {
+    let d = op.d();
     let status = ok(&["status", "--data", d, "--json"]);
     assert_eq!(status["seq"].as_u64(), Some(1));
     assert_eq!(status["instance"], "01".repeat(16));
@@ -179,10 +221,8 @@ fn an_operator_sets_up_serves_and_repins_an_auditor() {
     assert_eq!(followed["already"], Value::Bool(false));
     assert_eq!(followed["now"]["instance"], copy);
     let status = ok(&["status", "--data", d, "--json"]);
-    assert_eq!(
-        (status["instance"].as_str(), status["seq"].as_u64()),
-        (Some(copy.as_str()), Some(0))
-    );
+    assert_eq!(status["instance"].as_str(), Some(copy.as_str()));
+    assert_eq!(status["seq"].as_u64(), Some(0));
     assert_eq!(status["earlier"][0]["instance"], "01".repeat(16));
     assert_eq!(status["answered"].as_array().unwrap().len(), 1);
     let plain = auditor(&["status", "--data", d]);

@@ -8,10 +8,12 @@
 
 mod common;
 
-use common::{DAY, Dealing, ENOUGH, Setup, partials, release};
+use common::{ChainMaker, DAY, Dealing, ENOUGH, Setup, partials, release};
 use penrose_auditor::{Auditor, Policy, admin};
 use penrose_core::audit::{AuditAnswer, AuditRefusal, AuditRequest, MAX_PARTIALS_PER_PAGE};
+use penrose_core::bundle::BundleEntry;
 use penrose_core::bundle::{BundleHash, EpochId, InstanceId};
+use penrose_core::counters::BIN_COUNT;
 use penrose_core::paillier::KeySize;
 use penrose_core::wire::PackedBytes;
 
@@ -79,84 +81,141 @@ fn partials_combine_with_the_design_servers_to_the_exact_sums() {
     assert!(penrose_core::paillier::threshold::combine(verification, &sums, &ours, &ours).is_err());
 }
 
-#[test]
-fn every_refusal_leaves_the_data_directory_as_it_was() {
-    let mut setup = Setup::new(Policy::default(), None);
-    let mut chain = setup.chain(1);
-    let (first_sum, _) = setup.sum(DAY, 0, ENOUGH);
-    let one = chain.next(&[DAY], vec![first_sum.clone()]);
-    let auditor = setup.auditor();
-    partials(release(&auditor, &one, 0, 1));
-    let (next_sum, next_bins) = setup.sum(DAY + 1, 0, ENOUGH);
-    let two = chain.sign(2, BundleHash::of(&one), &[DAY + 1], vec![next_sum.clone()]);
+/// An auditor that took bundle 1 (epoch DAY) of chain 1, and that chain's right bundle 2
+/// (epoch DAY + 1), not asked yet. Each refusal test asks something else first, then checks
+/// that the right bundle is still taken as if nothing had been asked.
+struct Taken {
+    setup: Setup,
+    chain: ChainMaker,
+    auditor: Auditor,
+    one: Vec<u8>,
+    two: Vec<u8>,
+    next: BundleEntry,
+    next_bins: [u64; BIN_COUNT],
+}
 
-    // Malformed: a request that does not decode, a bundle cut short, an invalid ciphertext.
-    let files = setup.files();
-    let garbage = auditor.answer(&[1, 77, 0]);
-    assert_eq!(
-        AuditAnswer::decode(&garbage).unwrap(),
-        AuditAnswer::Refused(AuditRefusal::Malformed)
-    );
-    assert_eq!(setup.files(), files);
-    refused(
-        &setup,
-        &auditor,
-        &two[..10],
-        (0, 1),
-        AuditRefusal::Malformed,
-    );
-    let mut poisoned = next_sum.clone();
+impl Taken {
+    fn new() -> Self {
+        let mut setup = Setup::new(Policy::default(), None);
+        let mut chain = setup.chain(1);
+        let (first, _) = setup.sum(DAY, 0, ENOUGH);
+        let one = chain.next(&[DAY], vec![first]);
+        let auditor = setup.auditor();
+        partials(release(&auditor, &one, 0, 1));
+        let (next, next_bins) = setup.sum(DAY + 1, 0, ENOUGH);
+        let two = chain.sign(2, BundleHash::of(&one), &[DAY + 1], vec![next.clone()]);
+        Taken {
+            setup,
+            chain,
+            auditor,
+            one,
+            two,
+            next,
+            next_bins,
+        }
+    }
+
+    fn refused(&self, bundle: &[u8], page: (u32, u32), expected: AuditRefusal) {
+        refused(&self.setup, &self.auditor, bundle, page, expected);
+    }
+
+    /// Bundle 2 of the chain, with other contents.
+    fn other_two(&self, epochs: &[u32], entries: Vec<BundleEntry>) -> Vec<u8> {
+        self.chain
+            .sign(2, BundleHash::of(&self.one), epochs, entries)
+    }
+
+    /// The right bundle 2 is taken, and its partial combines to its sum.
+    fn next_is_taken(self) {
+        let (got, _) = partials(release(&self.auditor, &self.two, 0, 1));
+        let bins = self.setup.dealing.combine(&self.next, &got[0].partial);
+        assert_eq!(bins, self.next_bins);
+        assert_eq!(self.auditor.status().seq, 2);
+    }
+}
+
+#[test]
+fn requests_bundles_and_ciphertexts_that_do_not_decode_are_malformed() {
+    let t = Taken::new();
+    let files = t.setup.files();
+    let garbage = t.auditor.answer(&[1, 77, 0]);
+    let malformed = AuditAnswer::Refused(AuditRefusal::Malformed);
+    assert_eq!(AuditAnswer::decode(&garbage).unwrap(), malformed);
+    assert_eq!(t.setup.files(), files);
+    t.refused(&t.two[..10], (0, 1), AuditRefusal::Malformed);
+    let mut poisoned = t.next.clone();
     let len = poisoned.sums.as_bytes().len();
     poisoned.sums = PackedBytes::new(vec![0; len], poisoned.sums.count()).unwrap();
-    let bad = chain.sign(2, BundleHash::of(&one), &[DAY + 1], vec![poisoned]);
-    refused(&setup, &auditor, &bad, (0, 1), AuditRefusal::Malformed);
+    let bad = t.other_two(&[DAY + 1], vec![poisoned]);
+    t.refused(&bad, (0, 1), AuditRefusal::Malformed);
+    t.next_is_taken();
+}
 
-    // WrongSigner: another aggregation server's key.
-    let mut stranger = setup.chain(1);
+#[test]
+fn a_bundle_not_signed_by_the_pinned_key_is_refused() {
+    let t = Taken::new();
+    let mut stranger = t.setup.chain(1);
     stranger.signing = ed25519_dalek::SigningKey::from_bytes(&[4; 32]);
-    let forged = stranger.sign(2, BundleHash::of(&one), &[DAY + 1], vec![next_sum.clone()]);
-    refused(&setup, &auditor, &forged, (0, 1), AuditRefusal::WrongSigner);
+    let forged = stranger.sign(2, BundleHash::of(&t.one), &[DAY + 1], vec![t.next.clone()]);
+    t.refused(&forged, (0, 1), AuditRefusal::WrongSigner);
+    // Altered after signing.
+    let mut altered = t.two.clone();
+    altered[200] ^= 1;
+    t.refused(&altered, (0, 1), AuditRefusal::WrongSigner);
+    t.next_is_taken();
+}
 
-    // OtherChain: another store's chain.
-    let other = setup.chain(2).next(&[DAY + 1], vec![next_sum.clone()]);
-    refused(&setup, &auditor, &other, (0, 1), AuditRefusal::OtherChain);
+#[test]
+fn a_bundle_of_another_chain_is_refused() {
+    let t = Taken::new();
+    let other = t.setup.chain(2).next(&[DAY + 1], vec![t.next.clone()]);
+    t.refused(&other, (0, 1), AuditRefusal::OtherChain);
+    t.next_is_taken();
+}
 
-    // OutOfOrder: a gap.
-    let three = chain.sign(3, BundleHash::of(&two), &[DAY + 1], vec![next_sum.clone()]);
+#[test]
+fn a_gap_in_the_chain_is_refused() {
+    let t = Taken::new();
+    let three = t
+        .chain
+        .sign(3, BundleHash::of(&t.two), &[DAY + 1], vec![t.next.clone()]);
     let gap = AuditRefusal::OutOfOrder {
         expected: 2,
         got: 3,
     };
-    refused(&setup, &auditor, &three, (0, 1), gap);
+    t.refused(&three, (0, 1), gap);
+    t.next_is_taken();
+}
 
-    // Forked: other bytes at the seq taken, and a next bundle after another first one.
-    let (other_sum, _) = setup.sum(DAY, 3, ENOUGH);
-    let fork = chain.sign(1, BundleHash::default(), &[DAY], vec![other_sum]);
-    refused(
-        &setup,
-        &auditor,
-        &fork,
-        (0, 1),
-        AuditRefusal::Forked { seq: 1 },
-    );
-    let after_fork = chain.sign(2, BundleHash::of(&fork), &[DAY + 1], vec![next_sum.clone()]);
-    refused(
-        &setup,
-        &auditor,
-        &after_fork,
-        (0, 1),
-        AuditRefusal::Forked { seq: 1 },
-    );
+#[test]
+fn a_fork_is_refused() {
+    let mut t = Taken::new();
+    // Other bytes at the seq taken, and a next bundle that follows them.
+    let (other, _) = t.setup.sum(DAY, 3, ENOUGH);
+    let fork = t.chain.sign(1, BundleHash::default(), &[DAY], vec![other]);
+    t.refused(&fork, (0, 1), AuditRefusal::Forked { seq: 1 });
+    let after = t
+        .chain
+        .sign(2, BundleHash::of(&fork), &[DAY + 1], vec![t.next.clone()]);
+    t.refused(&after, (0, 1), AuditRefusal::Forked { seq: 1 });
+    t.next_is_taken();
+}
 
-    // EpochAnsweredBefore: the next bundle releases the first one's epoch again.
-    let (again_sum, _) = setup.sum(DAY, 7, ENOUGH);
-    let again = chain.sign(2, BundleHash::of(&one), &[DAY], vec![again_sum]);
+#[test]
+fn an_epoch_released_again_is_refused() {
+    let mut t = Taken::new();
+    let (again, _) = t.setup.sum(DAY, 7, ENOUGH);
+    let bundle = t.other_two(&[DAY], vec![again]);
     let twice = AuditRefusal::EpochAnsweredBefore {
         epoch: EpochId(DAY),
     };
-    refused(&setup, &auditor, &again, (0, 1), twice);
+    t.refused(&bundle, (0, 1), twice);
+    t.next_is_taken();
+}
 
-    // BadPage: empty, past the entries, longer than a page.
+#[test]
+fn pages_outside_the_bundle_are_refused() {
+    let t = Taken::new();
     for page in [
         (0, 0),
         (1, 1),
@@ -164,28 +223,21 @@ fn every_refusal_leaves_the_data_directory_as_it_was() {
         (u32::MAX, 1),
         (0, MAX_PARTIALS_PER_PAGE + 1),
     ] {
-        refused(&setup, &auditor, &two, page, AuditRefusal::BadPage);
+        t.refused(&t.two, page, AuditRefusal::BadPage);
     }
+    t.next_is_taken();
+}
 
-    // UnknownKey: the bundle's sums are under a key no share is held of.
-    let stranger_key = Dealing::new(KeySize::Bits1024, 8);
-    let (foreign, _) = stranger_key.sum(0, DAY + 1, 0, ENOUGH, &mut setup.rng);
-    let mut foreign_chain = setup.chain(1);
-    foreign_chain.keys = vec![stranger_key.id()];
-    let unknown = foreign_chain.sign(2, BundleHash::of(&one), &[DAY + 1], vec![foreign]);
-    refused(&setup, &auditor, &unknown, (0, 1), AuditRefusal::UnknownKey);
-
-    // Unavailable: the record cannot be written (a directory where its temporary file goes
-    // stops even root); the partials are dropped.
-    let blocker = setup.data.path().join(".record.json.tmp");
+#[test]
+fn a_record_that_cannot_be_written_answers_unavailable() {
+    let t = Taken::new();
+    // A directory where the record's temporary file goes stops the write, even as root; the
+    // partials computed are dropped.
+    let blocker = t.setup.data.path().join(".record.json.tmp");
     std::fs::create_dir(&blocker).unwrap();
-    refused(&setup, &auditor, &two, (0, 1), AuditRefusal::Unavailable);
+    t.refused(&t.two, (0, 1), AuditRefusal::Unavailable);
     std::fs::remove_dir(&blocker).unwrap();
-
-    // After all of that, the right next bundle is taken.
-    let (got, _) = partials(release(&auditor, &two, 0, 1));
-    assert_eq!(setup.dealing.combine(&next_sum, &got[0].partial), next_bins);
-    assert_eq!(auditor.status().seq, 2);
+    t.next_is_taken();
 }
 
 #[test]

@@ -231,7 +231,16 @@ impl Setup {
     /// A 1024-bit dealing and an auditor with `policy`, following the first chain it sees
     /// (or `instance`).
     pub fn new(policy: Policy, instance: Option<InstanceId>) -> Self {
-        let dealing = Dealing::new(KeySize::Bits1024, 5);
+        Self::make(KeySize::Bits1024, policy, instance)
+    }
+
+    /// A dealing of `size` bits and an auditor with `policy`, following the first chain.
+    pub fn with_key_size(size: KeySize, policy: Policy) -> Self {
+        Self::make(size, policy, None)
+    }
+
+    fn make(size: KeySize, policy: Policy, instance: Option<InstanceId>) -> Self {
+        let dealing = Dealing::new(size, 5);
         let aggregator = SigningKey::from_bytes(&[9; 32]);
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::new(dir.path().join("auditor"));
