@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The packages stage of ci/test.sh (docs/operations.md, "Install from packages"): builds the
-# four Debian packages with `cargo xtask dist` (release binaries, man pages, completions,
+# five Debian packages with `cargo xtask dist` (release binaries, man pages, completions,
 # cargo-deb), checks each file list against packaging/contents/<package>.txt and the control
 # data, installs them with dpkg into a throwaway root (maintainer scripts included, run
 # chrootless against that root), checks the systemd units (`systemd-analyze verify` and
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 source ci/lib.sh
 
 CARGO_DEB_VERSION=3.8
-PACKAGES=(penrose-agent penrose-aggregator penrose-design penrose-issuer)
+PACKAGES=(penrose-agent penrose-aggregator penrose-design penrose-issuer penrose-auditor)
 # systemd-analyze security exposure (0.0 best .. 10.0 worst), the highest accepted: what was
 # measured on Debian 12 (systemd 252) plus a little, so that a weakened unit fails here. The
 # agent keeps root and five capabilities until it drops privileges (issue 13; 3.6 measured),
@@ -23,10 +23,12 @@ PACKAGES=(penrose-agent penrose-aggregator penrose-design penrose-issuer)
 MAX_EXPOSURE_penrose_agent=4.0
 MAX_EXPOSURE_penrose_aggregator=1.5
 MAX_EXPOSURE_penrose_issuer=1.5
+# The release auditor's unit is the issuer's hardening (no capabilities, its own user).
+MAX_EXPOSURE_penrose_auditor=1.5
 # The packages that install a systemd unit, and those of them that run as a system user of
 # their own (made by systemd-sysusers in the postinst).
-UNITS=(penrose-agent penrose-aggregator penrose-issuer)
-USERS=(penrose-aggregator penrose-issuer)
+UNITS=(penrose-agent penrose-aggregator penrose-issuer penrose-auditor)
+USERS=(penrose-aggregator penrose-issuer penrose-auditor)
 
 fail() {
     echo "FAILED: $*" >&2
@@ -97,11 +99,11 @@ for pkg in "${PACKAGES[@]}"; do
         penrose-agent)
             grep -qx /etc/penrose/agent.toml "$ctrl/conffiles" || fail "agent.toml is not a conffile"
             ;;
-        penrose-aggregator | penrose-issuer)
+        penrose-aggregator | penrose-issuer | penrose-auditor)
             if [ "$pkg" = penrose-aggregator ]; then
                 grep -qx /etc/penrose/aggregator.toml "$ctrl/conffiles" || fail "aggregator.toml is not a conffile"
             else
-                # The issuer has no configuration file (its settings are serve's flags).
+                # The issuer and the auditor have no configuration file (serve's flags).
                 [ ! -s "$ctrl/conffiles" ] || fail "$pkg has conffiles: $(cat "$ctrl/conffiles")"
             fi
             grep -q 'systemd-sysusers' "$ctrl/postinst" || fail "$pkg: the postinst does not create the user"
@@ -168,7 +170,13 @@ issuer_state=$(sed -n 's#^ExecStart=/usr/bin/penrose-issuer serve .*--state \([^
 [ -n "$issuer_state" ] || fail "penrose-issuer.service: ExecStart gives no --state"
 "$ROOT/usr/bin/penrose-issuer" status --help | grep -qF "[default: $issuer_state]" ||
     fail "penrose-issuer.service: --state $issuer_state is not the CLI's default state directory"
-for pair in "penrose-agent:$agent_state" "penrose-aggregator:$aggregator_data" "penrose-issuer:$issuer_state"; do
+# Likewise the auditor's --data.
+auditor_data=$(sed -n 's#^ExecStart=/usr/bin/penrose-auditor serve .*--data \([^ ]*\).*#\1#p' \
+    "$ROOT/usr/lib/systemd/system/penrose-auditor.service")
+[ -n "$auditor_data" ] || fail "penrose-auditor.service: ExecStart gives no --data"
+"$ROOT/usr/bin/penrose-auditor" status --help | grep -qF "[default: $auditor_data]" ||
+    fail "penrose-auditor.service: --data $auditor_data is not the CLI's default data directory"
+for pair in "penrose-agent:$agent_state" "penrose-aggregator:$aggregator_data" "penrose-issuer:$issuer_state" "penrose-auditor:$auditor_data"; do
     unit=${pair%%:*}
     dir=${pair#*:}
     file="$ROOT/usr/lib/systemd/system/$unit.service"

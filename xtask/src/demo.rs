@@ -1,6 +1,8 @@
 //! `cargo xtask demo`: the whole system on this machine, as the separate processes it is.
 //!
-//! 1. The design server makes a key pair (`penrose-design keygen`), a list-signing key
+//! 1. The design server makes a key pair split with the release auditor (`penrose-design
+//!    keygen --split`: no private key is written, only its share and the auditor's), a
+//!    list-signing key
 //!    (`key-list-signer`) and a signed key list naming its key (`key-list`); the aggregation
 //!    server is given the list, and every agent pins the list-signing key and fetches the list
 //!    from the aggregation server (key rollover, docs/operations.md).
@@ -30,8 +32,11 @@
 //!    before a failed token fetch is tried again are scaled down and said so on screen) so
 //!    that the run takes about half a minute.
 //! 6. The aggregation server closes the day's epoch (`close-epoch`) and exports the first
-//!    bundle of its chain while it serves; the design server imports it and decrypts every
-//!    released sum with at least k contributors.
+//!    bundle of its chain while it serves; the design server imports it. The release auditor
+//!    is set up with its share (`penrose-auditor init`) and starts on loopback as its own
+//!    process (`penrose-auditor serve`); the design server asks it for its partial
+//!    decryptions (`penrose-design audit`, pinning its certificate) and decrypts every
+//!    released sum with at least k contributors from both partials (`report --split-key`).
 //! 7. The demo checks the result: every decrypted (class, counter) histogram must equal, bin
 //!    for bin, the sum of the histograms the agents sealed (read from their own records) for
 //!    the reports the aggregator counted in that class; nothing under k contributors may be
@@ -411,6 +416,7 @@ pub fn run(args: Args) -> Result<()> {
                 .args(["build", "--release", "--bins"])
                 .args(["-p", "penrose-agent", "-p", "penrose-aggregator"])
                 .args(["-p", "penrose-issuer", "-p", "penrose-design"])
+                .args(["-p", "penrose-auditor"])
                 .args(["-p", "penrose-standin"]);
             if args.tor {
                 // The namespace has no network: the build uses what cargo already fetched.
@@ -695,6 +701,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         "penrose-aggregator",
         "penrose-issuer",
         "penrose-design",
+        "penrose-auditor",
         "penrose-replay",
     ] {
         ensure!(
@@ -765,11 +772,13 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     let t = Instant::now();
     let keys = dir.join("keys");
     output(
+        // Split with the release auditor: no private key is ever written.
         Command::new(bin("penrose-design"))
             .arg("keygen")
+            .arg("--split")
             .arg("--out")
             .arg(&keys),
-        "penrose-design keygen",
+        "penrose-design keygen --split",
     )?;
     let public_key = keys.join("public.key");
     let public = PublicKey::from_bytes(&std::fs::read(&public_key)?)?;
@@ -1303,13 +1312,26 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .arg(&bundle),
         "penrose-design import",
     )?;
+    let auditor = start_auditor(&bin("penrose-auditor"), dir, &keys, &agg, options.threshold)?;
+    let auditor_index = children.push("penrose-auditor", auditor.0);
+    output(
+        Command::new(bin("penrose-design"))
+            .arg("audit")
+            .arg("--archive")
+            .arg(&archive)
+            .args(["--auditor", &auditor.1])
+            .arg("--auditor-cert")
+            .arg(&auditor.2),
+        "penrose-design audit",
+    )?;
+    children.stop(auditor_index, Duration::from_secs(10))?;
     let report: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-design"))
             .arg("report")
             .arg("--archive")
             .arg(&archive)
-            .arg("--key")
-            .arg(keys.join("private.key"))
+            .arg("--split-key")
+            .arg(&keys)
             .args(&release)
             .arg("--json"),
         "penrose-design report",
@@ -1321,8 +1343,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .arg("report")
             .arg("--archive")
             .arg(&archive)
-            .arg("--key")
-            .arg(keys.join("private.key"))
+            .arg("--split-key")
+            .arg(&keys)
             .args(&release)
             .arg("--html")
             .arg(&html_dir),
@@ -1729,6 +1751,63 @@ fn trace_name(path: &Path) -> String {
 /// The issuer's state directory in a demo run's directory.
 pub fn issuer_state(dir: &Path) -> PathBuf {
     dir.join("issuer")
+}
+
+/// Sets up the release auditor (`penrose-auditor init` with the auditor's share, the
+/// aggregation server's signing key and the run's threshold) in `dir/auditor` and starts it
+/// on a free loopback port, its log in `dir/auditor.log`: the child, its address and the
+/// certificate the design server pins.
+fn start_auditor(
+    bin: &Path,
+    dir: &Path,
+    keys: &Path,
+    agg: &DataDir,
+    threshold: u64,
+) -> Result<(Child, String, PathBuf)> {
+    let data = dir.join("auditor");
+    output(
+        Command::new(bin)
+            .arg("init")
+            .arg("--data")
+            .arg(&data)
+            .arg("--share")
+            .arg(keys.join("auditor.share"))
+            .arg("--public-key")
+            .arg(keys.join("public.key"))
+            .arg("--verification-key")
+            .arg(keys.join("verification.key"))
+            .arg("--aggregator-key")
+            .arg(agg.signing_key().with_extension("key.pub"))
+            .args(["--threshold", &threshold.to_string()]),
+        "penrose-auditor init",
+    )?;
+    // The dealer's copy goes once the auditor holds it.
+    std::fs::remove_file(keys.join("auditor.share"))?;
+    let log = std::fs::File::create(dir.join("auditor.log"))?;
+    let mut child = Command::new(bin)
+        .arg("serve")
+        .arg("--data")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .context("starting penrose-auditor serve")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("auditor stdout")?).read_line(&mut line)?;
+    let ready: serde_json::Value = match serde_json::from_str(&line) {
+        Ok(ready) => ready,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e).with_context(|| format!("the auditor's first line: {line:?}"));
+        }
+    };
+    let listening = ready["listening"].as_str().context("auditor address")?;
+    let certificate = ready["certificate"]
+        .as_str()
+        .context("auditor certificate")?;
+    Ok((child, listening.to_string(), PathBuf::from(certificate)))
 }
 
 /// Starts `penrose-issuer serve` on a free loopback port (and a stream port, for Tor, with

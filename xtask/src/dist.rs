@@ -1,7 +1,7 @@
-//! `cargo xtask dist`: the Debian packages of the four product binaries.
+//! `cargo xtask dist`: the Debian packages of the five product binaries.
 //!
 //! It builds the release binaries (`penrose-agent`, `penrose-aggregator`, `penrose-design`,
-//! `penrose-issuer`, in one cargo invocation so they share one feature resolution), renders
+//! `penrose-issuer`, `penrose-auditor`, in one cargo invocation so they share one feature resolution), renders
 //! what the packages carry beside them from the code itself, and runs `cargo deb --no-build`
 //! for each:
 //!
@@ -44,7 +44,7 @@ struct Package {
 
 /// The packages. Daemons and system administration commands are man section 8; the design
 /// server's CLI, run by the vendor's architects, section 1.
-const PACKAGES: [Package; 4] = [
+const PACKAGES: [Package; 5] = [
     Package {
         name: "penrose-agent",
         section: "8",
@@ -64,6 +64,11 @@ const PACKAGES: [Package; 4] = [
         name: "penrose-issuer",
         section: "8",
         command: penrose_issuer::cli::command,
+    },
+    Package {
+        name: "penrose-auditor",
+        section: "8",
+        command: penrose_auditor::cli::command,
     },
 ];
 
