@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use penrose_core::audit::{ALPN, AuditAnswer, AuditRefusal, MAX_AUDIT_MESSAGE};
 use penrose_core::paillier::KeyId;
-use penrose_transport::exchange::{ExchangeHandler, Protocol, serve_exchange};
+use penrose_transport::exchange::{BlockingAnswers, Offloaded, Protocol, serve_exchange};
 use penrose_transport::{Encoding, Identity, Limits, Server, ServerConfig};
 use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::Semaphore;
-use tracing::{error, info};
+use tracing::info;
 
 use crate::auditor::Auditor;
 use crate::data_dir::{DataDir, DirLock};
@@ -39,38 +38,16 @@ pub const CONCURRENT_ANSWERS: usize = 2;
 /// tens of megabytes must cross a real network, where the report endpoint's 5 s suit a report.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Answers exchanges with an [`Auditor`], off the async threads.
-#[derive(Clone)]
-pub struct Handler {
-    auditor: Arc<Auditor>,
-    permits: Arc<Semaphore>,
-}
+/// Answers exchanges with an [`Auditor`], off the async threads, a few at a time.
+pub type Handler = Offloaded<Auditor>;
 
-impl Handler {
-    /// A handler that computes at most `concurrent` answers at once (the rest wait their
-    /// turn).
-    pub fn new(auditor: Arc<Auditor>, concurrent: usize) -> Self {
-        Handler {
-            auditor,
-            permits: Arc::new(Semaphore::new(concurrent.max(1))),
-        }
+impl BlockingAnswers for Auditor {
+    fn answer(&self, request: &[u8]) -> Vec<u8> {
+        Auditor::answer(self, request)
     }
-}
 
-impl ExchangeHandler for Handler {
-    async fn handle(&self, request: Vec<u8>) -> Vec<u8> {
-        let unavailable = || AuditAnswer::Refused(AuditRefusal::Unavailable).encode();
-        let Ok(_permit) = Arc::clone(&self.permits).acquire_owned().await else {
-            return unavailable();
-        };
-        let auditor = Arc::clone(&self.auditor);
-        match tokio::task::spawn_blocking(move || auditor.answer(&request)).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                error!(error = %e, "an auditor answer failed");
-                unavailable()
-            }
-        }
+    fn unavailable(&self) -> Vec<u8> {
+        AuditAnswer::Refused(AuditRefusal::Unavailable).encode()
     }
 }
 

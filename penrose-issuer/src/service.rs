@@ -10,12 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use penrose_core::tokens::protocol::{ALPN, IssuerAnswer, MAX_ISSUER_MESSAGE, Refusal};
-use penrose_transport::exchange::{ExchangeHandler, Protocol, serve_exchange};
+use penrose_transport::exchange::{BlockingAnswers, Offloaded, Protocol, serve_exchange};
 use penrose_transport::{Encoding, Identity, Limits, Server, ServerConfig};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tracing::{error, info};
+use tracing::info;
 
 use crate::admin;
 use crate::clock::{Clock, SystemClock};
@@ -32,37 +31,16 @@ pub const PROTOCOL: Protocol = Protocol {
 /// The default listen address: loopback until the operator says otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4434";
 
-/// Answers exchanges with an [`Issuer`], off the async threads.
-#[derive(Clone)]
-pub struct Handler {
-    issuer: Arc<Issuer>,
-    permits: Arc<Semaphore>,
-}
+/// Answers exchanges with an [`Issuer`], off the async threads, a few at a time.
+pub type Handler = Offloaded<Issuer>;
 
-impl Handler {
-    /// A handler that runs at most `concurrent` answers at once (the rest wait their turn).
-    pub fn new(issuer: Arc<Issuer>, concurrent: usize) -> Self {
-        Handler {
-            issuer,
-            permits: Arc::new(Semaphore::new(concurrent.max(1))),
-        }
+impl BlockingAnswers for Issuer {
+    fn answer(&self, request: &[u8]) -> Vec<u8> {
+        self.handle(request)
     }
-}
 
-impl ExchangeHandler for Handler {
-    async fn handle(&self, request: Vec<u8>) -> Vec<u8> {
-        let unavailable = || IssuerAnswer::Refused(Refusal::Unavailable).encode();
-        let Ok(_permit) = Arc::clone(&self.permits).acquire_owned().await else {
-            return unavailable();
-        };
-        let issuer = Arc::clone(&self.issuer);
-        match tokio::task::spawn_blocking(move || issuer.handle(&request)).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                error!(error = %e, "an issuer answer failed");
-                unavailable()
-            }
-        }
+    fn unavailable(&self) -> Vec<u8> {
+        IssuerAnswer::Refused(Refusal::Unavailable).encode()
     }
 }
 

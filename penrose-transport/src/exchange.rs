@@ -33,6 +33,61 @@ pub trait ExchangeHandler: Send + Sync + 'static {
     fn handle(&self, request: Vec<u8>) -> impl Future<Output = Vec<u8>> + Send;
 }
 
+/// A service whose answers are computed synchronously: CPU-bound work or synced writes that
+/// must not run on the async threads (the token issuer's scalar multiplications, the release
+/// auditor's partial decryptions). [`Offloaded`] serves it.
+pub trait BlockingAnswers: Send + Sync + 'static {
+    /// The answer to one request body.
+    fn answer(&self, request: &[u8]) -> Vec<u8>;
+
+    /// The answer when none could be computed (the blocking task failed, or the service is
+    /// shutting down), in the service's own refusal encoding.
+    fn unavailable(&self) -> Vec<u8>;
+}
+
+/// An [`ExchangeHandler`] that computes each answer of a [`BlockingAnswers`] on tokio's
+/// blocking threads, at most a few at once (the rest wait their turn), never on the async
+/// executor.
+pub struct Offloaded<A> {
+    service: Arc<A>,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl<A> Clone for Offloaded<A> {
+    fn clone(&self) -> Self {
+        Offloaded {
+            service: Arc::clone(&self.service),
+            permits: Arc::clone(&self.permits),
+        }
+    }
+}
+
+impl<A: BlockingAnswers> Offloaded<A> {
+    /// Serves `service` computing at most `concurrent` answers at once (at least 1).
+    pub fn new(service: Arc<A>, concurrent: usize) -> Self {
+        Offloaded {
+            service,
+            permits: Arc::new(tokio::sync::Semaphore::new(concurrent.max(1))),
+        }
+    }
+}
+
+impl<A: BlockingAnswers> ExchangeHandler for Offloaded<A> {
+    async fn handle(&self, request: Vec<u8>) -> Vec<u8> {
+        let Ok(_permit) = Arc::clone(&self.permits).acquire_owned().await else {
+            return self.service.unavailable();
+        };
+        let service = Arc::clone(&self.service);
+        match tokio::task::spawn_blocking(move || service.answer(&request)).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::error!(error = %e, "an exchange answer failed");
+                self.service.unavailable()
+            }
+        }
+    }
+}
+
 /// The protocol an exchange endpoint speaks: its ALPN and the largest body either side reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Protocol {

@@ -16,7 +16,8 @@
 //! - [`carrier`]: the same QUIC carried on byte streams (Tor carries nothing else): the
 //!   client's [`carrier::Dialer`] and the server's stream port.
 //! - [`exchange`]: a request/answer endpoint on the same settings, with an ALPN of its own
-//!   (the token issuer's).
+//!   (the token issuer's, the release auditor's), and [`exchange::Offloaded`], which computes
+//!   a synchronous service's answers off the async threads.
 //! - [`error`]: what can go wrong, typed.
 
 pub mod carrier;
