@@ -1314,17 +1314,23 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     )?;
     let auditor = start_auditor(&bin("penrose-auditor"), dir, &keys, &agg, options.threshold)?;
     let auditor_index = children.push("penrose-auditor", auditor.0);
-    output(
+    let audited: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-design"))
             .arg("audit")
             .arg("--archive")
             .arg(&archive)
             .args(["--auditor", &auditor.1])
             .arg("--auditor-cert")
-            .arg(&auditor.2),
+            .arg(&auditor.2)
+            .arg("--json"),
         "penrose-design audit",
-    )?;
+    )?)?;
     children.stop(auditor_index, Duration::from_secs(10))?;
+    say(&format!(
+        "release auditor: on {} as its own process; {} partial decryptions given, {} sums \
+         withheld under its own k = {}",
+        auditor.1, audited["partials"], audited["withheld"], options.threshold
+    ));
     let report: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-design"))
             .arg("report")
