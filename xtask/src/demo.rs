@@ -1312,25 +1312,8 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
             .arg(&bundle),
         "penrose-design import",
     )?;
-    let auditor = start_auditor(&bin("penrose-auditor"), dir, &keys, &agg, options.threshold)?;
-    let auditor_index = children.push("penrose-auditor", auditor.0);
-    let audited: serde_json::Value = serde_json::from_str(&output(
-        Command::new(bin("penrose-design"))
-            .arg("audit")
-            .arg("--archive")
-            .arg(&archive)
-            .args(["--auditor", &auditor.1])
-            .arg("--auditor-cert")
-            .arg(&auditor.2)
-            .arg("--json"),
-        "penrose-design audit",
-    )?)?;
-    children.stop(auditor_index, Duration::from_secs(10))?;
-    say(&format!(
-        "release auditor: on {} as its own process; {} partial decryptions given, {} sums \
-         withheld under its own k = {}",
-        auditor.1, audited["partials"], audited["withheld"], options.threshold
-    ));
+    let audited = release_auditor(options, dir, &keys, &agg, &archive, &mut children)?;
+    say(&audited);
     let report: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-design"))
             .arg("report")
@@ -1757,6 +1740,41 @@ fn trace_name(path: &Path) -> String {
 /// The issuer's state directory in a demo run's directory.
 pub fn issuer_state(dir: &Path) -> PathBuf {
     dir.join("issuer")
+}
+
+/// The release auditor's part of a run: set up and started as its own process
+/// ([`start_auditor`]), asked by the design server for its partial decryptions of the archive
+/// (`penrose-design audit`, pinning its certificate), stopped. Returns what it did, as said
+/// on screen.
+fn release_auditor(
+    options: &Options,
+    dir: &Path,
+    keys: &Path,
+    agg: &DataDir,
+    archive: &Path,
+    children: &mut Children,
+) -> Result<String> {
+    let bin = |name: &str| options.bins.join(name);
+    let (child, address, certificate) =
+        start_auditor(&bin("penrose-auditor"), dir, keys, agg, options.threshold)?;
+    let index = children.push("penrose-auditor", child);
+    let audited: serde_json::Value = serde_json::from_str(&output(
+        Command::new(bin("penrose-design"))
+            .arg("audit")
+            .arg("--archive")
+            .arg(archive)
+            .args(["--auditor", &address])
+            .arg("--auditor-cert")
+            .arg(&certificate)
+            .arg("--json"),
+        "penrose-design audit",
+    )?)?;
+    children.stop(index, Duration::from_secs(10))?;
+    Ok(format!(
+        "release auditor: on {address} as its own process; {} partial decryptions given, {} \
+         sums withheld under its own k = {}",
+        audited["partials"], audited["withheld"], options.threshold
+    ))
 }
 
 /// Sets up the release auditor (`penrose-auditor init` with the auditor's share, the
