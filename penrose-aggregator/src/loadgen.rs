@@ -20,6 +20,13 @@
 //! report (one MAC over the report body, as an agent does). The invalid share then also holds
 //! reports without a token and with a forged one. This is test equipment: it holds the
 //! issuer's secret keys, which no agent ever does.
+//!
+//! Two connection modes ([`ConnectionMode`]). `shared` (the default) spreads `--clients` tasks
+//! over `--connections` QUIC connections, many reports per connection: what every ingest
+//! figure before issue 26 measured, and what no agent does. `fresh-per-report` sends as
+//! agents do: every report on a connection of its own from a UDP socket of its own (the
+//! server's address-validation Retry, a full TLS 1.3 handshake, one stream, close), with
+//! `--clients` reports in flight at once.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -40,10 +47,24 @@ use penrose_core::paillier::{Accumulator, KeyId, PackedCiphertexts, PublicKey};
 use penrose_core::tokens::{KeyRing, MAX_BATCH, Token, TokenEpoch, TokenRequest, TokenScope};
 use penrose_core::wire::{AckStatus, AdmissionToken, Day, Message, PackedBytes, Report, ReportId};
 use penrose_traces::TraceFolder;
-use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
+use penrose_transport::{Client, ClientConfig, RetryPolicy, Reuse, Trust};
 use rand::{Rng, RngCore, SeedableRng};
 
 use crate::metrics::reason_label;
+
+/// How the load generator's reports use QUIC connections (module docs).
+#[derive(clap::ValueEnum, serde::Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConnectionMode {
+    /// Load-testing only: `--clients` tasks share `--connections` connections, many reports
+    /// on each (which links them at the transport layer). No agent sends this way.
+    #[default]
+    Shared,
+    /// As agents send: every report on a fresh connection from a fresh UDP socket (the
+    /// server's Retry, a full TLS 1.3 handshake without resumption, one stream, close once the
+    /// ack is in); `--clients` reports in flight at once; `--connections` is not used.
+    FreshPerReport,
+}
 
 /// Arguments of `penrose-aggregator loadgen`.
 #[derive(clap::Args, Debug, Clone)]
@@ -61,13 +82,20 @@ pub struct Args {
     /// about 1 KiB each at 2048 bits).
     #[arg(long, default_value_t = 20_000)]
     pub reports: u64,
-    /// Concurrent clients (tasks, each with one report in flight at a time).
+    /// Concurrent clients (tasks, each with one report in flight at a time): the reports in
+    /// flight at once, in either connection mode.
     #[arg(long, default_value_t = 256)]
     pub clients: usize,
-    /// QUIC connections the clients share. The load generator always shares connections
-    /// (many reports per connection, which links them at the transport layer) to reach tens of
-    /// thousands of reports a second; agents never do: each of their reports has a connection
-    /// and a UDP socket of its own.
+    /// How reports use QUIC connections. `shared`: the clients share --connections
+    /// connections, many reports on each (load testing only: it links reports at the
+    /// transport layer, which no agent does). `fresh-per-report`: as agents send, every report
+    /// on a connection and UDP socket of its own, with the server's Retry and a full TLS 1.3
+    /// handshake each; against a server on one address raise its --connections-per-source and
+    /// --new-connections-per-source (0: no limit), which every report counts against.
+    #[arg(long, value_enum, default_value_t = ConnectionMode::Shared)]
+    pub connection_mode: ConnectionMode,
+    /// With --connection-mode shared: the QUIC connections the clients share. Not used with
+    /// fresh-per-report.
     #[arg(long, default_value_t = 8)]
     pub connections: usize,
     /// Share of reports made invalid (wrong key, unknown counter, bad sample count, bad
@@ -102,7 +130,8 @@ pub struct Args {
     /// server's CPU over the reports alone.
     #[arg(long, requires = "fleet_apps")]
     pub founded: bool,
-    /// Seed of the workload's choices (report ids always come from the OS generator).
+    /// Seed of the workload's choices (report ids and tokens always come from the OS generator
+    /// too).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// The admission key ring the server verifies with (`serve --token-keys`): mint a token
@@ -274,6 +303,8 @@ pub struct Outcome {
     pub tokens: bool,
     /// Seconds spent minting tokens before the timed phase.
     pub minting_seconds: f64,
+    /// How reports used connections.
+    pub connection_mode: ConnectionMode,
 }
 
 /// One token per report of the run, for `day` and the report's counter in `plan`, minted with
@@ -293,6 +324,9 @@ fn mint_tokens(ring: &KeyRing, day: Day, plan: &[CounterId], seed: u64) -> Resul
     }
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let per = batches.len().div_ceil(threads).max(1);
+    // Blinding from the OS generator as well as the seed: two runs with the same seed (a
+    // fleet's founders, then its reports with --founded) must not mint the same tokens.
+    let seed = seed ^ rand::rng().next_u64();
     let minted: Vec<Vec<(usize, Token)>> = std::thread::scope(|scope| {
         let parts: Vec<_> = batches
             .chunks(per)
@@ -374,14 +408,13 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else {
+        let connections = match args.connection_mode {
+            ConnectionMode::Shared => format!("over {} shared connections", args.connections),
+            ConnectionMode::FreshPerReport => "each on a fresh connection".to_string(),
+        };
         println!(
-            "{} reports ({} valid, {} invalid) from {} clients over {} connections in {:.2} s",
-            outcome.reports,
-            outcome.valid,
-            outcome.invalid,
-            args.clients,
-            args.connections,
-            outcome.seconds
+            "{} reports ({} valid, {} invalid) from {} clients {connections} in {:.2} s",
+            outcome.reports, outcome.valid, outcome.invalid, args.clients, outcome.seconds
         );
         println!(
             "throughput: {:.0} reports/s acked, {:.0} accepted/s",
@@ -423,9 +456,10 @@ pub async fn run(args: Args) -> Result<ExitCode> {
 
 /// Sends the load and measures it.
 pub async fn generate(args: &Args) -> Result<Outcome> {
+    ensure!(args.clients > 0, "need at least one client");
     ensure!(
-        args.clients > 0 && args.connections > 0,
-        "need at least one client and connection"
+        args.connections > 0 || args.connection_mode == ConnectionMode::FreshPerReport,
+        "need at least one connection"
     );
     let key_bytes = std::fs::read(&args.public_key)
         .with_context(|| format!("reading {}", args.public_key.display()))?;
@@ -495,16 +529,32 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
     };
     let minting_seconds = minting.elapsed().as_secs_f64();
     let mut clients = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections {
-        // Throughput over privacy: test data only, never an agent's reports.
-        let mut config = ClientConfig::new(args.server, "localhost", trust.clone())
-            .shared_connection_for_load_testing();
-        config.retry = RetryPolicy::none();
-        clients.push(
-            Client::connect(config)
-                .await
-                .context("connecting to the server")?,
-        );
+    match args.connection_mode {
+        ConnectionMode::Shared => {
+            for _ in 0..args.connections {
+                // Throughput over privacy: test data only, never an agent's reports.
+                let mut config = ClientConfig::new(args.server, "localhost", trust.clone())
+                    .shared_connection_for_load_testing();
+                config.retry = RetryPolicy::none();
+                clients.push(
+                    Client::connect(config)
+                        .await
+                        .context("connecting to the server")?,
+                );
+            }
+        }
+        ConnectionMode::FreshPerReport => {
+            // The client's default, as agents use it: each send dials its own connection from
+            // its own socket. No probe connection, so that the server sees exactly one
+            // connection per report (an unreachable server shows as transport errors).
+            let mut config = ClientConfig::new(args.server, "localhost", trust.clone());
+            config.retry = RetryPolicy::none();
+            ensure!(
+                config.reuse() == Reuse::FreshPerReport,
+                "the client's default is no longer a fresh connection per report"
+            );
+            clients.push(Client::new(config).context("making the client")?);
+        }
     }
     let plan = Arc::new(Plan {
         clients,
@@ -587,6 +637,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         founding_seconds,
         tokens: args.token_keys.is_some(),
         minting_seconds,
+        connection_mode: args.connection_mode,
     })
 }
 

@@ -4,10 +4,13 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
 use common::*;
 use penrose_aggregator::fleet::SimilarityProfile;
 use penrose_aggregator::ingest::today;
-use penrose_aggregator::loadgen::{Args, generate};
+use penrose_aggregator::loadgen::{Args, ConnectionMode, generate};
 use penrose_aggregator::serve::Listening;
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::FingerprintParams;
@@ -24,6 +27,7 @@ fn args(started: &Listening, data: &std::path::Path, key: std::path::PathBuf) ->
         public_key: key,
         reports: 0,
         clients: 16,
+        connection_mode: ConnectionMode::Shared,
         connections: 2,
         invalid_share: 0.0,
         pool: 4,
@@ -173,4 +177,107 @@ async fn a_synthetic_fleet_founds_its_classes_and_fresh_snippets_join_them() {
         tables.search_stats().searches == 0,
         "a reopened server has searched nothing yet"
     );
+}
+
+/// The metrics page of a server, as name{labels} -> value.
+fn metrics(addr: std::net::SocketAddr) -> BTreeMap<String, u64> {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).unwrap();
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `--connection-mode fresh-per-report` sends as agents do: with tokens, every report is
+/// acknowledged and counted, and the server saw one connection (and one address-validation
+/// Retry) per report, so no two reports shared a connection. The shared mode, run after it
+/// against the same server, adds only its 2 connections for its reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_per_report_mode_sends_every_report_on_a_connection_of_its_own() {
+    if !traces_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = dir.path().join("public.key");
+    std::fs::write(&key, KEYS_2048.public_key().to_bytes()).unwrap();
+    let t = today();
+    let counters: Vec<_> = Catalogue::current().report_ids().collect();
+    let ring = token_ring(&[t, Day(t.0 + 1)], &counters, 82);
+    let ring_path = dir.path().join("token-keys");
+    write_ring(&ring_path, &ring);
+    let (mut server, started) = spawn_serve(
+        &data,
+        &key,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--token-keys",
+            ring_path.to_str().unwrap(),
+            "--connections-per-source",
+            "100000",
+            "--new-connections-per-source",
+            "0",
+        ],
+    );
+    let metrics_at = started.metrics.unwrap();
+    let connections = |m: &BTreeMap<String, u64>, outcome: &str| {
+        m[&format!("penrose_transport_connections_total{{outcome=\"{outcome}\"}}")]
+    };
+    let before = metrics(metrics_at);
+    let fresh = Args {
+        reports: 200,
+        invalid_share: 0.05,
+        seed: 6,
+        token_keys: Some(ring_path.clone()),
+        connection_mode: ConnectionMode::FreshPerReport,
+        ..args(&started, &data, key.clone())
+    };
+    let outcome = generate(&fresh).await.unwrap();
+    let after = metrics(metrics_at);
+    assert_eq!(outcome.connection_mode, ConnectionMode::FreshPerReport);
+    assert_eq!(outcome.errors, 0);
+    assert_eq!(outcome.invalid, 10);
+    assert_eq!(
+        outcome.accepted, outcome.valid,
+        "every valid report accepted"
+    );
+    assert_eq!(outcome.rejected_invalid, outcome.invalid);
+    assert_eq!(outcome.invalid_accepted, 0);
+    let opened = connections(&after, "accepted") - connections(&before, "accepted");
+    assert_eq!(opened, 200, "one connection per report, and no other");
+    let retries = connections(&after, "retry_sent") - connections(&before, "retry_sent");
+    assert_eq!(
+        retries, 200,
+        "every report's connection was validated by a Retry"
+    );
+
+    // The control: the shared mode's 200 reports ride on its 2 connections.
+    let shared = Args {
+        reports: 200,
+        seed: 7,
+        token_keys: Some(ring_path),
+        ..args(&started, &data, key)
+    };
+    let outcome = generate(&shared).await.unwrap();
+    let last = metrics(metrics_at);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert_eq!(outcome.accepted, 200);
+    assert_eq!(
+        connections(&last, "accepted") - connections(&after, "accepted"),
+        2
+    );
+    let (_, state) = reopen_served(&data);
+    assert_eq!(state.accepted(), 190 + 200);
 }

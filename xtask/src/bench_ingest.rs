@@ -7,6 +7,14 @@
 //! `--admission tokens` runs the server with `--token-keys` (a test key ring of every counter,
 //! yesterday to tomorrow) and the load generator minting and spending a token per report;
 //! `--admission both` alternates open and token admission the same way as binaries.
+//!
+//! `--connection-mode fresh` has the load generator send as agents do (`loadgen
+//! --connection-mode fresh-per-report`: every report on a connection and UDP socket of its own,
+//! with the server's Retry and a full handshake, `--fresh-clients` in flight at once; the
+//! founders of a fleet still go over shared connections, untimed); the default,
+//! `shared`, spreads the clients over `--connections` shared connections, which no agent does;
+//! `both` alternates them the same way as binaries. The server's per-source connection limits
+//! are lifted for fresh runs (every connection comes from 127.0.0.1).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,13 +44,23 @@ pub struct Args {
     /// Reports per run.
     #[arg(long, default_value_t = 60_000)]
     reports: u64,
-    /// Concurrent load generator clients.
+    /// Concurrent load generator clients with --connection-mode shared.
     #[arg(long, default_value_t = 512)]
     clients: usize,
-    /// QUIC connections they share (the load generator's shared-connection mode, which links
-    /// the reports on a connection; agents always use a fresh connection per report).
+    /// Reports in flight at once with --connection-mode fresh (each its own connection and
+    /// handshake; far fewer than --clients, or handshakes time out on a small machine).
+    #[arg(long, default_value_t = 64)]
+    fresh_clients: usize,
+    /// With --connection-mode shared: the QUIC connections the clients share.
     #[arg(long, default_value_t = 16)]
     connections: usize,
+    /// How the load generator's reports use connections: `shared` (the clients share
+    /// --connections connections, many reports on each: load testing only, no agent sends so),
+    /// `fresh` (as agents send: every report on a fresh connection from a fresh UDP socket,
+    /// with the server's Retry and a full TLS 1.3 handshake, --fresh-clients in flight at
+    /// once), or `both` in turn.
+    #[arg(long, value_enum, default_value_t = ConnectionArg::Shared)]
+    connection_mode: ConnectionArg,
     /// How the server admits reports: `open`, `tokens` (a token per report, minted by the
     /// load generator before sending), or `both` in turn.
     #[arg(long, value_enum, default_value_t = AdmissionArg::Open)]
@@ -86,6 +104,28 @@ impl AdmissionArg {
     }
 }
 
+/// `--connection-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ConnectionArg {
+    /// Clients share --connections connections (load testing only).
+    Shared,
+    /// A fresh connection per report, as agents send.
+    Fresh,
+    /// Both, in turn.
+    Both,
+}
+
+impl ConnectionArg {
+    /// The modes to run, as (fresh, label suffix).
+    fn modes(self) -> &'static [(bool, &'static str)] {
+        match self {
+            ConnectionArg::Shared => &[(false, "")],
+            ConnectionArg::Fresh => &[(true, " fresh")],
+            ConnectionArg::Both => &[(false, " shared"), (true, " fresh")],
+        }
+    }
+}
+
 /// One run of one binary.
 #[derive(Serialize)]
 struct Run {
@@ -97,6 +137,9 @@ struct Run {
     rejected_invalid: u64,
     invalid_accepted: u64,
     errors: u64,
+    /// Valid reports the server refused, with the reasons.
+    rejected_valid: u64,
+    reasons: serde_json::Value,
     reports_per_second: f64,
     p50_ms: Option<f64>,
     p99_ms: Option<f64>,
@@ -185,14 +228,19 @@ pub fn run(args: Args) -> Result<()> {
             .iter()
             .flat_map(|b| args.admission.modes().iter().map(move |m| (b, m)))
         {
-            let label = format!("{label}{suffix}");
             let admission = Admission::of(binary, tokens.then_some(ring_path.as_path()))?;
             let fleets: Vec<Option<u32>> = if args.fleet_apps.is_empty() {
                 vec![None]
             } else {
                 args.fleet_apps.iter().copied().map(Some).collect()
             };
-            for fleet in fleets {
+            let runs_of_binary = args
+                .connection_mode
+                .modes()
+                .iter()
+                .flat_map(|c| fleets.iter().map(move |f| (c, f)));
+            for (&(fresh, connection_suffix), &fleet) in runs_of_binary {
+                let label = format!("{label}{suffix}{connection_suffix}");
                 let label = match fleet {
                     Some(apps) => format!("{label} {apps} classes"),
                     None => label.clone(),
@@ -203,16 +251,21 @@ pub fn run(args: Args) -> Result<()> {
                 let data = DataDir(dir.path().join(format!("data-{round}-{label}")));
                 let run = run_once(
                     &args, &label, round, binary, &loadgen, &data, &key_path, &admission, fleet,
+                    fresh,
                 )?;
                 if !args.json {
                     eprintln!(
                         "round {round} {label}: {:.0} reports/s, p50 {:.1} ms, p99 {:.1} ms, server \
-                     {:.1} us CPU per report (load {:.1})",
+                     {:.1} us CPU per report (load {:.1}); {} transport errors, {} valid \
+                     refused {}",
                         run.reports_per_second,
                         run.p50_ms.unwrap_or(f64::NAN),
                         run.p99_ms.unwrap_or(f64::NAN),
                         run.cpu_us_per_report,
-                        run.load_before
+                        run.load_before,
+                        run.errors,
+                        run.rejected_valid,
+                        run.reasons
                     );
                 }
                 std::fs::remove_dir_all(&data.0).ok();
@@ -283,9 +336,21 @@ fn run_once(
     key: &Path,
     admission: &Admission,
     fleet: Option<u32>,
+    fresh: bool,
 ) -> Result<Run> {
     let load_before = load_average();
     let mut serve_flags = admission.serve.clone();
+    let mut connection_flags: Vec<String> = Vec::new();
+    if fresh {
+        // Every report's connection comes from 127.0.0.1: no per-source limit may refuse one.
+        serve_flags.extend([
+            "--connections-per-source".into(),
+            "1000000".into(),
+            "--new-connections-per-source".into(),
+            "0".into(),
+        ]);
+        connection_flags = vec!["--connection-mode".into(), "fresh-per-report".into()];
+    }
     let mut fleet_flags: Vec<String> = Vec::new();
     if let Some(apps) = fleet {
         // Founders and new applications must not be rationed here.
@@ -342,13 +407,28 @@ fn run_once(
             .arg("--cert")
             .arg(data.0.join("tls/cert.pem"))
             .args(["--reports", &args.reports.to_string()])
-            .args(["--clients", &args.clients.to_string()])
+            .args([
+                "--clients",
+                &if fresh {
+                    args.fresh_clients
+                } else {
+                    args.clients
+                }
+                .to_string(),
+            ])
             .args(["--connections", &args.connections.to_string()])
+            .args(&connection_flags)
             .arg("--json")
             .stderr(Stdio::null())
             .output()
             .context("running the load generator")?;
-        ensure!(out.status.success(), "loadgen failed: {}", out.status);
+        // Exit code 3: a valid report was not accepted (refused, or a transport error); the run
+        // is still recorded, with its errors, in the table.
+        ensure!(
+            out.status.success() || out.status.code() == Some(3),
+            "loadgen failed: {}",
+            out.status
+        );
         let outcome: serde_json::Value =
             serde_json::from_slice(&out.stdout).context("loadgen's JSON")?;
         // The last batch's commit may still be running; its CPU belongs to this run.
@@ -381,6 +461,8 @@ fn run_once(
             rejected_invalid: number("rejected_invalid"),
             invalid_accepted: number("invalid_accepted"),
             errors: number("errors"),
+            rejected_valid: number("rejected_valid"),
+            reasons: outcome["reasons"].clone(),
             reports_per_second: outcome["reports_per_second"].as_f64().unwrap_or(0.0),
             p50_ms: outcome["latency_ms"]["p50"].as_f64(),
             p99_ms: outcome["latency_ms"]["p99"].as_f64(),
@@ -528,13 +610,35 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
             args.new_app_share
         )
     };
+    let (connection_arg, connection_text) = match args.connection_mode {
+        ConnectionArg::Shared => (String::new(), ""),
+        ConnectionArg::Fresh => (
+            format!(
+                " --connection-mode fresh --fresh-clients {}",
+                args.fresh_clients
+            ),
+            " Every report on a fresh connection from a fresh UDP socket, as agents send (the \
+             server's Retry, a full TLS 1.3 handshake, one stream, close), --fresh-clients in \
+             flight at once; the server's per-source connection limits lifted.",
+        ),
+        ConnectionArg::Both => (
+            format!(
+                " --connection-mode both --fresh-clients {}",
+                args.fresh_clients
+            ),
+            " `shared`: the clients share --connections connections (load testing only); \
+             `fresh`: every report on a fresh connection from a fresh UDP socket, as agents send \
+             (the server's Retry, a full TLS 1.3 handshake, one stream, close), --fresh-clients \
+             in flight at once, the server's per-source connection limits lifted; the two in turn.",
+        ),
+    };
     let _ = writeln!(
         s,
-        "`cargo xtask bench-ingest{binaries_arg}{admission_arg}{fleet_arg} --rounds {} --reports {} \
-         --clients {} --connections {}` on {}, {}: each run a fresh data directory, `serve` on \
-         127.0.0.1 and `loadgen` (5% invalid reports) as separate processes; the binaries (and \
-         admission modes) in turn, round after round. Server CPU is read from /proc per thread \
-         after the run.{}\n",
+        "`cargo xtask bench-ingest{binaries_arg}{admission_arg}{connection_arg}{fleet_arg} --rounds \
+         {} --reports {} --clients {} --connections {}` on {}, {}: each run a fresh data \
+         directory, `serve` on 127.0.0.1 and `loadgen` (5% invalid reports) as separate \
+         processes; the binaries (and admission and connection modes) in turn, round after \
+         round. Server CPU is read from /proc per thread after the run.{connection_text}{}\n",
         args.rounds,
         args.reports,
         args.clients,
@@ -614,22 +718,28 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
             median(mine().filter_map(|r| r.p99_ms).collect()),
         );
     }
-    // With both admission modes: what tokens cost, per binary, from the medians.
-    for binary in labels.iter().filter_map(|l| l.strip_suffix(" tokens")) {
-        let of = |mode: &str, f: fn(&Run) -> f64| {
-            let label = format!("{binary} {mode}");
-            median(runs.iter().filter(|r| r.label == label).map(f).collect())
-        };
-        let rate = |r: &Run| r.reports_per_second;
-        let cpu = |r: &Run| r.cpu_us_per_report;
-        let _ = writeln!(
-            s,
-            "- {binary}, tokens against open: {:.2} x the reports/s, {:.2} x the server CPU per \
-             report ({:+.1} us)",
-            of("tokens", rate) / of("open", rate),
-            of("tokens", cpu) / of("open", cpu),
-            of("tokens", cpu) - of("open", cpu),
-        );
+    // With both modes of a kind: what the second costs against the first, per label, from
+    // the medians.
+    let rate = |r: &Run| r.reports_per_second;
+    let cpu = |r: &Run| r.cpu_us_per_report;
+    for (this, that) in [(" tokens", " open"), (" fresh", " shared")] {
+        for label in labels.iter().filter(|l| l.contains(this)) {
+            let other = label.replacen(this, that, 1);
+            if !labels.contains(&other) {
+                continue;
+            }
+            let of = |label: &str, f: fn(&Run) -> f64| {
+                median(runs.iter().filter(|r| r.label == label).map(f).collect())
+            };
+            let _ = writeln!(
+                s,
+                "- {label} against {other}: {:.2} x the reports/s, {:.2} x the server CPU per \
+                 report ({:+.1} us)",
+                of(label, rate) / of(&other, rate),
+                of(label, cpu) / of(&other, cpu),
+                of(label, cpu) - of(&other, cpu),
+            );
+        }
     }
     s
 }
