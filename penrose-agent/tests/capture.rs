@@ -38,6 +38,13 @@ const CHILD: &str = "PENROSE_CAPTURE_CHILD";
 /// architectures (`PENROSE_STANDIN_GPUS` must be in the capture's environment from the start).
 const DEVICES_RUN: &str = "PENROSE_CAPTURE_DEVICES";
 
+/// Set in the re-run of this binary that checks attribution to MIG instances on [`MIG_HOST`].
+const MIG_RUN: &str = "PENROSE_CAPTURE_MIG";
+
+/// The stand-in host of the MIG checks: GPU 0 whole, GPU 1 in MIG mode with three instances,
+/// GPU 2 with two, GPU 3 whole; all Hoppers.
+const MIG_HOST: &str = "9.0,9.0/3,9.0/2,9.0";
+
 /// The stand-in host of the device checks: four Amperes, then four Hoppers, in PCI order.
 /// CUDA's default order (fastest first) puts the Hoppers first, so a process's ordinal i is
 /// host GPU (i + 4) % 8 there, and the host index only under `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
@@ -50,6 +57,10 @@ fn main() {
     }
     if std::env::var_os(DEVICES_RUN).is_some() {
         devices_run();
+        return;
+    }
+    if std::env::var_os(MIG_RUN).is_some() {
+        mig_run();
         return;
     }
     let started = Instant::now();
@@ -113,21 +124,137 @@ fn main() {
     sampled_launches_carry_their_own_trace_values(&lib, &full);
     a_budget_window_closes_when_every_process_reached_l(&lib, &full);
     device_checks_on_a_host_of_two_architectures();
+    rerun_on(MIG_RUN, MIG_HOST);
 }
 
 /// Re-runs this binary with [`MIXED_HOST`] in its environment for the device checks, and
 /// passes its output on.
 fn device_checks_on_a_host_of_two_architectures() {
+    rerun_on(DEVICES_RUN, MIXED_HOST);
+}
+
+/// Re-runs this binary with `run` set and `host` as the stand-in host, and passes its output
+/// on.
+fn rerun_on(run: &str, host: &str) {
     let out = Command::new(std::env::current_exe().unwrap())
-        .env(DEVICES_RUN, "1")
-        .env(penrose_standin::ring::GPUS_VAR, MIXED_HOST)
+        .env(run, "1")
+        .env(penrose_standin::ring::GPUS_VAR, host)
         .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("CUDA_DEVICE_ORDER")
         .output()
         .unwrap();
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "device checks: {}", out.status);
+    assert!(out.status.success(), "{run} checks: {}", out.status);
+}
+
+/// The MIG checks, on [`MIG_HOST`] (this process's environment says so).
+fn mig_run() {
+    let traces = traces().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = penrose_standin::install_libcuda(dir.path()).unwrap();
+    let trace = traces
+        .iter()
+        .max_by_key(|t| replayed_sequence(t).len())
+        .unwrap();
+    processes_on_mig_instances_each_read_their_own(&lib, trace);
+    an_instance_known_only_by_its_gpu_gets_no_values(&lib, trace);
+}
+
+/// Seven processes on the five MIG instances of [`MIG_HOST`]: five name their instance in
+/// `CUDA_VISIBLE_DEVICES` (two also ask `cuDeviceGetUuid`, which names the GPU, not the
+/// instance), one in the older `MIG-GPU-<uuid>/<gi>/<ci>` form, and one finds its instance
+/// through `cuDeviceGetUuid_v2`. The stand-in stamps each record with the instance that ran
+/// it, so a launch credited to its GPU or a neighbour would find no values.
+fn processes_on_mig_instances_each_read_their_own(lib: &Path, trace: &Path) {
+    let mut capture = standin_capture(lib, usize::MAX, 97);
+    let host = penrose_agent::counters::standin::standin_devices();
+    let instances: Vec<_> = host.iter().filter(|d| d.instance().is_some()).collect();
+    assert_eq!(instances.len(), 5, "{host:?}");
+    let names: Vec<String> = instances.iter().map(|d| d.uuid_text()).collect();
+    let old_form = format!("MIG-{}/2/0", host[1].uuid);
+    capture.open_window().unwrap();
+    let mut replayers = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let on = OnDevices {
+            visible: Some(name),
+            query_uuids: i < 2,
+            legacy_uuids: i < 2,
+            speed: Some(0.5),
+            ..OnDevices::default()
+        };
+        replayers.push(spawn_on(lib, trace, on));
+    }
+    let by_old_form = OnDevices {
+        visible: Some(&old_form),
+        speed: Some(0.5),
+        ..OnDevices::default()
+    };
+    replayers.push(spawn_on(lib, trace, by_old_form));
+    // Ordinal 1 in PCI order is GPU 1, which CUDA shows as its first instance.
+    let by_v2 = OnDevices {
+        ordinal: 1,
+        query_uuids: true,
+        order: Some("PCI_BUS_ID"),
+        speed: Some(0.5),
+        ..OnDevices::default()
+    };
+    replayers.push(spawn_on(lib, trace, by_v2));
+    let pids: Vec<u32> = replayers.iter().map(|r| r.child.id()).collect();
+    wait_all(&mut capture, replayers);
+    capture.close_window().unwrap();
+    let snippets = capture.take_snippets();
+    let counts = capture.counts();
+    assert_eq!(capture.drops().unwrap(), 0, "ring-buffer drops");
+    assert!(counts.sampled >= 7, "{counts:?}");
+    assert_eq!(counts.samples_with_values, counts.sampled, "{counts:?}");
+    assert!(counts.devices.by_uuid > 0, "{:?}", counts.devices);
+    assert!(
+        counts.devices.by_visible_devices > 0,
+        "{:?}",
+        counts.devices
+    );
+    let seq = replayed_sequence(trace);
+    for pid in &pids {
+        let snippet = snippet_of(&snippets, Pid(*pid));
+        assert!(!snippet.samples.is_empty(), "pid {pid}");
+        assert_trace_values(snippet, &seq, &format!("pid {pid} on a MIG instance"));
+    }
+    println!(
+        "  7 processes on 5 MIG instances: {} samples, each with its own instance's values ({} through UUIDs, {} through visible devices)",
+        counts.sampled, counts.devices.by_uuid, counts.devices.by_visible_devices
+    );
+    check("processes_on_mig_instances_each_read_their_own");
+}
+
+/// A process on GPU 1's first instance that asked only `cuDeviceGetUuid` (which names GPU 1)
+/// and named no device in its environment: which instance it runs on is CUDA's choice, so its
+/// samples get no values, never the GPU's or another instance's.
+fn an_instance_known_only_by_its_gpu_gets_no_values(lib: &Path, trace: &Path) {
+    let mut capture = standin_capture(lib, usize::MAX, 97);
+    capture.open_window().unwrap();
+    let on = OnDevices {
+        ordinal: 1,
+        query_uuids: true,
+        legacy_uuids: true,
+        order: Some("PCI_BUS_ID"),
+        ..OnDevices::default()
+    };
+    wait_all(&mut capture, vec![spawn_on(lib, trace, on)]);
+    capture.close_window().unwrap();
+    let counts = capture.counts();
+    assert!(counts.sampled > 0);
+    assert_eq!(counts.samples_with_values, 0, "{counts:?}");
+    assert_eq!(
+        counts.samples_missing.device_unknown, counts.sampled,
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.devices.unattributed.unresolved_ordinal, counts.sampled,
+        "{:?}",
+        counts.devices
+    );
+    check("an_instance_known_only_by_its_gpu_gets_no_values");
 }
 
 /// The device checks, on [`MIXED_HOST`] (this process's environment says so).
@@ -152,6 +279,8 @@ struct OnDevices<'a> {
     ordinal: i32,
     switch_every: Option<u64>,
     query_uuids: bool,
+    /// Asks with the older `cuDeviceGetUuid`, which names a MIG instance's GPU.
+    legacy_uuids: bool,
     visible: Option<&'a str>,
     order: Option<&'a str>,
     /// At the trace's pace times this (back to back when `None`): eight launchers at full
@@ -171,11 +300,14 @@ fn spawn_on(lib: &Path, trace: &Path, on: OnDevices<'_>) -> Replayer {
         .env(format!("{CHILD}_VIA"), "launch")
         .env(format!("{CHILD}_LOOPS"), "1")
         .env(format!("{CHILD}_DEVICE"), on.ordinal.to_string())
-        .env_remove(DEVICES_RUN);
+        .env_remove(DEVICES_RUN)
+        .env_remove(MIG_RUN);
     if let Some(every) = on.switch_every {
         command.env(format!("{CHILD}_SWITCH"), every.to_string());
     }
-    if on.query_uuids {
+    if on.legacy_uuids {
+        command.env(format!("{CHILD}_UUIDS"), "v1");
+    } else if on.query_uuids {
         command.env(format!("{CHILD}_UUIDS"), "1");
     }
     if let Some(speed) = on.speed {
@@ -678,6 +810,7 @@ fn child() {
                 .ok()
                 .and_then(|d| d.parse().ok()),
             query_uuids: std::env::var_os(format!("{CHILD}_UUIDS")).is_some(),
+            legacy_uuid_call: std::env::var(format!("{CHILD}_UUIDS")).is_ok_and(|v| v == "v1"),
         },
     };
     let summary = penrose_standin::replay(&driver, &plan, &options).unwrap();

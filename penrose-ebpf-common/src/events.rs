@@ -280,8 +280,12 @@ pub enum ContextOp {
     /// `cuStreamCreate*(&stream, ...)` returned: stream `handle` belongs to the thread's
     /// current context.
     StreamCreated = 6,
-    /// `cuDeviceGetUuid*(&uuid, dev)` returned: ordinal `device` is the GPU `uuid`.
+    /// `cuDeviceGetUuid(&uuid, dev)` returned: ordinal `device` is on the GPU `uuid`. On a MIG
+    /// instance this older call answers the physical GPU's UUID, not the instance's.
     DeviceUuid = 7,
+    /// `cuDeviceGetUuid_v2(&uuid, dev)` returned: ordinal `device` is the device `uuid`, a MIG
+    /// instance's own UUID where the ordinal is one (CUDA documents the difference).
+    DeviceUuidV2 = 8,
 }
 
 impl ContextOp {
@@ -295,6 +299,7 @@ impl ContextOp {
             5 => Some(Self::Created),
             6 => Some(Self::StreamCreated),
             7 => Some(Self::DeviceUuid),
+            8 => Some(Self::DeviceUuidV2),
             _ => None,
         }
     }
@@ -321,7 +326,8 @@ pub struct ContextEvent {
     pub device: i32,
     /// Zero; keeps `uuid` 8-byte aligned.
     pub reserved: u32,
-    /// The device's UUID for [`ContextOp::DeviceUuid`]; zero otherwise.
+    /// The device's UUID for [`ContextOp::DeviceUuid`] and [`ContextOp::DeviceUuidV2`]; zero
+    /// otherwise.
     pub uuid: [u8; 16],
 }
 

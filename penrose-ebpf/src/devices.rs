@@ -62,9 +62,10 @@ fn on_handle_return(ctx: &RetProbeContext, call: NameCall, op: ContextOp) -> u32
     0
 }
 
-/// A return of `cuDeviceGetUuid*`: 16 bytes at the out-pointer.
+/// A return of `cuDeviceGetUuid*`: 16 bytes at the out-pointer, reported as `op` (the two
+/// calls answer differently on a MIG instance).
 #[inline(always)]
-fn on_uuid_return(ctx: &RetProbeContext, call: NameCall) -> u32 {
+fn on_uuid_return(ctx: &RetProbeContext, call: NameCall, op: ContextOp) -> u32 {
     let Some((pid_tgid, pending)) = take_pending(ctx, call) else {
         return 0;
     };
@@ -72,7 +73,7 @@ fn on_uuid_return(ctx: &RetProbeContext, call: NameCall) -> u32 {
     let Ok(uuid) = (unsafe { bpf_probe_read_user(pending.out as *const [u8; 16]) }) else {
         return 0;
     };
-    emit(pid_tgid, ContextOp::DeviceUuid, 0, pending.arg as i32, uuid);
+    emit(pid_tgid, op, 0, pending.arg as i32, uuid);
     0
 }
 
@@ -195,7 +196,7 @@ pub fn cu_device_get_uuid(ctx: ProbeContext) -> u32 {
 /// Return of `cuDeviceGetUuid`.
 #[uretprobe]
 pub fn cu_device_get_uuid_ret(ctx: RetProbeContext) -> u32 {
-    on_uuid_return(&ctx, NameCall::DeviceGetUuid)
+    on_uuid_return(&ctx, NameCall::DeviceGetUuid, ContextOp::DeviceUuid)
 }
 
 /// `cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev)`.
@@ -208,5 +209,5 @@ pub fn cu_device_get_uuid_v2(ctx: ProbeContext) -> u32 {
 /// Return of `cuDeviceGetUuid_v2`.
 #[uretprobe]
 pub fn cu_device_get_uuid_v2_ret(ctx: RetProbeContext) -> u32 {
-    on_uuid_return(&ctx, NameCall::DeviceGetUuidV2)
+    on_uuid_return(&ctx, NameCall::DeviceGetUuidV2, ContextOp::DeviceUuidV2)
 }

@@ -81,13 +81,22 @@ const _: () = assert!(RECORD_SIZE == 80);
 const _: () = assert!(LAUNCH_RECORD_SIZE == 48);
 
 /// The environment variable that lists the stand-in host's GPUs by compute capability, in
-/// host (PCI bus) order: `9.0,9.0,8.0`. The stand-in libcuda reads it in `cuInit`, the agent's
-/// stand-in counter source when it opens; both sides must see the same value.
+/// host (PCI bus) order: `9.0,9.0,8.0`; `9.0/3` is a GPU in MIG mode with three GPU instances.
+/// The stand-in libcuda reads it in `cuInit`, the agent's stand-in counter source when it
+/// opens; both sides must see the same value.
 pub const GPUS_VAR: &str = "PENROSE_STANDIN_GPUS";
 
 /// GPUs of a stand-in host when [`GPUS_VAR`] is unset or names none: a data-centre server's
 /// eight.
 pub const DEFAULT_GPUS: usize = 8;
+
+/// The most GPU instances a stand-in GPU in MIG mode has (`MAJOR.MINOR/N`, N in 1..=7): an
+/// H100's or A100's most, seven 1g slices.
+pub const MAX_MIG_INSTANCES: u8 = 7;
+
+/// The most GPUs [`GPUS_VAR`] lists; entries after that are ignored, as the stand-in's fixed
+/// arrays ignore them.
+const MAX_GPUS: usize = 64;
 
 /// One GPU of the stand-in host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,8 +105,12 @@ pub struct StandinGpu {
     pub index: u32,
     /// (major, minor).
     pub compute_capability: (u8, u8),
-    /// Its UUID, as `cuDeviceGetUuid` and NVML give it.
+    /// Its UUID, as `cuDeviceGetUuid` and NVML give it (for a GPU in MIG mode, too: the
+    /// instances have UUIDs of their own, [`standin_mig_uuid`]).
     pub uuid: [u8; 16],
+    /// GPU instances when it is in MIG mode (`9.0/3`: 3, ids 1..=3, each with one compute
+    /// instance, id 0); 0 when it is not. Each instance is a CUDA device of its own.
+    pub mig_instances: u8,
 }
 
 /// The UUID of the stand-in's GPU `index`: `PNSG`, zeros, then the index (big-endian).
@@ -109,36 +122,72 @@ pub fn standin_uuid(index: u32) -> [u8; 16] {
     uuid
 }
 
-/// The host's GPUs as `spec` (the value of [`GPUS_VAR`]) lists them, parsed as the stand-in
-/// parses it: entries up to the first that is not `MAJOR.MINOR`; none at all means
-/// [`DEFAULT_GPUS`] of [`COMPUTE_CAPABILITY`].
+/// The UUID of MIG instance `gpu_instance` (compute instance 0) of the stand-in's GPU
+/// `index`, as `cuDeviceGetUuid_v2` and NVML give it: `PNSM`, zeros, the parent's index
+/// (big-endian) in bytes 12 and 13, the GPU instance id in byte 14, the compute instance id
+/// (0) in byte 15. Distinct from every GPU UUID, so an instance is never mistaken for a GPU.
+pub fn standin_mig_uuid(index: u32, gpu_instance: u32) -> [u8; 16] {
+    let mut uuid = [0u8; 16];
+    uuid[..4].copy_from_slice(b"PNSM");
+    uuid[12] = (index >> 8) as u8;
+    uuid[13] = index as u8;
+    uuid[14] = gpu_instance as u8;
+    uuid
+}
+
+/// The host's GPUs as `spec` (the value of [`GPUS_VAR`]) lists them, one entry per physical
+/// GPU (a GPU in MIG mode included once, with its [`StandinGpu::mig_instances`]), parsed as the
+/// stand-in parses it: comma-separated entries `MAJOR.MINOR` or `MAJOR.MINOR/N` (decimal
+/// digits only, MAJOR at most 25, MINOR at most 9, N in 1..=[`MAX_MIG_INSTANCES`], white space
+/// allowed before an entry), up to the first entry that is not one; none at all means
+/// [`DEFAULT_GPUS`] of [`COMPUTE_CAPABILITY`], none partitioned.
 pub fn standin_gpus(spec: Option<&str>) -> Vec<StandinGpu> {
-    let mut ccs = Vec::new();
+    let mut gpus = Vec::new();
     for entry in spec.unwrap_or("").split(',') {
-        let parsed = entry
-            .trim_start()
-            .split_once('.')
-            .and_then(|(major, minor)| {
-                let major: u8 = major.parse().ok().filter(|m| *m <= 25)?;
-                let minor: u8 = minor.parse().ok().filter(|m| *m <= 9)?;
-                Some((major, minor))
-            });
-        match parsed {
-            Some(cc) if ccs.len() < 64 => ccs.push(cc),
+        match parse_gpu_entry(entry) {
+            Some(gpu) if gpus.len() < MAX_GPUS => gpus.push(gpu),
             _ => break,
         }
     }
-    if ccs.is_empty() {
-        ccs = vec![COMPUTE_CAPABILITY; DEFAULT_GPUS];
+    if gpus.is_empty() {
+        gpus = vec![(COMPUTE_CAPABILITY, 0); DEFAULT_GPUS];
     }
-    ccs.into_iter()
+    gpus.into_iter()
         .zip(0u32..)
-        .map(|(compute_capability, index)| StandinGpu {
+        .map(|((compute_capability, mig_instances), index)| StandinGpu {
             index,
             compute_capability,
             uuid: standin_uuid(index),
+            mig_instances,
         })
         .collect()
+}
+
+/// One entry of [`GPUS_VAR`]: its compute capability and MIG instances (0: not in MIG mode).
+fn parse_gpu_entry(entry: &str) -> Option<((u8, u8), u8)> {
+    // C's isspace() set, which the stand-in skips (Rust's trim_start would skip more).
+    let entry = entry.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+    let (cc, instances) = match entry.split_once('/') {
+        Some((cc, n)) => (cc, Some(n)),
+        None => (entry, None),
+    };
+    let (major, minor) = cc.split_once('.')?;
+    let major = decimal(major).filter(|m| *m <= 25)?;
+    let minor = decimal(minor).filter(|m| *m <= 9)?;
+    let mig_instances = match instances {
+        None => 0,
+        Some(n) => decimal(n).filter(|n| (1..=MAX_MIG_INSTANCES).contains(n))?,
+    };
+    Some(((major, minor), mig_instances))
+}
+
+/// A run of decimal digits and nothing else (no sign, unlike `str::parse`, as the stand-in
+/// reads them); `None` when it is empty or does not fit.
+fn decimal(s: &str) -> Option<u8> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// Where the ring of process `pid` lives.
@@ -250,8 +299,12 @@ pub struct CounterRecord {
     pub timestamp_ns: u64,
     /// The launching thread.
     pub tid: u32,
-    /// The host index of the GPU the launch ran on (its current context's device), plus one;
-    /// 0 when the thread had no current context.
+    /// The device the launch ran on (its current context's device). Bits 0..16: the host
+    /// index of the GPU, plus one (0 when the thread had no current context); bits 16..24: the
+    /// MIG GPU instance id when the device is an instance of that GPU, 0 for a whole GPU.
+    /// Rings written before MIG instances existed have 0 there, so they read the same (no
+    /// [`RING_VERSION`] change). Read it with [`CounterRecord::host_device`] and
+    /// [`CounterRecord::gpu_instance`].
     pub device: u32,
 }
 
@@ -461,9 +514,15 @@ impl CounterRecord {
         b
     }
 
-    /// The host index of the GPU the launch ran on; `None` when it ran with no context.
+    /// The host index of the GPU the launch ran on (the parent GPU, for a MIG instance);
+    /// `None` when it ran with no context.
     pub fn host_device(&self) -> Option<u32> {
-        self.device.checked_sub(1)
+        (self.device & 0xffff).checked_sub(1)
+    }
+
+    /// The MIG GPU instance the launch ran on; `None` for a whole GPU (or no context).
+    pub fn gpu_instance(&self) -> Option<u32> {
+        Some((self.device >> 16) & 0xff).filter(|gi| *gi != 0)
     }
 
     fn field<T>(&self, bit: u32, value: T) -> Option<T> {
@@ -824,7 +883,7 @@ mod tests {
         }
     }
 
-    /// The byte layout is the C struct's, field by field (offsets of `struct ring_record`).
+    /// The cases the C parser (`parse_gpus` in csrc/standin.c) decides the same way.
     #[test]
     fn gpu_lists_parse_as_the_stand_in_parses_them() {
         let eight = standin_gpus(None);
@@ -832,7 +891,7 @@ mod tests {
         assert!(
             eight
                 .iter()
-                .all(|g| g.compute_capability == COMPUTE_CAPABILITY)
+                .all(|g| g.compute_capability == COMPUTE_CAPABILITY && g.mig_instances == 0)
         );
         assert_eq!(standin_gpus(Some("")).len(), DEFAULT_GPUS);
         let mixed = standin_gpus(Some("9.0,9.0,8.0,x,8.6"));
@@ -843,8 +902,79 @@ mod tests {
         assert_ne!(standin_uuid(1), standin_uuid(2));
         assert_eq!(&standin_uuid(300)[..4], b"PNSG");
         assert_eq!(standin_gpus(Some("26.0")).len(), DEFAULT_GPUS);
+        // Trailing garbage, a sign or a second dot end the list too.
+        for bad in ["9.0x", "+9.0", "9.0.1", "9. 0", "9.0 "] {
+            assert_eq!(
+                standin_gpus(Some(&format!("8.0,{bad},9.0"))).len(),
+                1,
+                "{bad}"
+            );
+        }
+        assert_eq!(standin_gpus(Some(" \t8.0,  9.0")).len(), 2);
     }
 
+    #[test]
+    fn mig_entries_partition_a_gpu_and_bad_ones_end_the_list() {
+        let gpus = standin_gpus(Some("9.0,9.0/3,8.0/2,9.0, 8.0/07"));
+        let parsed: Vec<((u8, u8), u8)> = gpus
+            .iter()
+            .map(|g| (g.compute_capability, g.mig_instances))
+            .collect();
+        assert_eq!(
+            parsed,
+            [
+                ((9, 0), 0),
+                ((9, 0), 3),
+                ((8, 0), 2),
+                ((9, 0), 0),
+                ((8, 0), 7)
+            ]
+        );
+        // One entry per physical GPU, with the GPU's own UUID.
+        assert_eq!(gpus[1].index, 1);
+        assert_eq!(gpus[1].uuid, standin_uuid(1));
+        for bad in [
+            "9.0/0", "9.0/8", "9.0/", "9.0/x", "9.0/+3", "9.0/3x", "9.0/3/0", "9/3.0",
+        ] {
+            let gpus = standin_gpus(Some(&format!("8.0/2,{bad},9.0")));
+            assert_eq!(gpus.len(), 1, "{bad}");
+            assert_eq!(gpus[0].mig_instances, 2);
+        }
+        // A first entry that is bad leaves none: the default host, unpartitioned.
+        let default = standin_gpus(Some("9.0/9"));
+        assert_eq!(default.len(), DEFAULT_GPUS);
+        assert!(default.iter().all(|g| g.mig_instances == 0));
+    }
+
+    #[test]
+    fn mig_uuids_name_parent_and_instance() {
+        let u = standin_mig_uuid(0x0102, 3);
+        assert_eq!(&u[..4], b"PNSM");
+        assert_eq!(u[4..12], [0; 8]);
+        assert_eq!(u[12..], [0x01, 0x02, 3, 0]);
+        assert_ne!(standin_mig_uuid(1, 2), standin_mig_uuid(1, 3));
+        assert_ne!(standin_mig_uuid(1, 2), standin_mig_uuid(2, 2));
+        assert_ne!(standin_mig_uuid(1, 0), standin_uuid(1));
+    }
+
+    #[test]
+    fn device_field_carries_host_index_and_gpu_instance() {
+        let on = |device| CounterRecord {
+            device,
+            ..record(1)
+        };
+        assert_eq!(on(0).host_device(), None);
+        assert_eq!(on(0).gpu_instance(), None);
+        // A ring written before MIG: host index + 1, nothing above.
+        assert_eq!(on(3).host_device(), Some(2));
+        assert_eq!(on(3).gpu_instance(), None);
+        let instance = on(3 | (5 << 16));
+        assert_eq!(instance.host_device(), Some(2));
+        assert_eq!(instance.gpu_instance(), Some(5));
+        assert_eq!(on(0x1_0000 | 64).host_device(), Some(63));
+    }
+
+    /// The byte layout is the C struct's, field by field (offsets of `struct ring_record`).
     #[test]
     fn the_encoding_is_the_c_layout() {
         let r = record(5);

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -345,7 +346,8 @@ struct ring_record {            /* 80 bytes */
     uint32_t present;           /* PRESENT_* bits */
     uint64_t timestamp_ns;      /* CLOCK_MONOTONIC, read under ring_lock (never decreases) */
     uint32_t tid;               /* the launching thread */
-    uint32_t device;            /* host index of the GPU it ran on, plus one (0: unknown) */
+    uint32_t device;            /* bits 0..16: host index of the GPU it ran on, plus one (0:
+                                 * unknown); bits 16..24: its MIG GPU instance id (0: whole) */
 };
 
 /* Version 4: after the records, `capacity` launch configurations; record i's is in slot
@@ -547,9 +549,22 @@ EXPORT CUresult cuInit(unsigned int Flags) {
  * and the UUIDs). A process sees them as CUDA does: CUDA_DEVICE_ORDER=PCI_BUS_ID enumerates
  * them in host order, anything else (FASTEST_FIRST, the default) by compute capability,
  * highest first, ties in host order; CUDA_VISIBLE_DEVICES then picks and renumbers them by
- * enumeration index or UUID prefix, and ends at its first invalid entry. */
+ * enumeration index or UUID prefix, and ends at its first invalid entry.
+ *
+ * MIG: an entry `MAJOR.MINOR/N` (N in 1..=7) is a GPU in MIG mode, partitioned into N GPU
+ * instances (ids 1..=N) of one compute instance each (id 0). A CUDA device is then a "unit":
+ * a whole GPU (gi 0) or one instance (host index, gi). Instance UUIDs are `PNSM`, zeros, the
+ * parent's host index (big-endian) in bytes 12-13, the gi in 14 and the ci (0) in 15, written
+ * `MIG-xxxxxxxx-...` like GPU UUIDs. As on a real driver, a partitioned GPU named by index or
+ * by GPU UUID, or enumerated with CUDA_VISIBLE_DEVICES unset, is its first instance (gi 1);
+ * `MIG-<instance UUID prefix>` (hex case-insensitive) and the older
+ * `MIG-GPU-<parent UUID>/<gi>/<ci>` name any instance. cuDeviceGetUuid answers with the
+ * physical GPU's UUID, cuDeviceGetUuid_v2 with the instance's. A launch's ring record carries
+ * its unit: host index + 1 in the low 16 bits of `device`, the gi in bits 16..24 (0 for a
+ * whole GPU, so rings written before MIG read the same). */
 
 #define MAX_GPUS 64
+#define MAX_MIG_INSTANCES 7
 #define MAX_CONTEXTS 1024
 #define MAX_STREAMS 65536
 #define MAX_CTX_DEPTH 16
@@ -560,9 +575,16 @@ typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
 
+/* What a CUDA device of this process is: a whole GPU (gi 0) or one of its MIG instances. */
+struct unit {
+    int host; /* the (parent) GPU's host index */
+    int gi;   /* GPU instance id; 0 for a whole GPU */
+};
+
 static int gpu_count;
 static unsigned gpu_cc[MAX_GPUS];  /* major * 10 + minor */
-static int visible[MAX_GPUS];      /* CUDA ordinal -> host index */
+static int gpu_mig[MAX_GPUS];      /* GPU instances; 0: not in MIG mode */
+static struct unit visible[MAX_GPUS]; /* CUDA ordinal -> unit */
 static int visible_count;
 
 static void gpu_uuid(int host, unsigned char out[16]) {
@@ -572,28 +594,80 @@ static void gpu_uuid(int host, unsigned char out[16]) {
     out[15] = (unsigned char)host;
 }
 
-/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML and CUDA_VISIBLE_DEVICES spell it. */
+/* Compute instance 0 of GPU instance `gi` of GPU `host`. */
+static void mig_uuid(int host, int gi, unsigned char out[16]) {
+    memset(out, 0, 16);
+    memcpy(out, "PNSM", 4);
+    out[12] = (unsigned char)(host >> 8);
+    out[13] = (unsigned char)host;
+    out[14] = (unsigned char)gi;
+    out[15] = 0;
+}
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (or "MIG-..."), as NVML and
+ * CUDA_VISIBLE_DEVICES spell it. */
+static void uuid_text(const char *prefix, const unsigned char u[16], char out[41]) {
+    snprintf(out, 41,
+             "%.4s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix,
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
+             u[13], u[14], u[15]);
+}
+
 static void gpu_uuid_text(int host, char out[41]) {
     unsigned char u[16];
     gpu_uuid(host, u);
-    snprintf(out, 41,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
+    uuid_text("GPU-", u, out);
 }
 
+static void mig_uuid_text(int host, int gi, char out[41]) {
+    unsigned char u[16];
+    mig_uuid(host, gi, u);
+    uuid_text("MIG-", u, out);
+}
+
+/* Decimal digits at *p (at least one; no sign, no spaces), saturating at 1000 so that a long
+ * run stays out of range instead of wrapping; advances *p past them. -1 when there are none. */
+static int parse_digits(const char **p) {
+    const char *s = *p;
+    unsigned v = 0;
+    if (*s < '0' || *s > '9')
+        return -1;
+    for (; *s >= '0' && *s <= '9'; s++)
+        if (v < 1000)
+            v = v * 10 + (unsigned)(*s - '0');
+    *p = s;
+    return (int)v;
+}
+
+/* Entries `MAJOR.MINOR` or `MAJOR.MINOR/N`, after optional leading white space, up to the
+ * first invalid one (penrose-standin-ring's standin_gpus parses exactly the same way). */
 static void parse_gpus(void) {
     const char *spec = getenv("PENROSE_STANDIN_GPUS");
     gpu_count = 0;
     if (spec && *spec) {
         const char *p = spec;
         while (*p && gpu_count < MAX_GPUS) {
-            unsigned major = 0, minor = 0;
-            int used = 0;
-            if (sscanf(p, "%u.%u%n", &major, &minor, &used) != 2 || major > 25 || minor > 9)
+            while (*p && strchr(" \t\n\v\f\r", *p))
+                p++;
+            int major = parse_digits(&p);
+            if (major < 0 || major > 25 || *p != '.')
                 break;
-            gpu_cc[gpu_count++] = major * 10 + minor;
-            p += used;
+            p++;
+            int minor = parse_digits(&p);
+            if (minor < 0 || minor > 9)
+                break;
+            int mig = 0;
+            if (*p == '/') {
+                p++;
+                mig = parse_digits(&p);
+                if (mig < 1 || mig > MAX_MIG_INSTANCES)
+                    break;
+            }
+            if (*p != ',' && *p != '\0')
+                break;
+            gpu_cc[gpu_count] = (unsigned)(major * 10 + minor);
+            gpu_mig[gpu_count] = mig;
+            gpu_count++;
             if (*p != ',')
                 break;
             p++;
@@ -601,9 +675,66 @@ static void parse_gpus(void) {
     }
     if (gpu_count == 0) {
         gpu_count = 8;
-        for (int i = 0; i < gpu_count; i++)
+        for (int i = 0; i < gpu_count; i++) {
             gpu_cc[i] = 90;
+            gpu_mig[i] = 0;
+        }
     }
+}
+
+/* The unit a GPU named as a whole stands for: itself, or its first instance in MIG mode (CUDA
+ * picks the first one available). */
+static struct unit whole_or_first(int host) {
+    struct unit u = {host, gpu_mig[host] ? 1 : 0};
+    return u;
+}
+
+/* `MIG-GPU-<parent's full GPU UUID text>/<gi>/<ci>`, the pre-R470 form; gi -1 when it names no
+ * instance. */
+static struct unit parse_old_mig(const char *tok) {
+    struct unit none = {-1, -1};
+    const char *slash = strchr(tok, '/');
+    if (!slash)
+        return none;
+    size_t len = (size_t)(slash - (tok + 4));
+    int host = -1;
+    for (int i = 0; i < gpu_count && host < 0; i++) {
+        char text[41];
+        gpu_uuid_text(i, text);
+        if (len == strlen(text) && strncasecmp(text, tok + 4, len) == 0)
+            host = i;
+    }
+    const char *p = slash + 1;
+    int gi = parse_digits(&p);
+    if (host < 0 || gi < 1 || gi > gpu_mig[host] || *p != '/')
+        return none;
+    p++;
+    int ci = parse_digits(&p);
+    if (ci != 0 || *p != '\0')
+        return none;
+    struct unit u = {host, gi};
+    return u;
+}
+
+/* `MIG-<prefix of an instance's UUID text>`: the one instance it starts; host -2 when several
+ * do, -1 when none does. */
+static struct unit parse_mig(const char *tok) {
+    struct unit found = {-1, -1};
+    size_t len = strlen(tok);
+    for (int i = 0; i < gpu_count; i++)
+        for (int gi = 1; gi <= gpu_mig[i]; gi++) {
+            char text[41];
+            mig_uuid_text(i, gi, text);
+            if (strncasecmp(text, tok, len) != 0)
+                continue;
+            if (found.host >= 0) {
+                found.host = -2;
+                return found;
+            }
+            found.host = i;
+            found.gi = gi;
+        }
+    return found;
 }
 
 static void parse_visible(void) {
@@ -626,7 +757,7 @@ static void parse_visible(void) {
     visible_count = 0;
     if (!list) {
         for (int i = 0; i < gpu_count; i++)
-            visible[visible_count++] = order[i];
+            visible[visible_count++] = whole_or_first(order[i]);
         return;
     }
     char copy[1024];
@@ -636,8 +767,13 @@ static void parse_visible(void) {
          tok = strtok_r(NULL, ",", &save)) {
         while (*tok == ' ')
             tok++;
-        int host = -1;
-        if (strncmp(tok, "GPU-", 4) == 0) {
+        struct unit u = {-1, -1};
+        if (strncmp(tok, "MIG-GPU-", 8) == 0) {
+            u = parse_old_mig(tok);
+        } else if (strncmp(tok, "MIG-", 4) == 0) {
+            u = parse_mig(tok);
+        } else if (strncmp(tok, "GPU-", 4) == 0) {
+            int host = -1;
             for (int i = 0; i < gpu_count; i++) {
                 char text[41];
                 gpu_uuid_text(i, text);
@@ -649,20 +785,23 @@ static void parse_visible(void) {
                     host = i;
                 }
             }
+            if (host >= 0)
+                u = whole_or_first(host);
         } else {
             char *end = NULL;
             long n = strtol(tok, &end, 10);
             if (end != tok && *end == '\0' && n >= 0 && n < gpu_count)
-                host = order[n];
+                u = whole_or_first(order[n]);
         }
-        if (host < 0)
+        if (u.host < 0)
             break;
+        int duplicate = 0;
         for (int i = 0; i < visible_count; i++)
-            if (visible[i] == host)
-                host = -1;
-        if (host < 0)
+            if (visible[i].host == u.host && visible[i].gi == u.gi)
+                duplicate = 1;
+        if (duplicate)
             break;
-        visible[visible_count++] = host;
+        visible[visible_count++] = u;
     }
 }
 
@@ -695,20 +834,26 @@ EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     return CUDA_SUCCESS;
 }
 
-static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
+/* v1 always names the physical GPU; v2 names a MIG instance by its own UUID (cuda.h: "If the
+ * device is in MIG mode, returns its MIG UUID"). */
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev, int instance_uuid) {
     CUresult rc = check_device_call(uuid, dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    gpu_uuid(visible[dev], (unsigned char *)uuid->bytes);
+    struct unit u = visible[dev];
+    if (instance_uuid && u.gi > 0)
+        mig_uuid(u.host, u.gi, (unsigned char *)uuid->bytes);
+    else
+        gpu_uuid(u.host, (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
 PROBED CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-    return device_uuid(uuid, dev);
+    return device_uuid(uuid, dev, 0);
 }
 
 PROBED CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
-    return device_uuid(uuid, dev);
+    return device_uuid(uuid, dev, 1);
 }
 
 /* ---- Contexts and streams ---- */
@@ -716,7 +861,7 @@ PROBED CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
 struct CUctx_st {
     uint64_t magic;
     int ordinal;
-    int host;
+    struct unit unit; /* the GPU or MIG instance its launches run on */
 };
 
 struct CUstream_st {
@@ -753,7 +898,7 @@ static CUcontext new_context(CUdevice dev) {
         c = &contexts[context_count];
         c->magic = CONTEXT_MAGIC;
         c->ordinal = dev;
-        c->host = visible[dev];
+        c->unit = visible[dev];
         __atomic_store_n(&context_count, context_count + 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ctx_lock);
@@ -900,14 +1045,16 @@ PROBED CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flag
     return stream_create(phStream);
 }
 
-/* The host index a launch on `stream` runs on, plus one (0: no current context). A stream the
- * stand-in made must belong to the current context, as the driver requires; other values are
- * the replayer's opaque stream ids and are taken as they come. */
+/* The unit a launch on `stream` runs on, as the ring's `device` field encodes it: host index
+ * plus one in the low 16 bits (0: no current context), the GPU instance id in bits 16..24 (0
+ * for a whole GPU). A stream the stand-in made must belong to the current context, as the
+ * driver requires; other values are the replayer's opaque stream ids and are taken as they
+ * come. */
 static CUresult launch_device(CUstream stream, uint32_t *device) {
     CUcontext c = current_context();
     if (valid_stream(stream) && stream->ctx != c)
         return CUDA_ERROR_INVALID_CONTEXT;
-    *device = c ? (uint32_t)c->host + 1 : 0;
+    *device = c ? ((uint32_t)c->unit.host + 1) | ((uint32_t)c->unit.gi << 16) : 0;
     return CUDA_SUCCESS;
 }
 

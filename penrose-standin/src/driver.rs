@@ -272,6 +272,7 @@ struct Symbols {
     abi_version: unsafe extern "C" fn() -> u32,
     device_get_count: unsafe extern "C" fn(*mut c_int) -> c_int,
     device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int,
+    device_get_uuid_v1: unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int,
     primary_ctx_retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int,
     ctx_set_current: unsafe extern "C" fn(*mut c_void) -> c_int,
     stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int,
@@ -345,6 +346,7 @@ impl Driver {
                 abi_version: symbol(&library, b"penrose_standin_abi_version\0")?,
                 device_get_count: symbol(&library, b"cuDeviceGetCount\0")?,
                 device_get_uuid: symbol(&library, b"cuDeviceGetUuid_v2\0")?,
+                device_get_uuid_v1: symbol(&library, b"cuDeviceGetUuid\0")?,
                 primary_ctx_retain: symbol(&library, b"cuDevicePrimaryCtxRetain\0")?,
                 ctx_set_current: symbol(&library, b"cuCtxSetCurrent\0")?,
                 stream_create: symbol(&library, b"cuStreamCreate\0")?,
@@ -389,12 +391,23 @@ impl Driver {
     }
 
     /// `cuDeviceGetUuid_v2` of `ordinal`, as an application asking for its devices'
-    /// properties does.
+    /// properties does: for a MIG instance, the instance's own UUID.
     pub fn device_uuid(&self, ordinal: i32) -> Result<[u8; 16], StandinError> {
         let mut uuid = [0u8; 16];
         // SAFETY: `uuid` is a valid 16-byte out-buffer (`CUuuid`) for the call's duration.
         CuResult(unsafe { (self.sym.device_get_uuid)(&mut uuid, ordinal) })
             .check("cuDeviceGetUuid_v2")?;
+        Ok(uuid)
+    }
+
+    /// `cuDeviceGetUuid` (the pre-11.4 call, still what older applications and libraries
+    /// make) of `ordinal`: for a MIG instance, the physical GPU's UUID, so a tool that maps
+    /// UUIDs to devices must not take it for the instance's.
+    pub fn device_uuid_v1(&self, ordinal: i32) -> Result<[u8; 16], StandinError> {
+        let mut uuid = [0u8; 16];
+        // SAFETY: `uuid` is a valid 16-byte out-buffer (`CUuuid`) for the call's duration.
+        CuResult(unsafe { (self.sym.device_get_uuid_v1)(&mut uuid, ordinal) })
+            .check("cuDeviceGetUuid")?;
         Ok(uuid)
     }
 

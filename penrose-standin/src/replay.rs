@@ -200,6 +200,10 @@ pub struct DevicePlan {
     /// Asks the driver for every visible device's UUID first (`cuDeviceGetUuid_v2`), as an
     /// application reading its devices' properties does.
     pub query_uuids: bool,
+    /// With `query_uuids`, asks with the older `cuDeviceGetUuid` instead, as applications
+    /// built before CUDA 11.4 do: on a MIG instance it answers with the physical GPU's UUID,
+    /// which a tool mapping UUIDs to devices must cope with. Ignored without `query_uuids`.
+    pub legacy_uuid_call: bool,
 }
 
 /// The device a replay is on now, and the streams made in each device's context.
@@ -217,7 +221,11 @@ impl OnDevice {
         let count = driver.device_count()?;
         if plan.query_uuids {
             for ordinal in 0..count {
-                driver.device_uuid(ordinal)?;
+                if plan.legacy_uuid_call {
+                    driver.device_uuid_v1(ordinal)?;
+                } else {
+                    driver.device_uuid(ordinal)?;
+                }
             }
         }
         let mut on = Self {

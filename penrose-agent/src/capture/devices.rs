@@ -52,25 +52,25 @@ pub struct GpuUuid(pub [u8; 16]);
 impl fmt::Display for GpuUuid {
     /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, NVML's and `CUDA_VISIBLE_DEVICES`' spelling.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GPU-")?;
-        for (i, byte) in self.0.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                f.write_str("-")?;
-            }
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        f.write_str(&self.text("GPU-"))
     }
 }
 
 impl GpuUuid {
-    /// Parses NVML's spelling (`GPU-` and 32 hex digits with or without dashes).
+    /// Parses NVML's spelling of a GPU's UUID (`GPU-` and 32 hex digits with or without
+    /// dashes).
     pub fn parse(text: &str) -> Option<Self> {
-        let hex: Vec<u8> = text
-            .strip_prefix("GPU-")?
-            .bytes()
-            .filter(|b| *b != b'-')
-            .collect();
+        Self::from_hex(text.strip_prefix("GPU-")?)
+    }
+
+    /// Parses NVML's spelling of a MIG instance's UUID (`MIG-` and 32 hex digits, R470 and
+    /// later drivers; the older `MIG-GPU-.../gi/ci` names no UUID of its own).
+    pub fn parse_mig(text: &str) -> Option<Self> {
+        Self::from_hex(text.strip_prefix("MIG-")?)
+    }
+
+    fn from_hex(digits: &str) -> Option<Self> {
+        let hex: Vec<u8> = digits.bytes().filter(|b| *b != b'-').collect();
         if hex.len() != 32 {
             return None;
         }
@@ -80,17 +80,80 @@ impl GpuUuid {
         }
         Some(Self(uuid))
     }
+
+    /// `prefix` and the UUID's 32 hex digits, dashed 8-4-4-4-12.
+    fn text(&self, prefix: &str) -> String {
+        let mut out = String::with_capacity(prefix.len() + 36);
+        out.push_str(prefix);
+        for (i, byte) in self.0.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                out.push('-');
+            }
+            out.push_str(&format!("{byte:02x}"));
+        }
+        out
+    }
 }
 
-/// A GPU of this host, as the counter source enumerates it.
+/// A MIG instance: a slice of a GPU in MIG mode that CUDA shows as a device of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigInstance {
+    /// The UUID of the GPU it is a slice of.
+    pub parent: GpuUuid,
+    /// Its GPU instance id (what NVML's MIG GPM calls take).
+    pub gpu_instance: u32,
+    /// Its compute instance id within the GPU instance.
+    pub compute_instance: u32,
+}
+
+/// What a host device is to CUDA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A GPU not in MIG mode: one CUDA device.
+    Whole,
+    /// A GPU in MIG mode: launches run on its instances, never on it. It is listed so that an
+    /// answer naming it (`cuDeviceGetUuid` on an instance names its GPU) is known as no answer.
+    Partitioned,
+    /// A MIG instance of the GPU of the same host index.
+    Instance(MigInstance),
+}
+
+/// A device of this host, as the counter source enumerates it: a GPU, or a MIG instance of
+/// one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostDevice {
-    /// Its host index (NVML's index: PCI bus order).
+    /// Its host index (NVML's index: PCI bus order); an instance has its GPU's.
     pub index: u32,
-    /// Its UUID.
+    /// Its UUID (a MIG instance's own).
     pub uuid: GpuUuid,
-    /// Its compute capability.
+    /// Its compute capability (an instance's is its GPU's).
     pub arch: GpuArch,
+    /// A GPU, a GPU in MIG mode, or a MIG instance.
+    pub kind: DeviceKind,
+}
+
+impl HostDevice {
+    /// Whether launches can run on it: a whole GPU or a MIG instance, not a partitioned GPU.
+    pub fn runs_kernels(&self) -> bool {
+        !matches!(self.kind, DeviceKind::Partitioned)
+    }
+
+    /// Its MIG instance, if it is one.
+    pub fn instance(&self) -> Option<MigInstance> {
+        match self.kind {
+            DeviceKind::Instance(instance) => Some(instance),
+            _ => None,
+        }
+    }
+
+    /// Its UUID as NVML and `CUDA_VISIBLE_DEVICES` spell it: `MIG-...` for an instance,
+    /// `GPU-...` otherwise.
+    pub fn uuid_text(&self) -> String {
+        match self.kind {
+            DeviceKind::Instance(_) => self.uuid.text("MIG-"),
+            _ => self.uuid.text("GPU-"),
+        }
+    }
 }
 
 /// A process's CUDA ordinal (`CUdevice`): an index into the devices *it* sees.
@@ -191,46 +254,85 @@ impl VisibleSpec {
         spec
     }
 
-    /// The host indices of the process's ordinals 0, 1, ..., as CUDA numbers them; `None`
+    /// The devices of the process's ordinals 0, 1, ..., as CUDA numbers them, by UUID; `None`
     /// when that cannot be known for certain. The enumeration order is PCI order (NVML's)
     /// with `CUDA_DEVICE_ORDER=PCI_BUS_ID`; CUDA's default, `FASTEST_FIRST`, is a heuristic
     /// whose order is taken as PCI order only when all the host's GPUs have one architecture.
     /// Entries are enumeration indices or UUID prefixes; the list ends at its first invalid
-    /// entry, as CUDA's does. A MIG entry makes the whole list unresolved (not supported yet).
-    pub fn resolve(&self, host: &[HostDevice]) -> Option<Vec<u32>> {
+    /// entry, as CUDA's does. On a host with a GPU in MIG mode, only a list of MIG entries is
+    /// certain: CUDA runs a process on one MIG instance, the list's first.
+    pub fn resolve(&self, host: &[HostDevice]) -> Option<Vec<GpuUuid>> {
+        let gpus: Vec<&HostDevice> = host.iter().filter(|d| d.instance().is_none()).collect();
         let pci_order = self.order.as_deref() == Some("PCI_BUS_ID");
-        let uniform = host.windows(2).all(|w| w[0].arch == w[1].arch);
+        let uniform = gpus.windows(2).all(|w| w[0].arch == w[1].arch);
         let order_known = pci_order || uniform;
+        let partitioned = gpus.iter().any(|d| !d.runs_kernels());
         let Some(list) = &self.visible else {
-            return order_known.then(|| host.iter().map(|d| d.index).collect());
+            // Which instances CUDA shows of a GPU in MIG mode is its own choice.
+            return (order_known && !partitioned).then(|| gpus.iter().map(|d| d.uuid).collect());
         };
-        let mut out: Vec<u32> = Vec::new();
-        for entry in list.split(',').map(str::trim) {
-            if entry.starts_with("MIG-") {
-                return None;
-            }
+        let entries: Vec<&str> = list.split(',').map(str::trim).collect();
+        let mig = entries.iter().filter(|e| e.starts_with("MIG-")).count();
+        if mig > 0 {
+            return (mig == entries.len()).then(|| {
+                mig_entry(entries[0], host)
+                    .map(|d| d.uuid)
+                    .into_iter()
+                    .collect()
+            });
+        }
+        let mut out: Vec<GpuUuid> = Vec::new();
+        for entry in entries {
             let device = if entry.starts_with("GPU-") {
-                let mut matching = host
-                    .iter()
-                    .filter(|d| d.uuid.to_string().starts_with(entry));
-                match (matching.next(), matching.next()) {
-                    (Some(d), None) => Some(d.index),
-                    _ => None,
-                }
+                unique_prefix(entry, gpus.iter().copied())
             } else {
                 match entry.parse::<usize>() {
-                    Ok(n) if !order_known && n < host.len() => return None,
-                    Ok(n) => host.get(n).map(|d| d.index),
+                    Ok(n) if !order_known && n < gpus.len() => return None,
+                    Ok(n) => gpus.get(n).copied(),
                     Err(_) => None,
                 }
             };
             match device {
-                Some(d) if !out.contains(&d) => out.push(d),
+                // A GPU in MIG mode named whole: which of its instances CUDA takes is its own.
+                Some(d) if !d.runs_kernels() => return None,
+                Some(d) if !out.contains(&d.uuid) => out.push(d.uuid),
                 _ => break,
             }
         }
         Some(out)
     }
+}
+
+/// The one device among `devices` whose UUID text starts with `prefix`; none when no device or
+/// several match.
+fn unique_prefix<'h>(
+    prefix: &str,
+    devices: impl Iterator<Item = &'h HostDevice>,
+) -> Option<&'h HostDevice> {
+    let mut matching = devices.filter(|d| d.uuid_text().starts_with(prefix));
+    match (matching.next(), matching.next()) {
+        (Some(d), None) => Some(d),
+        _ => None,
+    }
+}
+
+/// The MIG instance a `CUDA_VISIBLE_DEVICES` entry names: `MIG-<uuid prefix>`, or the older
+/// `MIG-GPU-<gpu uuid>/<gpu instance>/<compute instance>`.
+fn mig_entry<'h>(entry: &str, host: &'h [HostDevice]) -> Option<&'h HostDevice> {
+    let instances = || host.iter().filter(|d| d.instance().is_some());
+    let Some(old) = entry.strip_prefix("MIG-GPU-") else {
+        return unique_prefix(entry, instances());
+    };
+    let mut parts = old.split('/');
+    let parent = GpuUuid::parse(&format!("GPU-{}", parts.next()?))?;
+    let gpu_instance: u32 = parts.next()?.parse().ok()?;
+    let compute_instance: u32 = parts.next()?.parse().ok()?;
+    let wanted = MigInstance {
+        parent,
+        gpu_instance,
+        compute_instance,
+    };
+    instances().find(|d| d.instance() == Some(wanted))
 }
 
 /// Reads a process's start environment, bounded; `None` when it cannot be read (the process
@@ -242,6 +344,15 @@ fn read_environ(pid: Pid) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
+/// The UUID the driver gave an ordinal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct UuidAnswer {
+    uuid: GpuUuid,
+    /// From `cuDeviceGetUuid_v2`, which names a MIG instance itself (the older call names its
+    /// GPU): a later answer of the older call does not replace it.
+    v2: bool,
+}
+
 /// One process's contexts, threads, streams and ordinals.
 #[derive(Debug, Default)]
 struct ProcessDevices {
@@ -251,8 +362,8 @@ struct ProcessDevices {
     threads: HashMap<u32, Vec<u64>>,
     /// Stream -> the context it was created in.
     streams: HashMap<u64, u64>,
-    /// Ordinal -> the UUID the driver answered.
-    uuids: HashMap<Ordinal, GpuUuid>,
+    /// Ordinal -> the UUID the driver answered, and whether `cuDeviceGetUuid_v2` answered it.
+    uuids: HashMap<Ordinal, UuidAnswer>,
     /// The start environment's device variables, read at the process's first context record
     /// (CUDA starting: the process is alive then, and may be gone by its first sample).
     environ: Option<VisibleSpec>,
@@ -360,9 +471,10 @@ impl Devices {
         launch: &Launch,
         host: &'h [HostDevice],
     ) -> Result<&'h HostDevice, Unattributed> {
-        match host {
-            [] => return Err(Unattributed::NoDevices),
-            [only] => {
+        let mut runnable = host.iter().filter(|d| d.runs_kernels());
+        match (runnable.next(), runnable.next()) {
+            (None, _) => return Err(Unattributed::NoDevices),
+            (Some(only), None) => {
                 self.counts.single_device += 1;
                 return Ok(only);
             }
@@ -378,7 +490,7 @@ impl Devices {
                 .ok_or(Unattributed::UnknownOrdinal)
         }) {
             Ok(ordinal) => ordinal,
-            // Contexts made before the agent attached: a process that can see one GPU only
+            // Contexts made before the agent attached: a process that can see one device only
             // runs there.
             Err(why) => {
                 let only = match visible.as_deref() {
@@ -386,29 +498,34 @@ impl Devices {
                     _ => return Err(why),
                 };
                 self.counts.single_visible += 1;
-                return by_index(host, only);
+                return by_uuid(host, only);
             }
         };
-        if let Some(uuid) = process.uuids.get(&ordinal) {
-            self.counts.by_uuid += 1;
-            return host
-                .iter()
-                .find(|d| d.uuid == *uuid)
-                .ok_or(Unattributed::UnresolvedOrdinal);
+        if let Some(answer) = process.uuids.get(&ordinal) {
+            match host.iter().find(|d| d.uuid == answer.uuid) {
+                Some(device) if device.runs_kernels() => {
+                    self.counts.by_uuid += 1;
+                    return Ok(device);
+                }
+                // `cuDeviceGetUuid` on a MIG instance named its GPU: the instance can still be
+                // known from the visible devices.
+                Some(_) => {}
+                None => return Err(Unattributed::UnresolvedOrdinal),
+            }
         }
-        let index = usize::try_from(ordinal.0)
+        let uuid = usize::try_from(ordinal.0)
             .ok()
             .and_then(|o| visible?.get(o).copied())
             .ok_or(Unattributed::UnresolvedOrdinal)?;
         self.counts.by_visible_devices += 1;
-        by_index(host, index)
+        by_uuid(host, uuid)
     }
 }
 
-/// The host GPU of index `index`.
-fn by_index(host: &[HostDevice], index: u32) -> Result<&HostDevice, Unattributed> {
+/// The host device that runs kernels with UUID `uuid`.
+fn by_uuid(host: &[HostDevice], uuid: GpuUuid) -> Result<&HostDevice, Unattributed> {
     host.iter()
-        .find(|d| d.index == index)
+        .find(|d| d.uuid == uuid && d.runs_kernels())
         .ok_or(Unattributed::UnresolvedOrdinal)
 }
 
@@ -487,7 +604,20 @@ fn apply_to(process: &mut ProcessDevices, change: &ContextChange, full: bool) ->
                 }
             }
         }
-        ContextOp::DeviceUuid => insert(&mut process.uuids, ordinal, GpuUuid(change.uuid), full),
+        ContextOp::DeviceUuid | ContextOp::DeviceUuidV2 => {
+            let answer = UuidAnswer {
+                uuid: GpuUuid(change.uuid),
+                v2: change.op == ContextOp::DeviceUuidV2,
+            };
+            if process
+                .uuids
+                .get(&ordinal)
+                .is_some_and(|held| held.v2 && !answer.v2)
+            {
+                return false;
+            }
+            insert(&mut process.uuids, ordinal, answer, full)
+        }
     }
 }
 
@@ -529,8 +659,19 @@ mod tests {
                 index,
                 uuid: GpuUuid([index as u8; 16]),
                 arch: GpuArch::new(major, minor),
+                kind: DeviceKind::Whole,
             })
             .collect()
+    }
+
+    /// The host indices of the devices `resolved` names, in order.
+    fn indices(host: &[HostDevice], resolved: Option<Vec<GpuUuid>>) -> Option<Vec<u32>> {
+        resolved.map(|uuids| {
+            uuids
+                .iter()
+                .map(|u| host.iter().find(|d| d.uuid == *u).unwrap().index)
+                .collect()
+        })
     }
 
     fn change(tid: u32, op: ContextOp, handle: u64, device: i32) -> ContextChange {
@@ -709,6 +850,111 @@ mod tests {
         assert_eq!(two.counts().unattributed.no_context, 1);
     }
 
+    /// GPU 0 whole, GPU 1 in MIG mode with instances 1 and 2, GPU 2 whole; all Hoppers.
+    fn mig_host() -> Vec<HostDevice> {
+        let mut host = host(&[(9, 0); 3]);
+        host[1].kind = DeviceKind::Partitioned;
+        for gpu_instance in [1u32, 2] {
+            let mut uuid = [0xa0; 16];
+            uuid[15] = gpu_instance as u8;
+            host.push(HostDevice {
+                index: 1,
+                uuid: GpuUuid(uuid),
+                arch: host[1].arch,
+                kind: DeviceKind::Instance(MigInstance {
+                    parent: host[1].uuid,
+                    gpu_instance,
+                    compute_instance: 0,
+                }),
+            });
+        }
+        host
+    }
+
+    #[test]
+    fn mig_entries_name_one_instance_and_a_partitioned_gpu_named_whole_is_unknown() {
+        let host = mig_host();
+        let spec = |visible: Option<&str>| VisibleSpec {
+            visible: visible.map(str::to_owned),
+            order: Some("PCI_BUS_ID".to_owned()),
+        };
+        let second = host[4].uuid_text();
+        assert!(second.starts_with("MIG-a0a0a0a0-"), "{second}");
+        assert_eq!(GpuUuid::parse_mig(&second), Some(host[4].uuid));
+        assert_eq!(spec(Some(&second)).resolve(&host), Some(vec![host[4].uuid]));
+        let old_form = format!("MIG-{}/2/0", host[1].uuid);
+        assert_eq!(
+            spec(Some(&old_form)).resolve(&host),
+            Some(vec![host[4].uuid])
+        );
+        // CUDA runs a process on one instance, the list's first.
+        let both = format!("{},{}", host[3].uuid_text(), second);
+        assert_eq!(spec(Some(&both)).resolve(&host), Some(vec![host[3].uuid]));
+        // An instance that does not exist ends the list; the old form needs its compute
+        // instance.
+        assert_eq!(spec(Some("MIG-ffff")).resolve(&host), Some(vec![]));
+        let no_ci = format!("MIG-{}/2", host[1].uuid);
+        assert_eq!(spec(Some(&no_ci)).resolve(&host), Some(vec![]));
+        // GPUs and instances mixed, a GPU in MIG mode named whole, or no list at all: which
+        // instance CUDA takes is its own choice.
+        let mixed = format!("0,{second}");
+        assert_eq!(spec(Some(&mixed)).resolve(&host), None);
+        assert_eq!(spec(Some("1")).resolve(&host), None);
+        assert_eq!(spec(Some(&host[1].uuid.to_string())).resolve(&host), None);
+        assert_eq!(spec(None).resolve(&host), None);
+        // Whole GPUs named alone resolve as before, numbered among the GPUs, not instances.
+        assert_eq!(
+            spec(Some("2,0")).resolve(&host),
+            Some(vec![host[2].uuid, host[0].uuid])
+        );
+    }
+
+    #[test]
+    fn a_launch_on_a_mig_instance_is_attributed_to_the_instance_never_its_gpu() {
+        let host = mig_host();
+        let answer = |devices: &mut Devices, op: ContextOp, uuid: GpuUuid| {
+            devices.apply(ContextChange {
+                uuid: uuid.0,
+                ..change(1, op, 0, 0)
+            });
+        };
+        let on_ordinal_0 = |devices: &mut Devices| {
+            devices.apply(change(1, ContextOp::PrimaryRetained, 0xc0, 0));
+            devices.apply(change(1, ContextOp::SetCurrent, 0xc0, 0));
+        };
+        // cuDeviceGetUuid_v2 names the instance itself, and a later older call (naming the
+        // GPU) does not replace it.
+        let mut devices = Devices::with_environ(|_| None);
+        on_ordinal_0(&mut devices);
+        answer(&mut devices, ContextOp::DeviceUuidV2, host[4].uuid);
+        answer(&mut devices, ContextOp::DeviceUuid, host[1].uuid);
+        assert_eq!(devices.attribute(&launch(1, 0), &host), Ok(&host[4]));
+        assert_eq!(devices.counts().by_uuid, 1);
+        // The older call names the partitioned GPU: no device, unless the environment names
+        // the instance.
+        let mut devices = Devices::with_environ(|_| None);
+        on_ordinal_0(&mut devices);
+        answer(&mut devices, ContextOp::DeviceUuid, host[1].uuid);
+        assert_eq!(
+            devices.attribute(&launch(1, 0), &host),
+            Err(Unattributed::UnresolvedOrdinal)
+        );
+        let mut devices = Devices::with_environ(|_| {
+            let mut environ = b"CUDA_VISIBLE_DEVICES=".to_vec();
+            environ.extend_from_slice(mig_host()[3].uuid_text().as_bytes());
+            Some(environ)
+        });
+        on_ordinal_0(&mut devices);
+        answer(&mut devices, ContextOp::DeviceUuid, host[1].uuid);
+        assert_eq!(devices.attribute(&launch(1, 0), &host), Ok(&host[3]));
+        assert_eq!(devices.counts().by_visible_devices, 1);
+        // A GPU in MIG mode with one instance is a host of one device.
+        let single = vec![host[1], host[3]];
+        let mut devices = Devices::with_environ(|_| None);
+        assert_eq!(devices.attribute(&launch(1, 0), &single), Ok(&single[1]));
+        assert_eq!(devices.counts().single_device, 1);
+    }
+
     #[test]
     fn visible_devices_renumber_as_cuda_does() {
         let uniform = host(&[(9, 0); 4]);
@@ -716,28 +962,52 @@ mod tests {
             visible: visible.map(str::to_owned),
             order: order.map(str::to_owned),
         };
-        assert_eq!(spec(None, None).resolve(&uniform), Some(vec![0, 1, 2, 3]));
-        assert_eq!(spec(Some("3,1"), None).resolve(&uniform), Some(vec![3, 1]));
+        assert_eq!(
+            indices(&uniform, spec(None, None).resolve(&uniform)),
+            Some(vec![0, 1, 2, 3])
+        );
+        assert_eq!(
+            indices(&uniform, spec(Some("3,1"), None).resolve(&uniform)),
+            Some(vec![3, 1])
+        );
         // The list ends at its first invalid entry (an unknown index, a repeat, junk).
-        assert_eq!(spec(Some("2,9,1"), None).resolve(&uniform), Some(vec![2]));
-        assert_eq!(spec(Some("2,2,1"), None).resolve(&uniform), Some(vec![2]));
-        assert_eq!(spec(Some("x"), None).resolve(&uniform), Some(vec![]));
+        assert_eq!(
+            indices(&uniform, spec(Some("2,9,1"), None).resolve(&uniform)),
+            Some(vec![2])
+        );
+        assert_eq!(
+            indices(&uniform, spec(Some("2,2,1"), None).resolve(&uniform)),
+            Some(vec![2])
+        );
+        assert_eq!(
+            indices(&uniform, spec(Some("x"), None).resolve(&uniform)),
+            Some(vec![])
+        );
         let by_uuid = uniform[3].uuid.to_string();
         assert_eq!(
-            spec(Some(&by_uuid[..12]), None).resolve(&uniform),
+            indices(&uniform, spec(Some(&by_uuid[..12]), None).resolve(&uniform)),
             Some(vec![3])
         );
-        assert_eq!(spec(Some("MIG-1234"), None).resolve(&uniform), None);
+        assert_eq!(
+            indices(&uniform, spec(Some("MIG-1234"), None).resolve(&uniform)),
+            Some(vec![])
+        );
         // Mixed architectures: FASTEST_FIRST's order is CUDA's heuristic, not known here.
         let mixed = host(&[(8, 0), (9, 0)]);
-        assert_eq!(spec(None, None).resolve(&mixed), None);
-        assert_eq!(spec(Some("0"), None).resolve(&mixed), None);
+        assert_eq!(indices(&mixed, spec(None, None).resolve(&mixed)), None);
+        assert_eq!(indices(&mixed, spec(Some("0"), None).resolve(&mixed)), None);
         assert_eq!(
-            spec(Some("1,0"), Some("PCI_BUS_ID")).resolve(&mixed),
+            indices(
+                &mixed,
+                spec(Some("1,0"), Some("PCI_BUS_ID")).resolve(&mixed)
+            ),
             Some(vec![1, 0])
         );
         let by_uuid = mixed[1].uuid.to_string();
-        assert_eq!(spec(Some(&by_uuid), None).resolve(&mixed), Some(vec![1]));
+        assert_eq!(
+            indices(&mixed, spec(Some(&by_uuid), None).resolve(&mixed)),
+            Some(vec![1])
+        );
         let environ = b"HOME=/root\0CUDA_VISIBLE_DEVICES=3,1\0CUDA_DEVICE_ORDER=PCI_BUS_ID\0";
         assert_eq!(
             VisibleSpec::from_environ(environ),

@@ -16,11 +16,17 @@
 //! Hopper): a sampled launch that comes sooner gets no values ([`MissingReason::TooSoon`]).
 //! When NVML answers that another client holds the counters (`NVML_ERROR_IN_USE`), the
 //! reading is [`MissingReason::CountersBusy`] and the GPU's previous sample is dropped, so the
-//! next reading starts afresh once the other tool is done. MIG instances are not read yet
-//! (their GPM calls take a GPU instance id, which launches do not carry).
+//! next reading starts afresh once the other tool is done.
+//!
+//! A GPU in MIG mode runs launches on its instances, not as a whole: it is enumerated as a
+//! partitioned GPU (never read) followed by its MIG instances, each with its own UUID, GPU
+//! instance id and previous sample, read with NVML's MIG GPM call on its GPU
+//! (`nvmlGpmMigSampleGet`), so a launch on one instance is credited with that instance's
+//! activity, not its GPU's nor a neighbour's.
 
 use std::time::{Duration, Instant};
 
+use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
@@ -29,7 +35,7 @@ use penrose_core::counters::{Catalogue, CounterGroup, CounterId};
 use penrose_core::gpu::GpuArch;
 
 use super::{CounterSource, CounterValue, MissingReason, Reading};
-use crate::capture::devices::{GpuUuid, HostDevice};
+use crate::capture::devices::{DeviceKind, GpuUuid, HostDevice, MigInstance};
 use crate::capture::events::Launch;
 
 /// The NVML library file the driver installs (the unversioned name belongs to dev packages).
@@ -100,7 +106,7 @@ impl NvmlSource {
         let mut last_error = None;
         for index in 0..count {
             match Self::enumerate(nvml, index) {
-                Ok(device) => devices.push(device),
+                Ok(found) => devices.extend(found),
                 Err(e) => last_error = Some(e),
             }
         }
@@ -128,8 +134,8 @@ impl NvmlSource {
     }
 
     /// One GPU: its UUID, compute capability and a first GPM sample (the support check that
-    /// matters: it fails on pre-Hopper parts).
-    fn enumerate(nvml: &'static Nvml, index: u32) -> Result<GpmDevice, NvmlUnavailable> {
+    /// matters: it fails on pre-Hopper parts); a GPU in MIG mode, then each of its instances.
+    fn enumerate(nvml: &'static Nvml, index: u32) -> Result<Vec<GpmDevice>, NvmlUnavailable> {
         let device = nvml
             .device_by_index(index)
             .map_err(unavailable("NVML device"))?;
@@ -138,20 +144,83 @@ impl NvmlSource {
             .cuda_compute_capability()
             .map_err(unavailable("compute capability"))?;
         let part = |v: i32| u8::try_from(v).unwrap_or(u8::MAX);
-        let first = device.gpm_sample().ok();
-        Ok(GpmDevice {
+        let gpu = HostDevice {
+            index,
+            // A UUID NVML spells otherwise matches no driver answer: its launches are
+            // attributed only through the visible-device list.
+            uuid: GpuUuid::parse(&uuid).unwrap_or(GpuUuid([0; 16])),
+            arch: GpuArch::new(part(capability.major), part(capability.minor)),
+            kind: DeviceKind::Whole,
+        };
+        // NVML_DEVICE_MIG_ENABLE; a GPU without MIG support answers NotSupported.
+        if !device.mig_mode().is_ok_and(|mode| mode.current == 1) {
+            return Ok(vec![GpmDevice::first(gpu, device.gpm_sample())]);
+        }
+        let mut found = vec![GpmDevice {
             host: HostDevice {
-                index,
-                // A UUID NVML spells otherwise matches no driver answer: its launches are
-                // attributed only through the visible-device list.
-                uuid: GpuUuid::parse(&uuid).unwrap_or(GpuUuid([0; 16])),
-                arch: GpuArch::new(part(capability.major), part(capability.minor)),
+                kind: DeviceKind::Partitioned,
+                ..gpu
             },
-            gpm: first.is_some(),
-            previous: first.map(|s| (s, Instant::now())),
-        })
+            gpm: false,
+            previous: None,
+        }];
+        let slots = device.mig_device_count().unwrap_or(0);
+        // Slots without an instance answer NotFound.
+        found.extend((0..slots).filter_map(|slot| {
+            let instance = device.mig_device_by_index(slot).ok()?;
+            let host = mig_instance(nvml, &instance, gpu)?;
+            let gpu_instance = host.instance()?.gpu_instance;
+            Some(GpmDevice::first(host, device.gpm_mig_sample(gpu_instance)))
+        }));
+        Ok(found)
     }
 }
+
+impl GpmDevice {
+    /// A device whose first GPM sample was `first` (an error: no GPM).
+    fn first(host: HostDevice, first: Result<GpmSample<'static>, NvmlError>) -> Self {
+        let first = first.ok();
+        Self {
+            host,
+            gpm: first.is_some(),
+            previous: first.map(|s| (s, Instant::now())),
+        }
+    }
+}
+
+/// A MIG instance of `gpu`, as NVML describes it; `None` when NVML cannot say which GPU and
+/// compute instance it is (its launches are then never attributed to it).
+fn mig_instance(nvml: &Nvml, instance: &Device<'_>, gpu: HostDevice) -> Option<HostDevice> {
+    let uuid = GpuUuid::parse_mig(&instance.uuid().ok()?)?;
+    let id = |call: Option<NvmlIdCall>| -> Option<u32> {
+        let call = call?;
+        let mut id: std::os::raw::c_uint = 0;
+        #[allow(unsafe_code)]
+        // SAFETY: `instance.handle()` is a MIG device handle NVML gave and that lives as long
+        // as `nvml`; `id` is a valid out-pointer for the call's duration.
+        let rc = unsafe { call(instance.handle(), &mut id) };
+        (rc == nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS).then_some(id)
+    };
+    let lib = nvml.lib();
+    let gpu_instance = id(lib.nvmlDeviceGetGpuInstanceId.as_ref().ok().copied())?;
+    let compute_instance = id(lib.nvmlDeviceGetComputeInstanceId.as_ref().ok().copied())?;
+    Some(HostDevice {
+        uuid,
+        kind: DeviceKind::Instance(MigInstance {
+            parent: gpu.uuid,
+            gpu_instance,
+            compute_instance,
+        }),
+        ..gpu
+    })
+}
+
+/// NVML's `nvmlDeviceGetGpuInstanceId` and `nvmlDeviceGetComputeInstanceId` (nvml-wrapper
+/// wraps neither).
+type NvmlIdCall = unsafe extern "C" fn(
+    nvml_wrapper_sys::bindings::nvmlDevice_t,
+    *mut std::os::raw::c_uint,
+) -> nvml_wrapper_sys::bindings::nvmlReturn_t;
 
 impl CounterSource for NvmlSource {
     fn name(&self) -> &'static str {
@@ -187,13 +256,16 @@ impl CounterSource for NvmlSource {
         {
             return Reading::Missing(MissingReason::TooSoon);
         }
-        let sample = match nvml
-            .device_by_index(device.index)
-            .and_then(|d| d.gpm_sample())
-        {
-            Ok(sample) => sample,
-            Err(e) => return missing_for(e, state),
-        };
+        let sample =
+            match nvml
+                .device_by_index(device.index)
+                .and_then(|gpu| match device.instance() {
+                    Some(instance) => gpu.gpm_mig_sample(instance.gpu_instance),
+                    None => gpu.gpm_sample(),
+                }) {
+                Ok(sample) => sample,
+                Err(e) => return missing_for(e, state),
+            };
         let Some((previous, _)) = state.previous.replace((sample, Instant::now())) else {
             return Reading::Missing(MissingReason::Warmup);
         };

@@ -8,8 +8,9 @@
 //!
 //! The stand-in host has several GPUs (`PENROSE_STANDIN_GPUS`, default eight Hoppers; the
 //! stand-in libcuda reads the same variable), and stamps each record with the GPU the launch
-//! ran on. This source reads GPU d's counters as the records stamped d: a launch the agent
-//! attributes to another GPU than the one it ran on finds nothing there
+//! ran on, or the MIG instance where a GPU is partitioned (`9.0/3`: three instances). This
+//! source reads device d's counters as the records stamped d: a launch the agent attributes to
+//! another GPU or instance than the one it ran on finds nothing there
 //! ([`MissingReason::NotFound`]), as GPM on the wrong GPU would have read the wrong activity.
 //! A file [`busy_path`] marks GPU d's counters as held by another tool
 //! ([`MissingReason::CountersBusy`]) while it exists.
@@ -21,7 +22,7 @@ use penrose_core::counters::{Catalogue, CounterGroup, CounterId};
 use penrose_core::gpu::GpuArch;
 
 use super::{CounterSource, CounterValue, MissingReason, Reading};
-use crate::capture::devices::{GpuUuid, HostDevice};
+use crate::capture::devices::{DeviceKind, GpuUuid, HostDevice, MigInstance};
 use crate::capture::events::{Launch, Pid};
 use penrose_standin_ring::{CounterRecord, CounterRing, Lookup};
 
@@ -59,16 +60,41 @@ pub fn busy_path(index: u32) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/dev/shm/penrose-standin-busy-{index}"))
 }
 
-/// The stand-in host's GPUs, as `PENROSE_STANDIN_GPUS` in this process's environment lists
-/// them (the stand-in libcuda of the launching processes must see the same value).
+/// The stand-in host's devices, as `PENROSE_STANDIN_GPUS` in this process's environment lists
+/// them (the stand-in libcuda of the launching processes must see the same value): each GPU,
+/// and after a GPU in MIG mode (`9.0/3`) its instances, as NVML enumerates them.
 pub fn standin_devices() -> Vec<HostDevice> {
     let spec = std::env::var(penrose_standin_ring::GPUS_VAR).ok();
     penrose_standin_ring::standin_gpus(spec.as_deref())
         .into_iter()
-        .map(|g| HostDevice {
-            index: g.index,
-            uuid: GpuUuid(g.uuid),
-            arch: GpuArch::new(g.compute_capability.0, g.compute_capability.1),
+        .flat_map(|g| {
+            let gpu = HostDevice {
+                index: g.index,
+                uuid: GpuUuid(g.uuid),
+                arch: GpuArch::new(g.compute_capability.0, g.compute_capability.1),
+                kind: DeviceKind::Whole,
+            };
+            if g.mig_instances == 0 {
+                return vec![gpu];
+            }
+            let instances = (1..=u32::from(g.mig_instances)).map(move |gpu_instance| HostDevice {
+                uuid: GpuUuid(penrose_standin_ring::standin_mig_uuid(
+                    g.index,
+                    gpu_instance,
+                )),
+                kind: DeviceKind::Instance(MigInstance {
+                    parent: gpu.uuid,
+                    gpu_instance,
+                    compute_instance: 0,
+                }),
+                ..gpu
+            });
+            std::iter::once(HostDevice {
+                kind: DeviceKind::Partitioned,
+                ..gpu
+            })
+            .chain(instances)
+            .collect()
         })
         .collect()
 }
@@ -173,7 +199,13 @@ impl CounterSource for StandinSource {
                 }
             }
         };
-        if record.host_device() != Some(device.index) {
+        let ran_on = (record.host_device(), record.gpu_instance());
+        if ran_on
+            != (
+                Some(device.index),
+                device.instance().map(|i| i.gpu_instance),
+            )
+        {
             return Reading::Missing(MissingReason::NotFound);
         }
         let values = self

@@ -82,6 +82,10 @@ struct Args {
     /// application reading its devices' properties does.
     #[arg(long)]
     query_uuids: bool,
+    /// With --query-uuids, ask with the older cuDeviceGetUuid instead (on a MIG instance it
+    /// answers with the physical GPU's UUID), as applications built before CUDA 11.4 do.
+    #[arg(long, requires = "query_uuids")]
+    legacy_uuid_call: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -373,6 +377,7 @@ fn run_trace(args: &Args, trace_path: &std::path::Path) -> Result<(), Failure> {
             ordinal: args.device,
             switch_every: args.switch_device_every,
             query_uuids: args.query_uuids,
+            legacy_uuid_call: args.legacy_uuid_call,
         },
     };
     let result = replay_with(&libs, &plan, &options);
