@@ -4,7 +4,7 @@
 # build of penrose-agent in $PENROSE_AGENT (default .gpu/penrose-agent, relative to the
 # current directory). Results go to $OUT (default /tmp/gpu-check).
 #
-# Three cases, each a PyTorch workload (tests/gpu/torch_workload.py: linear layers and batched
+# Four cases, each a PyTorch workload (tests/gpu/torch_workload.py: linear layers and batched
 # matmuls through cuBLAS/cuBLASLt, layer norm, softmax, GELU, dropout, cross entropy, forward
 # and backward, AdamW) under torch.profiler, and `penrose-agent capture --json --all-names
 # --launches` attached to the real driver and runtime:
@@ -17,18 +17,30 @@
 #   graph     the agent first, then the block's forward pass captured once in a CUDA graph
 #             (torch.cuda.graphs) and replayed: the agent must expand each graph launch into
 #             the kernels the profiler records under it (issue 24);
+#   devices   only where `nvidia-smi -L` lists two GPUs or more (else skipped: "one GPU on this
+#             host"): the agent first, with NVML counters (--counters nvml, so that sampled
+#             launches are attributed to GPUs), then two workloads at once, one with
+#             CUDA_VISIBLE_DEVICES=0 and one with CUDA_VISIBLE_DEVICES=1 (issue 24 item 8).
+#             Each workload's launches are matched against its own profiler output
+#             (devices-0, devices-1), and the capture must attribute every sampled launch to a
+#             GPU (counts.devices: none unattributed; by_uuid + by_visible_devices +
+#             single_visible = counts.sampled > 0). The case holds when all three do.
 # tests/gpu/compare.py aligns the agent's launches of the workload's pid with the profiler's,
 # launch by launch, and writes a verdict per case (target: >= 99% of launches with a name
 # equal to the profiler's, or an identity that stands for exactly one profiler kernel).
 #
-# $OUT gets seven files (a lent host returns only a few): verdict.json (every case in short),
-# verdict-attached.json, verdict-late.json and verdict-graph.json (each in full), host.txt, gpu-check.log (this
-# script's steps) and run.tar.gz with everything else: agent-*.log, capture-*.json,
-# workload-*.log, profiler-*.json, trace-*.json.gz (the profiler's own traces, left out if the
-# bundle would pass 15 MiB) and torch-probe.json. Intermediate files live in a temporary
-# folder ($PENROSE_GPU_CHECK_WORK to keep them somewhere else).
-# Exit code: 0 every case holds the target, 1 one does not, 2 a run failed (not root, no
-# agent, no PyTorch or no GPU, a process crashed or hung); verdict.json says which.
+# $OUT gets eight files (a lent host returns at most eight): verdict.json (every case in
+# short), verdict-attached.json, verdict-late.json, verdict-graph.json and verdict-devices.json
+# (each in full; the devices one holds its workloads' verdicts and the attribution), host.txt,
+# gpu-check.log (this script's steps) and run.tar.gz with everything else: agent-*.log,
+# capture-*.json, workload-*.log, profiler-*.json, trace-*.json.gz (the profiler's own traces,
+# left out if the bundle would pass 15 MiB) and torch-probe.json. When the devices case ran,
+# also verdict-devices-0.json and verdict-devices-1.json (each workload's verdict alone, as in
+# verdict-devices.json). Intermediate files live in a temporary folder
+# ($PENROSE_GPU_CHECK_WORK to keep them somewhere else).
+# Exit code: 0 every case holds the target (a skipped case counts for nothing), 1 one does
+# not, 2 a run failed (not root, no agent, no PyTorch or no GPU, a process crashed or hung);
+# verdict.json says which.
 set -u
 final=${OUT:-/tmp/gpu-check}
 mkdir -p "$final"
@@ -37,6 +49,9 @@ mkdir -p "$out"
 agent=${PENROSE_AGENT:-.gpu/penrose-agent}
 python=${PYTHON:-python3}
 iterations=${PENROSE_GPU_CHECK_ITERATIONS:-30}
+# The devices case samples one launch in this many (the agent's default, 1,000, would sample
+# only a few of the workloads' launches, and the attribution check needs some).
+sample_period=${PENROSE_GPU_CHECK_SAMPLE_PERIOD:-100}
 # The agent's own limit; it is stopped as soon as its workload has ended.
 agent_seconds=${PENROSE_GPU_CHECK_SECONDS:-280}
 # Every wait below ends by this deadline, so a hung step cannot hold the host.
@@ -51,6 +66,17 @@ budget() {
     local l
     l=$(left)
     if ((l < $1)); then echo $((l > 1 ? l : 1)); else echo "$1"; fi
+}
+
+# write_skipped CASE REASON: the verdict of a case this host cannot run.
+write_skipped() {
+    say "$1: skipped: $2"
+    if command -v "$python" >/dev/null 2>&1; then
+        "$python" "$here/compare.py" --skipped "$2" --case "$1" >"$out/verdict-$1.json"
+    else
+        printf '{"case": "%s", "status": "skipped", "reason": "%s"}\n' "$1" "$2" \
+            >"$out/verdict-$1.json"
+    fi
 }
 
 # write_failed CASE REASON: a failed run's verdict for CASE.
@@ -68,7 +94,8 @@ finish() {
     local rc
     if command -v "$python" >/dev/null 2>&1; then
         "$python" "$here/compare.py" --combine "$out/verdict-attached.json" \
-            "$out/verdict-late.json" "$out/verdict-graph.json" >"$out/verdict.json"
+            "$out/verdict-late.json" "$out/verdict-graph.json" "$out/verdict-devices.json" \
+            >"$out/verdict.json"
         rc=$?
     else
         printf '{"status": "run_failed", "reason": "no %s"}\n' "$python" >"$out/verdict.json"
@@ -83,7 +110,8 @@ finish() {
 # The few files $OUT gets; everything else in one bundle.
 pack() {
     local f
-    for f in verdict.json verdict-attached.json verdict-late.json verdict-graph.json host.txt \
+    for f in verdict.json verdict-attached.json verdict-late.json verdict-graph.json \
+        verdict-devices.json verdict-devices-0.json verdict-devices-1.json host.txt \
         gpu-check.log; do
         [ -e "$out/$f" ] && cp "$out/$f" "$final/$f"
     done
@@ -96,10 +124,11 @@ pack() {
 }
 
 # Every case fails for a reason found before any ran.
-fail_both() {
+fail_all() {
     write_failed attached "$1"
     write_failed late "$1"
     write_failed graph "$1"
+    write_failed devices "$1"
     finish
 }
 
@@ -107,6 +136,8 @@ fail_both() {
     echo "date: $(date -u +%FT%TZ)"
     echo "kernel: $(uname -r)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4
+    echo "nvidia-smi -L:"
+    nvidia-smi -L 2>&1 | head -16
     echo "libcuda (ldconfig):"
     ldconfig -p 2>/dev/null | grep -E 'libcuda\.so|libcudart\.so' | head -6
     echo "python: $("$python" --version 2>&1)"
@@ -115,9 +146,9 @@ fail_both() {
     echo "checkout: $(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)"
 } >"$out/host.txt" 2>&1
 
-[ "$(id -u)" = 0 ] || fail_both "not root: the agent's eBPF probes need root"
-[ -x "$agent" ] || fail_both "no agent binary at $agent (set PENROSE_AGENT)"
-command -v "$python" >/dev/null 2>&1 || fail_both "no $python"
+[ "$(id -u)" = 0 ] || fail_all "not root: the agent's eBPF probes need root"
+[ -x "$agent" ] || fail_all "no agent binary at $agent (set PENROSE_AGENT)"
+command -v "$python" >/dev/null 2>&1 || fail_all "no $python"
 
 # PyTorch, the GPU, and the runtime and driver files a PyTorch process maps.
 timeout "$(budget 120)" "$python" "$here/torch_workload.py" --probe \
@@ -127,7 +158,7 @@ cat "$out/torch-probe.json" >>"$out/host.txt"
 if [ "$probe_rc" != 0 ]; then
     reason=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("error") or "")' \
         "$out/torch-probe.json" 2>/dev/null)
-    fail_both "PyTorch with CUDA is not usable here (probe exit $probe_rc): ${reason:-see torch-probe.log}"
+    fail_all "PyTorch with CUDA is not usable here (probe exit $probe_rc): ${reason:-see torch-probe.log}"
 fi
 mapfile -t libs < <("$python" -c '
 import json, sys
@@ -139,24 +170,34 @@ for l in "${libs[@]}"; do lib_args+=(--lib "$l"); done
 say "PyTorch maps: ${libs[*]:-no runtime or driver file}"
 
 agent_pid=
-# start_agent CASE [ARGS...]: starts the capture and waits until its first window is open
-# (launch probes attached). Fails if the agent exits or the window does not open in time.
+# The exit status of an agent that ended before its window opened (empty: it did not end).
+agent_rc=
+# start_agent CASE [--counters KIND] [ARGS...]: starts the capture and waits until its first
+# window is open (launch probes attached). Fails if the agent exits or the window does not
+# open in time.
 start_agent() {
-    local case=$1 log
+    local case=$1 counters=none log
     shift
+    if [ "${1:-}" = --counters ]; then
+        counters=$2
+        shift 2
+    fi
     log="$out/agent-$case.log"
+    agent_rc=
     # The capture module's debug lines say when a window opens. Counters are not compared
-    # here, and the default (NVML/GPM) stops the agent where GPM is missing (a VM, pre-Hopper).
+    # by default (none): NVML/GPM stops the agent where GPM is missing (a VM, pre-Hopper);
+    # the devices case asks for nvml, which sampled launches need to be attributed to GPUs.
     RUST_LOG=info,penrose_agent::capture=debug "$agent" capture \
         --seconds "$agent_seconds" --window-launches 1000000 --json --all-names --launches \
-        --counters none "$@" >"$out/capture-$case.json" 2>"$log" &
+        --counters "$counters" "$@" >"$out/capture-$case.json" 2>"$log" &
     agent_pid=$!
     local until=$(($(date +%s) + $(budget 90)))
     while (($(date +%s) < until)); do
         grep -q "window opened" "$log" 2>/dev/null && return 0
         if ! kill -0 "$agent_pid" 2>/dev/null; then
             wait "$agent_pid"
-            echo "agent exit $?" >>"$log"
+            agent_rc=$?
+            echo "agent exit $agent_rc" >>"$log"
             return 1
         fi
         sleep 0.2
@@ -193,9 +234,12 @@ wait_pid() {
     wait "$1"
 }
 
+# compare_case CASE [RUN]: the verdict of CASE from its profiler output and the capture and
+# agent log of RUN (default CASE; the devices case's two workloads share one capture).
 compare_case() {
-    "$python" "$here/compare.py" "$out/capture-$1.json" "$out/profiler-$1.json" --case "$1" \
-        --agent-log "$out/agent-$1.log" >"$out/verdict-$1.json"
+    local run=${2:-$1}
+    "$python" "$here/compare.py" "$out/capture-$run.json" "$out/profiler-$1.json" --case "$1" \
+        --agent-log "$out/agent-$run.log" >"$out/verdict-$1.json"
     say "$1: compare exit $?"
 }
 
@@ -275,6 +319,57 @@ if start_agent graph "${lib_args[@]}"; then
     fi
 else
     write_failed graph "the agent did not open its window (agent-graph.log)"
+fi
+
+# --- devices: two workloads at once, one per GPU, the agent first with NVML counters -----------
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if ((gpus == 1)); then
+    write_skipped devices "one GPU on this host"
+elif ((gpus < 2)); then
+    write_skipped devices "nvidia-smi -L lists no GPU"
+else
+    say "devices: $gpus GPUs; starting the agent with NVML counters (${lib_args[*]:-no --lib})"
+    if start_agent devices --counters nvml --sample-period "$sample_period" "${lib_args[@]}"; then
+        sleep 0.5
+        device_pids=()
+        for d in 0 1; do
+            CUDA_VISIBLE_DEVICES=$d "$python" "$here/torch_workload.py" \
+                "$out/profiler-devices-$d.json" --iterations "$iterations" \
+                --trace "$out/trace-devices-$d.json.gz" >"$out/workload-devices-$d.log" 2>&1 &
+            device_pids+=($!)
+        done
+        # Both run at once: one limit for the two.
+        until=$(($(date +%s) + $(budget 150)))
+        device_rcs=()
+        for d in 0 1; do
+            wait_pid "${device_pids[$d]}" $((until - $(date +%s)))
+            device_rcs+=($?)
+            echo "workload exit ${device_rcs[$d]}" >>"$out/workload-devices-$d.log"
+        done
+        sleep 1
+        stop_agent devices
+        for d in 0 1; do
+            if [ "${device_rcs[$d]}" = 0 ]; then
+                compare_case "devices-$d" devices
+            else
+                write_failed "devices-$d" \
+                    "the workload exited ${device_rcs[$d]} (workload-devices-$d.log)"
+            fi
+        done
+        # The case: both workloads' verdicts and the capture's attribution of sampled launches.
+        "$python" "$here/compare.py" "$out/capture-devices.json" --devices \
+            "$out/verdict-devices-0.json" "$out/verdict-devices-1.json" \
+            >"$out/verdict-devices.json"
+        say "devices: exit $?"
+    elif [ "$agent_rc" = 3 ] && grep -qiE 'error.*(nvml|gpm)' "$out/agent-devices.log"; then
+        # Exit 3 is a missing prerequisite; said of NVML or GPM, it is the counter source.
+        write_failed devices "the agent could not open NVML/GPM (agent-devices.log)"
+    elif [ -n "$agent_rc" ]; then
+        write_failed devices \
+            "the agent exited $agent_rc before its window opened (agent-devices.log)"
+    else
+        write_failed devices "the agent did not open its window (agent-devices.log)"
+    fi
 fi
 
 finish

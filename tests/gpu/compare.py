@@ -1,10 +1,16 @@
 """Sets the agent's launches against torch.profiler's, launch by launch (ci/gpu-check.sh).
 
 Usage:
-    compare.py CAPTURE_JSON PROFILER_JSON [--case attached|late] [--agent-log LOG]
+    compare.py CAPTURE_JSON PROFILER_JSON [--case CASE] [--agent-log LOG]
+    compare.py CAPTURE_JSON --devices VERDICT_JSON...
     compare.py --combine VERDICT_JSON...
-    compare.py --failed REASON [--case NAME]
+    compare.py --failed REASON [--case CASE]
+    compare.py --skipped REASON [--case CASE]
     compare.py --self-test
+
+CASE is attached (the default), late, graph, devices or devices-N (one workload of the devices
+case); a verdict names late "late_attach" and every other case as given. Only late aligns
+differently (below); graph and devices-N, like attached, had the agent started first.
 
 CAPTURE_JSON is `penrose-agent capture --json --all-names --launches` output; PROFILER_JSON is
 what torch_workload.py wrote. The agent's sequence for the workload's pid (its launch log, in
@@ -26,9 +32,21 @@ A profiler launch is matched when the aligned agent launch
 Otherwise it is "unnamed" (`<unnamed>`, `<graph>`), "mismatched" (a different name, or an
 identity that breaks the bijection) or "missing" (no agent launch aligned with it).
 
+The devices case (two workloads at once, one per GPU, under one agent) has a verdict per
+workload (devices-0, devices-1: the comparison above, each against its own profiler output; the
+workload's pid picks its launches out of the one capture) and `--devices` joins them with the
+capture's device attribution: every sampled launch (counts.sampled > 0) attributed to a GPU
+through a UUID the driver gave, the process's visible devices, or the one device its start
+environment makes visible (by_uuid + by_visible_devices + single_visible = sampled), and
+none unattributed (counts.devices.unattributed all 0). The case holds when every workload and
+the attribution hold.
+
+`--combine` puts case verdicts together (verdict.json); a "skipped" case (the devices case on a
+host with one GPU) neither fails nor holds anything up.
+
 Prints the verdict as JSON. Exit code: 0 when the share matched is at least the target
-(99%), 1 when it is not, 2 when the run itself failed (inputs missing or unreadable, no
-profiled launches).
+(99%), or the case was skipped, 1 when it is not (or the attribution does not hold), 2 when
+the run itself failed (inputs missing or unreadable, no profiled launches, no sampled launch).
 """
 
 import argparse
@@ -336,6 +354,20 @@ def is_identity(name):
     return name.startswith(("<bid:", "<file:"))
 
 
+def case_label(case):
+    """The name a verdict gives a case (`--case late` is "late_attach")."""
+    return "late_attach" if case == "late" else case
+
+
+def case_arg(value):
+    """`--case`: attached, late, graph, devices or devices-N."""
+    if value in ("attached", "late", "graph", "devices") or re.fullmatch(r"devices-\d+", value):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r}: not attached, late, graph, devices or devices-N"
+    )
+
+
 def compare(capture, profiler, case, demangler):
     late = case == "late"
     pid = profiler.get("pid")
@@ -413,11 +445,12 @@ def compare(capture, profiler, case, demangler):
 
     share = matched / len(prof)
     verdict = {
-        "case": "late_attach" if late else "attached",
+        "case": case_label(case),
         "status": "ok" if share >= TARGET else "below_target",
         "target": TARGET,
         "share_matched": round(share, 6),
         "device": profiler.get("device"),
+        "cuda_visible_devices": profiler.get("cuda_visible_devices"),
         "torch": profiler.get("torch"),
         "cuda": profiler.get("cuda"),
         "workload_pid": pid,
@@ -482,15 +515,21 @@ def failed(reason, case=None):
     return {"case": case, "status": "run_failed", "reason": reason, "target": TARGET}, RUN_FAILED
 
 
+def skipped(reason, case=None):
+    """A case this host cannot run (the devices case with one GPU): neither held nor failed."""
+    return {"case": case, "status": "skipped", "reason": reason}, OK
+
+
+def status_code(status):
+    """The exit code a verdict's status stands for ("skipped" holds nothing up)."""
+    return {"ok": OK, "skipped": OK, "below_target": BELOW_TARGET}.get(status, RUN_FAILED)
+
+
 def combine(verdicts):
     code = OK
     cases = {}
     for v in verdicts:
-        status = v.get("status")
-        this = RUN_FAILED if status not in ("ok", "below_target") else (
-            OK if status == "ok" else BELOW_TARGET
-        )
-        code = max(code, this)
+        code = max(code, status_code(v.get("status")))
         cases[v.get("case") or f"case {len(cases)}"] = {
             k: v.get(k)
             for k in (
@@ -508,6 +547,133 @@ def combine(verdicts):
         }
     status = {OK: "ok", BELOW_TARGET: "below_target", RUN_FAILED: "run_failed"}[code]
     return {"status": status, "target": TARGET, "cases": cases}, code
+
+
+def verdict_case_of(path):
+    """The case a verdict file is for, from its name (verdict-graph.json: graph;
+    verdict-late.json: late_attach)."""
+    name = os.path.basename(path)
+    name = name[: -len(".json")] if name.endswith(".json") else name
+    return case_label(name[len("verdict-"):] if name.startswith("verdict-") else name)
+
+
+def load_verdicts(paths):
+    """The verdicts in `paths`; one that cannot be read is a failed run of its case."""
+    out = []
+    for path in paths:
+        try:
+            v = load_json(path, "verdict")
+            if not isinstance(v, dict):
+                raise RunFailed(f"verdict {path}: not a JSON object")
+        except RunFailed as e:
+            v, _ = failed(str(e), verdict_case_of(path))
+        out.append(v)
+    return out
+
+
+DEVICE_FIELDS = ("by_uuid", "by_visible_devices", "single_visible")
+UNATTRIBUTED = ("no_context", "stream_conflict", "unknown_ordinal", "unresolved_ordinal",
+                "no_devices")
+
+
+def attribution(capture):
+    """Whether the capture attributed every sampled launch to a GPU (the devices case):
+    counts.devices.unattributed all 0 and by_uuid + by_visible_devices + single_visible equal
+    to counts.sampled, which is above 0. A verdict and its exit code."""
+    counts = capture.get("counts") if isinstance(capture, dict) else None
+    devices = counts.get("devices") if isinstance(counts, dict) else None
+    if not isinstance(devices, dict):
+        return failed("the capture has no counts.devices (an agent without device attribution)",
+                      "attribution")
+    unattributed = devices.get("unattributed")
+    unattributed = unattributed if isinstance(unattributed, dict) else {}
+
+    def number(d, k):
+        v = d.get(k, 0)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    sampled = counts.get("sampled")
+    by = {k: number(devices, k) for k in DEVICE_FIELDS}
+    lost = {k: number(unattributed, k) for k in UNATTRIBUTED}
+    attributed = sum(by.values())
+    verdict = {
+        "case": "attribution",
+        "sampled": sampled,
+        "attributed": attributed,
+        **by,
+        "single_device": devices.get("single_device"),
+        "unattributed": lost,
+        "context_events": devices.get("context_events"),
+        "entries_dropped": devices.get("entries_dropped"),
+        "samples_missing": counts.get("samples_missing"),
+    }
+    problems = []
+    code = OK
+    if not isinstance(sampled, int) or isinstance(sampled, bool) or sampled <= 0:
+        problems.append(f"no sampled launch to attribute (counts.sampled {sampled!r})")
+        code = RUN_FAILED
+    else:
+        not_attributed = {k: v for k, v in lost.items() if v}
+        if not_attributed:
+            problems.append(
+                f"{sum(not_attributed.values())} sampled launches not attributed ("
+                + ", ".join(f"{k} {v}" for k, v in not_attributed.items())
+                + ")"
+            )
+        if attributed != sampled:
+            problems.append(
+                f"by_uuid + by_visible_devices + single_visible = {attributed}, "
+                f"not counts.sampled = {sampled}"
+                + (f" (single_device {devices.get('single_device')})"
+                   if devices.get("single_device") else "")
+            )
+        if problems:
+            code = BELOW_TARGET
+    verdict["status"] = {OK: "ok", BELOW_TARGET: "below_target"}.get(code, "run_failed")
+    if problems:
+        verdict["reason"] = "; ".join(problems)
+    return verdict, code
+
+
+def devices_case(attr, parts):
+    """The devices case's verdict from the capture's attribution verdict (`attribution`, or a
+    failed one when the capture could not be read) and its workloads' verdicts (devices-0,
+    devices-1; kept in full, so that this one file says everything): it holds when all do."""
+    code = status_code(attr.get("status"))
+    reasons = []
+    workloads = {}
+    for v in parts:
+        name = v.get("case") or f"workload {len(workloads)}"
+        workloads[name] = v
+        this = status_code(v.get("status"))
+        code = max(code, this)
+        if this != OK or v.get("status") == "skipped":
+            share = v.get("share_matched")
+            reasons.append(
+                f"{name}: {v.get('status')}"
+                + (f", {share:.2%} matched" if isinstance(share, (int, float)) else "")
+                + (f" ({v['reason']})" if v.get("reason") else "")
+            )
+    if not workloads or any(v.get("status") == "skipped" for v in workloads.values()):
+        # A workload of this case is never skipped: the case runs both or is skipped whole.
+        code = RUN_FAILED
+        if not workloads:
+            reasons.append("no workload verdict")
+    if status_code(attr.get("status")) != OK:
+        reasons.append(f"attribution: {attr.get('reason') or attr.get('status')}")
+    shares = [v.get("share_matched") for v in workloads.values()]
+    verdict = {
+        "case": "devices",
+        "status": {OK: "ok", BELOW_TARGET: "below_target"}.get(code, "run_failed"),
+        "target": TARGET,
+    }
+    if reasons:
+        verdict["reason"] = "; ".join(reasons)
+    if shares and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in shares):
+        verdict["share_matched"] = min(shares)
+    verdict["attribution"] = attr
+    verdict["workloads"] = workloads
+    return verdict, code
 
 
 def agent_log_notes(path, limit=20):
@@ -680,6 +846,94 @@ def self_test():
           v["launches"]["aligned"] == 120 and v["missing"] == 80
           and max(r["first_at"] for r in v["misses"]) < 80)
 
+    # The graph case aligns like attached (the agent started first) and keeps its name.
+    v, code = compare(capture, profiler, "graph", fake)
+    check("graph: named graph, aligned like attached",
+          code == OK and v["case"] == "graph" and v["alignment"] == "positional")
+    check("case names", [case_label(c) for c in ("attached", "late", "graph", "devices-1")]
+          == ["attached", "late_attach", "graph", "devices-1"])
+
+    # The devices case: two workloads' launches interleaved in one capture; each verdict takes
+    # its own workload's pid from its profiler output.
+    pid_b = pid + 100
+    both = []
+    for a, b in zip(log_rows, log_rows[::-1]):
+        both += [a, dict(b, pid=pid_b)]
+    profiler_b = dict(profiler, pid=pid_b, launches=prof_rows[::-1])
+    v, code = compare(dict(capture, launch_log=both), profiler, "devices-0", fake)
+    check("devices: first workload's own launches",
+          code == OK and v["case"] == "devices-0" and v["launches"]["agent"] == 200
+          and v["alignment"] == "positional")
+    v, code = compare(dict(capture, launch_log=both), profiler_b, "devices-1", fake)
+    check("devices: second workload's own launches",
+          code == OK and v["case"] == "devices-1" and v["named_equal"] == 150)
+
+    # Device attribution: every sampled launch attributed, none lost.
+    def device_counts(sampled, by_uuid=0, visible=0, single_visible=0, single_device=0,
+                      **unattributed):
+        lost = dict.fromkeys(UNATTRIBUTED, 0)
+        lost.update(unattributed)
+        return {"counts": {"sampled": sampled, "samples_missing": {"group_not_supported": 0},
+                           "devices": {"context_events": 4, "entries_dropped": 0,
+                                       "by_uuid": by_uuid, "by_visible_devices": visible,
+                                       "single_device": single_device,
+                                       "single_visible": single_visible,
+                                       "unattributed": lost}}}
+
+    attributed_all = device_counts(40, by_uuid=30, visible=8, single_visible=2)
+    v, code = attribution(attributed_all)
+    check("attribution: all attributed holds",
+          code == OK and v["status"] == "ok" and v["attributed"] == 40 and "reason" not in v)
+    v, code = attribution(device_counts(41, by_uuid=30, visible=8, single_visible=2,
+                                        no_context=1))
+    check("attribution: one without a context fails",
+          code == BELOW_TARGET and "no_context 1" in v["reason"])
+    v, code = attribution(device_counts(40, by_uuid=30, visible=8, single_visible=1,
+                                        stream_conflict=1))
+    check("attribution: a stream conflict fails, though the sum is short too",
+          code == BELOW_TARGET and "stream_conflict 1" in v["reason"] and "= 39" in v["reason"])
+    v, code = attribution(device_counts(40, by_uuid=20))
+    check("attribution: sampled launches never attributed (no group read) fail",
+          code == BELOW_TARGET and "not counts.sampled = 40" in v["reason"])
+    v, code = attribution(device_counts(40, by_uuid=30, single_device=10))
+    check("attribution: the host's only GPU does not count on a host with several",
+          code == BELOW_TARGET and "single_device 10" in v["reason"])
+    v, code = attribution(device_counts(0))
+    check("attribution: no sampled launch is a failed run", code == RUN_FAILED)
+    v, code = attribution({"counts": {"sampled": 5}})
+    check("attribution: no counts.devices is a failed run", code == RUN_FAILED)
+
+    # The devices case holds when both workloads and the attribution hold.
+    ok_part = {"case": "devices-0", "status": "ok", "share_matched": 1.0}
+    low_part = {"case": "devices-1", "status": "below_target", "share_matched": 0.9}
+    ok_attr = attribution(attributed_all)[0]
+    v, code = devices_case(ok_attr, [ok_part, dict(ok_part, case="devices-1", share_matched=0.995)])
+    check("devices case holds", code == OK and v["case"] == "devices"
+          and v["share_matched"] == 0.995 and set(v["workloads"]) == {"devices-0", "devices-1"})
+    v, code = devices_case(ok_attr, [ok_part, low_part])
+    check("devices case: one workload below target",
+          code == BELOW_TARGET and v["reason"].startswith("devices-1: below_target, 90.00%"))
+    v, code = devices_case(attribution(device_counts(3, unknown_ordinal=3))[0],
+                           [ok_part, dict(ok_part, case="devices-1")])
+    check("devices case: attribution fails it",
+          code == BELOW_TARGET and "attribution: 3 sampled" in v["reason"])
+    v, code = devices_case(ok_attr, [ok_part, failed("the workload exited 1", "devices-1")[0]])
+    check("devices case: a failed workload", code == RUN_FAILED)
+    v, code = devices_case(ok_attr, [])
+    check("devices case: no workload verdict", code == RUN_FAILED)
+
+    # A skipped case neither fails nor holds the others up.
+    skip = skipped("one GPU on this host", "devices")[0]
+    check("skipped verdict", skip == {"case": "devices", "status": "skipped",
+                                      "reason": "one GPU on this host"})
+    v, code = combine([{"case": "attached", "status": "ok"}, skip])
+    check("combine: skipped and ok is ok", code == OK and v["status"] == "ok"
+          and v["cases"]["devices"]["status"] == "skipped")
+    v, code = combine([{"case": "attached", "status": "below_target"}, skip])
+    check("combine: skipped and below target", code == BELOW_TARGET)
+    v, code = combine([{"case": "attached", "status": "weird"}, skip])
+    check("combine: an unknown status is a failed run", code == RUN_FAILED)
+
     # An agent without a launch log: the snippets' names (identities carry configurations).
     snippets = [
         {"pid": pid, "window": 1, "all_names": [r["name"] for r in log_rows[100:]]},
@@ -754,6 +1008,72 @@ def self_test():
         check("cli: combine ok", r.returncode == OK)
         r = run("--combine", good, bad)
         check("cli: combine with a failed run", r.returncode == RUN_FAILED)
+
+        # The graph case on the command line (argparse refused it before).
+        r = run(cap, prof, "--case", "graph")
+        check("cli: --case graph gives a graph verdict",
+              r.returncode == OK and json.loads(r.stdout)["case"] == "graph")
+        graph = write("verdict-graph.json", json.loads(r.stdout))
+        r = run("--failed", "the workload exited 1", "--case", "graph")
+        check("cli: --failed --case graph",
+              r.returncode == RUN_FAILED and json.loads(r.stdout)["case"] == "graph")
+        failed_graph = write("failed-graph.json", json.loads(r.stdout))
+        r = run("--combine", good, graph)
+        check("cli: combine with graph",
+              r.returncode == OK and set(json.loads(r.stdout)["cases"]) == {"attached", "graph"})
+        r = run("--combine", good, failed_graph)
+        check("cli: combine with a failed graph run", r.returncode == RUN_FAILED
+              and json.loads(r.stdout)["cases"]["graph"]["status"] == "run_failed")
+        r = run(cap, prof, "--case", "sideways")
+        check("cli: an unknown case is refused", r.returncode == 2 and not r.stdout)
+
+        # Skipped, and a verdict file that is not there.
+        r = run("--skipped", "one GPU on this host", "--case", "devices")
+        check("cli: --skipped", r.returncode == OK and json.loads(r.stdout)
+              == {"case": "devices", "status": "skipped", "reason": "one GPU on this host"})
+        skipped_devices = write("verdict-devices.json", json.loads(r.stdout))
+        r = run("--combine", good, graph, skipped_devices)
+        check("cli: combine with a skipped case is ok",
+              r.returncode == OK and json.loads(r.stdout)["status"] == "ok")
+        r = run("--combine", good, os.path.join(tmp, "verdict-late.json"))
+        out = json.loads(r.stdout) if r.stdout else {}
+        check("cli: combine with a missing verdict file keeps the others",
+              r.returncode == RUN_FAILED and out["cases"]["attached"]["status"] == "ok"
+              and out["cases"]["late_attach"]["status"] == "run_failed")
+
+        # The devices case: two workloads in one capture, each with its own profiler output.
+        two_cap = write("capture-devices.json",
+                        dict(capture, launch_log=both, counts=attributed_all["counts"]))
+        parts = []
+        for n, p in enumerate((profiler, profiler_b)):
+            r = run(two_cap, write(f"profiler-devices-{n}.json", p), "--case", f"devices-{n}")
+            check(f"cli: devices-{n}", r.returncode == OK
+                  and json.loads(r.stdout)["case"] == f"devices-{n}")
+            parts.append(write(f"verdict-devices-{n}.json", json.loads(r.stdout)))
+        r = run(two_cap, "--devices", *parts)
+        out = json.loads(r.stdout)
+        check("cli: --devices holds", r.returncode == OK and out["case"] == "devices"
+              and out["attribution"]["status"] == "ok" and len(out["workloads"]) == 2)
+        devices_ok = write("devices-ok.json", out)
+        r = run("--combine", good, graph, devices_ok)
+        check("cli: combine with the devices case", r.returncode == OK
+              and json.loads(r.stdout)["cases"]["devices"]["status"] == "ok")
+        lost = write("capture-lost.json", dict(capture, launch_log=both,
+                                               counts=device_counts(9, by_uuid=8,
+                                                                    no_context=1)["counts"]))
+        r = run(lost, "--devices", *parts)
+        check("cli: --devices with an unattributed launch", r.returncode == BELOW_TARGET
+              and json.loads(r.stdout)["attribution"]["unattributed"]["no_context"] == 1)
+        r = run(two_cap, "--devices", parts[0], os.path.join(tmp, "verdict-devices-9.json"))
+        check("cli: --devices with a missing workload verdict", r.returncode == RUN_FAILED
+              and json.loads(r.stdout)["workloads"]["devices-9"]["status"] == "run_failed")
+        r = run(os.path.join(tmp, "absent.json"), "--devices", *parts)
+        check("cli: --devices without a capture", r.returncode == RUN_FAILED
+              and json.loads(r.stdout)["attribution"]["status"] == "run_failed")
+        r = run("--failed", "the agent could not open NVML/GPM (agent-devices.log)",
+                "--case", "devices")
+        check("cli: --failed --case devices",
+              r.returncode == RUN_FAILED and json.loads(r.stdout)["case"] == "devices")
     print(json.dumps({"self_test": "ok", "checks": len(checks)}))
     return OK
 
@@ -765,22 +1085,34 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("capture", nargs="?")
     parser.add_argument("profiler", nargs="?")
-    parser.add_argument("--case", choices=["attached", "late"], default="attached")
+    parser.add_argument("--case", type=case_arg, default="attached",
+                        help="attached, late, graph, devices or devices-N")
     parser.add_argument("--agent-log")
     parser.add_argument("--combine", nargs="+", metavar="VERDICT")
+    parser.add_argument("--devices", nargs="+", metavar="VERDICT",
+                        help="the devices case: its workloads' verdicts and CAPTURE_JSON's "
+                        "device attribution")
     parser.add_argument("--failed", metavar="REASON")
+    parser.add_argument("--skipped", metavar="REASON")
     parser.add_argument("--self-test", action="store_true")
     args = parser.parse_args()
-    case_name = "late_attach" if args.case == "late" else "attached"
+    case_name = case_label(args.case)
     if args.self_test:
         return self_test()
     if args.failed is not None:
         verdict, code = failed(args.failed, case_name)
+    elif args.skipped is not None:
+        verdict, code = skipped(args.skipped, case_name)
     elif args.combine:
+        verdict, code = combine(load_verdicts(args.combine))
+    elif args.devices:
+        if not args.capture or args.profiler:
+            parser.error("--devices takes CAPTURE_JSON and no PROFILER_JSON")
         try:
-            verdict, code = combine([load_json(p, "verdict") for p in args.combine])
+            attr, _ = attribution(load_json(args.capture, "capture"))
         except RunFailed as e:
-            verdict, code = failed(str(e))
+            attr, _ = failed(str(e), "attribution")
+        verdict, code = devices_case(attr, load_verdicts(args.devices))
     else:
         if not args.capture or not args.profiler:
             parser.error("give CAPTURE_JSON and PROFILER_JSON")

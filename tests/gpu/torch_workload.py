@@ -20,7 +20,8 @@ profiler, so its list is the process's whole list of launches.
         the idle time also leaves the largest gap between two launch calls in the trace
         ("after_attach_by_gap", used when the annotation is missing).
 
-OUT_JSON: {"pid", "torch", "cuda", "device", "mode", "launches": [{"name", "grid", "block",
+OUT_JSON: {"pid", "torch", "cuda", "device", "cuda_visible_devices" (the environment's, as the
+devices case sets it), "mode", "launches": [{"name", "grid", "block",
 "shared_memory", "correlation", "launch_ts_us", "launch_api", "launch_tid", "stream",
 "order_from"}, ...], "kernels": [name, ...], "after_attach": index or null, ...}. Launches are
 in launch order: sorted by the timestamp of the runtime (or driver) API call that launched the
@@ -350,6 +351,7 @@ def run(args):
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "iterations": args.iterations,
         "warmup": args.warmup if late else 0,
         "launches": rows,
