@@ -12,7 +12,7 @@ use penrose_core::sampling::{Decision, SamplePeriod, SamplingSchedule, hit_proba
 use penrose_design::simulate::fleet::Mix;
 use penrose_design::simulate::gpu::{SamplerModel, Sink};
 use penrose_design::simulate::steer::Policy;
-use penrose_design::simulate::{Checked, Fleet, Params};
+use penrose_design::simulate::{Checked, Fleet, Params, Rule};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -645,4 +645,76 @@ fn steering_releases_an_application_on_twelve_gpus_in_half_the_day_the_default_t
         .p100
         .expect("released within the day");
     assert!((4.0..12.0).contains(&hours), "{hours}");
+}
+
+#[test]
+fn the_hourly_rule_releases_twelve_gpus_within_the_hour_and_never_nine() {
+    // Issue 25's rule: q = 1 report per (counter, hour), a sum released the moment its bound,
+    // max over hours of ceil(r_h / q) and ceil(r / (q x H)), reaches k = 10. Twelve GPUs each
+    // seal a report per group in the first hour: 12 of one hour is 12 contributors.
+    let params = Params {
+        gpus: 12,
+        apps: vec![1],
+        mixes: vec![Mix::SmallKernel],
+        rule: Rule::Hourly,
+        ..Params::default()
+    };
+    let checked = params.check().unwrap();
+    let (result, tally) = checked.run_scenario(checked.scenarios[0], 1, &|_| {});
+    let hours = result.released.p100.expect("released within the day");
+    assert!(hours < 1.5, "{hours}");
+    // The agent's cap: at most q per (GPU, group, hour).
+    assert!(
+        tally.reports.iter().all(|&r| r <= 12 * 24),
+        "{:?}",
+        tally.reports
+    );
+    // Nine GPUs reporting every hour of the day send 9 x 24 = 216 reports per group: no hour
+    // holds 10, and 216 over 24 hours is 9 contributors. Never released, as under the daily
+    // rule (217 needed); an unsound bound (reports over q alone) would release it in an hour.
+    let nine = Params {
+        gpus: 9,
+        ..params.clone()
+    };
+    let checked = nine.check().unwrap();
+    let (result, tally) = checked.run_scenario(checked.scenarios[0], 1, &|_| {});
+    assert!(
+        tally.reports.iter().all(|&r| r >= 10),
+        "{:?}",
+        tally.reports
+    );
+    assert_eq!(result.released.p100, None, "{result:?}");
+    assert_eq!(
+        result.released_on_k_gpus.p100, None,
+        "no application on k GPUs"
+    );
+}
+
+#[test]
+fn the_hourly_rule_takes_hour_epochs_and_no_steering() {
+    let hourly = Params {
+        rule: Rule::Hourly,
+        ..Params::default()
+    };
+    let err = Params {
+        epoch_hours: 6.0,
+        ..hourly.clone()
+    }
+    .check()
+    .unwrap_err();
+    assert!(err.to_string().starts_with("--epoch-hours"), "{err}");
+    let err = Params {
+        steer: Policy::SealAge,
+        ..hourly.clone()
+    }
+    .check()
+    .unwrap_err();
+    assert!(err.to_string().starts_with("--steer"), "{err}");
+    let err = Params {
+        reports_per_hour: 0,
+        ..hourly
+    }
+    .check()
+    .unwrap_err();
+    assert!(err.to_string().starts_with("--reports-per-hour"), "{err}");
 }

@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::fleet::Mix;
 use super::gpu::SamplerModel;
+use super::params::Rule;
 use super::steer::Policy;
 use super::{Params, svg, table};
 
@@ -109,6 +110,14 @@ pub struct SimulateArgs {
     /// what the threshold costs).
     #[arg(long, default_value_t = Params::default().threshold)]
     threshold: u64,
+    /// The release rule: daily (today's: T reports per counter and day, one-day epochs, a sum
+    /// released once its epoch's bound reaches k) or hourly (issue 25's proposal: q tokens per
+    /// counter and hour, a sum released the moment its bound reaches k).
+    #[arg(long, value_enum, default_value_t = Rule::Daily)]
+    rule: Rule,
+    /// q: reports per (counter, hour) an agent sends at most under --rule hourly.
+    #[arg(long, default_value_t = Params::default().reports_per_hour)]
+    reports_per_hour: u32,
     /// Epoch length, hours (the aggregation server's default policy: one day).
     #[arg(long, default_value_t = 24.0)]
     epoch_hours: f64,
@@ -190,6 +199,8 @@ impl SimulateArgs {
             seal_max_age_seconds: self.seal_max_age_seconds,
             reports_per_day: self.reports_per_day,
             threshold: self.threshold,
+            rule: self.rule,
+            reports_per_hour: self.reports_per_hour,
             epoch_hours: self.epoch_hours,
             upload_delay_seconds: self.upload_delay_seconds,
             resolution_seconds: self.resolution_seconds,

@@ -14,6 +14,15 @@ use super::steer::{Hint, Server, Steering};
 /// Seconds in a day: reports are stamped with their day and capped per (counter, day).
 pub const DAY: f64 = 86_400.0;
 
+/// The agent's cap: at most `reports` per (counter, period).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cap {
+    /// Reports per (counter, period): T a day, or q an hour.
+    pub reports: u32,
+    /// The period, seconds.
+    pub period: f64,
+}
+
 /// How the sampler picks launches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -54,8 +63,8 @@ pub struct AgentModel {
     pub seal_samples: u64,
     /// ... or this old (seconds), whichever comes first.
     pub seal_age: f64,
-    /// T: reports sealed per (counter, day) at most.
-    pub reports_per_day: u32,
+    /// Reports sealed per (counter, period) at most.
+    pub cap: Cap,
     /// The uploader's longest random delay, seconds.
     pub upload_delay: f64,
     /// What the agent does with the hints in the aggregation server's acks.
@@ -103,7 +112,7 @@ struct Open {
     /// open histogram already older than the new age seals when the hint arrives, not before.
     opened: f64,
     samples: u64,
-    /// The day the cap held it back on: it seals at the next day's first tick.
+    /// The cap period it was held back in: it seals at the next period's first tick.
     held_on: Option<u64>,
 }
 
@@ -112,8 +121,8 @@ struct Agent<'a> {
     model: &'a AgentModel,
     app: u32,
     open: Vec<Option<Open>>,
-    /// Per group: the day of its last seal and how many it sealed that day (a group's seals
-    /// come in time order; two groups' need not).
+    /// Per group: the cap period of its last seal and how many it sealed in it (a group's
+    /// seals come in time order; two groups' need not).
     sealed: Vec<(u64, u32)>,
     /// Per group: the seal age in force (the model's, unless a hint changed it).
     seal_age: Vec<f64>,
@@ -123,20 +132,21 @@ struct Agent<'a> {
 }
 
 impl Agent<'_> {
-    fn day_of(t: f64) -> u64 {
-        (t / DAY).floor() as u64
+    fn period_of(&self, t: f64) -> u64 {
+        (t / self.model.cap.period).floor() as u64
     }
 
-    /// Seals group `g`'s histogram at `t` unless the day's cap is reached (then it is held).
+    /// Seals group `g`'s histogram at `t` unless the period's cap is reached (then it is
+    /// held).
     fn try_seal(&mut self, g: usize, t: f64, rng: &mut ChaCha8Rng, sink: &mut impl Sink) -> bool {
-        let day = Self::day_of(t);
+        let period = self.period_of(t);
         let sealed = &mut self.sealed[g];
-        if sealed.0 != day {
-            *sealed = (day, 0);
+        if sealed.0 != period {
+            *sealed = (period, 0);
         }
-        if sealed.1 >= self.model.reports_per_day {
+        if sealed.1 >= self.model.cap.reports {
             if let Some(open) = self.open[g].as_mut() {
-                open.held_on = Some(day);
+                open.held_on = Some(period);
             }
             return false;
         }
@@ -160,7 +170,7 @@ impl Agent<'_> {
         for g in 0..self.open.len() {
             while let Some(open) = self.open[g] {
                 let due = match open.held_on {
-                    Some(day) => (day + 1) as f64 * DAY,
+                    Some(period) => (period + 1) as f64 * self.model.cap.period,
                     None => open.opened + self.seal_age[g],
                 };
                 if due >= now || self.try_seal(g, due, rng, sink) {

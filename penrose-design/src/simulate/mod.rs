@@ -17,6 +17,15 @@
 //! an application takes reports from at least k GPUs that run it, each sending at most T per
 //! (counter, day).
 //!
+//! That is the daily rule the servers apply today (`--rule daily`, the default). `--rule
+//! hourly` models issue 25's proposal instead: an agent seals at most q reports per (counter,
+//! hour) (one admission token each, q = 1 by default), and a sum is released the moment its
+//! bound reaches k, the bound being the larger of `max over hours h of ceil(r_h / q)` (one
+//! credential spends at most q tokens of hour h) and `ceil(r / (q x H))` over the H hours its
+//! reports span; a report counts in the hour it was sealed in (its token's) from the moment it
+//! arrives. Both bounds are sound against a client that holds every token one credential can
+//! get. Not modelled yet: steering under the hourly rule (refused), the sums after the first.
+//!
 //! Two weaker definitions are computed beside it, to show where the time goes: **reported**
 //! (every group has at least one report at the aggregation server, whatever the threshold) and
 //! **sampled** (every group has at least one sampled launch somewhere in the fleet: the notion
@@ -93,5 +102,5 @@ mod run;
 pub mod steer;
 
 pub use output::{svg, table};
-pub use params::{Checked, Params, Scenario, SimulateError};
+pub use params::{Checked, Params, Rule, Scenario, SimulateError};
 pub use run::{AppTimes, Fleet, Quantiles, ScenarioResult, Simulation, Tally};

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use super::fleet::Mix;
+use super::params::Rule;
 use super::{Quantiles, Simulation};
 
 /// Formats hours, or `>H` when the run ended first.
@@ -55,18 +56,26 @@ pub fn table(sim: &Simulation) -> String {
         p.max_gap_seconds,
         p.process_cpu
     );
+    let rule = match p.rule {
+        Rule::Daily => format!(
+            "daily rule: T = {} reports per (counter, day), epoch {} h",
+            p.reports_per_day, p.epoch_hours
+        ),
+        Rule::Hourly => format!(
+            "hourly rule: q = {} reports per (counter, hour), released when the bound reaches k",
+            p.reports_per_hour
+        ),
+    };
     let _ = writeln!(
         out,
         "{} counter groups, {} s each; seal at {} samples or {} s; upload delay <= {} s; \
-         T = {} reports per (counter, day); k = {} contributors; epoch {} h",
+         k = {} contributors; {rule}",
         p.groups,
         p.group_seconds,
         p.seal_samples,
         p.seal_max_age_seconds,
         p.upload_delay_seconds,
-        p.reports_per_day,
         p.threshold,
-        p.epoch_hours
     );
     if p.steer != super::steer::Policy::None {
         let _ = writeln!(
@@ -84,12 +93,13 @@ pub fn table(sim: &Simulation) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>5} {:>5}  {:<13} {:>7}  {:>13}  {:>13}  {:>13}  {:>7}  {:>7}  {:>7}",
+        "{:>5} {:>5}  {:<13} {:>7}  {:>13}  {:>13}  {:>13}  {:>13}  {:>7}  {:>7}  {:>7}",
         "apps",
         "run",
         "mix",
         "budget",
         "released",
+        "on >=k GPUs",
         "reported",
         "sampled",
         "on <k",
@@ -98,11 +108,13 @@ pub fn table(sim: &Simulation) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>5} {:>5}  {:<13} {:>7}  {:>6} {:>6}  {:>6} {:>6}  {:>6} {:>6}  {:>7}  {:>7}  {:>7}",
+        "{:>5} {:>5}  {:<13} {:>7}  {:>6} {:>6}  {:>6} {:>6}  {:>6} {:>6}  {:>6} {:>6}  {:>7}  {:>7}  {:>7}",
         "",
         "",
         "",
         "",
+        "97.5%",
+        "100%",
         "97.5%",
         "100%",
         "97.5%",
@@ -116,12 +128,13 @@ pub fn table(sim: &Simulation) -> String {
     for s in &sim.scenarios {
         let _ = writeln!(
             out,
-            "{:>5} {:>5}  {:<13} {:>6}%  {}  {}  {}  {:>7}  {:>7.2}  {:>7.2}",
+            "{:>5} {:>5}  {:<13} {:>6}%  {}  {}  {}  {}  {:>7}  {:>7.2}  {:>7.2}",
             s.apps,
             s.apps_present,
             s.mix.name(),
             s.budget_percent,
             pair(&s.released, p.hours),
+            pair(&s.released_on_k_gpus, p.hours),
             pair(&s.reported, p.hours),
             pair(&s.sampled, p.hours),
             s.apps_under_k_gpus,

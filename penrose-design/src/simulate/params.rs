@@ -11,7 +11,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::fleet::{CaptureModel, Mix};
-use super::gpu::{AgentModel, SamplerModel};
+use super::gpu::{AgentModel, Cap, DAY, SamplerModel};
 use super::steer::{Policy, Steering};
 
 /// Seconds in an hour.
@@ -36,6 +36,29 @@ fn bad(name: &'static str, why: impl Into<String>) -> SimulateError {
     SimulateError::Parameter {
         name,
         why: why.into(),
+    }
+}
+
+/// The release rule the servers apply, and the cap the agent keeps to with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// Today's: T reports per (counter, day); a sum holds one epoch's reports, and its
+    /// bound `ceil(r / (T x days))` must reach k (`penrose_core::release`).
+    Daily,
+    /// Issue 25's: q admission tokens per (counter, hour), so an agent seals at most q reports
+    /// per (counter, hour); a sum is released the moment its bound reaches k, the bound being
+    /// the larger of `max over hours h of ceil(r_h / q)` (one credential spends at most q
+    /// tokens of hour h) and `ceil(r / (q x H))` over the H hours its reports span.
+    Hourly,
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Rule::Daily => "daily",
+            Rule::Hourly => "hourly",
+        })
     }
 }
 
@@ -86,7 +109,11 @@ pub struct Params {
     pub reports_per_day: u32,
     /// k: contributors a released sum needs.
     pub threshold: u64,
-    /// Epoch length, hours.
+    /// The release rule.
+    pub rule: Rule,
+    /// q: reports per (counter, hour) an agent sends at most under [`Rule::Hourly`].
+    pub reports_per_hour: u32,
+    /// Epoch length, hours (the daily rule's; the hourly rule's epochs are hours).
     pub epoch_hours: f64,
     /// Longest random upload delay, seconds.
     pub upload_delay_seconds: f64,
@@ -135,6 +162,8 @@ impl Default for Params {
             seal_max_age_seconds: DEFAULT_SEAL_MAX_AGE.as_secs_f64(),
             reports_per_day: ReportsPerContributor::DEFAULT.get(),
             threshold: Threshold::DEFAULT.get(),
+            rule: Rule::Daily,
+            reports_per_hour: 1,
             epoch_hours: 24.0,
             upload_delay_seconds: 60.0,
             resolution_seconds: 60.0,
@@ -242,7 +271,7 @@ impl Params {
         if self.threshold == 0 {
             return Err(bad("--threshold", "k is at least 1"));
         }
-        let epoch = positive("--epoch-hours", self.epoch_hours)? * HOUR;
+        let epoch = self.epoch_seconds()?;
         let upload_delay = non_negative("--upload-delay-seconds", self.upload_delay_seconds)?;
         let resolution = positive("--resolution-seconds", self.resolution_seconds)?;
         let horizon = hours * HOUR;
@@ -271,6 +300,12 @@ impl Params {
         }
         let steering = match self.steer {
             Policy::None => Steering::OFF,
+            _ if self.rule == Rule::Hourly => {
+                return Err(bad(
+                    "--steer",
+                    "steering is modelled for the daily rule only",
+                ));
+            }
             policy => Steering {
                 policy,
                 rate_factor: self.steer_factor,
@@ -285,7 +320,7 @@ impl Params {
             group_seconds: self.group_seconds,
             seal_samples: self.seal_samples,
             seal_age: self.seal_max_age_seconds,
-            reports_per_day: self.reports_per_day,
+            cap: self.cap()?,
             upload_delay,
             steering,
         };
@@ -328,6 +363,39 @@ impl Params {
             epochs: epochs as usize,
             bins: bins as usize,
         })
+    }
+}
+
+impl Params {
+    /// The epoch length in seconds: `--epoch-hours` under the daily rule, an hour under the
+    /// hourly one (which takes no other).
+    fn epoch_seconds(&self) -> Result<f64, SimulateError> {
+        let hours = positive("--epoch-hours", self.epoch_hours)?;
+        match self.rule {
+            Rule::Daily => Ok(hours * HOUR),
+            Rule::Hourly if hours == 24.0 || hours == 1.0 => Ok(HOUR),
+            Rule::Hourly => Err(bad(
+                "--epoch-hours",
+                "the hourly rule's epochs are hours (leave --epoch-hours out)",
+            )),
+        }
+    }
+
+    /// The agent's cap: T per day, or q per hour.
+    fn cap(&self) -> Result<Cap, SimulateError> {
+        match self.rule {
+            Rule::Daily => Ok(Cap {
+                reports: self.reports_per_day,
+                period: DAY,
+            }),
+            Rule::Hourly if self.reports_per_hour == 0 => {
+                Err(bad("--reports-per-hour", "q is at least 1"))
+            }
+            Rule::Hourly => Ok(Cap {
+                reports: self.reports_per_hour,
+                period: HOUR,
+            }),
+        }
     }
 }
 

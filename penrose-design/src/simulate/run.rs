@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::fleet::{Apps, Mix};
 use super::gpu::{self, Gpu, GpuSetup, Sink};
-use super::params::{Checked, HOUR, Params, Scenario};
+use super::params::{Checked, HOUR, Params, Rule, Scenario};
 use super::steer::Counts;
 
 /// GPUs a worker takes at a time.
@@ -312,6 +312,68 @@ impl Tally {
         }
         best
     }
+
+    /// When (application, group)'s first sum is released under the hourly rule (epochs are
+    /// hours, a report's epoch its token's hour): the first arrival after which the bound,
+    /// the larger of `max_h ceil(r_h / q)` and `ceil(r / (q x H))` over the H hours its
+    /// reports span, reaches `k`; seconds (infinite: never within the run).
+    fn release_time_hourly(&self, cell: usize, q: u64, k: u64) -> f64 {
+        let mut arrivals: Vec<(f64, usize, u64)> = Vec::new();
+        for hour in 0..self.epochs {
+            let base = (cell * self.epochs + hour) * self.bins;
+            let start = hour as f64 * self.epoch;
+            for (b, &n) in self.arrivals[base..base + self.bins].iter().enumerate() {
+                if n > 0 {
+                    let at = start + (b + 1) as f64 * self.resolution;
+                    arrivals.push((at, hour, u64::from(n)));
+                }
+            }
+        }
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut bound = HourlyBound::new(self.epochs, q);
+        for (at, hour, n) in arrivals {
+            if bound.add(hour, n) >= k {
+                return at.min(self.horizon);
+            }
+        }
+        f64::INFINITY
+    }
+}
+
+/// The hourly rule's contributor bound of one running sum, as reports arrive.
+struct HourlyBound {
+    q: u64,
+    per_hour: Vec<u64>,
+    busiest: u64,
+    total: u64,
+    first: usize,
+    last: usize,
+}
+
+impl HourlyBound {
+    fn new(hours: usize, q: u64) -> Self {
+        Self {
+            q: q.max(1),
+            per_hour: vec![0; hours],
+            busiest: 0,
+            total: 0,
+            first: usize::MAX,
+            last: 0,
+        }
+    }
+
+    /// Adds `n` reports of `hour`; the bound afterwards.
+    fn add(&mut self, hour: usize, n: u64) -> u64 {
+        self.per_hour[hour] += n;
+        self.busiest = self.busiest.max(self.per_hour[hour]);
+        self.total += n;
+        self.first = self.first.min(hour);
+        self.last = self.last.max(hour);
+        let span = (self.last - self.first + 1) as u64;
+        self.busiest
+            .div_ceil(self.q)
+            .max(self.total.div_ceil(self.q * span))
+    }
 }
 
 impl Sink for Tally {
@@ -371,6 +433,8 @@ pub struct ScenarioResult {
     pub probed_per_gpu_hour: f64,
     /// Released (k contributors in one epoch, every group).
     pub released: Quantiles,
+    /// Released, among the applications on at least k GPUs (the others never can be).
+    pub released_on_k_gpus: Quantiles,
     /// At least one report of every group at the aggregation server.
     pub reported: Quantiles,
     /// At least one sampled launch of every group in the fleet.
@@ -430,8 +494,16 @@ impl Checked {
                 .map(|a| (0..groups).map(|g| f(a * groups + g)).fold(0.0, f64::max) / HOUR)
                 .collect()
         };
+        let released = |c: usize| match self.params.rule {
+            Rule::Daily => tally.release_time(c, |days| self.reports_needed(days)),
+            Rule::Hourly => tally.release_time_hourly(
+                c,
+                u64::from(self.params.reports_per_hour),
+                self.params.threshold,
+            ),
+        };
         AppTimes {
-            released: worst(&|c| tally.release_time(c, |days| self.reports_needed(days))),
+            released: worst(&released),
             reported: worst(&|c| tally.first_report[c]),
             sampled: worst(&|c| tally.first_sample[c]),
         }
@@ -517,6 +589,7 @@ impl Checked {
         let gpu_hours = (busy as f64 * self.horizon / HOUR).max(f64::MIN_POSITIVE);
         let k = self.params.threshold;
         let present: Vec<bool> = tally.gpus.iter().map(|&n| n > 0).collect();
+        let on_k_gpus: Vec<bool> = tally.gpus.iter().map(|&n| n >= k).collect();
         let apps_present = present.iter().filter(|&&p| p).count();
         let curve = (0..=CURVE_POINTS)
             .map(|i| {
@@ -536,6 +609,7 @@ impl Checked {
             reports_per_gpu_hour: tally.reports.iter().sum::<u64>() as f64 / gpu_hours,
             probed_per_gpu_hour: tally.launches as f64 / gpu_hours,
             released: quantiles(&times.released, &present),
+            released_on_k_gpus: quantiles(&times.released, &on_k_gpus),
             reported: quantiles(&times.reported, &present),
             sampled: quantiles(&times.sampled, &present),
             curve,
