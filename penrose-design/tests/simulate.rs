@@ -718,3 +718,34 @@ fn the_hourly_rule_takes_hour_epochs_and_no_steering() {
     .unwrap_err();
     assert!(err.to_string().starts_with("--reports-per-hour"), "{err}");
 }
+
+#[test]
+fn under_the_hourly_rule_a_report_of_thirty_gpus_waits_minutes_for_its_sum() {
+    // 30 GPUs whose uploads spread over the hour (a random delay up to 3,600 s): a sum takes
+    // the reports that arrive until ten of one hour are in, so a report waits for the next few
+    // of its hour, minutes, never the day an epoch takes.
+    let params = Params {
+        gpus: 30,
+        apps: vec![1],
+        mixes: vec![Mix::Uniform],
+        rule: Rule::Hourly,
+        upload_delay_seconds: 3_600.0,
+        resolution_seconds: 5.0,
+        ..Params::default()
+    };
+    let checked = params.check().unwrap();
+    let (result, _) = checked.run_scenario(checked.scenarios[0], 1, &|_| {});
+    let latency = result.latency.expect("the hourly rule measures latency");
+    assert_eq!(latency.apps, 1, "{latency:?}");
+    assert!(latency.released_share > 0.95, "{latency:?}");
+    let median = latency.median.unwrap() * 60.0;
+    assert!(median > 0.5 && median < 30.0, "{median} minutes");
+    // The daily rule measures none: its sums wait for the epoch to close.
+    let daily = Params {
+        rule: Rule::Daily,
+        ..params
+    };
+    let checked = daily.check().unwrap();
+    let (result, _) = checked.run_scenario(checked.scenarios[0], 1, &|_| {});
+    assert_eq!(result.latency, None);
+}

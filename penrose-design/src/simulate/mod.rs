@@ -103,4 +103,6 @@ pub mod steer;
 
 pub use output::{svg, table};
 pub use params::{Checked, Params, Rule, Scenario, SimulateError};
-pub use run::{AppTimes, Fleet, Quantiles, ScenarioResult, Simulation, Tally};
+pub use run::{
+    AppTimes, Fleet, LATENCY_GPUS, Latency, Quantiles, ScenarioResult, Simulation, Tally,
+};

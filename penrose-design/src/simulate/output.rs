@@ -142,7 +142,42 @@ pub fn table(sim: &Simulation) -> String {
             s.reports_per_gpu_hour
         );
     }
+    latency_table(&mut out, sim);
     out
+}
+
+/// Under the hourly rule: how long a report waits from its arrival to its sum's release.
+fn latency_table(out: &mut String, sim: &Simulation) {
+    if sim.params.rule != Rule::Hourly {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nFrom a report's arrival to its sum's release, applications on >= {} GPUs: the median \
+         and the largest of each application's median wait (minutes)",
+        super::run::LATENCY_GPUS
+    );
+    let _ = writeln!(
+        out,
+        "{:>5}  {:<13} {:>7}  {:>6}  {:>10}  {:>9}  {:>7}  {:>7}",
+        "apps", "mix", "budget", "on 30+", "reports", "released", "median", "largest"
+    );
+    let minutes = |h: Option<f64>| h.map_or_else(|| "-".to_owned(), |h| format!("{:.1}", h * 60.0));
+    for s in &sim.scenarios {
+        let Some(l) = s.latency else { continue };
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<13} {:>6}%  {:>6}  {:>10}  {:>8.1}%  {:>7}  {:>7}",
+            s.apps,
+            s.mix.name(),
+            s.budget_percent,
+            l.apps,
+            l.reports,
+            l.released_share * 100.0,
+            minutes(l.median),
+            minutes(l.worst)
+        );
+    }
 }
 
 const COLOURS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];

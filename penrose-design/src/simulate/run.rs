@@ -314,10 +314,20 @@ impl Tally {
     }
 
     /// When (application, group)'s first sum is released under the hourly rule (epochs are
-    /// hours, a report's epoch its token's hour): the first arrival after which the bound,
-    /// the larger of `max_h ceil(r_h / q)` and `ceil(r / (q x H))` over the H hours its
-    /// reports span, reaches `k`; seconds (infinite: never within the run).
+    /// hours, a report's epoch its token's hour): the first arrival after which the bound
+    /// reaches `k`; seconds (infinite: never within the run).
     fn release_time_hourly(&self, cell: usize, q: u64, k: u64) -> f64 {
+        self.hourly_sums(cell, q, k)
+            .iter()
+            .filter_map(|a| a.released)
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// (application, group)'s reports under the hourly rule, in arrival order, each with the
+    /// release of the sum it fell in: a sum takes every report that arrives until its bound,
+    /// the larger of `max_h ceil(r_h / q)` and `ceil(r / (q x H))` over the H hours its
+    /// reports span, reaches `k`; it is released then and the next sum begins.
+    fn hourly_sums(&self, cell: usize, q: u64, k: u64) -> Vec<Arrival> {
         let mut arrivals: Vec<(f64, usize, u64)> = Vec::new();
         for hour in 0..self.epochs {
             let base = (cell * self.epochs + hour) * self.bins;
@@ -325,19 +335,39 @@ impl Tally {
             for (b, &n) in self.arrivals[base..base + self.bins].iter().enumerate() {
                 if n > 0 {
                     let at = start + (b + 1) as f64 * self.resolution;
-                    arrivals.push((at, hour, u64::from(n)));
+                    arrivals.push((at.min(self.horizon), hour, u64::from(n)));
                 }
             }
         }
         arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut out: Vec<Arrival> = Vec::with_capacity(arrivals.len());
         let mut bound = HourlyBound::new(self.epochs, q);
+        let mut open_from = 0;
         for (at, hour, n) in arrivals {
+            out.push(Arrival {
+                at,
+                reports: n,
+                released: None,
+            });
             if bound.add(hour, n) >= k {
-                return at.min(self.horizon);
+                out[open_from..]
+                    .iter_mut()
+                    .for_each(|a| a.released = Some(at));
+                open_from = out.len();
+                bound = HourlyBound::new(self.epochs, q);
             }
         }
-        f64::INFINITY
+        out
     }
+}
+
+/// Reports of one (application, group) that arrived together, and when their sum was
+/// released (`None`: not within the run).
+#[derive(Clone, Copy, Debug)]
+struct Arrival {
+    at: f64,
+    reports: u64,
+    released: Option<f64>,
 }
 
 /// The hourly rule's contributor bound of one running sum, as reports arrive.
@@ -401,6 +431,38 @@ impl Sink for Tally {
     }
 }
 
+/// Applications on at least this many GPUs are the ones issue 25's latency target speaks of.
+pub const LATENCY_GPUS: u64 = 30;
+
+/// From a report's arrival to the release of its sum, under the hourly rule, for the
+/// applications on at least [`LATENCY_GPUS`] GPUs (times rounded to the run's resolution).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Latency {
+    /// Applications on at least [`LATENCY_GPUS`] GPUs.
+    pub apps: u32,
+    /// Their reports that arrived within the run.
+    pub reports: u64,
+    /// The share of those released within the run.
+    pub released_share: f64,
+    /// The median over those applications of each one's median wait, hours.
+    pub median: Option<f64>,
+    /// The largest of those medians, hours.
+    pub worst: Option<f64>,
+}
+
+/// The `share` quantile of `(value, weight)` pairs (sorted here); `None` when they weigh
+/// nothing.
+fn weighted_quantile(values: &mut [(f64, u64)], share: f64) -> Option<f64> {
+    values.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: u64 = values.iter().map(|v| v.1).sum();
+    let rank = ((share * total as f64).ceil() as u64).max(1);
+    let mut seen = 0;
+    values.iter().find_map(|&(value, weight)| {
+        seen += weight;
+        (seen >= rank).then_some(value)
+    })
+}
+
 /// Hours until a share of applications is covered; `None`: not within the run.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Quantiles {
@@ -435,6 +497,9 @@ pub struct ScenarioResult {
     pub released: Quantiles,
     /// Released, among the applications on at least k GPUs (the others never can be).
     pub released_on_k_gpus: Quantiles,
+    /// Arrival to release under the hourly rule (`None` under the daily one, where a sum is
+    /// decryptable only after its epoch closes).
+    pub latency: Option<Latency>,
     /// At least one report of every group at the aggregation server.
     pub reported: Quantiles,
     /// At least one sampled launch of every group in the fleet.
@@ -483,6 +548,41 @@ impl Checked {
     pub fn reports_needed(&self, days: u32) -> u64 {
         let per_owner = u64::from(self.params.reports_per_day) * u64::from(days.max(1));
         (self.params.threshold - 1) * per_owner + 1
+    }
+
+    /// Arrival-to-release times of the reports of applications on at least [`LATENCY_GPUS`]
+    /// GPUs, under the hourly rule: each application's median over its reports, and those
+    /// medians' median and largest.
+    fn latency(&self, tally: &Tally) -> Latency {
+        let q = u64::from(self.params.reports_per_hour);
+        let mut medians: Vec<f64> = Vec::new();
+        let (mut reports, mut released) = (0, 0);
+        for (app, _) in tally
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n >= LATENCY_GPUS)
+        {
+            let mut waits: Vec<(f64, u64)> = Vec::new();
+            for cell in app * tally.groups..(app + 1) * tally.groups {
+                for a in tally.hourly_sums(cell, q, self.params.threshold) {
+                    reports += a.reports;
+                    if let Some(at) = a.released {
+                        released += a.reports;
+                        waits.push(((at - a.at) / HOUR, a.reports));
+                    }
+                }
+            }
+            medians.extend(weighted_quantile(&mut waits, 0.5));
+        }
+        let mut weighted: Vec<(f64, u64)> = medians.iter().map(|&m| (m, 1)).collect();
+        Latency {
+            apps: medians.len() as u32,
+            reports,
+            released_share: released as f64 / reports.max(1) as f64,
+            median: weighted_quantile(&mut weighted, 0.5),
+            worst: medians.iter().copied().reduce(f64::max),
+        }
     }
 
     /// Coverage times per application from a scenario's tally.
@@ -610,6 +710,7 @@ impl Checked {
             probed_per_gpu_hour: tally.launches as f64 / gpu_hours,
             released: quantiles(&times.released, &present),
             released_on_k_gpus: quantiles(&times.released, &on_k_gpus),
+            latency: (self.params.rule == Rule::Hourly).then(|| self.latency(tally)),
             reported: quantiles(&times.reported, &present),
             sampled: quantiles(&times.sampled, &present),
             curve,
