@@ -68,27 +68,25 @@ budget() {
     if ((l < $1)); then echo $((l > 1 ? l : 1)); else echo "$1"; fi
 }
 
-# write_skipped CASE REASON: the verdict of a case this host cannot run.
-write_skipped() {
-    say "$1: skipped: $2"
+# write_verdict STATUS CASE REASON: the verdict of a case that did not run to a comparison,
+# STATUS "skipped" (this host cannot run it) or "run_failed".
+write_verdict() {
+    local flag=--failed
+    [ "$1" = skipped ] && flag=--skipped
+    say "$2: ${1/_/ }: $3"
     if command -v "$python" >/dev/null 2>&1; then
-        "$python" "$here/compare.py" --skipped "$2" --case "$1" >"$out/verdict-$1.json"
+        "$python" "$here/compare.py" "$flag" "$3" --case "$2" >"$out/verdict-$2.json"
     else
-        printf '{"case": "%s", "status": "skipped", "reason": "%s"}\n' "$1" "$2" \
-            >"$out/verdict-$1.json"
+        printf '{"case": "%s", "status": "%s", "reason": "%s"}\n' "$2" "$1" "$3" \
+            >"$out/verdict-$2.json"
     fi
 }
 
 # write_failed CASE REASON: a failed run's verdict for CASE.
-write_failed() {
-    say "$1: run failed: $2"
-    if command -v "$python" >/dev/null 2>&1; then
-        "$python" "$here/compare.py" --failed "$2" --case "$1" >"$out/verdict-$1.json"
-    else
-        printf '{"case": "%s", "status": "run_failed", "reason": "%s"}\n' "$1" "$2" \
-            >"$out/verdict-$1.json"
-    fi
-}
+write_failed() { write_verdict run_failed "$1" "$2"; }
+
+# write_skipped CASE REASON: the verdict of a case this host cannot run.
+write_skipped() { write_verdict skipped "$1" "$2"; }
 
 finish() {
     local rc

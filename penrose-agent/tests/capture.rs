@@ -148,6 +148,14 @@ fn rerun_on(run: &str, host: &str) {
     assert!(out.status.success(), "{run} checks: {}", out.status);
 }
 
+/// Prints how many samples a device check saw and how they were attributed.
+fn print_attributed(what: &str, device: &str, counts: &penrose_agent::capture::Counts) {
+    println!(
+        "  {what}: {} samples, each with its own {device}'s values ({} through UUIDs, {} through visible devices)",
+        counts.sampled, counts.devices.by_uuid, counts.devices.by_visible_devices
+    );
+}
+
 /// The MIG checks, on [`MIG_HOST`] (this process's environment says so).
 fn mig_run() {
     let traces = traces().unwrap();
@@ -220,10 +228,7 @@ fn processes_on_mig_instances_each_read_their_own(lib: &Path, trace: &Path) {
         assert!(!snippet.samples.is_empty(), "pid {pid}");
         assert_trace_values(snippet, &seq, &format!("pid {pid} on a MIG instance"));
     }
-    println!(
-        "  7 processes on 5 MIG instances: {} samples, each with its own instance's values ({} through UUIDs, {} through visible devices)",
-        counts.sampled, counts.devices.by_uuid, counts.devices.by_visible_devices
-    );
+    print_attributed("7 processes on 5 MIG instances", "instance", &counts);
     check("processes_on_mig_instances_each_read_their_own");
 }
 
@@ -414,10 +419,7 @@ fn eight_processes_on_eight_devices_each_read_their_own(lib: &Path, trace: &Path
         }
         assert_trace_values(snippet, &seq, &format!("pid {pid} on GPU {host}"));
     }
-    println!(
-        "  8 processes on 8 GPUs of two architectures: {} samples, each with its own GPU's values ({} through UUIDs, {} through visible devices)",
-        counts.sampled, counts.devices.by_uuid, counts.devices.by_visible_devices
-    );
+    print_attributed("8 processes on 8 GPUs of two architectures", "GPU", &counts);
     check("eight_processes_on_eight_devices_each_read_their_own");
 }
 

@@ -600,7 +600,8 @@ mod tests {
         assert_eq!(event.uuid, [7u8; 16]);
         assert_eq!(ContextEvent::parse(&buf[..buf.len() - 1]), None);
         assert_eq!(ContextOp::from_u32(0), None);
-        assert_eq!(ContextOp::from_u32(8), None);
+        assert_eq!(ContextOp::from_u32(8), Some(ContextOp::DeviceUuidV2));
+        assert_eq!(ContextOp::from_u32(9), None);
     }
 
     #[test]
