@@ -158,6 +158,15 @@ fn print_attributed(what: &str, device: &str, counts: &penrose_agent::capture::C
 
 /// The MIG checks, on [`MIG_HOST`] (this process's environment says so).
 fn mig_run() {
+    on_this_host(&[
+        processes_on_mig_instances_each_read_their_own,
+        an_instance_known_only_by_its_gpu_gets_no_values,
+    ]);
+}
+
+/// Runs `checks` with a fresh stand-in on the stand-in host this process's environment names,
+/// each on the trace with the most launches.
+fn on_this_host(checks: &[fn(&Path, &Path)]) {
     let traces = traces().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let lib = penrose_standin::install_libcuda(dir.path()).unwrap();
@@ -165,8 +174,9 @@ fn mig_run() {
         .iter()
         .max_by_key(|t| replayed_sequence(t).len())
         .unwrap();
-    processes_on_mig_instances_each_read_their_own(&lib, trace);
-    an_instance_known_only_by_its_gpu_gets_no_values(&lib, trace);
+    for check in checks {
+        check(&lib, trace);
+    }
 }
 
 /// Seven processes on the five MIG instances of [`MIG_HOST`]: five name their instance in
@@ -264,17 +274,12 @@ fn an_instance_known_only_by_its_gpu_gets_no_values(lib: &Path, trace: &Path) {
 
 /// The device checks, on [`MIXED_HOST`] (this process's environment says so).
 fn devices_run() {
-    let traces = traces().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let lib = penrose_standin::install_libcuda(dir.path()).unwrap();
-    let trace = traces
-        .iter()
-        .max_by_key(|t| replayed_sequence(t).len())
-        .unwrap();
-    eight_processes_on_eight_devices_each_read_their_own(&lib, trace);
-    a_process_switching_devices_is_attributed_launch_by_launch(&lib, trace);
-    an_ordinal_with_no_certain_device_gets_no_values(&lib, trace);
-    busy_counters_give_no_values_until_they_are_free(&lib, trace);
+    on_this_host(&[
+        eight_processes_on_eight_devices_each_read_their_own,
+        a_process_switching_devices_is_attributed_launch_by_launch,
+        an_ordinal_with_no_certain_device_gets_no_values,
+        busy_counters_give_no_values_until_they_are_free,
+    ]);
 }
 
 /// Where one replayer runs: its ordinal, switches, whether it asks for UUIDs, and the two
