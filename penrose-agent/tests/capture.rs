@@ -148,6 +148,30 @@ fn rerun_on(run: &str, host: &str) {
     assert!(out.status.success(), "{run} checks: {}", out.status);
 }
 
+/// Waits for `replayers`, closes the window and checks that at least `least` launches were
+/// sampled, every one with values, attributed through UUIDs and through visible devices both,
+/// with no ring drops.
+fn every_sample_attributed(
+    capture: &mut Capture,
+    replayers: Vec<Replayer>,
+    least: u64,
+) -> (Vec<Snippet>, penrose_agent::capture::Counts) {
+    wait_all(capture, replayers);
+    capture.close_window().unwrap();
+    let snippets = capture.take_snippets();
+    let counts = capture.counts();
+    assert_eq!(capture.drops().unwrap(), 0, "ring-buffer drops");
+    assert!(counts.sampled >= least, "{counts:?}");
+    assert_eq!(counts.samples_with_values, counts.sampled, "{counts:?}");
+    assert!(counts.devices.by_uuid > 0, "{:?}", counts.devices);
+    assert!(
+        counts.devices.by_visible_devices > 0,
+        "{:?}",
+        counts.devices
+    );
+    (snippets, counts)
+}
+
 /// Prints how many samples a device check saw and how they were attributed.
 fn print_attributed(what: &str, device: &str, counts: &penrose_agent::capture::Counts) {
     println!(
@@ -219,19 +243,7 @@ fn processes_on_mig_instances_each_read_their_own(lib: &Path, trace: &Path) {
     };
     replayers.push(spawn_on(lib, trace, by_v2));
     let pids: Vec<u32> = replayers.iter().map(|r| r.child.id()).collect();
-    wait_all(&mut capture, replayers);
-    capture.close_window().unwrap();
-    let snippets = capture.take_snippets();
-    let counts = capture.counts();
-    assert_eq!(capture.drops().unwrap(), 0, "ring-buffer drops");
-    assert!(counts.sampled >= 7, "{counts:?}");
-    assert_eq!(counts.samples_with_values, counts.sampled, "{counts:?}");
-    assert!(counts.devices.by_uuid > 0, "{:?}", counts.devices);
-    assert!(
-        counts.devices.by_visible_devices > 0,
-        "{:?}",
-        counts.devices
-    );
+    let (snippets, counts) = every_sample_attributed(&mut capture, replayers, 7);
     let seq = replayed_sequence(trace);
     for pid in &pids {
         let snippet = snippet_of(&snippets, Pid(*pid));
@@ -402,20 +414,8 @@ fn eight_processes_on_eight_devices_each_read_their_own(lib: &Path, trace: &Path
         host_of.push(host.parse().unwrap());
     }
     let pids: Vec<u32> = replayers.iter().map(|r| r.child.id()).collect();
-    wait_all(&mut capture, replayers);
-    capture.close_window().unwrap();
-    let snippets = capture.take_snippets();
-    let counts = capture.counts();
+    let (snippets, counts) = every_sample_attributed(&mut capture, replayers, 8);
     let seq = replayed_sequence(trace);
-    assert_eq!(capture.drops().unwrap(), 0, "ring-buffer drops");
-    assert!(counts.sampled >= 8, "{counts:?}");
-    assert_eq!(counts.samples_with_values, counts.sampled, "{counts:?}");
-    assert!(counts.devices.by_uuid > 0, "{:?}", counts.devices);
-    assert!(
-        counts.devices.by_visible_devices > 0,
-        "{:?}",
-        counts.devices
-    );
     for (pid, host) in pids.iter().zip(&host_of) {
         let snippet = snippet_of(&snippets, Pid(*pid));
         assert!(!snippet.samples.is_empty(), "pid {pid}");

@@ -24,7 +24,9 @@
 //! credential spends at most q tokens of hour h) and `ceil(r / (q x H))` over the H hours its
 //! reports span; a report counts in the hour it was sealed in (its token's) from the moment it
 //! arrives. Both bounds are sound against a client that holds every token one credential can
-//! get. Not modelled yet: steering under the hourly rule (refused), the sums after the first.
+//! get. Under it the simulator also follows each class through successive sums, for the wait from
+//! a report's arrival to its sum's release. Not modelled: steering under the hourly rule
+//! (refused).
 //!
 //! Two weaker definitions are computed beside it, to show where the time goes: **reported**
 //! (every group has at least one report at the aggregation server, whatever the threshold) and

@@ -31,60 +31,7 @@ fn pair(q: &Quantiles, horizon: f64) -> String {
 pub fn table(sim: &Simulation) -> String {
     let p = &sim.params;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "Fleet coverage: {} GPUs ({}% busy), {} h simulated, seed {}, {} thread(s), {:.1} s",
-        p.gpus,
-        p.load * 100.0,
-        p.hours,
-        p.seed,
-        sim.threads,
-        sim.seconds
-    );
-    let _ = writeln!(
-        out,
-        "popularity Zipf s = {}; sampler {}, S = {}, O = {} s; probe {} us per launch, L = {}, \
-         window <= {} s, gap {}..{} s, probed process {} CPU",
-        p.zipf,
-        p.sampler.name(),
-        p.sample_period,
-        p.reoffset_seconds,
-        p.probe_cost_us,
-        p.window_launches,
-        p.max_window_seconds,
-        p.min_gap_seconds,
-        p.max_gap_seconds,
-        p.process_cpu
-    );
-    let rule = match p.rule {
-        Rule::Daily => format!(
-            "daily rule: T = {} reports per (counter, day), epoch {} h",
-            p.reports_per_day, p.epoch_hours
-        ),
-        Rule::Hourly => format!(
-            "hourly rule: q = {} reports per (counter, hour), released when the bound reaches k",
-            p.reports_per_hour
-        ),
-    };
-    let _ = writeln!(
-        out,
-        "{} counter groups, {} s each; seal at {} samples or {} s; upload delay <= {} s; \
-         k = {} contributors; {rule}",
-        p.groups,
-        p.group_seconds,
-        p.seal_samples,
-        p.seal_max_age_seconds,
-        p.upload_delay_seconds,
-        p.threshold,
-    );
-    if p.steer != super::steer::Policy::None {
-        let _ = writeln!(
-            out,
-            "steered by the ack: policy {}, f = {}, seal age {} s while short; server counts \
-             every {} s",
-            p.steer, p.steer_factor, p.steer_seal_age_seconds, p.steer_step_seconds
-        );
-    }
+    describe(&mut out, sim);
     let _ = writeln!(
         out,
         "\nHours until 97.5% / 100% of the applications the fleet runs are covered \
@@ -144,6 +91,65 @@ pub fn table(sim: &Simulation) -> String {
     }
     latency_table(&mut out, sim);
     out
+}
+
+/// The run's parameters, as the table's first lines.
+fn describe(out: &mut String, sim: &Simulation) {
+    let p = &sim.params;
+    let _ = writeln!(
+        out,
+        "Fleet coverage: {} GPUs ({}% busy), {} h simulated, seed {}, {} thread(s), {:.1} s",
+        p.gpus,
+        p.load * 100.0,
+        p.hours,
+        p.seed,
+        sim.threads,
+        sim.seconds
+    );
+    let _ = writeln!(
+        out,
+        "popularity Zipf s = {}; sampler {}, S = {}, O = {} s; probe {} us per launch, L = {}, \
+         window <= {} s, gap {}..{} s, probed process {} CPU",
+        p.zipf,
+        p.sampler.name(),
+        p.sample_period,
+        p.reoffset_seconds,
+        p.probe_cost_us,
+        p.window_launches,
+        p.max_window_seconds,
+        p.min_gap_seconds,
+        p.max_gap_seconds,
+        p.process_cpu
+    );
+    let rule = match p.rule {
+        Rule::Daily => format!(
+            "daily rule: T = {} reports per (counter, day), epoch {} h",
+            p.reports_per_day, p.epoch_hours
+        ),
+        Rule::Hourly => format!(
+            "hourly rule: q = {} reports per (counter, hour), released when the bound reaches k",
+            p.reports_per_hour
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "{} counter groups, {} s each; seal at {} samples or {} s; upload delay <= {} s; \
+         k = {} contributors; {rule}",
+        p.groups,
+        p.group_seconds,
+        p.seal_samples,
+        p.seal_max_age_seconds,
+        p.upload_delay_seconds,
+        p.threshold,
+    );
+    if p.steer != super::steer::Policy::None {
+        let _ = writeln!(
+            out,
+            "steered by the ack: policy {}, f = {}, seal age {} s while short; server counts \
+             every {} s",
+            p.steer, p.steer_factor, p.steer_seal_age_seconds, p.steer_step_seconds
+        );
+    }
 }
 
 /// Under the hourly rule: how long a report waits from its arrival to its sum's release.

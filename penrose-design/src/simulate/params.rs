@@ -287,31 +287,7 @@ impl Params {
                 format!("{needed} report counters would be kept; make the resolution coarser"),
             ));
         }
-        if self.steer_factor == 0 {
-            return Err(bad("--steer-factor", "f is at least 1"));
-        }
-        let short_seal_age = positive("--steer-seal-age-seconds", self.steer_seal_age_seconds)?;
-        // A step under a minute would only slow the run: hints are at least a window old.
-        if positive("--steer-step-seconds", self.steer_step_seconds)? < 60.0 {
-            return Err(bad(
-                "--steer-step-seconds",
-                format!("at least 60 s, not {}", self.steer_step_seconds),
-            ));
-        }
-        let steering = match self.steer {
-            Policy::None => Steering::OFF,
-            _ if self.rule == Rule::Hourly => {
-                return Err(bad(
-                    "--steer",
-                    "steering is modelled for the daily rule only",
-                ));
-            }
-            policy => Steering {
-                policy,
-                rate_factor: self.steer_factor,
-                short_seal_age,
-            },
-        };
+        let steering = self.steering()?;
         let agent = AgentModel {
             sampler: self.sampler,
             period,
@@ -379,6 +355,36 @@ impl Params {
                 "the hourly rule's epochs are hours (leave --epoch-hours out)",
             )),
         }
+    }
+
+    /// The steering policy, checked: none, or its factor, seal age and step in range (and
+    /// only under the daily rule).
+    fn steering(&self) -> Result<Steering, SimulateError> {
+        if self.steer_factor == 0 {
+            return Err(bad("--steer-factor", "f is at least 1"));
+        }
+        let short_seal_age = positive("--steer-seal-age-seconds", self.steer_seal_age_seconds)?;
+        // A step under a minute would only slow the run: hints are at least a window old.
+        if positive("--steer-step-seconds", self.steer_step_seconds)? < 60.0 {
+            return Err(bad(
+                "--steer-step-seconds",
+                format!("at least 60 s, not {}", self.steer_step_seconds),
+            ));
+        }
+        Ok(match self.steer {
+            Policy::None => Steering::OFF,
+            _ if self.rule == Rule::Hourly => {
+                return Err(bad(
+                    "--steer",
+                    "steering is modelled for the daily rule only",
+                ));
+            }
+            policy => Steering {
+                policy,
+                rate_factor: self.steer_factor,
+                short_seal_age,
+            },
+        })
     }
 
     /// The agent's cap: T per day, or q per hour.
