@@ -231,6 +231,7 @@ mod tests {
             samples: SampleCount(record.samples),
             ciphertexts: PackedBytes::new(vec![9; 64], 1).unwrap(),
             token: None,
+            evidence: None,
         })
         .to_frame()
         .unwrap()

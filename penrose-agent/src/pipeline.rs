@@ -556,6 +556,7 @@ impl Pipeline {
             samples: histogram.samples(),
             ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
             token: None,
+            evidence: None,
         };
         let frame = Message::Report(report.clone()).to_frame()?;
         let record = SealedRecord {

@@ -63,6 +63,7 @@ fn report(day: u32, counter: u16) -> Report {
         samples: SampleCount(40),
         ciphertexts: PackedBytes::new(vec![0x5a; 1024], 2).unwrap(),
         token: None,
+        evidence: None,
     }
 }
 

@@ -90,6 +90,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
             samples: SampleCount(*samples),
             ciphertexts: PackedBytes::new(ct.clone(), 2).unwrap(),
             token: None,
+            evidence: None,
         };
         Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec()
     };

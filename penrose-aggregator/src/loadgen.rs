@@ -716,6 +716,7 @@ async fn send_phase(
                     samples,
                     ciphertexts,
                     token: None,
+                    evidence: None,
                 };
                 let nth = i - first;
                 let invalid = nth % invalid_every == invalid_every - 1;

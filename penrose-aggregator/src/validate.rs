@@ -261,6 +261,7 @@ mod tests {
             samples: SampleCount(10),
             ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
             token: None,
+            evidence: None,
         };
         (keys, report)
     }

@@ -22,6 +22,9 @@
 //!   aggregation server writes and the design server imports.
 //! - `audit` (feature `bundle`): how the design server asks the release auditor, the second
 //!   key holder, for its partial decryptions of a bundle's released sums.
+//! - `evidence` (features `tokens` and `bundle`): contributor evidence, the second token per
+//!   report that only the release auditor verifies, and how it counts a released sum's
+//!   contributors from it, so that the aggregation server cannot make them up.
 //! - `key_list` (feature `key-list`): the design server's signed list of which Paillier key
 //!   encrypts which day's reports, so that keys roll over without stopping the fleet.
 //! - `tokens` (feature `tokens`): anonymous admission tokens (RFC 9497 VOPRF, Privacy Pass
@@ -35,6 +38,8 @@ pub mod bundle;
 pub mod calendar;
 pub mod counters;
 pub mod datagrams;
+#[cfg(all(feature = "tokens", feature = "bundle"))]
+pub mod evidence;
 pub mod fingerprint;
 pub mod gpu;
 pub mod hex;

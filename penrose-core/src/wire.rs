@@ -6,7 +6,8 @@
 //! report  = key_id:[32]  report_id:[16]  snippet:[32]  locator:[200]  arch:[2]
 //!           counter:u16be  catalogue:u16be  day:u32be  samples:u32be
 //!           n:u8  ct_len:u16be  ciphertexts:[n * ct_len]
-//!           tokens:u8 (0 or 1)  token:[100] * tokens
+//!           tokens:u8 (bit 0: admission, bit 1: evidence)
+//!           admission:[100] (if bit 0)  evidence:[100] (if bit 1)
 //! ack     = report_id:[16]  status:u8  reason:u8  throttle_permille:u16be
 //! key_list_request =                          (empty: asks for the design server's key list)
 //! key_list = list:[..]                        (the signed list, `crate::key_list`, as is)
@@ -20,6 +21,13 @@
 //! A report's admission token (`penrose_core::tokens::Redemption`, version 2 on) is bound to
 //! the report by a MAC over the body up to and including the ciphertexts: the
 //! [`Report::token_binding`], which is everything but the token itself.
+//!
+//! A report may also carry a contributor evidence token (issue 26 item 2, `crate::evidence`):
+//! a token of the same scheme from the auditor's party, bound by its own MAC to the same
+//! bytes. The aggregation server cannot verify it (it holds no key of that issuer) and keeps it
+//! with the report's binding for the release auditor, who counts contributors from it. The
+//! marker byte kept its old values (0: no token, 1: an admission token), so version 3 reports
+//! written before evidence existed decode unchanged.
 //!
 //! Version 3 added the locator (`crate::fingerprint::locator`: how the aggregator finds a
 //! snippet's class among many) and the GPU architecture (`crate::gpu`: counters of different
@@ -97,7 +105,27 @@ pub struct Report {
     /// The anonymous admission token spent on this report, if the sender has one; servers
     /// that admit only enrolled agents refuse a report without it.
     pub token: Option<AdmissionToken>,
+    /// The contributor evidence token spent on this report (`crate::evidence`), which only
+    /// the release auditor can verify; the aggregation server keeps it for the auditor.
+    pub evidence: Option<EvidenceToken>,
 }
+
+/// A contributor evidence token as a report carries it: an encoded
+/// `penrose_core::tokens::Redemption` of the auditor party's issuer, bound to
+/// [`Report::token_binding`] like the admission token.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct EvidenceToken(pub [u8; ADMISSION_TOKEN_BYTES]);
+
+impl std::fmt::Debug for EvidenceToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let epoch = u32::from_be_bytes([self.0[0], self.0[1], self.0[2], self.0[3]]);
+        write!(f, "EvidenceToken(epoch {epoch}, ..)")
+    }
+}
+
+/// Marker bits of the tokens a report carries.
+const TOKEN_ADMISSION: u8 = 1;
+const TOKEN_EVIDENCE: u8 = 2;
 
 /// An admission token as a report carries it: the bytes of a spent token (a
 /// `penrose_core::tokens::Redemption`), checked only by a server that holds the issuer's keys.
@@ -126,6 +154,32 @@ impl Report {
         out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
         self.encode_fields(&mut out);
         out
+    }
+
+    /// Decodes what [`Report::token_binding`] wrote back into a report without tokens: how the
+    /// release auditor reads the reports a sum's evidence lists.
+    pub fn from_binding(binding: &[u8]) -> Result<Report, WireError> {
+        let mut body = Vec::with_capacity(binding.len() + 1);
+        body.extend_from_slice(binding);
+        body.push(0);
+        match Message::decode_body(&body)? {
+            Message::Report(report) => Ok(report),
+            _ => Err(WireError::UnknownKind(
+                binding.first().copied().unwrap_or(0),
+            )),
+        }
+    }
+
+    fn encode_tokens(&self, out: &mut Vec<u8>) {
+        let admission = self.token.map_or(0, |_| TOKEN_ADMISSION);
+        let evidence = self.evidence.map_or(0, |_| TOKEN_EVIDENCE);
+        out.push(admission | evidence);
+        if let Some(token) = &self.token {
+            out.extend_from_slice(&token.0);
+        }
+        if let Some(evidence) = &self.evidence {
+            out.extend_from_slice(&evidence.0);
+        }
     }
 
     fn encode_fields(&self, out: &mut Vec<u8>) {
@@ -421,8 +475,8 @@ pub enum WireError {
     /// An accepted or duplicate ack carried a reject reason; each message has one encoding.
     #[error("reason code {0} on an ack that is not a rejection")]
     UnexpectedReason(u8),
-    /// A report said it carries more than one admission token (or an unknown marker).
-    #[error("a report carries 0 or 1 admission tokens, not {0}")]
+    /// A report's token marker has bits other than admission (1) and evidence (2).
+    #[error("unknown token marker {0} (bit 0: admission token, bit 1: evidence token)")]
     TokenCount(u8),
     /// The throttle hint is above 1000 permille.
     #[error("throttle hint {0} permille is above 1000")]
@@ -450,13 +504,7 @@ impl Message {
                 out.push(KIND_REPORT);
                 out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
                 r.encode_fields(out);
-                match &r.token {
-                    None => out.push(0),
-                    Some(token) => {
-                        out.push(1);
-                        out.extend_from_slice(&token.0);
-                    }
-                }
+                r.encode_tokens(out);
             }
             Message::Ack(a) => {
                 out.push(KIND_ACK);
@@ -577,10 +625,17 @@ fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
     }
     // `bytes` checks the whole payload is present before anything is copied.
     let ciphertexts = PackedBytes::new(r.bytes(count * len, "ciphertexts")?.to_vec(), count)?;
-    let token = match r.u8("token count")? {
+    let marker = r.u8("token marker")?;
+    if marker & !(TOKEN_ADMISSION | TOKEN_EVIDENCE) != 0 {
+        return Err(WireError::TokenCount(marker));
+    }
+    let token = match marker & TOKEN_ADMISSION {
         0 => None,
-        1 => Some(AdmissionToken(r.array("admission token")?)),
-        other => return Err(WireError::TokenCount(other)),
+        _ => Some(AdmissionToken(r.array("admission token")?)),
+    };
+    let evidence = match marker & TOKEN_EVIDENCE {
+        0 => None,
+        _ => Some(EvidenceToken(r.array("evidence token")?)),
     };
     Ok(Report {
         key_id,
@@ -594,6 +649,7 @@ fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
         samples,
         ciphertexts,
         token,
+        evidence,
     })
 }
 
@@ -672,6 +728,7 @@ mod tests {
             ciphertexts: PackedBytes::new((0..n).flat_map(|i| vec![i as u8 + 7; len]).collect(), n)
                 .unwrap(),
             token: None,
+            evidence: None,
         }
     }
 
@@ -711,10 +768,10 @@ mod tests {
         let mut other = plain.clone();
         other.day = Day(plain.day.0 + 1);
         assert_ne!(other.token_binding(), binding);
-        // A marker other than 0 or 1 and a token cut short are refused.
+        // A marker with an unknown bit and a token cut short are refused.
         let mut marker = a.clone();
-        *marker.last_mut().unwrap() = 2;
-        assert_eq!(Message::decode(&marker), Err(WireError::TokenCount(2)));
+        *marker.last_mut().unwrap() = 4;
+        assert_eq!(Message::decode(&marker), Err(WireError::TokenCount(4)));
         let mut short = b[..b.len() - 1].to_vec();
         let len = (short.len() - LENGTH_PREFIX) as u32;
         short[..LENGTH_PREFIX].copy_from_slice(&len.to_be_bytes());
@@ -724,6 +781,46 @@ mod tests {
                 field: "admission token"
             })
         );
+    }
+
+    #[test]
+    fn an_evidence_token_follows_the_admission_token_and_is_bound_to_the_same_bytes() {
+        let plain = report(2, 512);
+        let mut both = plain.clone();
+        both.token = Some(AdmissionToken([0xab; ADMISSION_TOKEN_BYTES]));
+        both.evidence = Some(EvidenceToken([0xcd; ADMISSION_TOKEN_BYTES]));
+        let mut evidence_only = plain.clone();
+        evidence_only.evidence = both.evidence;
+        let a = Message::Report(plain.clone()).to_frame().unwrap();
+        for (report, marker) in [(&both, 3u8), (&evidence_only, 2)] {
+            let frame = Message::Report(report.clone()).to_frame().unwrap();
+            let tokens = usize::from(marker.count_ones() as u8);
+            assert_eq!(frame.len(), a.len() + tokens * ADMISSION_TOKEN_BYTES);
+            assert_eq!(frame[a.len() - 1], marker);
+            assert_eq!(
+                Message::decode(&frame),
+                Ok((Message::Report(report.clone()), frame.len()))
+            );
+            assert_eq!(report.token_binding(), plain.token_binding());
+        }
+        // The admission token comes first: swapping the two is another report.
+        let frame = Message::Report(both.clone()).to_frame().unwrap();
+        assert_eq!(&frame[a.len()..a.len() + 4], &[0xab; 4]);
+        // The binding decodes back to the report without its tokens, and nothing else does.
+        assert_eq!(
+            Report::from_binding(&both.token_binding()),
+            Ok(plain.clone())
+        );
+        let binding = plain.token_binding();
+        for cut in [1, 100, 1024] {
+            assert!(matches!(
+                Report::from_binding(&binding[..binding.len() - cut]),
+                Err(WireError::Truncated { .. })
+            ));
+        }
+        let mut ack = Vec::new();
+        Message::KeyListRequest.encode(&mut ack).unwrap();
+        assert!(Report::from_binding(&ack[LENGTH_PREFIX..]).is_err());
     }
 
     #[test]

@@ -57,6 +57,7 @@ fn report(i: u64) -> Report {
         samples: SampleCount(100),
         ciphertexts: PackedBytes::new(vec![0x5a; 1024], 2).unwrap(),
         token: None,
+        evidence: None,
     }
 }
 

@@ -248,6 +248,7 @@ fn report_sizes() -> Result<String> {
         samples: SampleCount(BIN_COUNT as u32),
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
         token: None,
+        evidence: None,
     };
     let frame = Message::Report(report).to_frame()?;
     Ok(format!(

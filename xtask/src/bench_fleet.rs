@@ -560,6 +560,7 @@ fn template_report(key: &PublicKey, rng: &mut ChaCha20Rng) -> Result<ValidReport
         samples: SampleCount(bins.iter().sum()),
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len())?,
         token: None,
+        evidence: None,
     };
     let frame = Message::Report(report).to_frame()?;
     Ok(validate_body(

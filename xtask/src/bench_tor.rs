@@ -642,6 +642,7 @@ fn report() -> Result<Report> {
         samples: SampleCount(100),
         ciphertexts: PackedBytes::new(vec![0x5a; 1024], 2)?,
         token: None,
+        evidence: None,
     })
 }
 

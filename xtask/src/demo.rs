@@ -1988,6 +1988,7 @@ fn report_frame_len(key: &PublicKey) -> Result<usize> {
         samples: SampleCount(1),
         ciphertexts: PackedBytes::new(packed.to_bytes(), count)?,
         token: Some(AdmissionToken([0; ADMISSION_TOKEN_BYTES])),
+        evidence: None,
     };
     Ok(Message::Report(report).to_frame()?.len())
 }

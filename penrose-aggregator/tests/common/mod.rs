@@ -177,6 +177,7 @@ pub fn report_declaring(
         samples,
         ciphertexts: PackedBytes::new(packed.to_bytes(), packed.ciphertexts().len()).unwrap(),
         token: None,
+        evidence: None,
     };
     Sent {
         frame: Message::Report(report).to_frame().unwrap()[LENGTH_PREFIX..].to_vec(),

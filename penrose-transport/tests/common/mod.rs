@@ -25,5 +25,6 @@ pub fn report(seed: u64) -> Report {
         samples: SampleCount(1_000),
         ciphertexts: PackedBytes::new(ciphertexts, 2).unwrap(),
         token: None,
+        evidence: None,
     }
 }
