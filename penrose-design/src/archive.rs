@@ -45,6 +45,7 @@ use penrose_core::bundle::{
 use penrose_core::hex::encode as hex;
 use penrose_core::paillier::KeyId;
 use penrose_core::release::{MIN_CONTRIBUTORS, ReportsPerContributor};
+use penrose_core::wire::Day;
 use thiserror::Error;
 
 /// Why a bundle could not be imported or the archive read.
@@ -196,6 +197,77 @@ impl Aggregates {
     /// The class that holds `class` now: its sums are reported there.
     pub fn root(&self, class: ClassId) -> ClassId {
         self.merges.root(class)
+    }
+
+    /// The released epochs whose report days all lie within `period`, with their sums: what
+    /// a report over a day or a week adds up. An epoch that straddles the period's edge is
+    /// left out whole (its sums cannot be cut, and a part is never made by differencing).
+    pub fn within(&self, period: Period) -> Aggregates {
+        let kept: BTreeSet<EpochId> = self
+            .epochs
+            .values()
+            .filter(|e| period.contains(e.first_day) && period.contains(e.last_day))
+            .map(|e| e.id)
+            .collect();
+        Aggregates {
+            keys: self.keys.clone(),
+            epoch_kind: self.epoch_kind,
+            chains: self.chains.clone(),
+            bundles: self.bundles,
+            epochs: filter_by_epoch(&self.epochs, &kept, |&id, _| id),
+            released_by: filter_by_epoch(&self.released_by, &kept, |&id, _| id),
+            entries: filter_by_epoch(&self.entries, &kept, |id, _| id.epoch),
+            skipped: self.skipped.clone(),
+            merges: self.merges.clone(),
+            origins: filter_by_epoch(&self.origins, &kept, |id, _| id.epoch),
+        }
+    }
+}
+
+/// The rows of `map` whose epoch (`epoch_of`) is in `kept`.
+fn filter_by_epoch<K: Ord + Clone, V: Clone>(
+    map: &BTreeMap<K, V>,
+    kept: &BTreeSet<EpochId>,
+    epoch_of: impl Fn(&K, &V) -> EpochId,
+) -> BTreeMap<K, V> {
+    map.iter()
+        .filter(|(k, v)| kept.contains(&epoch_of(k, v)))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Days a report covers, both ends included (`penrose-design report --from --until`). In
+/// JSON: `{"from": "YYYY-MM-DD", "until": "YYYY-MM-DD"}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Period {
+    /// The first day.
+    pub first: Day,
+    /// The last day.
+    pub last: Day,
+}
+
+impl Period {
+    /// Whether `day` is in it.
+    pub fn contains(self, day: Day) -> bool {
+        self.first <= day && day <= self.last
+    }
+}
+
+impl serde::Serialize for Period {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use penrose_core::calendar::date_of;
+        use serde::ser::SerializeStruct as _;
+        let mut out = serializer.serialize_struct("Period", 2)?;
+        out.serialize_field("from", &date_of(self.first))?;
+        out.serialize_field("until", &date_of(self.last))?;
+        out.end()
+    }
+}
+
+impl std::fmt::Display for Period {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use penrose_core::calendar::date_of;
+        write!(f, "{} to {}", date_of(self.first), date_of(self.last))
     }
 }
 

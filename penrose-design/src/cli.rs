@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand};
+use penrose_core::calendar::DaySpec;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 
 use crate::labels::Label;
@@ -128,10 +129,13 @@ pub enum Command {
     /// decrypted only when at least --threshold contributors are behind it, counted as
     /// reports / (T x days of its epoch) rounded up, T = --reports-per-contributor; others are
     /// listed as held back. A sum whose bins do not add up to the samples its reports declared
-    /// is quarantined (listed, not added); the rest still decrypt. Example:
+    /// is quarantined (listed, not added); the rest still decrypt. The contributor count of an
+    /// aggregate is the largest bound among the sums it adds (bounds of different epochs do
+    /// not add: the same owners may be behind each). --from/--until report a period. Example:
     ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key
     ///   penrose-design report --archive /var/lib/penrose-design --key keys/private.key --html out
     ///   penrose-design report --archive A --key K --split tensor_x_dram:50,30 --csv-quadrants
+    ///   penrose-design report --archive A --key K --from today-7 --until today-1
     Report {
         /// The archive directory.
         #[arg(long)]
@@ -151,6 +155,14 @@ pub enum Command {
         /// T: the most reports one agent sends per counter and day (at least 24).
         #[arg(long, default_value_t = ReportsPerContributor::DEFAULT.get())]
         reports_per_contributor: u32,
+        /// Only epochs whose report days all lie on or after DAY (today, today-N, YYYY-MM-DD
+        /// or a day number): with --until, a day's or a week's view, made by adding the
+        /// released sums of the epochs within, never by differencing two releases.
+        #[arg(long, value_name = "DAY")]
+        from: Option<DaySpec>,
+        /// Only epochs whose report days all lie on or before DAY (default with --from: today).
+        #[arg(long, value_name = "DAY")]
+        until: Option<DaySpec>,
         /// Print JSON (every bin, and every joint view's quadrants).
         #[arg(long, conflicts_with_all = ["csv", "csv_bins", "csv_quadrants"])]
         json: bool,

@@ -353,6 +353,7 @@ mod tests {
         let mut merged = counter(7, &[(3, 40), (50, 2)]);
         merged.merged_from = vec![9];
         Report {
+            period: None,
             threshold: Threshold::DEFAULT,
             reports_per_contributor: ReportsPerContributor::DEFAULT,
             bundles: 2,

@@ -135,6 +135,8 @@ fn run(cli: Cli) -> Result<()> {
             split_key,
             threshold,
             reports_per_contributor,
+            from,
+            until,
             json,
             csv,
             csv_bins,
@@ -144,6 +146,7 @@ fn run(cli: Cli) -> Result<()> {
             svg,
             png,
         } => {
+            let period = period_of(from, until)?;
             let threshold = Threshold::new(threshold)?;
             let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
             let format = if json {
@@ -167,6 +170,7 @@ fn run(cli: Cli) -> Result<()> {
                 html: html.as_deref(),
                 svg: svg.as_deref(),
                 png: png.as_deref(),
+                period,
             };
             print_report(&archive, &key, &split_key, threshold, cap, &outputs)?
         }
@@ -224,15 +228,7 @@ fn run(cli: Cli) -> Result<()> {
             out,
             json,
         } => {
-            let today = penrose_core::wire::Day(
-                u32::try_from(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs() / 86_400)
-                        .unwrap_or(0),
-                )
-                .unwrap_or(u32::MAX),
-            );
+            let today = today();
             let keys = keys
                 .iter()
                 .map(|k| parse_key_from(k, today))
@@ -357,6 +353,34 @@ fn import(
     Ok(())
 }
 
+/// Today by the system clock, in days since the Unix epoch.
+fn today() -> penrose_core::wire::Day {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400);
+    penrose_core::wire::Day(u32::try_from(days).unwrap_or(u32::MAX))
+}
+
+/// The days `--from`/`--until` name (`None`: neither given, every epoch).
+fn period_of(
+    from: Option<penrose_core::calendar::DaySpec>,
+    until: Option<penrose_core::calendar::DaySpec>,
+) -> Result<Option<penrose_design::archive::Period>> {
+    if from.is_none() && until.is_none() {
+        return Ok(None);
+    }
+    let today = today();
+    let first = from.map_or(penrose_core::wire::Day(0), |d| d.resolve(today));
+    let last = until.map_or(today, |d| d.resolve(today));
+    anyhow::ensure!(
+        first <= last,
+        "--from {} is after --until {}: the period is empty",
+        penrose_core::calendar::date_of(first),
+        penrose_core::calendar::date_of(last)
+    );
+    Ok(Some(penrose_design::archive::Period { first, last }))
+}
+
 /// One `--key FILE@DAY` of `key-list`.
 fn parse_key_from(text: &str, today: penrose_core::wire::Day) -> Result<key_list::KeyFrom> {
     let (path, day) = text
@@ -387,6 +411,8 @@ struct Outputs<'a> {
     html: Option<&'a Path>,
     svg: Option<&'a Path>,
     png: Option<&'a Path>,
+    /// The days the report covers (`None`: all).
+    period: Option<penrose_design::archive::Period>,
 }
 
 /// Writes `text` to `dir/name`, creating `dir`.
@@ -425,7 +451,10 @@ fn print_report(
     outputs: &Outputs<'_>,
 ) -> Result<()> {
     let archive = Archive::open(dir)?;
-    let merged = archive.merged()?;
+    let merged = match outputs.period {
+        Some(period) => archive.merged()?.within(period),
+        None => archive.merged()?,
+    };
     let labels = archive.labels()?;
     let keys = holdings(keys, split)?;
     let auditor = if split.is_empty() {
@@ -433,7 +462,8 @@ fn print_report(
     } else {
         audit::AuditorPartials::load(&archive)?
     };
-    let mut report = report::build_with(&merged, &keys, &auditor, threshold, cap)?;
+    let mut report =
+        report::build_with(&merged, &keys, &auditor, threshold, cap)?.covering(outputs.period);
     report.apply_labels(&labels);
     report.apply_splits(&outputs.splits);
     if let Some(out) = outputs.html {
@@ -527,6 +557,12 @@ fn print_report(
         report.withheld_reports,
     );
     println!("{}", report.admission_line());
+    if let Some(period) = report.period {
+        println!(
+            "period {period}: the released epochs whose report days all lie within, added; an \
+             aggregate's owners are the largest bound among the sums it adds"
+        );
+    }
     if !report.awaiting_auditor.is_empty() {
         println!(
             "{} sums ({} reports) await the release auditor's partial decryption (penrose-design audit)",

@@ -37,7 +37,7 @@ use penrose_core::paillier::{PaillierError, PrivateKey, PublicKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, contributors_at_least};
 use thiserror::Error;
 
-use crate::archive::{Aggregates, SumOrigin};
+use crate::archive::{Aggregates, Period, SumOrigin};
 use crate::audit::AuditorPartials;
 
 /// Why a sum under a split key was not decrypted while its auditor's partial is missing.
@@ -83,7 +83,9 @@ pub struct CounterReport {
     pub reports: u64,
     /// Samples those reports claimed.
     pub samples: u64,
-    /// The fewest contributors behind the decrypted sums: the sum of each sum's bound.
+    /// The fewest contributors behind the decrypted sums: the largest bound among the sums
+    /// added. Bounds do not add: sums of different epochs (or sub-sums of one) may have the
+    /// same owners behind them, and reports carry nothing that would tell.
     pub contributors_at_least: u64,
     /// Released sums decrypted and added (epochs x generations).
     pub sums: usize,
@@ -151,6 +153,9 @@ pub struct Quarantined {
 /// The whole report.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Report {
+    /// The days it covers (`--from`/`--until`): only epochs whose report days all lie within
+    /// are added. `None`: every released epoch. Set by the caller ([`Report::covering`]).
+    pub period: Option<Period>,
     /// The threshold applied (contributors).
     pub threshold: Threshold,
     /// The report cap per contributor the bound was counted with.
@@ -186,6 +191,12 @@ pub struct Report {
 }
 
 impl Report {
+    /// Says which days the report covers.
+    pub fn covering(mut self, period: Option<Period>) -> Self {
+        self.period = period;
+        self
+    }
+
     /// The report's line on admission: "contributor bound enforced by admission tokens: yes"
     /// or "no", with how many epochs are why.
     pub fn admission_line(&self) -> String {
@@ -407,7 +418,7 @@ pub fn build_with(
                     }
                     reports += entry.reports;
                     samples += entry.samples;
-                    contributors += bound;
+                    contributors = contributors.max(bound);
                     sums += 1;
                     by_tokens &= aggregates
                         .epochs
@@ -489,6 +500,7 @@ pub fn build_with(
         .filter(|e| !e.bound_enforced_by_tokens())
         .count();
     Ok(Report {
+        period: None,
         bound_enforced_by_tokens: !aggregates.epochs.is_empty() && epochs_without_tokens == 0,
         epochs_without_tokens,
         threshold,

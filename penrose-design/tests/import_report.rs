@@ -16,7 +16,7 @@ use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::paillier::{Accumulator, KeySize, Keypair};
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire::{Day, PackedBytes};
-use penrose_design::archive::{Archive, ArchiveError, Imported};
+use penrose_design::archive::{Archive, ArchiveError, Imported, Period};
 use penrose_design::report;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -404,6 +404,80 @@ fn each_epoch_adds_a_disjoint_released_sum() {
 }
 
 #[test]
+fn a_period_adds_the_released_sums_of_its_days_and_counts_the_largest_bound() {
+    // Seven daily epochs of one class: 217 reports on each day (10 contributors at T = 24),
+    // 265 on the fourth (12). Over the week the same ten agents may be behind every day, so
+    // the report may claim 12 contributors, never 10 + 10 + ... = 72.
+    let mut f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::open(&dir.path().join("archive")).unwrap();
+    let mut sums = Vec::new();
+    for day in 0..7 {
+        let reports = if day == 3 { 265 } else { ENOUGH };
+        let (entry, sum) = f.entry(DAY + day, 0, 5, reports);
+        let bundle = f.bundle(dir.path(), &[DAY + day], vec![entry]);
+        let signer = (day == 0).then(|| f.signing.verifying_key());
+        archive.import(&bundle, signer.as_ref(), false).unwrap();
+        sums.push((reports, sum));
+    }
+    let week = build(&archive, &f.keys);
+    let c = &week.decrypted[0];
+    assert_eq!(c.sums, 7);
+    assert_eq!(c.contributors_at_least, 12);
+    assert_eq!(c.reports, 6 * ENOUGH + 265);
+    // Days 2 to 4: three epochs added, their plaintexts and nothing else; the largest bound.
+    let period = Period {
+        first: Day(DAY + 2),
+        last: Day(DAY + 4),
+    };
+    let merged = archive.merged().unwrap().within(period);
+    assert_eq!(merged.epochs.len(), 3);
+    let part = report::build(
+        &merged,
+        std::slice::from_ref(f.keys.private_key()),
+        Threshold::DEFAULT,
+        ReportsPerContributor::DEFAULT,
+    )
+    .unwrap()
+    .covering(Some(period));
+    let c = &part.decrypted[0];
+    assert_eq!(c.epochs, vec![DAY + 2, DAY + 3, DAY + 4]);
+    assert_eq!(c.reports, 2 * ENOUGH + 265);
+    assert_eq!(c.contributors_at_least, 12);
+    let expected: Vec<u64> = (0..BIN_COUNT)
+        .map(|b| sums[2..5].iter().map(|(_, s)| s[b]).sum())
+        .collect();
+    assert_eq!(c.bins, expected);
+    let json = serde_json::to_value(&part).unwrap();
+    assert_eq!(json["period"]["from"], "2024-10-06");
+    assert_eq!(json["period"]["until"], "2024-10-08");
+    // A day without the fourth: ten.
+    let one = archive.merged().unwrap().within(Period {
+        first: Day(DAY + 5),
+        last: Day(DAY + 5),
+    });
+    let day = build_from(&one, &f.keys);
+    assert_eq!(day.decrypted[0].contributors_at_least, 10);
+    assert_eq!(day.decrypted[0].bins, sums[5].1.to_vec());
+    // A period with no whole epoch in it reports nothing.
+    let none = archive.merged().unwrap().within(Period {
+        first: Day(DAY + 9),
+        last: Day(DAY + 12),
+    });
+    assert!(build_from(&none, &f.keys).decrypted.is_empty());
+}
+
+fn build_from(merged: &penrose_design::archive::Aggregates, keys: &Keypair) -> report::Report {
+    report::build(
+        merged,
+        std::slice::from_ref(keys.private_key()),
+        Threshold::DEFAULT,
+        ReportsPerContributor::DEFAULT,
+    )
+    .unwrap()
+}
+
+#[test]
 fn forks_gaps_and_replays_are_refused_and_change_nothing() {
     let mut f = Fixture::new();
     let dir = tempfile::tempdir().unwrap();
@@ -777,6 +851,38 @@ fn cli_archive() -> (tempfile::TempDir, PathBuf, PathBuf) {
     std::fs::create_dir_all(&keys_dir).unwrap();
     let (private, _) = penrose_design::keyfile::write_keypair(&keys_dir, &f.keys).unwrap();
     (dir, archive_dir, private)
+}
+
+#[test]
+fn the_cli_reports_a_period_and_refuses_an_empty_one() {
+    let (_dir, archive, private) = cli_archive();
+    let report = |from: &str, until: &str| {
+        design(&[
+            "report".as_ref(),
+            "--archive".as_ref(),
+            archive.as_os_str(),
+            "--key".as_ref(),
+            private.as_os_str(),
+            "--from".as_ref(),
+            from.as_ref(),
+            "--until".as_ref(),
+            until.as_ref(),
+            "--json".as_ref(),
+        ])
+    };
+    // The archive's one epoch is day 20000, 2024-10-04.
+    let out = report("2024-10-04", "20000");
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["period"]["from"], "2024-10-04");
+    assert_eq!(json["decrypted"].as_array().unwrap().len(), 2);
+    let out = report("2024-10-05", "today");
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json["decrypted"].as_array().unwrap().is_empty());
+    let out = report("2024-10-05", "2024-10-04");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the period is empty"));
 }
 
 fn design(args: &[&std::ffi::OsStr]) -> std::process::Output {
