@@ -268,16 +268,16 @@ impl Sums {
     }
 
     /// Multiplies one validated report into its sum, starting the next generation when the
-    /// open one is full. A key not held is first read from `store` (its latest generation;
-    /// none: a fresh generation 0). Keys of closed epochs must not be given: their sums are
-    /// final.
+    /// open one is full, and says which generation took it. A key not held is first read from
+    /// `store` (its latest generation; none: a fresh generation 0). Keys of closed epochs must
+    /// not be given: their sums are final.
     pub fn absorb(
         &mut self,
         store: &dyn Store,
         key: SumKey,
         ciphertexts: &PackedCiphertexts,
         samples: u64,
-    ) -> Result<(), AggregateError> {
+    ) -> Result<Generation, AggregateError> {
         let Some(sum_key) = self.keys.get(usize::from(key.key.0)) else {
             return Err(AggregateError::UnknownKeySlot(key.key.0));
         };
@@ -335,7 +335,7 @@ impl Sums {
         }
         open.accumulator.absorb(ciphertexts, samples)?;
         self.dirty.insert(key);
-        Ok(())
+        Ok(open.generation)
     }
 
     /// The records of every sum changed since the last call, stamped with `cursor`: the

@@ -37,13 +37,14 @@ use penrose_core::bundle::{
     Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMap, ClassMerge, Cursor, EpochId,
     EpochKind, EpochSummary, Generation, InstanceId, ReleaseRule,
 };
+use penrose_core::evidence::SumEvidence;
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PackedCiphertexts, PublicKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{Day, PackedBytes, WireError};
 use rand::RngCore;
 use thiserror::Error;
 
-use crate::aggregate::AshRecord;
+use crate::aggregate::{AshRecord, SumKey};
 use crate::copies;
 use crate::design_keys::{DesignKeyError, KeySlot, stored_keys};
 use crate::epochs::{self, EpochRecord};
@@ -457,7 +458,7 @@ fn build(
     prev: BundleHash,
     day: Day,
     merges: Merges,
-) -> Result<Bundle, ExportError> {
+) -> Result<Built, ExportError> {
     let threshold =
         Threshold::new(rule.threshold).map_err(|e| ExportError::Record(e.to_string()))?;
     let cap = ReportsPerContributor::for_servers(rule.cap)
@@ -491,7 +492,8 @@ fn build(
         cap,
         summaries: &summaries.clone(),
     };
-    for entry in combine(keys, records, &merges.map, Some(&grouping))? {
+    for released in combine(keys, records, &merges.map, Some(&grouping))? {
+        let entry = &released.entry;
         let Some(summary) = summaries.get_mut(&entry.epoch) else {
             continue;
         };
@@ -500,11 +502,11 @@ fn build(
             summary.withheld_reports += entry.reports;
             continue;
         }
-        entries.push(entry);
+        entries.push(released);
     }
     // The bundle lists the keys its entries are under, by slot; an entry's slot becomes its
     // index in that list.
-    let mut slots: Vec<u8> = entries.iter().map(|e| e.key).collect();
+    let mut slots: Vec<u8> = entries.iter().map(|r| r.entry.key).collect();
     slots.sort_unstable();
     slots.dedup();
     if slots.is_empty() {
@@ -520,11 +522,15 @@ fn build(
                 .ok_or_else(|| ExportError::Record(format!("no design key in slot {slot}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for e in &mut entries {
-        e.key = slots.iter().position(|&s| s == e.key).unwrap_or_default() as u8;
+    for r in &mut entries {
+        r.entry.key = slots
+            .iter()
+            .position(|&s| s == r.entry.key)
+            .unwrap_or_default() as u8;
     }
-    entries.sort_by_key(BundleEntry::key);
-    Ok(Bundle {
+    entries.sort_by_key(|r| r.entry.key());
+    let (entries, made_of) = entries.into_iter().map(|r| (r.entry, r.made_of)).unzip();
+    let bundle = Bundle {
         signer: [0; 32],
         keys: listed,
         link: ChainLink {
@@ -538,7 +544,21 @@ fn build(
         epochs: summaries.into_values().collect(),
         entries,
         merges: merges.new,
-    })
+    };
+    Ok(Built { bundle, made_of })
+}
+
+/// A bundle as built, and what each of its entries was made of.
+struct Built {
+    bundle: Bundle,
+    /// Per entry, in the bundle's order: the stored generations added into it.
+    made_of: Vec<Vec<(SumKey, Generation)>>,
+}
+
+/// One released sum and the stored generations it adds up.
+struct Released {
+    entry: BundleEntry,
+    made_of: Vec<(SumKey, Generation)>,
 }
 
 /// The release rule a bundle's sums are grouped by: a group is closed as soon as it alone
@@ -556,8 +576,28 @@ impl Grouping<'_> {
     }
 }
 
-/// One released sum in the making: reports, samples, the sum, and the record it began with.
-type Piece<'a> = (u64, u64, PackedCiphertexts, &'a AshRecord);
+/// One released sum in the making.
+struct Piece<'a> {
+    reports: u64,
+    samples: u64,
+    sum: PackedCiphertexts,
+    /// The record it began with.
+    first: &'a AshRecord,
+    /// Every record added into it.
+    made_of: Vec<(SumKey, Generation)>,
+}
+
+impl<'a> Piece<'a> {
+    fn of(record: &'a AshRecord, sum: PackedCiphertexts) -> Self {
+        Piece {
+            reports: record.reports,
+            samples: record.samples,
+            sum,
+            first: record,
+            made_of: vec![(record.key, record.generation)],
+        }
+    }
+}
 
 /// The sums `records` stand for with every class resolved through `map`: per (epoch, class,
 /// architecture, catalogue, counter) the surviving class's generations (sub-sums), then each
@@ -573,7 +613,7 @@ fn combine<'a>(
     records: impl Iterator<Item = &'a AshRecord>,
     map: &ClassMap,
     grouping: Option<&Grouping>,
-) -> Result<Vec<BundleEntry>, ExportError> {
+) -> Result<Vec<Released>, ExportError> {
     type Group = (
         EpochId,
         penrose_core::bundle::ClassId,
@@ -605,24 +645,27 @@ fn combine<'a>(
         // The survivor's own first, then the absorbed classes', each by generation.
         pieces.sort_by_key(|r| (r.key.class != root, r.key.class, r.generation));
         let joins = |last: &Piece, r: &AshRecord| match grouping {
-            Some(rule) => !rule.releasable(last.0, epoch),
+            Some(rule) => !rule.releasable(last.reports, epoch),
             None => r.key.class != root,
         };
         let mut sums: Vec<Piece> = Vec::new();
         for r in pieces {
-            let sum = decrypted_form(key, r)?;
+            let piece = Piece::of(r, decrypted_form(key, r)?);
             match sums.last_mut() {
-                Some(last) if last.0 + r.reports <= ACCUMULATOR_REPORT_BOUND && joins(last, r) => {
-                    add_into(key, last, (r.reports, r.samples, sum, r))?;
+                Some(last)
+                    if last.reports + r.reports <= ACCUMULATOR_REPORT_BOUND && joins(last, r) =>
+                {
+                    add_into(key, last, piece)?;
                 }
-                _ => sums.push((r.reports, r.samples, sum, r)),
+                _ => sums.push(piece),
             }
         }
         if let Some(rule) = grouping {
             fold_short_last(key, &mut sums, |reports| rule.releasable(reports, epoch))?;
         }
-        for (generation, (reports, samples, sum, first)) in sums.into_iter().enumerate() {
-            out.push(BundleEntry {
+        for (generation, piece) in sums.into_iter().enumerate() {
+            let first = piece.first;
+            let entry = BundleEntry {
                 epoch: first.key.epoch,
                 class: root,
                 arch: first.key.arch,
@@ -630,9 +673,16 @@ fn combine<'a>(
                 catalogue: first.key.catalogue,
                 counter: first.key.counter,
                 generation: Generation(generation as u32),
-                reports,
-                samples,
-                sums: PackedBytes::new(sum.to_bytes(), key.size().ciphertexts_per_histogram())?,
+                reports: piece.reports,
+                samples: piece.samples,
+                sums: PackedBytes::new(
+                    piece.sum.to_bytes(),
+                    key.size().ciphertexts_per_histogram(),
+                )?,
+            };
+            out.push(Released {
+                entry,
+                made_of: piece.made_of,
             });
         }
     }
@@ -645,11 +695,12 @@ fn add_into<'a>(
     into: &mut Piece<'a>,
     piece: Piece<'a>,
 ) -> Result<(), ExportError> {
-    into.2 = key
-        .add_packed(&into.2, &piece.2)
-        .map_err(|e| record_error(piece.3, e))?;
-    into.0 += piece.0;
-    into.1 += piece.1;
+    into.sum = key
+        .add_packed(&into.sum, &piece.sum)
+        .map_err(|e| record_error(piece.first, e))?;
+    into.reports += piece.reports;
+    into.samples += piece.samples;
+    into.made_of.extend(piece.made_of);
     Ok(())
 }
 
@@ -660,9 +711,10 @@ fn fold_short_last(
     sums: &mut Vec<Piece>,
     releasable: impl Fn(u64) -> bool,
 ) -> Result<(), ExportError> {
-    let short = sums.last().is_some_and(|last| !releasable(last.0));
+    let short = sums.last().is_some_and(|last| !releasable(last.reports));
     if short && sums.len() >= 2 {
-        let fits = sums.iter().rev().take(2).map(|p| p.0).sum::<u64>() <= ACCUMULATOR_REPORT_BOUND;
+        let fits =
+            sums.iter().rev().take(2).map(|p| p.reports).sum::<u64>() <= ACCUMULATOR_REPORT_BOUND;
         if let (true, Some(last)) = (fits, sums.pop())
             && let Some(before) = sums.last_mut()
         {
@@ -711,7 +763,7 @@ pub fn export(
         map: snap.class_map(as_of)?,
         new: snap.merges_between(after, as_of),
     };
-    let mut bundle = build(&snap, &keys, &epochs, rule, seq, prev, today(), merges)?;
+    let mut bundle = build(&snap, &keys, &epochs, rule, seq, prev, today(), merges)?.bundle;
     let bytes = bundle.sign(signing)?;
     bundle.signer = *signing.verifying_key().as_bytes();
     let link = LinkRecord {
@@ -741,6 +793,38 @@ pub fn reexport(
     seq: u64,
     signing: &SigningKey,
 ) -> Result<(Bundle, Vec<u8>), ExportError> {
+    let (built, bytes) = rebuild(store, seq, signing)?;
+    Ok((built.bundle, bytes))
+}
+
+/// The contributor evidence of bundle `seq`, one [`SumEvidence`] per entry in the bundle's
+/// order: every report kept for the generations each released sum adds up (`crate::evidence`;
+/// empty where none was kept). The bundle is rebuilt and checked against the hash recorded
+/// when it was first exported, so the evidence is of exactly the sums that were released.
+pub fn evidence(
+    store: &dyn Store,
+    seq: u64,
+    signing: &SigningKey,
+) -> Result<(Bundle, Vec<SumEvidence>), ExportError> {
+    let (built, _) = rebuild(store, seq, signing)?;
+    let evidence = built
+        .made_of
+        .iter()
+        .map(|pieces| {
+            crate::evidence::sum_evidence(store, pieces)
+                .map_err(|e| ExportError::Record(e.to_string()))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((built.bundle, evidence))
+}
+
+/// Bundle `seq` rebuilt from the store, with what each entry is made of, and its signed bytes,
+/// which must hash to what was recorded at its export.
+fn rebuild(
+    store: &dyn Store,
+    seq: u64,
+    signing: &SigningKey,
+) -> Result<(Built, Vec<u8>), ExportError> {
     let keys = stored_keys(store)?;
     let meta = snapshot(store, Want::Epochs(&[]))?;
     let epochs = meta
@@ -779,7 +863,7 @@ pub fn reexport(
         map: snap.class_map(link.as_of)?,
         new: snap.merges_between(after, link.as_of),
     };
-    let mut bundle = build(
+    let mut built = build(
         &snap,
         &keys,
         &link.epochs,
@@ -789,15 +873,15 @@ pub fn reexport(
         link.day,
         merges,
     )?;
-    let bytes = bundle.sign(signing)?;
-    bundle.signer = *signing.verifying_key().as_bytes();
+    let bytes = built.bundle.sign(signing)?;
+    built.bundle.signer = *signing.verifying_key().as_bytes();
     if BundleHash::of(&bytes) != link.hash {
         return Err(ExportError::Record(format!(
             "bundle {seq} no longer rebuilds to the bytes first exported (the store changed \
              under a released epoch, or the signing key did)"
         )));
     }
-    Ok((bundle, bytes))
+    Ok((built, bytes))
 }
 
 /// Every sum of the store, open epochs included, summed and merged by the same code export
@@ -806,7 +890,8 @@ pub fn reexport(
 pub fn all_sums(store: &dyn Store) -> Result<Vec<BundleEntry>, ExportError> {
     let keys = stored_keys(store)?;
     let snap = snapshot(store, Want::All)?;
-    combine(&keys, snap.ash.iter(), &snap.class_map(snap.cursor)?, None)
+    let released = combine(&keys, snap.ash.iter(), &snap.class_map(snap.cursor)?, None)?;
+    Ok(released.into_iter().map(|r| r.entry).collect())
 }
 
 /// The sum a stored accumulator state stands for: one exponentiation to take out the

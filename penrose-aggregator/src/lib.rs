@@ -24,6 +24,8 @@
 //!   parent's epochs.
 //! - [`export`]: the chain of signed bundles of released sums (closed epochs, at or above the
 //!   contributor threshold) for the design server, taken while serving.
+//! - [`evidence`]: each report of a sum kept for the release auditor, which counts
+//!   contributors itself (`penrose_core::evidence`); off unless asked for.
 //! - [`metrics`]: Prometheus counters and the HTTP responder that serves them.
 //! - [`control`]: the admin channel (a Unix socket in the data directory) the CLI talks to,
 //!   and ([`control::reply`]) the replies both ends share.
@@ -42,6 +44,7 @@ pub mod control;
 pub mod copies;
 pub mod design_keys;
 pub mod epochs;
+pub mod evidence;
 pub mod export;
 pub mod fleet;
 pub mod ingest;

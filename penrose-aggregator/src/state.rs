@@ -55,6 +55,7 @@ use crate::admission::SpentToken;
 use crate::aggregate::{ASH_KEY_BYTES, AggregateError, AshRecord, SumKey, Sums};
 use crate::design_keys::{self, DesignKeyError, DesignKeys, KeySettings, KeySlot};
 use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
+use crate::evidence;
 use crate::store::{Store, StoreError, Table, WriteSet};
 use crate::tables::{
     DEFAULT_NEW_CLASSES_PER_HOUR, DEFAULT_SNIPPET_CACHE, MERGE_PREFIX, NewClassBudget, RecordError,
@@ -77,7 +78,7 @@ pub mod meta {
     pub const ACCEPTED: &[u8] = b"accepted";
     /// How the records are laid out (u32, [`STORE_FORMAT`](super::STORE_FORMAT)); absent in
     /// stores written before it existed, which are format 1.
-    pub const FORMAT: &[u8] = b"format";
+    pub const FORMAT: &[u8] = crate::store::FORMAT_KEY;
     /// The store's random instance id ([u8; 16]): the name of its bundle chain. A backup copy
     /// is given a new one (a restored store is a new chain).
     pub const INSTANCE: &[u8] = b"chain/instance";
@@ -288,6 +289,9 @@ pub struct State {
     class_budget: NewClassBudget,
     /// Reports refused because they would have founded a class beyond the budget.
     class_refusals: u64,
+    /// Whether each accepted report's binding and evidence token is kept for the release
+    /// auditor (`crate::evidence`).
+    keep_evidence: bool,
 }
 
 /// What a prepared batch accepted, remembered until it is durable (module docs).
@@ -512,7 +516,14 @@ impl State {
             seen_floor,
             class_budget: NewClassBudget::new(DEFAULT_NEW_CLASSES_PER_HOUR, Instant::now()),
             class_refusals: 0,
+            keep_evidence: false,
         })
+    }
+
+    /// Keeps, from the next batch on, each accepted report's binding and evidence token
+    /// beside its sum, in the report's own write (`crate::evidence`).
+    pub fn set_keep_evidence(&mut self, keep: bool) {
+        self.keep_evidence = keep;
     }
 
     /// Sets how many classes may be founded per hour (a full budget from now on; default
@@ -663,12 +674,19 @@ impl State {
                 epoch,
                 key: valid.key,
             };
-            self.sums.absorb(
+            let generation = self.sums.absorb(
                 self.store.as_ref(),
                 key,
                 ciphertexts,
                 u64::from(report.samples.0),
             )?;
+            if self.keep_evidence {
+                set.put(
+                    Table::Evidence,
+                    evidence::row_key(key, generation, &report.report_id),
+                    evidence::row_value(report),
+                );
+            }
             accepted_ids.push((report.day, report.report_id));
             accepted_digests.push((report.day, valid.digest));
             outcomes.push(Outcome::Accepted);

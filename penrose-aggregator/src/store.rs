@@ -35,18 +35,27 @@ pub enum Table {
     /// Admission tokens spent: the token's epoch (the report's day) and spent id -> the
     /// report it admitted (keys in `crate::state::spent`).
     Spent,
+    /// Contributor evidence: per report of a sum, its binding and evidence token, under the
+    /// sum's ASH key and the report id (`crate::evidence`), for the release auditor.
+    Evidence,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 7] = [
         Table::Seen,
         Table::Sst,
         Table::Est,
         Table::Ash,
         Table::Meta,
         Table::Spent,
+        Table::Evidence,
     ];
+
+    /// Tables a store of the current format may lack because it was written before they
+    /// existed; opening it adds them, empty ([`RocksStore::open`]). Evidence rows are only
+    /// ever additions: a store without them is read the same.
+    pub const ADDED_LATER: [Table; 1] = [Table::Evidence];
 
     /// The column family name.
     pub fn name(self) -> &'static str {
@@ -57,6 +66,7 @@ impl Table {
             Table::Ash => "ash",
             Table::Meta => "meta",
             Table::Spent => "spent",
+            Table::Evidence => "evidence",
         }
     }
 }
@@ -227,6 +237,13 @@ pub trait Store: Send + Sync + 'static {
     fn write(&self, set: WriteSet) -> Result<(), StoreError>;
     /// Visits every row of `tables`, all read at one consistent point in time.
     fn scan(&self, tables: &[Table], visit: &mut Visitor<'_>) -> Result<(), StoreError>;
+    /// Visits the rows of `table` whose keys begin with `prefix`, in key order.
+    fn scan_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), StoreError>;
     /// Compacts every table.
     fn compact(&self) -> Result<(), StoreError>;
     /// Writes a consistent copy of the whole store into `dir` (which must not exist).
@@ -300,7 +317,8 @@ impl HashedMemtable {
                 1 << 18,
                 false,
             ),
-            Table::Meta => return None,
+            // Read by ranges (one sum's reports), written once: the default skip list.
+            Table::Meta | Table::Evidence => return None,
         };
         Some(Self {
             prefix,
@@ -325,6 +343,13 @@ impl HashedMemtable {
     }
 }
 
+/// The meta record that says which layout the store has (`crate::state::STORE_FORMAT`).
+pub const FORMAT_KEY: &[u8] = b"format";
+
+/// The first store format that knows the tables of [`Table::ADDED_LATER`]: opening a store
+/// of it that lacks them adds them.
+pub const ADDED_SINCE_FORMAT: u32 = 8;
+
 /// The RocksDB store: one column family per [`Table`].
 pub struct RocksStore {
     db: DB,
@@ -333,28 +358,37 @@ pub struct RocksStore {
 
 impl RocksStore {
     /// Opens (creating if needed) the database at `path`. A database that exists is opened
-    /// with the tables it has, and none is added: a store of an older format (without a table
-    /// of this build's) is left exactly as it was, for `crate::state` to refuse by its format
-    /// and for the build that wrote it to open again.
+    /// with the tables it has: a store of an older format (without a table of this build's)
+    /// is left exactly as it was, for `crate::state` to refuse by its format and for the build
+    /// that wrote it to open again. Only a store of format [`ADDED_SINCE_FORMAT`] or later
+    /// gains the tables added since without a format change ([`Table::ADDED_LATER`]), empty.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let existing = DB::list_cf(&Options::default(), path).ok();
+        let has = |table: Table| {
+            existing
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| n == table.name()))
+        };
+        let present: Vec<Table> = Table::ALL.into_iter().filter(|&t| has(t)).collect();
+        let store = Self::open_tables(path, &present, existing.is_none())?;
+        let lacks_added = Table::ADDED_LATER.iter().any(|&t| !has(t));
+        if !lacks_added || !store.format_at_least(ADDED_SINCE_FORMAT)? {
+            return Ok(store);
+        }
+        drop(store);
+        Self::open_tables(path, &Table::ALL, true)
+    }
+
+    fn open_tables(path: &Path, tables: &[Table], create: bool) -> Result<Self, StoreError> {
         let mut options = Options::default();
         options.create_if_missing(true);
-        options.create_missing_column_families(true);
+        options.create_missing_column_families(create);
         // Every write is synced anyway; a larger WAL only delays flushes.
         options.set_max_total_wal_size(256 << 20);
         options.set_keep_log_file_num(4);
         // One writer thread; the hash memtables (below) require it.
         options.set_allow_concurrent_memtable_write(false);
-        let existing = DB::list_cf(&Options::default(), path).ok();
-        let tables = Table::ALL.into_iter().filter(|table| {
-            existing
-                .as_ref()
-                .is_none_or(|names| names.iter().any(|n| n == table.name()))
-        });
-        if existing.is_some() {
-            options.create_missing_column_families(false);
-        }
-        let families = tables.map(|table| {
+        let families = tables.iter().map(|&table| {
             let mut cf = Options::default();
             let mut block = BlockBasedOptions::default();
             // Dedupe looks up mostly absent report ids: a bloom filter answers those without
@@ -371,6 +405,17 @@ impl RocksStore {
             db,
             path: path.to_path_buf(),
         })
+    }
+
+    /// Whether the store's format record says `format` or later.
+    fn format_at_least(&self, format: u32) -> Result<bool, StoreError> {
+        let Ok(meta) = self.cf(Table::Meta) else {
+            return Ok(false);
+        };
+        let stored = self.db.get_cf(meta, FORMAT_KEY)?;
+        Ok(stored
+            .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+            .is_some_and(|v| u32::from_be_bytes(v) >= format))
     }
 
     /// Where the database lives.
@@ -444,6 +489,30 @@ impl Store for RocksStore {
         Ok(())
     }
 
+    fn scan_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), StoreError> {
+        let mut read = ReadOptions::default();
+        read.fill_cache(false);
+        read.set_total_order_seek(true);
+        let rows = self.db.iterator_cf_opt(
+            self.cf(table)?,
+            read,
+            IteratorMode::From(prefix, rocksdb::Direction::Forward),
+        );
+        for row in rows {
+            let (key, value) = row?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            visit(table, &key, &value)?;
+        }
+        Ok(())
+    }
+
     fn compact(&self) -> Result<(), StoreError> {
         for table in Table::ALL {
             self.db
@@ -491,6 +560,104 @@ impl Store for RocksStore {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A database with these column families, as an earlier build left it.
+    fn database_with(path: &Path, families: &[&str]) {
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        DB::open_cf(&options, path, families).unwrap();
+    }
+
+    #[test]
+    fn a_store_of_the_current_format_gains_the_evidence_table_and_an_older_one_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let current = dir.path().join("current");
+        database_with(&current, &["seen", "sst", "est", "ash", "meta", "spent"]);
+        {
+            let store = RocksStore::open(&current).unwrap();
+            let mut set = WriteSet::new();
+            set.put(
+                Table::Meta,
+                FORMAT_KEY.to_vec(),
+                8u32.to_be_bytes().to_vec(),
+            );
+            store.write(set).unwrap();
+        }
+        {
+            let store = RocksStore::open(&current).unwrap();
+            let mut set = WriteSet::new();
+            set.put(Table::Evidence, b"k".to_vec(), b"v".to_vec());
+            store.write(set).unwrap();
+        }
+        let store = RocksStore::open(&current).unwrap();
+        assert_eq!(
+            store.get(Table::Evidence, b"k").unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+        drop(store);
+        // Older: format 6 or 7 (every other table, an older format record), or no Spent
+        // table at all. Left as they were, so the build that wrote them opens them again.
+        for (name, families, format) in [
+            (
+                "format7",
+                &["seen", "sst", "est", "ash", "meta", "spent"][..],
+                Some(7u32),
+            ),
+            (
+                "unmarked",
+                &["seen", "sst", "est", "ash", "meta", "spent"][..],
+                None,
+            ),
+            (
+                "no-spent",
+                &["seen", "sst", "est", "ash", "meta"][..],
+                Some(5),
+            ),
+        ] {
+            let older = dir.path().join(name);
+            database_with(&older, families);
+            if let Some(format) = format {
+                let store = RocksStore::open(&older).unwrap();
+                let mut set = WriteSet::new();
+                set.put(
+                    Table::Meta,
+                    FORMAT_KEY.to_vec(),
+                    format.to_be_bytes().to_vec(),
+                );
+                store.write(set).unwrap();
+            }
+            let store = RocksStore::open(&older).unwrap();
+            let mut set = WriteSet::new();
+            set.put(Table::Evidence, b"k".to_vec(), b"v".to_vec());
+            assert!(
+                matches!(store.write(set), Err(StoreError::MissingTable("evidence"))),
+                "{name}"
+            );
+            drop(store);
+            let names = DB::list_cf(&Options::default(), &older).unwrap();
+            assert_eq!(names.len(), families.len() + 1, "{name}: {names:?}");
+        }
+    }
+
+    #[test]
+    fn scan_prefix_visits_only_its_range_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let mut set = WriteSet::new();
+        for key in [&b"ab2"[..], b"ab1", b"a", b"ac", b"abc", b"b"] {
+            set.put(Table::Evidence, key.to_vec(), key.to_vec());
+        }
+        store.write(set).unwrap();
+        let mut seen = Vec::new();
+        store
+            .scan_prefix(Table::Evidence, b"ab", &mut |_, k, _| {
+                seen.push(k.to_vec());
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, [&b"ab1"[..], b"ab2", b"abc"]);
+    }
 
     #[test]
     fn writes_are_atomic_visible_and_survive_reopen() {

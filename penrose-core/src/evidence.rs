@@ -159,6 +159,37 @@ impl EvidencedReport {
     pub fn encoded_len(&self) -> usize {
         2 + self.binding.len() + 1 + self.token.map_or(0, |_| ADMISSION_TOKEN_BYTES)
     }
+
+    /// One report's part of a [`SumEvidence`] encoding: `len:u16be binding marker:u8
+    /// token?`, also how the aggregation server stores it.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Decodes [`EvidencedReport::to_bytes`]'s bytes exactly.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, EvidenceError> {
+        let mut reader = Reader(bytes);
+        let report = reader.report()?;
+        if !reader.0.is_empty() {
+            return Err(EvidenceError::Malformed("bytes after the report"));
+        }
+        Ok(report)
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        // A binding is at most MAX_FRAME_BODY (8 KiB) long: it fits u16.
+        out.extend_from_slice(&(self.binding.len() as u16).to_be_bytes());
+        out.extend_from_slice(&self.binding);
+        match &self.token {
+            None => out.push(0),
+            Some(token) => {
+                out.push(1);
+                out.extend_from_slice(&token.0);
+            }
+        }
+    }
 }
 
 /// Every report multiplied into one released sum, with its evidence token.
@@ -260,16 +291,7 @@ impl SumEvidence {
         out.push(EVIDENCE_VERSION);
         out.extend_from_slice(&(self.reports.len() as u32).to_be_bytes());
         for report in &self.reports {
-            // A binding is at most MAX_FRAME_BODY (8 KiB) long: it fits u16.
-            out.extend_from_slice(&(report.binding.len() as u16).to_be_bytes());
-            out.extend_from_slice(&report.binding);
-            match &report.token {
-                None => out.push(0),
-                Some(token) => {
-                    out.push(1);
-                    out.extend_from_slice(&token.0);
-                }
-            }
+            report.encode_into(&mut out);
         }
         out
     }

@@ -491,6 +491,12 @@ fn the_encoding_round_trips_and_every_damage_is_refused() {
             .map(EvidencedReport::encoded_len)
             .sum::<usize>()
     );
+    for report in evidence.reports() {
+        let one = report.to_bytes();
+        assert_eq!(EvidencedReport::from_bytes(&one).as_ref(), Ok(report));
+        assert!(EvidencedReport::from_bytes(&one[..one.len() - 1]).is_err());
+        assert!(EvidencedReport::from_bytes(&[one.as_slice(), &[0]].concat()).is_err());
+    }
     assert_eq!(SumEvidence::decode(&bytes), Ok(evidence));
     for cut in 0..bytes.len() {
         assert!(SumEvidence::decode(&bytes[..cut]).is_err(), "cut at {cut}");

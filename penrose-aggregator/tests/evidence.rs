@@ -1,0 +1,222 @@
+//! Contributor evidence kept for the release auditor (issue 26 item 2): the aggregation server
+//! keeps every report it multiplies into a sum, with the evidence token it cannot verify, and
+//! gives back, per entry of an exported bundle, exactly the reports that entry adds up. Each
+//! test checks what it gives back the way the auditor will, with `penrose_core::evidence::count`
+//! and the auditor party's key ring, which the server never holds.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use common::*;
+use ed25519_dalek::SigningKey;
+use penrose_aggregator::admission::Admission;
+use penrose_aggregator::export::{self, ReleaseConfig};
+use penrose_aggregator::state::{Outcome, State};
+use penrose_aggregator::store::{RocksStore, Store};
+use penrose_aggregator::validate::validate_body;
+use penrose_core::bundle::Bundle;
+use penrose_core::counters::CounterId;
+use penrose_core::evidence::{
+    self, EvidenceError, EvidenceRule, SumEvidence, TokenPeriod, TokensPerEpoch,
+};
+use penrose_core::fingerprint::FingerprintParams;
+use penrose_core::tokens::{KeyRing, SpentId};
+use penrose_core::wire::{Day, EvidenceToken};
+
+const TODAY: Day = Day(20_000);
+const COUNTER: CounterId = CounterId(4);
+
+fn signing() -> SigningKey {
+    SigningKey::from_bytes(&[7; 32])
+}
+
+/// A state whose generations hold `per_generation` reports, keeping evidence or not.
+fn state(store: &Arc<dyn Store>, per_generation: u64, keep: bool) -> State {
+    let mut state = State::open(
+        Arc::clone(store),
+        KEYS.public_key(),
+        FingerprintParams::default(),
+        per_generation,
+        None,
+    )
+    .unwrap();
+    state.set_keep_evidence(keep);
+    state
+}
+
+/// `credentials` x 24 reports of one application, each with one evidence token of the auditor
+/// party's `ring` (24 per credential, its whole quota), and `lone` reports of another
+/// application without evidence.
+fn frames(ring: &KeyRing, credentials: usize, lone: usize) -> Vec<Vec<u8>> {
+    let mut rng = rng(26);
+    let apps = snippets(2, 1);
+    let mut out = Vec::new();
+    for credential in 0..credentials {
+        for token in mint(ring, TODAY, COUNTER, 24, credential as u64) {
+            let sent = report_by(
+                &KEYS,
+                apps[0].1,
+                COUNTER,
+                random_bins(&mut rng),
+                TODAY,
+                &mut rng,
+            );
+            let mut report = decode_report(&sent.frame);
+            report.evidence = Some(EvidenceToken(
+                token.redeem(&report.token_binding()).encode(),
+            ));
+            out.push(report_body(report));
+        }
+    }
+    for _ in 0..lone {
+        let sent = report_by(
+            &KEYS,
+            apps[1].1,
+            COUNTER,
+            random_bins(&mut rng),
+            TODAY,
+            &mut rng,
+        );
+        out.push(sent.frame);
+    }
+    out
+}
+
+/// Applies `frames` in batches of 50 and closes the day's epoch.
+fn ingest(state: &mut State, frames: &[Vec<u8>]) {
+    let keys = penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone());
+    for batch in frames.chunks(50) {
+        let valid: Vec<_> = batch
+            .iter()
+            .map(|f| validate_body(f, &keys, TODAY, &Admission::Open).unwrap())
+            .collect();
+        let outcomes = state.apply(&valid, TODAY).unwrap();
+        assert!(outcomes.iter().all(|o| *o == Outcome::Accepted));
+    }
+    let prepared = state.prepare_close(TODAY, true);
+    prepared.commit().unwrap();
+}
+
+fn rule(ring: &KeyRing) -> EvidenceRule<'_> {
+    EvidenceRule {
+        keys: ring,
+        cap: TokensPerEpoch::new(TokenPeriod::Day, 24).unwrap(),
+    }
+}
+
+/// What the auditor would count for each entry of `bundle`.
+fn audit(
+    bundle: &Bundle,
+    evidence: &[SumEvidence],
+    ring: &KeyRing,
+) -> Vec<Result<evidence::Counted, EvidenceError>> {
+    let spent = std::cell::RefCell::new(HashSet::<SpentId>::new());
+    bundle
+        .entries
+        .iter()
+        .zip(evidence)
+        .map(|(entry, listed)| {
+            let counted = evidence::count(listed, entry, KEYS.public_key(), &rule(ring), |id| {
+                spent.borrow().contains(id)
+            })?;
+            spent.borrow_mut().extend(counted.spent.iter().copied());
+            Ok(counted)
+        })
+        .collect()
+}
+
+#[test]
+fn every_released_sum_comes_with_exactly_its_reports_and_their_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    // Generations of 100 reports: a released sum adds several (at least 217 reports for 10
+    // contributors), and each generation's reports must come back with it.
+    let mut state = state(&store, 100, true);
+    let auditors_ring = token_ring(&[TODAY], &[COUNTER], 99);
+    ingest(&mut state, &frames(&auditors_ring, 30, 5));
+    let (bundle, _) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+        .unwrap()
+        .unwrap();
+    let (again, evidence) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
+    assert_eq!(again, bundle);
+    assert_eq!(evidence.len(), bundle.entries.len());
+    assert!(
+        bundle.entries.len() >= 2,
+        "{} entries",
+        bundle.entries.len()
+    );
+    let counted = audit(&bundle, &evidence, &auditors_ring);
+    let mut evidenced = 0;
+    for (entry, counted) in bundle.entries.iter().zip(&counted) {
+        let counted = counted.as_ref().unwrap();
+        assert_eq!(counted.reports, entry.reports);
+        assert_eq!(counted.evidenced, entry.reports);
+        assert!(counted.contributors >= 10, "{counted:?}");
+        evidenced += counted.evidenced;
+    }
+    // Every report of the application in exactly one released sum's evidence; the lone
+    // application's five are withheld and listed nowhere.
+    assert_eq!(evidenced, 720);
+    // The evidence of one sum is not another's.
+    let swapped = evidence::count(
+        &evidence[1],
+        &bundle.entries[0],
+        KEYS.public_key(),
+        &rule(&auditors_ring),
+        |_| false,
+    );
+    assert!(swapped.is_err(), "{swapped:?}");
+    // After a restart the evidence is still there, the same.
+    drop(state);
+    drop(store);
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let (_, reopened) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
+    assert_eq!(reopened, evidence);
+}
+
+#[test]
+fn a_server_that_keeps_no_evidence_gives_the_auditor_nothing_to_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let mut state = state(&store, 1000, false);
+    let auditors_ring = token_ring(&[TODAY], &[COUNTER], 99);
+    ingest(&mut state, &frames(&auditors_ring, 10, 0));
+    let (bundle, _) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+        .unwrap()
+        .unwrap();
+    let (_, evidence) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
+    assert_eq!(bundle.entries.len(), 1);
+    assert!(evidence[0].reports().is_empty());
+    let counted = audit(&bundle, &evidence, &auditors_ring);
+    assert!(matches!(
+        counted[0],
+        Err(EvidenceError::Counts {
+            what: "reports",
+            listed: 0,
+            claimed: 240
+        })
+    ));
+}
+
+#[test]
+fn tokens_of_another_issuer_count_nothing_at_the_auditor() {
+    // The operator's own issuer (or its admission ring) is not the auditor's: evidence made
+    // with it verifies nothing, though every product checks.
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let mut state = state(&store, 1000, true);
+    let operators_ring = token_ring(&[TODAY], &[COUNTER], 5);
+    ingest(&mut state, &frames(&operators_ring, 10, 0));
+    export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+        .unwrap()
+        .unwrap();
+    let (bundle, evidence) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
+    let auditors_ring = token_ring(&[TODAY], &[COUNTER], 99);
+    let counted = audit(&bundle, &evidence, &auditors_ring);
+    let counted = counted[0].as_ref().unwrap();
+    assert_eq!((counted.reports, counted.evidenced), (240, 0));
+    assert_eq!(counted.contributors, 0);
+}
