@@ -114,6 +114,17 @@ pub fn parse_split(text: &str) -> Result<(&'static str, Split), SplitError> {
     ))
 }
 
+impl FromIterator<(&'static str, Split)> for Splits {
+    /// The splits given, a later one of a view replacing an earlier.
+    fn from_iter<I: IntoIterator<Item = (&'static str, Split)>>(splits: I) -> Self {
+        let mut out = Splits::default();
+        for (view, split) in splits {
+            out.insert(view, split);
+        }
+        out
+    }
+}
+
 impl Splits {
     /// Replaces the split of `view` (a name [`parse_split`] returned).
     pub fn insert(&mut self, view: &'static str, split: Split) {

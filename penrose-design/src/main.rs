@@ -146,31 +146,15 @@ fn run(cli: Cli) -> Result<()> {
             svg,
             png,
         } => {
-            let period = period_of(from, until)?;
             let threshold = Threshold::new(threshold)?;
             let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
-            let format = if json {
-                Format::Json
-            } else if csv {
-                Format::Csv
-            } else if csv_bins {
-                Format::CsvBins
-            } else if csv_quadrants {
-                Format::CsvQuadrants
-            } else {
-                Format::Text
-            };
-            let mut split = Splits::default();
-            for (view, s) in splits {
-                split.insert(view, s);
-            }
             let outputs = Outputs {
-                format,
-                splits: split,
+                format: Format::of(json, csv, csv_bins, csv_quadrants),
+                splits: splits.into_iter().collect(),
+                period: period_of(from, until)?,
                 html: html.as_deref(),
                 svg: svg.as_deref(),
                 png: png.as_deref(),
-                period,
             };
             print_report(&archive, &key, &split_key, threshold, cap, &outputs)?
         }
@@ -179,47 +163,10 @@ fn run(cli: Cli) -> Result<()> {
             remove,
             class,
             label,
-        } => {
-            let archive = Archive::open(&archive)?;
-            let new = if remove { None } else { label };
-            let old = archive.set_label(class, new.clone())?;
-            match (
-                new.as_ref().map(Label::as_str),
-                old.as_ref().map(Label::as_str),
-            ) {
-                (Some(l), Some(o)) => println!("class {class}: label {l:?} (was {o:?})"),
-                (Some(l), None) => println!("class {class}: label {l:?}"),
-                (None, Some(o)) => println!("class {class}: label {o:?} removed"),
-                (None, None) => println!("class {class} had no label"),
-            }
-        }
-        Command::Labels { archive, json } => {
-            let rows = LabelRow::all(&Archive::open(&archive)?.labels()?);
-            if json {
-                println!("{}", serde_json::to_string(&rows)?);
-            } else {
-                for row in &rows {
-                    println!("{}\t{}", row.class, row.label);
-                }
-            }
-        }
+        } => set_label(&archive, class, if remove { None } else { label })?,
+        Command::Labels { archive, json } => print_labels(&archive, json)?,
         Command::Simulate(args) => penrose_design::simulate::cli::main(&args)?,
-        Command::KeyListSigner { out, json } => {
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            let (secret, public) = key_list::create_signing_key(&out)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "signing_key": secret, "signer": public })
-                );
-            } else {
-                println!("list-signing key: {} (mode 0600)", secret.display());
-                println!(
-                    "pin on the aggregation server and the agents: {}",
-                    public.display()
-                );
-            }
-        }
+        Command::KeyListSigner { out, json } => key_list_signer(&out, json)?,
         Command::KeyList {
             signing_key,
             keys,
@@ -227,70 +174,127 @@ fn run(cli: Cli) -> Result<()> {
             grace_days,
             out,
             json,
-        } => {
-            let today = today();
-            let keys = keys
-                .iter()
-                .map(|k| parse_key_from(k, today))
-                .collect::<Result<Vec<_>>>()?;
-            let list = key_list::write_list(&signing_key, &keys, sequence, grace_days, &out)?;
-            let schedule: Vec<serde_json::Value> = list
-                .keys()
-                .iter()
-                .map(|k| {
-                    serde_json::json!({
-                        "from_day": k.from.0,
-                        "from": penrose_core::calendar::date_of(k.from),
-                        "key_id": k.key.key_id().to_string(),
-                    })
-                })
-                .collect();
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "list": out, "sequence": sequence, "grace_days": grace_days,
-                        "keys": schedule,
-                    })
-                );
-            } else {
-                println!(
-                    "key list {} (sequence {sequence}, grace {grace_days} days)",
-                    out.display()
-                );
-                for k in list.keys() {
-                    println!(
-                        "  from {}: key {}",
-                        penrose_core::calendar::date_of(k.from),
-                        k.key.key_id()
-                    );
-                }
-            }
+        } => write_key_list(&signing_key, &keys, sequence, grace_days, &out, json)?,
+        Command::KeyInfo { file, json } => key_info(&file, json)?,
+    }
+    Ok(())
+}
+
+fn set_label(archive: &Path, class: u32, new: Option<Label>) -> Result<()> {
+    let old = Archive::open(archive)?.set_label(class, new.clone())?;
+    match (
+        new.as_ref().map(Label::as_str),
+        old.as_ref().map(Label::as_str),
+    ) {
+        (Some(l), Some(o)) => println!("class {class}: label {l:?} (was {o:?})"),
+        (Some(l), None) => println!("class {class}: label {l:?}"),
+        (None, Some(o)) => println!("class {class}: label {o:?} removed"),
+        (None, None) => println!("class {class} had no label"),
+    }
+    Ok(())
+}
+
+fn print_labels(archive: &Path, json: bool) -> Result<()> {
+    let rows = LabelRow::all(&Archive::open(archive)?.labels()?);
+    if json {
+        println!("{}", serde_json::to_string(&rows)?);
+    } else {
+        for row in &rows {
+            println!("{}\t{}", row.class, row.label);
         }
-        Command::KeyInfo { file, json } => {
-            // Either kind of file; a private key is only read through the permission check.
-            let (kind, key) = match keyfile::read_public_key(&file) {
-                Ok(public) => (KeyKind::Public, public),
-                Err(keyfile::KeyFileError::Invalid { .. }) => (
-                    KeyKind::Private,
-                    keyfile::read_private_key(&file)?.public_key().clone(),
-                ),
-                Err(e) => return Err(e.into()),
-            };
-            let info = KeyInfo {
-                kind,
-                key_id: key.key_id().to_string(),
-                modulus_bits: key.size().modulus_bits(),
-            };
-            if json {
-                println!("{}", serde_json::to_string(&info)?);
-            } else {
-                println!(
-                    "{} key, {}-bit modulus, key id {}",
-                    info.kind, info.modulus_bits, info.key_id
-                );
-            }
+    }
+    Ok(())
+}
+
+fn key_list_signer(out: &Path, json: bool) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let (secret, public) = key_list::create_signing_key(out)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "signing_key": secret, "signer": public })
+        );
+    } else {
+        println!("list-signing key: {} (mode 0600)", secret.display());
+        println!(
+            "pin on the aggregation server and the agents: {}",
+            public.display()
+        );
+    }
+    Ok(())
+}
+
+fn write_key_list(
+    signing_key: &Path,
+    keys: &[String],
+    sequence: u64,
+    grace_days: u8,
+    out: &Path,
+    json: bool,
+) -> Result<()> {
+    let today = today();
+    let keys = keys
+        .iter()
+        .map(|k| parse_key_from(k, today))
+        .collect::<Result<Vec<_>>>()?;
+    let list = key_list::write_list(signing_key, &keys, sequence, grace_days, out)?;
+    let schedule: Vec<serde_json::Value> = list
+        .keys()
+        .iter()
+        .map(|k| {
+            serde_json::json!({
+                "from_day": k.from.0,
+                "from": penrose_core::calendar::date_of(k.from),
+                "key_id": k.key.key_id().to_string(),
+            })
+        })
+        .collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "list": out, "sequence": sequence, "grace_days": grace_days,
+                "keys": schedule,
+            })
+        );
+    } else {
+        println!(
+            "key list {} (sequence {sequence}, grace {grace_days} days)",
+            out.display()
+        );
+        for k in list.keys() {
+            println!(
+                "  from {}: key {}",
+                penrose_core::calendar::date_of(k.from),
+                k.key.key_id()
+            );
         }
+    }
+    Ok(())
+}
+
+fn key_info(file: &Path, json: bool) -> Result<()> {
+    // Either kind of file; a private key is only read through the permission check.
+    let (kind, key) = match keyfile::read_public_key(file) {
+        Ok(public) => (KeyKind::Public, public),
+        Err(keyfile::KeyFileError::Invalid { .. }) => (
+            KeyKind::Private,
+            keyfile::read_private_key(file)?.public_key().clone(),
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    let info = KeyInfo {
+        kind,
+        key_id: key.key_id().to_string(),
+        modulus_bits: key.size().modulus_bits(),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&info)?);
+    } else {
+        println!(
+            "{} key, {}-bit modulus, key id {}",
+            info.kind, info.modulus_bits, info.key_id
+        );
     }
     Ok(())
 }
@@ -404,6 +408,19 @@ enum Format {
     CsvQuadrants,
 }
 
+impl Format {
+    /// The format the flags ask for (clap lets at most one through).
+    fn of(json: bool, csv: bool, csv_bins: bool, csv_quadrants: bool) -> Self {
+        match (json, csv, csv_bins, csv_quadrants) {
+            (true, ..) => Format::Json,
+            (_, true, ..) => Format::Csv,
+            (_, _, true, _) => Format::CsvBins,
+            (_, _, _, true) => Format::CsvQuadrants,
+            _ => Format::Text,
+        }
+    }
+}
+
 /// What `report` prints and writes.
 struct Outputs<'a> {
     format: Format,
@@ -455,7 +472,6 @@ fn print_report(
         Some(period) => archive.merged()?.within(period),
         None => archive.merged()?,
     };
-    let labels = archive.labels()?;
     let keys = holdings(keys, split)?;
     let auditor = if split.is_empty() {
         audit::AuditorPartials::default()
@@ -464,81 +480,116 @@ fn print_report(
     };
     let mut report =
         report::build_with(&merged, &keys, &auditor, threshold, cap)?.covering(outputs.period);
-    report.apply_labels(&labels);
+    report.apply_labels(&archive.labels()?);
     report.apply_splits(&outputs.splits);
+    write_report_files(&report, outputs)?;
+    match outputs.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Csv => print!("{}", report::to_csv_table(&report)),
+        Format::CsvBins => print!("{}", report::to_csv_bins(&report)),
+        Format::CsvQuadrants => print!("{}", report::to_csv_quadrants(&report)),
+        Format::Text => print_text(&report),
+    }
+    Ok(())
+}
+
+/// Every plot of `report`, by the file name it is written under (without the extension).
+fn plots(report: &report::Report) -> Vec<(String, String)> {
+    let overview = (
+        "overview".to_string(),
+        penrose_design::plot::overview(report),
+    );
+    let each = report.decrypted.iter().map(|c| {
+        let label = c.label.as_ref().map(|l| l.as_str());
+        let plot = match &c.joint {
+            Some(j) => penrose_design::plot::heatmap(c, j, label),
+            None => penrose_design::plot::histogram(c, label),
+        };
+        (
+            format!("class-{}-{}-counter-{}", c.class, c.arch, c.counter),
+            plot,
+        )
+    });
+    std::iter::once(overview).chain(each).collect()
+}
+
+/// The HTML page and plot files `--html`, `--svg` and `--png` ask for.
+fn write_report_files(report: &report::Report, outputs: &Outputs<'_>) -> Result<()> {
     if let Some(out) = outputs.html {
-        let path = write_file(out, "index.html", &penrose_design::html::render(&report))?;
+        let path = write_file(out, "index.html", &penrose_design::html::render(report))?;
         eprintln!("wrote {}", path.display());
     }
-    // Every plot, by the file name it is written under (without the extension).
-    let plots = || {
-        std::iter::once((
-            "overview".to_string(),
-            penrose_design::plot::overview(&report),
-        ))
-        .chain(report.decrypted.iter().map(|c| {
-            let label = c.label.as_ref().map(|l| l.as_str());
-            let plot = match &c.joint {
-                Some(j) => penrose_design::plot::heatmap(c, j, label),
-                None => penrose_design::plot::histogram(c, label),
-            };
-            (
-                format!("class-{}-{}-counter-{}", c.class, c.arch, c.counter),
-                plot,
-            )
-        }))
-    };
     if let Some(out) = outputs.svg {
-        for (name, plot) in plots() {
-            write_file(out, &format!("{name}.svg"), &plot)?;
+        let plots = plots(report);
+        for (name, plot) in &plots {
+            write_file(out, &format!("{name}.svg"), plot)?;
         }
-        eprintln!(
-            "wrote {} SVG files into {}",
-            report.decrypted.len() + 1,
-            out.display()
-        );
+        eprintln!("wrote {} SVG files into {}", plots.len(), out.display());
     }
     if let Some(out) = outputs.png {
-        let raster = penrose_design::png::Rasteriser::with_system_fonts();
-        if raster.fonts() == 0 {
-            tracing::warn!(
-                "no font under /usr/share/fonts: the PNG plots have no text (install \
-                 fonts-dejavu-core)"
-            );
-        }
-        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        for (name, plot) in plots() {
-            let path = out.join(format!("{name}.png"));
-            let png = raster
-                .png(&plot)
-                .with_context(|| format!("drawing {}", path.display()))?;
-            std::fs::write(&path, png).with_context(|| format!("writing {}", path.display()))?;
-        }
-        eprintln!(
-            "wrote {} PNG files into {}",
-            report.decrypted.len() + 1,
-            out.display()
+        write_pngs(report, out)?;
+    }
+    Ok(())
+}
+
+fn write_pngs(report: &report::Report, out: &Path) -> Result<()> {
+    let raster = penrose_design::png::Rasteriser::with_system_fonts();
+    if raster.fonts() == 0 {
+        tracing::warn!(
+            "no font under /usr/share/fonts: the PNG plots have no text (install \
+             fonts-dejavu-core)"
         );
     }
-    match outputs.format {
-        Format::Json => {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-            return Ok(());
-        }
-        Format::Csv => {
-            print!("{}", report::to_csv_table(&report));
-            return Ok(());
-        }
-        Format::CsvBins => {
-            print!("{}", report::to_csv_bins(&report));
-            return Ok(());
-        }
-        Format::CsvQuadrants => {
-            print!("{}", report::to_csv_quadrants(&report));
-            return Ok(());
-        }
-        Format::Text => {}
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let plots = plots(report);
+    for (name, plot) in &plots {
+        let path = out.join(format!("{name}.png"));
+        let png = raster
+            .png(plot)
+            .with_context(|| format!("drawing {}", path.display()))?;
+        std::fs::write(&path, png).with_context(|| format!("writing {}", path.display()))?;
     }
+    eprintln!("wrote {} PNG files into {}", plots.len(), out.display());
+    Ok(())
+}
+
+/// The report as text: what was decrypted under which rule, then one line per aggregate.
+fn print_text(report: &report::Report) {
+    print_summary(report);
+    for c in &report.decrypted {
+        print_decrypted(report, c);
+    }
+    for h in &report.held_back {
+        println!(
+            "class {:>4}{}  {:<7}  counter {:>3}: {} reports, at least {} contributors: under the threshold, not decrypted",
+            h.class,
+            label_of(report, h.class),
+            h.arch,
+            h.counter,
+            h.reports,
+            h.contributors_at_least
+        );
+    }
+    for q in &report.quarantined {
+        println!(
+            "class {:>4}  {:<7}  counter {:>3}  epoch {} generation {}: QUARANTINED ({} reports): {}",
+            q.class, q.arch, q.counter, q.epoch, q.generation, q.reports, q.reason
+        );
+    }
+    for (chain, epoch) in &report.skipped_epochs {
+        println!("epoch {epoch} of chain {chain}: skipped, an earlier chain released it");
+    }
+}
+
+/// " (label)" of a labelled class, nothing for another.
+fn label_of(report: &report::Report, class: u32) -> String {
+    report
+        .labels
+        .get(&class)
+        .map_or(String::new(), |l| format!(" ({l})"))
+}
+
+fn print_summary(report: &report::Report) {
     println!(
         "{} bundles, {} epochs; threshold k = {} contributors (T = {} reports per contributor and \
          day); {} (class, architecture, counter) aggregates decrypted in {} classes, {} held back, {} sums \
@@ -546,8 +597,8 @@ fn print_report(
          threshold",
         report.bundles,
         report.epochs,
-        threshold.get(),
-        cap.get(),
+        report.threshold.get(),
+        report.reports_per_contributor.get(),
         report.decrypted.len(),
         report.classes(),
         report.held_back.len(),
@@ -574,72 +625,46 @@ fn print_report(
                 .sum::<u64>()
         );
     }
+}
+
+fn print_decrypted(report: &report::Report, c: &report::CounterReport) {
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
-    for c in &report.decrypted {
-        let head = format!(
-            "class {:>4}{}  {:<7}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples",
-            c.class,
-            c.label
-                .as_ref()
-                .map_or(String::new(), |l| format!(" ({l})")),
-            c.arch,
-            c.name,
-            c.reports,
-            c.contributors_at_least,
-            c.samples,
-        );
-        match &c.joint {
-            // A joint view has no mean or percentiles: its quadrants follow.
-            Some(j) => println!("{head}  joint view of {} and {}:", j.x.counter, j.y.counter),
-            None => println!(
-                "{head}  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
-                fmt(c.mean),
-                fmt(c.p50),
-                fmt(c.p90),
-                fmt(c.p99),
-                u = c.unit
-            ),
-        }
-        if !c.merged_from.is_empty() {
-            let merged: Vec<String> = c
-                .merged_from
-                .iter()
-                .map(|m| match report.labels.get(m) {
-                    Some(l) => format!("{m} ({l})"),
-                    None => m.to_string(),
-                })
-                .collect();
-            println!(
-                "           (with classes {} that the aggregator merged into it)",
-                merged.join(", ")
-            );
-        }
-        if let Some(j) = &c.joint {
-            print!("{j}");
-        }
+    let head = format!(
+        "class {:>4}{}  {:<7}  {:<22} {:>6} reports {:>4}+ owners {:>9} samples",
+        c.class,
+        c.label
+            .as_ref()
+            .map_or(String::new(), |l| format!(" ({l})")),
+        c.arch,
+        c.name,
+        c.reports,
+        c.contributors_at_least,
+        c.samples,
+    );
+    match &c.joint {
+        // A joint view has no mean or percentiles: its quadrants follow.
+        Some(j) => println!("{head}  joint view of {} and {}:", j.x.counter, j.y.counter),
+        None => println!(
+            "{head}  mean {:>12}{u}  p50 {:>12}{u}  p90 {:>12}{u}  p99 {:>12}{u}",
+            fmt(c.mean),
+            fmt(c.p50),
+            fmt(c.p90),
+            fmt(c.p99),
+            u = c.unit
+        ),
     }
-    for h in &report.held_back {
+    if !c.merged_from.is_empty() {
+        let merged: Vec<String> = c
+            .merged_from
+            .iter()
+            .map(|&m| format!("{m}{}", label_of(report, m)))
+            .collect();
         println!(
-            "class {:>4}{}  {:<7}  counter {:>3}: {} reports, at least {} contributors: under the threshold, not decrypted",
-            h.class,
-            report
-                .labels
-                .get(&h.class)
-                .map_or(String::new(), |l| format!(" ({l})")),
-            h.arch,
-            h.counter,
-            h.reports,
-            h.contributors_at_least
+            "           (with classes {} that the aggregator merged into it)",
+            merged.join(", ")
         );
     }
-    for q in &report.quarantined {
-        println!(
-            "class {:>4}  {:<7}  counter {:>3}  epoch {} generation {}: QUARANTINED ({} reports): {}",
-            q.class, q.arch, q.counter, q.epoch, q.generation, q.reports, q.reason
-        );
+    if let Some(j) = &c.joint {
+        print!("{j}");
     }
-    for (chain, epoch) in &report.skipped_epochs {
-        println!("epoch {epoch} of chain {chain}: skipped, an earlier chain released it");
-    }
-    Ok(())
 }

@@ -363,78 +363,156 @@ pub fn build_with(
     threshold: Threshold,
     cap: ReportsPerContributor,
 ) -> Result<Report, ReportError> {
-    let mut by_index: Vec<&KeyHolding> = Vec::with_capacity(aggregates.keys.len());
-    for archive in &aggregates.keys {
-        let Some(key) = keys.iter().find(|k| k.public_key().key_id() == *archive) else {
-            return Err(ReportError::WrongKey {
-                archive: *archive,
-                given: keys
-                    .iter()
-                    .map(|k| k.public_key().key_id().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        };
-        by_index.push(key);
-    }
     let decryptor = Decryptor {
-        by_index,
+        by_index: keys_by_index(aggregates, keys)?,
         auditor,
         origins: &aggregates.origins,
     };
-    type Key = (ClassId, GpuArch, CatalogueVersion, CounterId);
-    let mut grouped: BTreeMap<Key, Vec<&BundleEntry>> = BTreeMap::new();
+    let rule = Rule { threshold, cap };
+    let mut out = Outcomes::default();
+    for (group, entries) in grouped(aggregates) {
+        let tally = out.tally(group, &entries, aggregates, &decryptor, rule);
+        out.conclude(group, tally);
+    }
+    Ok(assemble(aggregates, out, rule))
+}
+
+/// The given key of each key the archive's sums are under, in the archive's order.
+fn keys_by_index<'a>(
+    aggregates: &Aggregates,
+    keys: &'a [KeyHolding],
+) -> Result<Vec<&'a KeyHolding>, ReportError> {
+    aggregates
+        .keys
+        .iter()
+        .map(|archive| {
+            keys.iter()
+                .find(|k| k.public_key().key_id() == *archive)
+                .ok_or_else(|| ReportError::WrongKey {
+                    archive: *archive,
+                    given: keys
+                        .iter()
+                        .map(|k| k.public_key().key_id().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+        })
+        .collect()
+}
+
+/// What an aggregate is of: class (after merges), architecture, catalogue, counter.
+type Group = (ClassId, GpuArch, CatalogueVersion, CounterId);
+
+/// The released sums of each aggregate.
+fn grouped(aggregates: &Aggregates) -> BTreeMap<Group, Vec<&BundleEntry>> {
+    let mut grouped: BTreeMap<Group, Vec<&BundleEntry>> = BTreeMap::new();
     for (k, entry) in &aggregates.entries {
         grouped
             .entry((aggregates.root(k.class), k.arch, k.catalogue, k.counter))
             .or_default()
             .push(entry);
     }
-    let mut decrypted = Vec::new();
-    let mut held_back = Vec::new();
-    let mut quarantined = Vec::new();
-    let mut awaiting = Vec::new();
-    for ((class, arch, catalogue, counter), entries) in grouped {
-        let mut bins = [0u64; BIN_COUNT];
-        let (mut reports, mut samples, mut sums, mut held) = (0u64, 0u64, 0usize, 0u64);
-        let (mut contributors, mut best_held) = (0u64, 0u64);
-        let mut epochs = Vec::new();
-        let mut merged_from = Vec::new();
-        let mut by_tokens = true;
-        for entry in entries {
-            let days = aggregates.epochs.get(&entry.epoch).map_or(1, |e| e.days());
-            let bound = contributors_at_least(entry.reports, days, cap);
-            if bound < threshold.get() {
-                held += entry.reports;
-                best_held = best_held.max(bound);
+    grouped
+}
+
+/// k and T, as the report applies them.
+#[derive(Clone, Copy)]
+struct Rule {
+    threshold: Threshold,
+    cap: ReportsPerContributor,
+}
+
+/// One aggregate's decrypted sums added up, and what was held back.
+struct Tally {
+    bins: [u64; BIN_COUNT],
+    reports: u64,
+    samples: u64,
+    sums: usize,
+    contributors: u64,
+    held: u64,
+    best_held: u64,
+    epochs: Vec<u32>,
+    merged_from: Vec<u32>,
+    by_tokens: bool,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Tally {
+            bins: [0; BIN_COUNT],
+            reports: 0,
+            samples: 0,
+            sums: 0,
+            contributors: 0,
+            held: 0,
+            best_held: 0,
+            epochs: Vec::new(),
+            merged_from: Vec::new(),
+            by_tokens: true,
+        }
+    }
+
+    /// Adds a decrypted sum. Its contributor bound does not add to the others': the same
+    /// owners may be behind each, so the aggregate claims the largest.
+    fn add(&mut self, entry: &BundleEntry, sum: [u64; BIN_COUNT], bound: u64, root: ClassId) {
+        for (b, s) in self.bins.iter_mut().zip(sum) {
+            *b += s;
+        }
+        self.reports += entry.reports;
+        self.samples += entry.samples;
+        self.contributors = self.contributors.max(bound);
+        self.sums += 1;
+        if !self.epochs.contains(&entry.epoch.0) {
+            self.epochs.push(entry.epoch.0);
+        }
+        if entry.class != root && !self.merged_from.contains(&entry.class.0) {
+            self.merged_from.push(entry.class.0);
+        }
+    }
+}
+
+/// What the report lists, as it is built.
+#[derive(Default)]
+struct Outcomes {
+    decrypted: Vec<CounterReport>,
+    held_back: Vec<HeldBack>,
+    quarantined: Vec<Quarantined>,
+    awaiting: Vec<Quarantined>,
+}
+
+impl Outcomes {
+    /// Decrypts the sums of `group` that meet the rule and adds them up; lists those that
+    /// do not decrypt as quarantined or awaiting the auditor.
+    fn tally(
+        &mut self,
+        group: Group,
+        entries: &[&BundleEntry],
+        aggregates: &Aggregates,
+        decryptor: &Decryptor<'_>,
+        rule: Rule,
+    ) -> Tally {
+        let (class, arch, _, counter) = group;
+        let mut tally = Tally::new();
+        for &entry in entries {
+            let epoch = aggregates.epochs.get(&entry.epoch);
+            let days = epoch.map_or(1, |e| e.days());
+            let bound = contributors_at_least(entry.reports, days, rule.cap);
+            if bound < rule.threshold.get() {
+                tally.held += entry.reports;
+                tally.best_held = tally.best_held.max(bound);
                 continue;
             }
             // The archive lists every key its entries are under; an entry beyond the list is
             // a bug, quarantined like a sum that does not decrypt.
             match decryptor.decrypt(entry) {
                 Ok(sum) => {
-                    for (b, s) in bins.iter_mut().zip(sum) {
-                        *b += s;
-                    }
-                    reports += entry.reports;
-                    samples += entry.samples;
-                    contributors = contributors.max(bound);
-                    sums += 1;
-                    by_tokens &= aggregates
-                        .epochs
-                        .get(&entry.epoch)
-                        .is_some_and(|e| e.bound_enforced_by_tokens());
-                    if !epochs.contains(&entry.epoch.0) {
-                        epochs.push(entry.epoch.0);
-                    }
-                    if entry.class != class && !merged_from.contains(&entry.class.0) {
-                        merged_from.push(entry.class.0);
-                    }
+                    tally.add(entry, sum, bound, class);
+                    tally.by_tokens &= epoch.is_some_and(|e| e.bound_enforced_by_tokens());
                 }
                 Err(failure) => {
                     let (list, reason) = match failure {
-                        Failure::Bad(reason) => (&mut quarantined, reason),
-                        Failure::Awaiting => (&mut awaiting, AWAITING.to_string()),
+                        Failure::Bad(reason) => (&mut self.quarantined, reason),
+                        Failure::Awaiting => (&mut self.awaiting, AWAITING.to_string()),
                     };
                     list.push(Quarantined {
                         class: class.0,
@@ -448,27 +526,34 @@ pub fn build_with(
                 }
             }
         }
-        if sums == 0 {
-            if held > 0 {
-                held_back.push(HeldBack {
+        tally
+    }
+
+    /// Lists `group` as decrypted, or as held back when nothing of it was decrypted.
+    fn conclude(&mut self, group: Group, mut tally: Tally) {
+        let (class, arch, catalogue, counter) = group;
+        if tally.sums == 0 {
+            if tally.held > 0 {
+                self.held_back.push(HeldBack {
                     class: class.0,
                     arch: arch.to_string(),
                     counter: counter.0,
-                    reports: held,
-                    contributors_at_least: best_held,
+                    reports: tally.held,
+                    contributors_at_least: tally.best_held,
                 });
             }
-            continue;
+            return;
         }
         let cat = Catalogue::by_version(catalogue);
         let known = cat.and_then(|c| c.counter(counter));
         let binning = known.map(|c| c.binning);
-        epochs.sort_unstable();
-        merged_from.sort_unstable();
+        tally.epochs.sort_unstable();
+        tally.merged_from.sort_unstable();
+        let bins = tally.bins;
         let mut report = CounterReport {
             class: class.0,
             arch: arch.to_string(),
-            merged_from,
+            merged_from: tally.merged_from,
             catalogue: catalogue.0,
             counter: counter.0,
             name: cat
@@ -476,13 +561,13 @@ pub fn build_with(
                 .unwrap_or("?")
                 .to_string(),
             unit: known.map_or(String::new(), |c| c.unit.suffix().to_string()),
-            reports,
-            samples,
-            contributors_at_least: contributors,
-            sums,
-            epochs,
-            held_back_reports: held,
-            bound_enforced_by_tokens: by_tokens,
+            reports: tally.reports,
+            samples: tally.samples,
+            contributors_at_least: tally.contributors,
+            sums: tally.sums,
+            epochs: tally.epochs,
+            held_back_reports: tally.held,
+            bound_enforced_by_tokens: tally.by_tokens,
             mean: binning.and_then(|b| mean(&bins, &b)),
             p50: binning.and_then(|b| quantile(&bins, &b, 0.5)),
             p90: binning.and_then(|b| quantile(&bins, &b, 0.9)),
@@ -492,38 +577,38 @@ pub fn build_with(
             joint: None,
         };
         report.joint = joint_summary(&report, &Splits::default());
-        decrypted.push(report);
+        self.decrypted.push(report);
     }
-    let epochs_without_tokens = aggregates
-        .epochs
+}
+
+/// The whole report from the aggregates' epochs and what was listed.
+fn assemble(aggregates: &Aggregates, out: Outcomes, rule: Rule) -> Report {
+    let epochs = &aggregates.epochs;
+    let epochs_without_tokens = epochs
         .values()
         .filter(|e| !e.bound_enforced_by_tokens())
         .count();
-    Ok(Report {
+    Report {
         period: None,
-        bound_enforced_by_tokens: !aggregates.epochs.is_empty() && epochs_without_tokens == 0,
+        bound_enforced_by_tokens: !epochs.is_empty() && epochs_without_tokens == 0,
         epochs_without_tokens,
-        threshold,
-        reports_per_contributor: cap,
+        threshold: rule.threshold,
+        reports_per_contributor: rule.cap,
         bundles: aggregates.bundles,
-        epochs: aggregates.epochs.len(),
-        withheld_sums: aggregates
-            .epochs
-            .values()
-            .map(|e| u64::from(e.withheld_sums))
-            .sum(),
-        withheld_reports: aggregates.epochs.values().map(|e| e.withheld_reports).sum(),
-        decrypted,
-        held_back,
-        quarantined,
-        awaiting_auditor: awaiting,
+        epochs: epochs.len(),
+        withheld_sums: epochs.values().map(|e| u64::from(e.withheld_sums)).sum(),
+        withheld_reports: epochs.values().map(|e| e.withheld_reports).sum(),
+        decrypted: out.decrypted,
+        held_back: out.held_back,
+        quarantined: out.quarantined,
+        awaiting_auditor: out.awaiting,
         labels: BTreeMap::new(),
         skipped_epochs: aggregates
             .skipped
             .iter()
             .map(|(i, e)| (i.to_string(), e.0))
             .collect(),
-    })
+    }
 }
 
 fn bin(i: usize) -> Bin {
