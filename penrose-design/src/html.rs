@@ -159,6 +159,37 @@ pub fn render(report: &Report) -> String {
     ));
     out.push_str(STYLE);
     out.push_str("</style></head><body><header><h1>Penrose design report</h1><dl>");
+    for (name, value) in facts(report) {
+        let _ = write!(out, "<dt>{name}</dt><dd>{value}</dd>");
+    }
+    out.push_str("</dl></header>");
+    let classes = plot::classes_by_reports(report);
+    if !classes.is_empty() {
+        out.push_str("<nav>Classes: ");
+        for (class, _) in &classes {
+            let _ = write!(out, r##"<a href="#class-{class}">{class}</a>"##);
+        }
+        out.push_str("</nav>");
+    }
+    out.push_str(r#"<section id="overview"><h2>Fleet overview</h2>"#);
+    out.push_str(&plot::overview(report));
+    out.push_str("</section>");
+    for &(class, reports) in &classes {
+        class_section(&mut out, report, class, reports);
+    }
+    withheld_section(&mut out, report);
+    quarantined_section(&mut out, report);
+    skipped_section(&mut out, report);
+    let _ = writeln!(
+        out,
+        "<footer><p>penrose-design {}: no script, no external resource.</p></footer></body></html>",
+        env!("CARGO_PKG_VERSION")
+    );
+    out
+}
+
+/// The header's facts: what was imported and decrypted under which rule.
+fn facts(report: &Report) -> [(&'static str, String); 9] {
     let tokens = if report.bound_enforced_by_tokens {
         "yes".to_string()
     } else {
@@ -167,7 +198,7 @@ pub fn render(report: &Report) -> String {
             escape(&report.admission_line())
         )
     };
-    let facts: [(&str, String); 9] = [
+    [
         ("bundles imported", report.bundles.to_string()),
         ("epochs released", report.epochs.to_string()),
         (
@@ -202,78 +233,69 @@ pub fn render(report: &Report) -> String {
                 report.withheld_sums, report.withheld_reports
             ),
         ),
-    ];
-    for (name, value) in facts {
-        let _ = write!(out, "<dt>{name}</dt><dd>{value}</dd>");
-    }
-    out.push_str("</dl></header>");
+    ]
+}
 
-    let classes = plot::classes_by_reports(report);
-    if !classes.is_empty() {
-        out.push_str("<nav>Classes: ");
-        for (class, _) in &classes {
-            let _ = write!(out, r##"<a href="#class-{class}">{class}</a>"##);
-        }
-        out.push_str("</nav>");
-    }
-    out.push_str(r#"<section id="overview"><h2>Fleet overview</h2>"#);
-    out.push_str(&plot::overview(report));
-    out.push_str("</section>");
-
-    for (class, reports) in &classes {
+/// One class: its decrypted counters, each with its plot and table.
+fn class_section(out: &mut String, report: &Report, class: u32, reports: u64) {
+    let _ = write!(
+        out,
+        r#"<section class="class" id="class-{class}"><h2>{}</h2><p>{reports} reports decrypted, all counters."#,
+        class_name(report, class)
+    );
+    let counters: Vec<&CounterReport> = report
+        .decrypted
+        .iter()
+        .filter(|c| c.class == class)
+        .collect();
+    let mut merged: Vec<u32> = counters
+        .iter()
+        .flat_map(|c| c.merged_from.iter().copied())
+        .collect();
+    merged.sort_unstable();
+    merged.dedup();
+    if !merged.is_empty() {
+        let names: Vec<String> = merged.iter().map(|m| class_name(report, *m)).collect();
         let _ = write!(
             out,
-            r#"<section class="class" id="class-{class}"><h2>{}</h2><p>{reports} reports decrypted, all counters."#,
-            class_name(report, *class)
+            " With the sums of {}, which the aggregation server merged into it.",
+            names.join(", ")
         );
-        let counters: Vec<&CounterReport> = report
-            .decrypted
-            .iter()
-            .filter(|c| c.class == *class)
-            .collect();
-        let mut merged: Vec<u32> = counters
-            .iter()
-            .flat_map(|c| c.merged_from.iter().copied())
-            .collect();
-        merged.sort_unstable();
-        merged.dedup();
-        if !merged.is_empty() {
-            let names: Vec<String> = merged.iter().map(|m| class_name(report, *m)).collect();
-            let _ = write!(
-                out,
-                " With the sums of {}, which the aggregation server merged into it.",
-                names.join(", ")
-            );
-        }
-        out.push_str("</p>");
-        for c in counters {
-            let unit = if c.unit.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", escape(&c.unit))
-            };
-            let _ = write!(
-                out,
-                r#"<div class="counter" id="class-{class}-{}-counter-{}"><h3>{}{unit}, {}</h3>"#,
-                escape(&c.arch),
-                c.counter,
-                escape(&c.name),
-                escape(&c.arch)
-            );
-            let label = report.labels.get(class).map(|l| l.as_str());
-            match &c.joint {
-                Some(j) => {
-                    out.push_str(&plot::heatmap(c, j, label));
-                    out.push_str(&quadrant_table(j));
-                }
-                None => out.push_str(&plot::histogram(c, label)),
-            }
-            out.push_str(&counter_table(c));
-            out.push_str("</div>");
-        }
-        out.push_str("</section>");
     }
+    out.push_str("</p>");
+    for c in counters {
+        counter_section(out, report, class, c);
+    }
+    out.push_str("</section>");
+}
 
+fn counter_section(out: &mut String, report: &Report, class: u32, c: &CounterReport) {
+    let unit = if c.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", escape(&c.unit))
+    };
+    let _ = write!(
+        out,
+        r#"<div class="counter" id="class-{class}-{}-counter-{}"><h3>{}{unit}, {}</h3>"#,
+        escape(&c.arch),
+        c.counter,
+        escape(&c.name),
+        escape(&c.arch)
+    );
+    let label = report.labels.get(&class).map(|l| l.as_str());
+    match &c.joint {
+        Some(j) => {
+            out.push_str(&plot::heatmap(c, j, label));
+            out.push_str(&quadrant_table(j));
+        }
+        None => out.push_str(&plot::histogram(c, label)),
+    }
+    out.push_str(&counter_table(c));
+    out.push_str("</div>");
+}
+
+fn withheld_section(out: &mut String, report: &Report) {
     out.push_str(r#"<section id="withheld"><h2>Withheld: under the threshold</h2>"#);
     if report.held_back.is_empty() {
         out.push_str("<p>No (class, counter) was held back.</p>");
@@ -285,7 +307,7 @@ pub fn render(report: &Report) -> String {
         );
         for h in &report.held_back {
             row(
-                &mut out,
+                out,
                 &[
                     ("", class_name(report, h.class)),
                     ("", escape(&h.arch)),
@@ -303,42 +325,43 @@ pub fn render(report: &Report) -> String {
          were never exported.</p></section>",
         report.withheld_sums, report.withheld_reports
     );
+}
 
-    if !report.quarantined.is_empty() {
-        out.push_str(
-            r#"<section id="quarantined"><h2>Quarantined</h2><p>These released sums did not decrypt to a histogram of their declared samples: not added.</p><table><thead><tr><th>class</th><th>architecture</th><th>counter</th><th>epoch</th><th>generation</th><th>reports</th><th>reason</th></tr></thead><tbody>"#,
-        );
-        for q in &report.quarantined {
-            row(
-                &mut out,
-                &[
-                    ("", class_name(report, q.class)),
-                    ("", escape(&q.arch)),
-                    ("n", q.counter.to_string()),
-                    ("n", q.epoch.to_string()),
-                    ("n", q.generation.to_string()),
-                    ("n", q.reports.to_string()),
-                    ("", escape(&q.reason)),
-                ],
-            );
-        }
-        out.push_str("</tbody></table></section>");
+fn quarantined_section(out: &mut String, report: &Report) {
+    if report.quarantined.is_empty() {
+        return;
     }
-    if !report.skipped_epochs.is_empty() {
-        out.push_str(
-            r#"<section id="skipped"><h2>Skipped epochs</h2><p>Released again by a restored chain, never merged twice.</p><ul>"#,
-        );
-        for (chain, epoch) in &report.skipped_epochs {
-            let _ = write!(out, "<li>epoch {epoch} of chain {}</li>", escape(chain));
-        }
-        out.push_str("</ul></section>");
-    }
-    let _ = writeln!(
-        out,
-        "<footer><p>penrose-design {}: no script, no external resource.</p></footer></body></html>",
-        env!("CARGO_PKG_VERSION")
+    out.push_str(
+        r#"<section id="quarantined"><h2>Quarantined</h2><p>These released sums did not decrypt to a histogram of their declared samples: not added.</p><table><thead><tr><th>class</th><th>architecture</th><th>counter</th><th>epoch</th><th>generation</th><th>reports</th><th>reason</th></tr></thead><tbody>"#,
     );
-    out
+    for q in &report.quarantined {
+        row(
+            out,
+            &[
+                ("", class_name(report, q.class)),
+                ("", escape(&q.arch)),
+                ("n", q.counter.to_string()),
+                ("n", q.epoch.to_string()),
+                ("n", q.generation.to_string()),
+                ("n", q.reports.to_string()),
+                ("", escape(&q.reason)),
+            ],
+        );
+    }
+    out.push_str("</tbody></table></section>");
+}
+
+fn skipped_section(out: &mut String, report: &Report) {
+    if report.skipped_epochs.is_empty() {
+        return;
+    }
+    out.push_str(
+        r#"<section id="skipped"><h2>Skipped epochs</h2><p>Released again by a restored chain, never merged twice.</p><ul>"#,
+    );
+    for (chain, epoch) in &report.skipped_epochs {
+        let _ = write!(out, "<li>epoch {epoch} of chain {}</li>", escape(chain));
+    }
+    out.push_str("</ul></section>");
 }
 
 #[cfg(test)]
