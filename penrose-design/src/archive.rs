@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::VerifyingKey;
 use penrose_core::bundle::{
-    Bundle, BundleEntry, BundleError, BundleHash, ClassId, ClassMap, EpochId, EpochKind,
+    Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassId, ClassMap, EpochId, EpochKind,
     EpochSummary, InstanceId, SumId,
 };
 use penrose_core::hex::encode as hex;
@@ -294,6 +294,104 @@ fn parse_signer(text: &str) -> Option<VerifyingKey> {
     VerifyingKey::from_bytes(&penrose_core::hex::decode_array::<32>(text)?).ok()
 }
 
+/// A refusal of the bundle at `path`: it is not the next link of the chain.
+fn refuse(path: &Path, why: String) -> ArchiveError {
+    ArchiveError::Chain {
+        path: path.to_owned(),
+        why,
+    }
+}
+
+/// Refuses a bundle released under a rule below the floors, or with epochs cut otherwise than
+/// the archive's.
+fn check_rule(path: &Path, bundle: &Bundle, current: &Aggregates) -> Result<(), ArchiveError> {
+    if bundle.rule.threshold < MIN_CONTRIBUTORS
+        || bundle.rule.cap < ReportsPerContributor::DEFAULT.get()
+    {
+        return Err(refuse(
+            path,
+            format!(
+                "released under k = {} and T = {}, below the floors (k >= {MIN_CONTRIBUTORS}, \
+                 T >= {})",
+                bundle.rule.threshold,
+                bundle.rule.cap,
+                ReportsPerContributor::DEFAULT.get()
+            ),
+        ));
+    }
+    if let Some(kind) = current.epoch_kind
+        && kind != bundle.rule.epochs
+    {
+        return Err(refuse(
+            path,
+            format!(
+                "its epochs are cut by {:?}, the archive's by {kind:?}",
+                bundle.rule.epochs
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a bundle of a chain this archive does not follow: a replaced chain, another chain
+/// without `new_chain`, or a new chain that does not descend from the followed one.
+fn check_lineage(
+    path: &Path,
+    link: ChainLink,
+    chains: &[InstanceId],
+    new_chain: bool,
+) -> Result<(), ArchiveError> {
+    let followed = chains.last().copied();
+    let instance = link.instance;
+    let why = match followed {
+        Some(f) if f == instance => return Ok(()),
+        _ if chains.contains(&instance) => format!(
+            "chain {instance} was replaced by chain {}; its later bundles are not imported",
+            followed.map_or_else(String::new, |f| f.to_string())
+        ),
+        Some(f) if !new_chain => format!(
+            "it is bundle {} of chain {instance}{}, but this archive follows chain {f}. An \
+             aggregation server restored from a backup starts a new chain: if that is what \
+             happened, import its bundle 1 with --new-chain",
+            link.seq,
+            link.parent
+                .map_or_else(String::new, |p| format!(" (restored from {p})")),
+        ),
+        Some(f) if link.parent != Some(f) => format!(
+            "chain {instance} does not descend from the chain this archive follows ({f}): its \
+             class ids mean other applications; use a new archive"
+        ),
+        _ => return Ok(()),
+    };
+    Err(refuse(path, why))
+}
+
+/// The epochs of the bundle an earlier chain released (skipped, never merged twice); an
+/// epoch an earlier bundle of the same chain released is refused.
+fn skipped_epochs(
+    path: &Path,
+    bundle: &Bundle,
+    current: &Aggregates,
+) -> Result<Vec<u32>, ArchiveError> {
+    let mut skipped = Vec::new();
+    for e in &bundle.epochs {
+        match current.released_by.get(&e.id) {
+            Some(by) if *by == bundle.link.instance => {
+                return Err(refuse(
+                    path,
+                    format!(
+                        "epoch {} was already released by an earlier bundle of this chain",
+                        e.id.0
+                    ),
+                ));
+            }
+            Some(_) => skipped.push(e.id.0),
+            None => {}
+        }
+    }
+    Ok(skipped)
+}
+
 /// Writes `bytes` to `path` so that a crash leaves either the old state or the whole file.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ArchiveError> {
     write_atomically_mode(path, bytes, None)
@@ -451,131 +549,121 @@ impl Archive {
         signer: Option<&VerifyingKey>,
         new_chain: bool,
     ) -> Result<Imported, ArchiveError> {
-        let trusted = match (self.trusted_signer()?, signer) {
-            (Some(pinned), Some(given)) if pinned != *given => {
-                return Err(ArchiveError::OtherSigner {
-                    trusted: hex(pinned.as_bytes()),
-                    given: hex(given.as_bytes()),
-                });
-            }
-            (Some(pinned), _) => pinned,
-            (None, Some(given)) => *given,
-            (None, None) => return Err(ArchiveError::NoTrustedSigner),
-        };
+        let trusted = self.signer_for(signer)?;
         let bytes = std::fs::read(path).map_err(io(path))?;
         let bundle =
             Bundle::verify(&bytes, Some(&trusted)).map_err(|source| ArchiveError::Bundle {
                 path: path.to_owned(),
                 source,
             })?;
-        let refuse = |why: String| ArchiveError::Chain {
-            path: path.to_owned(),
-            why,
-        };
-        if bundle.rule.threshold < MIN_CONTRIBUTORS
-            || bundle.rule.cap < ReportsPerContributor::DEFAULT.get()
-        {
-            return Err(refuse(format!(
-                "released under k = {} and T = {}, below the floors (k >= {MIN_CONTRIBUTORS}, \
-                 T >= {})",
-                bundle.rule.threshold,
-                bundle.rule.cap,
-                ReportsPerContributor::DEFAULT.get()
-            )));
-        }
         // Bundles may be under several Paillier keys (key rollover): each sum is decrypted
         // with the key it is under (`Aggregates::keys`).
         let current = self.merged()?;
-        if let Some(kind) = current.epoch_kind
-            && kind != bundle.rule.epochs
-        {
-            return Err(refuse(format!(
-                "its epochs are cut by {:?}, the archive's by {kind:?}",
-                bundle.rule.epochs
-            )));
-        }
-        let link = bundle.link;
+        check_rule(path, &bundle, &current)?;
         let chains = self.chain_ids()?;
         let followed = chains.last().copied();
-        let instance = link.instance;
+        check_lineage(path, bundle.link, &chains, new_chain)?;
+        let instance = bundle.link.instance;
         let head = current
             .chains
             .iter()
             .find(|(i, _)| *i == instance)
             .map_or(0, |(_, seq)| *seq);
-        match followed {
-            Some(f) if f == instance => {}
-            _ if chains.contains(&instance) => {
-                return Err(refuse(format!(
-                    "chain {instance} was replaced by chain {}; its later bundles are not \
-                     imported",
-                    followed.map_or_else(String::new, |f| f.to_string())
-                )));
-            }
-            Some(f) if !new_chain => {
-                return Err(refuse(format!(
-                    "it is bundle {} of chain {instance}{}, but this archive follows chain {f}. \
-                     An aggregation server restored from a backup starts a new chain: if that is \
-                     what happened, import its bundle 1 with --new-chain",
-                    link.seq,
-                    link.parent
-                        .map_or_else(String::new, |p| format!(" (restored from {p})")),
-                )));
-            }
-            Some(f) if link.parent != Some(f) => {
-                return Err(refuse(format!(
-                    "chain {instance} does not descend from the chain this archive follows \
-                     ({f}): its class ids mean other applications; use a new archive"
-                )));
-            }
-            _ => {}
+        if let Some(already) = self.check_position(path, &bundle, &bytes, head)? {
+            return Ok(already);
         }
+        let skipped = skipped_epochs(path, &bundle, &current)?;
+        self.keep(&bundle, &bytes, &trusted, &chains, followed)?;
+        Ok(Imported::New {
+            instance: instance.to_string(),
+            seq: bundle.link.seq,
+            epochs: bundle.epochs.len(),
+            entries: bundle.entries.len(),
+            skipped_epochs: skipped,
+        })
+    }
+
+    /// The signer to check a bundle with: the pinned one, or `given` when none is pinned yet;
+    /// a given one that differs from the pinned one is refused.
+    fn signer_for(&self, given: Option<&VerifyingKey>) -> Result<VerifyingKey, ArchiveError> {
+        match (self.trusted_signer()?, given) {
+            (Some(pinned), Some(given)) if pinned != *given => Err(ArchiveError::OtherSigner {
+                trusted: hex(pinned.as_bytes()),
+                given: hex(given.as_bytes()),
+            }),
+            (Some(pinned), _) => Ok(pinned),
+            (None, Some(given)) => Ok(*given),
+            (None, None) => Err(ArchiveError::NoTrustedSigner),
+        }
+    }
+
+    /// Whether the bundle is the next of its chain: `Some` when it was imported before with
+    /// the same bytes, an error for a fork or a gap.
+    fn check_position(
+        &self,
+        path: &Path,
+        bundle: &Bundle,
+        bytes: &[u8],
+        head: u64,
+    ) -> Result<Option<Imported>, ArchiveError> {
+        let link = bundle.link;
+        let instance = link.instance;
         if link.seq <= head {
             let archived = self.bundle_path(instance, link.seq);
             let have = std::fs::read(&archived).map_err(io(&archived))?;
             if have == bytes {
-                return Ok(Imported::AlreadyImported {
+                return Ok(Some(Imported::AlreadyImported {
                     instance: instance.to_string(),
                     seq: link.seq,
-                });
+                }));
             }
-            return Err(refuse(format!(
-                "fork: bundle {} of chain {instance} was already imported with other contents",
-                link.seq
-            )));
+            return Err(refuse(
+                path,
+                format!(
+                    "fork: bundle {} of chain {instance} was already imported with other contents",
+                    link.seq
+                ),
+            ));
         }
         if link.seq > head + 1 {
-            return Err(refuse(format!(
-                "gap: the archive holds chain {instance} up to bundle {head}; import bundle {} \
-                 first (`penrose-aggregator export --seq {}` writes it again)",
-                head + 1,
-                head + 1
-            )));
+            return Err(refuse(
+                path,
+                format!(
+                    "gap: the archive holds chain {instance} up to bundle {head}; import bundle \
+                     {} first (`penrose-aggregator export --seq {}` writes it again)",
+                    head + 1,
+                    head + 1
+                ),
+            ));
         }
         if head > 0 {
             let last = self.bundle_path(instance, head);
             let have = std::fs::read(&last).map_err(io(&last))?;
             if link.prev != BundleHash::of(&have) {
-                return Err(refuse(format!(
-                    "fork: bundle {} does not follow the archived bundle {head} of chain \
-                     {instance}",
-                    link.seq
-                )));
+                return Err(refuse(
+                    path,
+                    format!(
+                        "fork: bundle {} does not follow the archived bundle {head} of chain \
+                         {instance}",
+                        link.seq
+                    ),
+                ));
             }
         }
-        let mut skipped = Vec::new();
-        for e in &bundle.epochs {
-            match current.released_by.get(&e.id) {
-                Some(by) if *by == instance => {
-                    return Err(refuse(format!(
-                        "epoch {} was already released by an earlier bundle of this chain",
-                        e.id.0
-                    )));
-                }
-                Some(_) => skipped.push(e.id.0),
-                None => {}
-            }
-        }
+        Ok(None)
+    }
+
+    /// Writes the bundle (and, the first time, the signer it was checked with, and a chain
+    /// it starts) durably.
+    fn keep(
+        &self,
+        bundle: &Bundle,
+        bytes: &[u8],
+        trusted: &VerifyingKey,
+        chains: &[InstanceId],
+        followed: Option<InstanceId>,
+    ) -> Result<(), ArchiveError> {
+        let instance = bundle.link.instance;
         if self.trusted_signer()?.is_none() {
             write_atomically(
                 &self.signer_path(),
@@ -584,19 +672,13 @@ impl Archive {
         }
         let dir = self.chain_dir(instance);
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        write_atomically(&self.bundle_path(instance, link.seq), &bytes)?;
+        write_atomically(&self.bundle_path(instance, bundle.link.seq), bytes)?;
         if followed != Some(instance) {
             let mut list: String = chains.iter().map(|c| format!("{c}\n")).collect();
             list.push_str(&format!("{instance}\n"));
             write_atomically(&self.chains_path(), list.as_bytes())?;
         }
-        Ok(Imported::New {
-            instance: instance.to_string(),
-            seq: link.seq,
-            epochs: bundle.epochs.len(),
-            entries: bundle.entries.len(),
-            skipped_epochs: skipped,
-        })
+        Ok(())
     }
 
     /// Every archived bundle, verified again, chain by chain (oldest chain first) in order.
