@@ -553,167 +553,16 @@ impl Bundle {
     /// names; with `trusted`, also that this key is the trusted one; and that it is consistent
     /// (module docs). Nothing is returned from a bundle that fails any check.
     pub fn verify(bytes: &[u8], trusted: Option<&VerifyingKey>) -> Result<Bundle, BundleError> {
-        if bytes.len() < 5 {
-            return Err(BundleError::Truncated("header"));
-        }
-        if bytes[..4] != MAGIC {
-            return Err(BundleError::BadMagic);
-        }
-        let version = bytes[4];
-        if !(OLDEST_READABLE_VERSION..=BUNDLE_VERSION).contains(&version) {
-            return Err(BundleError::UnsupportedVersion(version));
-        }
-        let epoch_bytes = if version >= 4 {
-            EPOCH_BYTES
-        } else {
-            EPOCH_BYTES_V3
-        };
-        if bytes.len() < HEADER_BYTES + SIGNATURE_BYTES {
-            return Err(BundleError::Truncated("header"));
-        }
+        let version = check_header(bytes)?;
         let (signed, signature) = bytes.split_at(bytes.len() - SIGNATURE_BYTES);
         let mut r = Reader(&signed[5..]);
         let signer: [u8; 32] = r.array("signer")?;
-        let verifying = VerifyingKey::from_bytes(&signer).map_err(|_| BundleError::BadSigner)?;
-        let mut sig = [0u8; SIGNATURE_BYTES];
-        sig.copy_from_slice(signature);
-        verifying
-            .verify_strict(signed, &Signature::from_bytes(&sig))
-            .map_err(|_| BundleError::BadSignature)?;
-        if let Some(trusted) = trusted
-            && trusted != &verifying
-        {
-            return Err(BundleError::UntrustedSigner);
-        }
-        let keys = if version >= 6 {
-            let [count] = r.array::<1>("key count")?;
-            let count = usize::from(count);
-            if count == 0 || count > MAX_BUNDLE_KEYS {
-                return Err(BundleError::Inconsistent("a bundle lists 1 to 16 keys"));
-            }
-            let mut keys = Vec::with_capacity(count);
-            for _ in 0..count {
-                keys.push(KeyId(r.array("key id")?));
-            }
-            keys
-        } else {
-            vec![KeyId(r.array("key id")?)]
-        };
-        let instance = InstanceId(r.array("instance")?);
-        let parent = InstanceId(r.array("parent")?);
-        let seq = u64::from_be_bytes(r.array("seq")?);
-        let prev = BundleHash(r.array("prev")?);
-        let day = Day(u32::from_be_bytes(r.array("day")?));
-        let [kind] = r.array::<1>("epoch kind")?;
-        let epochs_kind =
-            EpochKind::from_code(kind).ok_or(BundleError::Inconsistent("unknown epoch kind"))?;
-        let threshold = u64::from_be_bytes(r.array("threshold")?);
-        let cap = u32::from_be_bytes(r.array("cap")?);
-        if seq == 0 || (seq == 1) != (prev == BundleHash::default()) {
-            return Err(BundleError::Inconsistent(
-                "the first bundle of a chain, and only it, has no predecessor",
-            ));
-        }
-        let epoch_count = u32::from_be_bytes(r.array("epoch count")?);
-        let room = r.0.len() / epoch_bytes;
-        if epoch_count as usize > room {
-            return Err(BundleError::TooMany {
-                what: "epochs",
-                announced: epoch_count,
-                room,
-            });
-        }
-        let mut epochs: Vec<EpochSummary> = Vec::with_capacity(epoch_count as usize);
-        for _ in 0..epoch_count {
-            let e = EpochSummary {
-                id: EpochId(u32::from_be_bytes(r.array("epoch id")?)),
-                first_day: Day(u32::from_be_bytes(r.array("epoch first day")?)),
-                last_day: Day(u32::from_be_bytes(r.array("epoch last day")?)),
-                reports: u64::from_be_bytes(r.array("epoch reports")?),
-                withheld_sums: u32::from_be_bytes(r.array("epoch withheld sums")?),
-                withheld_reports: u64::from_be_bytes(r.array("epoch withheld reports")?),
-                reports_with_tokens: if version >= 4 {
-                    u64::from_be_bytes(r.array("epoch reports with tokens")?)
-                } else {
-                    0
-                },
-            };
-            if e.reports_with_tokens > e.reports {
-                return Err(BundleError::Inconsistent(
-                    "an epoch with more token-admitted reports than reports",
-                ));
-            }
-            if epochs.last().is_some_and(|last| last.id >= e.id) {
-                return Err(BundleError::Inconsistent("epochs not in increasing order"));
-            }
-            if e.last_day < e.first_day {
-                return Err(BundleError::Inconsistent("an epoch ends before it starts"));
-            }
-            epochs.push(e);
-        }
-        let count = u32::from_be_bytes(r.array("entry count")?);
-        let room = r.0.len() / entry_fixed_bytes(version);
-        if count as usize > room {
-            return Err(BundleError::TooMany {
-                what: "entries",
-                announced: count,
-                room,
-            });
-        }
-        let mut entries = Vec::with_capacity(count as usize);
-        let mut sum_ids = HashSet::with_capacity(count as usize);
-        for index in 0..count as usize {
-            let entry = decode_entry(&mut r, index, version)?;
-            if usize::from(entry.key) >= keys.len() {
-                return Err(BundleError::Inconsistent(
-                    "an entry under a key the bundle does not list",
-                ));
-            }
-            if version >= 5 && !entry.arch.is_reportable() {
-                return Err(BundleError::Inconsistent(
-                    "an entry under an architecture no report may name",
-                ));
-            }
-            if epochs.binary_search_by_key(&entry.epoch, |e| e.id).is_err() {
-                return Err(BundleError::Inconsistent(
-                    "an entry of an epoch the bundle does not release",
-                ));
-            }
-            if !sum_ids.insert(entry.key()) {
-                return Err(BundleError::Inconsistent("the same sum twice"));
-            }
-            entries.push(entry);
-        }
-        let merge_count = u32::from_be_bytes(r.array("merge count")?);
-        let room = r.0.len() / MERGE_BYTES;
-        if merge_count as usize > room {
-            return Err(BundleError::TooMany {
-                what: "merges",
-                announced: merge_count,
-                room,
-            });
-        }
-        let mut merges: Vec<ClassMerge> = Vec::with_capacity(merge_count as usize);
-        for _ in 0..merge_count {
-            let m = ClassMerge {
-                absorbed: ClassId(u32::from_be_bytes(r.array("merged class")?)),
-                into: ClassId(u32::from_be_bytes(r.array("merge survivor")?)),
-            };
-            if m.into >= m.absorbed {
-                return Err(BundleError::Inconsistent(
-                    "a class merged into a younger class or itself",
-                ));
-            }
-            if merges
-                .last()
-                .is_some_and(|last| last.absorbed >= m.absorbed)
-            {
-                return Err(BundleError::Inconsistent(
-                    "merges not in increasing order of the merged class",
-                ));
-            }
-            merges.push(m);
-        }
+        check_signature(signed, signature, &signer, trusted)?;
+        let keys = decode_keys(&mut r, version)?;
+        let (link, day, rule) = decode_link_and_rule(&mut r)?;
+        let epochs = decode_epochs(&mut r, version)?;
+        let entries = decode_entries(&mut r, version, keys.len(), &epochs)?;
+        let merges = decode_merges(&mut r)?;
         if entries.iter().any(|e| {
             merges
                 .binary_search_by_key(&e.class, |m| m.absorbed)
@@ -729,18 +578,9 @@ impl Bundle {
         Ok(Bundle {
             signer,
             keys,
-            link: ChainLink {
-                instance,
-                parent: (parent != InstanceId::default()).then_some(parent),
-                seq,
-                prev,
-            },
+            link,
             day,
-            rule: ReleaseRule {
-                epochs: epochs_kind,
-                threshold,
-                cap,
-            },
+            rule,
             epochs,
             entries,
             merges,
@@ -762,6 +602,209 @@ fn entry_fixed_bytes(version: u8) -> usize {
         5 => ENTRY_FIXED_BYTES_V5,
         _ => ENTRY_FIXED_BYTES_V4,
     }
+}
+
+/// The version of a bundle whose magic, version and length are right.
+fn check_header(bytes: &[u8]) -> Result<u8, BundleError> {
+    if bytes.len() < 5 {
+        return Err(BundleError::Truncated("header"));
+    }
+    if bytes[..4] != MAGIC {
+        return Err(BundleError::BadMagic);
+    }
+    let version = bytes[4];
+    if !(OLDEST_READABLE_VERSION..=BUNDLE_VERSION).contains(&version) {
+        return Err(BundleError::UnsupportedVersion(version));
+    }
+    if bytes.len() < HEADER_BYTES + SIGNATURE_BYTES {
+        return Err(BundleError::Truncated("header"));
+    }
+    Ok(version)
+}
+
+/// Checks the signature over `signed` by `signer`, and that `signer` is `trusted` if given.
+fn check_signature(
+    signed: &[u8],
+    signature: &[u8],
+    signer: &[u8; 32],
+    trusted: Option<&VerifyingKey>,
+) -> Result<(), BundleError> {
+    let verifying = VerifyingKey::from_bytes(signer).map_err(|_| BundleError::BadSigner)?;
+    let mut sig = [0u8; SIGNATURE_BYTES];
+    sig.copy_from_slice(signature);
+    verifying
+        .verify_strict(signed, &Signature::from_bytes(&sig))
+        .map_err(|_| BundleError::BadSignature)?;
+    if let Some(trusted) = trusted
+        && trusted != &verifying
+    {
+        return Err(BundleError::UntrustedSigner);
+    }
+    Ok(())
+}
+
+/// The Paillier keys the entries are under (one before version 6).
+fn decode_keys(r: &mut Reader<'_>, version: u8) -> Result<Vec<KeyId>, BundleError> {
+    if version < 6 {
+        return Ok(vec![KeyId(r.array("key id")?)]);
+    }
+    let [count] = r.array::<1>("key count")?;
+    let count = usize::from(count);
+    if count == 0 || count > MAX_BUNDLE_KEYS {
+        return Err(BundleError::Inconsistent("a bundle lists 1 to 16 keys"));
+    }
+    (0..count).map(|_| Ok(KeyId(r.array("key id")?))).collect()
+}
+
+/// The chain link, the day and the release rule.
+fn decode_link_and_rule(r: &mut Reader<'_>) -> Result<(ChainLink, Day, ReleaseRule), BundleError> {
+    let instance = InstanceId(r.array("instance")?);
+    let parent = InstanceId(r.array("parent")?);
+    let seq = u64::from_be_bytes(r.array("seq")?);
+    let prev = BundleHash(r.array("prev")?);
+    let day = Day(u32::from_be_bytes(r.array("day")?));
+    let [kind] = r.array::<1>("epoch kind")?;
+    let epochs =
+        EpochKind::from_code(kind).ok_or(BundleError::Inconsistent("unknown epoch kind"))?;
+    let threshold = u64::from_be_bytes(r.array("threshold")?);
+    let cap = u32::from_be_bytes(r.array("cap")?);
+    if seq == 0 || (seq == 1) != (prev == BundleHash::default()) {
+        return Err(BundleError::Inconsistent(
+            "the first bundle of a chain, and only it, has no predecessor",
+        ));
+    }
+    let link = ChainLink {
+        instance,
+        parent: (parent != InstanceId::default()).then_some(parent),
+        seq,
+        prev,
+    };
+    let rule = ReleaseRule {
+        epochs,
+        threshold,
+        cap,
+    };
+    Ok((link, day, rule))
+}
+
+/// A count of `what` that the bytes left can hold, each at least `each` bytes.
+fn count_within(
+    r: &mut Reader<'_>,
+    what: &'static str,
+    field: &'static str,
+    each: usize,
+) -> Result<usize, BundleError> {
+    let announced = u32::from_be_bytes(r.array(field)?);
+    let room = r.0.len() / each;
+    if announced as usize > room {
+        return Err(BundleError::TooMany {
+            what,
+            announced,
+            room,
+        });
+    }
+    Ok(announced as usize)
+}
+
+/// The released epochs, in increasing order.
+fn decode_epochs(r: &mut Reader<'_>, version: u8) -> Result<Vec<EpochSummary>, BundleError> {
+    let epoch_bytes = if version >= 4 {
+        EPOCH_BYTES
+    } else {
+        EPOCH_BYTES_V3
+    };
+    let count = count_within(r, "epochs", "epoch count", epoch_bytes)?;
+    let mut epochs: Vec<EpochSummary> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let e = EpochSummary {
+            id: EpochId(u32::from_be_bytes(r.array("epoch id")?)),
+            first_day: Day(u32::from_be_bytes(r.array("epoch first day")?)),
+            last_day: Day(u32::from_be_bytes(r.array("epoch last day")?)),
+            reports: u64::from_be_bytes(r.array("epoch reports")?),
+            withheld_sums: u32::from_be_bytes(r.array("epoch withheld sums")?),
+            withheld_reports: u64::from_be_bytes(r.array("epoch withheld reports")?),
+            reports_with_tokens: if version >= 4 {
+                u64::from_be_bytes(r.array("epoch reports with tokens")?)
+            } else {
+                0
+            },
+        };
+        if e.reports_with_tokens > e.reports {
+            return Err(BundleError::Inconsistent(
+                "an epoch with more token-admitted reports than reports",
+            ));
+        }
+        if epochs.last().is_some_and(|last| last.id >= e.id) {
+            return Err(BundleError::Inconsistent("epochs not in increasing order"));
+        }
+        if e.last_day < e.first_day {
+            return Err(BundleError::Inconsistent("an epoch ends before it starts"));
+        }
+        epochs.push(e);
+    }
+    Ok(epochs)
+}
+
+/// The released sums: each under a listed key, of a released epoch, and once.
+fn decode_entries(
+    r: &mut Reader<'_>,
+    version: u8,
+    keys: usize,
+    epochs: &[EpochSummary],
+) -> Result<Vec<BundleEntry>, BundleError> {
+    let count = count_within(r, "entries", "entry count", entry_fixed_bytes(version))?;
+    let mut entries = Vec::with_capacity(count);
+    let mut sum_ids = HashSet::with_capacity(count);
+    for index in 0..count {
+        let entry = decode_entry(r, index, version)?;
+        if usize::from(entry.key) >= keys {
+            return Err(BundleError::Inconsistent(
+                "an entry under a key the bundle does not list",
+            ));
+        }
+        if version >= 5 && !entry.arch.is_reportable() {
+            return Err(BundleError::Inconsistent(
+                "an entry under an architecture no report may name",
+            ));
+        }
+        if epochs.binary_search_by_key(&entry.epoch, |e| e.id).is_err() {
+            return Err(BundleError::Inconsistent(
+                "an entry of an epoch the bundle does not release",
+            ));
+        }
+        if !sum_ids.insert(entry.key()) {
+            return Err(BundleError::Inconsistent("the same sum twice"));
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+/// The class merges, each into an older class, in increasing order of the merged class.
+fn decode_merges(r: &mut Reader<'_>) -> Result<Vec<ClassMerge>, BundleError> {
+    let count = count_within(r, "merges", "merge count", MERGE_BYTES)?;
+    let mut merges: Vec<ClassMerge> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let m = ClassMerge {
+            absorbed: ClassId(u32::from_be_bytes(r.array("merged class")?)),
+            into: ClassId(u32::from_be_bytes(r.array("merge survivor")?)),
+        };
+        if m.into >= m.absorbed {
+            return Err(BundleError::Inconsistent(
+                "a class merged into a younger class or itself",
+            ));
+        }
+        if merges
+            .last()
+            .is_some_and(|last| last.absorbed >= m.absorbed)
+        {
+            return Err(BundleError::Inconsistent(
+                "merges not in increasing order of the merged class",
+            ));
+        }
+        merges.push(m);
+    }
+    Ok(merges)
 }
 
 fn decode_entry(r: &mut Reader<'_>, index: usize, version: u8) -> Result<BundleEntry, BundleError> {
