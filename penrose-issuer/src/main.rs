@@ -17,7 +17,7 @@ use penrose_issuer::clock::{Clock, SystemClock, date_of};
 use penrose_issuer::credential::{self, CredentialId};
 use penrose_issuer::keys::{self, PublishWindow, Published};
 use penrose_issuer::service::{self, ServeOptions};
-use penrose_issuer::{IssuerConfig, IssuerError, MasterSeed};
+use penrose_issuer::{IssuerConfig, IssuerError, MasterSeed, StateDir};
 use serde::Serialize;
 
 /// Exit code of a refused request (revoke: no such credential; a bad label).
@@ -83,21 +83,7 @@ struct Written {
 async fn run(cli: Cli) -> Result<ExitCode> {
     let today = SystemClock.today();
     match cli.command {
-        Command::Init { state, json } => {
-            let made = admin::init(&state.dir())?;
-            print(json, &made, |m| {
-                println!("initialised {}", m.state.display());
-                println!(
-                    "  master seed  {} (0600; back it up, keep it secret)",
-                    m.seed.display()
-                );
-                println!("  store        {}", m.store.display());
-                println!(
-                    "next: enrol hosts (penrose-issuer enrol), export the aggregation server's \
-                     keys (penrose-issuer export-keys), serve (penrose-issuer serve)"
-                );
-            })?;
-        }
+        Command::Init { state, json } => init(&state.dir(), json)?,
         Command::Enrol {
             state,
             out,
@@ -106,24 +92,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             label,
             json,
         } => {
-            let dir = state.dir();
             if let Some(label) = &label {
                 penrose_issuer::store::CredentialRecord::check_label(label)?;
             }
-            let (files, named_by_id): (Vec<PathBuf>, bool) = match (out, count, out_dir) {
-                (Some(out), _, _) => (vec![out], false),
-                (None, count, Some(out_dir)) => {
-                    std::fs::DirBuilder::new()
-                        .recursive(true)
-                        .mode(0o700)
-                        .create(&out_dir)
-                        .with_context(|| format!("creating {}", out_dir.display()))?;
-                    // Named by their ids once made; the directory stands for each of them.
-                    (vec![out_dir; count.unwrap_or(1) as usize], true)
-                }
-                (None, _, None) => bail!("give --out FILE or --out-dir DIR"),
-            };
-            let enrolled = enrol(&dir, today, &files, named_by_id, label).await?;
+            let (files, named_by_id) = credential_files(out, count, out_dir)?;
+            let enrolled = enrol(&state.dir(), today, &files, named_by_id, label).await?;
             print(json, &enrolled, |list| {
                 for e in list {
                     println!("{}  {}", e.short_id, e.file);
@@ -139,33 +112,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             id,
             credential,
             json,
-        } => {
-            let id = match (id, credential) {
-                (Some(id), _) => id,
-                (None, Some(file)) => CredentialId::of(&credential::read_file(&file)?).to_string(),
-                (None, None) => bail!("give the credential's id or --credential FILE"),
-            };
-            let reply = admin::run(&state.dir(), today, &Request::Revoke { id }).await?;
-            print(json, &reply, |reply| {
-                if let Reply::Revoked {
-                    short_id,
-                    already,
-                    label,
-                    ..
-                } = reply
-                {
-                    let label = label
-                        .as_deref()
-                        .map(|l| format!(" ({l})"))
-                        .unwrap_or_default();
-                    if *already {
-                        println!("{short_id}{label} was revoked already");
-                    } else {
-                        println!("revoked {short_id}{label}");
-                    }
-                }
-            })?;
-        }
+        } => revoke(&state.dir(), today, id, credential, json).await?,
         Command::Serve {
             state,
             listen,
@@ -199,49 +146,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             out,
             day,
             json,
-        } => {
-            let seed = MasterSeed::load(&state.dir().seed())?;
-            let day = day.resolve(today);
-            let published = Published::of(&seed, PublishWindow::default(), day)?;
-            write_file(&out, &published.encoded, 0o644)?;
-            let (from, to) = PublishWindow::default().range(day);
-            let written = written(&out, from, to, published.set.entries().len(), &published);
-            print(json, &written, |w| {
-                println!(
-                    "wrote the key set of {} ({} keys, {} to {}) to {}",
-                    date_of(day),
-                    w.keys,
-                    w.from_date,
-                    w.to_date,
-                    w.file
-                );
-                println!("sha-256 {}", w.key_set_digest);
-            })?;
-        }
+        } => key_set(&state.dir(), &out, day.resolve(today), json)?,
         Command::ExportKeys {
             state,
             out,
             from,
             to,
             json,
-        } => {
-            let seed = MasterSeed::load(&state.dir().seed())?;
-            let (from, to) = (from.resolve(today), to.resolve(today));
-            let ring = keys::key_ring(&seed, from, to)?;
-            write_file(&out, &ring.encode(), 0o600)?;
-            let published = Published::of(&seed, PublishWindow::default(), today)?;
-            let written = written(&out, from, to, ring.keys().len(), &published);
-            print(json, &written, |w| {
-                println!(
-                    "wrote {} secret keys ({} to {}, every counter) to {} (0600)",
-                    w.keys, w.from_date, w.to_date, w.file
-                );
-                println!(
-                    "give it to the aggregation server; export the next range before {}",
-                    w.to_date
-                );
-            })?;
-        }
+        } => export_keys(
+            &state.dir(),
+            &out,
+            (from.resolve(today), to.resolve(today)),
+            today,
+            json,
+        )?,
         Command::Status { state, json } => {
             let reply = admin::run(&state.dir(), today, &Request::Status).await?;
             let Reply::Status(status) = reply else {
@@ -251,6 +169,121 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn init(dir: &StateDir, json: bool) -> Result<()> {
+    let made = admin::init(dir)?;
+    print(json, &made, |m| {
+        println!("initialised {}", m.state.display());
+        println!(
+            "  master seed  {} (0600; back it up, keep it secret)",
+            m.seed.display()
+        );
+        println!("  store        {}", m.store.display());
+        println!(
+            "next: enrol hosts (penrose-issuer enrol), export the aggregation server's \
+             keys (penrose-issuer export-keys), serve (penrose-issuer serve)"
+        );
+    })
+}
+
+/// Where `enrol` writes credentials: the one `--out` file, or `--count` files in `--out-dir`
+/// (created 0700), named by their ids once made (then the second value is true).
+fn credential_files(
+    out: Option<PathBuf>,
+    count: Option<u32>,
+    out_dir: Option<PathBuf>,
+) -> Result<(Vec<PathBuf>, bool)> {
+    match (out, count, out_dir) {
+        (Some(out), _, _) => Ok((vec![out], false)),
+        (None, count, Some(out_dir)) => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&out_dir)
+                .with_context(|| format!("creating {}", out_dir.display()))?;
+            // Named by their ids once made; the directory stands for each of them.
+            Ok((vec![out_dir; count.unwrap_or(1) as usize], true))
+        }
+        (None, _, None) => bail!("give --out FILE or --out-dir DIR"),
+    }
+}
+
+async fn revoke(
+    dir: &StateDir,
+    today: Day,
+    id: Option<String>,
+    credential: Option<PathBuf>,
+    json: bool,
+) -> Result<()> {
+    let id = match (id, credential) {
+        (Some(id), _) => id,
+        (None, Some(file)) => CredentialId::of(&credential::read_file(&file)?).to_string(),
+        (None, None) => bail!("give the credential's id or --credential FILE"),
+    };
+    let reply = admin::run(dir, today, &Request::Revoke { id }).await?;
+    print(json, &reply, |reply| {
+        if let Reply::Revoked {
+            short_id,
+            already,
+            label,
+            ..
+        } = reply
+        {
+            let label = label
+                .as_deref()
+                .map(|l| format!(" ({l})"))
+                .unwrap_or_default();
+            if *already {
+                println!("{short_id}{label} was revoked already");
+            } else {
+                println!("revoked {short_id}{label}");
+            }
+        }
+    })
+}
+
+fn key_set(dir: &StateDir, out: &Path, day: Day, json: bool) -> Result<()> {
+    let seed = MasterSeed::load(&dir.seed())?;
+    let published = Published::of(&seed, PublishWindow::default(), day)?;
+    write_file(out, &published.encoded, 0o644)?;
+    let (from, to) = PublishWindow::default().range(day);
+    let written = written(out, from, to, published.set.entries().len(), &published);
+    print(json, &written, |w| {
+        println!(
+            "wrote the key set of {} ({} keys, {} to {}) to {}",
+            date_of(day),
+            w.keys,
+            w.from_date,
+            w.to_date,
+            w.file
+        );
+        println!("sha-256 {}", w.key_set_digest);
+    })
+}
+
+fn export_keys(
+    dir: &StateDir,
+    out: &Path,
+    (from, to): (Day, Day),
+    today: Day,
+    json: bool,
+) -> Result<()> {
+    let seed = MasterSeed::load(&dir.seed())?;
+    let ring = keys::key_ring(&seed, from, to)?;
+    write_file(out, &ring.encode(), 0o600)?;
+    let published = Published::of(&seed, PublishWindow::default(), today)?;
+    let written = written(out, from, to, ring.keys().len(), &published);
+    print(json, &written, |w| {
+        println!(
+            "wrote {} secret keys ({} to {}, every counter) to {} (0600)",
+            w.keys, w.from_date, w.to_date, w.file
+        );
+        println!(
+            "give it to the aggregation server; export the next range before {}",
+            w.to_date
+        );
+    })
 }
 
 fn written(file: &Path, from: Day, to: Day, keys: usize, published: &Published) -> Written {
