@@ -152,84 +152,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             serve::run(options).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { data, json } => {
-            let status = StatusReply::try_from(admin(&data, Request::Status).await?.reply)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                print_status(&status)?;
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::ReloadKeys { data, json } => {
-            let (dir, _) = data.resolve()?;
-            let Some(r) = control::request(&dir.control_socket(), &Request::ReloadKeys).await?
-            else {
-                bail!(
-                    "no server is running on {}; `serve` reads the key ring when it starts",
-                    dir.0.display()
-                );
-            };
-            let reloaded = ReloadKeysReply::try_from(r.reply)?;
-            if json {
-                println!("{}", serde_json::to_string(&reloaded)?);
-            } else {
-                match &reloaded.admission {
-                    AdmissionDescription::Tokens {
-                        key_ring,
-                        keys,
-                        epochs,
-                        ..
-                    } => println!(
-                        "key ring {} reloaded: {keys} keys, epochs {}",
-                        key_ring
-                            .as_deref()
-                            .map_or("?".into(), |p| p.display().to_string()),
-                        json_list(epochs)
-                    ),
-                    // The server refuses to reload under open admission.
-                    AdmissionDescription::Open => println!("admission is open: no key ring"),
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Top { data, limit, json } => {
-            let top = TopReply::try_from(admin(&data, Request::Top { limit }).await?.reply)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&top)?);
-            } else {
-                println!(
-                    "{:>7} {:>10} {:>9} {:>6} {:>10}",
-                    "class", "reports", "snippets", "reps", "first day"
-                );
-                for row in &top.top {
-                    println!(
-                        "{:>7} {:>10} {:>9} {:>6} {:>10}",
-                        row.class,
-                        row.reports,
-                        row.snippets,
-                        row.representatives,
-                        row.first_seen_day
-                    );
-                }
-                println!("({} classes in all)", top.classes);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Throttle { data, rate, json } => {
-            let permille = parse_rate(&rate)?;
-            let r = admin(&data, Request::Throttle { permille }).await?;
-            let throttle = ThrottleReply::try_from(r.reply)?;
-            if json {
-                println!("{}", serde_json::to_string(&throttle)?);
-            } else {
-                println!(
-                    "agents are asked for {:.1}% of their normal rate",
-                    f64::from(permille) / 10.0
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Status { data, json } => status(&data, json).await,
+        Command::ReloadKeys { data, json } => reload_keys(&data, json).await,
+        Command::Top { data, limit, json } => top(&data, limit, json).await,
+        Command::Throttle { data, rate, json } => throttle(&data, &rate, json).await,
         Command::Compact { data } => {
             admin(&data, Request::Compact).await?;
             println!("compacted");
@@ -237,63 +163,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Backup { data, dir, json } => backup(&data, &dir, json).await,
         Command::AdoptCopy { data, json } => adopt_copy(&data, json),
-        Command::CloseEpoch { data, json } => {
-            let r = admin_with(&data, Request::CloseEpochs, &ReleaseArgs::default()).await?;
-            let closed = CloseEpochsReply::try_from(r.reply)?;
-            if json {
-                println!("{}", serde_json::to_string(&closed)?);
-            } else {
-                if closed.closed.is_empty() {
-                    println!("no open epoch holds reports");
-                }
-                for e in &closed.closed {
-                    println!(
-                        "closed epoch {}: {} reports over {} day(s)",
-                        e.epoch, e.reports, e.days
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::CloseEpoch { data, json } => close_epoch(&data, json).await,
         Command::Export {
             data,
             out,
             seq,
             release,
             json,
-        } => {
-            let r = admin_with(&data, Request::Export { seq }, &release).await?;
-            let exported = ExportReply::try_from(r.reply)?;
-            if json {
-                println!("{}", serde_json::to_string(&exported)?);
-            }
-            let (Some(bundle), Some(bytes)) = (&exported.bundle, r.payload) else {
-                if !json {
-                    println!("no epoch closed since the last export; nothing written");
-                }
-                return Ok(ExitCode::SUCCESS);
-            };
-            let tmp = out.with_extension("partial");
-            std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
-            if !json {
-                println!(
-                    "{}: bundle {} of chain {}: epochs {}, {} sums released ({} reports), {} sums \
-                     withheld under {} contributors ({} reports), {} bytes",
-                    out.display(),
-                    bundle.seq,
-                    bundle.instance,
-                    json_list(&bundle.epochs),
-                    bundle.entries,
-                    bundle.reports,
-                    bundle.withheld_sums,
-                    bundle.threshold,
-                    bundle.withheld_reports,
-                    exported.bytes,
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => export(&data, &out, seq, &release, json).await,
         Command::Verify {
             bundle,
             signer,
@@ -301,6 +178,142 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => verify(&bundle, signer.as_deref(), json),
         Command::Loadgen(args) => penrose_aggregator::loadgen::run(args).await,
     }
+}
+
+async fn status(data: &DataArg, json: bool) -> Result<ExitCode> {
+    let status = StatusReply::try_from(admin(data, Request::Status).await?.reply)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print_status(&status)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn reload_keys(data: &DataArg, json: bool) -> Result<ExitCode> {
+    let (dir, _) = data.resolve()?;
+    let Some(r) = control::request(&dir.control_socket(), &Request::ReloadKeys).await? else {
+        bail!(
+            "no server is running on {}; `serve` reads the key ring when it starts",
+            dir.0.display()
+        );
+    };
+    let reloaded = ReloadKeysReply::try_from(r.reply)?;
+    if json {
+        println!("{}", serde_json::to_string(&reloaded)?);
+    } else {
+        match &reloaded.admission {
+            AdmissionDescription::Tokens {
+                key_ring,
+                keys,
+                epochs,
+                ..
+            } => println!(
+                "key ring {} reloaded: {keys} keys, epochs {}",
+                key_ring
+                    .as_deref()
+                    .map_or("?".into(), |p| p.display().to_string()),
+                json_list(epochs)
+            ),
+            // The server refuses to reload under open admission.
+            AdmissionDescription::Open => println!("admission is open: no key ring"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn top(data: &DataArg, limit: usize, json: bool) -> Result<ExitCode> {
+    let top = TopReply::try_from(admin(data, Request::Top { limit }).await?.reply)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&top)?);
+    } else {
+        println!(
+            "{:>7} {:>10} {:>9} {:>6} {:>10}",
+            "class", "reports", "snippets", "reps", "first day"
+        );
+        for row in &top.top {
+            println!(
+                "{:>7} {:>10} {:>9} {:>6} {:>10}",
+                row.class, row.reports, row.snippets, row.representatives, row.first_seen_day
+            );
+        }
+        println!("({} classes in all)", top.classes);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn throttle(data: &DataArg, rate: &str, json: bool) -> Result<ExitCode> {
+    let permille = parse_rate(rate)?;
+    let r = admin(data, Request::Throttle { permille }).await?;
+    let throttle = ThrottleReply::try_from(r.reply)?;
+    if json {
+        println!("{}", serde_json::to_string(&throttle)?);
+    } else {
+        println!(
+            "agents are asked for {:.1}% of their normal rate",
+            f64::from(permille) / 10.0
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn close_epoch(data: &DataArg, json: bool) -> Result<ExitCode> {
+    let r = admin_with(data, Request::CloseEpochs, &ReleaseArgs::default()).await?;
+    let closed = CloseEpochsReply::try_from(r.reply)?;
+    if json {
+        println!("{}", serde_json::to_string(&closed)?);
+    } else {
+        if closed.closed.is_empty() {
+            println!("no open epoch holds reports");
+        }
+        for e in &closed.closed {
+            println!(
+                "closed epoch {}: {} reports over {} day(s)",
+                e.epoch, e.reports, e.days
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn export(
+    data: &DataArg,
+    out: &Path,
+    seq: Option<u64>,
+    release: &ReleaseArgs,
+    json: bool,
+) -> Result<ExitCode> {
+    let r = admin_with(data, Request::Export { seq }, release).await?;
+    let exported = ExportReply::try_from(r.reply)?;
+    if json {
+        println!("{}", serde_json::to_string(&exported)?);
+    }
+    let (Some(bundle), Some(bytes)) = (&exported.bundle, r.payload) else {
+        if !json {
+            println!("no epoch closed since the last export; nothing written");
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let tmp = out.with_extension("partial");
+    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+    if !json {
+        println!(
+            "{}: bundle {} of chain {}: epochs {}, {} sums released ({} reports), {} sums \
+                     withheld under {} contributors ({} reports), {} bytes",
+            out.display(),
+            bundle.seq,
+            bundle.instance,
+            json_list(&bundle.epochs),
+            bundle.entries,
+            bundle.reports,
+            bundle.withheld_sums,
+            bundle.threshold,
+            bundle.withheld_reports,
+            exported.bytes,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs an admin request on the running server, or on the data directory when none runs.
