@@ -128,22 +128,25 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric, with the store's table sizes.
     pub fn render(&self, sizes: &[TableSize]) -> String {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, u64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, value) in lines {
-                let _ = writeln!(out, "{name}{labels} {value}");
-            }
-        };
+        self.render_counters(&mut out);
+        self.render_latency(&mut out);
+        self.render_gauges(&mut out, sizes);
+        render_store(&mut out, sizes);
+        out
+    }
+
+    fn render_counters(&self, out: &mut String) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         metric(
+            out,
             "penrose_reports_accepted_total",
             "counter",
             "Reports stored durably and counted.",
             &[(String::new(), get(&self.accepted))],
         );
         metric(
+            out,
             "penrose_reports_duplicate_total",
             "counter",
             "Reports answered as duplicates of one already counted.",
@@ -159,49 +162,53 @@ impl Metrics {
             get(&self.rejected[REASONS.len()]),
         ));
         metric(
+            out,
             "penrose_reports_rejected_total",
             "counter",
             "Reports refused, by reason.",
             &rejected,
         );
-        metric(
-            "penrose_tokens_verified_total",
-            "counter",
-            "Admission tokens verified (refusals are in penrose_reports_rejected_total: \
-             token_required, invalid_token, token_spent).",
-            &[(String::new(), get(&self.tokens_verified))],
-        );
-        metric(
-            "penrose_key_lists_served_total",
-            "counter",
-            "Key list requests answered with the design server's signed list.",
-            &[(String::new(), get(&self.key_lists_served))],
-        );
-        metric(
-            "penrose_ingest_bytes_total",
-            "counter",
-            "Frame bytes received.",
-            &[(String::new(), get(&self.bytes))],
-        );
-        metric(
-            "penrose_write_batches_total",
-            "counter",
-            "Durable write batches committed.",
-            &[(String::new(), get(&self.batches))],
-        );
-        metric(
-            "penrose_write_seconds_micros_total",
-            "counter",
-            "Microseconds spent in durable writes, WAL sync included.",
-            &[(String::new(), get(&self.write_micros))],
-        );
-        metric(
-            "penrose_aggregate_seconds_micros_total",
-            "counter",
-            "Microseconds the writer spent aggregating batches (unit check, deduplication, \
-             classes, sums), overlapping the previous batch's write.",
-            &[(String::new(), get(&self.aggregate_micros))],
-        );
+        let simple = [
+            (
+                "penrose_tokens_verified_total",
+                "Admission tokens verified (refusals are in penrose_reports_rejected_total: \
+                 token_required, invalid_token, token_spent).",
+                &self.tokens_verified,
+            ),
+            (
+                "penrose_key_lists_served_total",
+                "Key list requests answered with the design server's signed list.",
+                &self.key_lists_served,
+            ),
+            (
+                "penrose_ingest_bytes_total",
+                "Frame bytes received.",
+                &self.bytes,
+            ),
+            (
+                "penrose_write_batches_total",
+                "Durable write batches committed.",
+                &self.batches,
+            ),
+            (
+                "penrose_write_seconds_micros_total",
+                "Microseconds spent in durable writes, WAL sync included.",
+                &self.write_micros,
+            ),
+            (
+                "penrose_aggregate_seconds_micros_total",
+                "Microseconds the writer spent aggregating batches (unit check, deduplication, \
+                 classes, sums), overlapping the previous batch's write.",
+                &self.aggregate_micros,
+            ),
+        ];
+        for (name, help, value) in simple {
+            metric(out, name, "counter", help, &[(String::new(), get(value))]);
+        }
+    }
+
+    fn render_latency(&self, out: &mut String) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let _ = writeln!(
             out,
             "# HELP penrose_ingest_latency_seconds Time from a report's arrival to its ack."
@@ -226,74 +233,94 @@ impl Metrics {
             get(&self.latency_micros) as f64 / 1e6
         );
         let _ = writeln!(out, "penrose_ingest_latency_seconds_count {cumulative}");
-        let mut gauge = |name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            let _ = writeln!(out, "{name} {value}");
-        };
-        gauge(
-            "penrose_classes",
-            "Application classes.",
-            get(&self.classes),
-        );
-        gauge(
-            "penrose_snippets",
-            "Distinct snippet hashes.",
-            get(&self.snippets),
-        );
-        gauge(
-            "penrose_open_accumulators",
-            "Open accumulators (one per class and counter).",
-            get(&self.accumulators),
-        );
-        gauge(
-            "penrose_new_class_budget",
-            "Classes that may still be founded now (refills at --new-classes-per-hour).",
-            get(&self.class_budget),
-        );
-        gauge(
-            "penrose_seen_floor_day",
-            "Oldest report day the deduplication record keeps (days since 1970).",
-            get(&self.seen_floor),
-        );
+    }
+
+    fn render_gauges(&self, out: &mut String, sizes: &[TableSize]) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let gauges = [
+            ("penrose_classes", "Application classes.", &self.classes),
+            (
+                "penrose_snippets",
+                "Distinct snippet hashes.",
+                &self.snippets,
+            ),
+            (
+                "penrose_open_accumulators",
+                "Open accumulators (one per class and counter).",
+                &self.accumulators,
+            ),
+            (
+                "penrose_new_class_budget",
+                "Classes that may still be founded now (refills at --new-classes-per-hour).",
+                &self.class_budget,
+            ),
+            (
+                "penrose_seen_floor_day",
+                "Oldest report day the deduplication record keeps (days since 1970).",
+                &self.seen_floor,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            gauge(out, name, help, get(value));
+        }
         if let Some(spent) = sizes.iter().find(|s| s.table == "spent") {
             gauge(
+                out,
                 "penrose_spent_tokens",
                 "Spent admission tokens remembered (estimated keys of the spent table; they \
                  expire with their day).",
                 spent.keys,
             );
         }
+    }
+}
+
+/// One metric's HELP, TYPE and lines.
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, lines: &[(String, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in lines {
+        let _ = writeln!(out, "{name}{labels} {value}");
+    }
+}
+
+/// One gauge without labels.
+fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// The store's bytes and keys per table.
+fn render_store(out: &mut String, sizes: &[TableSize]) {
+    let _ = writeln!(
+        out,
+        "# HELP penrose_store_bytes Bytes of each store table on disk and in memtables."
+    );
+    let _ = writeln!(out, "# TYPE penrose_store_bytes gauge");
+    for size in sizes {
         let _ = writeln!(
             out,
-            "# HELP penrose_store_bytes Bytes of each store table on disk and in memtables."
+            "penrose_store_bytes{{table=\"{}\",kind=\"disk\"}} {}",
+            size.table, size.disk_bytes
         );
-        let _ = writeln!(out, "# TYPE penrose_store_bytes gauge");
-        for size in sizes {
-            let _ = writeln!(
-                out,
-                "penrose_store_bytes{{table=\"{}\",kind=\"disk\"}} {}",
-                size.table, size.disk_bytes
-            );
-            let _ = writeln!(
-                out,
-                "penrose_store_bytes{{table=\"{}\",kind=\"memtable\"}} {}",
-                size.table, size.memtable_bytes
-            );
-        }
         let _ = writeln!(
             out,
-            "# HELP penrose_store_keys Estimated keys in each store table."
+            "penrose_store_bytes{{table=\"{}\",kind=\"memtable\"}} {}",
+            size.table, size.memtable_bytes
         );
-        let _ = writeln!(out, "# TYPE penrose_store_keys gauge");
-        for size in sizes {
-            let _ = writeln!(
-                out,
-                "penrose_store_keys{{table=\"{}\"}} {}",
-                size.table, size.keys
-            );
-        }
-        out
+    }
+    let _ = writeln!(
+        out,
+        "# HELP penrose_store_keys Estimated keys in each store table."
+    );
+    let _ = writeln!(out, "# TYPE penrose_store_keys gauge");
+    for size in sizes {
+        let _ = writeln!(
+            out,
+            "penrose_store_keys{{table=\"{}\"}} {}",
+            size.table, size.keys
+        );
     }
 }
 
