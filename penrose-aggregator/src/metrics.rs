@@ -286,42 +286,36 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, lines: &[(String
 
 /// One gauge without labels.
 fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} gauge");
-    let _ = writeln!(out, "{name} {value}");
+    metric(out, name, "gauge", help, &[(String::new(), value)]);
 }
 
 /// The store's bytes and keys per table.
 fn render_store(out: &mut String, sizes: &[TableSize]) {
-    let _ = writeln!(
+    let bytes: Vec<(String, u64)> = sizes
+        .iter()
+        .flat_map(|size| {
+            [("disk", size.disk_bytes), ("memtable", size.memtable_bytes)]
+                .map(|(kind, n)| (format!("{{table=\"{}\",kind=\"{kind}\"}}", size.table), n))
+        })
+        .collect();
+    metric(
         out,
-        "# HELP penrose_store_bytes Bytes of each store table on disk and in memtables."
+        "penrose_store_bytes",
+        "gauge",
+        "Bytes of each store table on disk and in memtables.",
+        &bytes,
     );
-    let _ = writeln!(out, "# TYPE penrose_store_bytes gauge");
-    for size in sizes {
-        let _ = writeln!(
-            out,
-            "penrose_store_bytes{{table=\"{}\",kind=\"disk\"}} {}",
-            size.table, size.disk_bytes
-        );
-        let _ = writeln!(
-            out,
-            "penrose_store_bytes{{table=\"{}\",kind=\"memtable\"}} {}",
-            size.table, size.memtable_bytes
-        );
-    }
-    let _ = writeln!(
+    let keys: Vec<(String, u64)> = sizes
+        .iter()
+        .map(|size| (format!("{{table=\"{}\"}}", size.table), size.keys))
+        .collect();
+    metric(
         out,
-        "# HELP penrose_store_keys Estimated keys in each store table."
+        "penrose_store_keys",
+        "gauge",
+        "Estimated keys in each store table.",
+        &keys,
     );
-    let _ = writeln!(out, "# TYPE penrose_store_keys gauge");
-    for size in sizes {
-        let _ = writeln!(
-            out,
-            "penrose_store_keys{{table=\"{}\"}} {}",
-            size.table, size.keys
-        );
-    }
 }
 
 /// The transport's counters (connections, Retries, per-source refusals, handshakes, frames)

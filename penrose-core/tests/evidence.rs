@@ -11,8 +11,8 @@ use std::collections::HashSet;
 use penrose_core::bundle::{BundleEntry, ClassId, EpochId, Generation};
 use penrose_core::counters::{CatalogueVersion, CounterId};
 use penrose_core::evidence::{
-    self, CapBelowFloor, EvidenceError, EvidenceRule, EvidencedReport, SumEvidence, TokenPeriod,
-    TokensPerEpoch,
+    self, CapBelowFloor, Counted, EvidenceError, EvidenceRule, EvidencedReport, SumEvidence,
+    TokenPeriod, TokensPerEpoch,
 };
 use penrose_core::fingerprint::{Locator, SnippetHash};
 use penrose_core::gpu::GpuArch;
@@ -106,9 +106,31 @@ impl Fixture {
         report
     }
 
+    /// `credentials` x 24 reports, each credential's whole day quota of tokens spent on them.
+    fn full_quotas(&mut self, credentials: usize) -> Vec<Report> {
+        let mut reports = Vec::new();
+        for _ in 0..credentials {
+            let tokens = self.tokens(DAY_EPOCH, SCOPE, 24);
+            reports.extend(self.reports(&tokens));
+        }
+        reports
+    }
+
     /// Reports each with one of `tokens`.
     fn reports(&mut self, tokens: &[Token]) -> Vec<Report> {
         tokens.iter().map(|t| self.report(10, Some(t))).collect()
+    }
+
+    /// What the auditor counts when `reports` are listed for their own released sum, under
+    /// the day rule (T = 24).
+    fn count_day(&self, reports: &[Report]) -> Result<Counted, EvidenceError> {
+        evidence::count(
+            &listed(reports),
+            &released(&self.paillier, reports),
+            &self.paillier,
+            &self.rule(TokenPeriod::Day, 24),
+            never,
+        )
     }
 
     /// The auditor's rule over a copy of the ring (leaked: a test lives briefly), so that the
@@ -157,44 +179,18 @@ const SCOPE: TokenScope = TokenScope(COUNTER.0);
 #[test]
 fn ten_credentials_with_their_full_quota_prove_ten_contributors() {
     let mut f = Fixture::new();
-    let mut reports = Vec::new();
-    for _ in 0..10 {
-        let tokens = f.tokens(DAY_EPOCH, SCOPE, 24);
-        reports.extend(f.reports(&tokens));
-    }
-    let entry = released(&f.paillier, &reports);
-    let counted = evidence::count(
-        &listed(&reports),
-        &entry,
-        &f.paillier,
-        &f.rule(TokenPeriod::Day, 24),
-        never,
-    )
-    .unwrap();
+    let reports = f.full_quotas(10);
+    let counted = f.count_day(&reports).unwrap();
     assert_eq!(counted.reports, 240);
     assert_eq!(counted.evidenced, 240);
     assert_eq!(counted.contributors, 10);
     assert_eq!(counted.spent.iter().collect::<HashSet<_>>().len(), 240);
     // One report fewer is nine contributors: the bound is max_e ceil(r_e / T).
     let fewer = &reports[1..];
-    let counted = evidence::count(
-        &listed(fewer),
-        &released(&f.paillier, fewer),
-        &f.paillier,
-        &f.rule(TokenPeriod::Day, 24),
-        never,
-    )
-    .unwrap();
+    let counted = f.count_day(fewer).unwrap();
     assert_eq!(counted.contributors, 10);
     let nine = &reports[24..];
-    let counted = evidence::count(
-        &listed(nine),
-        &released(&f.paillier, nine),
-        &f.paillier,
-        &f.rule(TokenPeriod::Day, 24),
-        never,
-    )
-    .unwrap();
+    let counted = f.count_day(nine).unwrap();
     assert_eq!(counted.contributors, 9);
 }
 
@@ -208,15 +204,7 @@ fn the_operator_padding_a_victims_report_with_its_own_proves_one_contributor() {
     for _ in 0..239 {
         reports.push(f.report(10, None));
     }
-    let entry = released(&f.paillier, &reports);
-    let counted = evidence::count(
-        &listed(&reports),
-        &entry,
-        &f.paillier,
-        &f.rule(TokenPeriod::Day, 24),
-        never,
-    )
-    .unwrap();
+    let counted = f.count_day(&reports).unwrap();
     assert_eq!((counted.reports, counted.evidenced), (240, 1));
     assert_eq!(counted.contributors, 1);
 }
@@ -225,11 +213,7 @@ fn the_operator_padding_a_victims_report_with_its_own_proves_one_contributor() {
 fn evidence_moved_from_other_reports_verifies_nothing() {
     let mut f = Fixture::new();
     // Honest reports of another class, each with its own token.
-    let mut honest = Vec::new();
-    for _ in 0..10 {
-        let tokens = f.tokens(DAY_EPOCH, SCOPE, 24);
-        honest.extend(f.reports(&tokens));
-    }
+    let honest = f.full_quotas(10);
     // The operator's sum: the victim's report and 239 of its own, each wearing an honest
     // report's evidence token.
     let victim_token = f.tokens(DAY_EPOCH, SCOPE, 1);
@@ -239,15 +223,7 @@ fn evidence_moved_from_other_reports_verifies_nothing() {
         fake.evidence = stolen.evidence;
         reports.push(fake);
     }
-    let entry = released(&f.paillier, &reports);
-    let counted = evidence::count(
-        &listed(&reports),
-        &entry,
-        &f.paillier,
-        &f.rule(TokenPeriod::Day, 24),
-        never,
-    )
-    .unwrap();
+    let counted = f.count_day(&reports).unwrap();
     assert_eq!(counted.evidenced, 1);
     assert_eq!(counted.contributors, 1);
 }
@@ -354,15 +330,7 @@ fn a_client_with_every_token_of_one_credential_is_one_contributor() {
     let mut f = Fixture::new();
     let tokens = f.tokens(DAY_EPOCH, SCOPE, 24);
     let reports = f.reports(&tokens);
-    let rule = f.rule(TokenPeriod::Day, 24);
-    let counted = evidence::count(
-        &listed(&reports),
-        &released(&f.paillier, &reports),
-        &f.paillier,
-        &rule,
-        never,
-    )
-    .unwrap();
+    let counted = f.count_day(&reports).unwrap();
     assert_eq!(counted.contributors, 1);
     // Its tokens of another counter's key, and the same token spent on two reports, count
     // nothing more; junk evidence refuses nothing.
@@ -377,14 +345,7 @@ fn a_client_with_every_token_of_one_credential_is_one_contributor() {
     let mut junk = f.report(10, None);
     junk.evidence = Some(EvidenceToken([0xee; 100]));
     more.push(junk);
-    let counted = evidence::count(
-        &listed(&more),
-        &released(&f.paillier, &more),
-        &f.paillier,
-        &rule,
-        never,
-    )
-    .unwrap();
+    let counted = f.count_day(&more).unwrap();
     assert_eq!((counted.reports, counted.evidenced), (50, 24));
     assert_eq!(counted.contributors, 1);
 }
@@ -392,11 +353,7 @@ fn a_client_with_every_token_of_one_credential_is_one_contributor() {
 #[test]
 fn tokens_the_auditor_counted_before_count_nothing_again() {
     let mut f = Fixture::new();
-    let mut reports = Vec::new();
-    for _ in 0..10 {
-        let tokens = f.tokens(DAY_EPOCH, SCOPE, 24);
-        reports.extend(f.reports(&tokens));
-    }
+    let reports = f.full_quotas(10);
     let entry = released(&f.paillier, &reports);
     let rule = f.rule(TokenPeriod::Day, 24);
     let first = evidence::count(&listed(&reports), &entry, &f.paillier, &rule, never).unwrap();
@@ -450,14 +407,7 @@ fn hourly_tokens_count_per_hour_and_only_within_the_reports_day() {
     .unwrap();
     assert_eq!((counted.evidenced, counted.contributors), (0, 0));
     // The same reports under the day period count the day's five tokens only.
-    let counted = evidence::count(
-        &listed(&other),
-        &released(&f.paillier, &other),
-        &f.paillier,
-        &f.rule(TokenPeriod::Day, 24),
-        never,
-    )
-    .unwrap();
+    let counted = f.count_day(&other).unwrap();
     assert_eq!((counted.evidenced, counted.contributors), (5, 1));
 }
 
