@@ -54,5 +54,5 @@ stage "packages" ci/packages.sh
 # ci/gpu-check.sh runs only on a lent GPU host; what of it runs without one runs here.
 stage "GPU check, offline" bash -c 'bash -n ci/gpu-check.sh &&
     python3 tests/gpu/compare.py --self-test && python3 tests/gpu/torch_workload.py --self-test'
-stage "fuzz wire, ciphertexts, tokens, datagrams, key lists, auditor messages, traces" ci/fuzz.sh 30
+stage "fuzz wire, ciphertexts, tokens, datagrams, key lists, auditor messages, evidence, traces" ci/fuzz.sh 30
 summary

@@ -200,6 +200,39 @@ fn duration(name: &'static str, seconds: f64) -> Result<Duration, SimulateError>
 impl Params {
     /// Checks every parameter and derives the models the GPUs run.
     pub fn check(&self) -> Result<Checked, SimulateError> {
+        let hours = self.check_fleet()?;
+        let schedule = self.check_schedule()?;
+        self.check_agent()?;
+        let epoch = self.epoch_seconds()?;
+        let upload_delay = non_negative("--upload-delay-seconds", self.upload_delay_seconds)?;
+        let horizon = hours * HOUR;
+        let epochs = (horizon / epoch).ceil() as u64;
+        let bins = self.bins(epochs, epoch + upload_delay)?;
+        let agent = AgentModel {
+            sampler: self.sampler,
+            period: schedule.period,
+            reoffset: duration("--reoffset-seconds", self.reoffset_seconds)?,
+            groups: self.groups,
+            group_seconds: self.group_seconds,
+            seal_samples: self.seal_samples,
+            seal_age: self.seal_max_age_seconds,
+            cap: self.cap()?,
+            upload_delay,
+            steering: self.steering()?,
+        };
+        Ok(Checked {
+            params: self.clone(),
+            agent,
+            scenarios: self.scenarios(&schedule),
+            horizon,
+            epoch,
+            epochs: epochs as usize,
+            bins: bins as usize,
+        })
+    }
+
+    /// The fleet: GPUs, applications, mixes, popularity, load and hours (returned).
+    fn check_fleet(&self) -> Result<f64, SimulateError> {
         if self.gpus == 0 {
             return Err(bad("--gpus", "at least one GPU"));
         }
@@ -223,6 +256,11 @@ impl Params {
         if hours > 24.0 * 366.0 {
             return Err(bad("--hours", "at most a year"));
         }
+        Ok(hours)
+    }
+
+    /// The capture schedule: S, budgets, probe cost, window and gap lengths.
+    fn check_schedule(&self) -> Result<Schedule, SimulateError> {
         let period = std::num::NonZeroU32::new(self.sample_period)
             .map(SamplePeriod)
             .ok_or_else(|| bad("--sample-period", "S is at least 1"))?;
@@ -253,6 +291,17 @@ impl Params {
         if max_gap < min_gap {
             return Err(bad("--max-gap-seconds", "below --min-gap-seconds"));
         }
+        Ok(Schedule {
+            period,
+            cost,
+            max_window,
+            min_gap,
+            max_gap,
+        })
+    }
+
+    /// The agent and release parameters that have floors of their own.
+    fn check_agent(&self) -> Result<(), SimulateError> {
         if self.window_launches == 0 {
             return Err(bad("--window-launches", "L is at least 1"));
         }
@@ -271,12 +320,14 @@ impl Params {
         if self.threshold == 0 {
             return Err(bad("--threshold", "k is at least 1"));
         }
-        let epoch = self.epoch_seconds()?;
-        let upload_delay = non_negative("--upload-delay-seconds", self.upload_delay_seconds)?;
+        Ok(())
+    }
+
+    /// Time bins per epoch (an epoch and its upload delay at the resolution), refused when
+    /// the report counters they need would not fit.
+    fn bins(&self, epochs: u64, span: f64) -> Result<u64, SimulateError> {
         let resolution = positive("--resolution-seconds", self.resolution_seconds)?;
-        let horizon = hours * HOUR;
-        let epochs = (horizon / epoch).ceil() as u64;
-        let bins = ((epoch + upload_delay) / resolution).ceil() as u64 + 1;
+        let bins = (span / resolution).ceil() as u64 + 1;
         let needed = u64::from(self.apps.iter().copied().max().unwrap_or(1))
             * u64::from(self.groups)
             * epochs
@@ -287,31 +338,23 @@ impl Params {
                 format!("{needed} report counters would be kept; make the resolution coarser"),
             ));
         }
-        let steering = self.steering()?;
-        let agent = AgentModel {
-            sampler: self.sampler,
-            period,
-            reoffset: duration("--reoffset-seconds", self.reoffset_seconds)?,
-            groups: self.groups,
-            group_seconds: self.group_seconds,
-            seal_samples: self.seal_samples,
-            seal_age: self.seal_max_age_seconds,
-            cap: self.cap()?,
-            upload_delay,
-            steering,
-        };
+        Ok(bins)
+    }
+
+    /// One scenario per (applications, mix, budget).
+    fn scenarios(&self, schedule: &Schedule) -> Vec<Scenario> {
         let capture = |budget: OverheadBudget| CaptureModel {
             schedule: BudgetConfig {
                 budget,
-                max_window,
-                min_gap,
-                max_gap,
+                max_window: schedule.max_window,
+                min_gap: schedule.min_gap,
+                max_gap: schedule.max_gap,
             },
             cost: ProbeCost {
-                per_launch: cost,
+                per_launch: schedule.cost,
                 bpf_run: None,
                 unprobed_call: Duration::ZERO,
-                probed_call: cost,
+                probed_call: schedule.cost,
             },
             window_launches: self.window_launches,
             process_cpu: self.process_cpu,
@@ -330,16 +373,17 @@ impl Params {
                 }
             }
         }
-        Ok(Checked {
-            params: self.clone(),
-            agent,
-            scenarios,
-            horizon,
-            epoch,
-            epochs: epochs as usize,
-            bins: bins as usize,
-        })
+        scenarios
     }
+}
+
+/// The capture schedule's checked parameters.
+struct Schedule {
+    period: SamplePeriod,
+    cost: Duration,
+    max_window: Duration,
+    min_gap: Duration,
+    max_gap: Duration,
 }
 
 impl Params {
