@@ -62,6 +62,7 @@ fn main() {
     };
     every_launch_of_every_trace_is_named_through_the_runtime(&libs, &traces);
     every_launch_on_the_legacy_path_is_named(&libs, &traces);
+    names_in_pages_the_process_never_touched_are_read_from_the_process(&libs, &traces[0]);
     processes_running_before_the_agent_and_across_a_restart_are_named(&libs, &traces[0], false);
     processes_running_before_the_agent_and_across_a_restart_are_named(&libs, &traces[0], true);
     stripped_library_launches_have_identities_equal_across_processes_and_runs(&libs, &traces[0]);
@@ -104,6 +105,7 @@ fn child() {
             legacy: path == "legacy",
             per_thread_stream: false,
             self_named: var("SELF_NAMED") == "1",
+            names_untouched: path == "runtime-untouched",
         }),
     };
     let stop = AtomicBool::new(false);
@@ -248,6 +250,62 @@ fn every_launch_of_every_trace_is_named_through_the_runtime(libs: &Libs, traces:
     check("every_launch_of_every_trace_is_named_through_the_runtime");
 }
 
+/// A process registers its kernels with names straight from pages it never touched (each name
+/// alone on its page table, as a large library's `.rodata` at load; a real CUDA 13 PyTorch
+/// process registered most of its kernels so). The probe cannot fault those pages in, so it
+/// reads none of the names; the agent reads each from the running process instead, and every
+/// launch is named. A process that is gone before the agent reads its records leaves its
+/// names unreadable: counted, and its launches unnamed rather than misnamed.
+fn names_in_pages_the_process_never_touched_are_read_from_the_process(libs: &Libs, trace: &Path) {
+    let mut capture = capture(libs);
+    capture.open_window().unwrap();
+    let replayer = spawn(libs, trace, "runtime-untouched", false, 0);
+    let pid = replayer.pid();
+    let until = Instant::now() + Duration::from_millis(1500);
+    capture.poll_until(|_| Instant::now() >= until);
+    capture.close_window().unwrap();
+    let names = launches_of(&capture.take_snippets(), pid);
+    let seen = capture.counts();
+    let summary = replayer.finish(Some(&mut capture));
+    let registered = summary["functions"].as_array().unwrap().len() as u64;
+    assert_eq!(
+        (seen.names_read_from_process, seen.names_unreadable),
+        (registered, 0),
+        "every registration's name came from the process, none from the probe: {seen:?}"
+    );
+    assert!(!names.is_empty(), "launches seen");
+    assert_eq!(seen.unnamed_launches, 0, "every launch named");
+    assert_named_from_trace(&names, &summary, trace, "runtime-untouched");
+
+    // Gone before the agent reads: the records stay in the ring until the process exited.
+    let mut capture = self::capture(libs);
+    capture.open_window().unwrap();
+    let replayer = spawn(libs, trace, "runtime-untouched", false, 1);
+    let late_pid = replayer.pid();
+    let summary = replayer.finish(None);
+    capture.drain_all();
+    capture.close_window().unwrap();
+    let late = capture.counts();
+    assert_eq!(late.names_read_from_process, 0, "{late:?}");
+    assert_eq!(
+        late.names_unreadable,
+        summary["functions"].as_array().unwrap().len() as u64
+    );
+    let expected = known_names(&summary);
+    let misnamed = launches_of(&capture.take_snippets(), late_pid)
+        .into_iter()
+        .filter(|n| expected.contains(&**n))
+        .count();
+    assert_eq!(misnamed, 0, "no launch of an unread name got a name");
+    println!(
+        "  untouched names: {registered} read from the running process, {} launches named; \
+         {} unreadable once the process had exited",
+        names.len(),
+        late.names_unreadable
+    );
+    check("names_in_pages_the_process_never_touched_are_read_from_the_process");
+}
+
 /// The legacy path (`cudaLaunchKernel(stub)`): every trace replayed in a loop, registered
 /// before the window opens (as a process does at load); every launch of the window named.
 fn every_launch_on_the_legacy_path_is_named(libs: &Libs, traces: &[PathBuf]) {
@@ -283,13 +341,17 @@ fn every_launch_on_the_legacy_path_is_named(libs: &Libs, traces: &[PathBuf]) {
     check("every_launch_on_the_legacy_path_is_named");
 }
 
-fn assert_named_from_trace(names: &[Arc<str>], summary: &Value, trace: &Path, via: &str) {
-    let expected: HashSet<String> = summary["functions"]
+fn known_names(summary: &Value) -> HashSet<String> {
+    summary["functions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|f| f["name"].as_str().unwrap().to_string())
-        .collect();
+        .collect()
+}
+
+fn assert_named_from_trace(names: &[Arc<str>], summary: &Value, trace: &Path, via: &str) {
+    let expected = known_names(summary);
     for name in names {
         assert!(
             expected.contains(&**name),

@@ -149,11 +149,20 @@ pub struct NameHeader {
     pub timestamp_ns: u64,
     /// The handle the driver wrote to the caller's out-pointer.
     pub handle: u64,
+    /// Where the name lies in the process's memory. An unread record carries only this, so
+    /// that user space can read the name from the (still running) process instead.
+    pub address: u64,
     /// Name bytes that follow the header, without the NUL.
     pub name_len: u32,
     /// Non-zero when the name filled the buffer, so it may have been longer than
     /// `NAME_CAPACITY - 1` bytes (a name of exactly that length is flagged too).
     pub truncated: u32,
+    /// Non-zero when the probe could not read the name (no bytes follow). A probe cannot
+    /// fault pages in: the names of a large library that registers its kernels at load lie in
+    /// pages nobody has touched yet (seen on a real CUDA 13 stack, most of PyTorch's names).
+    pub unread: u32,
+    /// Zero; keeps the header a multiple of 8 bytes.
+    pub reserved: u32,
 }
 
 impl NameHeader {
@@ -170,8 +179,11 @@ impl NameHeader {
             handle_kind: read_u32(record, 12)?,
             timestamp_ns: read_u64(record, 16)?,
             handle: read_u64(record, 24)?,
-            name_len: read_u32(record, 32)?,
-            truncated: read_u32(record, 36)?,
+            address: read_u64(record, 32)?,
+            name_len: read_u32(record, 40)?,
+            truncated: read_u32(record, 44)?,
+            unread: read_u32(record, 48)?,
+            reserved: read_u32(record, 52)?,
         };
         if header.kind != EventKind::Name as u32 {
             return None;
@@ -478,11 +490,13 @@ const _: () = {
     assert!(offset_of!(LaunchEvent, function) == 24);
     assert!(offset_of!(LaunchEvent, entry_point) == 68);
     assert!(offset_of!(LaunchEvent, caller) == 72);
-    assert!(size_of::<NameHeader>() == 40);
+    assert!(size_of::<NameHeader>() == 56);
     assert!(offset_of!(NameHeader, kind) == 0);
     assert!(offset_of!(NameHeader, handle) == 24);
-    assert!(offset_of!(NameHeader, name_len) == 32);
-    assert!(offset_of!(NameHeader, truncated) == 36);
+    assert!(offset_of!(NameHeader, address) == 32);
+    assert!(offset_of!(NameHeader, name_len) == 40);
+    assert!(offset_of!(NameHeader, truncated) == 44);
+    assert!(offset_of!(NameHeader, unread) == 48);
     assert!(offset_of!(NameEvent, name) == NameHeader::SIZE);
     assert!(size_of::<NameEvent>() == NameHeader::SIZE + NAME_CAPACITY);
     assert!(NAME_CAPACITY.is_power_of_two());
@@ -548,16 +562,18 @@ mod tests {
     }
 
     /// A record laid out field by field as the BPF program writes it.
-    fn name_record(buf: &mut [u8; 64], name: &[u8], claimed_len: u32) -> usize {
-        let fields: [(usize, &[u8]); 8] = [
+    fn name_record(buf: &mut [u8; 80], name: &[u8], claimed_len: u32) -> usize {
+        let fields: [(usize, &[u8]); 10] = [
             (0, &(EventKind::Name as u32).to_ne_bytes()),
             (4, &7u32.to_ne_bytes()),
             (8, &9u32.to_ne_bytes()),
             (12, &(HandleKind::Function as u32).to_ne_bytes()),
             (16, &11u64.to_ne_bytes()),
             (24, &0xdead_beef_u64.to_ne_bytes()),
-            (32, &claimed_len.to_ne_bytes()),
-            (36, &0u32.to_ne_bytes()),
+            (32, &0x7f00_1000_u64.to_ne_bytes()),
+            (40, &claimed_len.to_ne_bytes()),
+            (44, &0u32.to_ne_bytes()),
+            (48, &u32::from(name.is_empty()).to_ne_bytes()),
         ];
         for (at, bytes) in fields {
             buf[at..at + bytes.len()].copy_from_slice(bytes);
@@ -568,12 +584,13 @@ mod tests {
 
     #[test]
     fn name_records_parse_into_header_and_exact_name() {
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; 80];
         let len = name_record(&mut buf, b"_Z3addPf", 8);
         let (header, name) = NameHeader::parse(&buf[..len]).unwrap();
         assert_eq!(name, b"_Z3addPf");
         assert_eq!((header.pid, header.tid, header.timestamp_ns), (7, 9, 11));
-        assert_eq!(header.handle, 0xdead_beef);
+        assert_eq!((header.handle, header.address), (0xdead_beef, 0x7f00_1000));
+        assert_eq!(header.unread, 0);
         assert_eq!(
             HandleKind::from_u32(header.handle_kind),
             Some(HandleKind::Function)
@@ -605,8 +622,18 @@ mod tests {
     }
 
     #[test]
+    fn unread_name_records_carry_the_address_and_no_name() {
+        let mut buf = [0u8; 80];
+        let len = name_record(&mut buf, b"", 0);
+        assert_eq!(len, NameHeader::SIZE);
+        let (header, name) = NameHeader::parse(&buf[..len]).unwrap();
+        assert!(name.is_empty());
+        assert_eq!((header.unread, header.address), (1, 0x7f00_1000));
+    }
+
+    #[test]
     fn name_records_shorter_than_their_length_are_rejected() {
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; 80];
         let len = name_record(&mut buf, b"_Z3addPf", 9);
         assert_eq!(NameHeader::parse(&buf[..len]), None);
         assert_eq!(NameHeader::parse(&buf[..NameHeader::SIZE - 1]), None);

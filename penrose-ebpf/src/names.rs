@@ -192,6 +192,8 @@ pub(crate) fn take_any(ctx: &RetProbeContext, call: NameCall) -> Option<(u64, Pe
 }
 
 /// Assembles a name record in per-CPU scratch and copies header plus name into the ring.
+/// When the name cannot be read here (its page not yet faulted in, which a probe cannot do),
+/// the record carries only its address and `unread`, and user space reads it from the process.
 #[inline(always)]
 pub(crate) fn emit_name(handle_kind: HandleKind, call: &Resolved) {
     let Some(scratch) = NAME_SCRATCH.get_ptr_mut(0) else {
@@ -208,14 +210,12 @@ pub(crate) fn emit_name(handle_kind: HandleKind, call: &Resolved) {
             call.arg as *const _,
         )
     };
-    if copied <= 0 {
-        return;
-    }
-    let with_nul = copied as usize;
-    if with_nul > NAME_CAPACITY {
-        return;
-    }
-    let name_len = with_nul - 1;
+    let (name_len, truncated, unread) = if copied <= 0 || copied as usize > NAME_CAPACITY {
+        (0, 0, 1)
+    } else {
+        let with_nul = copied as usize;
+        (with_nul - 1, u32::from(with_nul == NAME_CAPACITY), 0)
+    };
     event.header = NameHeader {
         kind: EventKind::Name as u32,
         pid: (call.pid_tgid >> 32) as u32,
@@ -224,12 +224,18 @@ pub(crate) fn emit_name(handle_kind: HandleKind, call: &Resolved) {
         // SAFETY: `bpf_ktime_get_ns` has no preconditions.
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         handle: call.handle,
+        address: call.arg,
         name_len: name_len as u32,
-        truncated: u32::from(with_nul == NAME_CAPACITY),
+        truncated,
+        unread,
+        reserved: 0,
     };
     let size = NameHeader::SIZE + name_len;
-    // SAFETY: `size` is at most `NameHeader::SIZE + NAME_CAPACITY - 1`, inside the scratch
-    // value that `event` points to.
+    if size > NameHeader::SIZE + NAME_CAPACITY - 1 {
+        return;
+    }
+    // SAFETY: `size` is at most `NameHeader::SIZE + NAME_CAPACITY - 1` (checked above), inside
+    // the scratch value that `event` points to.
     let record = unsafe { core::slice::from_raw_parts(scratch.cast::<u8>(), size) };
     if EVENTS
         .output::<[u8]>(record, u64::from(BPF_RB_NO_WAKEUP))

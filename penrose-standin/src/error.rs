@@ -82,4 +82,7 @@ pub enum StandinError {
     /// A kernel name holds a NUL byte, so it cannot be passed as a C string.
     #[error("kernel name {0:?} contains a NUL byte")]
     NameWithNul(String),
+    /// A kernel name too long to lie alone on a page ([`crate::runtime::UntouchedNames`]).
+    #[error("kernel name of {0} bytes does not fit a page")]
+    NameTooLong(usize),
 }

@@ -57,6 +57,7 @@ pub use replay::{
 pub use ring::{CounterRecord, CounterRing, LaunchRecord, RingError, RingHeader, ring_path};
 pub use runtime::{
     AppLaunch, Dim3, FatBinaryHandle, NvccApp, Runtime, RuntimeCounter, StaticLib, StubAddress,
+    UntouchedNames,
 };
 
 /// The stand-in library `build.rs` compiled (its file name is already `libcuda.so.1`).

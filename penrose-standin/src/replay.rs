@@ -20,7 +20,9 @@ use serde::Serialize;
 use crate::abi::{EntryPoint, NextCounters, saturate_u32};
 use crate::driver::{Driver, FunctionHandle, Launch, StreamHandle};
 use crate::graphs::{GraphCache, GraphKey, GraphLaunch, GraphSteps, Step, graph_key};
-use crate::runtime::{AppLaunch, NvccApp, Runtime, RuntimeCounter, StaticLib, StubAddress};
+use crate::runtime::{
+    AppLaunch, NvccApp, Runtime, RuntimeCounter, StaticLib, StubAddress, UntouchedNames,
+};
 
 /// The entry points that launch one kernel (all but the graph launches), rotated through by
 /// `Via::Rotate`.
@@ -125,6 +127,9 @@ pub struct RuntimeVia {
     /// trace's kernel name, so that names recovered from the application's `.symtab` match
     /// what registration said.
     pub self_named: bool,
+    /// Pass each name from a page this process has not touched, as a large library does at
+    /// load (the agent's probe cannot read such a name; see `UntouchedNames`).
+    pub names_untouched: bool,
 }
 
 impl Via {
@@ -598,7 +603,7 @@ pub fn replay_with(
                 .runtime
                 .ok_or_else(|| missing("the stand-in runtime"))?;
             let app = libs.app.ok_or_else(|| missing("the test application"))?;
-            let functions = register_stubs(runtime, app, plan, how.self_named)?;
+            let functions = register_stubs(runtime, app, plan, &how)?;
             let how = AppLaunch {
                 legacy: how.legacy,
                 per_thread_stream: how.per_thread_stream,
@@ -830,7 +835,7 @@ fn register_stubs(
     runtime: &Runtime,
     app: &NvccApp,
     plan: &ReplayPlan,
-    self_named: bool,
+    how: &RuntimeVia,
 ) -> Result<Vec<FunctionName>, StandinError> {
     let stubs = app.stub_count();
     if plan.names.len() > stubs as usize {
@@ -839,18 +844,36 @@ fn register_stubs(
             stubs,
         });
     }
+    let registered_names = plan
+        .names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| match app.kernel_name(stub_index(i)) {
+            Some(own) if how.self_named => Ok(own),
+            Some(_) => Ok(name.clone()),
+            None => Err(StandinError::TooManyKernels {
+                names: plan.names.len(),
+                stubs,
+            }),
+        })
+        .collect::<Result<Vec<CString>, _>>()?;
+    let untouched = how
+        .names_untouched
+        .then(|| UntouchedNames::map(&registered_names))
+        .transpose()?;
     let fat_binary = runtime.register_fat_binary()?;
     let mut registered = Vec::with_capacity(plan.names.len());
-    for (i, name) in plan.names.iter().enumerate() {
-        let index = stub_index(i);
-        let (Some(stub), Some(own)) = (app.stub(index), app.kernel_name(index)) else {
+    for (i, registered_name) in registered_names.into_iter().enumerate() {
+        let Some(stub) = app.stub(stub_index(i)) else {
             return Err(StandinError::TooManyKernels {
                 names: plan.names.len(),
                 stubs,
             });
         };
-        let registered_name = if self_named { own } else { name.clone() };
-        runtime.register_function(fat_binary, stub, &registered_name)?;
+        match &untouched {
+            Some(names) => runtime.register_function_untouched(fat_binary, stub, names, i)?,
+            None => runtime.register_function(fat_binary, stub, &registered_name)?,
+        }
         registered.push((stub, registered_name));
     }
     runtime.register_fat_binary_end(fat_binary);

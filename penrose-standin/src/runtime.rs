@@ -191,17 +191,46 @@ impl Runtime {
         stub: StubAddress,
         name: &CStr,
     ) -> Result<(), StandinError> {
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        unsafe { self.register_function_at(h, stub, name.as_ptr()) }
+    }
+
+    /// [`Self::register_function`] with name `i` of `names`, passed without this process
+    /// touching its page first (as a large library's `.rodata` at load).
+    pub fn register_function_untouched(
+        &self,
+        h: FatBinaryHandle,
+        stub: StubAddress,
+        names: &UntouchedNames,
+        i: usize,
+    ) -> Result<(), StandinError> {
+        let name = names.pointer(i).ok_or(StandinError::Runtime {
+            call: "__cudaRegisterFunction",
+            code: 1,
+        })?;
+        // SAFETY: `names` maps every name NUL-terminated and stays mapped during the call.
+        unsafe { self.register_function_at(h, stub, name) }
+    }
+
+    /// # Safety
+    /// `name` points at a NUL-terminated string that stays valid during the call.
+    unsafe fn register_function_at(
+        &self,
+        h: FatBinaryHandle,
+        stub: StubAddress,
+        name: *const c_char,
+    ) -> Result<(), StandinError> {
         let null = std::ptr::null_mut();
-        // SAFETY: `name` is NUL-terminated and outlives the call (the stand-in copies it and
-        // never writes through deviceFun); the stub is only used as a key; the handle is
-        // checked by address.
+        // SAFETY: `name` is NUL-terminated and outlives the call (the caller's contract; the
+        // stand-in copies it and never writes through deviceFun); the stub is only used as a
+        // key; the handle is checked by address.
         unsafe {
             (self.sym.get_last_error)();
             (self.sym.register_function)(
                 h.0 as *mut *mut c_void,
                 stub.0 as *const c_char,
-                name.as_ptr().cast_mut(),
-                name.as_ptr(),
+                name.cast_mut(),
+                name,
                 -1,
                 null,
                 null,
@@ -452,3 +481,84 @@ impl StaticLib {
         crate::abi::CuResult(code).check("penrose_static_launch")
     }
 }
+
+/// Kernel names laid out one per page table in a mapping this process has not touched, so that the
+/// first read of each name faults its page in: what a probe meets when a large library (a real
+/// `libtorch_cuda.so`) registers its kernels at load, straight from `.rodata`. A probe cannot
+/// fault pages in, so it cannot read such a name itself.
+///
+/// The mapping stays for the life of the process, as a library's `.rodata` does: the agent
+/// reads the names from it after registration (dropping this value leaves it mapped).
+pub struct UntouchedNames {
+    base: *mut c_void,
+    count: usize,
+}
+
+impl UntouchedNames {
+    /// One name per [`STRIDE`] bytes of a sparse file (names longer than a page less its NUL
+    /// are refused).
+    pub fn map(names: &[CString]) -> Result<Self, StandinError> {
+        if let Some(long) = names.iter().find(|n| n.as_bytes_with_nul().len() > PAGE) {
+            return Err(StandinError::NameTooLong(long.as_bytes().len()));
+        }
+        let io = |source| StandinError::Install {
+            path: "memfd:penrose-untouched-names".into(),
+            source,
+        };
+        let len = names.len().max(1) * STRIDE;
+        // SAFETY: a NUL-terminated name and no flags.
+        let fd = unsafe { libc::memfd_create(c"penrose-untouched-names".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just created and is owned here alone.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        file.set_len(len as u64).map_err(io)?;
+        for (i, name) in names.iter().enumerate() {
+            std::os::unix::fs::FileExt::write_all_at(
+                &file,
+                name.as_bytes_with_nul(),
+                (i * STRIDE) as u64,
+            )
+            .map_err(io)?;
+        }
+        // SAFETY: a fresh read-only private mapping of the whole file; nothing else maps it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io(std::io::Error::last_os_error()));
+        }
+        Ok(Self {
+            base,
+            count: names.len(),
+        })
+    }
+
+    /// Name `i`, without reading it.
+    fn pointer(&self, i: usize) -> Option<*const c_char> {
+        // The offset stays inside the mapping (i < count, one stride each).
+        (i < self.count).then(|| {
+            self.base
+                .cast::<u8>()
+                .wrapping_add(i * STRIDE)
+                .cast_const()
+                .cast()
+        })
+    }
+}
+
+/// Pages are 4 KiB on the hosts the stand-in runs on.
+const PAGE: usize = 4096;
+
+/// Room per name: when a read faults one page in, the kernel maps the neighbouring pages it
+/// already holds too ("fault-around", 64 KiB by default, never past a 2 MiB page table), which
+/// would let the probe read the next names. One page table per name keeps every name apart.
+const STRIDE: usize = 2 << 20;

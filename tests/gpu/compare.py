@@ -82,41 +82,63 @@ class RunFailed(Exception):
 
 
 class Demangler:
-    """Demangled forms of agent names: c++filt's and the C++ runtime's, when there."""
+    """Demangled forms of agent names: c++filt's, cu++filt's (the CUDA toolkit's, which also
+    knows nvcc's extended lambdas, `Unvhdl...`, as the profiler's CUPTI names do) and the C++
+    runtime's, when there."""
 
     def __init__(self, use_cxxfilt=True, use_cxa=True):
         self.cxxfilt = shutil.which("c++filt") if use_cxxfilt else None
+        self.cuxxfilt = _cuxxfilt() if use_cxxfilt else None
         self.cxa = _cxa_demangle_function() if use_cxa else None
 
     def available(self):
-        return [n for n, f in (("c++filt", self.cxxfilt), ("__cxa_demangle", self.cxa)) if f]
+        return [
+            n
+            for n, f in (
+                ("c++filt", self.cxxfilt),
+                ("cu++filt", self.cuxxfilt),
+                ("__cxa_demangle", self.cxa),
+            )
+            if f
+        ]
 
     def forms(self, names):
         """name -> set of forms (the name itself and its demangled forms)."""
         names = sorted(set(names))
         out = {n: {n} for n in names}
         mangled = [n for n in names if n.startswith("_Z")]
-        if self.cxxfilt and mangled:
-            try:
-                lines = subprocess.run(
-                    [self.cxxfilt],
-                    input="\n".join(mangled) + "\n",
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=60,
-                ).stdout.splitlines()
-                if len(lines) == len(mangled):
-                    for n, d in zip(mangled, lines):
-                        out[n].add(d.strip())
-            except (OSError, subprocess.SubprocessError):
-                pass
+        for tool in (self.cxxfilt, self.cuxxfilt):
+            if tool and mangled:
+                _filter_forms(tool, mangled, out)
         if self.cxa:
             for n in mangled:
                 d = self.cxa(n)
                 if d:
                     out[n].add(d)
         return out
+
+
+def _cuxxfilt():
+    """The CUDA toolkit's cu++filt: on the PATH, else under /usr/local/cuda/bin."""
+    return shutil.which("cu++filt") or shutil.which("cu++filt", path="/usr/local/cuda/bin")
+
+
+def _filter_forms(tool, mangled, out):
+    """Adds each mangled name's form as the filter program `tool` prints it."""
+    try:
+        lines = subprocess.run(
+            [tool],
+            input="\n".join(mangled) + "\n",
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return
+    if len(lines) == len(mangled):
+        for n, d in zip(mangled, lines):
+            out[n].add(d.strip())
 
 
 def _cxa_demangle_function():
@@ -700,7 +722,7 @@ def _fake_demangler():
 
     class Fake(Demangler):
         def __init__(self):
-            self.cxxfilt = self.cxa = None
+            self.cxxfilt = self.cuxxfilt = self.cxa = None
 
         def available(self):
             return ["table"]

@@ -25,6 +25,24 @@ pub const MAX_NAME_BYTES_PER_PROCESS: usize = 32 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Pid(pub u32);
 
+/// A name record's name: read by the probe, or only located (the probe cannot fault a page
+/// in; the agent reads such a name from the process, see [`super::memory`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NameText {
+    /// The probe read it.
+    Read {
+        /// The name (lossily decoded: kernel names are ASCII in practice).
+        name: String,
+        /// The BPF side cut it at its capacity.
+        truncated: bool,
+    },
+    /// The probe could not read it; it lies at `address` in the process.
+    Unread {
+        /// The name's address in the process's memory.
+        address: u64,
+    },
+}
+
 /// One decoded ring-buffer record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -38,10 +56,8 @@ pub enum Event {
         kind: HandleKind,
         /// The handle value.
         handle: u64,
-        /// The name (lossily decoded: kernel names are ASCII in practice).
-        name: String,
-        /// The BPF side cut it at its capacity.
-        truncated: bool,
+        /// The name, or where to read it.
+        name: NameText,
     },
     /// `__cudaGetKernel`: the host stub `stub` launches through the kernel handle `kernel`.
     StubKernel {
@@ -142,8 +158,16 @@ pub fn decode(record: &[u8]) -> Option<Event> {
                 pid: Pid(header.pid),
                 kind: HandleKind::from_u32(header.handle_kind)?,
                 handle: header.handle,
-                name: String::from_utf8_lossy(name).into_owned(),
-                truncated: header.truncated != 0,
+                name: if header.unread != 0 {
+                    NameText::Unread {
+                        address: header.address,
+                    }
+                } else {
+                    NameText::Read {
+                        name: String::from_utf8_lossy(name).into_owned(),
+                        truncated: header.truncated != 0,
+                    }
+                },
             })
         }
         EventKind::KernelFunction => {

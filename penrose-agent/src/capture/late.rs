@@ -33,6 +33,7 @@ use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, SymbolKind};
 use penrose_ebpf_common::HandleKind;
 
 use super::events::{Pid, ProcessNames};
+use super::memory::read_words;
 use super::procmaps::file_mappings;
 
 /// Files whose stub symbols are kept.
@@ -296,76 +297,6 @@ pub fn cuda_processes() -> Vec<Pid> {
         })
         .map(Pid)
         .collect()
-}
-
-/// Reads one 8-byte word at each address of `pid`'s memory; `None` where it cannot be read.
-/// Read-only: `process_vm_readv` copies from the target into the agent.
-fn read_words(pid: Pid, addresses: &[u64]) -> Vec<Option<u64>> {
-    const BATCH: usize = 512;
-    let mut out = Vec::with_capacity(addresses.len());
-    for chunk in addresses.chunks(BATCH) {
-        let mut words = vec![0u64; chunk.len()];
-        let local: Vec<libc::iovec> = words
-            .iter_mut()
-            .map(|w| libc::iovec {
-                iov_base: std::ptr::from_mut(w).cast(),
-                iov_len: 8,
-            })
-            .collect();
-        let remote: Vec<libc::iovec> = chunk
-            .iter()
-            .map(|&a| libc::iovec {
-                iov_base: a as usize as *mut libc::c_void,
-                iov_len: 8,
-            })
-            .collect();
-        let Ok(target) = libc::pid_t::try_from(pid.0) else {
-            out.extend(std::iter::repeat_n(None, chunk.len()));
-            continue;
-        };
-        #[allow(unsafe_code)]
-        // SAFETY: every local iovec points at an 8-byte word of `words`, which outlives the
-        // call; the remote iovecs are only read by the kernel, which checks them against the
-        // target's address space and stops at the first unreadable one.
-        let read = unsafe {
-            libc::process_vm_readv(
-                target,
-                local.as_ptr(),
-                local.len() as libc::c_ulong,
-                remote.as_ptr(),
-                remote.len() as libc::c_ulong,
-                0,
-            )
-        };
-        // The kernel stops at the first address it cannot read: whole words before it are
-        // good, the rest are retried one by one.
-        let whole = usize::try_from(read).map_or(0, |bytes| bytes / 8);
-        for (i, word) in words.iter().enumerate() {
-            if i < whole {
-                out.push(Some(*word));
-            } else {
-                out.push(read_one(target, chunk[i]));
-            }
-        }
-    }
-    out
-}
-
-fn read_one(target: libc::pid_t, address: u64) -> Option<u64> {
-    let mut word = 0u64;
-    let local = libc::iovec {
-        iov_base: std::ptr::from_mut(&mut word).cast(),
-        iov_len: 8,
-    };
-    let remote = libc::iovec {
-        iov_base: address as usize as *mut libc::c_void,
-        iov_len: 8,
-    };
-    #[allow(unsafe_code)]
-    // SAFETY: one local iovec over `word`, which outlives the call; the kernel checks the
-    // remote one against the target's address space.
-    let read = unsafe { libc::process_vm_readv(target, &local, 1, &remote, 1, 0) };
-    (read == 8).then_some(word)
 }
 
 #[cfg(test)]

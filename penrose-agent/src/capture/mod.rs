@@ -35,6 +35,7 @@ pub mod late;
 pub mod launch_log;
 pub mod loader;
 pub mod locate;
+pub mod memory;
 pub mod procmaps;
 pub mod schedule;
 pub mod window;
@@ -51,7 +52,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use crate::counters::{self, CounterSource, MissingReason, Reading, SourceKind};
 pub use calibrate::ProbeCost;
 pub use error::CaptureError;
-use events::{Event, Pid, ProcessNames};
+use events::{Event, NameText, Pid, ProcessNames};
 use loader::Probes;
 use locate::{LibraryFile, LibrarySources};
 use schedule::{Schedule, WindowCost};
@@ -136,6 +137,14 @@ pub struct Counts {
     pub launches_outside_window: u64,
     /// Name and kernel-function records.
     pub names: u64,
+    /// Names the probe could not read (their page not yet in memory) that were read from the
+    /// process instead.
+    #[serde(default)]
+    pub names_read_from_process: u64,
+    /// Names neither the probe nor the agent could read (the process gone, the address
+    /// unmapped): their launches stay unnamed.
+    #[serde(default)]
+    pub names_unreadable: u64,
     /// `cudaLaunchKernel` records (the runtime's launch probe, attached while launches stay
     /// unnamed).
     pub runtime_launches: u64,
@@ -627,6 +636,43 @@ impl Capture {
         read
     }
 
+    fn on_name(&mut self, pid: Pid, kind: HandleKind, handle: u64, name: NameText) {
+        self.counts.names += 1;
+        let (name, truncated) = match name {
+            NameText::Read { name, truncated } => (name, truncated),
+            NameText::Unread { address } => match memory::read_c_string(pid, address) {
+                Some(read) => {
+                    self.counts.names_read_from_process += 1;
+                    read
+                }
+                None => {
+                    // The process is gone or the address unmapped: its launches stay
+                    // unnamed (an identity or a token), never a wrong name.
+                    self.counts.names_unreadable += 1;
+                    return;
+                }
+            },
+        };
+        if kind == HandleKind::Stub {
+            // Registered kernels may launch on the legacy path, which only the runtime's
+            // naming probe names: attach it now if a window is open, else at the next one.
+            if self.window.is_some() {
+                if let Err(e) = self.probes.attach_naming() {
+                    tracing::warn!("attaching the runtime's naming probes: {e}");
+                }
+            } else {
+                self.naming_needed = true;
+            }
+        }
+        if truncated {
+            tracing::debug!("pid {}: kernel name cut at {} bytes", pid.0, name.len());
+        }
+        self.names
+            .entry(pid)
+            .or_default()
+            .learn(kind, handle, &name);
+    }
+
     fn handle(&mut self, event: Event) {
         match event {
             Event::Launch(launch) => self.on_launch(launch),
@@ -636,29 +682,7 @@ impl Capture {
                 kind,
                 handle,
                 name,
-                truncated,
-            } => {
-                self.counts.names += 1;
-                if kind == HandleKind::Stub {
-                    // Registered kernels may launch on the legacy path, which only the
-                    // runtime's naming probe names: attach it now if a window is open, else
-                    // at the next one.
-                    if self.window.is_some() {
-                        if let Err(e) = self.probes.attach_naming() {
-                            tracing::warn!("attaching the runtime's naming probes: {e}");
-                        }
-                    } else {
-                        self.naming_needed = true;
-                    }
-                }
-                if truncated {
-                    tracing::debug!("pid {}: kernel name cut at {} bytes", pid.0, name.len());
-                }
-                self.names
-                    .entry(pid)
-                    .or_default()
-                    .learn(kind, handle, &name);
-            }
+            } => self.on_name(pid, kind, handle, name),
             Event::KernelFunction {
                 pid,
                 kernel,

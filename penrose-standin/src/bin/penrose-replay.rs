@@ -243,6 +243,7 @@ fn via(args: &Args) -> Result<Via, String> {
         legacy: args.via == ViaArg::RuntimeLegacy,
         per_thread_stream,
         self_named: args.self_named,
+        names_untouched: false,
     }))
 }
 
