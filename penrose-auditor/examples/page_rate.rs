@@ -35,6 +35,7 @@ fn main() {
         bundle,
         first: 0,
         count: entries,
+        evidence: Vec::new(),
     }
     .encode();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -24,12 +24,14 @@ use ed25519_dalek::VerifyingKey;
 use penrose_core::audit::{AuditAnswer, AuditRefusal, AuditRequest, AuditStatus};
 use penrose_core::bundle::{Bundle, BundleError, BundleHash};
 use penrose_core::paillier::KeyId;
+use penrose_core::tokens::SpentId;
 use tracing::{error, info, warn};
 
 use crate::data_dir::DataDir;
 use crate::error::AuditorError;
+use crate::evidence::{EvidenceKeys, Owner, SpentStore};
 use crate::keys::{self, Shares};
-use crate::page::Page;
+use crate::page::{Counting, Page};
 use crate::policy::Policy;
 use crate::record::{Record, Take};
 
@@ -40,6 +42,8 @@ pub struct Auditor {
     policy: Policy,
     record: Mutex<Record>,
     record_path: PathBuf,
+    evidence: Option<EvidenceKeys>,
+    spent: Mutex<SpentStore>,
     workers: usize,
 }
 
@@ -49,10 +53,13 @@ impl Auditor {
     pub fn open(data: &DataDir) -> Result<Self, AuditorError> {
         data.check_initialised()?;
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let policy = Policy::load(&data.policy())?;
         Ok(Auditor {
             shares: Shares::load(data)?,
             signer: keys::read_aggregator_key(&data.aggregator_key())?,
-            policy: Policy::load(&data.policy())?,
+            evidence: EvidenceKeys::load(data, &policy)?,
+            spent: Mutex::new(SpentStore::load(&data.spent())?),
+            policy,
             record: Mutex::new(Record::load(&data.record())?),
             record_path: data.record(),
             workers,
@@ -86,7 +93,8 @@ impl Auditor {
                 bundle,
                 first,
                 count,
-            } => match self.release(&bundle, first, count) {
+                evidence,
+            } => match self.release(&bundle, first, count, &evidence) {
                 Ok(answer) => answer,
                 Err(refusal) => {
                     warn!(first, count, %refusal, "refused a release");
@@ -116,15 +124,43 @@ impl Auditor {
         self.shares.ids()
     }
 
-    fn release(&self, bytes: &[u8], first: u32, count: u32) -> Result<AuditAnswer, AuditRefusal> {
+    /// Whether releases are counted from evidence (the data directory holds a key ring).
+    pub fn counts_evidence(&self) -> bool {
+        self.evidence.is_some()
+    }
+
+    /// Evidence tokens counted so far.
+    pub fn tokens_counted(&self) -> usize {
+        self.lock_spent().len()
+    }
+
+    fn release(
+        &self,
+        bytes: &[u8],
+        first: u32,
+        count: u32,
+        evidence: &[Vec<u8>],
+    ) -> Result<AuditAnswer, AuditRefusal> {
         let bundle = Bundle::verify(bytes, Some(&self.signer)).map_err(refusal_of)?;
         let hash = BundleHash::of(bytes);
         self.lock_record().admit(&bundle, hash)?;
-        let page = Page::plan(&bundle, first, count, &self.shares, &self.policy)?;
+        let (page, claims) = {
+            let store = self.lock_spent();
+            let counting = self.evidence.as_ref().map(|keys| Counting {
+                keys,
+                store: &store,
+                bundle: hash,
+                lists: evidence,
+            });
+            let page = Page::plan(&bundle, first, count, &self.shares, &self.policy, counting)?;
+            let claims = page.spent().to_vec();
+            (page, claims)
+        };
         let decrypted = page.decrypt(self.workers).map_err(|e| {
             error!(error = %e, "a partial decryption failed after its checks");
             AuditRefusal::Unavailable
         })?;
+        self.claim(&claims)?;
         self.commit(&bundle, hash)?;
         info!(
             instance = %bundle.link.instance,
@@ -139,6 +175,23 @@ impl Auditor {
             hash,
             partials: decrypted.partials,
             withheld: decrypted.withheld,
+        })
+    }
+
+    /// Records the tokens the page was counted from, durably, unless another page claimed one
+    /// meanwhile (then `Unavailable`: asked again, the page is counted without it).
+    fn claim(&self, claims: &[(SpentId, Owner)]) -> Result<(), AuditRefusal> {
+        if claims.is_empty() {
+            return Ok(());
+        }
+        let mut store = self.lock_spent();
+        if !store.admits(claims) {
+            warn!("another page counted some of this page's tokens meanwhile");
+            return Err(AuditRefusal::Unavailable);
+        }
+        store.append(claims).map_err(|e| {
+            error!(error = %e, "cannot record the counted tokens; answering Unavailable");
+            AuditRefusal::Unavailable
         })
     }
 
@@ -168,6 +221,11 @@ impl Auditor {
     /// left half-changed.
     fn lock_record(&self) -> MutexGuard<'_, Record> {
         self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The spent store, likewise: it changes only by whole appends.
+    fn lock_spent(&self) -> MutexGuard<'_, SpentStore> {
+        self.spent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -8,6 +8,10 @@
 //! DATA/record.json              the chain followed, its last bundle (seq, hash), every epoch
 //!                               ever answered with the bundle it was answered in, and the
 //!                               chains followed before; replaced durably on every change
+//! DATA/evidence-keys           optional: the auditor party's token key ring (0600); with it,
+//!                               every release is counted from the page's evidence
+//! DATA/spent                    every evidence token counted, with the sum it was counted for
+//!                               (append-only, synced before an answer leaves)
 //! DATA/shares/ID.share          the auditor's share of key ID (0600; ID: the key id in hex)
 //! DATA/shares/ID.public         the public key it belongs to
 //! DATA/shares/ID.verification   the dealing's verification key
@@ -17,7 +21,8 @@
 //! ```
 //!
 //! What to back up: `shares/` (losing the share loses every sum under its key: the split is
-//! 2-of-2) and `record.json` (losing it would let a restored auditor answer epochs again).
+//! 2-of-2), `record.json` (losing it would let a restored auditor answer epochs again) and
+//! `spent` (losing it would let tokens count again, in another sum).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
@@ -54,6 +59,16 @@ impl DataDir {
     /// The record of the chain and the answered epochs.
     pub fn record(&self) -> PathBuf {
         self.0.join("record.json")
+    }
+
+    /// The auditor party's token key ring (optional: with it, releases need evidence).
+    pub fn evidence_keys(&self) -> PathBuf {
+        self.0.join("evidence-keys")
+    }
+
+    /// The tokens counted so far, with the sums they were counted for.
+    pub fn spent(&self) -> PathBuf {
+        self.0.join("spent")
     }
 
     /// The directory of key shares.

@@ -17,6 +17,8 @@
 //!   piece of state that changes), and the pure rule that admits a bundle to it.
 //! - [`page`]: one page of a bundle: its bounds, its keys, its ciphertexts validated, the
 //!   auditor's own threshold per entry, and the partial decryptions, spread over threads.
+//! - [`evidence`]: with its party's token key ring, the contributors of each sum counted from
+//!   the page's evidence, and every token counted once, ever.
 //! - [`policy`]: the auditor's own contributor threshold k and cap T.
 //! - [`keys`]: the key shares held, the files they come from, and the pinned aggregation
 //!   server key.
@@ -37,6 +39,7 @@ pub mod cli;
 pub mod data_dir;
 pub mod durable;
 pub mod error;
+pub mod evidence;
 pub mod keys;
 pub mod page;
 pub mod policy;

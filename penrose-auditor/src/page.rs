@@ -5,13 +5,32 @@
 
 use std::ops::Range;
 
-use penrose_core::audit::{AuditRefusal, EntryPartial, MAX_PARTIALS_PER_PAGE};
-use penrose_core::bundle::{Bundle, EpochSummary};
-use penrose_core::paillier::threshold::KeyShare;
-use penrose_core::paillier::{PackedCiphertexts, PaillierError};
+use std::collections::HashMap;
 
+use penrose_core::audit::{AuditRefusal, EntryPartial, MAX_PARTIALS_PER_PAGE};
+use penrose_core::bundle::{Bundle, BundleEntry, BundleHash, EpochSummary};
+use penrose_core::paillier::threshold::KeyShare;
+use penrose_core::paillier::{PackedCiphertexts, PaillierError, PublicKey};
+use penrose_core::tokens::SpentId;
+
+use crate::evidence::{EvidenceKeys, Owner, SpentStore, count_entry};
 use crate::keys::Shares;
 use crate::policy::Policy;
+
+/// How the auditor counts a page's contributors from its evidence: its keys, the tokens
+/// counted before, the bundle's hash (a token's owner is a bundle entry) and the page's
+/// encoded evidence, one list per entry.
+#[derive(Clone, Copy)]
+pub struct Counting<'a> {
+    /// The auditor party's key ring and cap.
+    pub keys: &'a EvidenceKeys,
+    /// Tokens counted before, and for which sums.
+    pub store: &'a SpentStore,
+    /// The bundle's hash.
+    pub bundle: BundleHash,
+    /// The page's evidence, by position in the page.
+    pub lists: &'a [Vec<u8>],
+}
 
 /// A released entry of the page: its index in the bundle, its validated sums and the share
 /// that decrypts them.
@@ -25,6 +44,7 @@ struct Work<'a> {
 pub struct Page<'a> {
     work: Vec<Work<'a>>,
     withheld: Vec<u32>,
+    spent: Vec<(SpentId, Owner)>,
 }
 
 /// What a page's answer carries: one partial per entry the auditor releases, and the
@@ -50,6 +70,7 @@ impl<'a> Page<'a> {
         count: u32,
         shares: &'a Shares,
         policy: &Policy,
+        counting: Option<Counting<'_>>,
     ) -> Result<Self, AuditRefusal> {
         let range = bounds(bundle.entries.len(), first, count)?;
         let mut keyed = Vec::with_capacity(range.len());
@@ -65,26 +86,42 @@ impl<'a> Page<'a> {
         let mut page = Page {
             work: Vec::new(),
             withheld: Vec::new(),
+            spent: Vec::new(),
         };
-        for (index, entry, share) in keyed {
+        let mut claimed = HashMap::new();
+        for (position, (index, entry, share)) in keyed.into_iter().enumerate() {
             let public = share.verification_key().public_key();
             let sums = public
                 .validate_packed(entry.sums.as_bytes())
                 .map_err(|_| AuditRefusal::Malformed)?;
             // Below MAX_PARTIALS_PER_PAGE past a u32 `first`: fits.
             let entry_index = index as u32;
-            // Bundle::verify refuses an entry of an epoch it does not list; withhold if not.
-            let days = bundle.epoch(entry.epoch).map(EpochSummary::days);
-            match days {
-                Some(days) if policy.releases(entry.reports, days) => page.work.push(Work {
+            let at = Place {
+                bundle,
+                entry,
+                index: entry_index,
+                position,
+            };
+            let released = match counting {
+                None => at.releases_by_count(policy),
+                Some(c) => at.releases_by_evidence(c, policy, public, &mut claimed, &mut page)?,
+            };
+            if released {
+                page.work.push(Work {
                     entry: entry_index,
                     share,
                     sums,
-                }),
-                _ => page.withheld.push(entry_index),
+                });
+            } else {
+                page.withheld.push(entry_index);
             }
         }
         Ok(page)
+    }
+
+    /// The tokens the page's released entries were counted from, to record before answering.
+    pub fn spent(&self) -> &[(SpentId, Owner)] {
+        &self.spent
     }
 
     /// How many partial decryptions the page needs.
@@ -132,6 +169,63 @@ fn decrypt_part(work: &[Work<'_>]) -> Result<Vec<EntryPartial>, PaillierError> {
             })
         })
         .collect()
+}
+
+/// One entry of a page, where it stands.
+struct Place<'b> {
+    bundle: &'b Bundle,
+    entry: &'b BundleEntry,
+    index: u32,
+    position: usize,
+}
+
+impl Place<'_> {
+    /// The rule without evidence: the reports the bundle states, over its epoch's days.
+    fn releases_by_count(&self, policy: &Policy) -> bool {
+        // Bundle::verify refuses an entry of an epoch it does not list; withhold if not.
+        self.bundle
+            .epoch(self.entry.epoch)
+            .map(EpochSummary::days)
+            .is_some_and(|days| policy.releases(self.entry.reports, days))
+    }
+
+    /// The rule with evidence: the contributors its tokens prove reach k. The tokens of a
+    /// released entry are claimed for it (in `page` and `claimed`); a withheld entry's stay
+    /// free. Evidence that is missing or lists other reports refuses the page.
+    fn releases_by_evidence(
+        &self,
+        counting: Counting<'_>,
+        policy: &Policy,
+        public: &PublicKey,
+        claimed: &mut HashMap<SpentId, Owner>,
+        page: &mut Page<'_>,
+    ) -> Result<bool, AuditRefusal> {
+        let bad = AuditRefusal::BadEvidence { entry: self.index };
+        if self.bundle.epoch(self.entry.epoch).is_none() {
+            return Ok(false);
+        }
+        let list = counting.lists.get(self.position).ok_or(bad)?;
+        let owner = Owner {
+            bundle: counting.bundle,
+            entry: self.index,
+        };
+        let counted = count_entry(
+            counting.keys,
+            counting.store,
+            claimed,
+            owner,
+            list,
+            self.entry,
+            public,
+        )
+        .ok_or(bad)?;
+        if counted.contributors < policy.threshold().get() {
+            return Ok(false);
+        }
+        claimed.extend(counted.claims.iter().copied());
+        page.spent.extend(counted.claims);
+        Ok(true)
+    }
 }
 
 /// The entries of page `first..first + count` of a bundle with `entries` entries.

@@ -265,6 +265,7 @@ fn serve_and_release(dealing: &Dealing, signing: &SigningKey, d: &str) {
             bundle,
             first: 0,
             count: 1,
+            evidence: Vec::new(),
         };
         AuditAnswer::decode(&client.exchange(&request.encode()).await.unwrap()).unwrap()
     });

@@ -51,6 +51,7 @@ async fn the_design_server_gets_status_and_partials_over_quic() {
         bundle: bundle.clone(),
         first: 0,
         count: 2,
+        evidence: Vec::new(),
     };
     let (got, withheld) = partials(ask(&client, &request).await);
     assert_eq!(withheld, [1]);

@@ -35,6 +35,8 @@ pub const MAX_PARTIALS_PER_PAGE: u32 = 16_384;
 
 const KIND_RELEASE: u8 = 1;
 const KIND_STATUS: u8 = 2;
+/// A release that carries the page's contributor evidence (`crate::evidence`).
+const KIND_RELEASE_EVIDENCED: u8 = 3;
 
 const ANSWER_PARTIALS: u8 = 0;
 const ANSWER_STATUS: u8 = 1;
@@ -52,6 +54,11 @@ pub enum AuditRequest {
         first: u32,
         /// Entries in the page (1 to [`MAX_PARTIALS_PER_PAGE`]).
         count: u32,
+        /// The encoded [`SumEvidence`](crate::evidence::SumEvidence) of each entry of the
+        /// page, in order (`count` of them), as the aggregation server exported it; empty
+        /// when the design server has none. An auditor that counts contributors itself
+        /// refuses a page without it.
+        evidence: Vec<Vec<u8>>,
     },
     /// Where the auditor stands in its chain.
     Status,
@@ -141,6 +148,14 @@ pub enum AuditRefusal {
     /// The auditor could not answer now (busy, or its record could not be written).
     #[error("the auditor cannot answer now; ask again later")]
     Unavailable,
+    /// The auditor counts contributors from evidence, and the page's evidence for this entry
+    /// is missing or does not list exactly that sum's reports (the aggregation server's
+    /// doing: a client's bad token only goes uncounted).
+    #[error("the evidence of entry {entry} is missing or does not list exactly its sum's reports")]
+    BadEvidence {
+        /// The entry.
+        entry: u32,
+    },
 }
 
 impl AuditRefusal {
@@ -155,6 +170,7 @@ impl AuditRefusal {
             AuditRefusal::UnknownKey => 7,
             AuditRefusal::BadPage => 8,
             AuditRefusal::Unavailable => 9,
+            AuditRefusal::BadEvidence { .. } => 10,
         }
     }
 
@@ -169,6 +185,7 @@ impl AuditRefusal {
             AuditRefusal::EpochAnsweredBefore { epoch } => {
                 out.extend_from_slice(&epoch.0.to_be_bytes());
             }
+            AuditRefusal::BadEvidence { entry } => out.extend_from_slice(&entry.to_be_bytes()),
             _ => {}
         }
     }
@@ -191,6 +208,9 @@ impl AuditRefusal {
             7 => AuditRefusal::UnknownKey,
             8 => AuditRefusal::BadPage,
             9 => AuditRefusal::Unavailable,
+            10 => AuditRefusal::BadEvidence {
+                entry: r.u32("entry")?,
+            },
             code => {
                 return Err(AuditProtocolError::Unknown {
                     what: "refusal",
@@ -227,6 +247,14 @@ pub enum AuditProtocolError {
     /// More partials or withheld entries than a page holds.
     #[error("{0} entries in one answer (at most {MAX_PARTIALS_PER_PAGE})")]
     PageTooLong(usize),
+    /// A release whose evidence is not one per entry of its page.
+    #[error("{evidence} evidence lists for a page of {count} entries")]
+    EvidenceCount {
+        /// Entries in the page.
+        count: u32,
+        /// Evidence lists sent.
+        evidence: usize,
+    },
 }
 
 impl AuditRequest {
@@ -238,11 +266,22 @@ impl AuditRequest {
                 bundle,
                 first,
                 count,
+                evidence,
             } => {
-                out.push(KIND_RELEASE);
+                out.push(if evidence.is_empty() {
+                    KIND_RELEASE
+                } else {
+                    KIND_RELEASE_EVIDENCED
+                });
                 out.extend_from_slice(&first.to_be_bytes());
                 out.extend_from_slice(&count.to_be_bytes());
                 write_bytes(&mut out, bundle);
+                if !evidence.is_empty() {
+                    write_count(&mut out, evidence.len());
+                    for e in evidence {
+                        write_bytes(&mut out, e);
+                    }
+                }
             }
             AuditRequest::Status => out.push(KIND_STATUS),
         }
@@ -253,14 +292,20 @@ impl AuditRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, AuditProtocolError> {
         let mut r = Reader::new(bytes)?;
         let request = match r.u8("request kind")? {
-            KIND_RELEASE => {
+            kind @ (KIND_RELEASE | KIND_RELEASE_EVIDENCED) => {
                 let first = r.u32("first entry")?;
                 let count = r.u32("entry count")?;
                 let bundle = r.bytes("bundle")?.to_vec();
+                let evidence = if kind == KIND_RELEASE_EVIDENCED {
+                    decode_evidence(&mut r, count)?
+                } else {
+                    Vec::new()
+                };
                 AuditRequest::Release {
                     bundle,
                     first,
                     count,
+                    evidence,
                 }
             }
             KIND_STATUS => AuditRequest::Status,
@@ -335,6 +380,17 @@ impl AuditAnswer {
         r.finish()?;
         Ok(answer)
     }
+}
+
+/// One evidence list per entry of a page of `count` entries (at least one).
+fn decode_evidence(r: &mut Reader, count: u32) -> Result<Vec<Vec<u8>>, AuditProtocolError> {
+    let n = r.count("evidence count")?;
+    if n != count as usize || n == 0 {
+        return Err(AuditProtocolError::EvidenceCount { count, evidence: n });
+    }
+    (0..n)
+        .map(|_| r.bytes("evidence").map(<[u8]>::to_vec))
+        .collect()
 }
 
 fn decode_partials(r: &mut Reader) -> Result<AuditAnswer, AuditProtocolError> {
@@ -473,6 +529,7 @@ mod tests {
             AuditRefusal::UnknownKey,
             AuditRefusal::BadPage,
             AuditRefusal::Unavailable,
+            AuditRefusal::BadEvidence { entry: 70_000 },
         ];
         let mut all: Vec<AuditAnswer> = refusals.into_iter().map(AuditAnswer::Refused).collect();
         all.push(AuditAnswer::Partials {
@@ -503,6 +560,33 @@ mod tests {
     }
 
     #[test]
+    fn a_release_carries_one_evidence_list_per_entry_of_its_page() {
+        let release = |count, evidence| AuditRequest::Release {
+            bundle: vec![5; 30],
+            first: 0,
+            count,
+            evidence,
+        };
+        for (count, lists) in [(3, 2), (2, 3)] {
+            let bytes = release(count, vec![vec![1u8; 4]; lists]).encode();
+            assert_eq!(
+                AuditRequest::decode(&bytes),
+                Err(AuditProtocolError::EvidenceCount {
+                    count,
+                    evidence: lists
+                })
+            );
+        }
+        // A release without evidence is the version-1 request, byte for byte.
+        let plain = release(2, Vec::new()).encode();
+        assert_eq!(plain[1], KIND_RELEASE);
+        assert_eq!(
+            release(1, vec![Vec::new()]).encode()[1],
+            KIND_RELEASE_EVIDENCED
+        );
+    }
+
+    #[test]
     fn every_message_round_trips_and_every_cut_or_extension_is_refused() {
         let requests = [
             AuditRequest::Status,
@@ -510,6 +594,13 @@ mod tests {
                 bundle: vec![5; 300],
                 first: 2,
                 count: 10,
+                evidence: Vec::new(),
+            },
+            AuditRequest::Release {
+                bundle: vec![5; 300],
+                first: 2,
+                count: 3,
+                evidence: vec![vec![1; 20], Vec::new(), vec![3; 7]],
             },
         ];
         for request in &requests {

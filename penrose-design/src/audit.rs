@@ -108,6 +108,7 @@ pub async fn fetch(archive: &Archive, client: &ExchangeClient) -> Result<AuditSu
                 bundle: bundle.bytes.clone(),
                 first,
                 count,
+                evidence: Vec::new(),
             };
             let body = client.exchange(&request.encode()).await?;
             let (partials, withheld) = check_answer(&body, bundle, first, count)?;

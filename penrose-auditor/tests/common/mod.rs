@@ -299,6 +299,7 @@ pub fn release(auditor: &Auditor, bundle: &[u8], first: u32, count: u32) -> Audi
         bundle: bundle.to_vec(),
         first,
         count,
+        evidence: Vec::new(),
     };
     AuditAnswer::decode(&auditor.answer(&request.encode())).unwrap()
 }
