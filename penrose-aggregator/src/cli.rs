@@ -198,6 +198,11 @@ pub enum Command {
         /// and agents send it again later [default: 1000].
         #[arg(long)]
         new_classes_per_hour: Option<u32>,
+        /// Keep every accepted report's binding and evidence token (about 1.4 KB a report), so
+        /// that `export-evidence` can give the release auditor each released sum's reports to
+        /// count contributors from [default: off; config: keep_evidence].
+        #[arg(long)]
+        keep_evidence: bool,
         /// The release rule.
         #[command(flatten)]
         release: ReleaseArgs,
@@ -316,6 +321,28 @@ pub enum Command {
         /// The release rule.
         #[command(flatten)]
         release: ReleaseArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the contributor evidence of an exported bundle, for the release auditor.
+    ///
+    /// Per entry of bundle SEQ, in order, every report the server kept for the sums it adds
+    /// up (`serve --keep-evidence`): each report's bytes and the evidence token it carried.
+    /// The auditor counts the sum's contributors from those tokens, which this server can
+    /// neither make nor move, and checks that the reports multiply to the released sum. The
+    /// file is written by the server (running or not), whole or not at all. Example:
+    ///   penrose-aggregator export-evidence -d /var/lib/penrose --seq 7 --out 0007.evidence
+    ExportEvidence {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// The bundle.
+        #[arg(long)]
+        seq: u64,
+        /// Where to write the evidence.
+        #[arg(long)]
+        out: PathBuf,
         /// Print JSON.
         #[arg(long)]
         json: bool,

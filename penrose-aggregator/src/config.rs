@@ -37,6 +37,7 @@ use thiserror::Error;
 /// epochs = "day"                     # or "reports:N"
 /// threshold = 10                     # k contributors per released sum (at least 10)
 /// reports_per_contributor = 24       # T, agents' reports per counter and day (at least 24)
+/// keep_evidence = true               # keep reports' evidence for the release auditor
 /// ```
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,6 +86,8 @@ pub struct FileConfig {
     pub threshold: Option<u64>,
     /// T reports per contributor per (counter, day).
     pub reports_per_contributor: Option<u32>,
+    /// Keep every report's evidence for the release auditor.
+    pub keep_evidence: Option<bool>,
 }
 
 /// Why the configuration could not be read.

@@ -1,7 +1,7 @@
 //! The admin channel: requests from the CLI (`status`, `top`, `throttle`, `compact`,
-//! `backup`, `export`, `reload-keys`) executed against a running server over a Unix socket in
-//! its data directory, or, when no server runs, against the data directory opened directly
-//! (`reload-keys` needs a running server).
+//! `backup`, `export`, `export-evidence`, `reload-keys`) executed against a running server
+//! over a Unix socket in its data directory, or, when no server runs, against the data
+//! directory opened directly (`reload-keys` needs a running server).
 //!
 //! Both paths run the same [`execute`] on the same [`Admin`] context, so an admin command
 //! behaves the same whether the server is up or not. The socket is created 0600 inside the
@@ -31,7 +31,7 @@ pub mod reply;
 
 use reply::{
     AdmissionStatus, BackupReply, CloseEpochsReply, CompactReply, DesignKeysStatus, EpochReports,
-    ExportReply, ExportedBundle, NewClasses, ReleaseRule, ReloadKeysReply, Reply,
+    EvidenceReply, ExportReply, ExportedBundle, NewClasses, ReleaseRule, ReloadKeysReply, Reply,
     ScheduledKeyStatus, SinceStart, StatusReply, StoreTable, ThrottleReply, TopClass, TopReply,
 };
 
@@ -66,6 +66,14 @@ pub enum Request {
     Export {
         /// Write bundle `seq` again instead of the next one.
         seq: Option<u64>,
+    },
+    /// Writes the contributor evidence of bundle `seq` to the file `out` (replaced whole:
+    /// written beside it, synced, renamed), for the release auditor.
+    Evidence {
+        /// The bundle.
+        seq: u64,
+        /// The file (an absolute path: the server's working directory is not the CLI's).
+        out: PathBuf,
     },
     /// Reads the admission key ring file again (a running server admitting by tokens).
     ReloadKeys,
@@ -175,6 +183,7 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
                 released_elsewhere: new.released_elsewhere.iter().map(|e| e.0).collect(),
             })
         }
+        Request::Evidence { seq, out } => Response::of(write_evidence_file(admin, *seq, out)?),
         Request::ReloadKeys => {
             if !admin.serving {
                 return Err(ControlError::Failed(
@@ -215,6 +224,50 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
                 },
             }
         }
+    })
+}
+
+/// `export-evidence`: the file written beside `out`, synced, then renamed over it, so that a
+/// reader never sees half of one.
+fn write_evidence_file(admin: &Admin, seq: u64, out: &Path) -> Result<EvidenceReply, ControlError> {
+    if !out.is_absolute() {
+        return Err(ControlError::Failed(format!(
+            "{} is not an absolute path",
+            out.display()
+        )));
+    }
+    let fail = |e: &dyn std::fmt::Display| ControlError::Failed(format!("{}: {e}", out.display()));
+    let partial = out.with_extension("partial");
+    let file = std::fs::File::create(&partial).map_err(|e| fail(&e))?;
+    let mut writer = std::io::BufWriter::new(file);
+    let written =
+        export::write_evidence(admin.store.as_ref(), seq, &admin.signing, &mut writer, out)
+            .and_then(|w| {
+                let file = writer.into_inner().map_err(|e| export::ExportError::Io {
+                    path: partial.clone(),
+                    source: e.into_error(),
+                })?;
+                file.sync_all().map_err(|source| export::ExportError::Io {
+                    path: partial.clone(),
+                    source,
+                })?;
+                Ok(w)
+            });
+    let written = match written {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(fail(&e));
+        }
+    };
+    std::fs::rename(&partial, out).map_err(|e| fail(&e))?;
+    Ok(EvidenceReply {
+        evidence: out.to_path_buf(),
+        seq,
+        entries: written.entries,
+        reports: written.reports,
+        with_tokens: written.with_tokens,
+        bytes: written.bytes,
     })
 }
 

@@ -37,7 +37,7 @@ use penrose_core::bundle::{
     Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMap, ClassMerge, Cursor, EpochId,
     EpochKind, EpochSummary, Generation, InstanceId, ReleaseRule,
 };
-use penrose_core::evidence::SumEvidence;
+use penrose_core::evidence::{EvidenceFileHeader, SumEvidence, entry_prefix};
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PackedCiphertexts, PublicKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{Day, PackedBytes, WireError};
@@ -816,6 +816,64 @@ pub fn evidence(
         })
         .collect::<Result<_, _>>()?;
     Ok((built.bundle, evidence))
+}
+
+/// What [`write_evidence`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvidenceWritten {
+    /// Entries of the bundle (one evidence list each).
+    pub entries: u64,
+    /// Reports listed over all entries.
+    pub reports: u64,
+    /// Of them, reports that carried an evidence token.
+    pub with_tokens: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// Writes the evidence file of bundle `seq` to `out` (`penrose_core::evidence`,
+/// `EVIDENCE_FILE_MAGIC`): the header with the bundle's hash, then each entry's evidence in
+/// the bundle's order, one entry in memory at a time. The bundle is rebuilt and checked as
+/// [`evidence`] does.
+pub fn write_evidence(
+    store: &dyn Store,
+    seq: u64,
+    signing: &SigningKey,
+    out: &mut dyn std::io::Write,
+    path: &Path,
+) -> Result<EvidenceWritten, ExportError> {
+    let (built, bytes) = rebuild(store, seq, signing)?;
+    let io = |source| ExportError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let header = EvidenceFileHeader {
+        bundle: BundleHash::of(&bytes),
+        entries: u32::try_from(built.made_of.len())
+            .map_err(|_| ExportError::Record("more entries than a bundle holds".into()))?,
+    }
+    .encode();
+    out.write_all(&header).map_err(io)?;
+    let mut written = EvidenceWritten {
+        bytes: header.len() as u64,
+        ..EvidenceWritten::default()
+    };
+    for pieces in &built.made_of {
+        let listed = crate::evidence::sum_evidence(store, pieces)
+            .map_err(|e| ExportError::Record(e.to_string()))?;
+        let encoded = listed.encode();
+        out.write_all(&entry_prefix(&encoded)).map_err(io)?;
+        out.write_all(&encoded).map_err(io)?;
+        written.entries += 1;
+        written.reports += listed.reports().len() as u64;
+        written.with_tokens += listed
+            .reports()
+            .iter()
+            .filter(|r| r.token.is_some())
+            .count() as u64;
+        written.bytes += 4 + encoded.len() as u64;
+    }
+    Ok(written)
 }
 
 /// Bundle `seq` rebuilt from the store, with what each entry is made of, and its signed bytes,

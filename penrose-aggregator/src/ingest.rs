@@ -47,6 +47,9 @@ pub struct IngestConfig {
     /// Most classes founded per hour ([`crate::tables::NewClassBudget`]); a report beyond it
     /// is answered `NewClassLimit`.
     pub new_classes_per_hour: NonZeroU32,
+    /// Keep each report's binding and evidence token for the release auditor
+    /// ([`crate::evidence`]; about 1.4 KB a report).
+    pub keep_evidence: bool,
 }
 
 impl Default for IngestConfig {
@@ -55,6 +58,7 @@ impl Default for IngestConfig {
             max_batch: 4096,
             queue: 32_768,
             new_classes_per_hour: DEFAULT_NEW_CLASSES_PER_HOUR,
+            keep_evidence: false,
         }
     }
 }

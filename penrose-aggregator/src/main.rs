@@ -11,8 +11,8 @@ use clap::Parser;
 use penrose_aggregator::admission::{Admission, AdmissionConfig, AdmissionDescription, TokenRing};
 use penrose_aggregator::cli::{Cli, Command, DataArg, ReleaseArgs};
 use penrose_aggregator::control::reply::{
-    AdmissionStatus, BackupReply, CloseEpochsReply, ExportReply, ReloadKeysReply, StatusReply,
-    ThrottleReply, TopReply,
+    AdmissionStatus, BackupReply, CloseEpochsReply, EvidenceReply, ExportReply, ReloadKeysReply,
+    StatusReply, ThrottleReply, TopReply,
 };
 use penrose_aggregator::control::{self, Request, Response};
 use penrose_aggregator::export;
@@ -82,6 +82,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             new_connections_per_source,
             handshake_timeout,
             new_classes_per_hour,
+            keep_evidence,
             release,
         } => {
             let (dir, file) = data.resolve()?;
@@ -143,6 +144,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     max_batch: max_batch.or(file.max_batch).unwrap_or(defaults.max_batch),
                     queue: file.queue.unwrap_or(defaults.queue),
                     new_classes_per_hour,
+                    keep_evidence: keep_evidence || file.keep_evidence == Some(true),
                 },
                 limits,
                 epochs,
@@ -162,6 +164,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Backup { data, dir, json } => backup(&data, &dir, json).await,
+        Command::ExportEvidence {
+            data,
+            seq,
+            out,
+            json,
+        } => export_evidence(&data, seq, &out, json).await,
         Command::AdoptCopy { data, json } => adopt_copy(&data, json),
         Command::CloseEpoch { data, json } => close_epoch(&data, json).await,
         Command::Export {
@@ -311,6 +319,28 @@ async fn export(
             bundle.threshold,
             bundle.withheld_reports,
             exported.bytes,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `export-evidence`: the server writes the file (it holds the store).
+async fn export_evidence(data: &DataArg, seq: u64, out: &Path, json: bool) -> Result<ExitCode> {
+    let out = std::path::absolute(out)?;
+    let request = Request::Evidence { seq, out };
+    let reply = EvidenceReply::try_from(admin(data, request).await?.reply)?;
+    if json {
+        println!("{}", serde_json::to_string(&reply)?);
+    } else {
+        println!(
+            "{}: evidence of bundle {}: {} entries, {} reports listed ({} with an evidence \
+             token), {} bytes",
+            reply.evidence.display(),
+            reply.seq,
+            reply.entries,
+            reply.reports,
+            reply.with_tokens,
+            reply.bytes,
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -141,13 +141,14 @@ pub fn open(
             ),
         },
     };
-    let state = State::open(
+    let mut state = State::open(
         Arc::clone(&store),
         settings,
         FingerprintParams::default(),
         release.sub_sum_reports(),
         epochs,
     )?;
+    state.set_keep_evidence(config.keep_evidence);
     let throttle = stored_throttle(store.as_ref())?;
     let (ingest, writer) = Ingest::start(
         state,

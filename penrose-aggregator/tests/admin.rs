@@ -11,9 +11,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use penrose_aggregator::control::reply::{CloseEpochsReply, ExportReply, StatusReply, TopReply};
+use penrose_aggregator::control::reply::{
+    CloseEpochsReply, EvidenceReply, ExportReply, StatusReply, TopReply,
+};
 use penrose_aggregator::output::VerifyOutput;
+use penrose_core::bundle::BundleHash;
 use penrose_core::counters::CounterId;
+use penrose_core::evidence::EvidenceFileHeader;
 use penrose_core::wire::AckStatus;
 use penrose_transport::{Client, ClientConfig, Trust};
 use serde::de::DeserializeOwned;
@@ -143,6 +147,41 @@ async fn admin_commands_work_serving_and_stopped() {
         &["export", "--out", copy.to_str().unwrap(), "--seq", "2"],
     );
     assert_ne!(code, 0, "bundle 2 was never exported");
+    // Its evidence, for the release auditor, written by the running server: the header names
+    // the bundle; it released no sum, so no entry follows.
+    let evidence = dir.path().join("sums.evidence");
+    let written: EvidenceReply = json(
+        &data,
+        &[
+            "export-evidence",
+            "--seq",
+            "1",
+            "--out",
+            evidence.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!((written.seq, written.entries, written.reports), (1, 0, 0));
+    let file = std::fs::read(&evidence).unwrap();
+    assert_eq!(written.bytes, file.len() as u64);
+    let header = EvidenceFileHeader::decode(file.as_slice().try_into().unwrap()).unwrap();
+    assert_eq!(
+        header.bundle,
+        BundleHash::of(&std::fs::read(&bundle).unwrap())
+    );
+    let missing = dir.path().join("none.evidence");
+    let (code, _) = cli(
+        &data,
+        &[
+            "export-evidence",
+            "--seq",
+            "2",
+            "--out",
+            missing.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(code, 0, "bundle 2 has no evidence");
+    assert!(!missing.exists() && !missing.with_extension("partial").exists());
     let signer = data.join("server.key.pub");
     let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .args(["verify", "--json", "--signer"])

@@ -220,3 +220,41 @@ fn tokens_of_another_issuer_count_nothing_at_the_auditor() {
     assert_eq!((counted.reports, counted.evidenced), (240, 0));
     assert_eq!(counted.contributors, 0);
 }
+
+#[test]
+fn the_evidence_file_names_its_bundle_and_holds_each_entrys_evidence_in_order() {
+    use penrose_core::bundle::BundleHash;
+    use penrose_core::evidence::{EVIDENCE_FILE_HEADER_BYTES, EvidenceFileHeader, entry_len};
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let mut state = state(&store, 100, true);
+    let auditors_ring = token_ring(&[TODAY], &[COUNTER], 99);
+    ingest(&mut state, &frames(&auditors_ring, 20, 3));
+    let (bundle, bytes) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+        .unwrap()
+        .unwrap();
+    let (_, lists) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
+    let mut file = Vec::new();
+    let path = dir.path().join("0001.evidence");
+    let written = export::write_evidence(store.as_ref(), 1, &signing(), &mut file, &path).unwrap();
+    assert_eq!(written.bytes, file.len() as u64);
+    assert_eq!(written.entries, bundle.entries.len() as u64);
+    assert_eq!((written.reports, written.with_tokens), (480, 480));
+    let (head, mut rest) = file.split_at(EVIDENCE_FILE_HEADER_BYTES);
+    let header = EvidenceFileHeader::decode(head.try_into().unwrap()).unwrap();
+    assert_eq!(header.bundle, BundleHash::of(&bytes));
+    assert_eq!(header.entries as usize, bundle.entries.len());
+    for list in &lists {
+        let len = entry_len(rest[..4].try_into().unwrap()).unwrap();
+        assert_eq!(&rest[4..4 + len], list.encode().as_slice());
+        rest = &rest[4 + len..];
+    }
+    assert!(rest.is_empty(), "nothing after the last entry");
+    // A bundle never exported has no evidence, and nothing is written for it.
+    let mut none = Vec::new();
+    assert!(matches!(
+        export::write_evidence(store.as_ref(), 2, &signing(), &mut none, &path),
+        Err(export::ExportError::NoSuchBundle { seq: 2, last: 1 })
+    ));
+    assert!(none.is_empty());
+}

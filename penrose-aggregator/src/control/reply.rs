@@ -209,6 +209,23 @@ pub struct BackupReply {
     pub released_elsewhere: Vec<u32>,
 }
 
+/// `export-evidence`: the evidence file of one bundle, written by the server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvidenceReply {
+    /// Where it was written.
+    pub evidence: PathBuf,
+    /// The bundle it is of.
+    pub seq: u64,
+    /// Its entries (one evidence list each).
+    pub entries: u64,
+    /// Reports listed over all entries.
+    pub reports: u64,
+    /// Of them, reports that carried an evidence token.
+    pub with_tokens: u64,
+    /// The file's length.
+    pub bytes: u64,
+}
+
 /// `reload-keys`: the key ring now in use.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReloadKeysReply {
@@ -343,6 +360,8 @@ pub enum Reply {
     CloseEpochs(CloseEpochsReply),
     /// To [`super::Request::Export`].
     Export(ExportReply),
+    /// To [`super::Request::Evidence`].
+    Evidence(EvidenceReply),
     /// To [`super::Request::ReloadKeys`].
     ReloadKeys(ReloadKeysReply),
 }
@@ -392,6 +411,7 @@ reply_kinds! {
     Backup(BackupReply),
     CloseEpochs(CloseEpochsReply),
     Export(ExportReply),
+    Evidence(EvidenceReply),
     ReloadKeys(ReloadKeysReply),
 }
 
@@ -446,6 +466,7 @@ impl Reply {
             R::Backup { .. } => Reply::Backup(open(line)?),
             R::CloseEpochs => Reply::CloseEpochs(open(line)?),
             R::Export { .. } => Reply::Export(open(line)?),
+            R::Evidence { .. } => Reply::Evidence(open(line)?),
             R::ReloadKeys => Reply::ReloadKeys(open(line)?),
         })
     }
@@ -659,6 +680,22 @@ mod tests {
                     "released_elsewhere":[20000,20001]}"#,
             ),
             (
+                Request::Evidence {
+                    seq: 3,
+                    out: "/srv/0003.evidence".into(),
+                },
+                Reply::Evidence(EvidenceReply {
+                    evidence: "/srv/0003.evidence".into(),
+                    seq: 3,
+                    entries: 2,
+                    reports: 720,
+                    with_tokens: 715,
+                    bytes: 1_028_000,
+                }),
+                r#"{"evidence":"/srv/0003.evidence","seq":3,"entries":2,"reports":720,
+                    "with_tokens":715,"bytes":1028000}"#,
+            ),
+            (
                 Request::CloseEpochs,
                 Reply::CloseEpochs(CloseEpochsReply {
                     closed: vec![EpochReports {
@@ -767,6 +804,7 @@ mod tests {
                     serde_json::from_str::<CloseEpochsReply>(&text).map(Reply::from)
                 }
                 Reply::Export(_) => serde_json::from_str::<ExportReply>(&text).map(Reply::from),
+                Reply::Evidence(_) => serde_json::from_str::<EvidenceReply>(&text).map(Reply::from),
                 Reply::ReloadKeys(_) => {
                     serde_json::from_str::<ReloadKeysReply>(&text).map(Reply::from)
                 }
