@@ -37,7 +37,8 @@ use penrose_core::bundle::{
     Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMap, ClassMerge, Cursor, EpochId,
     EpochKind, EpochSummary, Generation, InstanceId, ReleaseRule,
 };
-use penrose_core::evidence::{EvidenceFileHeader, SumEvidence, entry_prefix};
+use penrose_core::evidence::SumEvidence;
+use penrose_core::evidence_file::{EvidenceFileHeader, entry_prefix};
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PackedCiphertexts, PublicKey};
 use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{Day, PackedBytes, WireError};

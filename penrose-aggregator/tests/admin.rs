@@ -17,7 +17,7 @@ use penrose_aggregator::control::reply::{
 use penrose_aggregator::output::VerifyOutput;
 use penrose_core::bundle::BundleHash;
 use penrose_core::counters::CounterId;
-use penrose_core::evidence::EvidenceFileHeader;
+use penrose_core::evidence_file::EvidenceFileHeader;
 use penrose_core::wire::AckStatus;
 use penrose_transport::{Client, ClientConfig, Trust};
 use serde::de::DeserializeOwned;

@@ -224,7 +224,7 @@ fn tokens_of_another_issuer_count_nothing_at_the_auditor() {
 #[test]
 fn the_evidence_file_names_its_bundle_and_holds_each_entrys_evidence_in_order() {
     use penrose_core::bundle::BundleHash;
-    use penrose_core::evidence::{EVIDENCE_FILE_HEADER_BYTES, EvidenceFileHeader, entry_len};
+    use penrose_core::evidence_file::{EVIDENCE_FILE_HEADER_BYTES, EvidenceFileHeader, entry_len};
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
     let mut state = state(&store, 100, true);

@@ -277,3 +277,125 @@ fn evidence_that_is_not_the_sum_or_none_refuses_the_page_and_changes_nothing() {
         [0]
     );
 }
+
+/// The evidence file as `penrose-aggregator export-evidence` writes it.
+fn evidence_file(bundle: &[u8], lists: &[Vec<u8>]) -> Vec<u8> {
+    use penrose_core::bundle::BundleHash;
+    use penrose_core::evidence_file::{EvidenceFileHeader, entry_prefix};
+    let mut out = EvidenceFileHeader {
+        bundle: BundleHash::of(bundle),
+        entries: lists.len() as u32,
+    }
+    .encode();
+    for list in lists {
+        out.extend_from_slice(&entry_prefix(list));
+        out.extend_from_slice(list);
+    }
+    out
+}
+
+/// The whole way, as the product runs it: the bundle and its evidence file imported into the
+/// design server's archive (`evidence::import`), the auditor serving over QUIC, and
+/// `audit::fetch` forwarding each page's evidence. Only the evidenced sum gets a partial,
+/// and it combines with the design server's to its reports' samples. Evidence of another
+/// bundle, or of another entry count, is refused at import; an auditor that counts evidence
+/// refuses the archive's bundle while no evidence is kept for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_travels_from_the_file_through_the_design_server_to_the_auditor() {
+    use penrose_auditor::service::{self, PROTOCOL, ServeOptions};
+    use penrose_design::archive::Archive;
+    use penrose_design::audit::{self, AuditError, AuditorPartials};
+    use penrose_design::evidence::{self as design_evidence, EvidenceError};
+    use penrose_transport::exchange::ExchangeClient;
+    use penrose_transport::{ClientConfig, Trust};
+
+    let mut w = World::new();
+    let honest = w.honest(10);
+    let padded = w.padded(239);
+    let a = entry(&w.public, &honest, DAY, 1);
+    let b = entry(&w.public, &padded, DAY, 2);
+    let bundle = w.setup.chain(1).next(&[DAY], vec![a.clone(), b]);
+    let dir = w.setup.dir.path().to_path_buf();
+    let archive = Archive::open(&dir.join("archive")).unwrap();
+    let bundle_file = dir.join("1.bundle");
+    std::fs::write(&bundle_file, &bundle).unwrap();
+    archive
+        .import(
+            &bundle_file,
+            Some(&w.setup.aggregator.verifying_key()),
+            false,
+        )
+        .unwrap();
+
+    let running = service::start(ServeOptions::new(
+        w.setup.data.clone(),
+        "127.0.0.1:0".parse().unwrap(),
+    ))
+    .await
+    .unwrap();
+    let trust = Trust::load_pinned(running.certificate()).unwrap();
+    let mut config = ClientConfig::new(running.local_addr(), "localhost", trust);
+    config.ack_timeout = std::time::Duration::from_secs(60);
+    let client = ExchangeClient::new(config, PROTOCOL).unwrap();
+
+    // No evidence kept yet: the auditor counts evidence, so it refuses, and nothing is kept.
+    let refused = audit::fetch(&archive, &client).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            AuditError::Refused {
+                refusal: AuditRefusal::BadEvidence { entry: 0 },
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(AuditorPartials::load(&archive).unwrap().is_empty());
+
+    // Evidence of another bundle, and of the right bundle with an entry missing: refused.
+    let lists = vec![evidence(&honest), evidence(&padded)];
+    let wrong = dir.join("wrong.evidence");
+    std::fs::write(&wrong, evidence_file(b"another bundle", &lists)).unwrap();
+    let e = design_evidence::import(&archive, &wrong).unwrap_err();
+    assert!(
+        matches!(e, EvidenceError::NoSuchBundle { .. }) && e.is_refusal(),
+        "{e}"
+    );
+    std::fs::write(&wrong, evidence_file(&bundle, &lists[..1])).unwrap();
+    let e = design_evidence::import(&archive, &wrong).unwrap_err();
+    assert!(matches!(e, EvidenceError::EntryCount { .. }), "{e}");
+
+    let file = dir.join("1.evidence");
+    std::fs::write(&file, evidence_file(&bundle, &lists)).unwrap();
+    let kept = design_evidence::import(&archive, &file).unwrap();
+    assert_eq!((kept.seq, kept.entries, kept.new), (1, 2, true));
+    assert!(
+        !design_evidence::import(&archive, &file).unwrap().new,
+        "same file again"
+    );
+
+    let summary = audit::fetch(&archive, &client).await.unwrap();
+    assert_eq!(
+        (
+            summary.bundles_with_evidence,
+            summary.partials,
+            summary.withheld
+        ),
+        (1, 1, 1)
+    );
+    let partials = AuditorPartials::load(&archive).unwrap();
+    let merged = archive.merged().unwrap();
+    let released: Vec<_> = merged
+        .origins
+        .iter()
+        .filter_map(|(id, origin)| {
+            let partial = partials.get(origin)?;
+            Some((merged.entries[id].clone(), partial.to_vec()))
+        })
+        .collect();
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].0, a);
+    let bins = w.setup.dealing.combine(&released[0].0, &released[0].1);
+    assert_eq!(bins[0], 2_400);
+    running.shutdown().await;
+}

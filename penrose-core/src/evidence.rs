@@ -45,7 +45,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use thiserror::Error;
 
-use crate::bundle::{BundleEntry, BundleHash};
+use crate::bundle::BundleEntry;
 use crate::paillier::{Accumulator, PaillierError, PublicKey};
 use crate::release::ReportsPerContributor;
 use crate::tokens::{
@@ -56,9 +56,7 @@ use crate::wire::{ADMISSION_TOKEN_BYTES, EvidenceToken, MAX_FRAME_BODY, Report, 
 /// The encoding version this build writes and reads.
 pub const EVIDENCE_VERSION: u8 = 1;
 
-/// The largest encoded evidence of one sum: about 36,000 reports of two 2048-bit ciphertexts.
-/// A sub-sum holds 2 k T = 480 (`ReleaseConfig::sub_sum_reports`), about 0.6 MB.
-pub const MAX_SUM_EVIDENCE_BYTES: usize = 48 << 20;
+pub use crate::evidence_file::MAX_SUM_EVIDENCE_BYTES;
 
 /// How long one evidence token epoch lasts: the auditor's issuer and the auditor agree on it.
 /// A token's epoch must fall within its report's day.
@@ -322,71 +320,6 @@ impl SumEvidence {
         }
         Ok(SumEvidence { reports })
     }
-}
-
-/// What a bundle's evidence file starts with (`penrose-aggregator export-evidence` writes it,
-/// the design server forwards its entries page by page): `magic version:u8 bundle:[32]
-/// entries:u32be`, then per entry of the bundle, in order, `len:u32be` and that entry's
-/// [`SumEvidence::encode`]. Entries are read one at a time, so a file can be far larger than
-/// memory.
-pub const EVIDENCE_FILE_MAGIC: &[u8; 16] = b"penrose-evidence";
-
-/// The evidence file version this build writes and reads.
-pub const EVIDENCE_FILE_VERSION: u8 = 1;
-
-/// The header's length.
-pub const EVIDENCE_FILE_HEADER_BYTES: usize = EVIDENCE_FILE_MAGIC.len() + 1 + 32 + 4;
-
-/// The header of a bundle's evidence file: which bundle (its hash) and how many entries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EvidenceFileHeader {
-    /// The hash of the signed bundle the evidence is of.
-    pub bundle: BundleHash,
-    /// Its entries (one evidence list each).
-    pub entries: u32,
-}
-
-impl EvidenceFileHeader {
-    /// The header bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(EVIDENCE_FILE_HEADER_BYTES);
-        out.extend_from_slice(EVIDENCE_FILE_MAGIC);
-        out.push(EVIDENCE_FILE_VERSION);
-        out.extend_from_slice(&self.bundle.0);
-        out.extend_from_slice(&self.entries.to_be_bytes());
-        out
-    }
-
-    /// Reads a header; refuses another file, another version or a short header.
-    pub fn decode(bytes: &[u8; EVIDENCE_FILE_HEADER_BYTES]) -> Result<Self, EvidenceError> {
-        let mut reader = Reader(bytes);
-        if reader.take(EVIDENCE_FILE_MAGIC.len())? != EVIDENCE_FILE_MAGIC {
-            return Err(EvidenceError::Malformed("not a penrose evidence file"));
-        }
-        if reader.take(1)? != [EVIDENCE_FILE_VERSION] {
-            return Err(EvidenceError::Malformed("unknown evidence file version"));
-        }
-        Ok(EvidenceFileHeader {
-            bundle: BundleHash(reader.array()?),
-            entries: u32::from_be_bytes(reader.array()?),
-        })
-    }
-}
-
-/// The length prefix of one entry of an evidence file.
-pub fn entry_prefix(encoded: &[u8]) -> [u8; 4] {
-    // SumEvidence::decode refuses more than MAX_SUM_EVIDENCE_BYTES, far inside u32.
-    (encoded.len() as u32).to_be_bytes()
-}
-
-/// An entry's length from its prefix, refused over [`MAX_SUM_EVIDENCE_BYTES`] before anything
-/// is allocated for it.
-pub fn entry_len(prefix: [u8; 4]) -> Result<usize, EvidenceError> {
-    let len = u32::from_be_bytes(prefix) as usize;
-    if len > MAX_SUM_EVIDENCE_BYTES {
-        return Err(EvidenceError::Malformed("an entry larger than the limit"));
-    }
-    Ok(len)
 }
 
 struct Reader<'a>(&'a [u8]);

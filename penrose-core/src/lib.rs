@@ -25,6 +25,8 @@
 //! - `evidence` (features `tokens` and `bundle`): contributor evidence, the second token per
 //!   report that only the release auditor verifies, and how it counts a released sum's
 //!   contributors from it, so that the aggregation server cannot make them up.
+//! - `evidence_file` (feature `bundle`): the file a bundle's evidence travels in, framed so
+//!   that the design server forwards it page by page without the token code.
 //! - `key_list` (feature `key-list`): the design server's signed list of which Paillier key
 //!   encrypts which day's reports, so that keys roll over without stopping the fleet.
 //! - `tokens` (feature `tokens`): anonymous admission tokens (RFC 9497 VOPRF, Privacy Pass
@@ -40,6 +42,8 @@ pub mod counters;
 pub mod datagrams;
 #[cfg(all(feature = "tokens", feature = "bundle"))]
 pub mod evidence;
+#[cfg(feature = "bundle")]
+pub mod evidence_file;
 pub mod fingerprint;
 pub mod gpu;
 pub mod hex;

@@ -480,9 +480,9 @@ fn the_encoding_round_trips_and_every_damage_is_refused() {
 #[test]
 fn evidence_file_headers_round_trip_and_other_files_are_refused() {
     use penrose_core::bundle::BundleHash;
-    use penrose_core::evidence::{
-        EVIDENCE_FILE_HEADER_BYTES, EvidenceFileHeader, MAX_SUM_EVIDENCE_BYTES, entry_len,
-        entry_prefix,
+    use penrose_core::evidence_file::{
+        EVIDENCE_FILE_HEADER_BYTES, EvidenceFileError, EvidenceFileHeader, MAX_SUM_EVIDENCE_BYTES,
+        entry_len, entry_prefix,
     };
     let header = EvidenceFileHeader {
         bundle: BundleHash([4; 32]),
@@ -492,10 +492,16 @@ fn evidence_file_headers_round_trip_and_other_files_are_refused() {
     assert_eq!(EvidenceFileHeader::decode(&bytes), Ok(header));
     let mut other = bytes;
     other[0] = b'P';
-    assert!(EvidenceFileHeader::decode(&other).is_err());
+    assert_eq!(
+        EvidenceFileHeader::decode(&other),
+        Err(EvidenceFileError::NotEvidence)
+    );
     let mut newer = bytes;
     newer[16] = 2;
-    assert!(EvidenceFileHeader::decode(&newer).is_err());
+    assert_eq!(
+        EvidenceFileHeader::decode(&newer),
+        Err(EvidenceFileError::Version(2))
+    );
     assert_eq!(entry_len(entry_prefix(&[0; 300])), Ok(300));
     let too_long = u32::try_from(MAX_SUM_EVIDENCE_BYTES + 1)
         .unwrap()

@@ -28,6 +28,8 @@
 //! chains                         the store instances followed, one per line, oldest first;
 //!                                the last is the one imports extend
 //! bundles/INSTANCE/SEQ.bundle    each imported bundle (SEQ: 20 digits)
+//! bundles/INSTANCE/SEQ.evidence  its contributor evidence, when imported
+//!                                (`crate::evidence`), forwarded to the auditor with its pages
 //! audit/INSTANCE/SEQ-FIRST.answer the release auditor's answer for the page of that bundle
 //!                                starting at entry FIRST (`crate::audit`), verbatim
 //! labels                         architects' names for classes (`crate::labels`; mode 0600)
@@ -462,6 +464,11 @@ impl Archive {
 
     fn bundle_path(&self, instance: InstanceId, seq: u64) -> PathBuf {
         self.chain_dir(instance).join(format!("{seq:020}.bundle"))
+    }
+
+    /// Where the contributor evidence of bundle `seq` of `instance` is kept.
+    pub fn evidence_path(&self, instance: InstanceId, seq: u64) -> PathBuf {
+        self.chain_dir(instance).join(format!("{seq:020}.evidence"))
     }
 
     /// The pinned aggregation server key, if any.

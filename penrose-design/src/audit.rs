@@ -22,6 +22,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::archive::{Archive, ArchiveError, ArchivedBundle, SumOrigin, io};
+use crate::evidence::{EvidenceError, EvidenceFile};
 
 /// The auditor's protocol on the exchange transport.
 pub const PROTOCOL: Protocol = Protocol {
@@ -55,6 +56,22 @@ pub enum AuditError {
         /// Why.
         refusal: AuditRefusal,
     },
+    /// A bundle's kept evidence could not be read, or is not of that bundle.
+    #[error(transparent)]
+    Evidence(#[from] EvidenceError),
+    /// One entry's evidence is too large to travel in a request with its bundle.
+    #[error(
+        "the evidence of entry {entry} of bundle {seq} ({bytes} bytes) does not fit in one \
+         request with its bundle (at most {MAX_AUDIT_MESSAGE} bytes)"
+    )]
+    TooLarge {
+        /// The bundle.
+        seq: u64,
+        /// The entry.
+        entry: u32,
+        /// Its evidence's length.
+        bytes: usize,
+    },
     /// The auditor answered for another bundle or page than the one asked.
     #[error("the release auditor answered bundle {seq} of chain {instance} with {why}")]
     Mismatch {
@@ -87,6 +104,8 @@ pub struct AuditSummary {
     pub partials: usize,
     /// Entries the auditor withheld in this run (under its own threshold).
     pub withheld: usize,
+    /// Bundles whose contributor evidence was forwarded with their pages.
+    pub bundles_with_evidence: usize,
 }
 
 /// Asks the auditor for every page of every archived bundle not yet answered, in chain order,
@@ -98,7 +117,8 @@ pub async fn fetch(archive: &Archive, client: &ExchangeClient) -> Result<AuditSu
         ..AuditSummary::default()
     };
     for bundle in &bundles {
-        for (first, count) in pages(bundle) {
+        let evidence = kept_evidence(archive, bundle)?;
+        for (first, count) in pages(bundle, evidence.as_ref())? {
             let path = archive.answer_path(bundle.instance, bundle.seq, first);
             if kept_answer(&path, bundle)?.is_some() {
                 summary.pages_kept += 1;
@@ -108,7 +128,10 @@ pub async fn fetch(archive: &Archive, client: &ExchangeClient) -> Result<AuditSu
                 bundle: bundle.bytes.clone(),
                 first,
                 count,
-                evidence: Vec::new(),
+                evidence: match &evidence {
+                    Some(file) => file.read(first, count)?,
+                    None => Vec::new(),
+                },
             };
             let body = client.exchange(&request.encode()).await?;
             let (partials, withheld) = check_answer(&body, bundle, first, count)?;
@@ -117,22 +140,82 @@ pub async fn fetch(archive: &Archive, client: &ExchangeClient) -> Result<AuditSu
             summary.partials += partials;
             summary.withheld += withheld;
         }
+        summary.bundles_with_evidence += usize::from(evidence.is_some());
     }
     Ok(summary)
 }
 
-/// The pages of a bundle: (first entry, count). A bundle with no entries is one empty page,
-/// so that the auditor still takes it as the next link of its chain.
-fn pages(bundle: &ArchivedBundle) -> Vec<(u32, u32)> {
+/// The evidence kept for `bundle`, checked to be of it; `None` when none was imported.
+fn kept_evidence(
+    archive: &Archive,
+    bundle: &ArchivedBundle,
+) -> Result<Option<EvidenceFile>, AuditError> {
+    let path = archive.evidence_path(bundle.instance, bundle.seq);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let file = EvidenceFile::open(&path)?;
+    let header = file.header();
+    if header.bundle != BundleHash::of(&bundle.bytes)
+        || header.entries as usize != bundle.bundle.entries.len()
+    {
+        return Err(AuditError::Mismatch {
+            instance: bundle.instance,
+            seq: bundle.seq,
+            why: "kept evidence of another bundle",
+        });
+    }
+    Ok(Some(file))
+}
+
+/// The pages of a bundle: (first entry, count), at most [`PAGE`] entries each and, with
+/// evidence, at most what fits in one request beside the bundle. A bundle with no entries is
+/// one empty page, so that the auditor still takes it as the next link of its chain.
+fn pages(
+    bundle: &ArchivedBundle,
+    evidence: Option<&EvidenceFile>,
+) -> Result<Vec<(u32, u32)>, AuditError> {
     // A bundle is read whole into memory: far fewer than 2^32 entries.
     let entries = bundle.bundle.entries.len() as u32;
     if entries == 0 {
-        return vec![(0, 0)];
+        return Ok(vec![(0, 0)]);
     }
-    (0..entries)
-        .step_by(PAGE as usize)
-        .map(|first| (first, PAGE.min(entries - first)))
-        .collect()
+    let Some(evidence) = evidence else {
+        return Ok((0..entries)
+            .step_by(PAGE as usize)
+            .map(|first| (first, PAGE.min(entries - first)))
+            .collect());
+    };
+    // The request's own fields: version, kind, first, count, two lengths and a count.
+    let room = MAX_AUDIT_MESSAGE.saturating_sub(bundle.bytes.len() + 64);
+    let sizes: Vec<usize> = (0..entries)
+        .map(|entry| evidence.len_of(entry).unwrap_or(0) + 4)
+        .collect();
+    split_pages(&sizes, room).map_err(|entry| AuditError::TooLarge {
+        seq: bundle.seq,
+        entry,
+        bytes: sizes[entry as usize],
+    })
+}
+
+/// Pages over entries of `sizes` bytes each (at least one entry): at most [`PAGE`] entries
+/// and `room` bytes a page. `Err(entry)` when that entry alone exceeds `room`.
+fn split_pages(sizes: &[usize], room: usize) -> Result<Vec<(u32, u32)>, u32> {
+    let mut pages = Vec::new();
+    let (mut first, mut count, mut used) = (0u32, 0u32, 0usize);
+    for (entry, &bytes) in (0u32..).zip(sizes) {
+        if bytes > room {
+            return Err(entry);
+        }
+        if count == PAGE || used + bytes > room {
+            pages.push((first, count));
+            (first, count, used) = (entry, 0, 0);
+        }
+        count += 1;
+        used += bytes;
+    }
+    pages.push((first, count));
+    Ok(pages)
 }
 
 /// Checks an answer is the partials of this bundle's page: (partials, withheld).
@@ -219,7 +302,8 @@ impl AuditorPartials {
     pub fn load(archive: &Archive) -> Result<Self, AuditError> {
         let mut out = Self::default();
         for bundle in archive.bundles()? {
-            for (first, _) in pages(&bundle) {
+            let evidence = kept_evidence(archive, &bundle)?;
+            for (first, _) in pages(&bundle, evidence.as_ref())? {
                 let path = archive.answer_path(bundle.instance, bundle.seq, first);
                 let Some(body) = kept_answer(&path, &bundle)? else {
                     continue;
@@ -256,4 +340,23 @@ impl AuditorPartials {
 /// Where answers of the archive at `dir` are kept (for operators and tests).
 pub fn answers_dir(dir: &Path) -> PathBuf {
     dir.join("audit")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_hold_at_most_a_page_of_entries_and_a_requests_room_of_evidence() {
+        assert_eq!(
+            split_pages(&[1; 70], 1000),
+            Ok(vec![(0, 32), (32, 32), (64, 6)])
+        );
+        assert_eq!(
+            split_pages(&[400, 400, 400, 100, 900], 1000),
+            Ok(vec![(0, 2), (2, 2), (4, 1)])
+        );
+        assert_eq!(split_pages(&[1000], 1000), Ok(vec![(0, 1)]));
+        assert_eq!(split_pages(&[10, 1001, 10], 1000), Err(1));
+    }
 }

@@ -91,6 +91,27 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Keep contributor evidence beside the bundles it is of, for the release auditor.
+    ///
+    /// Each file is what `penrose-aggregator export-evidence` wrote for one bundle: per
+    /// released sum, the reports it adds up and the evidence tokens they carried, which only
+    /// the auditor can verify. Its header names the bundle by hash; the bundle must be imported
+    /// first, and the file must hold one entry per released sum. `audit` then forwards each
+    /// page's evidence with the page. The design server checks only the framing; an auditor
+    /// that counts contributors itself refuses pages without evidence. Exit code 3, nothing
+    /// changed, when a file is refused. Example:
+    ///   penrose-design import-evidence --archive /var/lib/penrose-design 0007.evidence
+    ImportEvidence {
+        /// The archive directory.
+        #[arg(long)]
+        archive: PathBuf,
+        /// Evidence files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Ask the release auditor for its partial decryptions of every archived bundle.
     ///
     /// Needed when the key was generated with `keygen --split`. Bundles go to the auditor in

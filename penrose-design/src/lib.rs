@@ -11,6 +11,8 @@
 //!   refused); each released epoch merged once.
 //! - [`audit`]: the release auditor's partial decryptions under a split key, asked for
 //!   bundle by bundle in chain order and kept in the archive.
+//! - [`evidence`]: each bundle's contributor evidence, kept beside it and forwarded to the
+//!   auditor page by page, its framing checked, its contents never read.
 //! - [`labels`]: architects' names for classes, kept in the archive directory.
 //! - [`report`]: decryption above the contributor bound, quarantine of sums that do not
 //!   decrypt to their declared samples; histograms, means and percentiles per (class,
@@ -30,6 +32,7 @@
 pub mod archive;
 pub mod audit;
 pub mod cli;
+pub mod evidence;
 pub mod html;
 pub mod joint;
 pub mod key_list;

@@ -9,7 +9,6 @@ use clap::Parser;
 use penrose_core::paillier::Keypair;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_design::archive::{self, Archive, Imported};
-use penrose_design::audit;
 use penrose_design::cli::{Cli, Command};
 use penrose_design::joint::Splits;
 use penrose_design::key_list;
@@ -19,6 +18,7 @@ use penrose_design::output::{
     BundleImport, ImportSummary, KeyInfo, KeyKind, Keygen, LabelRow, SplitFiles,
 };
 use penrose_design::report;
+use penrose_design::{audit, evidence};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -33,7 +33,9 @@ fn main() -> ExitCode {
                 .downcast_ref::<archive::ArchiveError>()
                 .is_some_and(archive::ArchiveError::is_refusal)
                 || e.downcast_ref::<audit::AuditError>()
-                    .is_some_and(audit::AuditError::is_refusal);
+                    .is_some_and(audit::AuditError::is_refusal)
+                || e.downcast_ref::<evidence::EvidenceError>()
+                    .is_some_and(evidence::EvidenceError::is_refusal);
             ExitCode::from(if refused { 3 } else { 1 })
         }
     }
@@ -102,8 +104,10 @@ fn audit(dir: &Path, auditor: std::net::SocketAddr, cert: &Path, json: bool) -> 
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
-            "{} bundles: {} pages asked ({} partial decryptions, {} withheld by the auditor), {} already kept",
+            "{} bundles ({} with contributor evidence): {} pages asked ({} partial decryptions, \
+             {} withheld by the auditor), {} already kept",
             summary.bundles,
+            summary.bundles_with_evidence,
             summary.pages_asked,
             summary.partials,
             summary.withheld,
@@ -129,6 +133,11 @@ fn run(cli: Cli) -> Result<()> {
             bundles,
             json,
         } => import(&archive, signer.as_deref(), new_chain, &bundles, json)?,
+        Command::ImportEvidence {
+            archive,
+            files,
+            json,
+        } => import_evidence(&archive, &files, json)?,
         Command::Report {
             archive,
             key,
@@ -295,6 +304,30 @@ fn key_info(file: &Path, json: bool) -> Result<()> {
             "{} key, {}-bit modulus, key id {}",
             info.kind, info.modulus_bits, info.key_id
         );
+    }
+    Ok(())
+}
+
+/// `import-evidence`: each file kept beside the archived bundle it names.
+fn import_evidence(dir: &Path, files: &[PathBuf], json: bool) -> Result<()> {
+    let archive = Archive::open(dir)?;
+    let mut imported = Vec::new();
+    for path in files {
+        let done = evidence::import(&archive, path)?;
+        if !json {
+            println!(
+                "{}: evidence of bundle {} of chain {}, {} entries{}",
+                path.display(),
+                done.seq,
+                done.instance,
+                done.entries,
+                if done.new { "" } else { " (kept already)" }
+            );
+        }
+        imported.push(done);
+    }
+    if json {
+        println!("{}", serde_json::to_string(&imported)?);
     }
     Ok(())
 }
