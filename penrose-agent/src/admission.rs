@@ -152,6 +152,34 @@ pub struct Fetched {
     pub none_for_today: bool,
 }
 
+/// Which issuer's tokens: the aggregation server's admission, or the release auditor's
+/// evidence. The same protocol and code; each its own issuer, credential, store and counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenKind {
+    /// `[admission]`: tokens the aggregation server verifies.
+    Admission,
+    /// `[evidence]`: tokens only the release auditor verifies.
+    Evidence,
+}
+
+impl TokenKind {
+    /// Its counts in the status.
+    pub fn counts(self, status: &mut AgentStatus) -> &mut crate::status::TokenStatus {
+        match self {
+            TokenKind::Admission => &mut status.tokens,
+            TokenKind::Evidence => &mut status.evidence,
+        }
+    }
+
+    /// Its name in logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            TokenKind::Admission => "admission",
+            TokenKind::Evidence => "evidence",
+        }
+    }
+}
+
 /// Fetches tokens from the issuer into the store (module docs).
 pub struct Fetcher {
     client: ExchangeClient,
@@ -160,6 +188,7 @@ pub struct Fetcher {
     status: Arc<Mutex<AgentStatus>>,
     clock: DayClock,
     scopes: Vec<TokenScope>,
+    kind: TokenKind,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -187,7 +216,19 @@ impl Fetcher {
             status,
             clock,
             scopes,
+            kind: TokenKind::Admission,
         }
+    }
+
+    /// A fetcher of evidence tokens (`[evidence]`), counted apart in the status.
+    pub fn for_evidence(mut self) -> Self {
+        self.kind = TokenKind::Evidence;
+        self
+    }
+
+    /// Which issuer's tokens it fetches.
+    pub fn kind(&self) -> TokenKind {
+        self.kind
     }
 
     /// Asks for these scopes instead of the catalogue's (tests).
@@ -201,7 +242,7 @@ impl Fetcher {
     pub async fn fetch(&self) -> Result<Fetched, FetchError> {
         let result = self.fetch_inner().await;
         let mut status = lock(&self.status);
-        let t = &mut status.tokens;
+        let t = self.kind.counts(&mut status);
         match &result {
             Ok(fetched) => {
                 t.fetches += 1;
@@ -258,7 +299,8 @@ impl Fetcher {
         }
         fetched.none_for_today = !lock(&self.store).has_unspent_for(TokenEpoch(today.0));
         tracing::info!(
-            "admission tokens: {} received (today and tomorrow, {} counters){}",
+            "{} tokens: {} received (today and tomorrow, {} counters){}",
+            self.kind.label(),
             fetched.issued,
             self.scopes.len(),
             if fetched.none_for_today {
@@ -439,7 +481,7 @@ pub async fn run(
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                tracing::warn!("fetching admission tokens: {e}");
+                tracing::warn!("fetching {} tokens: {e}", fetcher.kind().label());
                 let wait = timing
                     .retry_min
                     .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))

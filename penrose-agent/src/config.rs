@@ -101,6 +101,11 @@ pub struct AgentConfig {
     pub upload: UploadSection,
     /// Anonymous admission tokens (the issuer, this host's credential).
     pub admission: AdmissionSection,
+    /// Contributor evidence tokens: a second token per report, from the release auditor's
+    /// party (its issuer, this host's credential there), which only the auditor verifies.
+    /// Keys not given take `[evidence]`'s own defaults, never `[admission]`'s.
+    #[serde(deserialize_with = "evidence_section")]
+    pub evidence: AdmissionSection,
     /// How reports and token requests reach the servers: direct, or over Tor.
     pub transport: TransportSection,
 }
@@ -149,6 +154,8 @@ pub struct TransportSection {
     pub aggregator_stream: String,
     /// (`tor`, with admission) The issuer's stream port, `host:port`.
     pub issuer_stream: String,
+    /// (`tor`, with evidence) The evidence issuer's stream port, `host:port`.
+    pub evidence_issuer_stream: String,
     /// (`tor`) Longest wait for a Tor stream and the QUIC handshake on it (circuits take
     /// seconds on the public network); replaces `upload.connect_timeout_seconds`.
     pub tor_connect_timeout_seconds: f64,
@@ -161,6 +168,7 @@ impl Default for TransportSection {
             tor_network: String::new(),
             aggregator_stream: String::new(),
             issuer_stream: String::new(),
+            evidence_issuer_stream: String::new(),
             tor_connect_timeout_seconds: 60.0,
         }
     }
@@ -220,6 +228,16 @@ pub struct AdmissionSection {
 }
 
 impl AdmissionSection {
+    /// `[evidence]`'s defaults: not configured, and the auditor party's own file names.
+    pub fn evidence_default() -> Self {
+        Self {
+            server_name: "evidence-issuer.penrose".into(),
+            certificate: PathBuf::from("/etc/penrose/evidence-issuer.pem"),
+            credential: PathBuf::from("/etc/penrose/agent-evidence.credential"),
+            ..Self::default()
+        }
+    }
+
     /// Whether an issuer is configured.
     pub fn is_configured(&self) -> bool {
         !self.address.trim().is_empty()
@@ -448,6 +466,7 @@ impl Default for AgentConfig {
             spool: SpoolSection::default(),
             upload: UploadSection::default(),
             admission: AdmissionSection::default(),
+            evidence: AdmissionSection::evidence_default(),
             transport: TransportSection::default(),
         }
     }
@@ -708,6 +727,19 @@ refresh_max_seconds = 43200.0
 # Shortest wait before fetching again after a failed fetch, or once today's tokens ran out.
 retry_min_seconds = 600.0
 
+[evidence]
+# Contributor evidence tokens, from the release auditor's party (its own issuer, where this host
+# is enrolled with a credential of its own). With an address, the agent spends one on each
+# report besides the admission token; only the auditor can verify it, so it counts a released
+# sum's contributors itself instead of trusting the aggregation server's count. Empty (the
+# default): reports carry none. Same keys and timing as [admission].
+address = ""
+server_name = "evidence-issuer.penrose"
+certificate = "/etc/penrose/evidence-issuer.pem"
+credential = "/etc/penrose/agent-evidence.credential"
+refresh_max_seconds = 43200.0
+retry_min_seconds = 600.0
+
 [transport]
 # How reports and token requests leave this host. "tor" (the default): QUIC over Tor (arti),
 # every connection (each upload attempt, each token fetch) on a Tor circuit of its own, so the
@@ -724,9 +756,109 @@ tor_network = "public"
 aggregator_stream = "aggregator.penrose:9443"
 # (route = "tor", with [admission]) The issuer's stream port, host:port.
 issuer_stream = ""
+# (route = "tor", with [evidence]) The evidence issuer's stream port, host:port.
+evidence_issuer_stream = ""
 # (route = "tor") Longest wait for a Tor stream and the QUIC handshake on it.
 tor_connect_timeout_seconds = 60.0
 "#;
+
+/// `[evidence]` as written: the keys given, each over [`AdmissionSection::evidence_default`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssuerKeysGiven {
+    address: Option<String>,
+    server_name: Option<String>,
+    certificate: Option<PathBuf>,
+    credential: Option<PathBuf>,
+    refresh_max_seconds: Option<f64>,
+    retry_min_seconds: Option<f64>,
+}
+
+fn evidence_section<'de, D: serde::Deserializer<'de>>(d: D) -> Result<AdmissionSection, D::Error> {
+    let given = IssuerKeysGiven::deserialize(d)?;
+    let base = AdmissionSection::evidence_default();
+    Ok(AdmissionSection {
+        address: given.address.unwrap_or(base.address),
+        server_name: given.server_name.unwrap_or(base.server_name),
+        certificate: given.certificate.unwrap_or(base.certificate),
+        credential: given.credential.unwrap_or(base.credential),
+        refresh_max_seconds: given
+            .refresh_max_seconds
+            .unwrap_or(base.refresh_max_seconds),
+        retry_min_seconds: given.retry_min_seconds.unwrap_or(base.retry_min_seconds),
+    })
+}
+
+/// The configuration keys of one issuer section, for its error messages.
+struct IssuerKeys {
+    refresh_max: &'static str,
+    retry_min: &'static str,
+    server_name: &'static str,
+    certificate: &'static str,
+    credential: &'static str,
+}
+
+const ADMISSION_KEYS: IssuerKeys = IssuerKeys {
+    refresh_max: "admission.refresh_max_seconds",
+    retry_min: "admission.retry_min_seconds",
+    server_name: "admission.server_name",
+    certificate: "admission.certificate",
+    credential: "admission.credential",
+};
+
+const EVIDENCE_KEYS: IssuerKeys = IssuerKeys {
+    refresh_max: "evidence.refresh_max_seconds",
+    retry_min: "evidence.retry_min_seconds",
+    server_name: "evidence.server_name",
+    certificate: "evidence.certificate",
+    credential: "evidence.credential",
+};
+
+/// The checks of `[admission]` and `[evidence]`: timings, and, with an address, a server name,
+/// a certificate and a credential.
+fn check_issuer(i: &AdmissionSection, keys: &IssuerKeys) -> Result<(), (&'static str, String)> {
+    secs(keys.refresh_max, i.refresh_max_seconds, false)?;
+    secs(keys.retry_min, i.retry_min_seconds, false)?;
+    if i.retry_min_seconds > i.refresh_max_seconds {
+        return Err((
+            keys.retry_min,
+            format!("must not exceed {}", keys.refresh_max),
+        ));
+    }
+    if !i.is_configured() {
+        return Ok(());
+    }
+    if i.server_name.trim().is_empty() {
+        return Err((
+            keys.server_name,
+            "is empty (the name in the issuer's certificate)".into(),
+        ));
+    }
+    for (key, path) in [
+        (keys.certificate, &i.certificate),
+        (keys.credential, &i.credential),
+    ] {
+        if path.as_os_str().is_empty() {
+            return Err((key, "is empty while its issuer's address is set".into()));
+        }
+    }
+    Ok(())
+}
+
+fn secs(key: &'static str, v: f64, zero_ok: bool) -> Result<(), (&'static str, String)> {
+    let ok = v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) && v < 1e9;
+    if ok {
+        Ok(())
+    } else {
+        Err((
+            key,
+            format!(
+                "{v} is not a duration in seconds (must be {} and finite)",
+                if zero_ok { "at least 0" } else { "above 0" }
+            ),
+        ))
+    }
+}
 
 /// Checks a `host:port` the exit is to connect to, without resolving it.
 fn stream_target(value: &str) -> Result<(), String> {
@@ -784,20 +916,6 @@ impl AgentConfig {
 
     /// Range checks serde cannot express; `Err((key, why))`.
     fn validate(&self) -> Result<(), (&'static str, String)> {
-        fn secs(key: &'static str, v: f64, zero_ok: bool) -> Result<(), (&'static str, String)> {
-            let ok = v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) && v < 1e9;
-            if ok {
-                Ok(())
-            } else {
-                Err((
-                    key,
-                    format!(
-                        "{v} is not a duration in seconds (must be {} and finite)",
-                        if zero_ok { "at least 0" } else { "above 0" }
-                    ),
-                ))
-            }
-        }
         let c = &self.capture;
         if c.window_launches == 0 {
             return Err(("capture.window_launches", "must be at least 1".into()));
@@ -883,31 +1001,21 @@ impl AgentConfig {
             return Err(("aggregator.address", "is empty".into()));
         }
         let a = &self.admission;
-        secs(
-            "admission.refresh_max_seconds",
-            a.refresh_max_seconds,
-            false,
-        )?;
-        secs("admission.retry_min_seconds", a.retry_min_seconds, false)?;
-        if a.retry_min_seconds > a.refresh_max_seconds {
-            return Err((
-                "admission.retry_min_seconds",
-                "must not exceed admission.refresh_max_seconds".into(),
-            ));
-        }
-        if a.is_configured() {
-            if a.server_name.trim().is_empty() {
-                return Err((
-                    "admission.server_name",
-                    "is empty (the name in the issuer's certificate)".into(),
-                ));
-            }
-            for (key, path) in [
-                ("admission.certificate", &a.certificate),
-                ("admission.credential", &a.credential),
+        check_issuer(a, &ADMISSION_KEYS)?;
+        let e = &self.evidence;
+        check_issuer(e, &EVIDENCE_KEYS)?;
+        if e.is_configured() {
+            for (key, mine, theirs) in [
+                ("evidence.credential", &e.credential, &a.credential),
+                ("evidence.certificate", &e.certificate, &a.certificate),
             ] {
-                if path.as_os_str().is_empty() {
-                    return Err((key, "is empty while admission.address is set".into()));
+                if a.is_configured() && mine == theirs {
+                    return Err((
+                        key,
+                        "is the admission issuer's: the evidence issuer is the release auditor's \
+                         party, with its own certificate and its own credential for this host"
+                            .into(),
+                    ));
                 }
             }
         }
@@ -922,6 +1030,12 @@ impl AgentConfig {
             let mut streams = vec![("transport.aggregator_stream", &t.aggregator_stream)];
             if a.is_configured() {
                 streams.push(("transport.issuer_stream", &t.issuer_stream));
+            }
+            if e.is_configured() {
+                streams.push((
+                    "transport.evidence_issuer_stream",
+                    &t.evidence_issuer_stream,
+                ));
             }
             for (key, value) in streams {
                 stream_target(value).map_err(|e| (key, e))?;
@@ -1319,6 +1433,48 @@ mod tests {
         assert!(e.to_string().contains("transport.issuer_stream"), "{e}");
         let e = parse("[transport]\nroute = \"onion\"\n").unwrap_err();
         assert!(e.to_string().contains("transport.route"), "{e}");
+    }
+
+    #[test]
+    fn evidence_is_off_by_default_and_never_shares_the_admission_issuers_files() {
+        let config = AgentConfig::default();
+        assert!(!config.evidence.is_configured());
+        assert_ne!(config.evidence.credential, config.admission.credential);
+        let both =
+            "[admission]\naddress = \"127.0.0.1:4434\"\n[evidence]\naddress = \"127.0.0.1:4435\"\n";
+        let config = parse(both).unwrap();
+        assert_eq!(
+            config.evidence.credential,
+            PathBuf::from("/etc/penrose/agent-evidence.credential")
+        );
+        // The same credential (or certificate) for both issuers is a configuration mistake:
+        // the auditor's party enrols this host with a credential of its own.
+        let e = parse(&format!(
+            "{both}credential = \"/etc/penrose/agent.credential\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("evidence.credential"), "{e}");
+        let e = parse(&format!(
+            "{both}certificate = \"/etc/penrose/issuer.pem\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("evidence.certificate"), "{e}");
+        let e =
+            parse("[evidence]\naddress = \"127.0.0.1:1\"\nretry_min_seconds = 0\n").unwrap_err();
+        assert!(e.to_string().contains("evidence.retry_min_seconds"), "{e}");
+        let e = parse("[evidence]\n\nadress = \"127.0.0.1:4435\"\n").unwrap_err();
+        assert!(e.to_string().contains("agent.toml:3"), "{e}");
+        assert!(e.to_string().contains("adress"), "{e}");
+        // Over Tor, its stream port is needed too.
+        let e = parse(
+            "[transport]\nroute = \"tor\"\ntor_network = \"public\"\naggregator_stream = \"a:1\"\n\
+             [evidence]\naddress = \"127.0.0.1:4435\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("transport.evidence_issuer_stream"),
+            "{e}"
+        );
     }
 
     #[test]

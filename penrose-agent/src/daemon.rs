@@ -27,7 +27,7 @@ use penrose_transport::{ClientConfig, RetryPolicy, Route, Trust};
 use thiserror::Error;
 use tokio::sync::Notify;
 
-use crate::admission::{self, FetchTiming, Fetcher, ISSUER_PROTOCOL};
+use crate::admission::{self, FetchTiming, Fetcher, ISSUER_PROTOCOL, TokenKind};
 use crate::config::{AgentConfig, SourcePlan, seconds};
 use crate::design_keys::DesignKeys;
 use crate::pipeline::{DayClock, Pipeline, PipelineConfig, PipelineError, Sealed, today};
@@ -35,7 +35,7 @@ use crate::record::{RecordBounds, RecordLog, sealed_per_day};
 use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
 use crate::spool::{Spool, SpoolError, create_private_dir};
 use crate::status::AgentStatus;
-use crate::tokens::{TokenStore, TokenStoreError, token_dir};
+use crate::tokens::{TokenStore, TokenStoreError, evidence_token_dir, token_dir};
 use crate::upload::{self, UploadConfig};
 
 /// The spool's folder inside the state directory.
@@ -202,7 +202,20 @@ pub async fn run_with_source(
     };
     let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?
         .with_rejected_bounds(config.spool.rejected_bounds())?;
-    let admission = admission_setup(&config, &state_dir, &spool, tor.as_ref())?;
+    let admission = issuer_setup(
+        &config,
+        TokenKind::Admission,
+        &state_dir,
+        &spool,
+        tor.as_ref(),
+    )?;
+    let evidence = issuer_setup(
+        &config,
+        TokenKind::Evidence,
+        &state_dir,
+        &spool,
+        tor.as_ref(),
+    )?;
     if config.seal.test_record_joint_values {
         crate::config::warn_test_equipment(
             "seal.test_record_joint_values = true",
@@ -284,35 +297,22 @@ pub async fn run_with_source(
         Arc::clone(&wake),
         Arc::clone(&stop),
     );
-    let mut fetcher = None;
+    let mut fetchers = Vec::new();
     match admission {
-        Some(AdmissionSetup {
-            store,
-            client,
-            credential,
-            timing,
-        }) => {
-            let store = Arc::new(Mutex::new(store));
-            lock(&status).tokens.configured = true;
-            shared.tokens = Some(Arc::clone(&store));
-            let fetch = Fetcher::new(
-                client,
-                credential,
-                store,
-                Arc::clone(&status),
-                DayClock::system(),
-            );
-            fetcher = Some(tokio::spawn(admission::run(
-                fetch,
-                timing,
-                Arc::clone(&stop),
-                Arc::clone(&wake),
-            )));
+        Some(setup) => {
+            let (store, task) = start_fetcher(setup, &status, &stop, &wake);
+            shared.tokens = Some(store);
+            fetchers.push(task);
         }
         None => tracing::info!(
             "admission tokens are not configured ([admission] address): reports are sent \
              without tokens"
         ),
+    }
+    if let Some(setup) = evidence {
+        let (store, task) = start_fetcher(setup, &status, &stop, &wake);
+        shared.evidence = Some(store);
+        fetchers.push(task);
     }
     let tokens = shared.tokens.clone();
     lock(&status).route.route = config.transport.route;
@@ -320,11 +320,12 @@ pub async fn run_with_source(
         tracing::warn!("{warning}");
     }
     let status_keys = keys.clone();
+    let evidence = shared.evidence.clone();
     let refresh = |status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, tokens, state_dir: &Path| {
         refresh(
             status,
             spool,
-            tokens,
+            [tokens, evidence.as_deref()],
             tor.as_deref(),
             &status_keys,
             state_dir,
@@ -397,7 +398,7 @@ pub async fn run_with_source(
         key_lists.abort();
         let _ = key_lists.await;
     }
-    if let Some(fetcher) = fetcher {
+    for fetcher in fetchers {
         let _ = fetcher.await;
     }
     lock(&status).running = false;
@@ -409,31 +410,74 @@ pub async fn run_with_source(
     Ok(RunOutcome::Stopped(Box::new(last)))
 }
 
-/// What the daemon needs for admission tokens, checked at start.
-struct AdmissionSetup {
+/// What the daemon needs for one issuer's tokens, checked at start.
+struct IssuerSetup {
+    kind: TokenKind,
     store: TokenStore,
     client: penrose_transport::exchange::ExchangeClient,
     credential: penrose_core::tokens::protocol::Credential,
     timing: FetchTiming,
 }
 
-/// With `[admission]` configured: this host's credential, the issuer's pinned certificate
-/// and address, and the token store (pruned against the spool); `None` without it.
-fn admission_setup(
+/// The token store behind its lock, and the fetcher's task on its schedule.
+fn start_fetcher(
+    setup: IssuerSetup,
+    status: &Arc<Mutex<AgentStatus>>,
+    stop: &Arc<AtomicBool>,
+    wake: &Arc<Notify>,
+) -> (Arc<Mutex<TokenStore>>, tokio::task::JoinHandle<()>) {
+    let store = Arc::new(Mutex::new(setup.store));
+    setup.kind.counts(&mut lock(status)).configured = true;
+    let mut fetch = Fetcher::new(
+        setup.client,
+        setup.credential,
+        Arc::clone(&store),
+        Arc::clone(status),
+        DayClock::system(),
+    );
+    if setup.kind == TokenKind::Evidence {
+        fetch = fetch.for_evidence();
+    }
+    let task = tokio::spawn(admission::run(
+        fetch,
+        setup.timing,
+        Arc::clone(stop),
+        Arc::clone(wake),
+    ));
+    (store, task)
+}
+
+/// With `[admission]` (or `[evidence]`) configured: this host's credential there, the
+/// issuer's pinned certificate and address, and the token store (pruned against the spool);
+/// `None` without it.
+fn issuer_setup(
     config: &AgentConfig,
+    kind: TokenKind,
     state_dir: &Path,
     spool: &Spool,
     tor: Option<&Arc<penrose_tor::Tor>>,
-) -> Result<Option<AdmissionSetup>, DaemonError> {
-    let a = &config.admission;
+) -> Result<Option<IssuerSetup>, DaemonError> {
+    let (a, stream, dir) = match kind {
+        TokenKind::Admission => (
+            &config.admission,
+            &config.transport.issuer_stream,
+            token_dir(state_dir),
+        ),
+        TokenKind::Evidence => (
+            &config.evidence,
+            &config.transport.evidence_issuer_stream,
+            evidence_token_dir(state_dir),
+        ),
+    };
     if !a.is_configured() {
         return Ok(None);
     }
+    let label = kind.label();
     let credential =
         admission::load_credential(&a.credential).map_err(|e| DaemonError::Setup(e.to_string()))?;
     let trust = Trust::load_pinned(&a.certificate).map_err(|e| {
         DaemonError::Setup(format!(
-            "admission.certificate {}: {e}",
+            "{label}.certificate {}: {e}",
             a.certificate.display()
         ))
     })?;
@@ -446,19 +490,20 @@ fn admission_setup(
     client.connect_timeout = seconds(u.connect_timeout_seconds);
     client.ack_timeout = seconds(u.ack_timeout_seconds);
     if let Some(tor) = tor {
-        carry_over_tor(&mut client, tor, &config.transport.issuer_stream, config);
+        carry_over_tor(&mut client, tor, stream, config);
     }
     let client = penrose_transport::exchange::ExchangeClient::new(client, ISSUER_PROTOCOL)
-        .map_err(|e| DaemonError::Setup(format!("admission: the issuer's client: {e}")))?;
-    let mut store = TokenStore::open(&token_dir(state_dir))?;
+        .map_err(|e| DaemonError::Setup(format!("{label}: the issuer's client: {e}")))?;
+    let mut store = TokenStore::open(&dir)?;
     let spooled = spool.entries().iter().map(|e| e.report_id).collect();
     store.prune(today(), &spooled)?;
     let held: u32 = store.counts().iter().map(|c| c.unspent).sum();
     tracing::info!(
-        "admission tokens from {issuer} ({}): {held} held",
+        "{label} tokens from {issuer} ({}): {held} held",
         a.server_name
     );
-    Ok(Some(AdmissionSetup {
+    Ok(Some(IssuerSetup {
+        kind,
         store,
         client,
         credential,
@@ -469,15 +514,16 @@ fn admission_setup(
     }))
 }
 
+/// `stores`: the admission and the evidence token stores, where configured.
 fn refresh(
     status: &Mutex<AgentStatus>,
     spool: &Mutex<Spool>,
-    tokens: Option<&Mutex<TokenStore>>,
+    stores: [Option<&Mutex<TokenStore>>; 2],
     tor: Option<&penrose_tor::Tor>,
     keys: &DesignKeys,
     state_dir: &Path,
 ) {
-    let held = tokens.map(|store| lock(store).counts());
+    let [held, evidence_held] = stores.map(|s| s.map(|store| lock(store).counts()));
     let snapshot = {
         let spool = lock(spool);
         let mut s = lock(status);
@@ -492,6 +538,9 @@ fn refresh(
         s.spool.counts = spool.counts();
         if let Some(held) = held {
             s.tokens.held = held;
+        }
+        if let Some(held) = evidence_held {
+            s.evidence.held = held;
         }
         if let Some(tor) = tor {
             let (opened, failed) = tor.counts();

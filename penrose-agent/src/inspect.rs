@@ -44,6 +44,9 @@ pub struct Inspection {
     pub restamped: BTreeSet<ReportId>,
     /// Whether an issuer is configured (each report then also carries a token).
     pub admission_configured: bool,
+    /// Whether the release auditor's party's issuer is configured (each report then also
+    /// carries an evidence token, when one of its day and counter is held).
+    pub evidence_configured: bool,
     /// Tokens held per (day, counter), counts only; empty when not read.
     pub tokens_held: Vec<TokenCount>,
 }
@@ -53,11 +56,13 @@ impl Inspection {
     /// of the state directory `config` names. The text form shows the counts; the JSON form
     /// (the reports alone) does without, and so does not read the store.
     pub fn read(config: &AgentConfig, with_tokens: bool) -> Result<Self, InspectError> {
-        Self::read_state_dir(
+        let mut inspection = Self::read_state_dir(
             &config.state_dir,
             config.admission.is_configured(),
             with_tokens,
-        )
+        )?;
+        inspection.evidence_configured = config.evidence.is_configured();
+        Ok(inspection)
     }
 
     fn read_state_dir(
@@ -93,6 +98,7 @@ impl Inspection {
             reports,
             restamped,
             admission_configured,
+            evidence_configured: false,
             tokens_held,
         })
     }
@@ -113,11 +119,17 @@ impl fmt::Display for Inspection {
             f,
             "{} reports waiting to be sent; each carries only what is shown here, encrypted \
              (the bins), plus the snippet hash, counter, GPU generation (the compute capability's \
-             major version), sample count and day in clear{}.",
+             major version), sample count and day in clear{}{}.",
             self.reports.len(),
             if self.admission_configured {
                 ", and an anonymous admission token of that day and counter (a key id every agent \
                  shares for them, a random nonce and a tag binding it to the report)"
+            } else {
+                ""
+            },
+            if self.evidence_configured {
+                ", and an evidence token of the same form from the release auditor's party, \
+                 which only the auditor can check"
             } else {
                 ""
             }

@@ -116,6 +116,9 @@ pub struct TokenStatus {
     pub waiting: u64,
     /// Acks TokenRequired (the server requires tokens and the report carried none).
     pub token_required: u64,
+    /// Reports sent without one (evidence only: none was held for their day and counter).
+    #[serde(default)]
+    pub sent_without: u64,
     /// The last fetch's failure.
     pub last_fetch_error: Option<String>,
 }
@@ -176,6 +179,10 @@ pub struct AgentStatus {
     /// Admission tokens.
     #[serde(default)]
     pub tokens: TokenStatus,
+    /// Contributor evidence tokens (the release auditor's party's), counted the same way;
+    /// `restamped`, `waiting` and `token_required` stay 0 (a report never waits for one).
+    #[serde(default)]
+    pub evidence: TokenStatus,
     /// How reports leave the host (direct, or over Tor).
     #[serde(default)]
     pub route: RouteStatus,
@@ -416,6 +423,25 @@ impl fmt::Display for AgentStatus {
                     .map_or(String::new(), |e| format!("; last fetch: {e}"))
             )?;
             write!(f, "{}", HeldTokens(&t.held))?;
+        }
+        let e = &s.evidence;
+        if e.configured {
+            writeln!(
+                f,
+                "evidence tokens (release auditor): {} fetches ({} failed), {} received, {} spent, \
+                 {} discarded, {} reports sent without one, {} partition warnings{}",
+                e.fetches,
+                e.fetch_failures,
+                e.issued,
+                e.spent,
+                e.discarded,
+                e.sent_without,
+                e.partition_warnings,
+                e.last_fetch_error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!("; last fetch: {e}"))
+            )?;
+            write!(f, "{}", HeldTokens(&e.held))?;
         }
         if let Some(e) = &s.last_error {
             writeln!(f, "last error: {e}")?;

@@ -228,6 +228,11 @@ pub fn token_dir(state_dir: &Path) -> PathBuf {
     state_dir.join(TOKEN_DIR)
 }
 
+/// The evidence token store's directory under the agent's state directory.
+pub fn evidence_token_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("evidence-tokens")
+}
+
 impl TokenStore {
     /// Opens (creating, 0700) the store in `dir` and loads it: removes temporary files a crash
     /// left and files that do not parse (warning), and refuses files others could read or

@@ -46,7 +46,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use penrose_core::tokens::{TokenEpoch, TokenScope};
-use penrose_core::wire::{AckStatus, AdmissionToken, Day, Message, RejectReason, Report};
+use penrose_core::wire::{
+    AckStatus, AdmissionToken, Day, EvidenceToken, Message, RejectReason, Report,
+};
 use penrose_transport::{Client, ClientConfig, Reuse};
 use rand::Rng;
 use tokio::sync::Notify;
@@ -82,6 +84,10 @@ pub struct Shared {
     pub stop: Arc<AtomicBool>,
     /// The token store when `[admission]` is configured; `None`: reports go without tokens.
     pub tokens: Option<Arc<Mutex<TokenStore>>>,
+    /// The evidence token store when `[evidence]` is configured; `None`: reports go without
+    /// evidence. A report never waits for one: without one of its day and counter it goes
+    /// without (it then counts at the aggregation server, not at the release auditor).
+    pub evidence: Option<Arc<Mutex<TokenStore>>>,
     /// The day (tokens are per day; tests move it).
     pub clock: DayClock,
 }
@@ -100,6 +106,7 @@ impl Shared {
             wake,
             stop,
             tokens: None,
+            evidence: None,
             clock: DayClock::system(),
         }
     }
@@ -158,6 +165,8 @@ pub async fn run(config: UploadConfig, shared: Shared) {
     let mut told_waiting: std::collections::HashSet<u64> = std::collections::HashSet::new();
     // The (day, store generation) reports waiting for tokens were last looked at under.
     let mut token_view = None;
+    // The day evidence tokens were last pruned on.
+    let mut evidence_day = None;
     while !stop.load(Ordering::Relaxed) {
         let today = shared.clock.today();
         if let Some(store) = &shared.tokens {
@@ -171,6 +180,12 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                 }
                 token_view = Some((today, lock(store).generation()));
             }
+        }
+        if let Some(store) = &shared.evidence
+            && evidence_day != Some(today)
+        {
+            prune_tokens(&shared, store, today);
+            evidence_day = Some(today);
         }
         let next = {
             let spool = lock(&shared.spool);
@@ -259,6 +274,10 @@ pub async fn run(config: UploadConfig, shared: Shared) {
         .and_then(|report| {
             let Some(report) = report else {
                 return Ok(None);
+            };
+            let report = match &shared.evidence {
+                Some(store) => attach_evidence(&shared, store, report)?,
+                None => report,
             };
             let marked = lock(&shared.spool).mark_attempted(&entry)?;
             Ok(Some((report, marked)))
@@ -448,6 +467,36 @@ fn attach_token(
     }))
 }
 
+/// Attaches an evidence token of the report's (final) day and counter, durably: the one it
+/// already carries (a retry), else a new one; none left, the report goes without. Its tag
+/// covers the same bytes as the admission token's ([`Report::token_binding`]), so it is
+/// attached after any re-stamping.
+fn attach_evidence(
+    shared: &Shared,
+    store: &Mutex<TokenStore>,
+    mut report: Report,
+) -> Result<Report, Box<dyn std::error::Error + Send + Sync>> {
+    let mut store = lock(store);
+    let (epoch, scope) = token_key(&report);
+    let token = match store.in_flight_for(&report.report_id) {
+        Some((e, s, token)) if (e, s) == (epoch, scope) => Some(token),
+        other => {
+            if other.is_some() {
+                store.forget_in_flight(&report.report_id)?;
+            }
+            store.reserve(epoch, scope, report.report_id)?
+        }
+    };
+    match token {
+        Some(token) => {
+            let tag = token.redeem(&report.token_binding());
+            report.evidence = Some(EvidenceToken(tag.encode()));
+        }
+        None => lock(&shared.status).evidence.sent_without += 1,
+    }
+    Ok(report)
+}
+
 /// Drops tokens the server can no longer accept and those of reports gone from the spool.
 fn prune_tokens(shared: &Shared, store: &Mutex<TokenStore>, today: Day) {
     let spooled = lock(&shared.spool)
@@ -542,11 +591,24 @@ fn settle(
 ) -> Settled {
     let mut spool = lock(&shared.spool);
     let mut store = shared.tokens.as_deref().map(lock);
+    let mut evidence = shared.evidence.as_deref().map(lock);
     let mut status = lock(&shared.status);
     status.uploads.server_reachable = true;
     status.uploads.throttle_permille = throttle_permille;
     let mut drop_token =
         |status: &mut AgentStatus| forget_token(store.as_deref_mut(), entry, status);
+    // The evidence token goes with its report: spent when the server took it, discarded when
+    // it refused it for good, kept for the retry otherwise (no server can check it).
+    let mut drop_evidence = |status: &mut AgentStatus, spent: bool| {
+        if forget_token(evidence.as_deref_mut(), entry, status) {
+            let counts = &mut status.evidence;
+            if spent {
+                counts.spent += 1;
+            } else {
+                counts.discarded += 1;
+            }
+        }
+    };
     match ack {
         AckStatus::Accepted | AckStatus::Duplicate => {
             if ack == AckStatus::Accepted {
@@ -561,6 +623,7 @@ fn settle(
             if drop_token(&mut status) {
                 status.tokens.spent += 1;
             }
+            drop_evidence(&mut status, true);
             Settled::Done
         }
         AckStatus::Rejected(reason @ (RejectReason::InvalidToken | RejectReason::TokenSpent))
@@ -593,10 +656,11 @@ fn settle(
             Settled::Deferred
         }
         AckStatus::Rejected(reason) => {
-            // Its token, if it was not spent, is never put on another report.
+            // Its tokens, if they were not spent, are never put on another report.
             if drop_token(&mut status) {
                 status.tokens.discarded += 1;
             }
+            drop_evidence(&mut status, false);
             status.uploads.rejected += 1;
             tracing::warn!(
                 "report {} rejected by the server ({reason:?}); moved aside",

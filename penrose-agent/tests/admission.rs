@@ -36,6 +36,8 @@ use tokio::sync::Notify;
 const DAY: u32 = 20_500;
 const LONG: Duration = Duration::from_secs(60);
 const CREDENTIAL: Credential = Credential([0x42; 32]);
+/// This host's credential at the release auditor's party's issuer.
+const EVIDENCE_CREDENTIAL: Credential = Credential([0x43; 32]);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -83,6 +85,8 @@ struct Rig {
     stop: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     scopes: Vec<TokenScope>,
+    /// The evidence token store the uploader spends from, if any.
+    evidence: Option<Arc<Mutex<TokenStore>>>,
 }
 
 impl Rig {
@@ -115,6 +119,7 @@ impl Rig {
             stop: Arc::new(AtomicBool::new(false)),
             tasks: Vec::new(),
             scopes: scopes.iter().map(|&s| TokenScope(s)).collect(),
+            evidence: None,
             dir,
         }
     }
@@ -159,6 +164,7 @@ impl Rig {
             Arc::clone(&self.stop),
         );
         shared.tokens = Some(Arc::clone(&self.store));
+        shared.evidence = self.evidence.clone();
         shared.clock = self.clock();
         let mut client = ClientConfig::new(
             self._aggregator.local_addr(),
@@ -403,6 +409,101 @@ fn a_report_refused_for_its_token_goes_again_once_then_is_set_aside() {
     });
 }
 
+/// With an evidence store, each report goes with an evidence token of its day and counter
+/// besides its admission token, and keeps that same evidence token when it goes again after
+/// its admission token was refused (only the auditor can check it); a report whose counter
+/// has no evidence token goes without one, counted, rather than waiting.
+#[test]
+fn reports_carry_evidence_tokens_kept_across_a_retry_and_go_without_when_none_is_held() {
+    runtime().block_on(async {
+        // One issuer serves both here (the daemon test keeps them apart): a quota of 48 leaves
+        // the admission fetcher its 24 after the evidence fetch took its own.
+        let mut rig = Rig::new(&[DAY, DAY + 1], &[2, 3], 48).await;
+        let evidence = Arc::new(Mutex::new(
+            TokenStore::open(&rig.dir.path().join("evidence-tokens")).unwrap(),
+        ));
+        // Evidence tokens of counter 2 only (the fetcher's own code, counted apart).
+        let fetcher = Fetcher::new(
+            {
+                let issuer = rig.issuer_server.as_ref().unwrap().local_addr();
+                let mut c =
+                    ClientConfig::new(issuer, ISSUER_NAME, Trust::pin(&rig.issuer_identity));
+                c.ack_timeout = Duration::from_secs(5);
+                ExchangeClient::new(c, ISSUER_PROTOCOL).unwrap()
+            },
+            CREDENTIAL,
+            Arc::clone(&evidence),
+            Arc::clone(&rig.status),
+            rig.clock(),
+        )
+        .with_scopes(vec![TokenScope(2)])
+        .for_evidence();
+        assert_eq!(
+            fetcher.kind(),
+            penrose_agent::admission::TokenKind::Evidence
+        );
+        fetcher.fetch().await.unwrap();
+        rig.evidence = Some(Arc::clone(&evidence));
+        rig.server
+            .force
+            .lock()
+            .unwrap()
+            .push_back(RejectReason::InvalidToken);
+        let first = report(DAY, 2);
+        rig.push(&first);
+        rig.start(true);
+        wait_for("the first report accepted", || rig.accepted() == 1).await;
+        let other = report(DAY, 2);
+        let without = report(DAY, 3);
+        rig.push(&other);
+        rig.push(&without);
+        wait_for("all three accepted", || rig.accepted() == 3).await;
+        rig.stop().await;
+        let seen = rig.server.seen.lock().unwrap();
+        let sends = |id: ReportId| -> Vec<Report> {
+            seen.received
+                .iter()
+                .filter(|(r, _, _)| r.report_id == id)
+                .map(|(r, _, _)| r.clone())
+                .collect()
+        };
+        let tries = sends(first.report_id);
+        assert_eq!(
+            tries.len(),
+            2,
+            "refused once for its admission token, then accepted"
+        );
+        assert_ne!(tries[0].token, tries[1].token, "a new admission token");
+        assert!(tries[0].evidence.is_some());
+        assert_eq!(
+            tries[0].evidence, tries[1].evidence,
+            "the same evidence token"
+        );
+        assert!(sends(other.report_id)[0].evidence.is_some());
+        assert_ne!(sends(other.report_id)[0].evidence, tries[0].evidence);
+        assert_eq!(sends(without.report_id)[0].evidence, None);
+        drop(seen);
+        let status = rig.status.lock().unwrap().clone();
+        assert_eq!(
+            (
+                status.evidence.spent,
+                status.evidence.sent_without,
+                status.evidence.discarded
+            ),
+            (2, 1, 0)
+        );
+        assert_eq!(status.evidence.fetches, 1);
+        let left: u32 = evidence
+            .lock()
+            .unwrap()
+            .counts()
+            .iter()
+            .map(|c| c.unspent)
+            .sum();
+        assert_eq!(left, 2 * 24 - 2, "today's and tomorrow's quota, two spent");
+    });
+}
+
 /// Overloaded sets aside only the report it answered: the next report goes at once, and the
 /// refused one goes again later. The server cannot stall a host's spool by refusing its oldest
 /// report.
@@ -600,8 +701,11 @@ fn write_credential(path: &Path) {
     penrose_agent::spool::write_synced(path, CREDENTIAL.to_file("test host").as_bytes()).unwrap();
 }
 
-/// `penrose-agent run` with `[admission]`: it fetches tokens, every report it delivers carries
-/// a verified token, and its status shows token counts per (day, counter), nothing more.
+/// `penrose-agent run` with `[admission]` and `[evidence]`: it fetches tokens from both
+/// issuers (each with its own credential), every report it delivers carries a verified
+/// admission token and an evidence token that verifies under the evidence issuer's keys only
+/// (the release auditor's party), and its status shows token counts per (day, counter),
+/// nothing more.
 #[test]
 fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
     let Some(fixture) = Fixture::new() else {
@@ -615,8 +719,11 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
         .collect();
     let issuer = IssuerState::new(&[today, today + 1], &scopes, 24, CREDENTIAL);
     let issuer_identity = Identity::self_signed(vec![ISSUER_NAME.to_string()]).unwrap();
-    let (issuer_server, aggregator, server) = rt.block_on(async {
+    let auditors = IssuerState::new(&[today, today + 1], &scopes, 24, EVIDENCE_CREDENTIAL);
+    let auditors_identity = Identity::self_signed(vec![ISSUER_NAME.to_string()]).unwrap();
+    let (issuer_server, aggregator, server, auditors_server) = rt.block_on(async {
         let issuer_server = start_issuer(&issuer_identity, Arc::clone(&issuer)).await;
+        let auditors_server = start_issuer(&auditors_identity, Arc::clone(&auditors)).await;
         let server = TokenServer::new(Arc::clone(&issuer));
         let aggregator = start_token_server(
             &fixture.identity,
@@ -624,7 +731,7 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
             Arc::clone(&server),
         )
         .await;
-        (issuer_server, aggregator, server)
+        (issuer_server, aggregator, server, auditors_server)
     });
     let issuer_cert = fixture.dir.path().join("issuer.pem");
     issuer_identity
@@ -636,15 +743,41 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
         .unwrap();
     let credential = fixture.dir.path().join("agent.credential");
     write_credential(&credential);
+    let auditors_cert = fixture.dir.path().join("evidence-issuer.pem");
+    auditors_identity
+        .save(
+            &auditors_cert,
+            &fixture.dir.path().join("evidence-issuer.key"),
+            penrose_transport::Encoding::Pem,
+        )
+        .unwrap();
+    let evidence_credential = fixture.dir.path().join("agent-evidence.credential");
+    penrose_agent::spool::write_synced(
+        &evidence_credential,
+        EVIDENCE_CREDENTIAL.to_file("test host").as_bytes(),
+    )
+    .unwrap();
+    let section = |name: &str, addr: std::net::SocketAddr, cert: &Path, cred: &Path| {
+        format!(
+            "\n[{name}]\naddress = \"{addr}\"\nserver_name = \"{ISSUER_NAME}\"\ncertificate = \"{}\"\ncredential = \"{}\"\nretry_min_seconds = 0.5\n",
+            cert.display(),
+            cred.display()
+        )
+    };
     let config = fixture.config(
         aggregator.local_addr(),
         "",
-        &format!(
-            "\n[admission]\naddress = \"{}\"\nserver_name = \"{ISSUER_NAME}\"\ncertificate = \"{}\"\ncredential = \"{}\"\nretry_min_seconds = 0.5\n",
+        &(section(
+            "admission",
             issuer_server.local_addr(),
-            issuer_cert.display(),
-            credential.display()
-        ),
+            &issuer_cert,
+            &credential,
+        ) + &section(
+            "evidence",
+            auditors_server.local_addr(),
+            &auditors_cert,
+            &evidence_credential,
+        )),
     );
     let log = fixture.dir.path().join("agent.log");
     let mut child = spawn_agent(&config, &log);
@@ -661,15 +794,29 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
             .all(|(r, status, _)| r.token.is_some() && *status == AckStatus::Accepted),
         "every report carried a token the server verified"
     );
-    let nonces: Vec<String> = seen
+    for (report, _, _) in &seen.received {
+        assert!(
+            verifies(&auditors, report) && !verifies(&issuer, report),
+            "every report carried an evidence token of the auditor's party's issuer alone"
+        );
+    }
+    let mut nonces: Vec<String> = seen
         .received
         .iter()
         .map(|(r, _, _)| penrose_core::hex::encode(&r.token.unwrap().0[36..68]))
         .collect();
+    nonces.extend(
+        seen.received
+            .iter()
+            .map(|(r, _, _)| penrose_core::hex::encode(&r.evidence.unwrap().0[36..68])),
+    );
     drop(seen);
     let status = fixture.status().unwrap();
     assert!(status.tokens.configured);
     assert!(status.tokens.spent >= 3, "{:?}", status.tokens);
+    assert!(status.evidence.configured);
+    assert!(status.evidence.spent >= 3, "{:?}", status.evidence);
+    assert_eq!(status.evidence.sent_without, 0);
     let held: u32 = status
         .tokens
         .held
@@ -685,6 +832,10 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
         .unwrap();
     let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
     assert!(shown.contains("admission tokens: configured"), "{shown}");
+    assert!(
+        shown.contains("evidence tokens (release auditor)"),
+        "{shown}"
+    );
     assert!(shown.contains("unspent"), "{shown}");
     let inspected = std::process::Command::new(agent_binary())
         .args(["inspect", "--config"])
@@ -692,9 +843,14 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
         .output()
         .unwrap();
     let inspected = String::from_utf8_lossy(&inspected.stdout).into_owned();
+    assert!(
+        inspected.contains("evidence token of the same form"),
+        "{inspected}"
+    );
     let status_file = std::fs::read_to_string(fixture.state_dir().join("status.json")).unwrap();
     let agent_log = std::fs::read_to_string(&log).unwrap();
     assert!(agent_log.contains("admission tokens from"), "{agent_log}");
+    assert!(agent_log.contains("evidence tokens from"), "{agent_log}");
     assert!(
         agent_log.contains("received (today and tomorrow"),
         "{agent_log}"
@@ -705,9 +861,32 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
             assert!(!text.contains(nonce.as_str()), "a token's nonce is shown");
         }
         assert!(!text.contains(&"42".repeat(16)), "the credential is shown");
+        assert!(
+            !text.contains(&"43".repeat(16)),
+            "the evidence credential is shown"
+        );
     }
+    drop(auditors_server);
     drop(issuer_server);
     drop(aggregator);
+}
+
+/// Whether the report's evidence token verifies under `issuer`'s key of its day and counter.
+fn verifies(issuer: &IssuerState, report: &Report) -> bool {
+    let Some(evidence) = &report.evidence else {
+        return false;
+    };
+    let Ok(redemption) = penrose_core::tokens::Redemption::decode(&evidence.0, &issuer.key_set())
+    else {
+        return false;
+    };
+    issuer
+        .key(redemption.epoch(), redemption.key_id())
+        .filter(|key| {
+            key.epoch() == penrose_core::tokens::TokenEpoch(report.day.0)
+                && key.scope() == TokenScope(report.counter.0)
+        })
+        .is_some_and(|key| key.verify(&redemption, &report.token_binding()).is_ok())
 }
 
 /// `penrose-agent run` without `[admission]` against a server that requires tokens: every

@@ -73,7 +73,7 @@ impl IssuerState {
         self.set.lock().unwrap().clone()
     }
 
-    fn key(
+    pub fn key(
         &self,
         epoch: TokenEpoch,
         key_id: penrose_core::tokens::TokenKeyId,
