@@ -85,8 +85,9 @@ pub struct Shared {
     /// The token store when `[admission]` is configured; `None`: reports go without tokens.
     pub tokens: Option<Arc<Mutex<TokenStore>>>,
     /// The evidence token store when `[evidence]` is configured; `None`: reports go without
-    /// evidence. A report never waits for one: without one of its day and counter it goes
-    /// without (it then counts at the aggregation server, not at the release auditor).
+    /// evidence. A report waits for one only until the first evidence fetch was tried; after
+    /// that, without one of its day and counter it goes without (it then counts at the
+    /// aggregation server, not at the release auditor).
     pub evidence: Option<Arc<Mutex<TokenStore>>>,
     /// The day (tokens are per day; tests move it).
     pub clock: DayClock,
@@ -170,15 +171,16 @@ pub async fn run(config: UploadConfig, shared: Shared) {
     while !stop.load(Ordering::Relaxed) {
         let today = shared.clock.today();
         if let Some(store) = &shared.tokens {
-            let view = (today, lock(store).generation());
+            let evidence = shared.evidence.as_deref().map(|e| lock(e).generation());
+            let view = (today, lock(store).generation(), evidence);
             if token_view != Some(view) {
                 // A new day or new tokens: the reports that waited for one go again, and
                 // tokens of past epochs and of reports gone from the spool are dropped.
                 deferred.retain(|_, d| d.kind != Wait::Token);
-                if token_view.is_none_or(|(day, _)| day != today) {
+                if token_view.is_none_or(|(day, _, _)| day != today) {
                     prune_tokens(&shared, store, today);
                 }
-                token_view = Some((today, lock(store).generation()));
+                token_view = Some((today, lock(store).generation(), evidence));
             }
         }
         if let Some(store) = &shared.evidence
@@ -235,6 +237,24 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                     report.counter.0
                 );
             }
+            let until = tokio::time::Instant::now() + config.backoff_max.max(config.delay_max);
+            deferred.insert(
+                entry.sequence,
+                Deferral {
+                    tries: 0,
+                    until,
+                    kind: Wait::Token,
+                },
+            );
+            continue;
+        }
+        // Until the first evidence fetch has been tried, a report with no evidence token of
+        // its day and counter waits too (at start the two fetches race); after it, never: a
+        // report goes without rather than stall behind an unreachable evidence issuer.
+        if let Some(store) = &shared.evidence
+            && !evidence_fetch_tried(&shared)
+            && !evidence_available(&lock(store), &report)
+        {
             let until = tokio::time::Instant::now() + config.backoff_max.max(config.delay_max);
             deferred.insert(
                 entry.sequence,
@@ -465,6 +485,19 @@ fn attach_token(
         report.token = Some(AdmissionToken(redemption.encode()));
         report
     }))
+}
+
+/// Whether the evidence fetcher has finished a fetch since start (succeeded or not).
+fn evidence_fetch_tried(shared: &Shared) -> bool {
+    let status = lock(&shared.status);
+    status.evidence.fetches + status.evidence.fetch_failures > 0
+}
+
+/// Whether an evidence token for the report is held: the one it carries, or one of its day
+/// and counter.
+fn evidence_available(store: &TokenStore, report: &Report) -> bool {
+    let (epoch, scope) = token_key(report);
+    store.in_flight_for(&report.report_id).is_some() || store.unspent(epoch, scope) > 0
 }
 
 /// Attaches an evidence token of the report's (final) day and counter, durably: the one it

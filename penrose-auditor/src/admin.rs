@@ -268,6 +268,12 @@ pub struct AuditorStatus {
     pub cap: u32,
     /// The pinned aggregation server key (hex).
     pub aggregator: String,
+    /// Whether releases are counted from evidence (`DATA/evidence-keys` is there).
+    #[serde(default)]
+    pub counts_evidence: bool,
+    /// Evidence tokens counted so far (`DATA/spent`), each for one released sum.
+    #[serde(default)]
+    pub tokens_counted: u64,
 }
 
 impl fmt::Display for AuditorStatus {
@@ -305,6 +311,13 @@ impl fmt::Display for AuditorStatus {
             writeln!(f, "key share: {key}")?;
         }
         writeln!(f, "aggregation server key: {}", self.aggregator)?;
+        if self.counts_evidence {
+            writeln!(
+                f,
+                "contributors counted from evidence: {} tokens counted so far",
+                self.tokens_counted
+            )?;
+        }
         write!(
             f,
             "release rule: at least {} contributors, counted at {} reports each per counter and day",
@@ -332,6 +345,8 @@ pub fn status(data: &DataDir) -> Result<AuditorStatus, AuditorError> {
         threshold: policy.threshold().get(),
         cap: policy.cap().get(),
         aggregator: penrose_core::hex::encode(aggregator.as_bytes()),
+        counts_evidence: data.evidence_keys().exists(),
+        tokens_counted: crate::evidence::SpentStore::load(&data.spent())?.len() as u64,
     })
 }
 

@@ -9,13 +9,15 @@
 //! 2. The token issuer is set up in the run's temporary directory (`penrose-issuer init`),
 //!    enrols one credential per host (`enrol --count N --out-dir`), exports the key ring the
 //!    aggregation server verifies tokens with (`export-keys`) and starts on loopback
-//!    (`penrose-issuer serve`).
+//!    (`penrose-issuer serve`). A second issuer, the release auditor's party's, is set up the
+//!    same way with credentials of its own; its key ring goes to the auditor alone.
 //! 3. The aggregation server starts on loopback with its RocksDB under the temporary directory
-//!    (`penrose-aggregator serve --token-keys RING`): it admits only reports that carry an
-//!    admission token of the issuer's, each spent once.
+//!    (`penrose-aggregator serve --token-keys RING --keep-evidence`): it admits only reports
+//!    that carry an admission token of the issuer's, each spent once, and keeps each report's
+//!    evidence token, which it cannot check.
 //! 4. A small fleet of agents starts (`penrose-agent run`, one process, state directory and
-//!    credential file each; each fetches its tokens from the issuer at start and spends one on
-//!    every report). A sum is released only with at least k = 10 contributors behind it,
+//!    credential file at each issuer; each fetches its tokens from both issuers at start and
+//!    spends one of each on every report). A sum is released only with at least k = 10 contributors behind it,
 //!    counted as ceil(reports / 24) since an agent sends at most 24 reports per counter and
 //!    day (and the issuer gives it at most 24 tokens per counter and day); so one agent alone
 //!    can never be decrypted, and the demo runs `--agents` hosts (12) that all run one popular
@@ -32,11 +34,15 @@
 //!    before a failed token fetch is tried again are scaled down and said so on screen) so
 //!    that the run takes about half a minute.
 //! 6. The aggregation server closes the day's epoch (`close-epoch`) and exports the first
-//!    bundle of its chain while it serves; the design server imports it. The release auditor
-//!    is set up with its share (`penrose-auditor init`) and starts on loopback as its own
-//!    process (`penrose-auditor serve`); the design server asks it for its partial
-//!    decryptions (`penrose-design audit`, pinning its certificate) and decrypts every
-//!    released sum with at least k contributors from both partials (`report --split-key`).
+//!    bundle of its chain while it serves, and writes its contributor evidence
+//!    (`export-evidence`); the design server imports both (`import`, `import-evidence`). The
+//!    release auditor is set up with its share (`penrose-auditor init`) and its party's token
+//!    key ring (`DATA/evidence-keys`) and starts on loopback as its own process
+//!    (`penrose-auditor serve`); the design server asks it for its partial decryptions
+//!    (`penrose-design audit`, pinning its certificate, each page with its evidence), and the
+//!    auditor counts each sum's contributors from the evidence tokens itself; the design
+//!    server decrypts every released sum with at least k contributors from both partials
+//!    (`report --split-key`).
 //! 7. The demo checks the result: every decrypted (class, counter) histogram must equal, bin
 //!    for bin, the sum of the histograms the agents sealed (read from their own records) for
 //!    the reports the aggregator counted in that class; nothing under k contributors may be
@@ -44,7 +50,9 @@
 //!    counted was admitted by a token: the bundle's epoch summary counts every one of them as
 //!    admitted with a token, the design server's report says the contributor bound was
 //!    enforced by admission tokens, the aggregator's Spent table holds one row per counted
-//!    report, and no agent saw a partition attempt.
+//!    report, and no agent saw a partition attempt. And the auditor counted every released
+//!    sum from evidence: every report the evidence lists carried an evidence token, the
+//!    auditor counted each once, and it gave a partial for every released sum.
 //!
 //! `run_demo` is also what the end-to-end tests run (see the tests below); they also check
 //! that the issuer's stored bytes and the aggregation server's share no value.
@@ -219,6 +227,9 @@ pub struct Outcome {
     pub exact: bool,
     /// Admission: the issuer, the tokens, and whether every counted report was admitted by one.
     pub admission: Admission,
+    /// Contributor evidence: the auditor's party's tokens, and whether the auditor counted
+    /// every released sum's contributors from them.
+    pub evidence: Evidence,
     /// The decrypted aggregates.
     pub rows: Vec<Row>,
     /// Processes killed with SIGKILL and restarted mid-run.
@@ -333,6 +344,100 @@ pub struct Admission {
     /// was enforced by tokens, the Spent table holds one row per counted report; and no agent
     /// saw a partition attempt.
     pub admitted: bool,
+}
+
+/// What the run's contributor evidence did (docs/crypto.md, "Contributor evidence").
+#[derive(Debug, Serialize)]
+pub struct Evidence {
+    /// The evidence issuer's (the release auditor's party's) QUIC address.
+    pub issuer: String,
+    /// Tokens it issued, per its `status`.
+    pub tokens_issued: u64,
+    /// Sums the bundle released.
+    pub entries: u64,
+    /// Reports the bundle's evidence lists for them, and of those the ones that carried an
+    /// evidence token (`export-evidence --json`).
+    pub reports_listed: u64,
+    /// See `reports_listed`.
+    pub reports_with_tokens: u64,
+    /// Tokens the auditor counted (its `status`).
+    pub tokens_counted: u64,
+    /// Partial decryptions the auditor gave, and sums it withheld.
+    pub partials: u64,
+    /// See `partials`.
+    pub withheld: u64,
+    /// The evidence covers every released sum, every listed report carried an evidence token,
+    /// the auditor counted each of them once and gave a partial for every released sum.
+    pub counted: bool,
+}
+
+impl Evidence {
+    /// The figures of a run: the evidence issuer's status, the bundle's export, its evidence
+    /// file's (`export-evidence --json`) and what the auditor did.
+    fn of(
+        issuer: &str,
+        status: &penrose_issuer::admin::Status,
+        exported: &serde_json::Value,
+        written: &serde_json::Value,
+        audited: &Audited,
+    ) -> Self {
+        let listed = |field: &str| written[field].as_u64().unwrap_or(0);
+        let entries = exported["entries"].as_u64().unwrap_or(0);
+        Evidence {
+            issuer: issuer.to_string(),
+            tokens_issued: status.epochs.iter().map(|e| e.tokens).sum(),
+            entries,
+            reports_listed: listed("reports"),
+            reports_with_tokens: listed("with_tokens"),
+            tokens_counted: audited.tokens_counted,
+            partials: audited.partials,
+            withheld: audited.withheld,
+            counted: entries > 0
+                && listed("entries") == entries
+                && listed("reports") > 0
+                && listed("with_tokens") == listed("reports")
+                && audited.tokens_counted == listed("with_tokens")
+                && audited.partials == entries
+                && audited.withheld == 0,
+        }
+    }
+}
+
+impl Admission {
+    /// The figures of a run: the issuer's status; the agents' (tokens fetched, partition
+    /// warnings); the bundle's export, the aggregation server's status and the design
+    /// server's report (JSON); (reports counted, rows of the Spent table).
+    fn of(
+        issuer: String,
+        status: &penrose_issuer::admin::Status,
+        (tokens_fetched, partition_warnings): (u64, u64),
+        [exported, agg_status, report]: [&serde_json::Value; 3],
+        (counted_reports, spent_rows): (usize, usize),
+    ) -> Self {
+        let epoch_reports = exported["epoch_reports"].as_u64().unwrap_or(0);
+        let reports_with_tokens = exported["reports_with_tokens"].as_u64().unwrap_or(0);
+        let bound_enforced_by_tokens = report["bound_enforced_by_tokens"].as_bool() == Some(true);
+        Admission {
+            issuer,
+            enrolled: status.enrolled,
+            tokens_issued: status.epochs.iter().map(|e| e.tokens).sum(),
+            tokens_fetched,
+            tokens_verified: agg_status["admission"]["tokens_verified"]
+                .as_u64()
+                .unwrap_or(0),
+            epoch_reports,
+            reports_with_tokens,
+            spent_rows,
+            bound_enforced_by_tokens,
+            partition_warnings,
+            admitted: counted_reports > 0
+                && epoch_reports == counted_reports as u64
+                && reports_with_tokens == epoch_reports
+                && spent_rows == counted_reports
+                && bound_enforced_by_tokens
+                && partition_warnings == 0,
+        }
+    }
 }
 
 /// One decrypted joint view, checked against the agents' raw values.
@@ -471,6 +576,13 @@ pub fn run(args: Args) -> Result<()> {
             outcome.admission
         );
     }
+    if !outcome.evidence.counted {
+        bail!(
+            "the release auditor did not count every released sum's contributors from \
+             evidence: {:?}",
+            outcome.evidence
+        );
+    }
     if outcome.decrypted == 0 {
         bail!(
             "no aggregate reached the threshold of {} contributors",
@@ -578,6 +690,10 @@ struct Servers<'a> {
     issuer: &'a str,
     /// Its certificate, pinned.
     issuer_cert: &'a Path,
+    /// The evidence issuer's (the release auditor's party's) QUIC address.
+    evidence: &'a str,
+    /// Its certificate, pinned.
+    evidence_cert: &'a Path,
     /// With `--tor`: the route through the private Tor network.
     tor: Option<TorRoute<'a>>,
 }
@@ -590,17 +706,20 @@ struct TorRoute<'a> {
     aggregator_stream: &'a str,
     /// The token issuer's stream port.
     issuer_stream: &'a str,
+    /// The evidence issuer's stream port.
+    evidence_stream: &'a str,
 }
 
 /// The compressed-time agent configuration: its state directory, its snippet source, the
-/// traces it replays and its own credential file.
+/// traces it replays and its own credential files (the admission issuer's, the evidence
+/// issuer's).
 fn agent_config(
     dir: &Path,
     servers: &Servers<'_>,
     source: &str,
     lib: Option<&Path>,
     traces: &Path,
-    credential: &Path,
+    [credential, evidence_credential]: [&Path; 2],
 ) -> String {
     let libraries = lib.map_or(String::new(), |l| format!("{:?}", l.display().to_string()));
     let direct = "\n[transport]\n# Without --tor: the direct route on loopback, named (the agent's default is \
@@ -616,11 +735,13 @@ route = "tor"
 tor_network = {network:?}
 aggregator_stream = {aggregator:?}
 issuer_stream = {issuer:?}
+evidence_issuer_stream = {evidence:?}
 tor_connect_timeout_seconds = 60.0
 "#,
             network = tor.network.display().to_string(),
             aggregator = tor.aggregator_stream,
             issuer = tor.issuer_stream,
+            evidence = tor.evidence_stream,
         )
     });
     format!(
@@ -680,11 +801,23 @@ credential = {credential:?}
 # a second rather than ten minutes. refresh_max_seconds keeps its default (12 h): the regular
 # refresh does not come up during the run.
 retry_min_seconds = 1.0
+
+[evidence]
+# The release auditor's party's issuer: a second token on each report, which only the
+# auditor can check, to count contributors from.
+address = {evidence:?}
+server_name = "localhost"
+certificate = {evidence_cert:?}
+credential = {evidence_credential:?}
+retry_min_seconds = 1.0
 {transport}"#,
         listen = servers.listen,
         issuer = servers.issuer,
         issuer_cert = servers.issuer_cert.display().to_string(),
         credential = credential.display().to_string(),
+        evidence = servers.evidence,
+        evidence_cert = servers.evidence_cert.display().to_string(),
+        evidence_credential = evidence_credential.display().to_string(),
         state = dir.display().to_string(),
         cert = servers.agg.tls_cert().display().to_string(),
         key = servers.key.display().to_string(),
@@ -825,52 +958,38 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         cmd.arg(command).arg("--state").arg(&issuer_state);
         cmd
     };
-    output(&mut issuer_cmd("init"), "penrose-issuer init")?;
-    let enrolled: Vec<serde_json::Value> = serde_json::from_str(&output(
-        issuer_cmd("enrol")
-            .args(["--count", &host_count.to_string(), "--out-dir"])
-            .arg(dir.join("credentials"))
-            .arg("--json"),
-        "penrose-issuer enrol",
-    )?)?;
-    let credentials: Vec<PathBuf> = enrolled
-        .iter()
-        .map(|e| e["file"].as_str().map(PathBuf::from))
-        .collect::<Option<_>>()
-        .context("a credential file in penrose-issuer enrol's output")?;
-    ensure!(
-        credentials.len() == host_count,
-        "penrose-issuer enrol wrote {} credentials for {host_count} hosts",
-        credentials.len()
-    );
     let ring = dir.join("aggregator-token-keys");
-    let exported: serde_json::Value = serde_json::from_str(&output(
-        issuer_cmd("export-keys")
-            .arg("--out")
-            .arg(&ring)
-            .arg("--json"),
-        "penrose-issuer export-keys",
-    )?)?;
-    let (issuer, issuer_ready) =
-        start_issuer(&bin("penrose-issuer"), &issuer_state, dir, tor.is_some())?;
-    let issuer_index = children.push("penrose-issuer", issuer);
-    let issuer_listen = issuer_ready["listening"]
-        .as_str()
-        .context("the issuer's listening address")?
-        .to_string();
-    let issuer_cert = PathBuf::from(
-        issuer_ready["certificate"]
-            .as_str()
-            .context("the issuer's certificate")?,
-    );
-    let issuer_stream = if tor.is_some() {
-        issuer_ready["stream_listening"]
-            .as_str()
-            .context("the issuer's stream port (--stream-listen)")?
-            .to_string()
-    } else {
-        String::new()
-    };
+    let issuer_run = set_up_issuer(
+        &bin("penrose-issuer"),
+        &IssuerPaths {
+            state: issuer_state.clone(),
+            credentials: dir.join("credentials"),
+            ring: ring.clone(),
+            log: dir.join("issuer.log"),
+        },
+        host_count,
+        tor.is_some(),
+    )?;
+    let issuer_index = children.push("penrose-issuer", issuer_run.child);
+    let (issuer_listen, issuer_cert, issuer_stream) =
+        (issuer_run.listen, issuer_run.cert, issuer_run.stream);
+    let (credentials, exported) = (issuer_run.credentials, issuer_run.exported);
+    // The release auditor's party runs an issuer of its own: its own enrolment (a second
+    // credential per host), its own keys, which only the auditor gets (contributor evidence).
+    let evidence_state = dir.join("evidence-issuer");
+    let evidence_ring = dir.join("auditor-evidence-keys");
+    let evidence_run = set_up_issuer(
+        &bin("penrose-issuer"),
+        &IssuerPaths {
+            state: evidence_state.clone(),
+            credentials: dir.join("evidence-credentials"),
+            ring: evidence_ring.clone(),
+            log: dir.join("evidence-issuer.log"),
+        },
+        host_count,
+        tor.is_some(),
+    )?;
+    let evidence_index = children.push("penrose-issuer (evidence)", evidence_run.child);
     seconds.insert(
         "issuer: init, enrol, export keys, start".to_string(),
         t.elapsed().as_secs_f64(),
@@ -887,10 +1006,21 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         exported["from_date"].as_str().unwrap_or("?"),
         exported["to_date"].as_str().unwrap_or("?"),
     ));
+    say(&format!(
+        "evidence issuer (the release auditor's party): listening on {}, {host_count} hosts \
+         enrolled with credentials of its own (in {}); its key ring goes to the auditor alone",
+        evidence_run.listen,
+        dir.join("evidence-credentials").display(),
+    ));
 
     // 3. The aggregation server, admitting reports by tokens of that ring.
     let agg = DataDir(dir.join("aggregator"));
-    let mut admission = vec![OsString::from("--token-keys"), ring.into_os_string()];
+    let mut admission = vec![
+        OsString::from("--token-keys"),
+        ring.into_os_string(),
+        // Each report's evidence token, for the release auditor to count contributors from.
+        OsString::from("--keep-evidence"),
+    ];
     // With --tor: a stream port, where the exits deliver, and the metrics page (its transport
     // counters say what came on the stream port).
     let tor_flags = |stream: &str, metrics: &str| {
@@ -1011,15 +1141,23 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         list_signer: &list_signer,
         issuer: &issuer_listen,
         issuer_cert: &issuer_cert,
+        evidence: &evidence_run.listen,
+        evidence_cert: &evidence_run.cert,
         tor: tor.as_ref().map(|_| TorRoute {
             network: &arti_file,
             aggregator_stream: &agg_stream,
             issuer_stream: &issuer_stream,
+            evidence_stream: &evidence_run.stream,
         }),
     };
     // No UDP datagram should arrive in the namespace while the agents run over Tor.
     let udp_before = if tor.is_some() { udp_datagrams()? } else { 0 };
-    for ((i, host), credential) in hosts.iter_mut().enumerate().zip(&credentials) {
+    for (((i, host), credential), evidence_credential) in hosts
+        .iter_mut()
+        .enumerate()
+        .zip(&credentials)
+        .zip(&evidence_run.credentials)
+    {
         // Host 0 probes the stand-in with eBPF (as root); the rest replay their trace.
         let (source, lib) = match (&lib, i) {
             (Some(lib), 0) => ("ebpf", Some(lib.as_path())),
@@ -1027,7 +1165,14 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         };
         std::fs::write(
             &host.config,
-            agent_config(&host.state, &servers, source, lib, &host.folder, credential),
+            agent_config(
+                &host.state,
+                &servers,
+                source,
+                lib,
+                &host.folder,
+                [credential, evidence_credential],
+            ),
         )?;
         let agent = start_agent(&bin("penrose-agent"), &host.config, &host.log)?;
         host.child = children.push("penrose-agent", agent);
@@ -1212,6 +1357,15 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         "penrose-issuer status",
     )?)?;
     children.stop(issuer_index, Duration::from_secs(30))?;
+    let evidence_status: penrose_issuer::admin::Status = serde_json::from_str(&output(
+        Command::new(bin("penrose-issuer"))
+            .arg("status")
+            .arg("--state")
+            .arg(&evidence_state)
+            .arg("--json"),
+        "penrose-issuer status (evidence)",
+    )?)?;
+    children.stop(evidence_index, Duration::from_secs(30))?;
     seconds.insert(
         "agents: capture and upload".to_string(),
         t.elapsed().as_secs_f64(),
@@ -1221,24 +1375,12 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     // 6. Close the epoch and export while serving, import, decrypt.
     let t = Instant::now();
     let release = ["--threshold".to_string(), options.threshold.to_string()];
-    output(
-        Command::new(bin("penrose-aggregator"))
-            .arg("close-epoch")
-            .arg("-d")
-            .arg(&agg.0),
-        "penrose-aggregator close-epoch",
-    )?;
-    let bundle = dir.join("0001.bundle");
-    let exported: serde_json::Value = serde_json::from_str(&output(
-        Command::new(bin("penrose-aggregator"))
-            .arg("export")
-            .arg("-d")
-            .arg(&agg.0)
-            .arg("--out")
-            .arg(&bundle)
-            .arg("--json"),
-        "penrose-aggregator export",
-    )?)?;
+    let Exported {
+        bundle,
+        json: exported,
+        evidence: evidence_file,
+        evidence_json: evidence_written,
+    } = close_and_export(&bin("penrose-aggregator"), &agg, dir)?;
     let agg_status: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-aggregator"))
             .arg("status")
@@ -1302,18 +1444,21 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     );
     let t = Instant::now();
     let archive = dir.join("design");
-    output(
-        Command::new(bin("penrose-design"))
-            .arg("import")
-            .arg("--archive")
-            .arg(&archive)
-            .arg("--signer")
-            .arg(agg.signing_key().with_extension("key.pub"))
-            .arg(&bundle),
-        "penrose-design import",
+    import_into_design(
+        &bin("penrose-design"),
+        &archive,
+        &agg,
+        &bundle,
+        &evidence_file,
     )?;
-    let audited = release_auditor(options, dir, &keys, &agg, &archive, &mut children)?;
-    say(&audited);
+    let auditor = AuditorParts {
+        keys: &keys,
+        agg: &agg,
+        archive: &archive,
+        evidence_ring: &evidence_ring,
+    };
+    let audited = release_auditor(options, dir, &auditor, &mut children)?;
+    say(&audited.said);
     let report: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-design"))
             .arg("report")
@@ -1482,29 +1627,20 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         spent_rows += 1;
         Ok(())
     })?;
-    let epoch_reports = exported["epoch_reports"].as_u64().unwrap_or(0);
-    let reports_with_tokens = exported["reports_with_tokens"].as_u64().unwrap_or(0);
-    let bound_enforced_by_tokens = report["bound_enforced_by_tokens"].as_bool() == Some(true);
-    let admission = Admission {
-        issuer: issuer_listen,
-        enrolled: issuer_status.enrolled,
-        tokens_issued: issuer_status.epochs.iter().map(|e| e.tokens).sum(),
-        tokens_fetched,
-        tokens_verified: agg_status["admission"]["tokens_verified"]
-            .as_u64()
-            .unwrap_or(0),
-        epoch_reports,
-        reports_with_tokens,
-        spent_rows,
-        bound_enforced_by_tokens,
-        partition_warnings,
-        admitted: counted_reports > 0
-            && epoch_reports == counted_reports as u64
-            && reports_with_tokens == epoch_reports
-            && spent_rows == counted_reports
-            && bound_enforced_by_tokens
-            && partition_warnings == 0,
-    };
+    let admission = Admission::of(
+        issuer_listen,
+        &issuer_status,
+        (tokens_fetched, partition_warnings),
+        [&exported, &agg_status, &report],
+        (counted_reports, spent_rows),
+    );
+    let evidence = Evidence::of(
+        &evidence_run.listen,
+        &evidence_status,
+        &exported,
+        &evidence_written,
+        &audited,
+    );
     Ok(Outcome {
         html,
         source: source.to_string(),
@@ -1527,6 +1663,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         alone_decrypted,
         exact,
         admission,
+        evidence,
         rows,
         killed,
         seconds,
@@ -1742,27 +1879,116 @@ pub fn issuer_state(dir: &Path) -> PathBuf {
     dir.join("issuer")
 }
 
+/// What a run's export wrote: the bundle and its evidence file, with what each command said.
+struct Exported {
+    bundle: PathBuf,
+    json: serde_json::Value,
+    evidence: PathBuf,
+    evidence_json: serde_json::Value,
+}
+
+/// Closes the open epoch, exports bundle 1 while serving and writes its contributor evidence
+/// (`export-evidence`, written by the server), in `dir`.
+fn close_and_export(bin: &Path, agg: &DataDir, dir: &Path) -> Result<Exported> {
+    let admin = |command: &str| {
+        let mut cmd = Command::new(bin);
+        cmd.arg(command).arg("-d").arg(&agg.0);
+        cmd
+    };
+    output(&mut admin("close-epoch"), "penrose-aggregator close-epoch")?;
+    let bundle = dir.join("0001.bundle");
+    let json = serde_json::from_str(&output(
+        admin("export").arg("--out").arg(&bundle).arg("--json"),
+        "penrose-aggregator export",
+    )?)?;
+    let evidence = dir.join("0001.evidence");
+    let evidence_json = serde_json::from_str(&output(
+        admin("export-evidence")
+            .args(["--seq", "1", "--out"])
+            .arg(&evidence)
+            .arg("--json"),
+        "penrose-aggregator export-evidence",
+    )?)?;
+    Ok(Exported {
+        bundle,
+        json,
+        evidence,
+        evidence_json,
+    })
+}
+
+/// The design server imports the bundle (pinning the aggregation server's key) and keeps its
+/// evidence beside it.
+fn import_into_design(
+    bin: &Path,
+    archive: &Path,
+    agg: &DataDir,
+    bundle: &Path,
+    evidence: &Path,
+) -> Result<()> {
+    output(
+        Command::new(bin)
+            .arg("import")
+            .arg("--archive")
+            .arg(archive)
+            .arg("--signer")
+            .arg(agg.signing_key().with_extension("key.pub"))
+            .arg(bundle),
+        "penrose-design import",
+    )?;
+    output(
+        Command::new(bin)
+            .arg("import-evidence")
+            .arg("--archive")
+            .arg(archive)
+            .arg(evidence),
+        "penrose-design import-evidence",
+    )?;
+    Ok(())
+}
+
+/// What the release auditor's part of a run works with: the dealer's key folder, the
+/// aggregation server's data directory (its signing key), the design server's archive and the
+/// evidence issuer's key ring.
+struct AuditorParts<'a> {
+    keys: &'a Path,
+    agg: &'a DataDir,
+    archive: &'a Path,
+    evidence_ring: &'a Path,
+}
+
+/// What the release auditor did.
+struct Audited {
+    /// As said on screen.
+    said: String,
+    /// Partial decryptions it gave, and sums it withheld, per `penrose-design audit`.
+    partials: u64,
+    /// See `partials`.
+    withheld: u64,
+    /// Evidence tokens it counted (its `status`).
+    tokens_counted: u64,
+}
+
 /// The release auditor's part of a run: set up and started as its own process
-/// ([`start_auditor`]), asked by the design server for its partial decryptions of the archive
-/// (`penrose-design audit`, pinning its certificate), stopped. Returns what it did, as said
-/// on screen.
+/// ([`start_auditor`]) with the evidence issuer's key ring, so that it counts contributors
+/// itself, asked by the design server for its partial decryptions of the archive
+/// (`penrose-design audit`, pinning its certificate, forwarding each page's evidence),
+/// stopped.
 fn release_auditor(
     options: &Options,
     dir: &Path,
-    keys: &Path,
-    agg: &DataDir,
-    archive: &Path,
+    parts: &AuditorParts<'_>,
     children: &mut Children,
-) -> Result<String> {
+) -> Result<Audited> {
     let bin = |name: &str| options.bins.join(name);
     let (child, address, certificate) =
-        start_auditor(&bin("penrose-auditor"), dir, keys, agg, options.threshold)?;
+        start_auditor(&bin("penrose-auditor"), dir, parts, options.threshold)?;
     let index = children.push("penrose-auditor", child);
     let audited: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-design"))
             .arg("audit")
             .arg("--archive")
-            .arg(archive)
+            .arg(parts.archive)
             .args(["--auditor", &address])
             .arg("--auditor-cert")
             .arg(&certificate)
@@ -1770,11 +1996,29 @@ fn release_auditor(
         "penrose-design audit",
     )?)?;
     children.stop(index, Duration::from_secs(10))?;
-    Ok(format!(
-        "release auditor: on {address} as its own process; {} partial decryptions given, {} \
-         sums withheld under its own k = {}",
-        audited["partials"], audited["withheld"], options.threshold
-    ))
+    let status: penrose_auditor::AuditorStatus = serde_json::from_str(&output(
+        Command::new(bin("penrose-auditor"))
+            .arg("status")
+            .arg("--data")
+            .arg(dir.join("auditor"))
+            .arg("--json"),
+        "penrose-auditor status",
+    )?)?;
+    let (partials, withheld) = (
+        audited["partials"].as_u64().unwrap_or(0),
+        audited["withheld"].as_u64().unwrap_or(0),
+    );
+    Ok(Audited {
+        said: format!(
+            "release auditor: on {address} as its own process, counting contributors from \
+             evidence ({} tokens counted); {partials} partial decryptions given, {withheld} sums \
+             withheld under its own k = {}",
+            status.tokens_counted, options.threshold
+        ),
+        partials,
+        withheld,
+        tokens_counted: status.tokens_counted,
+    })
 }
 
 /// Sets up the release auditor (`penrose-auditor init` with the auditor's share, the
@@ -1784,10 +2028,10 @@ fn release_auditor(
 fn start_auditor(
     bin: &Path,
     dir: &Path,
-    keys: &Path,
-    agg: &DataDir,
+    parts: &AuditorParts<'_>,
     threshold: u64,
 ) -> Result<(Child, String, PathBuf)> {
+    let (keys, agg) = (parts.keys, parts.agg);
     let data = dir.join("auditor");
     output(
         Command::new(bin)
@@ -1807,6 +2051,13 @@ fn start_auditor(
     )?;
     // The dealer's copy goes once the auditor holds it.
     std::fs::remove_file(keys.join("auditor.share"))?;
+    // Its party's token key ring: with it, the auditor counts every sum's contributors from
+    // the evidence tokens the agents spent (0600, as the issuer exported it).
+    std::fs::copy(parts.evidence_ring, data.join("evidence-keys"))?;
+    std::fs::set_permissions(
+        data.join("evidence-keys"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
     let log = std::fs::File::create(dir.join("auditor.log"))?;
     let mut child = Command::new(bin)
         .arg("serve")
@@ -1834,16 +2085,95 @@ fn start_auditor(
     Ok((child, listening.to_string(), PathBuf::from(certificate)))
 }
 
+/// Where one issuer of a run keeps its state, writes its hosts' credentials, exports its
+/// key ring and logs.
+struct IssuerPaths {
+    state: PathBuf,
+    credentials: PathBuf,
+    ring: PathBuf,
+    log: PathBuf,
+}
+
+/// One issuer, set up and serving.
+struct IssuerRun {
+    child: Child,
+    /// Its QUIC address.
+    listen: String,
+    /// Its certificate.
+    cert: PathBuf,
+    /// Its stream port (for Tor), or empty.
+    stream: String,
+    /// One credential file per host.
+    credentials: Vec<PathBuf>,
+    /// What `export-keys --json` said.
+    exported: serde_json::Value,
+}
+
+/// `penrose-issuer init`, `enrol` (one credential per host), `export-keys` and `serve`.
+fn set_up_issuer(
+    bin: &Path,
+    paths: &IssuerPaths,
+    host_count: usize,
+    tor: bool,
+) -> Result<IssuerRun> {
+    let cmd = |command: &str| {
+        let mut cmd = Command::new(bin);
+        cmd.arg(command).arg("--state").arg(&paths.state);
+        cmd
+    };
+    output(&mut cmd("init"), "penrose-issuer init")?;
+    let enrolled: Vec<serde_json::Value> = serde_json::from_str(&output(
+        cmd("enrol")
+            .args(["--count", &host_count.to_string(), "--out-dir"])
+            .arg(&paths.credentials)
+            .arg("--json"),
+        "penrose-issuer enrol",
+    )?)?;
+    let credentials: Vec<PathBuf> = enrolled
+        .iter()
+        .map(|e| e["file"].as_str().map(PathBuf::from))
+        .collect::<Option<_>>()
+        .context("a credential file in penrose-issuer enrol's output")?;
+    ensure!(
+        credentials.len() == host_count,
+        "penrose-issuer enrol wrote {} credentials for {host_count} hosts",
+        credentials.len()
+    );
+    let exported: serde_json::Value = serde_json::from_str(&output(
+        cmd("export-keys")
+            .arg("--out")
+            .arg(&paths.ring)
+            .arg("--json"),
+        "penrose-issuer export-keys",
+    )?)?;
+    let (child, ready) = start_issuer(bin, &paths.state, &paths.log, tor)?;
+    let field = |name: &str| ready[name].as_str().map(str::to_string);
+    let listen = field("listening").context("the issuer's listening address")?;
+    let cert = PathBuf::from(field("certificate").context("the issuer's certificate")?);
+    let stream = match tor {
+        true => field("stream_listening").context("the issuer's stream port (--stream-listen)")?,
+        false => String::new(),
+    };
+    Ok(IssuerRun {
+        child,
+        listen,
+        cert,
+        stream,
+        credentials,
+        exported,
+    })
+}
+
 /// Starts `penrose-issuer serve` on a free loopback port (and a stream port, for Tor, with
-/// `stream`), its log in `dir/issuer.log`, and returns it with the JSON line it printed
-/// (`listening`, `stream_listening`, `certificate`, ...).
+/// `stream`), its log in `log`, and returns it with the JSON line it printed (`listening`,
+/// `stream_listening`, `certificate`, ...).
 fn start_issuer(
     bin: &Path,
     state: &Path,
-    dir: &Path,
+    log_path: &Path,
     stream: bool,
 ) -> Result<(Child, serde_json::Value)> {
-    let log = std::fs::File::create(dir.join("issuer.log"))?;
+    let log = std::fs::File::create(log_path)?;
     let mut cmd = Command::new(bin);
     cmd.arg("serve")
         .arg("--state")
@@ -1867,7 +2197,7 @@ fn start_issuer(
             Err(e).with_context(|| {
                 format!(
                     "the issuer's first line: {line:?}; see {}",
-                    dir.join("issuer.log").display()
+                    log_path.display()
                 )
             })
         }
@@ -2133,6 +2463,25 @@ fn print_outcome(o: &Outcome, threshold: u64) {
             "NO"
         },
         a.partition_warnings,
+    );
+    let e = &o.evidence;
+    println!(
+        "contributor evidence: the release auditor's party's issuer on {} issued {} tokens; the \
+         bundle's {} released sums list {} reports, {} with an evidence token; the auditor \
+         counted {} tokens and gave {} partials ({} withheld): {}.",
+        e.issuer,
+        e.tokens_issued,
+        e.entries,
+        e.reports_listed,
+        e.reports_with_tokens,
+        e.tokens_counted,
+        e.partials,
+        e.withheld,
+        if e.counted {
+            "every released sum counted from evidence"
+        } else {
+            "NOT every sum counted from evidence"
+        },
     );
     println!(
         "design key list: {} of {} agents fetched the design server's signed list from the \
@@ -2429,6 +2778,13 @@ mod tests {
         assert_eq!(a.enrolled, outcome.agents as u64, "{outcome:?}");
         assert!(a.tokens_issued >= outcome.counted as u64, "{outcome:?}");
         assert_eq!(a.partition_warnings, 0, "{outcome:?}");
+        // The auditor counted every released sum's contributors from the evidence tokens of
+        // its own party's issuer, every counted report's among them.
+        let e = &outcome.evidence;
+        assert!(e.counted, "{e:?}");
+        assert!(e.entries > 0 && e.partials == e.entries, "{e:?}");
+        assert_eq!(e.tokens_counted, e.reports_listed, "{e:?}");
+        assert!(e.tokens_issued >= e.tokens_counted, "{e:?}");
         the_issuers_and_the_aggregators_stored_bytes_share_no_value(dir.path(), &outcome);
     }
 
