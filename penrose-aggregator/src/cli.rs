@@ -347,6 +347,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Delete the contributor evidence of bundles the release auditor has answered.
+    ///
+    /// Every evidence row of the epochs released in bundles 1 to --through (withheld sums'
+    /// included: a closed epoch is never released again), about 1.4 KB a report. Run it once
+    /// the auditor has answered bundle --through (`penrose-design audit` got its partials);
+    /// `export-evidence` of those bundles then lists no reports. Example:
+    ///   penrose-aggregator forget-evidence -d /var/lib/penrose --through 7
+    ForgetEvidence {
+        /// The data directory and configuration file.
+        #[command(flatten)]
+        data: DataArg,
+        /// The last bundle the auditor answered.
+        #[arg(long)]
+        through: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check a bundle's signature and structure, and summarise it.
     Verify {
         /// The bundle file.

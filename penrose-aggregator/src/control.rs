@@ -1,5 +1,6 @@
 //! The admin channel: requests from the CLI (`status`, `top`, `throttle`, `compact`,
-//! `backup`, `export`, `export-evidence`, `reload-keys`) executed against a running server
+//! `backup`, `export`, `export-evidence`, `forget-evidence`, `reload-keys`) executed against a
+//! running server
 //! over a Unix socket in its data directory, or, when no server runs, against the data
 //! directory opened directly (`reload-keys` needs a running server).
 //!
@@ -31,8 +32,9 @@ pub mod reply;
 
 use reply::{
     AdmissionStatus, BackupReply, CloseEpochsReply, CompactReply, DesignKeysStatus, EpochReports,
-    EvidenceReply, ExportReply, ExportedBundle, NewClasses, ReleaseRule, ReloadKeysReply, Reply,
-    ScheduledKeyStatus, SinceStart, StatusReply, StoreTable, ThrottleReply, TopClass, TopReply,
+    EvidenceReply, ExportReply, ExportedBundle, ForgetEvidenceReply, NewClasses, ReleaseRule,
+    ReloadKeysReply, Reply, ScheduledKeyStatus, SinceStart, StatusReply, StoreTable, ThrottleReply,
+    TopClass, TopReply,
 };
 
 /// One admin request.
@@ -74,6 +76,12 @@ pub enum Request {
         seq: u64,
         /// The file (an absolute path: the server's working directory is not the CLI's).
         out: PathBuf,
+    },
+    /// Deletes the evidence of the epochs released in bundles 1 to `through`: the auditor has
+    /// answered them.
+    ForgetEvidence {
+        /// The last bundle the auditor answered.
+        through: u64,
     },
     /// Reads the admission key ring file again (a running server admitting by tokens).
     ReloadKeys,
@@ -184,6 +192,16 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
             })
         }
         Request::Evidence { seq, out } => Response::of(write_evidence_file(admin, *seq, out)?),
+        Request::ForgetEvidence { through } => {
+            let store = admin.store.as_ref();
+            let epochs = export::epochs_exported_through(store, *through).map_err(|e| fail(&e))?;
+            let rows = crate::evidence::forget(store, &epochs).map_err(|e| fail(&e))?;
+            Response::of(ForgetEvidenceReply {
+                through: *through,
+                epochs: epochs.iter().map(|e| e.0).collect(),
+                rows,
+            })
+        }
         Request::ReloadKeys => {
             if !admin.serving {
                 return Err(ControlError::Failed(

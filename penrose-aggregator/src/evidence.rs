@@ -11,15 +11,19 @@
 //! one key range; [`sum_evidence`] reads the generations a released sum was made of.
 //!
 //! Keeping is off unless the server is told to (`State::set_keep_evidence`): about 1.4 KB a
-//! report, against about 60 bytes of Seen rows. Rows are not deleted yet; they go when the
-//! auditor's answer for their sum is in, which is not wired (docs/crypto.md).
+//! report, against about 60 bytes of Seen rows. Rows go when the operator says the auditor has
+//! answered a bundle ([`forget`], `penrose-aggregator forget-evidence --through SEQ`): every
+//! row of the epochs released in it and before, withheld sums' included (a closed epoch is
+//! never released again).
 
-use penrose_core::bundle::Generation;
+use std::collections::{BTreeSet, HashSet};
+
+use penrose_core::bundle::{EpochId, Generation};
 use penrose_core::evidence::{EvidenceError, EvidencedReport, SumEvidence};
 use penrose_core::wire::{Report, ReportId};
 
 use crate::aggregate::{ASH_KEY_BYTES, AshRecord, SumKey};
-use crate::store::{Store, StoreError, Table};
+use crate::store::{Store, StoreError, Table, WriteSet};
 
 /// Bytes of an Evidence row key: the ASH key and the report id.
 pub const EVIDENCE_KEY_BYTES: usize = ASH_KEY_BYTES + 16;
@@ -70,4 +74,36 @@ pub fn sum_evidence(
         Some(e) => Err(e.into()),
         None => Ok(evidence),
     }
+}
+
+/// The epoch of an Evidence row key (bytes 10..14 of its ASH key).
+fn row_epoch(key: &[u8]) -> Option<EpochId> {
+    let bytes: [u8; 4] = key.get(10..14)?.try_into().ok()?;
+    Some(EpochId(u32::from_be_bytes(bytes)))
+}
+
+/// Deletes every Evidence row of `epochs`, one key range per generation, in one synced write;
+/// the rows deleted.
+pub fn forget(store: &dyn Store, epochs: &BTreeSet<EpochId>) -> Result<u64, StoreError> {
+    let mut rows = 0u64;
+    let mut generations: HashSet<Vec<u8>> = HashSet::new();
+    store.scan(&[Table::Evidence], &mut |_, key, _| {
+        if row_epoch(key).is_some_and(|e| epochs.contains(&e)) {
+            rows += 1;
+            generations.insert(key[..ASH_KEY_BYTES].to_vec());
+        }
+        Ok(())
+    })?;
+    if generations.is_empty() {
+        return Ok(0);
+    }
+    let mut set = WriteSet::new();
+    for prefix in generations {
+        // Past every row key of the generation: the ASH key and 16 bytes of report id.
+        let mut end = prefix.clone();
+        end.extend_from_slice(&[0xff; 17]);
+        set.delete_range(Table::Evidence, prefix, end);
+    }
+    store.write(set)?;
+    Ok(rows)
 }

@@ -819,6 +819,27 @@ pub fn evidence(
     Ok((built.bundle, evidence))
 }
 
+/// The epochs released in bundles `1..=through` of this chain: whose evidence the auditor has
+/// answered once bundle `through` is answered. [`ExportError::NoSuchBundle`] past the last.
+pub fn epochs_exported_through(
+    store: &dyn Store,
+    through: u64,
+) -> Result<std::collections::BTreeSet<EpochId>, ExportError> {
+    let snap = snapshot(store, Want::Epochs(&[]))?;
+    if through == 0 || through > snap.seq {
+        return Err(ExportError::NoSuchBundle {
+            seq: through,
+            last: snap.seq,
+        });
+    }
+    Ok(snap
+        .exported
+        .iter()
+        .filter(|(_, seq)| **seq <= through)
+        .map(|(epoch, _)| *epoch)
+        .collect())
+}
+
 /// What [`write_evidence`] wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EvidenceWritten {

@@ -11,8 +11,8 @@ use clap::Parser;
 use penrose_aggregator::admission::{Admission, AdmissionConfig, AdmissionDescription, TokenRing};
 use penrose_aggregator::cli::{Cli, Command, DataArg, ReleaseArgs};
 use penrose_aggregator::control::reply::{
-    AdmissionStatus, BackupReply, CloseEpochsReply, EvidenceReply, ExportReply, ReloadKeysReply,
-    StatusReply, ThrottleReply, TopReply,
+    AdmissionStatus, BackupReply, CloseEpochsReply, EvidenceReply, ExportReply,
+    ForgetEvidenceReply, ReloadKeysReply, StatusReply, ThrottleReply, TopReply,
 };
 use penrose_aggregator::control::{self, Request, Response};
 use penrose_aggregator::export;
@@ -170,6 +170,25 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             out,
             json,
         } => export_evidence(&data, seq, &out, json).await,
+        Command::ForgetEvidence {
+            data,
+            through,
+            json,
+        } => {
+            let request = Request::ForgetEvidence { through };
+            let reply = ForgetEvidenceReply::try_from(admin(&data, request).await?.reply)?;
+            if json {
+                println!("{}", serde_json::to_string(&reply)?);
+            } else {
+                println!(
+                    "evidence of bundles 1 to {} deleted: {} rows of epochs {}",
+                    reply.through,
+                    reply.rows,
+                    json_list(&reply.epochs)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::AdoptCopy { data, json } => adopt_copy(&data, json),
         Command::CloseEpoch { data, json } => close_epoch(&data, json).await,
         Command::Export {

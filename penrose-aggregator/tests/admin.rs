@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use penrose_aggregator::control::reply::{
-    CloseEpochsReply, EvidenceReply, ExportReply, StatusReply, TopReply,
+    CloseEpochsReply, EvidenceReply, ExportReply, ForgetEvidenceReply, StatusReply, TopReply,
 };
 use penrose_aggregator::output::VerifyOutput;
 use penrose_core::bundle::BundleHash;
@@ -182,6 +182,15 @@ async fn admin_commands_work_serving_and_stopped() {
     );
     assert_ne!(code, 0, "bundle 2 has no evidence");
     assert!(!missing.exists() && !missing.with_extension("partial").exists());
+    // Once the auditor answered bundle 1, its evidence goes (none was kept: no
+    // --keep-evidence); a bundle never exported is refused.
+    let forgot: ForgetEvidenceReply = json(&data, &["forget-evidence", "--through", "1", "--json"]);
+    assert_eq!(
+        (forgot.through, forgot.epochs.len(), forgot.rows),
+        (1, 1, 0)
+    );
+    let (code, _) = cli(&data, &["forget-evidence", "--through", "2"]);
+    assert_ne!(code, 0, "bundle 2 was never exported");
     let signer = data.join("server.key.pub");
     let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .args(["verify", "--json", "--signer"])

@@ -51,17 +51,22 @@ fn state(store: &Arc<dyn Store>, per_generation: u64, keep: bool) -> State {
 /// party's `ring` (24 per credential, its whole quota), and `lone` reports of another
 /// application without evidence.
 fn frames(ring: &KeyRing, credentials: usize, lone: usize) -> Vec<Vec<u8>> {
-    let mut rng = rng(26);
+    frames_on(TODAY, ring, credentials, lone)
+}
+
+/// [`frames`] of day `day`.
+fn frames_on(day: Day, ring: &KeyRing, credentials: usize, lone: usize) -> Vec<Vec<u8>> {
+    let mut rng = rng(26 + u64::from(day.0 - TODAY.0));
     let apps = snippets(2, 1);
     let mut out = Vec::new();
     for credential in 0..credentials {
-        for token in mint(ring, TODAY, COUNTER, 24, credential as u64) {
+        for token in mint(ring, day, COUNTER, 24, credential as u64) {
             let sent = report_by(
                 &KEYS,
                 apps[0].1,
                 COUNTER,
                 random_bins(&mut rng),
-                TODAY,
+                day,
                 &mut rng,
             );
             let mut report = decode_report(&sent.frame);
@@ -77,7 +82,7 @@ fn frames(ring: &KeyRing, credentials: usize, lone: usize) -> Vec<Vec<u8>> {
             apps[1].1,
             COUNTER,
             random_bins(&mut rng),
-            TODAY,
+            day,
             &mut rng,
         );
         out.push(sent.frame);
@@ -87,17 +92,22 @@ fn frames(ring: &KeyRing, credentials: usize, lone: usize) -> Vec<Vec<u8>> {
 
 /// Applies `frames` in batches of 50 and closes the day's epoch.
 fn ingest(state: &mut State, frames: &[Vec<u8>]) {
+    apply(state, frames, TODAY);
+    let prepared = state.prepare_close(TODAY, true);
+    prepared.commit().unwrap();
+}
+
+/// Applies `frames` of day `day` in batches of 50, leaving the epoch open.
+fn apply(state: &mut State, frames: &[Vec<u8>], day: Day) {
     let keys = penrose_aggregator::design_keys::DesignKeys::single(KEYS.public_key().clone());
     for batch in frames.chunks(50) {
         let valid: Vec<_> = batch
             .iter()
-            .map(|f| validate_body(f, &keys, TODAY, &Admission::Open).unwrap())
+            .map(|f| validate_body(f, &keys, day, &Admission::Open).unwrap())
             .collect();
-        let outcomes = state.apply(&valid, TODAY).unwrap();
+        let outcomes = state.apply(&valid, day).unwrap();
         assert!(outcomes.iter().all(|o| *o == Outcome::Accepted));
     }
-    let prepared = state.prepare_close(TODAY, true);
-    prepared.commit().unwrap();
 }
 
 fn rule(ring: &KeyRing) -> EvidenceRule<'_> {
@@ -257,4 +267,53 @@ fn the_evidence_file_names_its_bundle_and_holds_each_entrys_evidence_in_order() 
         Err(export::ExportError::NoSuchBundle { seq: 2, last: 1 })
     ));
     assert!(none.is_empty());
+}
+
+#[test]
+fn forgetting_a_bundles_evidence_deletes_its_epochs_rows_and_no_other() {
+    use penrose_aggregator::store::Table;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let mut state = state(&store, 100, true);
+    let ring = token_ring(&[TODAY, Day(TODAY.0 + 1)], &[COUNTER], 99);
+    ingest(&mut state, &frames(&ring, 12, 2));
+    let (bundle, _) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+        .unwrap()
+        .unwrap();
+    // The next day's reports, in an epoch still open.
+    apply(
+        &mut state,
+        &frames_on(Day(TODAY.0 + 1), &ring, 3, 0),
+        Day(TODAY.0 + 1),
+    );
+    let rows = || {
+        let mut n = 0u64;
+        store
+            .scan(&[Table::Evidence], &mut |_, _, _| {
+                n += 1;
+                Ok(())
+            })
+            .unwrap();
+        n
+    };
+    assert_eq!(rows(), 12 * 24 + 2 + 3 * 24);
+    assert!(matches!(
+        export::epochs_exported_through(store.as_ref(), 2),
+        Err(export::ExportError::NoSuchBundle { seq: 2, last: 1 })
+    ));
+    let epochs = export::epochs_exported_through(store.as_ref(), 1).unwrap();
+    assert_eq!(epochs.len(), 1);
+    // Every row of the released epoch goes, the withheld lone reports' too; the open epoch's
+    // stay.
+    let deleted = penrose_aggregator::evidence::forget(store.as_ref(), &epochs).unwrap();
+    assert_eq!(deleted, 12 * 24 + 2);
+    assert_eq!(rows(), 3 * 24);
+    let (_, lists) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
+    assert_eq!(lists.len(), bundle.entries.len());
+    assert!(lists.iter().all(|l| l.reports().is_empty()));
+    assert_eq!(
+        penrose_aggregator::evidence::forget(store.as_ref(), &epochs).unwrap(),
+        0,
+        "forgetting again deletes nothing"
+    );
 }

@@ -366,8 +366,12 @@ pub struct Evidence {
     pub partials: u64,
     /// See `partials`.
     pub withheld: u64,
+    /// Evidence rows the aggregation server deleted once the auditor had answered
+    /// (`forget-evidence --through 1`): every report of the epoch, withheld ones included.
+    pub rows_forgotten: u64,
     /// The evidence covers every released sum, every listed report carried an evidence token,
-    /// the auditor counted each of them once and gave a partial for every released sum.
+    /// the auditor counted each of them once and gave a partial for every released sum; then
+    /// the server deleted at least those reports' rows.
     pub counted: bool,
 }
 
@@ -392,7 +396,9 @@ impl Evidence {
             tokens_counted: audited.tokens_counted,
             partials: audited.partials,
             withheld: audited.withheld,
+            rows_forgotten: audited.rows_forgotten,
             counted: entries > 0
+                && audited.rows_forgotten >= listed("reports")
                 && listed("entries") == entries
                 && listed("reports") > 0
                 && listed("with_tokens") == listed("reports")
@@ -1457,8 +1463,19 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         archive: &archive,
         evidence_ring: &evidence_ring,
     };
-    let audited = release_auditor(options, dir, &auditor, &mut children)?;
+    let mut audited = release_auditor(options, dir, &auditor, &mut children)?;
     say(&audited.said);
+    // The auditor has answered bundle 1: its evidence can go (the server is stopped; the
+    // command opens its data directory).
+    let forgot: serde_json::Value = serde_json::from_str(&output(
+        Command::new(bin("penrose-aggregator"))
+            .arg("forget-evidence")
+            .arg("-d")
+            .arg(&agg.0)
+            .args(["--through", "1", "--json"]),
+        "penrose-aggregator forget-evidence",
+    )?)?;
+    audited.rows_forgotten = forgot["rows"].as_u64().unwrap_or(0);
     let report: serde_json::Value = serde_json::from_str(&output(
         Command::new(bin("penrose-design"))
             .arg("report")
@@ -1967,6 +1984,8 @@ struct Audited {
     withheld: u64,
     /// Evidence tokens it counted (its `status`).
     tokens_counted: u64,
+    /// Evidence rows the aggregation server deleted once the auditor had answered.
+    rows_forgotten: u64,
 }
 
 /// The release auditor's part of a run: set up and started as its own process
@@ -2018,6 +2037,7 @@ fn release_auditor(
         partials,
         withheld,
         tokens_counted: status.tokens_counted,
+        rows_forgotten: 0,
     })
 }
 
@@ -2468,7 +2488,8 @@ fn print_outcome(o: &Outcome, threshold: u64) {
     println!(
         "contributor evidence: the release auditor's party's issuer on {} issued {} tokens; the \
          bundle's {} released sums list {} reports, {} with an evidence token; the auditor \
-         counted {} tokens and gave {} partials ({} withheld): {}.",
+         counted {} tokens and gave {} partials ({} withheld), after which the server deleted \
+         {} evidence rows: {}.",
         e.issuer,
         e.tokens_issued,
         e.entries,
@@ -2477,6 +2498,7 @@ fn print_outcome(o: &Outcome, threshold: u64) {
         e.tokens_counted,
         e.partials,
         e.withheld,
+        e.rows_forgotten,
         if e.counted {
             "every released sum counted from evidence"
         } else {
@@ -2785,6 +2807,7 @@ mod tests {
         assert!(e.entries > 0 && e.partials == e.entries, "{e:?}");
         assert_eq!(e.tokens_counted, e.reports_listed, "{e:?}");
         assert!(e.tokens_issued >= e.tokens_counted, "{e:?}");
+        assert_eq!(e.rows_forgotten, outcome.counted as u64, "{e:?}");
         the_issuers_and_the_aggregators_stored_bytes_share_no_value(dir.path(), &outcome);
     }
 

@@ -226,6 +226,17 @@ pub struct EvidenceReply {
     pub bytes: u64,
 }
 
+/// `forget-evidence`: what was deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForgetEvidenceReply {
+    /// The last bundle the auditor answered.
+    pub through: u64,
+    /// The epochs whose evidence was deleted.
+    pub epochs: Vec<u32>,
+    /// Evidence rows deleted.
+    pub rows: u64,
+}
+
 /// `reload-keys`: the key ring now in use.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReloadKeysReply {
@@ -362,6 +373,8 @@ pub enum Reply {
     Export(ExportReply),
     /// To [`super::Request::Evidence`].
     Evidence(EvidenceReply),
+    /// To [`super::Request::ForgetEvidence`].
+    ForgetEvidence(ForgetEvidenceReply),
     /// To [`super::Request::ReloadKeys`].
     ReloadKeys(ReloadKeysReply),
 }
@@ -412,6 +425,7 @@ reply_kinds! {
     CloseEpochs(CloseEpochsReply),
     Export(ExportReply),
     Evidence(EvidenceReply),
+    ForgetEvidence(ForgetEvidenceReply),
     ReloadKeys(ReloadKeysReply),
 }
 
@@ -467,6 +481,7 @@ impl Reply {
             R::CloseEpochs => Reply::CloseEpochs(open(line)?),
             R::Export { .. } => Reply::Export(open(line)?),
             R::Evidence { .. } => Reply::Evidence(open(line)?),
+            R::ForgetEvidence { .. } => Reply::ForgetEvidence(open(line)?),
             R::ReloadKeys => Reply::ReloadKeys(open(line)?),
         })
     }
@@ -696,6 +711,15 @@ mod tests {
                     "with_tokens":715,"bytes":1028000}"#,
             ),
             (
+                Request::ForgetEvidence { through: 4 },
+                Reply::ForgetEvidence(ForgetEvidenceReply {
+                    through: 4,
+                    epochs: vec![20000, 20001],
+                    rows: 1440,
+                }),
+                r#"{"through":4,"epochs":[20000,20001],"rows":1440}"#,
+            ),
+            (
                 Request::CloseEpochs,
                 Reply::CloseEpochs(CloseEpochsReply {
                     closed: vec![EpochReports {
@@ -805,6 +829,9 @@ mod tests {
                 }
                 Reply::Export(_) => serde_json::from_str::<ExportReply>(&text).map(Reply::from),
                 Reply::Evidence(_) => serde_json::from_str::<EvidenceReply>(&text).map(Reply::from),
+                Reply::ForgetEvidence(_) => {
+                    serde_json::from_str::<ForgetEvidenceReply>(&text).map(Reply::from)
+                }
                 Reply::ReloadKeys(_) => {
                     serde_json::from_str::<ReloadKeysReply>(&text).map(Reply::from)
                 }
