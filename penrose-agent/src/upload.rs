@@ -237,15 +237,7 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                     report.counter.0
                 );
             }
-            let until = tokio::time::Instant::now() + config.backoff_max.max(config.delay_max);
-            deferred.insert(
-                entry.sequence,
-                Deferral {
-                    tries: 0,
-                    until,
-                    kind: Wait::Token,
-                },
-            );
+            deferred.insert(entry.sequence, Deferral::for_token(&config));
             continue;
         }
         // Until the first evidence fetch has been tried, a report with no evidence token of
@@ -255,15 +247,7 @@ pub async fn run(config: UploadConfig, shared: Shared) {
             && !evidence_fetch_tried(&shared)
             && !evidence_available(&lock(store), &report)
         {
-            let until = tokio::time::Instant::now() + config.backoff_max.max(config.delay_max);
-            deferred.insert(
-                entry.sequence,
-                Deferral {
-                    tries: 0,
-                    until,
-                    kind: Wait::Token,
-                },
-            );
+            deferred.insert(entry.sequence, Deferral::for_token(&config));
             continue;
         }
         // The random delay, stretched by the throttle hint (0: wait the longest backoff).
@@ -554,6 +538,18 @@ struct Deferral {
     tries: u32,
     until: tokio::time::Instant,
     kind: Wait,
+}
+
+impl Deferral {
+    /// A report that waits for a token: looked at again after the longest backoff, or as soon
+    /// as tokens arrive (a new store generation clears these).
+    fn for_token(config: &UploadConfig) -> Self {
+        Deferral {
+            tries: 0,
+            until: tokio::time::Instant::now() + config.backoff_max.max(config.delay_max),
+            kind: Wait::Token,
+        }
+    }
 }
 
 /// What a deferred report waits for.
