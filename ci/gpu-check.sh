@@ -17,6 +17,11 @@
 #   graph     the agent first, then the block's forward pass captured once in a CUDA graph
 #             (torch.cuda.graphs) and replayed: the agent must expand each graph launch into
 #             the kernels the profiler records under it (issue 24);
+#   counters  the agent first with the product's counter source (--counters nvml, one launch
+#             in 50 sampled), then the workload: launches must be sampled, every sampled launch
+#             attributed to a GPU (single_device counts on a one-GPU host), none lost to a
+#             device error or an unsupported group, and some must get values (compare.py
+#             --counters; GPM's minimum interval refuses samples closer than it: too_soon);
 #   devices   only where `nvidia-smi -L` lists two GPUs or more (else skipped: "one GPU on this
 #             host"): the agent first, with NVML counters (--counters nvml, so that sampled
 #             launches are attributed to GPUs), then two workloads at once, one with
@@ -30,14 +35,13 @@
 # equal to the profiler's, or an identity that stands for exactly one profiler kernel).
 #
 # $OUT gets eight files (a lent host returns at most eight): verdict.json (every case in
-# short), verdict-attached.json, verdict-late.json, verdict-graph.json and verdict-devices.json
-# (each in full; the devices one holds its workloads' verdicts and the attribution), host.txt,
-# gpu-check.log (this script's steps) and run.tar.gz with everything else: agent-*.log,
-# capture-*.json, workload-*.log, profiler-*.json, trace-*.json.gz (the profiler's own traces,
-# left out if the bundle would pass 15 MiB) and torch-probe.json. When the devices case ran,
-# also verdict-devices-0.json and verdict-devices-1.json (each workload's verdict alone, as in
-# verdict-devices.json). Intermediate files live in a temporary folder
-# ($PENROSE_GPU_CHECK_WORK to keep them somewhere else).
+# short), verdict-attached.json, verdict-late.json, verdict-graph.json, verdict-counters.json
+# and verdict-devices.json (each in full; the devices one holds its workloads' verdicts and
+# the attribution), gpu-check.log (this script's steps) and run.tar.gz with everything else:
+# host.txt, agent-*.log, capture-*.json, workload-*.log, profiler-*.json, verdict-devices-N.json,
+# trace-*.json.gz (the profiler's own traces, left out if the bundle would pass 15 MiB) and
+# torch-probe.json. Intermediate files live in a temporary folder ($PENROSE_GPU_CHECK_WORK to
+# keep them somewhere else).
 # Exit code: 0 every case holds the target (a skipped case counts for nothing), 1 one does
 # not, 2 a run failed (not root, no agent, no PyTorch or no GPU, a process crashed or hung);
 # verdict.json says which.
@@ -92,8 +96,8 @@ finish() {
     local rc
     if command -v "$python" >/dev/null 2>&1; then
         "$python" "$here/compare.py" --combine "$out/verdict-attached.json" \
-            "$out/verdict-late.json" "$out/verdict-graph.json" "$out/verdict-devices.json" \
-            >"$out/verdict.json"
+            "$out/verdict-late.json" "$out/verdict-graph.json" "$out/verdict-counters.json" \
+            "$out/verdict-devices.json" >"$out/verdict.json"
         rc=$?
     else
         printf '{"status": "run_failed", "reason": "no %s"}\n' "$python" >"$out/verdict.json"
@@ -109,8 +113,7 @@ finish() {
 pack() {
     local f
     for f in verdict.json verdict-attached.json verdict-late.json verdict-graph.json \
-        verdict-devices.json verdict-devices-0.json verdict-devices-1.json host.txt \
-        gpu-check.log; do
+        verdict-counters.json verdict-devices.json gpu-check.log; do
         [ -e "$out/$f" ] && cp "$out/$f" "$final/$f"
     done
     tar -czf "$final/run.tar.gz" -C "$out" --exclude=late.ready --exclude=late.go .
@@ -126,6 +129,7 @@ fail_all() {
     write_failed attached "$1"
     write_failed late "$1"
     write_failed graph "$1"
+    write_failed counters "$1"
     write_failed devices "$1"
     finish
 }
@@ -317,6 +321,29 @@ if start_agent graph "${lib_args[@]}"; then
     fi
 else
     write_failed graph "the agent did not open its window (agent-graph.log)"
+fi
+
+# --- counters: the agent first with the product's counter source --------------------------------
+say "counters: starting the agent with NVML counters"
+if start_agent counters --counters nvml --sample-period 50 "${lib_args[@]}"; then
+    sleep 0.5
+    timeout "$(budget 150)" "$python" "$here/torch_workload.py" "$out/profiler-counters.json" \
+        --iterations 20 >"$out/workload-counters.log" 2>&1
+    workload_rc=$?
+    echo "workload exit $workload_rc" >>"$out/workload-counters.log"
+    sleep 1
+    stop_agent counters
+    if [ "$workload_rc" = 0 ]; then
+        "$python" "$here/compare.py" "$out/capture-counters.json" --counters \
+            >"$out/verdict-counters.json"
+        say "counters: compare exit $?"
+    else
+        write_failed counters "the workload exited $workload_rc (workload-counters.log)"
+    fi
+elif [ "$agent_rc" = 3 ]; then
+    write_failed counters "the agent could not open NVML/GPM (agent-counters.log)"
+else
+    write_failed counters "the agent did not open its window (agent-counters.log)"
 fi
 
 # --- devices: two workloads at once, one per GPU, the agent first with NVML counters -----------

@@ -382,11 +382,13 @@ def case_label(case):
 
 
 def case_arg(value):
-    """`--case`: attached, late, graph, devices or devices-N."""
-    if value in ("attached", "late", "graph", "devices") or re.fullmatch(r"devices-\d+", value):
+    """`--case`: attached, late, graph, counters, devices or devices-N."""
+    if value in ("attached", "late", "graph", "counters", "devices") or re.fullmatch(
+        r"devices-\d+", value
+    ):
         return value
     raise argparse.ArgumentTypeError(
-        f"{value!r}: not attached, late, graph, devices or devices-N"
+        f"{value!r}: not attached, late, graph, counters, devices or devices-N"
     )
 
 
@@ -598,6 +600,54 @@ UNATTRIBUTED = ("no_context", "stream_conflict", "unknown_ordinal", "unresolved_
                 "no_devices")
 
 
+def counters_case(capture):
+    """The counters case: a capture with the product's counter source (NVML/GPM) on this
+    host's GPUs. It holds when launches were sampled, every sampled launch was attributed to a
+    GPU (single_device counts on a one-GPU host), none lost to a device error or an
+    unsupported counter group, and some got values (GPM refuses samples closer than its
+    minimum interval: those are counted as too_soon, not failures). A verdict and its code."""
+    counts = capture.get("counts") if isinstance(capture, dict) else None
+    if not isinstance(counts, dict):
+        return failed("the capture has no counts", "counters")
+    devices = counts.get("devices") if isinstance(counts.get("devices"), dict) else {}
+    missing = counts.get("samples_missing") if isinstance(counts.get("samples_missing"), dict) else {}
+    unattributed = devices.get("unattributed") if isinstance(devices.get("unattributed"), dict) else {}
+
+    def number(d, k):
+        v = d.get(k, 0)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    sampled = number(counts, "sampled")
+    with_values = number(counts, "samples_with_values")
+    attributed = sum(number(devices, k) for k in DEVICE_FIELDS + ("single_device",))
+    lost = sum(number(unattributed, k) for k in UNATTRIBUTED)
+    errors = {k: number(missing, k) for k in ("device_error", "group_not_supported", "no_source")}
+    verdict = {
+        "case": "counters",
+        "counter_source": capture.get("counter_source"),
+        "launches": number(counts, "launches"),
+        "sampled": sampled,
+        "samples_with_values": with_values,
+        "attributed": attributed,
+        "unattributed": lost,
+        "samples_missing": missing,
+    }
+    problems = []
+    if sampled == 0:
+        problems.append("no launch was sampled")
+    if attributed != sampled or lost:
+        problems.append(f"{attributed} of {sampled} sampled launches attributed, {lost} lost")
+    if any(errors.values()):
+        problems.append(f"samples lost to errors: {errors}")
+    if with_values == 0:
+        problems.append("no sample got counter values")
+    verdict["status"] = "below_target" if problems else "ok"
+    if problems:
+        verdict["reason"] = "; ".join(problems)
+    code = RUN_FAILED if sampled == 0 else (BELOW_TARGET if problems else OK)
+    return verdict, code
+
+
 def attribution(capture):
     """Whether the capture attributed every sampled launch to a GPU (the devices case):
     counts.devices.unattributed all 0 and by_uuid + by_visible_devices + single_visible equal
@@ -767,6 +817,23 @@ def self_test():
     profiler = {"pid": pid, "launches": prof_rows, "device": "synthetic"}
     capture = {"launch_log": log_rows, "snippets": [], "drops": 0}
     fake = _fake_demangler()
+
+    # The counters case, as the H200 run of 2026-12-04 gave it: one GPU, GPM's minimum
+    # interval refusing most samples, four with values.
+    h200 = {"counter_source": "nvml", "counts": {
+        "launches": 1820, "sampled": 37, "samples_with_values": 4,
+        "samples_missing": {"too_soon": 33, "device_error": 0, "group_not_supported": 0},
+        "devices": {"single_device": 37, "by_uuid": 0, "unattributed": {"no_context": 0}}}}
+    v, code = counters_case(h200)
+    check("counters: one GPU, some values: ok", code == OK and v["status"] == "ok")
+    h200["counts"]["samples_with_values"] = 0
+    check("counters: no values: below target", counters_case(h200)[1] == BELOW_TARGET)
+    h200["counts"]["samples_with_values"] = 4
+    h200["counts"]["devices"]["unattributed"]["no_context"] = 2
+    check("counters: unattributed: below target", counters_case(h200)[1] == BELOW_TARGET)
+    h200["counts"]["sampled"] = 0
+    check("counters: nothing sampled: run failed", counters_case(h200)[1] == RUN_FAILED)
+    check("counters: a case name", case_arg("counters") == "counters")
 
     v, code = compare(capture, profiler, "attached", fake)
     check("all matched: exit 0", code == OK and v["share_matched"] == 1.0)
@@ -1114,6 +1181,8 @@ def main():
     parser.add_argument("--devices", nargs="+", metavar="VERDICT",
                         help="the devices case: its workloads' verdicts and CAPTURE_JSON's "
                         "device attribution")
+    parser.add_argument("--counters", action="store_true",
+                        help="the counters case: CAPTURE_JSON's samples and their attribution")
     parser.add_argument("--failed", metavar="REASON")
     parser.add_argument("--skipped", metavar="REASON")
     parser.add_argument("--self-test", action="store_true")
@@ -1127,6 +1196,13 @@ def main():
         verdict, code = skipped(args.skipped, case_name)
     elif args.combine:
         verdict, code = combine(load_verdicts(args.combine))
+    elif args.counters:
+        if not args.capture or args.profiler:
+            parser.error("--counters takes CAPTURE_JSON and no PROFILER_JSON")
+        try:
+            verdict, code = counters_case(load_json(args.capture, "capture"))
+        except RunFailed as e:
+            verdict, code = failed(str(e), "counters")
     elif args.devices:
         if not args.capture or args.profiler:
             parser.error("--devices takes CAPTURE_JSON and no PROFILER_JSON")
