@@ -432,43 +432,52 @@ fn attach_token(
 ) -> Result<Option<Report>, Box<dyn std::error::Error + Send + Sync>> {
     let mut spool = lock(&shared.spool);
     let mut store = lock(store);
-    let (epoch, scope) = token_key(&report);
-    let token = match store.in_flight_for(&report.report_id) {
-        Some((e, s, token)) if (e, s) == (epoch, scope) => Some(token),
-        other => {
-            if other.is_some() {
-                // A token of another day or counter cannot admit this report.
-                store.forget_in_flight(&report.report_id)?;
-            }
-            match store.reserve(epoch, scope, report.report_id)? {
-                Some(token) => Some(token),
-                None if !entry.attempted
-                    && report.day != today
-                    && store.unspent(TokenEpoch(today.0), scope) > 0 =>
-                {
-                    let from = report.day;
-                    report.day = today;
-                    let frame = Message::Report(report.clone()).to_frame()?;
-                    spool.rewrite(entry, &frame)?;
-                    let token = store.reserve(TokenEpoch(today.0), scope, report.report_id)?;
-                    lock(&shared.status).tokens.restamped += 1;
-                    tracing::info!(
-                        "report {} had no token left for day {}: re-stamped to today ({})",
-                        report.report_id,
-                        from.0,
-                        today.0
-                    );
-                    token
-                }
-                None => None,
-            }
+    let (_, scope) = token_key(&report);
+    let token = match carried_or_reserved(&mut store, &report)? {
+        Some(token) => Some(token),
+        None if !entry.attempted
+            && report.day != today
+            && store.unspent(TokenEpoch(today.0), scope) > 0 =>
+        {
+            let from = report.day;
+            report.day = today;
+            let frame = Message::Report(report.clone()).to_frame()?;
+            spool.rewrite(entry, &frame)?;
+            let token = store.reserve(TokenEpoch(today.0), scope, report.report_id)?;
+            lock(&shared.status).tokens.restamped += 1;
+            tracing::info!(
+                "report {} had no token left for day {}: re-stamped to today ({})",
+                report.report_id,
+                from.0,
+                today.0
+            );
+            token
         }
+        None => None,
     };
     Ok(token.map(|token| {
         let redemption = token.redeem(&report.token_binding());
         report.token = Some(AdmissionToken(redemption.encode()));
         report
     }))
+}
+
+/// The token the report already carries, if it is of its day and counter (a retry); else,
+/// forgetting one of another day or counter (it cannot admit this report), a new one reserved
+/// for it, durably. `None`: none of its day and counter is held.
+fn carried_or_reserved(
+    store: &mut TokenStore,
+    report: &Report,
+) -> Result<Option<penrose_core::tokens::Token>, crate::tokens::TokenStoreError> {
+    let (epoch, scope) = token_key(report);
+    match store.in_flight_for(&report.report_id) {
+        Some((e, s, token)) if (e, s) == (epoch, scope) => return Ok(Some(token)),
+        Some(_) => {
+            store.forget_in_flight(&report.report_id)?;
+        }
+        None => {}
+    }
+    store.reserve(epoch, scope, report.report_id)
 }
 
 /// Whether the evidence fetcher has finished a fetch since start (succeeded or not).
@@ -493,17 +502,7 @@ fn attach_evidence(
     store: &Mutex<TokenStore>,
     mut report: Report,
 ) -> Result<Report, Box<dyn std::error::Error + Send + Sync>> {
-    let mut store = lock(store);
-    let (epoch, scope) = token_key(&report);
-    let token = match store.in_flight_for(&report.report_id) {
-        Some((e, s, token)) if (e, s) == (epoch, scope) => Some(token),
-        other => {
-            if other.is_some() {
-                store.forget_in_flight(&report.report_id)?;
-            }
-            store.reserve(epoch, scope, report.report_id)?
-        }
-    };
+    let token = carried_or_reserved(&mut lock(store), &report)?;
     match token {
         Some(token) => {
             let tag = token.redeem(&report.token_binding());
