@@ -397,57 +397,67 @@ impl fmt::Display for AgentStatus {
                 .map_or(String::new(), |e| format!("; last error: {e}"))
         )?;
         write_route(f, &s.route)?;
-        let t = &s.tokens;
-        if t.configured || t.token_required > 0 {
-            writeln!(
-                f,
-                "admission tokens: {}; {} fetches ({} failed), {} received, {} spent, {} discarded, \
-                 {} reports re-stamped to today, {} reports waiting for one, {} TokenRequired acks, \
-                 {} partition warnings{}",
-                if t.configured {
-                    "configured"
-                } else {
-                    "NOT configured, and the server requires them"
-                },
-                t.fetches,
-                t.fetch_failures,
-                t.issued,
-                t.spent,
-                t.discarded,
-                t.restamped,
-                t.waiting,
-                t.token_required,
-                t.partition_warnings,
-                t.last_fetch_error
-                    .as_ref()
-                    .map_or(String::new(), |e| format!("; last fetch: {e}"))
-            )?;
-            write!(f, "{}", HeldTokens(&t.held))?;
-        }
-        let e = &s.evidence;
-        if e.configured {
-            writeln!(
-                f,
-                "evidence tokens (release auditor): {} fetches ({} failed), {} received, {} spent, \
-                 {} discarded, {} reports sent without one, {} partition warnings{}",
-                e.fetches,
-                e.fetch_failures,
-                e.issued,
-                e.spent,
-                e.discarded,
-                e.sent_without,
-                e.partition_warnings,
-                e.last_fetch_error
-                    .as_ref()
-                    .map_or(String::new(), |e| format!("; last fetch: {e}"))
-            )?;
-            write!(f, "{}", HeldTokens(&e.held))?;
-        }
+        write_admission(f, &s.tokens)?;
+        write_evidence(f, &s.evidence)?;
         if let Some(e) = &s.last_error {
             writeln!(f, "last error: {e}")?;
         }
         Ok(())
     }
+}
+
+/// The admission tokens' line and the tokens held, when configured or required.
+fn write_admission(f: &mut fmt::Formatter<'_>, t: &TokenStatus) -> fmt::Result {
+    if t.configured || t.token_required > 0 {
+        writeln!(
+            f,
+            "admission tokens: {}; {} fetches ({} failed), {} received, {} spent, {} discarded, \
+             {} reports re-stamped to today, {} reports waiting for one, {} TokenRequired acks, \
+             {} partition warnings{}",
+            if t.configured {
+                "configured"
+            } else {
+                "NOT configured, and the server requires them"
+            },
+            t.fetches,
+            t.fetch_failures,
+            t.issued,
+            t.spent,
+            t.discarded,
+            t.restamped,
+            t.waiting,
+            t.token_required,
+            t.partition_warnings,
+            t.last_fetch_error
+                .as_ref()
+                .map_or(String::new(), |e| format!("; last fetch: {e}"))
+        )?;
+        write!(f, "{}", HeldTokens(&t.held))?;
+    }
+    Ok(())
+}
+
+/// The evidence tokens' line and the tokens held, when configured.
+fn write_evidence(f: &mut fmt::Formatter<'_>, e: &TokenStatus) -> fmt::Result {
+    if e.configured {
+        writeln!(
+            f,
+            "evidence tokens (release auditor): {} fetches ({} failed), {} received, {} spent, \
+             {} discarded, {} reports sent without one, {} partition warnings{}",
+            e.fetches,
+            e.fetch_failures,
+            e.issued,
+            e.spent,
+            e.discarded,
+            e.sent_without,
+            e.partition_warnings,
+            e.last_fetch_error
+                .as_ref()
+                .map_or(String::new(), |e| format!("; last fetch: {e}"))
+        )?;
+        write!(f, "{}", HeldTokens(&e.held))?;
+    }
+    Ok(())
 }
 
 /// Tokens held per (day, counter) as `status` and `inspect` show them, one line each: counts

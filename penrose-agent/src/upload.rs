@@ -240,13 +240,7 @@ pub async fn run(config: UploadConfig, shared: Shared) {
             deferred.insert(entry.sequence, Deferral::for_token(&config));
             continue;
         }
-        // Until the first evidence fetch has been tried, a report with no evidence token of
-        // its day and counter waits too (at start the two fetches race); after it, never: a
-        // report goes without rather than stall behind an unreachable evidence issuer.
-        if let Some(store) = &shared.evidence
-            && !evidence_fetch_tried(&shared)
-            && !evidence_available(&lock(store), &report)
-        {
+        if waits_for_evidence(&shared, &report) {
             deferred.insert(entry.sequence, Deferral::for_token(&config));
             continue;
         }
@@ -480,17 +474,22 @@ fn carried_or_reserved(
     store.reserve(epoch, scope, report.report_id)
 }
 
-/// Whether the evidence fetcher has finished a fetch since start (succeeded or not).
-fn evidence_fetch_tried(shared: &Shared) -> bool {
-    let status = lock(&shared.status);
-    status.evidence.fetches + status.evidence.fetch_failures > 0
-}
-
-/// Whether an evidence token for the report is held: the one it carries, or one of its day
-/// and counter.
-fn evidence_available(store: &TokenStore, report: &Report) -> bool {
+/// Whether the report waits for an evidence token: until the first evidence fetch since
+/// start has been tried (succeeded or not), a report with none of its day and counter waits
+/// (at start the two fetches race); after it, never: a report goes without rather than stall
+/// behind an unreachable evidence issuer.
+fn waits_for_evidence(shared: &Shared, report: &Report) -> bool {
+    let Some(store) = &shared.evidence else {
+        return false;
+    };
+    let tried = {
+        let status = lock(&shared.status);
+        status.evidence.fetches + status.evidence.fetch_failures > 0
+    };
     let (epoch, scope) = token_key(report);
-    store.in_flight_for(&report.report_id).is_some() || store.unspent(epoch, scope) > 0
+    let store = lock(store);
+    let held = store.in_flight_for(&report.report_id).is_some() || store.unspent(epoch, scope) > 0;
+    !tried && !held
 }
 
 /// Attaches an evidence token of the report's (final) day and counter, durably: the one it

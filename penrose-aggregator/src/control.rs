@@ -192,16 +192,7 @@ pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlErro
             })
         }
         Request::Evidence { seq, out } => Response::of(write_evidence_file(admin, *seq, out)?),
-        Request::ForgetEvidence { through } => {
-            let store = admin.store.as_ref();
-            let epochs = export::epochs_exported_through(store, *through).map_err(|e| fail(&e))?;
-            let rows = crate::evidence::forget(store, &epochs).map_err(|e| fail(&e))?;
-            Response::of(ForgetEvidenceReply {
-                through: *through,
-                epochs: epochs.iter().map(|e| e.0).collect(),
-                rows,
-            })
-        }
+        Request::ForgetEvidence { through } => Response::of(forget_evidence(admin, *through)?),
         Request::ReloadKeys => {
             if !admin.serving {
                 return Err(ControlError::Failed(
@@ -286,6 +277,19 @@ fn write_evidence_file(admin: &Admin, seq: u64, out: &Path) -> Result<EvidenceRe
         reports: written.reports,
         with_tokens: written.with_tokens,
         bytes: written.bytes,
+    })
+}
+
+/// `forget-evidence`: the evidence rows of the epochs released in bundles 1 to `through`.
+fn forget_evidence(admin: &Admin, through: u64) -> Result<ForgetEvidenceReply, ControlError> {
+    let fail = |e: &dyn std::fmt::Display| ControlError::Failed(e.to_string());
+    let store = admin.store.as_ref();
+    let epochs = export::epochs_exported_through(store, through).map_err(|e| fail(&e))?;
+    let rows = crate::evidence::forget(store, &epochs).map_err(|e| fail(&e))?;
+    Ok(ForgetEvidenceReply {
+        through,
+        epochs: epochs.iter().map(|e| e.0).collect(),
+        rows,
     })
 }
 

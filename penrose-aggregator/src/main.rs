@@ -174,21 +174,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             data,
             through,
             json,
-        } => {
-            let request = Request::ForgetEvidence { through };
-            let reply = ForgetEvidenceReply::try_from(admin(&data, request).await?.reply)?;
-            if json {
-                println!("{}", serde_json::to_string(&reply)?);
-            } else {
-                println!(
-                    "evidence of bundles 1 to {} deleted: {} rows of epochs {}",
-                    reply.through,
-                    reply.rows,
-                    json_list(&reply.epochs)
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => forget_evidence(&data, through, json).await,
         Command::AdoptCopy { data, json } => adopt_copy(&data, json),
         Command::CloseEpoch { data, json } => close_epoch(&data, json).await,
         Command::Export {
@@ -360,6 +346,23 @@ async fn export_evidence(data: &DataArg, seq: u64, out: &Path, json: bool) -> Re
             reply.reports,
             reply.with_tokens,
             reply.bytes,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `forget-evidence`: the server deletes the evidence of bundles 1 to `through`.
+async fn forget_evidence(data: &DataArg, through: u64, json: bool) -> Result<ExitCode> {
+    let request = Request::ForgetEvidence { through };
+    let reply = ForgetEvidenceReply::try_from(admin(data, request).await?.reply)?;
+    if json {
+        println!("{}", serde_json::to_string(&reply)?);
+    } else {
+        println!(
+            "evidence of bundles 1 to {} deleted: {} rows of epochs {}",
+            reply.through,
+            reply.rows,
+            json_list(&reply.epochs)
         );
     }
     Ok(ExitCode::SUCCESS)
