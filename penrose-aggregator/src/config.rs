@@ -33,6 +33,7 @@ use thiserror::Error;
 /// new_connections_per_source_per_second = 500  # 0 for no limit
 /// handshake_timeout = 5.0            # seconds; a slower handshake gives its slot back
 /// reports_per_second = 5000          # per connection; 0 for no limit
+/// udp_receive_buffer = 8388608       # bytes asked of the kernel (net.core.rmem_max caps it)
 /// new_classes_per_hour = 1000        # beyond it, reports founding a class: retry later
 /// epochs = "day"                     # or "reports:N"
 /// threshold = 10                     # k contributors per released sum (at least 10)
@@ -80,6 +81,9 @@ pub struct FileConfig {
     pub new_classes_per_hour: Option<u32>,
     /// New report streams per connection per second; 0 for no limit.
     pub reports_per_second: Option<u32>,
+    /// Bytes of UDP receive buffer to ask of the kernel (bursts wait there instead of being
+    /// dropped).
+    pub udp_receive_buffer: Option<usize>,
     /// How epochs are cut: `day` or `reports:N`.
     pub epochs: Option<String>,
     /// k contributors.

@@ -95,6 +95,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             if let Some(max) = file.max_connections {
                 limits.max_connections = max;
             }
+            if let Some(bytes) = file.udp_receive_buffer {
+                if bytes < 64 << 10 {
+                    bail!("udp_receive_buffer must be at least 65536 bytes");
+                }
+                limits.udp_receive_buffer = bytes;
+            }
             if let Some(rate) = reports_per_second.or(file.reports_per_second) {
                 limits.reports_per_second = NonZeroU32::new(rate);
             }

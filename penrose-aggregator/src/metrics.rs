@@ -353,6 +353,25 @@ pub fn render_transport(stats: &penrose_transport::ServerStats) -> String {
     );
     let _ = writeln!(
         out,
+        "# HELP penrose_transport_udp_receive_buffer_bytes UDP receive buffer the kernel granted (udp_receive_buffer asks; net.core.rmem_max caps)."
+    );
+    let _ = writeln!(
+        out,
+        "# TYPE penrose_transport_udp_receive_buffer_bytes gauge"
+    );
+    let _ = writeln!(
+        out,
+        "penrose_transport_udp_receive_buffer_bytes {}",
+        stats.udp_receive_buffer
+    );
+    let _ = writeln!(
+        out,
+        "# HELP penrose_transport_udp_drops_total Datagrams the kernel dropped at the full UDP receive buffer (each sent again, late)."
+    );
+    let _ = writeln!(out, "# TYPE penrose_transport_udp_drops_total counter");
+    let _ = writeln!(out, "penrose_transport_udp_drops_total {}", stats.udp_drops);
+    let _ = writeln!(
+        out,
         "# HELP penrose_transport_streams_total Report streams by what became of them."
     );
     let _ = writeln!(out, "# TYPE penrose_transport_streams_total counter");
@@ -511,8 +530,12 @@ mod tests {
         let transport = render_transport(&penrose_transport::ServerStats {
             retries_sent: 7,
             refused_source_rate: 2,
+            udp_receive_buffer: 8 << 20,
+            udp_drops: 3,
             ..Default::default()
         });
+        assert!(transport.contains("penrose_transport_udp_receive_buffer_bytes 8388608"));
+        assert!(transport.contains("penrose_transport_udp_drops_total 3"));
         assert!(
             transport.contains("penrose_transport_connections_total{outcome=\"retry_sent\"} 7")
         );

@@ -19,6 +19,7 @@
 //!   (the token issuer's, the release auditor's), and [`exchange::Offloaded`], which computes
 //!   a synchronous service's answers off the async threads.
 //! - [`error`]: what can go wrong, typed.
+//! - `socket`: the server's UDP socket, its receive buffer and the drops the kernel counts.
 
 pub mod carrier;
 pub mod client;
@@ -28,6 +29,7 @@ mod frame;
 pub mod identity;
 pub mod limits;
 pub mod server;
+mod socket;
 mod sources;
 mod tls;
 

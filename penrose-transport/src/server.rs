@@ -141,6 +141,12 @@ pub struct ServerStats {
     pub streams_paced: u64,
     /// Acks written and finished (the peer may still lose them with its connection).
     pub acks_sent: u64,
+    /// Bytes of UDP receive buffer the kernel granted ([`Limits::udp_receive_buffer`] asks);
+    /// below the ask, bursts are dropped at the socket before QUIC sees them.
+    pub udp_receive_buffer: u64,
+    /// Datagrams the kernel dropped at the UDP socket since it was bound (a full receive
+    /// buffer): each is sent again by its peer, late. Zero where the system does not say.
+    pub udp_drops: u64,
     /// The stream port's own counters (all zero without [`ServerConfig::stream_listen`]);
     /// connections it carried are counted above too.
     pub carrier: CarrierStats,
@@ -164,6 +170,9 @@ pub(crate) struct Counters {
     pub(crate) stream_errors: AtomicU64,
     pub(crate) streams_paced: AtomicU64,
     pub(crate) acks_sent: AtomicU64,
+    pub(crate) udp_receive_buffer: AtomicU64,
+    /// The UDP socket's inode, 0 if unknown (`crate::socket::drops`).
+    pub(crate) udp_inode: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -190,6 +199,11 @@ impl Counters {
             stream_errors: get(&self.stream_errors),
             streams_paced: get(&self.streams_paced),
             acks_sent: get(&self.acks_sent),
+            udp_receive_buffer: get(&self.udp_receive_buffer),
+            udp_drops: match get(&self.udp_inode) {
+                0 => 0,
+                inode => crate::socket::drops(inode).unwrap_or(0),
+            },
             carrier: carrier.map(CarrierLookup::stats).unwrap_or_default(),
         }
     }
@@ -283,12 +297,19 @@ pub(crate) async fn start<S: Service>(
     service: S,
 ) -> Result<Server, TransportError> {
     let quic = crate::tls::server_config(&config.identity, &config.limits, service.alpn())?;
-    let endpoint = quinn::Endpoint::server(quic.clone(), config.listen).map_err(|source| {
-        TransportError::Bind {
-            addr: config.listen,
-            source,
-        }
-    })?;
+    let bind_error = |source| TransportError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let bound =
+        crate::socket::bind(config.listen, config.limits.udp_receive_buffer).map_err(bind_error)?;
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(quic.clone()),
+        bound.socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(bind_error)?;
     let local_addr = endpoint
         .local_addr()
         .map_err(|source| TransportError::Bind {
@@ -296,6 +317,12 @@ pub(crate) async fn start<S: Service>(
             source,
         })?;
     let counters = Arc::new(Counters::default());
+    counters
+        .udp_receive_buffer
+        .store(bound.granted as u64, Ordering::Relaxed);
+    counters
+        .udp_inode
+        .store(bound.inode.unwrap_or(0), Ordering::Relaxed);
     let shared = Arc::new(Shared {
         service,
         sources: Sources::new(&config.limits),

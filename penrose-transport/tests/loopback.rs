@@ -840,3 +840,33 @@ async fn limits_that_cannot_work_are_refused() {
         assert!(result.is_err());
     }
 }
+
+/// The kernel's cap on a socket's receive buffer, in the units asked (Linux).
+fn rmem_max() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn the_udp_socket_gets_the_receive_buffer_the_limits_ask_for() {
+    let Some(cap) = rmem_max() else {
+        eprintln!("no /proc/sys/net/core/rmem_max: not Linux, nothing to check");
+        return;
+    };
+    // Within the cap the kernel grants the ask exactly; above it, the cap. Either way far more
+    // than the kernel's default the socket had before (208 KiB), when the cap allows it.
+    for asked in [96u64 << 10, 8 << 20] {
+        let limits = Limits {
+            udp_receive_buffer: asked as usize,
+            ..Limits::default()
+        };
+        let fx = start(limits, Recorder::default()).await;
+        let stats = fx.server.stats();
+        assert_eq!(stats.udp_receive_buffer, asked.min(cap), "{stats:?}");
+        assert_eq!(stats.udp_drops, 0);
+        fx.server.shutdown().await;
+    }
+}
