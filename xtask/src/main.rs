@@ -11,6 +11,7 @@ mod build_ebpf;
 mod demo;
 mod dist;
 mod eval;
+mod eval_exactness;
 
 /// Project automation for Penrose.
 #[derive(Parser)]
@@ -26,6 +27,9 @@ enum Command {
     BuildEbpf(build_ebpf::Args),
     /// Measure how well fingerprints identify applications on a folder of traces.
     EvalFingerprints(eval::Args),
+    /// Measure how exact a released histogram is against every launch of the real traces,
+    /// sampled with the agent's sampler across the hosts of a release.
+    EvalExactness(eval_exactness::Args),
     /// Run the criterion benchmarks and write docs/benchmarks.md.
     Bench(bench::Args),
     /// Measure what capture costs (as root) and write docs/benchmarks-capture.md.
@@ -63,6 +67,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::BuildEbpf(args) => build_ebpf::run(args),
         Command::EvalFingerprints(args) => eval::run(args),
+        Command::EvalExactness(args) => eval_exactness::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchCapture(args) => bench_capture::run(args),
         Command::BenchIngest(args) => bench_ingest::run(args),
