@@ -180,7 +180,6 @@ pub fn capture(args: &CaptureArgs) -> Result<CaptureSummary, CaptureRunError> {
         counters: args.counters,
         calibrate: !args.no_calibrate,
         seed: args.seed,
-        ..CaptureConfig::default()
     };
     let mut capture = Capture::start(config)?;
     if args.launches {

@@ -342,7 +342,8 @@ pub struct CaptureSection {
     pub max_gap_seconds: f64,
     /// S: one launch in S sampled.
     pub sample_period: u32,
-    /// O: the sampling offset is re-drawn this often.
+    /// O: a schedule that runs across windows (the trace replay's) is re-seeded this often;
+    /// the capture starts a block of S at every window it opens, which makes this moot there.
     pub reoffset_seconds: f64,
     /// How long each counter group stays active.
     pub group_seconds: f64,
@@ -628,7 +629,8 @@ min_gap_seconds = 60.0
 max_gap_seconds = 21600.0
 # S: one launch in S is sampled.
 sample_period = 1000
-# O: the random sampling offset is re-drawn this often.
+# O: the trace replay's sampling schedule is re-seeded this often (the capture starts a block
+# of S launches, with its sampled position drawn afresh, at every window it opens).
 reoffset_seconds = 600.0
 # Counter groups take turns of this length.
 group_seconds = 600.0
@@ -1072,7 +1074,6 @@ impl AgentConfig {
                     window_launches: c.window_launches,
                     poll_interval: Duration::from_millis(1),
                     sample_period,
-                    reoffset_every: seconds(c.reoffset_seconds),
                     group_period: seconds(c.group_seconds),
                     counters: c.counters,
                     calibrate: c.calibrate,

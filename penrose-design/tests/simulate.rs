@@ -81,6 +81,8 @@ fn direct_count(checked: &Checked, fleet: &Fleet, size_seals: bool) -> Direct {
             let g = (((t + setup.group_phase) / p.group_seconds).floor() as u64
                 % u64::from(p.groups)) as usize;
             let now = Duration::from_secs_f64(t);
+            // The agent starts a block of S at every window it opens.
+            sampler.start_block(now);
             let hits = (0..profile.window_launches)
                 .filter(|_| sampler.on_launch(now) == Decision::Sample)
                 .count() as u64;
@@ -449,7 +451,11 @@ fn outcome(checked: &Checked) -> Vec<Option<f64>> {
 fn steering_off_gives_the_results_of_the_simulator_before_steering() {
     // Printed (`--json`) by the simulator before steering existed (commit 3d656f4):
     // `simulate --gpus 3000 --apps 20 --mixes small-kernel,large-kernel --hours 12`, at that
-    // commit's defaults (S = 10,000, seal age one hour).
+    // commit's defaults (S = 10,000, seal age one hour), then again when the agent's sampler
+    // became one launch per block of S at a fresh position (steering off; the periodic
+    // countdown before it printed the same release hours, 8.65 and none, with 2.18 and 1.93
+    // reports per GPU-hour against 2.17 and 1.81 now, and sampled coverage at 0.031 and 0.085 h
+    // against 0.019 and 0.105 now).
     let params = Params {
         gpus: 3_000,
         apps: vec![20],
@@ -461,24 +467,24 @@ fn steering_off_gives_the_results_of_the_simulator_before_steering() {
     let before = [
         Some(8.65),
         Some(8.65),
-        Some(1.0365302414454804),
-        Some(1.0365302414454804),
-        Some(0.030900496725721753),
-        Some(0.030900496725721753),
-        Some(6.789305555555556),
-        Some(2.1781944444444443),
+        Some(1.0250997414054623),
+        Some(1.0250997414054623),
+        Some(0.01889854754899857),
+        Some(0.01889854754899857),
+        Some(6.790194444444444),
+        Some(2.1677222222222223),
         Some(67887.95311111111),
-        Some(149.6500000000001),
+        Some(149.35000000000008),
         None,
         None,
-        Some(1.101047599856928),
-        Some(1.101047599856928),
-        Some(0.08505023730056337),
-        Some(0.08505023730056337),
-        Some(5.480722222222222),
-        Some(1.9275277777777777),
+        Some(1.1135176025513176),
+        Some(1.1135176025513176),
+        Some(0.10460602535993718),
+        Some(0.10460602535993718),
+        Some(5.478666666666666),
+        Some(1.812361111111111),
         Some(54750.42963888889),
-        Some(120.14999999999988),
+        Some(116.34999999999981),
     ];
     let now = outcome(&params.check().unwrap());
     for (i, (a, b)) in now.iter().zip(&before).enumerate() {

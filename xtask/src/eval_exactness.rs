@@ -5,7 +5,7 @@
 //! trace (one application) and each such counter, this task bins every launch as the agent does
 //! (the catalogue's binning) into the histogram of all launches, then draws releases: `hosts`
 //! simulated hosts each replay the trace from a random launch (looping, time running on), run
-//! the agent's own sampler (`SamplingSchedule`, 1 in S with its re-drawn offset) over it, and bin
+//! the agent's own sampler (`SamplingSchedule`, one launch per block of S) over it, and bin
 //! their samples; a release adds the hosts' histograms, as the design server's decrypted sum
 //! does. The released histogram is compared with the histogram of all launches: mean, p50 and
 //! p90 (each as the histogram states it), and the bins' total variation distance, at a ladder
@@ -61,8 +61,8 @@ pub struct Args {
     /// Traces with fewer launches are left out (a few launches make no application).
     #[arg(long, default_value_t = 1_000)]
     min_launches: usize,
-    /// The sampler: the agent's countdown (`countdown`), or each launch independently with
-    /// probability 1/S (`independent`), for comparison.
+    /// The sampler: the agent's (`countdown`), or each launch independently with probability
+    /// 1/S (`independent`), for comparison.
     #[arg(long, value_enum, default_value_t = Sampler::Countdown)]
     sampler: Sampler,
     /// Seed of every random choice.
@@ -79,7 +79,7 @@ pub struct Args {
 /// Which launches a host samples.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Sampler {
-    /// The agent's `SamplingSchedule`: every S-th launch from an offset re-drawn every 600 s.
+    /// The agent's `SamplingSchedule`: one launch per block of S, at a fresh position.
     Countdown,
     /// Each launch independently with probability 1/S (geometric gaps).
     Independent,

@@ -45,9 +45,11 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use penrose_core::counters::CounterGroup;
-use penrose_core::sampling::{DEFAULT_REOFFSET_INTERVAL, DEFAULT_SAMPLE_PERIOD, SamplePeriod};
+use penrose_core::sampling::{
+    Countdown, DEFAULT_REOFFSET_INTERVAL, DEFAULT_SAMPLE_PERIOD, SamplePeriod,
+};
 use penrose_ebpf_common::HandleKind;
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{SeedableRng, rngs::StdRng};
 
 use crate::counters::{self, CounterSource, MissingReason, Reading, SourceKind};
 pub use calibrate::ProbeCost;
@@ -81,8 +83,6 @@ pub struct CaptureConfig {
     pub poll_interval: Duration,
     /// S: one launch in S is sampled (per CPU, counted in BPF).
     pub sample_period: SamplePeriod,
-    /// O: the random offset of the sampling countdown is re-drawn this often.
-    pub reoffset_every: Duration,
     /// How long each counter group stays active before the next one's turn.
     pub group_period: Duration,
     /// Where counter values come from. The capture does not start when this source cannot be
@@ -102,7 +102,6 @@ impl Default for CaptureConfig {
             window_launches: window::DEFAULT_WINDOW_LAUNCHES,
             poll_interval: Duration::from_millis(1),
             sample_period: DEFAULT_SAMPLE_PERIOD,
-            reoffset_every: DEFAULT_REOFFSET_INTERVAL,
             group_period: DEFAULT_REOFFSET_INTERVAL,
             counters: SourceKind::Nvml,
             calibrate: true,
@@ -243,7 +242,6 @@ pub struct Capture {
     sample_period_map: Array<MapData, u64>,
     countdown: PerCpuArray<MapData, u64>,
     rng: StdRng,
-    next_reoffset: Option<Instant>,
     counters: Box<dyn CounterSource>,
     groups: Vec<CounterGroup>,
     started: Instant,
@@ -318,7 +316,6 @@ impl Capture {
             sample_period_map,
             countdown,
             rng,
-            next_reoffset: None,
             counters,
             groups,
             started: now,
@@ -368,10 +365,9 @@ impl Capture {
     /// Says at start how the capture runs.
     fn log_settings(&self) {
         tracing::info!(
-            "capture: L = {}, 1 in {} launches sampled (offset re-drawn every {:?}), counters from {} (groups {:?}), probe cost {:?} per launch{}",
+            "capture: L = {}, 1 in each block of {} launches sampled (each block's position drawn afresh, a block started at every window), counters from {} (groups {:?}), probe cost {:?} per launch{}",
             self.config.window_launches,
             self.config.sample_period.get(),
-            self.config.reoffset_every,
             self.counters.name(),
             self.groups.iter().map(|g| g.0).collect::<Vec<_>>(),
             self.cost.per_launch,
@@ -501,25 +497,22 @@ impl Capture {
         self.cost
     }
 
-    /// Seeds each CPU's sampling countdown with a random offset in 1..=S when the last draw
-    /// is older than O (or there was none), so which launch is sampled cannot be predicted.
-    fn maybe_reoffset(&mut self) -> Result<(), CaptureError> {
-        let now = Instant::now();
-        if self.next_reoffset.is_some_and(|at| now < at) {
-            return Ok(());
-        }
-        let period = self.config.sample_period.get();
+    /// Seeds each CPU's sampling countdown at a window's opening: a block of S starts at the
+    /// window's first launch on every CPU, its sample at a position of its own
+    /// (`penrose_core::sampling`), so which launch is sampled cannot be predicted and a window
+    /// of u launches on a CPU holds a sample with probability min(1, u / S).
+    fn seed_countdowns(&mut self) -> Result<(), CaptureError> {
+        let period = self.config.sample_period;
         let cpus = aya::util::nr_cpus()
             .map_err(|(what, e)| CaptureError::Sampling(format!("{what}: {e}")))?;
-        let offsets: Vec<u64> = (0..cpus)
-            .map(|_| u64::from(self.rng.random_range(1..=period)))
+        let words: Vec<u64> = (0..cpus)
+            .map(|_| Countdown::block_start(period, &mut self.rng).to_probe_word())
             .collect();
-        let values = aya::maps::PerCpuValues::try_from(offsets)
+        let values = aya::maps::PerCpuValues::try_from(words)
             .map_err(|e| CaptureError::Sampling(e.to_string()))?;
         self.countdown
             .set(0, values, 0)
             .map_err(CaptureError::Map)?;
-        self.next_reoffset = Some(now + self.config.reoffset_every);
         Ok(())
     }
 
@@ -540,7 +533,7 @@ impl Capture {
             return Ok(());
         }
         self.drain();
-        self.maybe_reoffset()?;
+        self.seed_countdowns()?;
         self.window = Some(Window::new(
             self.counts.windows,
             self.config.window_launches,

@@ -185,6 +185,8 @@ impl SnippetSource for ReplaySource {
                 let turn = now.as_nanos() / self.config.group_period.as_nanos().max(1);
                 self.groups[usize::try_from(turn % self.groups.len() as u128).unwrap_or(0)]
             });
+            // As the capture seeds the probe at every window it opens.
+            sampling.start_block(now);
             let mut snippets = Vec::with_capacity(self.processes.len());
             let mut launches = 0u64;
             for p in &mut self.processes {

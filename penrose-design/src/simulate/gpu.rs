@@ -27,9 +27,9 @@ pub struct Cap {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SamplerModel {
-    /// The agent's sampler, `penrose_core::sampling::SamplingSchedule`: a countdown that samples
-    /// every S-th launch from a random offset re-drawn every O. Its hit probability for u
-    /// launches from a fresh offset is min(1, u / S).
+    /// The agent's sampler, `penrose_core::sampling::SamplingSchedule`: one launch in each block
+    /// of S, at a position drawn afresh per block, a block started at every window. Its hit
+    /// probability for a window of u launches is min(1, u / S).
     Countdown,
     /// Each launch independently with probability 1/S, the model behind
     /// P_hit = 1 - (1 - 1/S)^u (`penrose_core::sampling::hit_probability`).
@@ -342,13 +342,18 @@ impl<'a> Gpu<'a> {
                                 Duration::from_secs_f64(t),
                             );
                         }
+                        schedule.start_block(Duration::from_secs_f64(t));
                         schedule.on_launches(launches, Duration::from_secs_f64(t))
                     }
                     None => bernoulli_hits(&mut self.rng, launches, period),
                 }
             } else {
                 match self.countdown.as_mut() {
-                    Some(schedule) => schedule.on_launches(launches, Duration::from_secs_f64(t)),
+                    Some(schedule) => {
+                        // The agent starts a block of S at every window it opens.
+                        schedule.start_block(Duration::from_secs_f64(t));
+                        schedule.on_launches(launches, Duration::from_secs_f64(t))
+                    }
                     None => bernoulli_hits(&mut self.rng, launches, model.period),
                 }
             };
