@@ -20,7 +20,7 @@ use penrose_agent::counters::standin::trace_values;
 use penrose_core::counters::{Binning, Catalogue, Counter};
 use penrose_core::histogram::Histogram;
 use penrose_core::sampling::{
-    DEFAULT_REOFFSET_INTERVAL, DEFAULT_SAMPLE_PERIOD, Decision, SamplePeriod, SamplingSchedule,
+    DEFAULT_REOFFSET_INTERVAL, DEFAULT_SAMPLE_PERIOD, SamplePeriod, SamplingSchedule,
 };
 use penrose_traces::{Trace, TraceFolder, job_name};
 use rand::{Rng, SeedableRng};
@@ -269,65 +269,68 @@ fn release(
     Ok(released)
 }
 
-/// One host's histogram of `want` samples: the agent's sampler over the looped trace, from a
-/// random launch, the clock running on across loops.
+/// One host's histogram of `want` samples with the agent's sampler.
 fn sample_host(
     s: &Series,
     want: u64,
     period: SamplePeriod,
     rng: &mut ChaCha8Rng,
 ) -> Result<Histogram> {
-    let n = s.launches.len();
-    let mut index = rng.random_range(0..n);
-    let start = s.launches[index].0;
-    let mut loops = 0.0;
-    let now = |index: usize, loops: f64| {
-        let us = s.launches[index].0 - start + loops * s.span_us;
-        Duration::from_secs_f64(us.max(0.0) / 1e6)
-    };
     let mut schedule = SamplingSchedule::new(
         period,
         DEFAULT_REOFFSET_INTERVAL,
         ChaCha8Rng::seed_from_u64(rng.random()),
-        now(index, loops),
+        Duration::ZERO,
     );
-    let mut h = Histogram::new();
-    while u64::from(h.samples().0) < want {
-        // Skip to the launch the countdown names, then decide it as the agent does.
-        let skip = schedule.countdown(now(index, loops)) as usize;
-        schedule.on_launches(skip as u64, now(index, loops));
-        loops += ((index + skip) / n) as f64;
-        index = (index + skip) % n;
-        if schedule.on_launch(now(index, loops)) == Decision::Sample {
-            h.record(s.counter.binning.bin(s.launches[index].1)?)?;
-        }
-        loops += ((index + 1) / n) as f64;
-        index = (index + 1) % n;
-    }
-    Ok(h)
+    walk(s, want, rng, |now| {
+        // The countdown's launches pass and the next one is sampled, all at `now`.
+        let skip = schedule.countdown(now);
+        schedule.on_launches(u64::from(skip) + 1, now);
+        skip as usize
+    })
 }
 
-/// One host's histogram of `want` samples, each launch of the looped trace sampled
-/// independently with probability 1/S: the gaps are geometric.
+/// One host's histogram of `want` samples, each launch sampled independently with
+/// probability 1/S: the gaps are geometric.
 fn sample_independent(
     s: &Series,
     want: u64,
     period: SamplePeriod,
     rng: &mut ChaCha8Rng,
 ) -> Result<Histogram> {
-    let n = s.launches.len();
     let p = 1.0 / f64::from(period.get());
-    let mut index = rng.random_range(0..n);
-    let mut h = Histogram::new();
-    while u64::from(h.samples().0) < want {
-        let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
-        let gap = if p >= 1.0 {
+    let mut draws = ChaCha8Rng::seed_from_u64(rng.random());
+    walk(s, want, rng, |_| {
+        let u: f64 = draws.random_range(f64::MIN_POSITIVE..1.0);
+        if p >= 1.0 {
             0
         } else {
             (u.ln() / (1.0 - p).ln()).floor() as usize
-        };
-        index = (index + gap) % n;
+        }
+    })
+}
+
+/// Walks the looped trace from a random launch, the clock (from 0 there) running on across
+/// loops, and bins `want` samples: `gap` says how many launches pass before the next sampled
+/// one, given the time of the launch the walk stands at.
+fn walk(
+    s: &Series,
+    want: u64,
+    rng: &mut ChaCha8Rng,
+    mut gap: impl FnMut(Duration) -> usize,
+) -> Result<Histogram> {
+    let n = s.launches.len();
+    let mut index = rng.random_range(0..n);
+    let start = s.launches[index].0;
+    let mut loops = 0usize;
+    let mut h = Histogram::new();
+    while u64::from(h.samples().0) < want {
+        let us = s.launches[index].0 - start + loops as f64 * s.span_us;
+        let at = index + gap(Duration::from_secs_f64(us.max(0.0) / 1e6));
+        loops += at / n;
+        index = at % n;
         h.record(s.counter.binning.bin(s.launches[index].1)?)?;
+        loops += (index + 1) / n;
         index = (index + 1) % n;
     }
     Ok(h)
