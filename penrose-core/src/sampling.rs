@@ -225,14 +225,19 @@ mod tests {
         SamplePeriod(NonZeroU32::new(s).unwrap())
     }
 
+    /// A schedule of period `s`, re-seeded every `reoffset` seconds, from `seed`, at time 0.
+    fn schedule(s: u32, reoffset: u64, seed: u64) -> SamplingSchedule<ChaCha8Rng> {
+        SamplingSchedule::new(
+            period(s),
+            Duration::from_secs(reoffset),
+            ChaCha8Rng::seed_from_u64(seed),
+            Duration::ZERO,
+        )
+    }
+
     #[test]
     fn one_in_each_block_of_s_at_a_position_that_varies() {
-        let mut s = SamplingSchedule::new(
-            period(100),
-            Duration::from_secs(600),
-            ChaCha8Rng::seed_from_u64(7),
-            Duration::ZERO,
-        );
+        let mut s = schedule(100, 600, 7);
         let hits: Vec<usize> = (0..100_000)
             .filter(|_| s.on_launch(Duration::from_secs(1)) == Decision::Sample)
             .collect();
@@ -251,12 +256,7 @@ mod tests {
     /// window of S launches exactly one.
     #[test]
     fn a_window_that_starts_a_block_samples_with_probability_u_over_s() {
-        let mut s = SamplingSchedule::new(
-            period(100),
-            Duration::from_secs(600),
-            ChaCha8Rng::seed_from_u64(4),
-            Duration::ZERO,
-        );
+        let mut s = schedule(100, 600, 4);
         let mut windows_of = |u: u64| -> Vec<u64> {
             (0..4_000)
                 .map(|_| {
@@ -274,12 +274,7 @@ mod tests {
     /// Re-offsets as often as samples change nothing of the rate: one launch in S.
     #[test]
     fn frequent_re_offsets_keep_the_rate_at_one_in_s() {
-        let mut s = SamplingSchedule::new(
-            period(100),
-            Duration::from_secs(1),
-            ChaCha8Rng::seed_from_u64(9),
-            Duration::ZERO,
-        );
+        let mut s = schedule(100, 1, 9);
         // 2,000,000 launches, a re-offset every 50 (20,000 expected samples).
         let samples = (0..2_000_000u64)
             .filter(|i| s.on_launch(Duration::from_secs(i / 50)) == Decision::Sample)
@@ -293,12 +288,7 @@ mod tests {
     #[test]
     fn a_periodic_application_is_sampled_across_its_period() {
         let (p, s) = (2_700usize, 1_000);
-        let mut schedule = SamplingSchedule::new(
-            period(s),
-            Duration::from_secs(600),
-            ChaCha8Rng::seed_from_u64(3),
-            Duration::ZERO,
-        );
+        let mut schedule = schedule(s, 600, 3);
         let mut positions: Vec<usize> = (0..p * 1_000)
             .filter(|_| schedule.on_launch(Duration::from_secs(1)) == Decision::Sample)
             .map(|i| i % p)
@@ -313,12 +303,7 @@ mod tests {
 
     #[test]
     fn offset_is_redrawn_each_interval() {
-        let mut s = SamplingSchedule::new(
-            period(10_000),
-            Duration::from_secs(600),
-            ChaCha8Rng::seed_from_u64(1),
-            Duration::ZERO,
-        );
+        let mut s = schedule(10_000, 600, 1);
         let mut offsets = Vec::new();
         for interval in 0..20u64 {
             let now = Duration::from_secs(interval * 600 + 1);
@@ -344,12 +329,7 @@ mod tests {
     #[test]
     fn seeded_schedules_repeat() {
         let run = |seed| {
-            let mut s = SamplingSchedule::new(
-                period(37),
-                Duration::from_secs(1),
-                ChaCha8Rng::seed_from_u64(seed),
-                Duration::ZERO,
-            );
+            let mut s = schedule(37, 1, seed);
             (0..2000u64)
                 .map(|i| s.on_launch(Duration::from_millis(i * 3)) == Decision::Sample)
                 .collect::<Vec<_>>()
@@ -361,14 +341,7 @@ mod tests {
     #[test]
     fn a_batch_of_launches_counts_as_launches_one_by_one() {
         for (s, seed) in [(1, 1), (2, 2), (7, 3), (100, 4), (10_000, 5)] {
-            let start = || {
-                SamplingSchedule::new(
-                    period(s),
-                    Duration::from_secs(600),
-                    ChaCha8Rng::seed_from_u64(seed),
-                    Duration::ZERO,
-                )
-            };
+            let start = || schedule(s, 600, seed);
             let (mut batch, mut single) = (start(), start());
             let mut rng = ChaCha8Rng::seed_from_u64(seed + 100);
             for step in 0..400u64 {
