@@ -71,6 +71,10 @@ pub struct Args {
     /// data directory to each run. Without it the reports come from the traces' windows.
     #[arg(long, value_delimiter = ',')]
     fleet_apps: Vec<u32>,
+    /// Whether the server keeps each report's evidence for the release auditor (`serve
+    /// --keep-evidence`): `off`, `on`, or `both` in turn (its cost at ingest).
+    #[arg(long, value_enum, default_value_t = EvidenceArg::Off)]
+    keep_evidence: EvidenceArg,
     /// With --fleet-apps: the share of reports from applications never seen.
     #[arg(long, default_value_t = 0.01)]
     new_app_share: f64,
@@ -100,6 +104,28 @@ impl AdmissionArg {
             AdmissionArg::Open => &[(false, "")],
             AdmissionArg::Tokens => &[(true, "")],
             AdmissionArg::Both => &[(false, " open"), (true, " tokens")],
+        }
+    }
+}
+
+/// `--keep-evidence`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum EvidenceArg {
+    /// Evidence not kept.
+    Off,
+    /// Evidence kept.
+    On,
+    /// Both, in turn.
+    Both,
+}
+
+impl EvidenceArg {
+    /// The modes to run, as (kept, label suffix).
+    fn modes(self) -> &'static [(bool, &'static str)] {
+        match self {
+            EvidenceArg::Off => &[(false, "")],
+            EvidenceArg::On => &[(true, " evidence")],
+            EvidenceArg::Both => &[(false, " no evidence"), (true, " evidence")],
         }
     }
 }
@@ -238,9 +264,14 @@ pub fn run(args: Args) -> Result<()> {
                 .connection_mode
                 .modes()
                 .iter()
-                .flat_map(|c| fleets.iter().map(move |f| (c, f)));
-            for (&(fresh, connection_suffix), &fleet) in runs_of_binary {
-                let label = format!("{label}{suffix}{connection_suffix}");
+                .flat_map(|c| fleets.iter().map(move |f| (c, f)))
+                .flat_map(|(c, f)| args.keep_evidence.modes().iter().map(move |e| (c, f, e)));
+            for (&(fresh, connection_suffix), &fleet, &(kept, evidence_suffix)) in runs_of_binary {
+                let label = format!("{label}{suffix}{connection_suffix}{evidence_suffix}");
+                let mut admission = admission.clone();
+                if kept {
+                    admission.serve.push("--keep-evidence".into());
+                }
                 let label = match fleet {
                     Some(apps) => format!("{label} {apps} classes"),
                     None => label.clone(),
@@ -286,6 +317,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// The admission flags of one run: the server's, and the load generator's.
+#[derive(Clone)]
 struct Admission {
     serve: Vec<std::ffi::OsString>,
     loadgen: Vec<std::ffi::OsString>,
