@@ -6,8 +6,10 @@ pub const EVENTS: &str = "EVENTS";
 pub const DROPS: &str = "DROPS";
 /// Array of one [`crate::SampleConfig`], written by the agent.
 pub const SAMPLE_CONFIG: &str = "SAMPLE_CONFIG";
-/// Per-CPU `u64`, index 0: launches left until the next sampled one on this CPU. The agent
-/// may seed it with a random offset; the programs reload it from [`crate::SampleConfig`].
+/// Per-CPU `u64`, index 0: low half, launches left until the next sampled one on this CPU
+/// plus one; high half, the launches of that sample's block (of S) that follow it. The agent
+/// seeds it at every window (`penrose_core::sampling::Countdown::to_probe_word`); the programs
+/// draw each next block's position with the period of [`crate::SampleConfig`].
 pub const SAMPLE_COUNTDOWN: &str = "SAMPLE_COUNTDOWN";
 /// LRU hash: a name call's out-pointer and argument, stashed by the entry probe for the return
 /// probe of the same thread. Internal to the object; named here so the loader can size it.

@@ -32,7 +32,8 @@ pub(crate) static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub(crate) static SAMPLE_CONFIG: Array<SampleConfig> = Array::with_max_entries(1, 0);
 
-/// Index 0: launches left on this CPU until the next sampled one.
+/// Index 0: this CPU's sampling word: low half, launches left until the next sampled one
+/// plus one; high half, the launches of that sample's block that follow it (`sampling.rs`).
 #[map]
 pub(crate) static SAMPLE_COUNTDOWN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
