@@ -53,7 +53,8 @@ pub struct AgentModel {
     pub sampler: SamplerModel,
     /// S.
     pub period: SamplePeriod,
-    /// O: the countdown's offset is re-drawn this often.
+    /// O: a schedule running across windows is re-seeded this often (each window starts a
+    /// block anyway).
     pub reoffset: Duration,
     /// Counter groups, rotated.
     pub groups: u8,
