@@ -5,8 +5,8 @@
 //! Each process of each trace is one replayed process that loops over its launch sequence, as
 //! the stand-in replayer does in its looping mode. Every window, each replayed process
 //! contributes one snippet of L consecutive launches, continuing where its previous window
-//! ended; 1 launch per block of S is sampled (a block started at every window, as the BPF countdown does)
-//! and its counter values are the trace's fields for the active counter group, computed as the
+//! ended; 1 launch per block of S is sampled (a block started at every window, as the BPF
+//! countdown does) and its counter values are the trace's fields for the active counter group, computed as the
 //! stand-in driver computes them ([`crate::counters::standin::trace_values`]). So the pipeline
 //! sees what it would see if these traces ran through the stand-in with the agent attached,
 //! without root; the live path is tested against the stand-in separately.
