@@ -159,6 +159,36 @@ for name in "${USERS[@]}"; do
 done
 step_done
 
+step "no test equipment in the packaged binaries (docs/design.md: product and test equipment stay apart)"
+agent_bin="$ROOT/usr/bin/penrose-agent"
+aggregator_bin="$ROOT/usr/bin/penrose-aggregator"
+# The stand-in ring's environment variable and the load generator's own messages are string
+# literals of the test equipment's code: present only where that code was linked in.
+for pair in "$agent_bin:PENROSE_STANDIN_GPUS" "$aggregator_bin:need at least one client"; do
+    bin=${pair%%:*}
+    literal=${pair#*:}
+    if grep -aqF "$literal" "$bin"; then
+        fail "$(basename "$bin") contains \"$literal\": test equipment was linked into the package"
+    fi
+done
+if "$aggregator_bin" loadgen --help >/dev/null 2>&1; then
+    fail "penrose-aggregator has a loadgen subcommand"
+fi
+"$aggregator_bin" --help | grep -qE '^ +loadgen( |$)' && fail "penrose-aggregator --help lists loadgen"
+conf=$(mktemp /tmp/penrose-agent-test-equipment.XXXXXX.toml)
+for setting in 's/^source = "ebpf"$/source = "test-replay"/' 's/^counters = "nvml"$/counters = "test-standin-ring"/'; do
+    "$agent_bin" config --print-default | sed "$setting" >"$conf"
+    ! cmp -s "$conf" <("$agent_bin" config --print-default) || fail "the sed '$setting' changed nothing"
+    if out=$("$agent_bin" config --check "$conf" 2>&1); then
+        fail "penrose-agent config --check accepts a test-equipment setting ($setting): $out"
+    fi
+    echo "$out" | grep -q "which this build does not have" ||
+        fail "penrose-agent config --check: unexpected refusal: $out"
+done
+rm -f "$conf"
+echo "penrose-agent refuses the replay source and the stand-in ring; penrose-aggregator has no loadgen"
+step_done
+
 step "systemd units"
 # Each unit's state directory is where its configuration writes.
 agent_state=$("$ROOT/usr/bin/penrose-agent" config --print-default | sed -n 's/^state_dir = "\(.*\)"$/\1/p')

@@ -17,6 +17,9 @@ stage "disk space" ci/disk.sh
 stage "rustfmt" cargo fmt --all -- --check
 stage "build (tests, all targets)" cargo build --workspace --all-targets --locked
 stage "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+# Without --all-targets no dev-dependency turns on the test-util feature: the agent and the
+# aggregation server as the packages build them, without their test equipment.
+stage "clippy, product builds (no test-util)" cargo clippy -p penrose-agent -p penrose-aggregator --locked -- -D warnings
 if command -v bpf-linker >/dev/null 2>&1; then
     stage "eBPF object is reproducible" ci/check-ebpf.sh
 else

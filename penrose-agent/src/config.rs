@@ -35,7 +35,6 @@ use crate::capture::CaptureConfig;
 use crate::capture::locate::LibrarySources;
 use crate::capture::schedule::{BudgetConfig, OverheadBudget};
 use crate::counters::SourceKind;
-use crate::source::replay::ReplayConfig;
 
 /// Where `penrose-agent` looks for its configuration when not told.
 pub const DEFAULT_PATH: &str = "/etc/penrose/agent.toml";
@@ -295,6 +294,18 @@ impl SourceChoice {
     }
 }
 
+/// Whether this build has the test equipment compiled in (the `test-util` feature: tests and
+/// the demo). The binaries the packages ship do not, and refuse settings that name it.
+pub const TEST_EQUIPMENT_BUILT: bool = cfg!(feature = "test-util");
+
+/// Why a setting that names test equipment is refused by a build without it.
+pub fn test_equipment_not_built(setting: &str) -> String {
+    format!(
+        "{setting} is test equipment, which this build does not have: it is compiled in only \
+         with the test-util feature, for tests and the demo, never in a packaged agent"
+    )
+}
+
 /// Logs, at warning level, that a test-equipment setting is in use: `setting` (as written in
 /// the configuration) and what it means.
 pub fn warn_test_equipment(setting: &str, what: &str) {
@@ -322,6 +333,29 @@ pub enum SourcePlan {
         /// How the replay runs.
         replay: ReplayConfig,
     },
+}
+
+/// How a trace replay runs (test equipment: `crate::source::replay`, in builds with the
+/// `test-util` feature).
+#[derive(Clone, Debug)]
+pub struct ReplayConfig {
+    /// L.
+    pub window_launches: usize,
+    /// S.
+    pub sample_period: SamplePeriod,
+    /// O.
+    pub reoffset_every: Duration,
+    /// Counter groups take turns of this length.
+    pub group_period: Duration,
+    /// Time between windows.
+    pub window_every: Duration,
+    /// Windows before the source ends (`None`: no end).
+    pub windows: Option<u64>,
+    /// Sample the traces' own counter values, as the stand-in ring would give them
+    /// (`capture.counters = "test-standin-ring"`); `false` keeps none (`"none"`).
+    pub sample_counters: bool,
+    /// Seed of the sampling offsets (`None`: from the OS).
+    pub seed: Option<u64>,
 }
 
 /// `[capture]`.
@@ -616,7 +650,7 @@ public_key = "/etc/penrose/design-public.key"
 # Where snippets come from: "ebpf", the probes on libcuda. If they cannot be loaded (not root,
 # no BTF, ...) the agent exits with code 3; it never falls back to anything else.
 # ("test-replay" replays profiler traces as if captured: test equipment, for tests and the
-# demo only.)
+# demo only, in builds with the test-util feature; a packaged agent refuses it.)
 source = "ebpf"
 # L: launches per process per capture window.
 window_launches = 10000
@@ -1061,6 +1095,7 @@ impl AgentConfig {
                 "capture.budget_percent",
                 format!("{} must be above 0 and at most 100", c.budget_percent),
             ))?;
+        refuse_unbuilt_test_equipment(c)?;
         Ok(match c.source {
             SourceChoice::Ebpf => SourcePlan::Ebpf {
                 capture: CaptureConfig {
@@ -1130,6 +1165,23 @@ impl AgentConfig {
                 )
             })
     }
+}
+
+/// Refuses, in a build without the test equipment, a capture section that names it: the
+/// product has no path to the trace replay or the stand-in ring, not even a misconfigured one.
+fn refuse_unbuilt_test_equipment(c: &CaptureSection) -> Result<(), (&'static str, String)> {
+    if TEST_EQUIPMENT_BUILT {
+        return Ok(());
+    }
+    if c.source.is_test_equipment() {
+        let setting = format!("capture.source = {:?}", c.source.name());
+        return Err(("capture.source", test_equipment_not_built(&setting)));
+    }
+    if c.counters.is_test_equipment() {
+        let setting = format!("capture.counters = {:?}", c.counters.name());
+        return Err(("capture.counters", test_equipment_not_built(&setting)));
+    }
+    Ok(())
 }
 
 /// Seconds as a [`Duration`]; the configuration was validated, so this cannot fail there.

@@ -32,7 +32,7 @@ use crate::config::{AgentConfig, SourcePlan, seconds};
 use crate::design_keys::DesignKeys;
 use crate::pipeline::{DayClock, Pipeline, PipelineConfig, PipelineError, Sealed, today};
 use crate::record::{RecordBounds, RecordLog, sealed_per_day};
-use crate::source::{EbpfSource, ReplaySource, SnippetSource, SourceBatch, SourceError};
+use crate::source::{EbpfSource, SnippetSource, SourceBatch, SourceError};
 use crate::spool::{Spool, SpoolError, create_private_dir};
 use crate::status::AgentStatus;
 use crate::tokens::{TokenStore, TokenStoreError, evidence_token_dir, token_dir};
@@ -119,7 +119,7 @@ pub fn open_source(config: &AgentConfig) -> Result<Box<dyn SnippetSource>, Daemo
         .map_err(|(key, why)| DaemonError::Setup(format!("{key}: {why}")))?;
     Ok(match plan {
         SourcePlan::Ebpf { capture, budget } => Box::new(EbpfSource::start(capture, budget)?),
-        SourcePlan::TestReplay { traces, replay } => Box::new(ReplaySource::open(&traces, replay)?),
+        SourcePlan::TestReplay { traces, replay } => crate::source::open_replay(&traces, replay)?,
     })
 }
 

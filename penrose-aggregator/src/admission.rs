@@ -329,7 +329,9 @@ pub fn write_key_ring(path: &Path, ring: &KeyRing) -> Result<(), KeyRingFileErro
 /// Test equipment: a key ring of fresh issuer keys for every counter and joint view of the
 /// current catalogue
 /// and every day from `first` to `last`, as an issuer would export it (tests, benchmarks,
-/// `examples/token_keys.rs`). A real server verifies with the issuer's export instead.
+/// `examples/token_keys.rs`). A real server verifies with the issuer's export instead; a
+/// build without the `test-util` feature does not have it.
+#[cfg(feature = "test-util")]
 pub fn test_equipment_key_ring(first: Day, last: Day) -> Result<KeyRing, TokenError> {
     let mut rng = rand::rng();
     let mut keys = Vec::new();

@@ -12,9 +12,46 @@ use crate::config::{DataDir, FileConfig};
 use crate::epochs::EpochPolicy;
 use crate::export::ReleaseConfig;
 
-/// The clap command `penrose-aggregator` parses (man pages and completions are made from it).
+/// The clap command of the product (the packages' man pages and completions are made from
+/// it): never the test equipment's `loadgen`, whatever the build's features.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+/// What the process was asked to run.
+pub enum Invocation {
+    /// A product subcommand.
+    Product(Cli),
+    /// The load generator (test equipment, only with the `test-util` feature).
+    #[cfg(feature = "test-util")]
+    Loadgen(crate::loadgen::Args),
+}
+
+/// Parses the process's arguments (exiting with a usage message, code 2, when they do not
+/// parse): the product's subcommands, and in a build with the `test-util` feature also
+/// `loadgen`, which [`command`] never lists.
+pub fn parse() -> Invocation {
+    #[cfg(feature = "test-util")]
+    return parse_with_test_equipment();
+    #[cfg(not(feature = "test-util"))]
+    Invocation::Product(Cli::parse())
+}
+
+#[cfg(feature = "test-util")]
+fn parse_with_test_equipment() -> Invocation {
+    use clap::{Args as _, FromArgMatches as _};
+    let loadgen = crate::loadgen::Args::augment_args(clap::Command::new("loadgen").about(
+        "Load generator (test equipment): many concurrent clients sending valid encrypted \
+         reports built from the real traces' fingerprints, plus a share of invalid ones",
+    ));
+    let matches = command().subcommand(loadgen).get_matches();
+    let parsed = match matches.subcommand() {
+        Some(("loadgen", args)) => {
+            crate::loadgen::Args::from_arg_matches(args).map(Invocation::Loadgen)
+        }
+        _ => Cli::from_arg_matches(&matches).map(Invocation::Product),
+    };
+    parsed.unwrap_or_else(|e| e.exit())
 }
 
 /// The Penrose aggregation server: validates encrypted reports and adds them up per
@@ -24,8 +61,8 @@ pub fn command() -> clap::Command {
 /// server through the control socket in its data directory (DATA/control.sock); when no
 /// server runs they open the data directory themselves, so they work the same either way.
 ///
-/// Exit codes: 0 success, 1 error, 2 usage, 3 some input was rejected (check-report) or
-/// some reports were refused (loadgen), 4 a bundle failed verification.
+/// Exit codes: 0 success, 1 error, 2 usage, 3 some input was rejected (check-report; the
+/// load generator of test builds: some reports were refused), 4 a bundle failed verification.
 #[derive(Parser)]
 #[command(version, about, long_about)]
 pub struct Cli {
@@ -106,6 +143,10 @@ impl ReleaseArgs {
 /// The subcommands (each variant's doc comment is its help text; the type's own doc comment
 /// is overridden by [`Cli`]'s).
 #[derive(Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once at start, so serve's many flags cost nothing worth boxing"
+)]
 pub enum Command {
     /// Run the server: QUIC ingest, the writer, the admin socket and metrics.
     ///
@@ -391,9 +432,6 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Load generator: many concurrent clients sending valid encrypted reports built from
-    /// the real traces' fingerprints, plus a share of invalid ones.
-    Loadgen(crate::loadgen::Args),
     /// Check report frames saved to files, exactly as the server checks what it receives.
     ///
     /// Each file holds one or more length-delimited frames back to back. Every frame is

@@ -33,8 +33,9 @@
 //! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`config`]: the data directory and the server's configuration file.
 //! - [`serve`]: the server process: transport, writer, control channel, metrics.
-//! - [`loadgen`]: the load generator, and [`fleet`], the synthetic fleet it and the fleet
-//!   benchmark draw reports from (test equipment).
+//! - `loadgen`: the load generator, and `fleet`, the synthetic fleet it and the fleet
+//!   benchmark draw reports from: test equipment, compiled in only with the `test-util`
+//!   feature (tests, benchmarks, the demo), never in a packaged server.
 
 pub mod admission;
 pub mod aggregate;
@@ -46,8 +47,10 @@ pub mod design_keys;
 pub mod epochs;
 pub mod evidence;
 pub mod export;
+#[cfg(feature = "test-util")]
 pub mod fleet;
 pub mod ingest;
+#[cfg(feature = "test-util")]
 pub mod loadgen;
 pub mod metrics;
 pub mod output;

@@ -7,9 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
 use penrose_aggregator::admission::{Admission, AdmissionConfig, AdmissionDescription, TokenRing};
-use penrose_aggregator::cli::{Cli, Command, DataArg, ReleaseArgs};
+use penrose_aggregator::cli::{Cli, Command, DataArg, Invocation, ReleaseArgs};
 use penrose_aggregator::control::reply::{
     AdmissionStatus, BackupReply, CloseEpochsReply, EvidenceReply, ExportReply,
     ForgetEvidenceReply, ReloadKeysReply, StatusReply, ThrottleReply, TopReply,
@@ -49,12 +48,20 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(Cli::parse())) {
+    match runtime.block_on(dispatch(penrose_aggregator::cli::parse())) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+async fn dispatch(invocation: Invocation) -> Result<ExitCode> {
+    match invocation {
+        Invocation::Product(cli) => run(cli).await,
+        #[cfg(feature = "test-util")]
+        Invocation::Loadgen(args) => penrose_aggregator::loadgen::run(args).await,
     }
 }
 
@@ -195,7 +202,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             signer,
             json,
         } => verify(&bundle, signer.as_deref(), json),
-        Command::Loadgen(args) => penrose_aggregator::loadgen::run(args).await,
     }
 }
 

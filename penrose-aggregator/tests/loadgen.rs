@@ -281,3 +281,19 @@ async fn fresh_per_report_mode_sends_every_report_on_a_connection_of_its_own() {
     let (_, state) = reopen_served(&data);
     assert_eq!(state.accepted(), 190 + 200);
 }
+
+/// The load generator is test equipment: a build with `test-util` (this one) parses
+/// `loadgen`, and the product's command, which the packages' man pages and completions are
+/// made from, never lists it (ci/packages.sh checks the packaged binary refuses it).
+#[test]
+fn loadgen_is_parsed_by_test_builds_and_never_listed_by_the_product_command() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args(["loadgen", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--token-keys"));
+    let product = penrose_aggregator::cli::command();
+    assert!(product.find_subcommand("serve").is_some());
+    assert!(product.find_subcommand("loadgen").is_none());
+}

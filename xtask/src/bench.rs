@@ -372,6 +372,12 @@ pub(crate) fn machine() -> String {
     format!("{cpu}, {cores} cores, {mem_gib:.0} GiB, Linux {kernel}, {rustc}")
 }
 
+/// The cargo features that compile the test equipment into the agent (the trace replay, the
+/// stand-in ring) and the aggregation server (the load generator): what the demo and the
+/// benchmarks build their release binaries with. `cargo xtask dist` never names them, so the
+/// packages' binaries have none of it.
+pub const TEST_EQUIPMENT_FEATURES: &str = "penrose-agent/test-util,penrose-aggregator/test-util";
+
 /// The workspace root: xtask lives one level below it.
 pub fn workspace_root() -> Result<PathBuf> {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

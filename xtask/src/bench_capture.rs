@@ -170,6 +170,8 @@ pub fn run(args: Args) -> Result<()> {
             "-p",
             "penrose-standin",
             "--bins",
+            "--features",
+            "penrose-agent/test-util",
         ])
         .status()
         .context("building the release agent and replayer")?;

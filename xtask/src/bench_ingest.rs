@@ -202,6 +202,8 @@ pub fn run(args: Args) -> Result<()> {
         let status = Command::new(env!("CARGO"))
             .current_dir(&root)
             .args(["build", "--release", "-p", "penrose-aggregator", "--bins"])
+            // The load generator is test equipment.
+            .args(["--features", "penrose-aggregator/test-util"])
             .status()
             .context("running cargo build")?;
         ensure!(status.success(), "cargo build failed: {status}");

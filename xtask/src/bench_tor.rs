@@ -727,6 +727,8 @@ fn agent_binary(args: &Args, root: &Path, say: &dyn Fn(&str)) -> Result<PathBuf>
             "penrose-agent",
             "--bin",
             "penrose-agent",
+            "--features",
+            "penrose-agent/test-util",
         ])
         .status()
         .context("running cargo build")?;

@@ -83,7 +83,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::bench::{target_dir, workspace_root};
+use crate::bench::{TEST_EQUIPMENT_FEATURES, target_dir, workspace_root};
 use crate::bench_capture::newest_standin;
 use penrose_agent::capture::loader::is_root;
 use penrose_agent::config::RouteChoice;
@@ -528,7 +528,8 @@ pub fn run(args: Args) -> Result<()> {
                 .args(["-p", "penrose-agent", "-p", "penrose-aggregator"])
                 .args(["-p", "penrose-issuer", "-p", "penrose-design"])
                 .args(["-p", "penrose-auditor"])
-                .args(["-p", "penrose-standin"]);
+                .args(["-p", "penrose-standin"])
+                .args(["--features", TEST_EQUIPMENT_FEATURES]);
             if args.tor {
                 // The namespace has no network: the build uses what cargo already fetched.
                 build.arg("--offline");

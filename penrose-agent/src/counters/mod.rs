@@ -4,16 +4,18 @@
 //! - [`nvml`]: [`NvmlSource`], GPM metrics through NVML, loaded at run time: the product's
 //!   source, and the default. When it cannot be opened the capture fails (exit code 3); there
 //!   is no fallback to another source.
-//! - [`standin`]: [`StandinSource`], test equipment: counters derived from the replayed
-//!   trace's fields, read from the stand-in libcuda's ring (`penrose-standin-ring`). Reached
-//!   only by naming it, `capture.counters = "test-standin-ring"` (tests and the demo), and
-//!   announced with a warning when it starts.
+//! - `standin`: `StandinSource`, test equipment, compiled in only with the `test-util`
+//!   feature (tests and the demo; never in a packaged agent): counters derived from the
+//!   replayed trace's fields, read from the stand-in libcuda's ring (`penrose-standin-ring`).
+//!   Reached only by naming it, `capture.counters = "test-standin-ring"`, and announced with a
+//!   warning when it starts.
 //!
 //! Hardware exposes a few counters at a time, so counters come in groups
 //! ([`CounterGroup`], from the catalogue) and the agent reads the group active in the current
 //! period; a source says which groups it can read and the agent rotates among those.
 
 pub mod nvml;
+#[cfg(feature = "test-util")]
 pub mod standin;
 
 use penrose_core::counters::{CounterGroup, CounterId};
@@ -21,6 +23,7 @@ use penrose_core::counters::{CounterGroup, CounterId};
 use crate::capture::devices::HostDevice;
 use crate::capture::events::{Launch, Pid};
 pub use nvml::{NvmlSource, NvmlUnavailable};
+#[cfg(feature = "test-util")]
 pub use standin::StandinSource;
 
 /// One counter's value for one sampled launch, in the catalogue's unit.
@@ -154,16 +157,38 @@ impl SourceKind {
 /// Opens the source `kind` names. There is no fallback: when NVML cannot be opened (no NVIDIA
 /// driver, no GPU with GPM) the error is returned and the capture does not start. The
 /// test-equipment source logs a warning saying so.
-pub fn open(kind: SourceKind) -> Result<Box<dyn CounterSource>, NvmlUnavailable> {
+pub fn open(kind: SourceKind) -> Result<Box<dyn CounterSource>, CountersUnavailable> {
     Ok(match kind {
         SourceKind::None => Box::new(NoCounters),
         SourceKind::Nvml => Box::new(NvmlSource::open()?),
-        SourceKind::TestStandinRing => {
-            crate::config::warn_test_equipment(
-                "capture.counters = \"test-standin-ring\"",
-                "counter values are read from the stand-in libcuda's ring, not from a GPU",
-            );
-            Box::new(StandinSource::new())
-        }
+        SourceKind::TestStandinRing => open_standin()?,
     })
+}
+
+/// Why the configured counter source could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum CountersUnavailable {
+    /// NVML could not be opened.
+    #[error(transparent)]
+    Nvml(#[from] NvmlUnavailable),
+    /// The configuration names test equipment this build does not have.
+    #[error("{0}")]
+    TestEquipmentNotBuilt(String),
+}
+
+#[cfg(feature = "test-util")]
+fn open_standin() -> Result<Box<dyn CounterSource>, CountersUnavailable> {
+    crate::config::warn_test_equipment(
+        "capture.counters = \"test-standin-ring\"",
+        "counter values are read from the stand-in libcuda's ring, not from a GPU",
+    );
+    Ok(Box::new(StandinSource::new()))
+}
+
+/// A build without the test equipment has no stand-in ring: an error, never another source.
+#[cfg(not(feature = "test-util"))]
+fn open_standin() -> Result<Box<dyn CounterSource>, CountersUnavailable> {
+    Err(CountersUnavailable::TestEquipmentNotBuilt(
+        crate::config::test_equipment_not_built("capture.counters = \"test-standin-ring\""),
+    ))
 }

@@ -2,16 +2,17 @@
 //!
 //! - [`ebpf`]: [`EbpfSource`], the live capture (eBPF uprobes on libcuda; needs root): the
 //!   product's source and the default.
-//! - [`replay`]: [`ReplaySource`], test equipment: profiler traces replayed as if captured (no
-//!   root, no probes), the same snippets and sampled counter values an agent would see if those
-//!   traces ran through the stand-in driver. Only `capture.source = "test-replay"` reaches it
-//!   (fast tests, the demo's hosts); a live capture that cannot start is an error, never a
-//!   reason to replay.
+//! - `replay`: `ReplaySource`, test equipment, compiled in only with the `test-util` feature
+//!   (tests and the demo; never in a packaged agent): profiler traces replayed as if captured
+//!   (no root, no probes), the same snippets and sampled counter values an agent would see if
+//!   those traces ran through the stand-in driver. Only `capture.source = "test-replay"`
+//!   reaches it; a live capture that cannot start is an error, never a reason to replay.
 //!
 //! A source runs in a thread of its own (the capture blocks, polling its ring buffer) and hands
 //! its output to a sink as it comes.
 
 pub mod ebpf;
+#[cfg(feature = "test-util")]
 pub mod replay;
 
 use std::sync::atomic::AtomicBool;
@@ -21,6 +22,7 @@ use thiserror::Error;
 use crate::capture::window::Snippet;
 use crate::capture::{CaptureError, WindowRecord};
 pub use ebpf::EbpfSource;
+#[cfg(feature = "test-util")]
 pub use replay::ReplaySource;
 
 /// Why a source stopped or could not start.
@@ -32,6 +34,30 @@ pub enum SourceError {
     /// The traces could not be read.
     #[error("trace replay: {0}")]
     Traces(String),
+    /// The configuration names test equipment this build does not have.
+    #[error("{0}")]
+    TestEquipmentNotBuilt(String),
+}
+
+/// Opens the trace replay of `traces` (test equipment).
+#[cfg(feature = "test-util")]
+pub fn open_replay(
+    traces: &std::path::Path,
+    replay: crate::config::ReplayConfig,
+) -> Result<Box<dyn SnippetSource>, SourceError> {
+    Ok(Box::new(ReplaySource::open(traces, replay)?))
+}
+
+/// A build without the test equipment has no replay to open: an error, never another source
+/// (the configuration refuses `capture.source = "test-replay"` before this is reached).
+#[cfg(not(feature = "test-util"))]
+pub fn open_replay(
+    _traces: &std::path::Path,
+    _replay: crate::config::ReplayConfig,
+) -> Result<Box<dyn SnippetSource>, SourceError> {
+    Err(SourceError::TestEquipmentNotBuilt(
+        crate::config::test_equipment_not_built("capture.source = \"test-replay\""),
+    ))
 }
 
 /// One closed window, for `status` and the overhead figures.

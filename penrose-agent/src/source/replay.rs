@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use penrose_core::counters::CounterGroup;
-use penrose_core::sampling::{Decision, SamplePeriod, SamplingSchedule};
+use penrose_core::sampling::{Decision, SamplingSchedule};
 use penrose_traces::{Kernel, TraceFolder};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use super::{SnippetSource, SourceBatch, SourceError, SourceInfo, WindowStat};
 use crate::capture::events::Pid;
 use crate::capture::window::{Sample, Snippet, SnippetEnd};
+use crate::config::ReplayConfig;
 use crate::counters::standin::{trace_groups, trace_values};
 
 /// Pids of replayed processes start here (they name no real process).
@@ -35,28 +36,6 @@ struct Replayed {
     names: Vec<Arc<str>>,
     kernels: Vec<Kernel>,
     position: usize,
-}
-
-/// How a replay runs.
-#[derive(Clone, Debug)]
-pub struct ReplayConfig {
-    /// L.
-    pub window_launches: usize,
-    /// S.
-    pub sample_period: SamplePeriod,
-    /// O.
-    pub reoffset_every: Duration,
-    /// Counter groups take turns of this length.
-    pub group_period: Duration,
-    /// Time between windows.
-    pub window_every: Duration,
-    /// Windows before the source ends (`None`: no end).
-    pub windows: Option<u64>,
-    /// Sample the traces' own counter values, as the stand-in ring would give them
-    /// (`capture.counters = "test-standin-ring"`); `false` keeps none (`"none"`).
-    pub sample_counters: bool,
-    /// Seed of the sampling offsets (`None`: from the OS).
-    pub seed: Option<u64>,
 }
 
 /// The trace-replay source.
