@@ -23,6 +23,7 @@ use std::sync::Arc;
 use object::{Object, ReadCache};
 
 use super::events::{Launch, Pid};
+use super::mapped_file::{MappingRef, check_tables, open_mapped};
 use super::procmaps::file_mappings;
 
 /// Processes whose memory maps are kept.
@@ -129,12 +130,15 @@ impl Identities {
         if let Some(object) = self.objects.get(&region.file) {
             return Some(Arc::clone(object));
         }
-        let relative = region.path.strip_prefix("/").unwrap_or(&region.path);
-        let path = Path::new("/proc")
-            .join(pid.0.to_string())
-            .join("root")
-            .join(relative);
-        let object: Arc<str> = match build_id(&path) {
+        // The mapping's own file, never whatever its path names now (`mapped_file`).
+        let opened = open_mapped(MappingRef {
+            pid: pid.0,
+            start: region.start,
+            end: region.end,
+            path: &region.path,
+            file: &region.file,
+        });
+        let object: Arc<str> = match opened.ok().and_then(build_id_of) {
             Some(id) => Arc::from(format!("bid:{id}")),
             // Without a build id the file's name is the best stable handle there is.
             None => Arc::from(format!(
@@ -156,8 +160,14 @@ impl Identities {
 
 /// The GNU build id of the ELF file at `path`, in hex.
 pub fn build_id(path: &Path) -> Option<String> {
-    let file = std::fs::File::open(path).ok()?;
+    build_id_of(std::fs::File::open(path).ok()?)
+}
+
+/// The GNU build id of the ELF file `file`, in hex (none for a file whose tables
+/// [`check_tables`] refuses).
+pub fn build_id_of(file: std::fs::File) -> Option<String> {
     let cache = ReadCache::new(file);
+    check_tables(&cache).ok()?;
     let elf = object::File::parse(&cache).ok()?;
     let id = elf.build_id().ok()??;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())

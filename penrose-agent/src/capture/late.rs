@@ -33,6 +33,7 @@ use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, SymbolKind};
 use penrose_ebpf_common::HandleKind;
 
 use super::events::{Pid, ProcessNames};
+use super::mapped_file::{MappingRef, check_tables, open_mapped};
 use super::memory::read_words;
 use super::procmaps::file_mappings;
 
@@ -95,7 +96,14 @@ fn is_handle_symbol(symbol: &str) -> bool {
 /// Reads the stub symbols of the ELF file at `path` (`.symtab` and `.dynsym`).
 pub fn read_object(path: &Path) -> Result<ObjectSymbols, String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    read_object_file(file, path)
+}
+
+/// Reads the stub symbols of the ELF file `file` (`path` names it in errors), after
+/// [`check_tables`] refused tables too large to read.
+pub fn read_object_file(file: File, path: &Path) -> Result<ObjectSymbols, String> {
     let cache = ReadCache::new(file);
+    check_tables(&cache).map_err(|e| format!("{}: {e}", path.display()))?;
     let elf = object::File::parse(&cache).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = ObjectSymbols {
         base_vaddr: elf
@@ -156,6 +164,8 @@ pub struct Mapped {
     pub file: (String, u64),
     /// Start of the mapping of file offset 0.
     pub start: u64,
+    /// One past its last address.
+    pub end: u64,
 }
 
 /// The files a `/proc/<pid>/maps` text maps from offset 0 (each once).
@@ -167,6 +177,7 @@ pub fn parse_mapped(maps: &str) -> Vec<Mapped> {
                 path: m.path,
                 file: m.file,
                 start: m.start,
+                end: m.end,
             });
         }
     }
@@ -240,13 +251,16 @@ impl LateNamer {
         if let Some(symbols) = self.cache.get(&mapped.file) {
             return Some(Arc::clone(symbols));
         }
-        // Through the process's root: a container's files are reachable from here.
-        let relative = mapped.path.strip_prefix("/").unwrap_or(&mapped.path);
-        let path = Path::new("/proc")
-            .join(pid.0.to_string())
-            .join("root")
-            .join(relative);
-        let symbols = match read_object(&path) {
+        // The mapping's own file, never whatever its path names now (`mapped_file`).
+        let opened = open_mapped(MappingRef {
+            pid: pid.0,
+            start: mapped.start,
+            end: mapped.end,
+            path: &mapped.path,
+            file: &mapped.file,
+        })
+        .map_err(|e| e.to_string());
+        let symbols = match opened.and_then(|file| read_object_file(file, &mapped.path)) {
             Ok(symbols) => Arc::new(symbols),
             Err(e) => {
                 tracing::debug!("late naming: {e}");

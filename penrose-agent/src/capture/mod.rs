@@ -11,6 +11,8 @@
 //! - [`launch_log`]: every recorded launch in order, when asked for (comparing with a
 //!   profiler).
 //! - [`procmaps`]: `/proc/<pid>/maps` lines parsed once for those that read them.
+//! - [`mapped_file`]: opening a mapped file of another user's process as that mapping's own
+//!   file (never what its path names now), and refusing ELF tables too large to read.
 //! - [`late`]: names of kernels registered before the agent attached, from the processes'
 //!   ELF symbols and memory.
 //! - [`window`]: capture windows, snippets and their sampled launches; launches with neither a
@@ -35,6 +37,7 @@ pub mod late;
 pub mod launch_log;
 pub mod loader;
 pub mod locate;
+pub mod mapped_file;
 pub mod memory;
 pub mod procmaps;
 pub mod schedule;
