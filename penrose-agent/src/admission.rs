@@ -45,16 +45,16 @@ use penrose_core::tokens::{
     CredentialFileError, IssueResponse, KeyEntry, KeySet, MAX_BATCH, MAX_CREDENTIAL_FILE,
     TokenEpoch, TokenError, TokenRequest, TokenScope,
 };
-use penrose_secret_file::SecretFileError;
+use penrose_host::FileError;
 use penrose_transport::ClientError;
 use penrose_transport::exchange::{ExchangeClient, Protocol};
 use rand::Rng;
 use thiserror::Error;
 use tokio::sync::Notify;
 
-use crate::pipeline::DayClock;
 use crate::status::AgentStatus;
 use crate::tokens::{KeySetConflict, TokenStore, TokenStoreError};
+use penrose_host::clock::Clock;
 
 /// Tokens asked for per (epoch, scope): the most any issuer's quota allows (the servers' T,
 /// `penrose_core::release::ReportsPerContributor::DEFAULT`). Every agent asks for the same.
@@ -82,9 +82,9 @@ pub enum CredentialError {
         source: std::io::Error,
     },
     /// Others could read or replace it, it is a symbolic link, or it is larger than any
-    /// credential file: [`penrose_secret_file::read`] says which.
+    /// credential file: [`penrose_host::secret_file::read`] says which.
     #[error("admission.credential: {0}; refusing to use it")]
-    Unsafe(SecretFileError),
+    Unsafe(FileError),
     /// It is not a credential file.
     #[error("admission.credential {path}: not a credential file: {source}")]
     Format {
@@ -99,10 +99,11 @@ pub enum CredentialError {
 /// agent's user that neither group nor others may access, in the
 /// `penrose-issuer-credential 1` format (`penrose_core::tokens::CREDENTIAL_FILE_MAGIC`).
 pub fn load_credential(path: &Path) -> Result<Credential, CredentialError> {
-    let bytes = penrose_secret_file::read(path, CREDENTIAL_READ_LIMIT).map_err(|e| match e {
-        SecretFileError::Io { path, source } => CredentialError::Io { path, source },
-        e => CredentialError::Unsafe(e),
-    })?;
+    let bytes =
+        penrose_host::secret_file::read(path, CREDENTIAL_READ_LIMIT).map_err(|e| match e {
+            FileError::Io { path, source } => CredentialError::Io { path, source },
+            e => CredentialError::Unsafe(e),
+        })?;
     let format = |source| CredentialError::Format {
         path: path.to_owned(),
         source,
@@ -186,7 +187,7 @@ pub struct Fetcher {
     credential: Credential,
     store: Arc<Mutex<TokenStore>>,
     status: Arc<Mutex<AgentStatus>>,
-    clock: DayClock,
+    clock: std::sync::Arc<dyn Clock>,
     scopes: Vec<TokenScope>,
     kind: TokenKind,
 }
@@ -203,7 +204,7 @@ impl Fetcher {
         credential: Credential,
         store: Arc<Mutex<TokenStore>>,
         status: Arc<Mutex<AgentStatus>>,
-        clock: DayClock,
+        clock: std::sync::Arc<dyn Clock>,
     ) -> Self {
         let scopes = Catalogue::current()
             .report_ids()

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use penrose_core::paillier::PublicKey;
-use penrose_core::release::{ReportsPerContributor, check_key_bits};
+use penrose_core::release::ReportsPerContributor;
 use penrose_transport::{ClientConfig, RetryPolicy, Route, Trust};
 use thiserror::Error;
 use tokio::sync::Notify;
@@ -30,18 +30,17 @@ use tokio::sync::Notify;
 use crate::admission::{self, FetchTiming, Fetcher, ISSUER_PROTOCOL, TokenKind};
 use crate::config::{AgentConfig, SourcePlan, seconds};
 use crate::design_keys::DesignKeys;
-use crate::pipeline::{DayClock, Pipeline, PipelineConfig, PipelineError, Sealed, today};
+use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed};
 use crate::record::{RecordBounds, RecordLog, sealed_per_day};
 use crate::source::{EbpfSource, SnippetSource, SourceBatch, SourceError};
 use crate::spool::{Spool, SpoolError, create_private_dir};
 use crate::status::AgentStatus;
 use crate::tokens::{TokenStore, TokenStoreError, evidence_token_dir, token_dir};
 use crate::upload::{self, UploadConfig};
+use penrose_host::clock::{SystemClock, today};
 
 /// The spool's folder inside the state directory.
 pub const SPOOL_DIR: &str = "spool";
-/// Largest public key file read.
-const MAX_KEY_FILE: u64 = 64 * 1024;
 
 /// Why the daemon could not start or had to stop.
 #[derive(Debug, Error)]
@@ -84,29 +83,11 @@ pub fn spool_dir(state_dir: &Path) -> PathBuf {
     state_dir.join(SPOOL_DIR)
 }
 
-/// Reads the design server's public key file; refuses a key under
-/// [`penrose_core::release::MIN_KEY_BITS`] bits.
+/// Reads the design server's public key file (`design.public_key`) with the shared reader,
+/// which refuses a key under [`penrose_core::release::MIN_KEY_BITS`] bits.
 pub fn load_public_key(path: &Path) -> Result<PublicKey, DaemonError> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?
-        .len();
-    if len > MAX_KEY_FILE {
-        return Err(DaemonError::Setup(format!(
-            "design.public_key {}: too large to be a key",
-            path.display()
-        )));
-    }
-    let bytes = std::fs::read(path)
-        .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?;
-    let key = PublicKey::from_bytes(&bytes).map_err(|e| {
-        DaemonError::Setup(format!(
-            "design.public_key {}: not a public key: {e}",
-            path.display()
-        ))
-    })?;
-    check_key_bits(key.size().modulus_bits())
-        .map_err(|e| DaemonError::Setup(format!("design.public_key {}: {e}", path.display())))?;
-    Ok(key)
+    penrose_host::key_file::read_public_key(path)
+        .map_err(|e| DaemonError::Setup(format!("design.public_key: {e}")))
 }
 
 /// The source the configuration names, and nothing else: when the live capture cannot start
@@ -159,9 +140,9 @@ pub async fn run_with_source(
         .design
         .key_list_signer
         .as_deref()
-        .map(crate::design_keys::read_signer)
+        .map(penrose_host::key_file::read_signer)
         .transpose()
-        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+        .map_err(|e| DaemonError::Setup(format!("design.key_list_signer: {e}")))?;
     let keys = DesignKeys::open(key, signer, &state_dir)
         .map_err(|e| DaemonError::Setup(format!("the design key list: {e}")))?;
     let trust = Trust::load_pinned(&config.aggregator.certificate).map_err(|e| {
@@ -433,7 +414,7 @@ fn start_fetcher(
         setup.credential,
         Arc::clone(&store),
         Arc::clone(status),
-        DayClock::system(),
+        std::sync::Arc::new(SystemClock),
     );
     if setup.kind == TokenKind::Evidence {
         fetch = fetch.for_evidence();

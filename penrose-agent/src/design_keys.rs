@@ -16,8 +16,6 @@
 //! verify. What it could do with a design server that signed a different list per agent is
 //! written as a limit in docs/threat-model.md, "Key rollover".
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -67,9 +65,9 @@ pub enum AgentKeyError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The signer file is not one line of 64 hex digits naming an ed25519 key.
-    #[error("design.key_list_signer {0}: not a key-list signing key (one line of 64 hex digits)")]
-    NotASigner(PathBuf),
+    /// The list file was not written.
+    #[error(transparent)]
+    File(#[from] penrose_host::FileError),
 }
 
 /// What [`DesignKeys::offer`] did with a list.
@@ -121,21 +119,6 @@ impl From<PublicKey> for DesignKeys {
             file: None,
         }
     }
-}
-
-/// Reads the design server's list-signing key: one line of 64 hex digits, comment lines
-/// starting with `#` allowed (`penrose-design key-list-signer` writes it so).
-pub fn read_signer(path: &Path) -> Result<VerifyingKey, AgentKeyError> {
-    let io = |source| AgentKeyError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    if std::fs::metadata(path).map_err(io)?.len() > penrose_core::key_list::MAX_SIGNER_FILE {
-        return Err(AgentKeyError::NotASigner(path.to_path_buf()));
-    }
-    let text = std::fs::read_to_string(path).map_err(io)?;
-    penrose_core::key_list::parse_signer(&text)
-        .ok_or_else(|| AgentKeyError::NotASigner(path.to_path_buf()))
 }
 
 impl DesignKeys {
@@ -250,23 +233,13 @@ impl DesignKeys {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file (mode 0600) and a rename.
+/// Writes `bytes` to `path` durably, readable by the agent's user only.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), AgentKeyError> {
-    let tmp = path.with_extension("tmp");
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| AgentKeyError::Io { path: p, source }
-    };
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    file.write_all(bytes).map_err(io(&tmp))?;
-    file.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    Ok(penrose_host::durable::replace(
+        path,
+        bytes,
+        penrose_host::durable::Access::Owner,
+    )?)
 }
 
 /// Asks the aggregation server for the key list at start and about every [`REFRESH`] after

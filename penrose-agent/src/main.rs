@@ -19,14 +19,8 @@ use penrose_agent::trace_fingerprint::fingerprint_trace;
 use serde::Serialize;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            // The capture's start-up settings and warnings are worth seeing without RUST_LOG.
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // The capture's start-up settings and warnings are worth seeing without RUST_LOG.
+    penrose_host::process::init_logging("info");
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -94,12 +88,7 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Prints a result as pretty JSON or as its text form (which ends in a newline).
+/// Prints a result as pretty JSON or as its text form.
 fn print<T: Serialize + Display>(result: &T, json: bool) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(result)?);
-    } else {
-        print!("{result}");
-    }
-    Ok(())
+    Ok(penrose_host::output::print(result, json)?)
 }

@@ -27,7 +27,7 @@
 //! daemon passes [`today`]); it returns what was sealed, and the daemon records and spools it.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use penrose_core::counters::{Bin, Catalogue, CounterId};
 
@@ -580,43 +580,6 @@ impl Pipeline {
             frame,
             record,
         }))
-    }
-}
-
-/// Days since the epoch: the only clock a report carries.
-pub fn today() -> Day {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
-    Day(u32::try_from(secs / 86_400).unwrap_or(u32::MAX))
-}
-
-/// Where the uploader and the token fetcher read the day from: [`today`] in the daemon, a
-/// day the caller moves in tests.
-#[derive(Clone)]
-pub struct DayClock(std::sync::Arc<dyn Fn() -> Day + Send + Sync>);
-
-impl DayClock {
-    /// The system clock ([`today`]).
-    pub fn system() -> Self {
-        Self(std::sync::Arc::new(today))
-    }
-
-    /// A clock reading `day` (tests move the day by hand).
-    pub fn from_fn(day: impl Fn() -> Day + Send + Sync + 'static) -> Self {
-        Self(std::sync::Arc::new(day))
-    }
-
-    /// The day now.
-    pub fn today(&self) -> Day {
-        (self.0)()
-    }
-}
-
-impl std::fmt::Debug for DayClock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DayClock(day {})", self.today().0)
     }
 }
 

@@ -241,20 +241,8 @@ impl RecordLog {
             text.extend_from_slice(line);
             text.push(b'\n');
         }
-        let temp = self.path.with_file_name(format!(".{RECORD_FILE}.prune"));
-        let _ = std::fs::remove_file(&temp);
-        let other = |e: crate::spool::SpoolError| io(std::io::Error::other(e.to_string()));
-        if let Err(e) = crate::spool::write_synced(&temp, &text) {
-            let _ = std::fs::remove_file(&temp);
-            return Err(other(e));
-        }
-        if let Err(e) = std::fs::rename(&temp, &self.path) {
-            let _ = std::fs::remove_file(&temp);
-            return Err(io(e));
-        }
-        if let Some(dir) = self.path.parent() {
-            crate::spool::sync_dir(dir).map_err(other)?;
-        }
+        penrose_host::durable::replace(&self.path, &text, penrose_host::durable::Access::Owner)
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
         Ok(out)
     }
 }

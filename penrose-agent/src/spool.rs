@@ -30,7 +30,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use penrose_core::wire::ReportId;
-use penrose_secret_file::effective_uid;
+use penrose_host::effective_uid;
 use thiserror::Error;
 
 const SUFFIX: &str = ".report";
@@ -49,6 +49,9 @@ pub enum SpoolError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A file beside the spool (the status file) was not written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
     /// A state directory another user controls (its owner, or write access for group or
     /// others): the agent will not keep its state there.
     #[error("state directory {path}: {reason}; refusing to use it")]

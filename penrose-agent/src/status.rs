@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::pipeline::PipelineCounts;
 use crate::source::{SourceInfo, WindowStat};
-use crate::spool::{SpoolCounts, SpoolError, open_nofollow, write_synced};
+use crate::spool::{SpoolCounts, SpoolError, open_nofollow};
 use crate::tokens::TokenCount;
 
 /// File name inside the state directory.
@@ -230,11 +230,13 @@ impl AgentStatus {
 
     /// Writes the file atomically.
     pub fn write(&self, state_dir: &Path) -> Result<(), SpoolError> {
-        let path = status_path(state_dir);
-        let temp = state_dir.join(".status.json.tmp");
         let bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
-        write_synced(&temp, &bytes)?;
-        std::fs::rename(&temp, &path).map_err(|source| SpoolError::Io { path, source })
+        penrose_host::durable::replace(
+            &status_path(state_dir),
+            &bytes,
+            penrose_host::durable::Access::Owner,
+        )
+        .map_err(SpoolError::from)
     }
 
     /// Reads the file.

@@ -36,11 +36,11 @@ use penrose_core::tokens::{
     KeyEntry, KeySet, TOKEN_BYTES, Token, TokenEpoch, TokenKeyId, TokenScope,
 };
 use penrose_core::wire::{Day, ReportId};
-use penrose_secret_file::SecretFileError;
+use penrose_host::FileError;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::spool::{SpoolError, create_private_dir, sync_dir, write_synced};
+use crate::spool::{SpoolError, create_private_dir, sync_dir};
 
 /// The store's folder inside the state directory.
 pub const TOKEN_DIR: &str = "tokens";
@@ -68,9 +68,9 @@ pub enum TokenStoreError {
         source: std::io::Error,
     },
     /// A file another user could read or replace, a symbolic link where a file belongs, or a
-    /// file larger than any token file: [`penrose_secret_file::read`] says which.
+    /// file larger than any token file: [`penrose_host::secret_file::read`] says which.
     #[error("token store: {0}; refusing to use it")]
-    Unsafe(SecretFileError),
+    Unsafe(FileError),
     /// The folder itself (see [`create_private_dir`]).
     #[error(transparent)]
     Dir(#[from] SpoolError),
@@ -78,9 +78,9 @@ pub enum TokenStoreError {
 
 impl TokenStoreError {
     /// A refusal of the secret-file reader: its I/O errors as such, the rest as unsafe.
-    fn from_secret(e: SecretFileError) -> Self {
+    fn from_secret(e: FileError) -> Self {
         match e {
-            SecretFileError::Io { path, source } => TokenStoreError::Io { path, source },
+            FileError::Io { path, source } => TokenStoreError::Io { path, source },
             e => TokenStoreError::Unsafe(e),
         }
     }
@@ -461,7 +461,7 @@ impl TokenStore {
     pub fn set_key_set(&mut self, set: Option<KeySet>) -> Result<(), TokenStoreError> {
         let path = self.dir.join(KEY_SET_FILE);
         match &set {
-            Some(set) => replace(&self.dir, &path, &set.encode())?,
+            Some(set) => replace(&path, &set.encode())?,
             None => remove(&self.dir, &path)?,
         }
         self.key_set = set;
@@ -483,7 +483,7 @@ impl TokenStore {
             remove(&self.dir, &path)?;
             self.slots.remove(&(epoch, scope));
         } else {
-            replace(&self.dir, &path, &slot.encode(epoch, scope))?;
+            replace(&path, &slot.encode(epoch, scope))?;
             self.slots.insert((epoch, scope), slot);
         }
         self.generation += 1;
@@ -542,7 +542,8 @@ fn load(dir: &Path, repair: bool) -> Result<Loaded, TokenStoreError> {
         let Some(name) = item.file_name().to_str().map(str::to_owned) else {
             continue;
         };
-        if name.starts_with(TEMP_PREFIX) {
+        // `.tmp-` named them before the shared durable writer did.
+        if name.starts_with(TEMP_PREFIX) || penrose_host::durable::is_temp_name(&name) {
             if repair {
                 tracing::info!("token store: removing {name}, left by an interrupted write");
                 fs::remove_file(&path).map_err(io(&path))?;
@@ -588,29 +589,17 @@ fn load(dir: &Path, repair: bool) -> Result<Loaded, TokenStoreError> {
     Ok((slots, key_set))
 }
 
-/// Reads a store file with the shared secret-file reader (`penrose_secret_file::read`): not a
+/// Reads a store file with the shared secret-file reader (`penrose_host::secret_file::read`): not a
 /// symbolic link, a regular file of the agent's user (or root) that neither group nor others
 /// may access, at most `limit` bytes.
 fn read_private(path: &Path, limit: u64) -> Result<Vec<u8>, TokenStoreError> {
-    penrose_secret_file::read(path, limit).map_err(TokenStoreError::from_secret)
+    penrose_host::secret_file::read(path, limit).map_err(TokenStoreError::from_secret)
 }
 
-/// Writes `bytes` at `path` atomically (temporary file 0600, sync, rename, directory sync).
-fn replace(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), TokenStoreError> {
-    let name = path
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let temp = dir.join(format!("{TEMP_PREFIX}{name}"));
-    if let Err(e) = write_synced(&temp, bytes) {
-        let _ = fs::remove_file(&temp);
-        return Err(e.into());
-    }
-    if let Err(e) = fs::rename(&temp, path) {
-        let _ = fs::remove_file(&temp);
-        return Err(io(path)(e));
-    }
-    sync_dir(dir)?;
-    Ok(())
+/// Writes `bytes` at `path` atomically, readable by the agent's user only.
+fn replace(path: &Path, bytes: &[u8]) -> Result<(), TokenStoreError> {
+    penrose_host::durable::replace(path, bytes, penrose_host::durable::Access::Owner)
+        .map_err(TokenStoreError::from_secret)
 }
 
 fn remove(dir: &Path, path: &Path) -> Result<(), TokenStoreError> {
@@ -778,7 +767,7 @@ mod tests {
         assert!(e.contains("symbolic link"), "{e}");
         fs::remove_file(&file).unwrap();
         // A damaged file is removed, not fatal.
-        write_synced(&file, b"garbage").unwrap();
+        crate::spool::write_synced(&file, b"garbage").unwrap();
         let store = TokenStore::open(&path).unwrap();
         assert!(store.counts().is_empty());
         assert!(!file.exists());

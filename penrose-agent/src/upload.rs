@@ -53,10 +53,10 @@ use penrose_transport::{Client, ClientConfig, Reuse};
 use rand::Rng;
 use tokio::sync::Notify;
 
-use crate::pipeline::DayClock;
 use crate::spool::{Spool, SpoolEntry, read_frame};
 use crate::status::AgentStatus;
 use crate::tokens::TokenStore;
+use penrose_host::clock::{Clock, SystemClock};
 
 /// Upload timing.
 #[derive(Clone, Debug)]
@@ -90,7 +90,7 @@ pub struct Shared {
     /// aggregation server, not at the release auditor).
     pub evidence: Option<Arc<Mutex<TokenStore>>>,
     /// The day (tokens are per day; tests move it).
-    pub clock: DayClock,
+    pub clock: std::sync::Arc<dyn Clock>,
 }
 
 impl Shared {
@@ -108,7 +108,7 @@ impl Shared {
             stop,
             tokens: None,
             evidence: None,
-            clock: DayClock::system(),
+            clock: std::sync::Arc::new(SystemClock),
         }
     }
 }

@@ -9,14 +9,13 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::tokens::*;
 use common::*;
 use penrose_agent::admission::{FetchTiming, Fetcher, ISSUER_PROTOCOL};
-use penrose_agent::pipeline::DayClock;
 use penrose_agent::spool::Spool;
 use penrose_agent::status::AgentStatus;
 use penrose_agent::tokens::{TokenCount, TokenStore};
@@ -28,6 +27,7 @@ use penrose_core::paillier::KeyId;
 use penrose_core::tokens::TokenScope;
 use penrose_core::tokens::protocol::{Credential, IssuerRequest};
 use penrose_core::wire::{AckStatus, Day, Message, PackedBytes, RejectReason, Report, ReportId};
+use penrose_host::clock::{Clock, ManualClock};
 use penrose_transport::exchange::ExchangeClient;
 use penrose_transport::{ClientConfig, Identity, RetryPolicy, Server, Trust};
 use rand::RngCore;
@@ -78,7 +78,7 @@ struct Rig {
     server: Arc<TokenServer>,
     _aggregator: Server,
     aggregator_identity: Identity,
-    day: Arc<AtomicU32>,
+    day: Arc<ManualClock>,
     spool: Arc<Mutex<Spool>>,
     status: Arc<Mutex<AgentStatus>>,
     store: Arc<Mutex<TokenStore>>,
@@ -112,7 +112,7 @@ impl Rig {
             server,
             _aggregator: aggregator,
             aggregator_identity,
-            day: Arc::new(AtomicU32::new(days[0])),
+            day: Arc::new(ManualClock::at_day(Day(days[0]))),
             spool: Arc::new(Mutex::new(spool)),
             status: Arc::new(Mutex::new(AgentStatus::default())),
             store: Arc::new(Mutex::new(store)),
@@ -124,9 +124,8 @@ impl Rig {
         }
     }
 
-    fn clock(&self) -> DayClock {
-        let day = Arc::clone(&self.day);
-        DayClock::from_fn(move || Day(day.load(Ordering::SeqCst)))
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.day) as Arc<dyn Clock>
     }
 
     fn push(&self, report: &Report) {
@@ -338,7 +337,7 @@ fn with_a_quota_of_three_two_of_five_reports_wait_for_the_next_days_tokens() {
         assert_eq!(rig.counts(), vec![(DAY + 1, 5, 3, 0)]);
         assert_eq!(rig.status.lock().unwrap().tokens.issued, 6);
 
-        rig.day.store(DAY + 1, Ordering::SeqCst);
+        rig.day.advance(penrose_host::clock::SECONDS_PER_DAY);
         wait_for("5 reports accepted", || rig.accepted() == 5).await;
         wait_for("an empty spool", || rig.spooled() == 0).await;
         rig.stop().await;
@@ -712,7 +711,7 @@ fn the_daemon_spends_a_token_on_every_report_and_shows_only_counts() {
         return;
     };
     let rt = runtime();
-    let today = penrose_agent::pipeline::today().0;
+    let today = penrose_host::clock::today().0;
     let scopes: Vec<u16> = penrose_core::counters::Catalogue::current()
         .report_ids()
         .map(|id| id.0)

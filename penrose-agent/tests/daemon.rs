@@ -674,7 +674,7 @@ fn the_agent_follows_a_signed_key_list_and_refuses_a_forged_one() {
     )
     .unwrap();
     let new = Keypair::generate(&mut rand::rng());
-    let today = penrose_agent::pipeline::today();
+    let today = penrose_host::clock::today();
     let list = |sequence| {
         KeyList::new(
             sequence,

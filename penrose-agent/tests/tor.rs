@@ -476,7 +476,7 @@ fn tokens_over_tor(world: &mut World, runtime: &tokio::runtime::Runtime) {
     use penrose_core::tokens::protocol::Credential;
     const CREDENTIAL: Credential = Credential([0x5a; 32]);
 
-    let today = penrose_agent::pipeline::today().0;
+    let today = penrose_host::clock::today().0;
     let scopes: Vec<u16> = penrose_core::counters::Catalogue::current()
         .report_ids()
         .map(|id| id.0)

@@ -11,8 +11,8 @@
 
 use anyhow::{Context, Result};
 use penrose_aggregator::admission::{test_equipment_key_ring, write_key_ring};
-use penrose_aggregator::ingest::today;
 use penrose_core::wire::Day;
+use penrose_host::clock::today;
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);

@@ -38,7 +38,7 @@ use penrose_core::tokens::{
     IssuerKey, KeyRing, KeySet, Redemption, SpentId, TokenEpoch, TokenError, TokenScope,
 };
 use penrose_core::wire::{Day, Report};
-use penrose_secret_file::SecretFileError;
+use penrose_host::FileError;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -278,9 +278,9 @@ impl TokenRing {
 pub enum KeyRingFileError {
     /// The file is unsafe to use (a symbolic link, not a regular file, another user's, open to
     /// group or others; whoever holds its keys can mint tokens), larger than any ring, or
-    /// unreadable: [`penrose_secret_file::read`] says which.
+    /// unreadable: [`penrose_host::secret_file::read`] says which.
     #[error("token key ring: {0}")]
-    Secret(SecretFileError),
+    Secret(FileError),
     /// Not a key ring this build reads.
     #[error("{path} is not a valid token key ring: {source}")]
     Invalid {
@@ -296,17 +296,17 @@ pub enum KeyRingFileError {
 
 // Not `#[from]`: the message already shows the inner error, which would otherwise also be the
 // source and print twice in a chain.
-impl From<SecretFileError> for KeyRingFileError {
-    fn from(e: SecretFileError) -> Self {
+impl From<FileError> for KeyRingFileError {
+    fn from(e: FileError) -> Self {
         KeyRingFileError::Secret(e)
     }
 }
 
-/// Reads a key ring file with the shared secret-file reader (`penrose_secret_file::read`):
+/// Reads a key ring file with the shared secret-file reader (`penrose_host::secret_file::read`):
 /// refused when it is a symbolic link, not a regular file, another user's, accessible to
 /// group or others, or larger than any ring.
 pub fn read_key_ring(path: &Path) -> Result<KeyRing, KeyRingFileError> {
-    let bytes = penrose_secret_file::read(path, MAX_KEY_RING_FILE)?;
+    let bytes = penrose_host::secret_file::read(path, MAX_KEY_RING_FILE)?;
     KeyRing::decode(&bytes).map_err(|source| KeyRingFileError::Invalid {
         path: path.to_path_buf(),
         source,
@@ -316,12 +316,8 @@ pub fn read_key_ring(path: &Path) -> Result<KeyRing, KeyRingFileError> {
 /// Writes a key ring file readable by its owner alone (0600), never replacing one: for tests
 /// and test equipment (the issuer exports the real ones).
 pub fn write_key_ring(path: &Path, ring: &KeyRing) -> Result<(), KeyRingFileError> {
-    penrose_secret_file::create(path, &ring.encode()).map_err(|e| match e {
-        penrose_secret_file::SecretFileError::Io { source, .. }
-            if source.kind() == std::io::ErrorKind::AlreadyExists =>
-        {
-            KeyRingFileError::Exists(path.to_path_buf())
-        }
+    penrose_host::secret_file::create(path, &ring.encode()).map_err(|e| match e {
+        penrose_host::FileError::Exists(path) => KeyRingFileError::Exists(path),
         e => KeyRingFileError::from(e),
     })
 }
@@ -387,13 +383,13 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).unwrap();
         assert!(matches!(
             TokenRing::load(&link),
-            Err(KeyRingFileError::Secret(SecretFileError::Symlink(_)))
+            Err(KeyRingFileError::Secret(FileError::Symlink(_)))
         ));
 
         for mode in [0o640, 0o604, 0o644] {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
             match TokenRing::load(&path) {
-                Err(KeyRingFileError::Secret(SecretFileError::TooOpen { mode: m, .. })) => {
+                Err(KeyRingFileError::Secret(FileError::TooOpen { mode: m, .. })) => {
                     assert_eq!(m, mode)
                 }
                 other => panic!("mode {mode:o}: {other:?}"),
@@ -411,11 +407,11 @@ mod tests {
         ));
         assert!(matches!(
             TokenRing::load(dir.path()),
-            Err(KeyRingFileError::Secret(SecretFileError::NotAFile(_)))
+            Err(KeyRingFileError::Secret(FileError::NotAFile(_)))
         ));
         assert!(matches!(
             TokenRing::load(&dir.path().join("missing")),
-            Err(KeyRingFileError::Secret(SecretFileError::Io { .. }))
+            Err(KeyRingFileError::Secret(FileError::Io { .. }))
         ));
     }
 }

@@ -95,7 +95,7 @@ impl DataArg {
             .clone()
             .or_else(|| file.data_dir.clone())
             .unwrap_or_else(|| PathBuf::from("penrose-data"));
-        Ok((DataDir(dir), file))
+        Ok((DataDir::new(dir), file))
     }
 }
 

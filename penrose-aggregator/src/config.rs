@@ -12,6 +12,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use penrose_host::data_dir::ServerDir;
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -129,43 +130,29 @@ impl FileConfig {
     }
 }
 
-/// Paths inside a data directory.
+/// Paths inside a data directory: the layout every server shares
+/// ([`penrose_host::data_dir::ServerDir`]: `db/`, `tls/`, `control.sock`), and the export
+/// signing key.
 #[derive(Clone, Debug)]
-pub struct DataDir(pub PathBuf);
+pub struct DataDir(ServerDir);
 
 impl DataDir {
-    /// The RocksDB directory.
-    pub fn db(&self) -> PathBuf {
-        self.0.join("db")
+    /// The data directory at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        DataDir(ServerDir::new(path))
     }
 
     /// The export signing key.
     pub fn signing_key(&self) -> PathBuf {
-        self.0.join("server.key")
+        self.0.file("server.key")
     }
+}
 
-    /// The default TLS certificate.
-    pub fn tls_cert(&self) -> PathBuf {
-        self.0.join("tls").join("cert.pem")
-    }
+impl std::ops::Deref for DataDir {
+    type Target = ServerDir;
 
-    /// The default TLS key.
-    pub fn tls_key(&self) -> PathBuf {
-        self.0.join("tls").join("key.pem")
-    }
-
-    /// The admin socket.
-    pub fn control_socket(&self) -> PathBuf {
-        self.0.join("control.sock")
-    }
-
-    /// Creates the directory (0700: it holds the signing key) if it does not exist.
-    pub fn create(&self) -> std::io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.0)
+    fn deref(&self) -> &ServerDir {
+        &self.0
     }
 }
 

@@ -24,9 +24,10 @@ use tracing::warn;
 
 use crate::admission::{Admission, TokenRing};
 use crate::export::{self, ReleaseConfig};
-use crate::ingest::{Ingest, today};
+use crate::ingest::Ingest;
 use crate::metrics::reason_label;
 use crate::store::Store;
+use penrose_host::clock::today;
 
 pub mod reply;
 
@@ -270,6 +271,7 @@ fn write_evidence_file(admin: &Admin, seq: u64, out: &Path) -> Result<EvidenceRe
         }
     };
     std::fs::rename(&partial, out).map_err(|e| fail(&e))?;
+    penrose_host::durable::sync_dir(penrose_host::durable::parent(out)).map_err(|e| fail(&e))?;
     Ok(EvidenceReply {
         evidence: out.to_path_buf(),
         seq,

@@ -76,16 +76,11 @@ pub enum DesignKeyError {
         source: KeyListError,
     },
     /// A file could not be read.
-    #[error("{path}: {source}")]
-    File {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The signer file is not one line of 64 hex digits naming an ed25519 key.
-    #[error("{0} is not a key-list signing key (one line of 64 hex digits)")]
-    NotASigner(PathBuf),
+    #[error(transparent)]
+    File(#[from] penrose_host::FileError),
+    /// The signer file is refused.
+    #[error(transparent)]
+    Signer(#[from] penrose_host::key_file::KeyFileError),
     /// `reload-keys` with no list file to read again.
     #[error("the design keys were not read from a key list file; nothing to reload")]
     NoListFile,
@@ -159,22 +154,6 @@ pub struct ListSource {
     pub signer: VerifyingKey,
 }
 
-/// Reads the design server's list-signing public key: `penrose-design key-list-signer`
-/// writes it as one line of 64 hex digits (comment lines starting with `#` allowed).
-pub fn read_signer(path: &Path) -> Result<VerifyingKey, DesignKeyError> {
-    let file = |source| DesignKeyError::File {
-        path: path.to_path_buf(),
-        source,
-    };
-    let len = std::fs::metadata(path).map_err(file)?.len();
-    if len > penrose_core::key_list::MAX_SIGNER_FILE {
-        return Err(DesignKeyError::NotASigner(path.to_path_buf()));
-    }
-    let text = std::fs::read_to_string(path).map_err(file)?;
-    penrose_core::key_list::parse_signer(&text)
-        .ok_or_else(|| DesignKeyError::NotASigner(path.to_path_buf()))
-}
-
 impl KeySettings {
     /// One key for every day (`public_key`).
     pub fn single(key: PublicKey) -> Self {
@@ -198,22 +177,15 @@ impl KeySettings {
     /// The signed list in file `list`, verified under the key in file `signer` (`key_list`,
     /// `key_list_signer`); remembered, so that a reload reads the file again.
     pub fn from_files(list: &Path, signer: &Path) -> Result<Self, DesignKeyError> {
-        let signer = read_signer(signer)?;
+        let signer = penrose_host::key_file::read_signer(signer)?;
         Self::from_file(list, signer)
     }
 
     /// The signed list in file `list`, verified under `signer`, every key at or over the size
     /// floor: the one reader of list files, at start and at `reload-keys`.
     pub fn from_file(list: &Path, signer: VerifyingKey) -> Result<Self, DesignKeyError> {
-        let file = |source| DesignKeyError::File {
-            path: list.to_path_buf(),
-            source,
-        };
-        let len = std::fs::metadata(list).map_err(file)?.len();
-        if len > penrose_core::key_list::MAX_LIST_BYTES as u64 {
-            return Err(DesignKeyError::List(KeyListError::Length(len as usize)));
-        }
-        let bytes = std::fs::read(list).map_err(file)?;
+        let bytes =
+            penrose_host::bounded::read(list, penrose_core::key_list::MAX_LIST_BYTES as u64)?;
         let mut settings = Self::signed(bytes, signer).map_err(|e| DesignKeyError::ListFile {
             path: list.to_path_buf(),
             source: e,

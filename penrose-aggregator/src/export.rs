@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use ed25519_dalek::{SigningKey, VerifyingKey};
+use ed25519_dalek::SigningKey;
 use penrose_core::bundle::{
     Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMap, ClassMerge, Cursor, EpochId,
     EpochKind, EpochSummary, Generation, InstanceId, ReleaseRule,
@@ -49,10 +49,10 @@ use crate::aggregate::{AshRecord, SumKey};
 use crate::copies;
 use crate::design_keys::{DesignKeyError, KeySlot, stored_keys};
 use crate::epochs::{self, EpochRecord};
-use crate::ingest::today;
 use crate::state::{StateError, check_format, meta};
 use crate::store::{Store, StoreError, Table, WriteSet};
 use crate::tables::{MERGE_PREFIX, decode_merge};
+use penrose_host::clock::today;
 
 const KEY_TAG: &[u8; 5] = b"PNSG\x01";
 
@@ -86,9 +86,9 @@ pub enum ExportError {
         source: std::io::Error,
     },
     /// The key file is unsafe to use (a symbolic link, another user's, open to group or
-    /// others) or unreadable: [`penrose_secret_file::read`] says which.
+    /// others) or unreadable: [`penrose_host::secret_file::read`] says which.
     #[error("bundle signing key: {0}")]
-    Secret(penrose_secret_file::SecretFileError),
+    Secret(penrose_host::FileError),
     /// The key file is not a signing key.
     #[error("{0} is not a Penrose signing key")]
     NotAKey(PathBuf),
@@ -106,7 +106,7 @@ pub enum ExportError {
 pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError> {
     // The shared secret-file reader: no symbolic link, this user's file, mode 0600 or
     // stricter. A key file is the tag and 32 bytes; anything larger is not one.
-    match penrose_secret_file::read(path, (KEY_TAG.len() + 32) as u64) {
+    match penrose_host::secret_file::read(path, (KEY_TAG.len() + 32) as u64) {
         Ok(bytes) => {
             let seed: [u8; 32] = bytes
                 .strip_prefix(KEY_TAG.as_slice())
@@ -114,10 +114,10 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError
                 .ok_or_else(|| ExportError::NotAKey(path.to_path_buf()))?;
             Ok(SigningKey::from_bytes(&seed))
         }
-        Err(penrose_secret_file::SecretFileError::TooLarge { .. }) => {
+        Err(penrose_host::FileError::TooLarge { .. }) => {
             Err(ExportError::NotAKey(path.to_path_buf()))
         }
-        Err(penrose_secret_file::SecretFileError::Io { source, .. })
+        Err(penrose_host::FileError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
             let mut seed = [0u8; 32];
@@ -125,16 +125,14 @@ pub fn load_or_create_signing_key(path: &Path) -> Result<SigningKey, ExportError
             let key = SigningKey::from_bytes(&seed);
             let mut bytes = KEY_TAG.to_vec();
             bytes.extend_from_slice(&seed);
-            penrose_secret_file::create(path, &bytes).map_err(ExportError::Secret)?;
-            let public = public_key_path(path);
-            std::fs::write(
-                &public,
-                format!("{}\n", hex(key.verifying_key().as_bytes())),
+            penrose_host::secret_file::create(path, &bytes).map_err(ExportError::Secret)?;
+            let text = penrose_host::key_file::signer_line(&key.verifying_key());
+            penrose_host::durable::replace(
+                &public_key_path(path),
+                text.as_bytes(),
+                penrose_host::durable::Access::Public,
             )
-            .map_err(|source| ExportError::Io {
-                path: public,
-                source,
-            })?;
+            .map_err(ExportError::Secret)?;
             Ok(key)
         }
         Err(e) => Err(ExportError::Secret(e)),
@@ -146,11 +144,6 @@ pub fn public_key_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".pub");
     PathBuf::from(name)
-}
-
-/// Parses a public key as written next to the signing key (64 hex digits).
-pub fn parse_public_key(text: &str) -> Option<VerifyingKey> {
-    VerifyingKey::from_bytes(&penrose_core::hex::decode_array::<32>(text.trim())?).ok()
 }
 
 /// Lower-case hex (the project's one text form of bytes, `penrose_core::hex`).
@@ -1009,16 +1002,17 @@ mod tests {
         assert_eq!(mode, 0o600);
         let again = load_or_create_signing_key(&path).unwrap();
         assert_eq!(key.to_bytes(), again.to_bytes());
-        let public = std::fs::read_to_string(public_key_path(&path)).unwrap();
-        assert_eq!(parse_public_key(&public), Some(key.verifying_key()));
+        let public = penrose_host::key_file::read_signer(&public_key_path(&path)).unwrap();
+        assert_eq!(public, key.verifying_key());
 
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .unwrap();
         assert!(matches!(
             load_or_create_signing_key(&path),
-            Err(ExportError::Secret(
-                penrose_secret_file::SecretFileError::TooOpen { mode: 0o644, .. }
-            ))
+            Err(ExportError::Secret(penrose_host::FileError::TooOpen {
+                mode: 0o644,
+                ..
+            }))
         ));
         let other = dir.path().join("junk.key");
         std::fs::write(&other, b"junk").unwrap();

@@ -21,10 +21,12 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, mpsc as sync_mpsc};
 use std::thread::JoinHandle;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
+
+use penrose_host::clock::today;
 
 use penrose_core::wire::{
-    Ack, AckStatus, Day, LENGTH_PREFIX, Message, RejectReason, ReportId, ThrottleHint,
+    Ack, AckStatus, LENGTH_PREFIX, Message, RejectReason, ReportId, ThrottleHint,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info};
@@ -540,15 +542,6 @@ fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result
         }
     }
     Ok(())
-}
-
-/// The server's day (days since the Unix epoch): "first seen", the day check and epochs.
-pub fn today() -> Day {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Day(u32::try_from(secs / 86_400).unwrap_or(u32::MAX))
 }
 
 /// The report id at its fixed place in a report body, so that even a rejection names the

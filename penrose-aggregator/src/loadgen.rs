@@ -518,7 +518,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
             .map(|_| counters[rng.random_range(0..counters.len())])
             .collect()
     };
-    let day = crate::ingest::today();
+    let day = penrose_host::clock::today();
     let minting = Instant::now();
     let tokens: Option<Vec<Token>> = match &args.token_keys {
         Some(path) => {

@@ -14,13 +14,11 @@ use penrose_aggregator::control::reply::{
     ForgetEvidenceReply, ReloadKeysReply, StatusReply, ThrottleReply, TopReply,
 };
 use penrose_aggregator::control::{self, Request, Response};
-use penrose_aggregator::export;
 use penrose_aggregator::ingest::IngestConfig;
 use penrose_aggregator::output::{BundleSummary, FrameCheck, FrameVerdict, VerifyOutput};
 use penrose_aggregator::serve::{self, ServeOptions};
 use penrose_aggregator::validate::validate_frame;
 use penrose_core::bundle::Bundle;
-use penrose_core::paillier::PublicKey;
 use penrose_core::wire;
 use penrose_transport::Limits;
 
@@ -31,13 +29,7 @@ use penrose_transport::Limits;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    penrose_host::process::init_logging("info");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -220,7 +212,7 @@ async fn reload_keys(data: &DataArg, json: bool) -> Result<ExitCode> {
     let Some(r) = control::request(&dir.control_socket(), &Request::ReloadKeys).await? else {
         bail!(
             "no server is running on {}; `serve` reads the key ring when it starts",
-            dir.0.display()
+            dir.path().display()
         );
     };
     let reloaded = ReloadKeysReply::try_from(r.reply)?;
@@ -319,9 +311,7 @@ async fn export(
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let tmp = out.with_extension("partial");
-    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+    penrose_host::durable::replace(out, &bytes, penrose_host::durable::Access::Public)?;
     if !json {
         println!(
             "{}: bundle {} of chain {}: epochs {}, {} sums released ({} reports), {} sums \
@@ -420,7 +410,10 @@ async fn backup(data: &DataArg, dir: &Path, json: bool) -> Result<ExitCode> {
 fn adopt_copy(data: &DataArg, json: bool) -> Result<ExitCode> {
     let (dir, _) = data.resolve()?;
     if !dir.db().exists() {
-        bail!("{} holds no store (wrong --data-dir?)", dir.0.display());
+        bail!(
+            "{} holds no store (wrong --data-dir?)",
+            dir.path().display()
+        );
     }
     let store = penrose_aggregator::store::RocksStore::open(&dir.db()).with_context(|| {
         format!(
@@ -466,7 +459,10 @@ async fn admin_with(data: &DataArg, request: Request, release: &ReleaseArgs) -> 
         return Ok(response);
     }
     if !dir.db().exists() {
-        bail!("{} holds no store (wrong --data-dir?)", dir.0.display());
+        bail!(
+            "{} holds no store (wrong --data-dir?)",
+            dir.path().display()
+        );
     }
     let (epochs, release) = release.resolve(&file)?;
     // Offline, nothing is ingested: admission does not apply.
@@ -597,17 +593,9 @@ fn print_status(s: &StatusReply) -> Result<()> {
 
 fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let trusted = match signer {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            Some(
-                export::parse_public_key(&text)
-                    .with_context(|| format!("{} is not a signing key", p.display()))?,
-            )
-        }
-        None => None,
-    };
+    let trusted = signer
+        .map(penrose_host::key_file::read_signer)
+        .transpose()?;
     let verdict = match Bundle::verify(&bytes, trusted.as_ref()) {
         Ok(b) => VerifyOutput::Valid(BundleSummary::new(&b, trusted.is_some())),
         Err(e) => VerifyOutput::Invalid {
@@ -655,15 +643,13 @@ fn check_reports(
     files: &[PathBuf],
     json: bool,
 ) -> Result<ExitCode> {
-    let bytes = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
-    let key = PublicKey::from_bytes(&bytes)
-        .with_context(|| format!("{} is not a Penrose public key", key.display()))?;
+    let key = penrose_host::key_file::read_public_key(key)?;
     let keys = penrose_aggregator::design_keys::DesignKeys::single(key);
     let admission = match token_keys {
         Some(path) => Admission::Tokens(TokenRing::load(path)?),
         None => Admission::Open,
     };
-    let today = penrose_aggregator::ingest::today();
+    let today = penrose_host::clock::today();
     let mut rejected = 0usize;
     for file in files {
         let data = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;

@@ -10,10 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use penrose_core::fingerprint::FingerprintParams;
-use penrose_core::paillier::PublicKey;
-use penrose_core::release::check_key_bits;
+use penrose_host::process::{Request, Signals, print_ready};
 use penrose_transport::{Encoding, Identity, Limits, ServerConfig};
-use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 
 use crate::admission::{Admission, AdmissionConfig};
@@ -110,20 +108,14 @@ pub fn open(
     // directory behind.
     let given = match keys {
         KeySource::Stored => None,
-        KeySource::PublicKey(path) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            let key = PublicKey::from_bytes(&bytes)
-                .with_context(|| format!("{} is not a Penrose public key", path.display()))?;
-            check_key_bits(key.size().modulus_bits())
-                .with_context(|| format!("{}", path.display()))?;
-            Some(KeySettings::single(key))
-        }
+        KeySource::PublicKey(path) => Some(KeySettings::single(
+            penrose_host::key_file::read_public_key(path)?,
+        )),
         // The list's reader checks the key floor, at start and at `reload-keys` alike.
         KeySource::List { list, signer } => Some(KeySettings::from_files(list, signer)?),
     };
     data.create()
-        .with_context(|| format!("creating {}", data.0.display()))?;
+        .with_context(|| format!("creating {}", data.path().display()))?;
     let store: Arc<dyn Store> = Arc::new(RocksStore::open(&data.db()).with_context(|| {
         format!(
             "opening the store in {} (is a server running?)",
@@ -137,7 +129,7 @@ pub fn open(
             None => bail!(
                 "{} has never been served; give the design server's public key (--public-key) \
                  or its signed key list (--key-list with --key-list-signer)",
-                data.0.display()
+                data.path().display()
             ),
         },
     };
@@ -174,7 +166,7 @@ pub fn open(
 /// Logs how reports are admitted: a warning when open, or when the key ring holds no key of
 /// today or of tomorrow (the issuer exports rings ahead of time).
 pub fn log_admission(admission: &Admission) {
-    let today = crate::ingest::today();
+    let today = penrose_host::clock::today();
     match admission {
         Admission::Open => {
             warn!("admission open: anyone who can reach this server can report");
@@ -297,9 +289,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     };
     // Signals are handled from before the ready line on: a SIGHUP sent once the server says
     // it listens reloads the key ring rather than ending the process.
-    let mut term = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut hangup = signal(SignalKind::hangup())?;
+    let mut signals = Signals::install()?;
     // One line on stdout for whoever started the server (scripts, tests).
     let ready = Listening {
         listening: server.local_addr(),
@@ -308,19 +298,17 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         control: socket.clone(),
         signer: crate::export::hex(admin.signing.verifying_key().as_bytes()),
     };
-    println!(
-        "{}",
-        serde_json::to_string(&ready).context("writing the ready line")?
-    );
+    print_ready(&ready).context("writing the ready line")?;
     info!(listen = %server.local_addr(), "serving");
     let mut health = tokio::time::interval(Duration::from_millis(200));
     // Epochs close by the clock even when no report arrives to trigger it.
     let mut epochs = tokio::time::interval(EPOCH_TICK);
     let failed = loop {
         tokio::select! {
-            _ = interrupt.recv() => break false,
-            _ = term.recv() => break false,
-            _ = hangup.recv() => {
+            request = signals.next() => {
+                if request == Request::Stop {
+                    break false;
+                }
                 let ingest = admin.ingest.clone();
                 match tokio::task::spawn_blocking(move || control::reload_keys(&ingest)).await {
                     Ok(Ok(_)) => log_admission(&admin.ingest.admission()),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use penrose_aggregator::admission::Admission;
-use penrose_aggregator::ingest::{IngestConfig, today};
+use penrose_aggregator::ingest::IngestConfig;
 use penrose_aggregator::state::{Outcome, seen};
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_aggregator::validate::{ValidReport, validate_body};
@@ -20,6 +20,7 @@ use penrose_core::counters::CounterId;
 use penrose_core::fingerprint::SnippetHash;
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
+use penrose_host::clock::today;
 
 fn valid(sent: &Sent, today: Day) -> ValidReport {
     validate_body(

@@ -9,12 +9,12 @@ use std::io::{Read, Write};
 
 use common::*;
 use penrose_aggregator::fleet::SimilarityProfile;
-use penrose_aggregator::ingest::today;
 use penrose_aggregator::loadgen::{Args, ConnectionMode, generate};
 use penrose_aggregator::serve::Listening;
 use penrose_core::counters::Catalogue;
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_core::wire::Day;
+use penrose_host::clock::today;
 use penrose_traces::TraceFolder;
 
 /// The arguments every test here shares: the server `serve` started, its certificate, the

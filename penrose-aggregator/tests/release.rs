@@ -17,7 +17,6 @@ use penrose_aggregator::control::reply::BackupReply;
 use penrose_aggregator::control::{self, Admin, Request};
 use penrose_aggregator::epochs::EpochPolicy;
 use penrose_aggregator::export::{self, ExportError, ReleaseConfig};
-use penrose_aggregator::ingest::today;
 use penrose_aggregator::state::{Outcome, State, StateError};
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
@@ -26,6 +25,7 @@ use penrose_core::counters::{BIN_COUNT, CounterId};
 use penrose_core::fingerprint::{Fingerprint, FingerprintParams};
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
+use penrose_host::clock::today;
 
 /// The day the state-level tests run on.
 const TODAY: Day = Day(20_000);

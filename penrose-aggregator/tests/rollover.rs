@@ -15,7 +15,7 @@ use ed25519_dalek::SigningKey;
 use penrose_aggregator::admission::Admission;
 use penrose_aggregator::design_keys::{DesignKeyError, DesignKeys, KeySettings, KeySlot};
 use penrose_aggregator::export::{self, ReleaseConfig};
-use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer, today};
+use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer};
 use penrose_aggregator::metrics::Metrics;
 use penrose_aggregator::state::{State, StateError, meta, stored_throttle};
 use penrose_aggregator::store::{RocksStore, Store, Table, WriteSet};
@@ -28,6 +28,7 @@ use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 use penrose_design::archive::Archive;
 use penrose_design::report::{self, ReportError};
+use penrose_host::clock::today;
 use rand::SeedableRng;
 
 const COUNTER: CounterId = CounterId(4);

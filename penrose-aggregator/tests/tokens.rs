@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use penrose_aggregator::admission::Admission;
-use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer, today};
+use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer};
 use penrose_aggregator::state::{Outcome, spent};
 use penrose_aggregator::store::{RocksStore, Store, Table};
 use penrose_aggregator::validate::{ValidReport, validate_body};
@@ -18,6 +18,7 @@ use penrose_core::counters::CounterId;
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::tokens::{KeyRing, REDEMPTION_BYTES, Token, TokenEpoch};
 use penrose_core::wire::{AckStatus, Day, RejectReason, ReportId};
+use penrose_host::clock::today;
 use rand::RngCore;
 
 const COUNTER: CounterId = CounterId(4);

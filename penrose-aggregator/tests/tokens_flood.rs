@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use penrose_aggregator::ingest::{IngestConfig, today};
+use penrose_aggregator::ingest::IngestConfig;
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_core::counters::CounterId;
 use penrose_core::fingerprint::SnippetHash;
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
 use penrose_core::tokens::{KeyRing, REDEMPTION_BYTES};
 use penrose_core::wire::{AckStatus, Day, RejectReason};
+use penrose_host::clock::today;
 use penrose_transport::{Client, ClientConfig, RetryPolicy, Trust};
 use rand::{Rng, RngCore};
 

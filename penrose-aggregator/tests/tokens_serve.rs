@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use common::*;
 use penrose_aggregator::admission::AdmissionDescription;
 use penrose_aggregator::control::reply::{ReloadKeysReply, StatusReply};
-use penrose_aggregator::ingest::today;
 use penrose_aggregator::output::{FrameCheck, FrameVerdict};
 use penrose_core::counters::CounterId;
 use penrose_core::tokens::KeyRing;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
+use penrose_host::clock::today;
 use penrose_transport::{Client, ClientConfig, Trust};
 
 /// Runs `serve` with `args` and returns its exit code and stderr; fails the test if it is

@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::data_dir::DataDir;
-use crate::durable;
 use crate::error::AuditorError;
 use crate::keys;
 use crate::policy::Policy;
 use crate::record::{Answered, Chain, Record, hex_hash};
+use penrose_host::durable::{self, Access};
 
 /// What `init` makes a data directory from.
 #[derive(Clone, Debug)]
@@ -86,15 +86,12 @@ pub fn init(data: &DataDir, options: InitOptions) -> Result<Initialised, Auditor
     if !is_absent_or_empty(target)? {
         return Err(AuditorError::Exists(target.to_owned()));
     }
-    let parent = match target.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
-        _ => PathBuf::from("."),
-    };
+    let parent = durable::parent(target);
     let name = target.file_name().unwrap_or_default().to_string_lossy();
     let temp = DataDir::new(parent.join(format!(".{name}.init-{}", std::process::id())));
     let made = populate(&temp, &options)
         .and_then(|()| std::fs::rename(temp.path(), target).map_err(AuditorError::io(target)))
-        .and_then(|()| durable::sync_dir(&parent));
+        .and_then(|()| Ok(durable::sync_dir(parent)?));
     if made.is_err() {
         let _ = std::fs::remove_dir_all(temp.path());
     }
@@ -113,13 +110,13 @@ fn populate(data: &DataDir, options: &InitOptions) -> Result<(), AuditorError> {
     make_private_dir(data.path())?;
     make_private_dir(&data.shares())?;
     keys::store(data, &options.share)?;
-    let key_text = keys::aggregator_key_text(&options.aggregator);
-    durable::replace(&data.aggregator_key(), key_text.as_bytes(), 0o644)?;
+    let key_text = penrose_host::key_file::signer_line(&options.aggregator);
+    durable::replace(&data.aggregator_key(), key_text.as_bytes(), Access::Public)?;
     options.policy.save(&data.policy())?;
     Record::new(options.instance).save(&data.record())?;
     // Made here, so that taking the lock never changes the directory.
-    durable::replace(&data.lock_file(), b"", 0o600)?;
-    durable::sync_dir(data.path())
+    durable::replace(&data.lock_file(), b"", Access::Owner)?;
+    Ok(durable::sync_dir(data.path())?)
 }
 
 fn make_private_dir(path: &Path) -> Result<(), AuditorError> {

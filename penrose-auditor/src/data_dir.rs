@@ -25,55 +25,59 @@
 //! `spent` (losing it would let tokens count again, in another sum).
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use penrose_core::paillier::KeyId;
+use penrose_host::data_dir::ServerDir;
 
 use crate::error::AuditorError;
 
 /// Paths inside a data directory.
 #[derive(Clone, Debug)]
-pub struct DataDir(PathBuf);
+pub struct DataDir(ServerDir);
+
+impl std::ops::Deref for DataDir {
+    type Target = ServerDir;
+
+    fn deref(&self) -> &ServerDir {
+        &self.0
+    }
+}
 
 impl DataDir {
     /// The data directory at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        DataDir(path.into())
-    }
-
-    /// The directory itself.
-    pub fn path(&self) -> &Path {
-        &self.0
+        DataDir(ServerDir::new(path))
     }
 
     /// The policy file.
     pub fn policy(&self) -> PathBuf {
-        self.0.join("policy.json")
+        self.0.file("policy.json")
     }
 
     /// The pinned aggregation server key.
     pub fn aggregator_key(&self) -> PathBuf {
-        self.0.join("aggregator.pub")
+        self.0.file("aggregator.pub")
     }
 
     /// The record of the chain and the answered epochs.
     pub fn record(&self) -> PathBuf {
-        self.0.join("record.json")
+        self.0.file("record.json")
     }
 
     /// The auditor party's token key ring (optional: with it, releases need evidence).
     pub fn evidence_keys(&self) -> PathBuf {
-        self.0.join("evidence-keys")
+        self.0.file("evidence-keys")
     }
 
     /// The tokens counted so far, with the sums they were counted for.
     pub fn spent(&self) -> PathBuf {
-        self.0.join("spent")
+        self.0.file("spent")
     }
 
     /// The directory of key shares.
     pub fn shares(&self) -> PathBuf {
-        self.0.join("shares")
+        self.0.file("shares")
     }
 
     /// The share of key `id`.
@@ -91,19 +95,9 @@ impl DataDir {
         self.shares().join(format!("{id}.verification"))
     }
 
-    /// The default TLS certificate.
-    pub fn tls_cert(&self) -> PathBuf {
-        self.0.join("tls").join("cert.pem")
-    }
-
-    /// The default TLS key.
-    pub fn tls_key(&self) -> PathBuf {
-        self.0.join("tls").join("key.pem")
-    }
-
     /// The lock file.
     pub fn lock_file(&self) -> PathBuf {
-        self.0.join("lock")
+        self.0.file("lock")
     }
 
     /// Refuses a directory `init` did not make (its record is the mark).
@@ -111,7 +105,7 @@ impl DataDir {
         if self.record().is_file() {
             Ok(())
         } else {
-            Err(AuditorError::NotInitialised(self.0.clone()))
+            Err(AuditorError::NotInitialised(self.path().to_owned()))
         }
     }
 
@@ -129,7 +123,7 @@ impl DataDir {
             .map_err(AuditorError::io(&path))?;
         match file.try_lock() {
             Ok(()) => Ok(DirLock { _file: file }),
-            Err(TryLockError::WouldBlock) => Err(AuditorError::Busy(self.0.clone())),
+            Err(TryLockError::WouldBlock) => Err(AuditorError::Busy(self.path().to_owned())),
             Err(TryLockError::Error(e)) => Err(AuditorError::io(path)(e)),
         }
     }

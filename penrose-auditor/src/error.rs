@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use penrose_core::paillier::{KeyId, PaillierError};
 use penrose_core::release::PolicyError;
-use penrose_secret_file::SecretFileError;
+use penrose_host::FileError;
 
 /// Why an auditor command failed.
 #[derive(Debug, thiserror::Error)]
@@ -19,11 +19,14 @@ pub enum AuditorError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(FileError),
     /// A share file is unsafe to use (a symbolic link, another user's, readable by group or
-    /// others) or unreadable: [`penrose_secret_file::read`] says which. A share that others
+    /// others) or unreadable: [`penrose_host::secret_file::read`] says which. A share that others
     /// may have read must be replaced by a new dealing, not used.
     #[error("key share: {0}")]
-    Secret(SecretFileError),
+    Secret(FileError),
     /// A key file given to `init` or `add-share` that is not what it claims (wrong kind, another
     /// key's share or verification key, damaged).
     #[error("{path} is not a valid key file for this key: {source}")]
@@ -94,9 +97,9 @@ pub enum AuditorError {
 
 // Not `#[from]`: the message already shows the inner error, which would otherwise also be the
 // source and print twice in a chain.
-impl From<SecretFileError> for AuditorError {
-    fn from(e: SecretFileError) -> Self {
-        AuditorError::Secret(e)
+impl From<FileError> for AuditorError {
+    fn from(e: FileError) -> Self {
+        AuditorError::File(e)
     }
 }
 

@@ -160,8 +160,8 @@ impl EvidenceKeys {
         if !path.exists() {
             return Ok(None);
         }
-        let bytes =
-            penrose_secret_file::read(&path, MAX_KEY_RING_BYTES).map_err(AuditorError::Secret)?;
+        let bytes = penrose_host::secret_file::read(&path, MAX_KEY_RING_BYTES)
+            .map_err(AuditorError::Secret)?;
         let keys = KeyRing::decode(&bytes).map_err(|e| AuditorError::corrupt(&path, e))?;
         let cap = TokensPerEpoch::new(TokenPeriod::Day, policy.cap().get())
             .map_err(|e| AuditorError::corrupt(&path, e))?;

@@ -9,7 +9,6 @@
 //! ([`read_offered`]); the data directory holds only what was checked on the way in.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use ed25519_dalek::VerifyingKey;
@@ -18,11 +17,11 @@ use penrose_core::paillier::{KeyId, PaillierError, PublicKey};
 use penrose_core::release::check_key_bits;
 
 use crate::data_dir::DataDir;
-use crate::durable;
 use crate::error::AuditorError;
+use penrose_host::durable::{self, Access};
 
 /// The largest key file read: a 2048-bit share is 2,105 bytes.
-pub const MAX_KEY_FILE: u64 = 64 * 1024;
+pub use penrose_host::key_file::MAX_KEY_FILE;
 
 /// The shares held, by key id: what a bundle's entries are checked against and decrypted
 /// with.
@@ -91,7 +90,8 @@ fn read_key_files(
     let public_key = PublicKey::from_bytes(&read_limited(public)?).map_err(invalid(public))?;
     let verification_key = VerificationKey::from_bytes(&public_key, &read_limited(verification)?)
         .map_err(invalid(verification))?;
-    let bytes = penrose_secret_file::read(share, MAX_KEY_FILE)?;
+    let bytes =
+        penrose_host::secret_file::read(share, MAX_KEY_FILE).map_err(AuditorError::Secret)?;
     let key = KeyShare::from_bytes(&public_key, &bytes).map_err(invalid(share))?;
     if key.holder() != Holder::Auditor {
         return Err(AuditorError::NotAuditorShare(share.to_owned()));
@@ -111,9 +111,13 @@ pub fn store(data: &DataDir, share: &KeyShare) -> Result<(), AuditorError> {
     }
     let verification = share.verification_key();
     let public = verification.public_key().to_bytes();
-    durable::replace(&data.public_key(&id), &public, 0o644)?;
-    durable::replace(&data.verification_key(&id), &verification.to_bytes(), 0o644)?;
-    durable::place_secret(&data.share(&id), &share.to_bytes())
+    durable::replace(&data.public_key(&id), &public, Access::Public)?;
+    durable::replace(
+        &data.verification_key(&id),
+        &verification.to_bytes(),
+        Access::Public,
+    )?;
+    Ok(durable::place_secret(&data.share(&id), &share.to_bytes())?)
 }
 
 fn invalid(path: &Path) -> impl FnOnce(PaillierError) -> AuditorError + '_ {
@@ -124,35 +128,17 @@ fn invalid(path: &Path) -> impl FnOnce(PaillierError) -> AuditorError + '_ {
 }
 
 fn read_limited(path: &Path) -> Result<Vec<u8>, AuditorError> {
-    let file = std::fs::File::open(path).map_err(AuditorError::io(path))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_KEY_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(AuditorError::io(path))?;
-    if bytes.len() as u64 > MAX_KEY_FILE {
-        return Err(AuditorError::io(path)(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "larger than any key file",
-        )));
-    }
-    Ok(bytes)
+    Ok(penrose_host::bounded::read(path, MAX_KEY_FILE)?)
 }
 
-/// Reads the aggregation server's bundle-signing public key: 64 hex digits (surrounding
-/// whitespace ignored), as the aggregation server writes the `.pub` file beside its signing
-/// key.
+/// Reads the aggregation server's bundle-signing public key, as the aggregation server writes
+/// the `.pub` file beside its signing key ([`penrose_host::key_file::read_signer`]).
 pub fn read_aggregator_key(path: &Path) -> Result<VerifyingKey, AuditorError> {
-    let text = read_limited(path)?;
-    std::str::from_utf8(&text)
-        .ok()
-        .and_then(|text| penrose_core::hex::decode_array::<32>(text.trim()))
-        .and_then(|bytes| VerifyingKey::from_bytes(&bytes).ok())
-        .ok_or_else(|| AuditorError::AggregatorKey(path.to_owned()))
-}
-
-/// The file form of an aggregation server key, as [`read_aggregator_key`] reads it.
-pub fn aggregator_key_text(key: &VerifyingKey) -> String {
-    format!("{}\n", penrose_core::hex::encode(key.as_bytes()))
+    use penrose_host::key_file::KeyFileError;
+    penrose_host::key_file::read_signer(path).map_err(|e| match e {
+        KeyFileError::File(e) => AuditorError::File(e),
+        _ => AuditorError::AggregatorKey(path.to_owned()),
+    })
 }
 
 #[cfg(test)]
@@ -166,7 +152,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("aggregator.pub");
         let key = SigningKey::from_bytes(&[3; 32]).verifying_key();
-        std::fs::write(&path, aggregator_key_text(&key)).unwrap();
+        std::fs::write(&path, penrose_host::key_file::signer_line(&key)).unwrap();
         assert_eq!(read_aggregator_key(&path).unwrap(), key);
         for bad in ["", "abc", &"zz".repeat(32), &"00".repeat(31)] {
             std::fs::write(&path, bad).unwrap();

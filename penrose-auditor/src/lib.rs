@@ -26,7 +26,6 @@
 //! And around it:
 //!
 //! - [`data_dir`]: the data directory's layout and its lock.
-//! - [`durable`]: writes that a crash leaves whole or not at all.
 //! - [`admin`]: init, add-share and follow, which change the data directory, and status.
 //! - [`cli`]: the command line's clap definition.
 //! - [`error`]: what can go wrong, typed.
@@ -37,7 +36,6 @@ pub mod admin;
 pub mod auditor;
 pub mod cli;
 pub mod data_dir;
-pub mod durable;
 pub mod error;
 pub mod evidence;
 pub mod keys;

@@ -18,13 +18,7 @@ const REFUSED: u8 = 3;
 const BUSY: u8 = 4;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    penrose_host::process::init_logging("info");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -52,12 +46,7 @@ fn main() -> ExitCode {
 }
 
 fn print<T: Serialize + Display>(json: bool, value: &T) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(value)?);
-    } else {
-        println!("{value}");
-    }
-    Ok(())
+    Ok(penrose_host::output::print(value, json)?)
 }
 
 fn read_key(files: &KeyFiles) -> Result<KeyShare, AuditorError> {

@@ -9,8 +9,8 @@ use std::path::Path;
 use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use serde::{Deserialize, Serialize};
 
-use crate::durable;
 use crate::error::AuditorError;
+use penrose_host::durable::{self, Access};
 
 /// k and T, validated against their floors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl Policy {
         let mut text =
             serde_json::to_vec_pretty(&file).map_err(|e| AuditorError::corrupt(path, e))?;
         text.push(b'\n');
-        durable::replace(path, &text, 0o644)
+        Ok(durable::replace(path, &text, Access::Public)?)
     }
 }
 

@@ -20,8 +20,8 @@ use penrose_core::audit::{AuditRefusal, AuditStatus};
 use penrose_core::bundle::{Bundle, BundleHash, EpochId, InstanceId};
 use serde::{Deserialize, Serialize};
 
-use crate::durable;
 use crate::error::AuditorError;
+use penrose_host::durable::{self, Access};
 
 /// The record file format this build reads and writes.
 const FORMAT: u32 = 1;
@@ -243,7 +243,7 @@ impl Record {
         let mut text =
             serde_json::to_vec_pretty(self).map_err(|e| AuditorError::corrupt(path, e))?;
         text.push(b'\n');
-        durable::replace(path, &text, 0o644)
+        Ok(durable::replace(path, &text, Access::Public)?)
     }
 }
 

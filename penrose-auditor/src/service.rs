@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use penrose_core::audit::{ALPN, AuditAnswer, AuditRefusal, MAX_AUDIT_MESSAGE};
 use penrose_core::paillier::KeyId;
+use penrose_host::process::{Request, Signals, print_ready};
 use penrose_transport::exchange::{BlockingAnswers, Offloaded, Protocol, serve_exchange};
 use penrose_transport::{Encoding, Identity, Limits, Server, ServerConfig};
 use serde::{Deserialize, Serialize};
-use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
 use crate::auditor::Auditor;
@@ -199,9 +199,7 @@ pub struct Listening {
 pub async fn run(options: ServeOptions) -> Result<(), AuditorError> {
     // Signals are handled from before the ready line on, so that one sent as soon as the
     // auditor says it listens stops it cleanly; SIGHUP has nothing to reload and is logged.
-    let mut term = signal(SignalKind::terminate()).map_err(AuditorError::io("SIGTERM"))?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(AuditorError::io("SIGINT"))?;
-    let mut hangup = signal(SignalKind::hangup()).map_err(AuditorError::io("SIGHUP"))?;
+    let mut signals = Signals::install().map_err(AuditorError::io("signal handlers"))?;
     let running = start(options).await?;
     let auditor = running.auditor();
     let status = auditor.status();
@@ -215,19 +213,10 @@ pub async fn run(options: ServeOptions) -> Result<(), AuditorError> {
         cap: auditor.policy().cap().get(),
     };
     // One line on stdout for whoever started the auditor (scripts, tests).
-    println!(
-        "{}",
-        serde_json::to_string(&line).unwrap_or_else(|_| "{}".into())
-    );
+    print_ready(&line).map_err(AuditorError::io("stdout"))?;
     info!(listen = %running.local_addr(), "serving");
-    loop {
-        tokio::select! {
-            _ = interrupt.recv() => break,
-            _ = term.recv() => break,
-            _ = hangup.recv() => info!(
-                "SIGHUP: nothing to reload (shares are added with add-share while stopped)"
-            ),
-        }
+    while signals.next().await == Request::Reload {
+        info!("SIGHUP: nothing to reload (shares are added with add-share while stopped)");
     }
     info!("shutting down");
     running.shutdown().await;

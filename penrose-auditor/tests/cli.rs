@@ -92,7 +92,7 @@ impl Operator {
         let files = dealing.write_files(&dir.path().join("dealer"));
         let signing = SigningKey::from_bytes(&[9; 32]);
         let aggregator = dir.path().join("aggregator-signing.key.pub");
-        let key = keys::aggregator_key_text(&signing.verifying_key());
+        let key = penrose_host::key_file::signer_line(&signing.verifying_key());
         std::fs::write(&aggregator, key).unwrap();
         let data = dir.path().join("auditor");
         Operator {

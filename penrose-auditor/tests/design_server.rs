@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use common::{ChainMaker, DAY, Dealing};
 use ed25519_dalek::SigningKey;
-use penrose_auditor::keys;
 use penrose_auditor::service::Listening;
 use penrose_core::audit::AuditRefusal;
 use penrose_core::paillier::threshold::KeyShare;
@@ -105,7 +104,7 @@ fn the_design_server_decrypts_only_what_the_auditor_answers_once() {
     let aggregator = dir.path().join("aggregator.pub");
     std::fs::write(
         &aggregator,
-        keys::aggregator_key_text(&signing.verifying_key()),
+        penrose_host::key_file::signer_line(&signing.verifying_key()),
     )
     .unwrap();
     let data = dir.path().join("auditor");

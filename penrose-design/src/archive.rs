@@ -36,7 +36,6 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::VerifyingKey;
@@ -48,6 +47,7 @@ use penrose_core::hex::encode as hex;
 use penrose_core::paillier::KeyId;
 use penrose_core::release::{MIN_CONTRIBUTORS, ReportsPerContributor};
 use penrose_core::wire::Day;
+use penrose_host::durable::{self, Access};
 use thiserror::Error;
 
 /// Why a bundle could not be imported or the archive read.
@@ -76,6 +76,9 @@ pub enum ArchiveError {
         "no aggregation server key is trusted yet: pass --signer with the aggregator's signing-key .pub file"
     )]
     NoTrustedSigner,
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
     /// A key file is not 64 hex digits of an ed25519 public key.
     #[error("{0}: not an ed25519 public key (64 hex digits)")]
     BadSignerFile(PathBuf),
@@ -286,14 +289,14 @@ pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '
     }
 }
 
-/// Reads an ed25519 public key written as 64 hex digits (the aggregator's `*.pub` file).
+/// Reads the aggregation server's bundle-signing key (its `*.pub` file) with the signer reader
+/// every tier uses.
 pub fn read_signer(path: &Path) -> Result<VerifyingKey, ArchiveError> {
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
-    parse_signer(text.trim()).ok_or_else(|| ArchiveError::BadSignerFile(path.to_owned()))
-}
-
-fn parse_signer(text: &str) -> Option<VerifyingKey> {
-    VerifyingKey::from_bytes(&penrose_core::hex::decode_array::<32>(text)?).ok()
+    use penrose_host::key_file::KeyFileError;
+    penrose_host::key_file::read_signer(path).map_err(|e| match e {
+        KeyFileError::File(e) => ArchiveError::File(e),
+        _ => ArchiveError::BadSignerFile(path.to_owned()),
+    })
 }
 
 /// A refusal of the bundle at `path`: it is not the next link of the chain.
@@ -396,38 +399,7 @@ fn skipped_epochs(
 
 /// Writes `bytes` to `path` so that a crash leaves either the old state or the whole file.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ArchiveError> {
-    write_atomically_mode(path, bytes, None)
-}
-
-/// [`write_atomically`], the file created with `mode` (e.g. 0o600, owner only) when given.
-pub(crate) fn write_atomically_mode(
-    path: &Path,
-    bytes: &[u8],
-    mode: Option<u32>,
-) -> Result<(), ArchiveError> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension("tmp");
-    {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        if let Some(mode) = mode {
-            options.mode(mode);
-        }
-        let mut f = options.open(&tmp).map_err(io(&tmp))?;
-        if let Some(mode) = mode {
-            // An older temporary file keeps its mode through `open`: set it.
-            use std::os::unix::fs::PermissionsExt as _;
-            f.set_permissions(std::fs::Permissions::from_mode(mode))
-                .map_err(io(&tmp))?;
-        }
-        f.write_all(bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-    }
-    std::fs::rename(&tmp, path).map_err(io(path))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
+    Ok(durable::replace(path, bytes, Access::Public)?)
 }
 
 /// One chain as found on disk, verified.
@@ -674,7 +646,7 @@ impl Archive {
         if self.trusted_signer()?.is_none() {
             write_atomically(
                 &self.signer_path(),
-                format!("{}\n", hex(trusted.as_bytes())).as_bytes(),
+                penrose_host::key_file::signer_line(trusted).as_bytes(),
             )?;
         }
         let dir = self.chain_dir(instance);
@@ -778,19 +750,5 @@ impl Archive {
                 .push((chain.instance, chain.bundles.len() as u64));
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signer_files_are_64_hex_digits_of_a_valid_key() {
-        let key = ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]).verifying_key();
-        assert_eq!(parse_signer(&hex(key.as_bytes())), Some(key));
-        assert_eq!(parse_signer("00"), None);
-        assert_eq!(parse_signer(&"zz".repeat(32)), None);
-        assert_eq!(parse_signer(&"é".repeat(32)), None);
     }
 }

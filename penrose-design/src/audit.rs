@@ -9,7 +9,6 @@
 //! page of entries at a time, since a partial decryption costs it about 165 ms.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use penrose_core::audit::{
@@ -275,20 +274,13 @@ fn kept_answer(path: &Path, bundle: &ArchivedBundle) -> Result<Option<Vec<u8>>, 
     }
 }
 
-/// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a part:
-/// a temporary file, synced, renamed, and the directory synced.
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a part
+/// (its directory made first).
 fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), AuditError> {
-    let dir = path.parent().map(Path::to_owned).unwrap_or_default();
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    let temp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&temp).map_err(io(&temp))?;
-    file.write_all(bytes).map_err(io(&temp))?;
-    file.sync_all().map_err(io(&temp))?;
-    std::fs::rename(&temp, path).map_err(io(path))?;
-    std::fs::File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(&dir))?;
-    Ok(())
+    let dir = penrose_host::durable::parent(path);
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    penrose_host::durable::replace(path, bytes, penrose_host::durable::Access::Public)
+        .map_err(|e| AuditError::Archive(e.into()))
 }
 
 /// The auditor's partial decryptions kept in the archive, by the sum they are of.

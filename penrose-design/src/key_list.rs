@@ -9,15 +9,13 @@
 //! and the design server decrypts each sum with the key it is under (`report --key` names
 //! every private key that sums may be under).
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::SigningKey;
 use penrose_core::key_list::{KeyList, KeyListError, ScheduledKey};
 use penrose_core::paillier::PublicKey;
 use penrose_core::wire::Day;
+use penrose_host::durable::{self, Access};
 use rand::RngCore;
 use thiserror::Error;
 
@@ -33,20 +31,15 @@ const SIGNING_KEY_TAG: &[u8] = b"penrose-key-list-signing-key 1\n";
 /// Why a signing key or a list could not be made.
 #[derive(Debug, Error)]
 pub enum KeyListFileError {
-    /// The file system refused.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
     /// A key file would be replaced.
     #[error("{0} already exists; move it away first (keys are never overwritten)")]
     Exists(PathBuf),
     /// The signing key file is unsafe or unreadable.
     #[error("list-signing key: {0}")]
-    Secret(penrose_secret_file::SecretFileError),
+    Secret(penrose_host::FileError),
     /// Not a list-signing key file.
     #[error("{0} is not a Penrose list-signing key")]
     NotASigningKey(PathBuf),
@@ -56,13 +49,6 @@ pub enum KeyListFileError {
     /// The list is not valid.
     #[error(transparent)]
     List(#[from] KeyListError),
-}
-
-fn io(path: &Path) -> impl Fn(std::io::Error) -> KeyListFileError + '_ {
-    move |source| KeyListFileError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// Writes a new list-signing key into `dir` (mode 0600) and its public half beside it;
@@ -80,22 +66,16 @@ pub fn create_signing_key(dir: &Path) -> Result<(PathBuf, PathBuf), KeyListFileE
     let key = SigningKey::from_bytes(&seed);
     let mut bytes = SIGNING_KEY_TAG.to_vec();
     bytes.extend_from_slice(&seed);
-    penrose_secret_file::create(&secret, &bytes).map_err(KeyListFileError::Secret)?;
+    penrose_host::secret_file::create(&secret, &bytes).map_err(KeyListFileError::Secret)?;
     let text = penrose_core::key_list::signer_text(&key.verifying_key());
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&public)
-        .map_err(io(&public))?;
-    file.write_all(text.as_bytes()).map_err(io(&public))?;
+    durable::create(&public, text.as_bytes(), Access::Public)?;
     Ok((secret, public))
 }
 
 /// Reads a list-signing key (the shared secret-file reader: no symbolic link, the reader's own
 /// file, mode 0600 or stricter).
 pub fn read_signing_key(path: &Path) -> Result<SigningKey, KeyListFileError> {
-    let bytes = penrose_secret_file::read(path, (SIGNING_KEY_TAG.len() + 32) as u64)
+    let bytes = penrose_host::secret_file::read(path, (SIGNING_KEY_TAG.len() + 32) as u64)
         .map_err(KeyListFileError::Secret)?;
     let seed: [u8; 32] = bytes
         .strip_prefix(SIGNING_KEY_TAG)
@@ -132,9 +112,7 @@ pub fn write_list(
         .collect::<Result<Vec<_>, KeyListFileError>>()?;
     let list = KeyList::new(sequence, grace_days, scheduled)?;
     let bytes = list.sign(&signer);
-    let tmp = out.with_extension("tmp");
-    std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, out).map_err(io(out))?;
+    durable::replace(out, &bytes, Access::Public)?;
     Ok(list)
 }
 

@@ -1,18 +1,17 @@
 //! Key files. The private key never leaves the design server, so its file is created readable
 //! by its owner alone, and loading refuses a file that anyone else could read: a key that was
 //! exposed must be replaced, not used. It is read by the reader every tier uses for its
-//! secrets (`penrose_secret_file`: no symbolic link, the reader's own file, mode 0600 or
+//! secrets (`penrose_host::secret_file`: no symbolic link, the reader's own file, mode 0600 or
 //! stricter).
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use penrose_core::paillier::threshold::{self, Holder, KeyShare, VerificationKey};
 use penrose_core::paillier::{Keypair, PaillierError, PrivateKey, PublicKey};
-use penrose_core::release::{PolicyError, check_key_bits};
-use penrose_secret_file::SecretFileError;
+use penrose_core::release::PolicyError;
+use penrose_host::FileError;
+use penrose_host::durable::{self, Access};
+use penrose_host::key_file::{KeyFileError as PublicKeyFileError, MAX_KEY_FILE};
 use thiserror::Error;
 
 /// File name of the private key inside a key directory.
@@ -28,30 +27,19 @@ pub const DESIGN_SHARE_FILE: &str = "design.share";
 /// and deleted here (`penrose-auditor init --share`).
 pub const AUDITOR_SHARE_FILE: &str = "auditor.share";
 
-/// The largest key file read; a 2048-bit private key is under 1 KiB.
-const MAX_KEY_FILE: u64 = 64 * 1024;
-
 /// Why a key file could not be written or read.
 #[derive(Debug, Error)]
 pub enum KeyFileError {
-    /// The file system refused.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written (missing, not a file, too large, ...).
+    #[error("{0}")]
+    File(FileError),
     /// Writing would replace an existing key, which would orphan everything encrypted to it.
     #[error("{0} already exists; move it away first (keys are never overwritten)")]
     Exists(PathBuf),
     /// The private key file is unsafe to use (a symbolic link, another user's, open to group
-    /// or others) or unreadable: [`penrose_secret_file::read`] says which.
+    /// or others) or unreadable: [`penrose_host::secret_file::read`] says which.
     #[error("private key: {0}")]
-    Secret(SecretFileError),
-    /// The file is larger than any key.
-    #[error("{0} is too large to be a key file")]
-    TooLarge(PathBuf),
+    Secret(FileError),
     /// The contents are not a key of the expected kind.
     #[error("{path} is not a valid key: {source}")]
     Invalid {
@@ -75,24 +63,30 @@ pub enum KeyFileError {
 
 // Not `#[from]`: the message already shows the inner error, which would otherwise also be the
 // source and print twice in a chain.
-impl From<SecretFileError> for KeyFileError {
-    fn from(e: SecretFileError) -> Self {
-        KeyFileError::Secret(e)
+impl From<FileError> for KeyFileError {
+    fn from(e: FileError) -> Self {
+        match e {
+            FileError::Exists(path) => KeyFileError::Exists(path),
+            e => KeyFileError::File(e),
+        }
+    }
+}
+
+/// The shared public key reader's refusals, told as this module's.
+impl From<PublicKeyFileError> for KeyFileError {
+    fn from(e: PublicKeyFileError) -> Self {
+        match e {
+            PublicKeyFileError::File(e) => KeyFileError::File(e),
+            PublicKeyFileError::NotAKey { path, source } => KeyFileError::Invalid { path, source },
+            PublicKeyFileError::Weak { path, source } => KeyFileError::Weak { path, source },
+            // Only the signer reader says this; no key file of this module is read by it.
+            PublicKeyFileError::NotASigner(path) => KeyFileError::File(FileError::NotAFile(path)),
+        }
     }
 }
 
 fn strong_enough(path: &Path, key: &PublicKey) -> Result<(), KeyFileError> {
-    check_key_bits(key.size().modulus_bits()).map_err(|source| KeyFileError::Weak {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyFileError + '_ {
-    move |source| KeyFileError::Io {
-        path: path.to_owned(),
-        source,
-    }
+    Ok(penrose_host::key_file::check_floor(path, key)?)
 }
 
 /// Writes `private.key` (mode 0600) and `public.key` (mode 0644) into `dir`, refusing to
@@ -105,8 +99,8 @@ pub fn write_keypair(dir: &Path, keys: &Keypair) -> Result<(PathBuf, PathBuf), K
             return Err(KeyFileError::Exists(path.clone()));
         }
     }
-    write_new(&private, 0o600, &keys.private_key().to_bytes())?;
-    write_new(&public, 0o644, &keys.public_key().to_bytes())?;
+    write_new(&private, Access::Owner, &keys.private_key().to_bytes())?;
+    write_new(&public, Access::Public, &keys.public_key().to_bytes())?;
     Ok((private, public))
 }
 
@@ -152,18 +146,19 @@ pub fn write_split(
             path: dir.to_owned(),
             source,
         })?;
-    write_new(&files.design, 0o600, &dealt.design.to_bytes())?;
-    write_new(&files.auditor, 0o600, &dealt.auditor.to_bytes())?;
+    write_new(&files.design, Access::Owner, &dealt.design.to_bytes())?;
+    write_new(&files.auditor, Access::Owner, &dealt.auditor.to_bytes())?;
     let verification = dealt.design.verification_key().to_bytes();
-    write_new(&files.verification, 0o644, &verification)?;
-    write_new(&files.public, 0o644, &keys.public_key().to_bytes())?;
+    write_new(&files.verification, Access::Public, &verification)?;
+    write_new(&files.public, Access::Public, &keys.public_key().to_bytes())?;
     Ok(files)
 }
 
 /// Reads the design server's share of `public` with the shared secret-file reader (as a
 /// private key), refusing the auditor's share: the design server must never hold both.
 pub fn read_design_share(path: &Path, public: &PublicKey) -> Result<KeyShare, KeyFileError> {
-    let bytes = penrose_secret_file::read(path, MAX_KEY_FILE)?;
+    let bytes =
+        penrose_host::secret_file::read(path, MAX_KEY_FILE).map_err(KeyFileError::Secret)?;
     let invalid = |source| KeyFileError::Invalid {
         path: path.to_owned(),
         source,
@@ -180,37 +175,24 @@ pub fn read_verification_key(
     path: &Path,
     public: &PublicKey,
 ) -> Result<VerificationKey, KeyFileError> {
-    let file = File::open(path).map_err(io(path))?;
-    let bytes = read_limited(file, path)?;
+    let bytes = penrose_host::bounded::read(path, MAX_KEY_FILE)?;
     VerificationKey::from_bytes(public, &bytes).map_err(|source| KeyFileError::Invalid {
         path: path.to_owned(),
         source,
     })
 }
 
-fn write_new(path: &Path, mode: u32, bytes: &[u8]) -> Result<(), KeyFileError> {
-    // create_new: never follow or replace an existing file; the mode applies at creation, so
-    // the secret is never briefly readable by others.
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => KeyFileError::Exists(path.to_owned()),
-            _ => KeyFileError::Io {
-                path: path.to_owned(),
-                source: e,
-            },
-        })?;
-    file.write_all(bytes).map_err(io(path))?;
-    file.sync_all().map_err(io(path))
+fn write_new(path: &Path, access: Access, bytes: &[u8]) -> Result<(), KeyFileError> {
+    // Never follow or replace an existing file; the mode applies at creation, so a secret is
+    // never briefly readable by others.
+    Ok(durable::create(path, bytes, access)?)
 }
 
 /// Reads a private key with the shared secret-file reader: refuses a symbolic link, another
 /// user's file and a file that group or others can access.
 pub fn read_private_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
-    let bytes = penrose_secret_file::read(path, MAX_KEY_FILE)?;
+    let bytes =
+        penrose_host::secret_file::read(path, MAX_KEY_FILE).map_err(KeyFileError::Secret)?;
     let key = PrivateKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
         path: path.to_owned(),
         source,
@@ -219,27 +201,9 @@ pub fn read_private_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
     Ok(key)
 }
 
-/// Reads a public key.
+/// Reads a public key with the reader every tier uses, which refuses one under the floor.
 pub fn read_public_key(path: &Path) -> Result<PublicKey, KeyFileError> {
-    let file = File::open(path).map_err(io(path))?;
-    let bytes = read_limited(file, path)?;
-    let key = PublicKey::from_bytes(&bytes).map_err(|source| KeyFileError::Invalid {
-        path: path.to_owned(),
-        source,
-    })?;
-    strong_enough(path, &key)?;
-    Ok(key)
-}
-
-fn read_limited(file: File, path: &Path) -> Result<Vec<u8>, KeyFileError> {
-    let mut bytes = Vec::new();
-    file.take(MAX_KEY_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io(path))?;
-    if bytes.len() as u64 > MAX_KEY_FILE {
-        return Err(KeyFileError::TooLarge(path.to_owned()));
-    }
-    Ok(bytes)
+    Ok(penrose_host::key_file::read_public_key(path)?)
 }
 
 #[cfg(test)]
@@ -297,10 +261,7 @@ mod tests {
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o640)).unwrap();
         assert!(matches!(
             read_private_key(&private),
-            Err(KeyFileError::Secret(SecretFileError::TooOpen {
-                mode: 0o640,
-                ..
-            }))
+            Err(KeyFileError::Secret(FileError::TooOpen { mode: 0o640, .. }))
         ));
         // A symbolic link to a good key is refused too (never followed).
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -308,7 +269,7 @@ mod tests {
         std::os::unix::fs::symlink(&private, &link).unwrap();
         assert!(matches!(
             read_private_key(&link),
-            Err(KeyFileError::Secret(SecretFileError::Symlink(_)))
+            Err(KeyFileError::Secret(FileError::Symlink(_)))
         ));
     }
 
@@ -350,21 +311,21 @@ mod tests {
         let (private, public) = write_keypair(dir.path(), &keys()).unwrap();
         // A public key where a private key is expected, and a truncated public key.
         let swapped = dir.path().join("swapped.key");
-        write_new(&swapped, 0o600, &std::fs::read(&public).unwrap()).unwrap();
+        write_new(&swapped, Access::Owner, &std::fs::read(&public).unwrap()).unwrap();
         assert!(matches!(
             read_private_key(&swapped),
             Err(KeyFileError::Invalid { .. })
         ));
         let bytes = std::fs::read(&private).unwrap();
         let truncated = dir.path().join("truncated.key");
-        write_new(&truncated, 0o600, &bytes[..bytes.len() / 2]).unwrap();
+        write_new(&truncated, Access::Owner, &bytes[..bytes.len() / 2]).unwrap();
         assert!(matches!(
             read_private_key(&truncated),
             Err(KeyFileError::Invalid { .. })
         ));
         assert!(matches!(
             read_public_key(&dir.path().join("missing")),
-            Err(KeyFileError::Io { .. })
+            Err(KeyFileError::File(e)) if e.is_missing()
         ));
     }
 }

@@ -201,7 +201,11 @@ impl Archive {
         }
         let mut labels = self.labels()?;
         let old = labels.set(class, label);
-        archive::write_atomically_mode(&path, labels.to_text().as_bytes(), Some(0o600))?;
+        penrose_host::durable::replace(
+            &path,
+            labels.to_text().as_bytes(),
+            penrose_host::durable::Access::Owner,
+        )?;
         Ok(old)
     }
 }

@@ -19,12 +19,10 @@ use penrose_design::output::{
 };
 use penrose_design::report;
 use penrose_design::{audit, evidence};
+use penrose_host::clock::today;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    penrose_host::process::init_logging("error");
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -388,14 +386,6 @@ fn import(
         );
     }
     Ok(())
-}
-
-/// Today by the system clock, in days since the Unix epoch.
-fn today() -> penrose_core::wire::Day {
-    let days = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400);
-    penrose_core::wire::Day(u32::try_from(days).unwrap_or(u32::MAX))
 }
 
 /// The days `--from`/`--until` name (`None`: neither given, every epoch).

@@ -20,7 +20,7 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use penrose_core::tokens::protocol::{BatchOutcome, IssuerAnswer, IssuerRequest};
 use penrose_core::tokens::{KeySet, TokenEpoch, TokenRequest, TokenScope};
 use penrose_core::wire::Day;
-use penrose_issuer::clock::ManualClock;
+use penrose_host::clock::ManualClock;
 use penrose_issuer::credential::{self, CredentialId};
 use penrose_issuer::keys::scopes;
 use penrose_issuer::{Issuer, IssuerConfig, StateDir, admin};

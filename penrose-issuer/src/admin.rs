@@ -20,13 +20,13 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
-use crate::clock::date_of;
 use crate::credential::{CredentialId, IdPrefix};
 use crate::error::IssuerError;
 use crate::issuer::{Issuer, IssuerStats};
 use crate::seed::MasterSeed;
 use crate::state::StateDir;
 use crate::store::{CredentialRecord, STORE_FORMAT, Store, Table, WriteSet, parse_issued_key};
+use penrose_core::calendar::date_of;
 
 /// The longest request or reply line on the control socket.
 const MAX_LINE: u64 = 4 << 20;

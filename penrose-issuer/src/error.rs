@@ -62,11 +62,11 @@ pub enum IssuerError {
     )]
     SeedMismatch(PathBuf),
     /// The seed file is unsafe to use (a symbolic link, not a regular file, another user's,
-    /// accessible to group or others) or unreadable: [`penrose_secret_file::read`] says which.
+    /// accessible to group or others) or unreadable: [`penrose_host::secret_file::read`] says which.
     /// A seed that may have been exposed is replaced by starting a new issuer (new seed, new
     /// key set, enrol again).
     #[error("master seed: {0}")]
-    Seed(penrose_secret_file::SecretFileError),
+    Seed(penrose_host::FileError),
     /// The seed file does not hold exactly 32 bytes.
     #[error("{path} holds {len} bytes; a master seed is exactly 32")]
     SeedLength {
@@ -75,6 +75,9 @@ pub enum IssuerError {
         /// Its length.
         len: u64,
     },
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(penrose_host::FileError),
     /// A secret file that already exists is never overwritten.
     #[error("{0} already exists; move it away first (secrets are never overwritten)")]
     Exists(PathBuf),

@@ -42,13 +42,13 @@ use penrose_core::wire::Day;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
-use crate::clock::Clock;
 use crate::credential::CredentialId;
 use crate::error::IssuerError;
 use crate::keys::{Keys, PublishWindow, Published};
 use crate::seed::MasterSeed;
 use crate::state::StateDir;
 use crate::store::{RATE_UNITS, RateRecord, Store, Table, WriteSet, issued_key};
+use penrose_host::clock::Clock;
 
 /// Requests per credential per hour by default.
 pub const DEFAULT_REQUESTS_PER_HOUR: u32 = 12;

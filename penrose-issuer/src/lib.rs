@@ -20,7 +20,6 @@
 //!
 //! - [`seed`]: the master seed file (32 bytes, 0600, refused when others may read it).
 //! - [`credential`]: enrolment credentials, their ids and files.
-//! - [`clock`]: the day and the time, injected so that tests can move them.
 //! - [`state`]: the state directory's layout.
 //! - [`admin`]: enrol, revoke and status, against a running issuer (its control socket) or the
 //!   store opened directly.
@@ -31,7 +30,6 @@
 
 pub mod admin;
 pub mod cli;
-pub mod clock;
 pub mod credential;
 pub mod error;
 pub mod issuer;
@@ -41,7 +39,6 @@ pub mod service;
 pub mod state;
 pub mod store;
 
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use credential::CredentialId;
 pub use error::IssuerError;
 pub use issuer::{Issuer, IssuerConfig};

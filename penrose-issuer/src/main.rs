@@ -1,19 +1,19 @@
 //! `penrose-issuer`: parses the command line (its definition is `penrose_issuer::cli`) and runs
 //! it.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::num::NonZeroU32;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use penrose_core::calendar::date_of;
 use penrose_core::wire::Day;
+use penrose_host::clock::{Clock, SystemClock};
+use penrose_host::durable::Access;
 use penrose_issuer::admin::{self, ENROL_CHUNK, Reply, Request, Status};
 use penrose_issuer::cli::{Cli, Command};
-use penrose_issuer::clock::{Clock, SystemClock, date_of};
 use penrose_issuer::credential::{self, CredentialId};
 use penrose_issuer::keys::{self, PublishWindow, Published};
 use penrose_issuer::service::{self, ServeOptions};
@@ -24,13 +24,7 @@ use serde::Serialize;
 const REFUSED: u8 = 3;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    penrose_host::process::init_logging("info");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -246,7 +240,7 @@ async fn revoke(
 fn key_set(dir: &StateDir, out: &Path, day: Day, json: bool) -> Result<()> {
     let seed = MasterSeed::load(&dir.seed())?;
     let published = Published::of(&seed, PublishWindow::default(), day)?;
-    write_file(out, &published.encoded, 0o644)?;
+    penrose_host::durable::replace(out, &published.encoded, Access::Public)?;
     let (from, to) = PublishWindow::default().range(day);
     let written = written(out, from, to, published.set.entries().len(), &published);
     print(json, &written, |w| {
@@ -271,7 +265,7 @@ fn export_keys(
 ) -> Result<()> {
     let seed = MasterSeed::load(&dir.seed())?;
     let ring = keys::key_ring(&seed, from, to)?;
-    write_file(out, &ring.encode(), 0o600)?;
+    penrose_host::durable::replace(out, &ring.encode(), Access::Owner)?;
     let published = Published::of(&seed, PublishWindow::default(), today)?;
     let written = written(out, from, to, ring.keys().len(), &published);
     print(json, &written, |w| {
@@ -345,38 +339,6 @@ async fn enrol(
         written.drain(..chunk.len());
     }
     Ok(enrolled)
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory (created with
-/// `mode`), synced and renamed over it: readers see the old file or the new one.
-fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .context("the output path has no file name")?
-        .to_string_lossy()
-        .into_owned();
-    let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| -> Result<()> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&temp)
-            .with_context(|| format!("creating {}", temp.display()))?;
-        file.write_all(bytes)
-            .and_then(|()| file.sync_all())
-            .with_context(|| format!("writing {}", temp.display()))?;
-        std::fs::rename(&temp, path).with_context(|| format!("writing {}", path.display()))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
 }
 
 fn print_status(status: &Status) {

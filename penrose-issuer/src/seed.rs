@@ -1,13 +1,10 @@
 //! The master seed: 32 random bytes from which every issuer key is derived, one per (day,
 //! counter) (`IssuerKey::derive(epoch, scope, seed)`, RFC 9497 DeriveKeyPair). Whoever holds it
 //! can mint tokens for any day, so its file is created readable by its owner alone, and loading
-//! (with the reader every tier uses for its secrets, `penrose_secret_file`) refuses a file that
+//! (with the reader every tier uses for its secrets, `penrose_host::secret_file`) refuses a file that
 //! group or others may access, another user's file, a symbolic link, or anything but a plain
 //! file of exactly 32 bytes: a seed that was exposed must be replaced, not used.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use penrose_core::tokens::{IssuerKey, TokenEpoch, TokenError, TokenScope};
@@ -72,8 +69,8 @@ impl MasterSeed {
     pub fn load(path: &Path) -> Result<Self, IssuerError> {
         // A little more than a seed, so that a longer file is named with its length.
         const READ_LIMIT: u64 = 4096;
-        let bytes = penrose_secret_file::read(path, READ_LIMIT).map_err(|e| match e {
-            penrose_secret_file::SecretFileError::TooLarge { .. } => IssuerError::SeedLength {
+        let bytes = penrose_host::secret_file::read(path, READ_LIMIT).map_err(|e| match e {
+            penrose_host::FileError::TooLarge { .. } => IssuerError::SeedLength {
                 path: path.to_owned(),
                 len: READ_LIMIT + 1,
             },
@@ -94,34 +91,17 @@ impl MasterSeed {
 /// Writes a new secret file at `path` (the seed, a host's credential): mode 0600, never
 /// replacing anything (not even a dangling symbolic link), synced with its directory.
 pub(crate) fn create_secret(path: &Path, bytes: &[u8]) -> Result<(), IssuerError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => IssuerError::Exists(path.to_owned()),
-            _ => IssuerError::Io {
-                path: path.to_owned(),
-                source: e,
-            },
-        })?;
-    file.write_all(bytes).map_err(IssuerError::io(path))?;
-    file.sync_all().map_err(IssuerError::io(path))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(IssuerError::io(dir))?;
-    }
-    Ok(())
+    penrose_host::secret_file::create(path, bytes).map_err(|e| match e {
+        penrose_host::FileError::Exists(path) => IssuerError::Exists(path),
+        e => IssuerError::File(e),
+    })
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use penrose_secret_file::SecretFileError;
+    use penrose_host::FileError;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
@@ -147,7 +127,7 @@ mod tests {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
             let err = MasterSeed::load(&path).unwrap_err();
             assert!(
-                matches!(err, IssuerError::Seed(SecretFileError::TooOpen { mode: m, .. }) if m == mode),
+                matches!(err, IssuerError::Seed(FileError::TooOpen { mode: m, .. }) if m == mode),
                 "{mode:o}: {err}"
             );
         }
@@ -157,7 +137,7 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).unwrap();
         assert!(matches!(
             MasterSeed::load(&link),
-            Err(IssuerError::Seed(SecretFileError::Symlink(_)))
+            Err(IssuerError::Seed(FileError::Symlink(_)))
         ));
         // Creating through a dangling link is refused too.
         let dangling = dir.path().join("dangling");
@@ -177,7 +157,7 @@ mod tests {
         std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(matches!(
             MasterSeed::load(&sub),
-            Err(IssuerError::Seed(SecretFileError::NotAFile(_)))
+            Err(IssuerError::Seed(FileError::NotAFile(_)))
         ));
     }
 }

@@ -10,17 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use penrose_core::tokens::protocol::{ALPN, IssuerAnswer, MAX_ISSUER_MESSAGE, Refusal};
+use penrose_host::process::{Request, Signals, print_ready};
 use penrose_transport::exchange::{BlockingAnswers, Offloaded, Protocol, serve_exchange};
 use penrose_transport::{Encoding, Identity, Limits, Server, ServerConfig};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::admin;
-use crate::clock::{Clock, SystemClock};
 use crate::error::IssuerError;
 use crate::issuer::{Issuer, IssuerConfig};
 use crate::state::StateDir;
+use penrose_host::clock::{Clock, SystemClock};
 
 /// The issuer's protocol on the exchange transport.
 pub const PROTOCOL: Protocol = Protocol {
@@ -223,9 +223,7 @@ pub async fn run(options: ServeOptions) -> Result<(), IssuerError> {
     // Signals are handled from before the ready line on (docs/architecture.md, "Signals"):
     // one sent as soon as the issuer says it listens stops it cleanly, and SIGHUP, which has
     // nothing to reload here (keys derive from the seed by day), is logged, not fatal.
-    let mut term = signal(SignalKind::terminate()).map_err(IssuerError::io("SIGTERM"))?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(IssuerError::io("SIGINT"))?;
-    let mut hangup = signal(SignalKind::hangup()).map_err(IssuerError::io("SIGHUP"))?;
+    let mut signals = Signals::install().map_err(IssuerError::io("signal handlers"))?;
     let running = start(options, Arc::new(SystemClock)).await?;
     let issuer = Arc::clone(running.issuer());
     let line = Listening {
@@ -239,19 +237,10 @@ pub async fn run(options: ServeOptions) -> Result<(), IssuerError> {
     };
     drop(issuer);
     // One line on stdout for whoever started the issuer (scripts, tests).
-    println!(
-        "{}",
-        serde_json::to_string(&line).unwrap_or_else(|_| "{}".into())
-    );
+    print_ready(&line).map_err(IssuerError::io("stdout"))?;
     info!(listen = %running.local_addr(), "serving");
-    loop {
-        tokio::select! {
-            _ = interrupt.recv() => break,
-            _ = term.recv() => break,
-            _ = hangup.recv() => info!(
-                "SIGHUP: nothing to reload (the keys of each day derive from the seed); running on"
-            ),
-        }
+    while signals.next().await == Request::Reload {
+        info!("SIGHUP: nothing to reload (the keys of each day derive from the seed); running on");
     }
     info!("shutting down");
     running.shutdown().await;

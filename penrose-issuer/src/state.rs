@@ -14,57 +14,38 @@
 //! enrolments; copy it while the issuer is stopped; losing only the counts lets hosts ask
 //! again for the current day's tokens). docs/operations.md, "The token issuer".
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use penrose_host::data_dir::ServerDir;
 
 use crate::error::IssuerError;
 
-/// Paths inside a state directory.
+/// Paths inside a state directory: the layout every server shares
+/// ([`penrose_host::data_dir::ServerDir`]: `db/`, `tls/`, `control.sock`), and the seed.
 #[derive(Clone, Debug)]
-pub struct StateDir(pub PathBuf);
+pub struct StateDir(ServerDir);
 
 impl StateDir {
     /// The state directory at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        StateDir(path.into())
-    }
-
-    /// The directory itself.
-    pub fn path(&self) -> &Path {
-        &self.0
+        StateDir(ServerDir::new(path))
     }
 
     /// The master seed file.
     pub fn seed(&self) -> PathBuf {
-        self.0.join("seed")
-    }
-
-    /// The RocksDB directory.
-    pub fn db(&self) -> PathBuf {
-        self.0.join("db")
-    }
-
-    /// The default TLS certificate.
-    pub fn tls_cert(&self) -> PathBuf {
-        self.0.join("tls").join("cert.pem")
-    }
-
-    /// The default TLS key.
-    pub fn tls_key(&self) -> PathBuf {
-        self.0.join("tls").join("key.pem")
-    }
-
-    /// The admin socket.
-    pub fn control_socket(&self) -> PathBuf {
-        self.0.join("control.sock")
+        self.0.file("seed")
     }
 
     /// Creates the directory (0700: it holds the seed) if it does not exist.
     pub fn create(&self) -> Result<(), IssuerError> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.0)
-            .map_err(IssuerError::io(&self.0))
+        self.0.create().map_err(IssuerError::File)
+    }
+}
+
+impl std::ops::Deref for StateDir {
+    type Target = ServerDir;
+
+    fn deref(&self) -> &ServerDir {
+        &self.0
     }
 }

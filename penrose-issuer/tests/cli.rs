@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use penrose_core::tokens::protocol::{BatchOutcome, Credential, IssuerAnswer, IssuerRequest};
 use penrose_core::tokens::{IssueResponse, KeyRing, KeySet, TokenEpoch, TokenRequest, TokenScope};
-use penrose_issuer::clock::{Clock, SystemClock};
+use penrose_host::clock::{Clock, SystemClock};
 use penrose_issuer::service::{Listening, PROTOCOL};
 use penrose_transport::exchange::ExchangeClient;
 use penrose_transport::{ClientConfig, Trust};

@@ -19,7 +19,7 @@ use penrose_core::tokens::{
     TokenScope,
 };
 use penrose_core::wire::Day;
-use penrose_issuer::clock::SECONDS_PER_DAY;
+use penrose_host::clock::SECONDS_PER_DAY;
 use penrose_issuer::keys::{self, PublishWindow, Published};
 use penrose_issuer::service::PROTOCOL;
 use penrose_issuer::{IssuerConfig, IssuerError, MasterSeed};
@@ -495,7 +495,7 @@ async fn an_issuer_refuses_a_seed_others_can_read_and_a_quota_above_t() {
     std::fs::set_permissions(&seed, std::fs::Permissions::from_mode(0o644)).unwrap();
     let options =
         penrose_issuer::service::ServeOptions::new(h.state.clone(), "127.0.0.1:0".parse().unwrap());
-    let clock: Arc<dyn penrose_issuer::Clock> = h.clock.clone();
+    let clock: Arc<dyn penrose_host::clock::Clock> = h.clock.clone();
     let err = penrose_issuer::service::start(options, clock)
         .await
         .err()
@@ -503,7 +503,7 @@ async fn an_issuer_refuses_a_seed_others_can_read_and_a_quota_above_t() {
     assert!(
         matches!(
             err,
-            IssuerError::Seed(penrose_secret_file::SecretFileError::TooOpen { mode: 0o644, .. })
+            IssuerError::Seed(penrose_host::FileError::TooOpen { mode: 0o644, .. })
         ),
         "{err}"
     );

@@ -445,7 +445,7 @@ fn single(args: &Args, n: u32) -> Result<Row> {
         let store: Arc<dyn Store> = Arc::new(RocksStore::open(dir.path())?);
         let mut state = State::open(store, &key, params, sub_sum(), None)?;
         state.set_new_classes_per_hour(NonZeroU32::MAX);
-        let today = penrose_aggregator::ingest::today();
+        let today = penrose_host::clock::today();
         let batch_of = |drawn: &[Drawn], rng: &mut ChaCha20Rng| -> Vec<ValidReport> {
             drawn
                 .iter()

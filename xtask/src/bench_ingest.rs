@@ -24,8 +24,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use penrose_aggregator::admission::{test_equipment_key_ring, write_key_ring};
 use penrose_aggregator::config::DataDir;
-use penrose_aggregator::ingest::today;
 use penrose_core::paillier::Keypair;
+use penrose_host::clock::today;
 use serde::Serialize;
 
 use crate::bench::{machine, target_dir, workspace_root};
@@ -281,7 +281,7 @@ pub fn run(args: Args) -> Result<()> {
                 if !labels.contains(&label) {
                     labels.push(label.clone());
                 }
-                let data = DataDir(dir.path().join(format!("data-{round}-{label}")));
+                let data = DataDir::new(dir.path().join(format!("data-{round}-{label}")));
                 let run = run_once(
                     &args, &label, round, binary, &loadgen, &data, &key_path, &admission, fleet,
                     fresh,
@@ -301,7 +301,7 @@ pub fn run(args: Args) -> Result<()> {
                         run.reasons
                     );
                 }
-                std::fs::remove_dir_all(&data.0).ok();
+                std::fs::remove_dir_all(data.path()).ok();
                 runs.push(run);
             }
         }
@@ -409,7 +409,7 @@ fn run_once(
                     .args(["--server", &listen, "--public-key"])
                     .arg(key)
                     .arg("--cert")
-                    .arg(data.0.join("tls/cert.pem"))
+                    .arg(data.tls_cert())
                     .args(["--reports", "0"])
                     .args(["--clients", &args.clients.to_string()])
                     .args(["--connections", &args.connections.to_string()])
@@ -439,7 +439,7 @@ fn run_once(
             .args(["--server", &listen, "--public-key"])
             .arg(key)
             .arg("--cert")
-            .arg(data.0.join("tls/cert.pem"))
+            .arg(data.tls_cert())
             .args(["--reports", &args.reports.to_string()])
             .args([
                 "--clients",
@@ -515,7 +515,7 @@ fn run_once(
     let mut run = result?;
     if let Some(fleet) = &mut run.fleet {
         // The data directory as the run left it, then a restart on it.
-        fleet.disk_mib = dir_bytes(&data.0)? as f64 / 1_048_576.0;
+        fleet.disk_mib = dir_bytes(data.path())? as f64 / 1_048_576.0;
         let started = std::time::Instant::now();
         let (mut server, _) = start_server(binary, data, "127.0.0.1:0", key, &serve_flags)?;
         fleet.restart_seconds = started.elapsed().as_secs_f64();
@@ -780,10 +780,5 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
 
 /// Today's date (UTC) as YYYY-MM-DD, from the system clock (no time-zone database needed).
 pub(crate) fn today_utc() -> String {
-    let days = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400);
-    penrose_core::calendar::date_of(penrose_core::wire::Day(
-        u32::try_from(days).unwrap_or(u32::MAX),
-    ))
+    penrose_core::calendar::date_of(penrose_host::clock::today())
 }

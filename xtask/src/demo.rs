@@ -1021,7 +1021,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
     ));
 
     // 3. The aggregation server, admitting reports by tokens of that ring.
-    let agg = DataDir(dir.join("aggregator"));
+    let agg = DataDir::new(dir.join("aggregator"));
     let mut admission = vec![
         OsString::from("--token-keys"),
         ring.into_os_string(),
@@ -1071,7 +1071,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         } else {
             String::new()
         },
-        agg.0.display()
+        agg.path().display()
     ));
 
     // With --tor, the network must be usable before the agents start (they fetch their tokens
@@ -1392,7 +1392,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         Command::new(bin("penrose-aggregator"))
             .arg("status")
             .arg("-d")
-            .arg(&agg.0)
+            .arg(agg.path())
             .arg("--json"),
         "penrose-aggregator status",
     )?)?;
@@ -1472,7 +1472,7 @@ pub fn run_demo(options: &Options, dir: &Path) -> Result<Outcome> {
         Command::new(bin("penrose-aggregator"))
             .arg("forget-evidence")
             .arg("-d")
-            .arg(&agg.0)
+            .arg(agg.path())
             .args(["--through", "1", "--json"]),
         "penrose-aggregator forget-evidence",
     )?)?;
@@ -1910,7 +1910,7 @@ struct Exported {
 fn close_and_export(bin: &Path, agg: &DataDir, dir: &Path) -> Result<Exported> {
     let admin = |command: &str| {
         let mut cmd = Command::new(bin);
-        cmd.arg(command).arg("-d").arg(&agg.0);
+        cmd.arg(command).arg("-d").arg(agg.path());
         cmd
     };
     output(&mut admin("close-epoch"), "penrose-aggregator close-epoch")?;
@@ -2276,7 +2276,7 @@ fn start_server_ready<'a, S: AsRef<std::ffi::OsStr>>(
     command
         .arg("serve")
         .arg("-d")
-        .arg(&agg.0)
+        .arg(agg.path())
         .args(["--listen", listen]);
     match key.into() {
         ServerKey::Public(key) => command.arg("--public-key").arg(key),
@@ -2835,7 +2835,7 @@ mod tests {
 
     /// Every key and value of every column family of the aggregation server's store.
     fn aggregator_records(dir: &Path) -> Vec<(String, Vec<u8>)> {
-        let store = RocksStore::open(&DataDir(dir.join("aggregator")).db())
+        let store = RocksStore::open(&DataDir::new(dir.join("aggregator")).db())
             .expect("the aggregator's store");
         let mut rows = Vec::new();
         store

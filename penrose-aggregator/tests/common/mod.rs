@@ -13,7 +13,7 @@ use penrose_aggregator::admission::{Admission, TokenRing};
 use penrose_aggregator::epochs::EpochPolicy;
 use penrose_aggregator::epochs::EpochRecord;
 use penrose_aggregator::export;
-use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer, today};
+use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer};
 use penrose_aggregator::metrics::Metrics;
 use penrose_aggregator::serve::Listening;
 use penrose_aggregator::state::{State, stored_throttle};
@@ -31,6 +31,7 @@ use penrose_core::tokens::{
 use penrose_core::wire::{
     AdmissionToken, Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId,
 };
+use penrose_host::clock::today;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::{ChaCha8Rng, ChaCha20Rng};
 

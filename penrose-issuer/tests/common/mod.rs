@@ -13,8 +13,8 @@ use penrose_core::tokens::{
     IssueResponse, KeyEntry, KeySet, Token, TokenEpoch, TokenRequest, TokenScope,
 };
 use penrose_core::wire::Day;
+use penrose_host::clock::{Clock, ManualClock};
 use penrose_issuer::admin::{self, Reply, Request};
-use penrose_issuer::clock::{Clock, ManualClock};
 use penrose_issuer::credential::{self, CredentialId};
 use penrose_issuer::service::{self, Running, ServeOptions};
 use penrose_issuer::store::{Store, Table};

@@ -1,6 +1,7 @@
-//! The issuer's clock: the day decides which keys are published and issued (token epochs are
-//! days) and which counts are pruned; the second decides the request rate. Injected, so that
-//! tests can move time; production uses [`SystemClock`].
+//! The clock every tier reads. The day is the only time a report carries, the epoch of a
+//! token and of a key, and what decides pruning; the second decides rates. Code that decides
+//! by the time takes a [`Clock`], so that tests can move time ([`ManualClock`]); production
+//! uses [`SystemClock`], and code with nothing to inject calls [`today`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -10,7 +11,7 @@ use penrose_core::wire::Day;
 /// Seconds in a day.
 pub const SECONDS_PER_DAY: u64 = 86_400;
 
-/// Where the issuer reads the time.
+/// Where a server or the agent reads the time.
 pub trait Clock: Send + Sync + 'static {
     /// Seconds since the Unix epoch.
     fn now(&self) -> u64;
@@ -24,6 +25,11 @@ pub trait Clock: Send + Sync + 'static {
 /// The day of a time in seconds since the Unix epoch.
 pub fn day_of(seconds: u64) -> Day {
     Day(u32::try_from(seconds / SECONDS_PER_DAY).unwrap_or(u32::MAX))
+}
+
+/// Today by the system clock: the day of [`SystemClock`].
+pub fn today() -> Day {
+    SystemClock.today()
 }
 
 /// The system's clock.
@@ -71,17 +77,22 @@ impl Clock for ManualClock {
     }
 }
 
-impl<C: Clock> Clock for std::sync::Arc<C> {
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now(&self) -> u64 {
         C::now(self)
     }
 }
 
-pub use penrose_core::calendar::{date_of, day_of_date};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_system_clock_reads_a_day_after_this_code_was_written() {
+        // 2026-12-01 is day 20,788: a clock that reads 0 (a failed read) cannot pass.
+        assert!(today().0 >= 20_788, "{:?}", today());
+        assert_eq!(day_of(SystemClock.now()), today());
+    }
 
     #[test]
     fn the_manual_clock_moves_by_days() {

@@ -1,0 +1,92 @@
+//! What every binary does when it starts and stops: logs on stderr (filtered by `RUST_LOG`),
+//! one ready line on stdout for whoever started a server (scripts, tests, systemd units), and
+//! the signals that stop or reload it, handled from before the ready line on, so that a
+//! signal sent as soon as a server says it listens is never fatal by default.
+
+use std::io::Write as _;
+
+use serde::Serialize;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+/// Sends `tracing` output to stderr, at `default` (`"info"`, `"error"`) unless `RUST_LOG`
+/// says otherwise; stdout stays for results and the ready line.
+pub fn init_logging(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Prints a server's ready line: `line` as one JSON object on one line of stdout, flushed, so
+/// that a reader waiting for it (a script, a test) gets it at once even through a pipe.
+pub fn print_ready<T: Serialize>(line: &T) -> std::io::Result<()> {
+    let text = serde_json::to_string(line).map_err(std::io::Error::other)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")?;
+    out.flush()
+}
+
+/// What a signal asks of a server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// SIGTERM or SIGINT: stop cleanly.
+    Stop,
+    /// SIGHUP: reload what can be reloaded (a server with nothing to reload logs it).
+    Reload,
+}
+
+/// The stop and reload signals, installed once before a server says it is ready.
+#[derive(Debug)]
+pub struct Signals {
+    term: Signal,
+    interrupt: Signal,
+    hangup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (inside a tokio runtime). From here on SIGTERM, SIGINT and SIGHUP
+    /// no longer end the process by default: [`Signals::next`] reports them.
+    pub fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for the next signal.
+    pub async fn next(&mut self) -> Request {
+        tokio::select! {
+            _ = self.term.recv() => Request::Stop,
+            _ = self.interrupt.recv() => Request::Stop,
+            _ = self.hangup.recv() => Request::Reload,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn raise(signal: libc::c_int) {
+        #[allow(unsafe_code)]
+        // SAFETY: kill(2) on this process with a signal whose handler `Signals` installed.
+        let sent = unsafe { libc::kill(libc::getpid(), signal) };
+        assert_eq!(sent, 0);
+    }
+
+    #[tokio::test]
+    async fn signals_are_told_apart_and_none_ends_the_process() {
+        let mut signals = Signals::install().unwrap();
+        raise(libc::SIGHUP);
+        assert_eq!(signals.next().await, Request::Reload);
+        raise(libc::SIGTERM);
+        assert_eq!(signals.next().await, Request::Stop);
+        raise(libc::SIGINT);
+        assert_eq!(signals.next().await, Request::Stop);
+    }
+}
