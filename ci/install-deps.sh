@@ -51,3 +51,21 @@ else
     python3 -m pip install --quiet phe || python3 -m pip install --quiet --break-system-packages phe
 fi
 step_done
+
+# promtool (Debian's prometheus package) checks the aggregation server's /metrics page in a
+# test. Only the one binary is taken out of the package: installing the package would add a
+# Prometheus server, its user and its unit, none of which the tests want.
+step "promtool"
+if command -v promtool >/dev/null 2>&1; then
+    echo "promtool already installed: $(command -v promtool)"
+else
+    scratch=$(mktemp -d)
+    # (The package lists may be older than the archive: update them once if the download fails.)
+    (cd "$scratch" && { apt-get download -q prometheus || { apt-get update -q && apt-get download -q prometheus; }; } &&
+        dpkg-deb -x prometheus_*.deb root)
+    mkdir -p "$PENROSE_TOOLS/bin"
+    install -m 0755 "$scratch/root/usr/bin/promtool" "$PENROSE_TOOLS/bin/promtool"
+    rm -rf "$scratch"
+    promtool --version | head -1
+fi
+step_done

@@ -28,9 +28,10 @@ fi
 stage "cargo deny" ci/deny.sh
 # The real traces (SOURCES.md) are read from $PENROSE_TRACES (penrose_traces::TraceFolder::
 # default_dir). CI clones into a temporary directory, so the folder is looked for beside the
-# clone and, on this project's CI machines, in their shared folder; say which, loudly if none.
+# clone and beside the repository it was cloned from (a local path); say which, loudly if none.
 traces=${PENROSE_TRACES:-}
-for dir in ../shared/traces /work/shared/traces; do
+origin=$(git config --get remote.origin.url 2>/dev/null || true)
+for dir in ../shared/traces ${origin:+"$origin/../shared/traces"}; do
     if [ -z "$traces" ] && [ -d "$dir" ]; then traces=$dir; fi
 done
 if [ -n "$traces" ]; then

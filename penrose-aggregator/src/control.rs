@@ -11,6 +11,7 @@
 //! types on both ends); for `export`, the response line is followed by the bundle's bytes (its
 //! length is in the line).
 
+use penrose_kv::Table as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -8,10 +8,11 @@
 
 use std::path::{Path, PathBuf};
 
+use penrose_kv::{Kv, KvError, Table as _};
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
     BlockBasedOptions, ColumnFamilyDescriptor, DB, IteratorMode, MemtableFactory, Options,
-    ReadOptions, SliceTransform, WriteBatch, WriteOptions,
+    ReadOptions, SliceTransform,
 };
 use thiserror::Error;
 
@@ -56,9 +57,10 @@ impl Table {
     /// existed; opening it adds them, empty ([`RocksStore::open`]). Evidence rows are only
     /// ever additions: a store without them is read the same.
     pub const ADDED_LATER: [Table; 1] = [Table::Evidence];
+}
 
-    /// The column family name.
-    pub fn name(self) -> &'static str {
+impl penrose_kv::Table for Table {
+    fn name(self) -> &'static str {
         match self {
             Table::Seen => "seen",
             Table::Sst => "sst",
@@ -71,59 +73,9 @@ impl Table {
     }
 }
 
-/// One change of a [`WriteSet`].
-#[derive(Debug)]
-enum Op {
-    Put(Table, Vec<u8>, Vec<u8>),
-    /// Every key from `.1` (inclusive) to `.2` (exclusive).
-    DeleteRange(Table, Vec<u8>, Vec<u8>),
-}
-
 /// Writes that must become durable together or not at all, applied in the order they were
 /// added.
-#[derive(Debug, Default)]
-pub struct WriteSet {
-    ops: Vec<Op>,
-}
-
-impl WriteSet {
-    /// An empty set.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds a put; a later put of the same key in the same set wins.
-    pub fn put(&mut self, table: Table, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
-        self.ops.push(Op::Put(table, key.into(), value.into()));
-    }
-
-    /// Deletes every key of `table` from `from` (inclusive) to `to` (exclusive), those
-    /// written before in the same set included.
-    pub fn delete_range(&mut self, table: Table, from: impl Into<Vec<u8>>, to: impl Into<Vec<u8>>) {
-        self.ops
-            .push(Op::DeleteRange(table, from.into(), to.into()));
-    }
-
-    /// Number of changes.
-    pub fn len(&self) -> usize {
-        self.ops.len()
-    }
-
-    /// Whether the set holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
-    /// Bytes of keys and values, for metrics.
-    pub fn bytes(&self) -> usize {
-        self.ops
-            .iter()
-            .map(|op| match op {
-                Op::Put(_, k, v) | Op::DeleteRange(_, k, v) => k.len() + v.len(),
-            })
-            .sum()
-    }
-}
+pub type WriteSet = penrose_kv::WriteSet<Table>;
 
 /// The size of one table on disk, as the store estimates it.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -209,6 +161,12 @@ pub enum StoreError {
     /// A column family is missing from an opened database.
     #[error("column family {0} missing")]
     MissingTable(&'static str),
+    /// Another process has the store open.
+    #[error(
+        "{0} is in use by another process (a running server?); stop it first: a store is \
+         opened by one process at a time"
+    )]
+    Busy(PathBuf),
     /// A caller's visitor failed while scanning.
     #[error("{0}")]
     Visit(String),
@@ -222,8 +180,19 @@ pub enum StoreError {
     },
 }
 
+/// The shared store layer's refusals, told as the server's.
+impl From<KvError> for StoreError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Rocks(e) => StoreError::Rocks(e),
+            KvError::MissingTable(name) => StoreError::MissingTable(name),
+            KvError::Busy(path) => StoreError::Busy(path),
+        }
+    }
+}
+
 /// A visitor over (table, key, value) rows; returning an error stops the scan.
-pub type Visitor<'a> = dyn FnMut(Table, &[u8], &[u8]) -> Result<(), StoreError> + 'a;
+pub type Visitor<'a> = penrose_kv::Visitor<'a, Table, StoreError>;
 
 /// What the server needs from durable storage.
 pub trait Store: Send + Sync + 'static {
@@ -352,8 +321,7 @@ pub const ADDED_SINCE_FORMAT: u32 = 8;
 
 /// The RocksDB store: one column family per [`Table`].
 pub struct RocksStore {
-    db: DB,
-    path: PathBuf,
+    kv: Kv<Table>,
 }
 
 impl RocksStore {
@@ -363,7 +331,7 @@ impl RocksStore {
     /// that wrote it to open again. Only a store of format [`ADDED_SINCE_FORMAT`] or later
     /// gains the tables added since without a format change ([`Table::ADDED_LATER`]), empty.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let existing = DB::list_cf(&Options::default(), path).ok();
+        let existing = Kv::<Table>::existing_tables(path);
         let has = |table: Table| {
             existing
                 .as_ref()
@@ -400,44 +368,44 @@ impl RocksStore {
             }
             ColumnFamilyDescriptor::new(table.name(), cf)
         });
-        let db = DB::open_cf_descriptors(&options, path, families.collect::<Vec<_>>())?;
         Ok(Self {
-            db,
-            path: path.to_path_buf(),
+            kv: Kv::open(path, &options, families.collect())?,
         })
     }
 
     /// Whether the store's format record says `format` or later.
     fn format_at_least(&self, format: u32) -> Result<bool, StoreError> {
-        let Ok(meta) = self.cf(Table::Meta) else {
+        if self.kv.cf(Table::Meta).is_err() {
             return Ok(false);
-        };
-        let stored = self.db.get_cf(meta, FORMAT_KEY)?;
-        Ok(stored
-            .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
-            .is_some_and(|v| u32::from_be_bytes(v) >= format))
+        }
+        Ok(self
+            .kv
+            .format(Table::Meta, FORMAT_KEY)?
+            .is_some_and(|stored| stored >= format))
     }
 
     /// Where the database lives.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.kv.path()
     }
 
     fn cf(&self, table: Table) -> Result<&rocksdb::ColumnFamily, StoreError> {
-        self.db
-            .cf_handle(table.name())
-            .ok_or(StoreError::MissingTable(table.name()))
+        Ok(self.kv.cf(table)?)
+    }
+
+    fn db(&self) -> &DB {
+        self.kv.db()
     }
 }
 
 impl Store for RocksStore {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.db.get_cf(self.cf(table)?, key)?)
+        Ok(self.kv.get(table, key)?)
     }
 
     fn contains_many(&self, table: Table, keys: &[&[u8]]) -> Result<Vec<bool>, StoreError> {
         let cf = self.cf(table)?;
-        self.db
+        self.db()
             .batched_multi_get_cf(cf, keys, false)
             .into_iter()
             .map(|r| Ok(r?.is_some()))
@@ -446,7 +414,7 @@ impl Store for RocksStore {
 
     fn get_many(&self, table: Table, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let cf = self.cf(table)?;
-        self.db
+        self.db()
             .batched_multi_get_cf(cf, keys, false)
             .into_iter()
             .map(|r| Ok(r?.map(|v| v.to_vec())))
@@ -454,39 +422,11 @@ impl Store for RocksStore {
     }
 
     fn write(&self, set: WriteSet) -> Result<(), StoreError> {
-        let mut batch = WriteBatch::default();
-        for op in &set.ops {
-            match op {
-                Op::Put(table, key, value) => batch.put_cf(self.cf(*table)?, key, value),
-                Op::DeleteRange(table, from, to) => {
-                    batch.delete_range_cf(self.cf(*table)?, from, to);
-                }
-            }
-        }
-        let mut options = WriteOptions::default();
-        options.set_sync(true);
-        self.db.write_opt(batch, &options)?;
-        Ok(())
+        Ok(self.kv.write(set)?)
     }
 
     fn scan(&self, tables: &[Table], visit: &mut Visitor<'_>) -> Result<(), StoreError> {
-        let snapshot = self.db.snapshot();
-        for &table in tables {
-            let mut read = ReadOptions::default();
-            read.set_snapshot(&snapshot);
-            // A scan reads everything once; keep it out of the block cache.
-            read.fill_cache(false);
-            // Every row, whatever the table's prefix extractor.
-            read.set_total_order_seek(true);
-            for row in self
-                .db
-                .iterator_cf_opt(self.cf(table)?, read, IteratorMode::Start)
-            {
-                let (key, value) = row?;
-                visit(table, &key, &value)?;
-            }
-        }
-        Ok(())
+        self.kv.scan(tables, visit)
     }
 
     fn scan_prefix(
@@ -498,7 +438,7 @@ impl Store for RocksStore {
         let mut read = ReadOptions::default();
         read.fill_cache(false);
         read.set_total_order_seek(true);
-        let rows = self.db.iterator_cf_opt(
+        let rows = self.db().iterator_cf_opt(
             self.cf(table)?,
             read,
             IteratorMode::From(prefix, rocksdb::Direction::Forward),
@@ -515,7 +455,7 @@ impl Store for RocksStore {
 
     fn compact(&self) -> Result<(), StoreError> {
         for table in Table::ALL {
-            self.db
+            self.db()
                 .compact_range_cf(self.cf(table)?, None::<&[u8]>, None::<&[u8]>);
         }
         Ok(())
@@ -524,13 +464,13 @@ impl Store for RocksStore {
     fn backup(&self, dir: &Path) -> Result<(), StoreError> {
         // A checkpoint is a consistent copy made of hard links where it can be (same file
         // system) and copies elsewhere, taken while writes continue.
-        self.db.flush_wal(true)?;
-        Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
+        self.db().flush_wal(true)?;
+        Checkpoint::new(self.db())?.create_checkpoint(dir)?;
         Ok(())
     }
 
     fn home(&self) -> Result<StoreHome, StoreError> {
-        StoreHome::of(&self.path)
+        StoreHome::of(self.path())
     }
 
     fn sizes(&self) -> Vec<TableSize> {
@@ -539,7 +479,7 @@ impl Store for RocksStore {
             .filter_map(|&table| {
                 let cf = self.cf(table).ok()?;
                 let int = |name: &str| {
-                    self.db
+                    self.db()
                         .property_int_value_cf(cf, name)
                         .ok()
                         .flatten()

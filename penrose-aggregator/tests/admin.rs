@@ -241,6 +241,7 @@ async fn admin_commands_work_serving_and_stopped() {
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(page.contains("penrose_reports_accepted_total 13"), "{page}");
     assert!(page.contains("penrose_classes 2"), "{page}");
+    check_with_promtool(&page);
 
     let backup = dir.path().join("backup");
     let (code, _) = cli(&data, &["backup", backup.to_str().unwrap()]);
@@ -261,4 +262,45 @@ async fn admin_commands_work_serving_and_stopped() {
     // A restored backup is a new bundle chain.
     assert_ne!(restored.instance, status.instance);
     assert_eq!(restored.closed_through, status.closed_through);
+}
+
+/// Checks the exposition (the body of an HTTP response) with Prometheus's own linter,
+/// `promtool check metrics` (Debian's `prometheus` package; CI installs the one binary). Without
+/// it the check says SKIPPED, which CI counts.
+fn check_with_promtool(response: &str) {
+    use std::process::{Command, Stdio};
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(response, |(_, body)| body);
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Straight to stderr: libtest captures `eprintln!`, and CI counts these lines.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: promtool is not installed (ci/install-deps.sh puts it on PATH)"
+            );
+            return;
+        }
+        Err(e) => panic!("promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics refused the page:\n{}{}\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -18,7 +18,7 @@ pub enum IssuerError {
     },
     /// RocksDB refused.
     #[error("store: {0}")]
-    Store(#[from] rocksdb::Error),
+    Store(rocksdb::Error),
     /// Another process holds the store (RocksDB's lock).
     #[error(
         "{0} is open in another process (an issuer serving this state directory?); admin \
@@ -119,6 +119,17 @@ pub enum IssuerError {
     /// The TLS identity could not be made or read.
     #[error("TLS identity: {0}")]
     Identity(#[from] penrose_transport::IdentityError),
+}
+
+/// The shared store layer's refusals, told as the issuer's (its own words for a busy store).
+impl From<penrose_kv::KvError> for IssuerError {
+    fn from(e: penrose_kv::KvError) -> Self {
+        match e {
+            penrose_kv::KvError::Rocks(e) => IssuerError::Store(e),
+            penrose_kv::KvError::MissingTable(name) => IssuerError::MissingTable(name),
+            penrose_kv::KvError::Busy(path) => IssuerError::Busy(path),
+        }
+    }
 }
 
 impl IssuerError {

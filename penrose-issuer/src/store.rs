@@ -18,11 +18,12 @@
 //! past epochs are pruned with one range deletion.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use penrose_core::tokens::{TokenEpoch, TokenScope};
 use penrose_core::wire::Day;
-use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, WriteBatch};
+use penrose_kv::{Kv, Table as _, plain_families};
+use rocksdb::Options;
 
 use crate::credential::CredentialId;
 use crate::error::IssuerError;
@@ -46,9 +47,10 @@ pub enum Table {
 impl Table {
     /// Every table, in a fixed order.
     pub const ALL: [Table; 4] = [Table::Credentials, Table::Issued, Table::Rate, Table::Meta];
+}
 
-    /// The column family's name.
-    pub fn name(self) -> &'static str {
+impl penrose_kv::Table for Table {
+    fn name(self) -> &'static str {
         match self {
             Table::Credentials => "credentials",
             Table::Issued => "issued",
@@ -65,55 +67,16 @@ pub const META_SEED_ID: &[u8] = b"seed_id";
 /// Meta key of the prune floor.
 pub const META_PRUNE_FLOOR: &[u8] = b"prune_floor";
 
-#[derive(Debug)]
-enum Op {
-    Put(Table, Vec<u8>, Vec<u8>),
-    /// Every key from `.1` (inclusive) to `.2` (exclusive).
-    DeleteRange(Table, Vec<u8>, Vec<u8>),
-}
-
 /// Writes that become durable together or not at all, in the order they were added.
-#[derive(Debug, Default)]
-pub struct WriteSet {
-    ops: Vec<Op>,
-}
-
-impl WriteSet {
-    /// An empty set.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds a put; a later put of the same key in the same set wins.
-    pub fn put(&mut self, table: Table, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
-        self.ops.push(Op::Put(table, key.into(), value.into()));
-    }
-
-    /// Deletes every key of `table` from `from` (inclusive) to `to` (exclusive).
-    pub fn delete_range(&mut self, table: Table, from: impl Into<Vec<u8>>, to: impl Into<Vec<u8>>) {
-        self.ops
-            .push(Op::DeleteRange(table, from.into(), to.into()));
-    }
-
-    /// Whether the set holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-}
+pub type WriteSet = penrose_kv::WriteSet<Table>;
 
 /// A visitor over (table, key, value) rows; an error stops the scan.
-pub type Visitor<'a> = dyn FnMut(Table, &[u8], &[u8]) -> Result<(), IssuerError> + 'a;
+pub type Visitor<'a> = penrose_kv::Visitor<'a, Table, IssuerError>;
 
 /// The RocksDB store.
+#[derive(Debug)]
 pub struct Store {
-    db: DB,
-    path: PathBuf,
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).finish()
-    }
+    kv: Kv<Table>,
 }
 
 fn options(create: bool) -> Options {
@@ -124,13 +87,6 @@ fn options(create: bool) -> Options {
     options
 }
 
-fn descriptors() -> Vec<ColumnFamilyDescriptor> {
-    Table::ALL
-        .iter()
-        .map(|table| ColumnFamilyDescriptor::new(table.name(), Options::default()))
-        .collect()
-}
-
 impl Store {
     /// Creates a new store at `path` for the seed whose id is `seed_id`; refuses a directory
     /// that already holds a database.
@@ -138,10 +94,8 @@ impl Store {
         if path.join("CURRENT").exists() {
             return Err(IssuerError::AlreadyInitialised(path.to_owned()));
         }
-        let db = DB::open_cf_descriptors(&options(true), path, descriptors())?;
         let store = Store {
-            db,
-            path: path.to_owned(),
+            kv: Kv::open(path, &options(true), plain_families(&Table::ALL))?,
         };
         let mut set = WriteSet::new();
         set.put(Table::Meta, META_FORMAT, STORE_FORMAT.to_be_bytes());
@@ -158,7 +112,10 @@ impl Store {
                 path.parent().unwrap_or(path).to_owned(),
             ));
         }
-        let families: BTreeSet<String> = DB::list_cf(&options(false), path)?.into_iter().collect();
+        let families: BTreeSet<String> = Kv::<Table>::existing_tables(path)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         let ours = Table::ALL
             .iter()
             .all(|table| families.contains(table.name()));
@@ -169,23 +126,10 @@ impl Store {
                 expected: STORE_FORMAT,
             });
         }
-        let db = DB::open_cf_descriptors(&options(false), path, descriptors()).map_err(|e| {
-            // RocksDB says so only in words: "IO error: While lock file: .../LOCK: ...".
-            if e.to_string().contains("LOCK") {
-                IssuerError::Busy(path.to_owned())
-            } else {
-                IssuerError::Store(e)
-            }
-        })?;
         let store = Store {
-            db,
-            path: path.to_owned(),
+            kv: Kv::open(path, &options(false), plain_families(&Table::ALL))?,
         };
-        let found = store
-            .get(Table::Meta, META_FORMAT)?
-            .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
-            .map(u32::from_be_bytes)
-            .unwrap_or(0);
+        let found = store.kv.format(Table::Meta, META_FORMAT)?.unwrap_or(0);
         if found != STORE_FORMAT {
             return Err(IssuerError::Format {
                 path: path.to_owned(),
@@ -203,62 +147,30 @@ impl Store {
 
     /// Where the database lives.
     pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn cf(&self, table: Table) -> Result<&rocksdb::ColumnFamily, IssuerError> {
-        self.db
-            .cf_handle(table.name())
-            .ok_or(IssuerError::MissingTable(table.name()))
+        self.kv.path()
     }
 
     /// One value.
     pub fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, IssuerError> {
-        Ok(self.db.get_cf(self.cf(table)?, key)?)
+        Ok(self.kv.get(table, key)?)
     }
 
     /// Applies every change atomically and returns once it is durable (WAL synced).
     pub fn write(&self, set: WriteSet) -> Result<(), IssuerError> {
-        let mut batch = WriteBatch::default();
-        for op in &set.ops {
-            match op {
-                Op::Put(table, key, value) => batch.put_cf(self.cf(*table)?, key, value),
-                Op::DeleteRange(table, from, to) => {
-                    batch.delete_range_cf(self.cf(*table)?, from, to)
-                }
-            }
-        }
-        let mut options = rocksdb::WriteOptions::default();
-        options.set_sync(true);
-        self.db.write_opt(batch, &options)?;
-        Ok(())
+        Ok(self.kv.write(set)?)
     }
 
     /// Visits every row of `tables`, all read at one point in time; a visitor error stops the
     /// scan and is returned.
     pub fn scan(&self, tables: &[Table], visit: &mut Visitor<'_>) -> Result<(), IssuerError> {
-        let snapshot = self.db.snapshot();
-        for &table in tables {
-            let mut read = ReadOptions::default();
-            read.set_snapshot(&snapshot);
-            read.fill_cache(false);
-            for row in self
-                .db
-                .iterator_cf_opt(self.cf(table)?, read, IteratorMode::Start)
-            {
-                let (key, value) = row?;
-                visit(table, &key, &value)?;
-            }
-        }
-        Ok(())
+        self.kv.scan(tables, visit)
     }
 
     /// The oldest epoch whose counts are kept (0 before the first prune).
     pub fn prune_floor(&self) -> Result<Day, IssuerError> {
         Ok(Day(self
-            .get(Table::Meta, META_PRUNE_FLOOR)?
-            .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
-            .map(u32::from_be_bytes)
+            .kv
+            .format(Table::Meta, META_PRUNE_FLOOR)?
             .unwrap_or(0)))
     }
 

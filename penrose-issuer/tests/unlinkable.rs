@@ -18,6 +18,7 @@ use penrose_core::wire::Day;
 use penrose_issuer::credential::CredentialId;
 use penrose_issuer::keys;
 use penrose_issuer::{IssuerConfig, MasterSeed};
+use penrose_kv::Table as _;
 use rand::RngCore;
 
 /// Every run of this many bytes of a secret is looked for, not just the whole value.

@@ -2820,6 +2820,7 @@ mod tests {
     /// named by its table.
     fn issuer_records(dir: &Path) -> Vec<(String, Vec<u8>)> {
         use penrose_issuer::store::{Store, Table};
+        use penrose_kv::Table as _;
         let store = Store::open(&penrose_issuer::StateDir::new(issuer_state(dir)).db(), None)
             .expect("the issuer's store");
         let mut rows = Vec::new();
@@ -2835,6 +2836,7 @@ mod tests {
 
     /// Every key and value of every column family of the aggregation server's store.
     fn aggregator_records(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        use penrose_kv::Table as _;
         let store = RocksStore::open(&DataDir::new(dir.join("aggregator")).db())
             .expect("the aggregator's store");
         let mut rows = Vec::new();
