@@ -204,7 +204,7 @@ impl Ingest {
         }
         metrics.observe_latency(arrived.elapsed());
         Ack {
-            report_id: peek_report_id(&body),
+            report_id: penrose_core::wire::peek_report_id(&body).unwrap_or(ReportId([0; 16])),
             status,
             throttle: self.throttle(),
         }
@@ -542,16 +542,6 @@ fn commit_loop(batches: &sync_mpsc::Receiver<Pending>, inner: &Shared) -> Result
         }
     }
     Ok(())
-}
-
-/// The report id at its fixed place in a report body, so that even a rejection names the
-/// report it answers when the bytes get that far; zeros otherwise.
-pub fn peek_report_id(body: &[u8]) -> ReportId {
-    // Kind, version, key id, then the report id.
-    const AT: usize = 1 + 2 + 32;
-    body.get(AT..AT + 16)
-        .and_then(|b| <[u8; 16]>::try_from(b).ok())
-        .map_or(ReportId([0; 16]), ReportId)
 }
 
 impl penrose_transport::ReportHandler for Ingest {

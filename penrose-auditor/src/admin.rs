@@ -17,7 +17,7 @@ use crate::data_dir::DataDir;
 use crate::error::AuditorError;
 use crate::keys;
 use crate::policy::Policy;
-use crate::record::{Answered, Chain, Record, hex_hash};
+use crate::record::{Answered, Chain, Record};
 use penrose_host::durable::{self, Access};
 
 /// What `init` makes a data directory from.
@@ -251,7 +251,6 @@ pub struct AuditorStatus {
     /// The last bundle taken of it (0: none).
     pub seq: u64,
     /// Its hash (zeros: none).
-    #[serde(with = "hex_hash")]
     pub hash: BundleHash,
     /// Every epoch answered, by epoch.
     pub answered: Vec<Answered>,

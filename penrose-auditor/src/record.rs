@@ -32,7 +32,6 @@ pub struct Link {
     /// Its sequence number.
     pub seq: u64,
     /// The SHA-256 of its bytes.
-    #[serde(with = "hex_hash")]
     pub hash: BundleHash,
 }
 
@@ -58,7 +57,6 @@ pub struct Answered {
     /// That bundle's sequence number.
     pub seq: u64,
     /// That bundle's hash.
-    #[serde(with = "hex_hash")]
     pub bundle: BundleHash,
 }
 
@@ -260,25 +258,6 @@ pub(crate) mod hex_instance {
     /// Deserialises.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<InstanceId, D::Error> {
         String::deserialize(d)?.parse().map_err(D::Error::custom)
-    }
-}
-
-/// A bundle hash as its 64 hex digits (its `Display` shows only the first 16).
-pub(crate) mod hex_hash {
-    use penrose_core::bundle::BundleHash;
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
-
-    /// Serialises.
-    pub fn serialize<S: Serializer>(hash: &BundleHash, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&penrose_core::hex::encode(&hash.0))
-    }
-
-    /// Deserialises.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BundleHash, D::Error> {
-        let text = String::deserialize(d)?;
-        penrose_core::hex::decode_array(&text)
-            .map(BundleHash)
-            .ok_or_else(|| D::Error::custom("a bundle hash is 64 hex digits"))
     }
 }
 

@@ -55,7 +55,6 @@
 //! server can decode and verify bundles without linking the aggregator's storage.
 
 use std::collections::HashSet;
-use std::fmt;
 
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
@@ -216,28 +215,7 @@ impl EpochKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct InstanceId(pub [u8; 16]);
 
-impl fmt::Display for InstanceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
-}
-
-impl std::str::FromStr for InstanceId {
-    type Err = BundleError;
-
-    /// 32 hex digits, as [`Display`](fmt::Display) writes them.
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = || BundleError::Inconsistent("an instance id is 32 hex digits");
-        if text.len() != 32 || !text.is_ascii() {
-            return Err(bad());
-        }
-        let mut id = [0u8; 16];
-        for (i, b) in id.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(Self(id))
-    }
-}
+crate::hex::text_id!(InstanceId, "instance id");
 
 /// The SHA-256 of a whole bundle file: what the next bundle of the chain names as `prev`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -250,11 +228,7 @@ impl BundleHash {
     }
 }
 
-impl fmt::Display for BundleHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0[..8].iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
-}
+crate::hex::text_id!(BundleHash, "bundle hash");
 
 /// Where a bundle sits in its aggregator's history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

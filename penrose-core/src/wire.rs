@@ -605,6 +605,20 @@ pub fn body_length(buf: &[u8]) -> Result<usize, WireError> {
     Ok(announced)
 }
 
+/// The report id of a report frame body (without its length prefix) whose header gets that far,
+/// whatever follows: so that even a rejection names the report it answers. `None` for another
+/// kind of message or a body cut before the id.
+pub fn peek_report_id(body: &[u8]) -> Option<ReportId> {
+    let mut r = Reader(body);
+    if r.u8("kind").ok()? != KIND_REPORT {
+        return None;
+    }
+    r.u16("version").ok()?;
+    // Read as `decode_report` reads: the key id, then the report id.
+    r.array::<32>("key id").ok()?;
+    r.array("report id").ok().map(ReportId)
+}
+
 fn decode_report(r: &mut Reader<'_>) -> Result<Report, WireError> {
     let key_id = KeyId(r.array("key id")?);
     let report_id = ReportId(r.array("report id")?);
@@ -730,6 +744,26 @@ mod tests {
             token: None,
             evidence: None,
         }
+    }
+
+    #[test]
+    fn the_report_id_is_read_from_a_body_that_goes_no_further_and_only_from_a_report() {
+        let r = report(2, 8);
+        let frame = Message::Report(r.clone()).to_frame().unwrap();
+        let body = &frame[LENGTH_PREFIX..];
+        assert_eq!(peek_report_id(body), Some(r.report_id));
+        // The id is the last thing read: a body cut right after it still names the report.
+        let cut = 1 + 2 + 32 + 16;
+        assert_eq!(peek_report_id(&body[..cut]), Some(r.report_id));
+        assert_eq!(peek_report_id(&body[..cut - 1]), None);
+        let ack = Message::Ack(Ack {
+            report_id: r.report_id,
+            status: AckStatus::Accepted,
+            throttle: ThrottleHint(0),
+        })
+        .to_frame()
+        .unwrap();
+        assert_eq!(peek_report_id(&ack[LENGTH_PREFIX..]), None);
     }
 
     #[test]
