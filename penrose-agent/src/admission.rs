@@ -73,14 +73,9 @@ pub const ISSUER_PROTOCOL: Protocol = Protocol {
 /// Why the credential file was refused. Never shows its contents.
 #[derive(Debug, Error)]
 pub enum CredentialError {
-    /// It could not be read.
-    #[error("admission.credential {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("admission.credential {0}")]
+    File(#[from] penrose_host::FileError),
     /// Others could read or replace it, it is a symbolic link, or it is larger than any
     /// credential file: [`penrose_host::secret_file::read`] says which.
     #[error("admission.credential: {0}; refusing to use it")]
@@ -101,7 +96,9 @@ pub enum CredentialError {
 pub fn load_credential(path: &Path) -> Result<Credential, CredentialError> {
     let bytes =
         penrose_host::secret_file::read(path, CREDENTIAL_READ_LIMIT).map_err(|e| match e {
-            FileError::Io { path, source } => CredentialError::Io { path, source },
+            FileError::Io { path, source } => {
+                CredentialError::File(penrose_host::FileError::Io { path, source })
+            }
             e => CredentialError::Unsafe(e),
         })?;
     let format = |source| CredentialError::Format {

@@ -126,7 +126,7 @@ pub async fn run(config: AgentConfig, stop: Arc<AtomicBool>) -> Result<RunOutcom
 /// Runs the agent with a source of the caller's (the demo's in-process agents, tests).
 pub async fn run_with_source(
     config: AgentConfig,
-    mut source: Box<dyn SnippetSource>,
+    source: Box<dyn SnippetSource>,
     stop: Arc<AtomicBool>,
 ) -> Result<RunOutcome, DaemonError> {
     if !config.enabled {
@@ -135,52 +135,10 @@ pub async fn run_with_source(
     }
     let state_dir = config.state_dir.clone();
     create_private_dir(&state_dir)?;
-    let key = load_public_key(&config.design.public_key)?;
-    let signer = config
-        .design
-        .key_list_signer
-        .as_deref()
-        .map(penrose_host::key_file::read_signer)
-        .transpose()
-        .map_err(|e| DaemonError::Setup(format!("design.key_list_signer: {e}")))?;
-    let keys = DesignKeys::open(key, signer, &state_dir)
-        .map_err(|e| DaemonError::Setup(format!("the design key list: {e}")))?;
-    let trust = Trust::load_pinned(&config.aggregator.certificate).map_err(|e| {
-        DaemonError::Setup(format!(
-            "aggregator.certificate {}: {e}",
-            config.aggregator.certificate.display()
-        ))
-    })?;
+    let keys = design_keys_setup(&config, &state_dir)?;
     let tor = tor_setup(&config, &state_dir)?;
-    let server = match &tor {
-        None => config.aggregator_addr().map_err(DaemonError::Setup)?,
-        // Over Tor the exit resolves and reaches the server; this host never looks it up.
-        Some(_) => penrose_transport::carrier::STREAM_SERVER,
-    };
-    let u = &config.upload;
-    let mut client = ClientConfig::new(server, config.aggregator.server_name.clone(), trust);
-    client.retry = RetryPolicy {
-        attempts: u.attempts,
-        base_delay: seconds(u.backoff_base_seconds),
-        max_delay: seconds(u.backoff_max_seconds),
-        jitter: 0.5,
-    };
-    client.connect_timeout = seconds(u.connect_timeout_seconds);
-    client.ack_timeout = seconds(u.ack_timeout_seconds);
-    if let Some(tor) = &tor {
-        carry_over_tor(
-            &mut client,
-            tor,
-            &config.transport.aggregator_stream,
-            &config,
-        );
-    }
-    let upload_config = UploadConfig {
-        client,
-        delay_max: seconds(u.delay_max_seconds),
-        backoff_base: seconds(u.backoff_base_seconds),
-        backoff_max: seconds(u.backoff_max_seconds),
-    };
+    let upload_config = upload_setup(&config, tor.as_ref())?;
+    let server = upload_config.client.server;
     let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?
         .with_rejected_bounds(config.spool.rejected_bounds())?;
     let admission = issuer_setup(
@@ -197,55 +155,9 @@ pub async fn run_with_source(
         &spool,
         tor.as_ref(),
     )?;
-    if config.seal.test_record_joint_values {
-        crate::config::warn_test_equipment(
-            "seal.test_record_joint_values = true",
-            "the raw counter values behind every joint view are written into the sealed record",
-        );
-    }
-    let mut pipeline = Pipeline::new(
-        PipelineConfig {
-            tau: config.classes.tau,
-            max_local_apps: config.classes.max_local_apps,
-            // The host's GPUs as the counter source read them (the stand-in's only when test
-            // equipment is configured); the pipeline coarsens each to its generation and
-            // refuses any no report may name. Without counters there are no samples, so no
-            // report, and no architecture.
-            archs: source.gpu_archs(),
-            seal_samples: config.seal.samples,
-            max_age: seconds(config.seal.max_age_seconds),
-            reports_per_counter_per_day: ReportsPerContributor::for_agent(
-                config.seal.max_reports_per_counter_per_day,
-            )
-            .map_err(|e| {
-                DaemonError::Setup(format!("seal.max_reports_per_counter_per_day: {e}"))
-            })?,
-            test_record_joint_values: config.seal.test_record_joint_values,
-        },
-        keys.clone(),
-    )?;
-    // The sealed record is kept within its bounds from the start (age, bytes, damaged lines).
+    let (pipeline, record_status) = pipeline_setup(&config, source.as_ref(), &keys)?;
     let record_bounds = config.spool.record_bounds();
-    let pruned = RecordLog::in_state_dir(&state_dir)
-        .prune(record_bounds, today(), Pipeline::oldest_capped_day(today()))
-        .map_err(|e| DaemonError::Setup(format!("pruning the sealed record: {e}")))?;
-    let mut record_status = crate::status::RecordStatus::default();
-    record_status.add(&pruned);
-    // The report cap counts what earlier runs sealed (the sealed record) so that a restart
-    // does not reopen a day's cap.
-    let record_path = RecordLog::in_state_dir(&state_dir).path().to_owned();
-    match sealed_per_day(&record_path, Pipeline::oldest_capped_day(today())) {
-        Ok((sealed, skipped)) => {
-            if skipped > 0 {
-                tracing::warn!(
-                    "{}: {skipped} lines are not records; the report cap does not count them",
-                    record_path.display()
-                );
-            }
-            pipeline.restore_sealed(&sealed);
-        }
-        Err(e) => tracing::warn!("{e}: the report cap counts only the reports this run seals"),
-    }
+
     let info = source.info();
     tracing::info!(
         "penrose-agent running: source {} (counters: {}), {} spooled reports, sending to {server} ({}), seal at {} samples or {:?}, at most {} reports per counter and day",
@@ -278,23 +190,7 @@ pub async fn run_with_source(
         Arc::clone(&wake),
         Arc::clone(&stop),
     );
-    let mut fetchers = Vec::new();
-    match admission {
-        Some(setup) => {
-            let (store, task) = start_fetcher(setup, &status, &stop, &wake);
-            shared.tokens = Some(store);
-            fetchers.push(task);
-        }
-        None => tracing::info!(
-            "admission tokens are not configured ([admission] address): reports are sent \
-             without tokens"
-        ),
-    }
-    if let Some(setup) = evidence {
-        let (store, task) = start_fetcher(setup, &status, &stop, &wake);
-        shared.evidence = Some(store);
-        fetchers.push(task);
-    }
+    let fetchers = start_fetchers([admission, evidence], &mut shared, &status, &stop, &wake);
     let tokens = shared.tokens.clone();
     lock(&status).route.route = config.transport.route;
     if let Some(warning) = config.transport.route.warning() {
@@ -316,21 +212,7 @@ pub async fn run_with_source(
 
     // Source thread -> channel -> pipeline thread.
     let (tx, rx) = mpsc::channel::<SourceBatch>();
-    let source_stop = Arc::clone(&stop);
-    let source_thread = std::thread::Builder::new()
-        .name("penrose-source".into())
-        .spawn(move || {
-            let r = source.run(&source_stop, &mut |batch| {
-                let _ = tx.send(batch);
-            });
-            if let Err(e) = &r {
-                tracing::error!("snippet source failed: {e}");
-            } else {
-                tracing::info!("snippet source ended");
-            }
-            r
-        })
-        .map_err(|e| DaemonError::Setup(format!("starting the source thread: {e}")))?;
+    let source_thread = spawn_source(source, tx, Arc::clone(&stop))?;
     let record = RecordLog::in_state_dir(&state_dir);
     let pipe = PipelineThread {
         pipeline,
@@ -351,16 +233,20 @@ pub async fn run_with_source(
     } else {
         None
     };
-    let uploader = tokio::spawn(upload::run(upload_config, shared));
+    let mut tasks = Tasks {
+        source_thread: Some(source_thread),
+        pipeline_thread,
+        uploader: tokio::spawn(upload::run(upload_config, shared)),
+        key_lists,
+        fetchers,
+    };
 
     // Until stopped: write the status twice a second.
     let mut source_error = None;
-    let mut source_thread = Some(source_thread);
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         refresh(&status, &spool, tokens.as_deref(), &state_dir);
-        if source_thread.as_ref().is_some_and(|t| t.is_finished())
-            && let Some(t) = source_thread.take()
+        if let Some(t) = tasks.source_thread.take_if(|t| t.is_finished())
             && let Ok(Err(e)) = t.join()
         {
             // The capture failed: stop, keeping what was spooled.
@@ -369,19 +255,7 @@ pub async fn run_with_source(
             stop.store(true, Ordering::Relaxed);
         }
     }
-    tracing::info!("stopping: sealing what is held, uploads stop (the spool keeps the rest)");
-    if let Some(t) = source_thread.take() {
-        let _ = tokio::task::spawn_blocking(move || t.join()).await;
-    }
-    let _ = tokio::task::spawn_blocking(move || pipeline_thread.join()).await;
-    let _ = uploader.await;
-    if let Some(key_lists) = key_lists {
-        key_lists.abort();
-        let _ = key_lists.await;
-    }
-    for fetcher in fetchers {
-        let _ = fetcher.await;
-    }
+    tasks.finish().await;
     lock(&status).running = false;
     refresh(&status, &spool, tokens.as_deref(), &state_dir);
     if let Some(e) = source_error {
@@ -389,6 +263,207 @@ pub async fn run_with_source(
     }
     let last = lock(&status).clone();
     Ok(RunOutcome::Stopped(Box::new(last)))
+}
+
+/// The threads and tasks of a running daemon.
+struct Tasks {
+    source_thread: Option<std::thread::JoinHandle<Result<(), SourceError>>>,
+    pipeline_thread: std::thread::JoinHandle<()>,
+    uploader: tokio::task::JoinHandle<()>,
+    key_lists: Option<tokio::task::JoinHandle<()>>,
+    fetchers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Tasks {
+    /// Waits for each to end once the stop flag is set: the source, then the pipeline (which
+    /// seals what it holds), the uploader (the spool keeps what was not sent), the token
+    /// fetchers; the key list fetcher, which never ends by itself, is aborted.
+    async fn finish(self) {
+        tracing::info!("stopping: sealing what is held, uploads stop (the spool keeps the rest)");
+        if let Some(t) = self.source_thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        let pipeline_thread = self.pipeline_thread;
+        let _ = tokio::task::spawn_blocking(move || pipeline_thread.join()).await;
+        let _ = self.uploader.await;
+        if let Some(key_lists) = self.key_lists {
+            key_lists.abort();
+            let _ = key_lists.await;
+        }
+        for fetcher in self.fetchers {
+            let _ = fetcher.await;
+        }
+    }
+}
+
+/// Starts the token fetcher of each issuer configured, its store shared with the uploader.
+fn start_fetchers(
+    setups: [Option<IssuerSetup>; 2],
+    shared: &mut upload::Shared,
+    status: &Arc<Mutex<AgentStatus>>,
+    stop: &Arc<AtomicBool>,
+    wake: &Arc<Notify>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let [admission, evidence] = setups;
+    let mut fetchers = Vec::new();
+    match admission {
+        Some(setup) => {
+            let (store, task) = start_fetcher(setup, status, stop, wake);
+            shared.tokens = Some(store);
+            fetchers.push(task);
+        }
+        None => tracing::info!(
+            "admission tokens are not configured ([admission] address): reports are sent \
+             without tokens"
+        ),
+    }
+    if let Some(setup) = evidence {
+        let (store, task) = start_fetcher(setup, status, stop, wake);
+        shared.evidence = Some(store);
+        fetchers.push(task);
+    }
+    fetchers
+}
+
+/// The design server's keys: the configured public key (refused under the floor) and, with a
+/// list signer, the signed list kept in the state directory.
+fn design_keys_setup(config: &AgentConfig, state_dir: &Path) -> Result<DesignKeys, DaemonError> {
+    let key = load_public_key(&config.design.public_key)?;
+    let signer = config
+        .design
+        .key_list_signer
+        .as_deref()
+        .map(penrose_host::key_file::read_signer)
+        .transpose()
+        .map_err(|e| DaemonError::Setup(format!("design.key_list_signer: {e}")))?;
+    DesignKeys::open(key, signer, state_dir)
+        .map_err(|e| DaemonError::Setup(format!("the design key list: {e}")))
+}
+
+/// How reports are sent: the pinned aggregation server, the retry and timeout settings, and
+/// over Tor a circuit per connection (the exit resolves the server; this host never looks it
+/// up).
+fn upload_setup(
+    config: &AgentConfig,
+    tor: Option<&Arc<penrose_tor::Tor>>,
+) -> Result<UploadConfig, DaemonError> {
+    let trust = Trust::load_pinned(&config.aggregator.certificate).map_err(|e| {
+        DaemonError::Setup(format!(
+            "aggregator.certificate {}: {e}",
+            config.aggregator.certificate.display()
+        ))
+    })?;
+    let server = match tor {
+        None => config.aggregator_addr().map_err(DaemonError::Setup)?,
+        Some(_) => penrose_transport::carrier::STREAM_SERVER,
+    };
+    let u = &config.upload;
+    let mut client = ClientConfig::new(server, config.aggregator.server_name.clone(), trust);
+    client.retry = RetryPolicy {
+        attempts: u.attempts,
+        base_delay: seconds(u.backoff_base_seconds),
+        max_delay: seconds(u.backoff_max_seconds),
+        jitter: 0.5,
+    };
+    client.connect_timeout = seconds(u.connect_timeout_seconds);
+    client.ack_timeout = seconds(u.ack_timeout_seconds);
+    if let Some(tor) = tor {
+        carry_over_tor(
+            &mut client,
+            tor,
+            &config.transport.aggregator_stream,
+            config,
+        );
+    }
+    Ok(UploadConfig {
+        client,
+        delay_max: seconds(u.delay_max_seconds),
+        backoff_base: seconds(u.backoff_base_seconds),
+        backoff_max: seconds(u.backoff_max_seconds),
+    })
+}
+
+/// The pipeline for this host's GPUs and the configured sealing, with the report cap counting
+/// what earlier runs sealed (so that a restart does not reopen a day's cap), and the sealed
+/// record pruned to its bounds first.
+fn pipeline_setup(
+    config: &AgentConfig,
+    source: &dyn SnippetSource,
+    keys: &DesignKeys,
+) -> Result<(Pipeline, crate::status::RecordStatus), DaemonError> {
+    if config.seal.test_record_joint_values {
+        crate::config::warn_test_equipment(
+            "seal.test_record_joint_values = true",
+            "the raw counter values behind every joint view are written into the sealed record",
+        );
+    }
+    let state_dir = &config.state_dir;
+    let mut pipeline = Pipeline::new(
+        PipelineConfig {
+            tau: config.classes.tau,
+            max_local_apps: config.classes.max_local_apps,
+            // The host's GPUs as the counter source read them (the stand-in's only when test
+            // equipment is configured); the pipeline coarsens each to its generation and
+            // refuses any no report may name. Without counters there are no samples, so no
+            // report, and no architecture.
+            archs: source.gpu_archs(),
+            seal_samples: config.seal.samples,
+            max_age: seconds(config.seal.max_age_seconds),
+            reports_per_counter_per_day: ReportsPerContributor::for_agent(
+                config.seal.max_reports_per_counter_per_day,
+            )
+            .map_err(|e| {
+                DaemonError::Setup(format!("seal.max_reports_per_counter_per_day: {e}"))
+            })?,
+            test_record_joint_values: config.seal.test_record_joint_values,
+        },
+        keys.clone(),
+    )?;
+    // The sealed record is kept within its bounds from the start (age, bytes, damaged lines).
+    let record_bounds = config.spool.record_bounds();
+    let pruned = RecordLog::in_state_dir(state_dir)
+        .prune(record_bounds, today(), Pipeline::oldest_capped_day(today()))
+        .map_err(|e| DaemonError::Setup(format!("pruning the sealed record: {e}")))?;
+    let mut record_status = crate::status::RecordStatus::default();
+    record_status.add(&pruned);
+    // The report cap counts what earlier runs sealed (the sealed record) so that a restart
+    // does not reopen a day's cap.
+    let record_path = RecordLog::in_state_dir(state_dir).path().to_owned();
+    match sealed_per_day(&record_path, Pipeline::oldest_capped_day(today())) {
+        Ok((sealed, skipped)) => {
+            if skipped > 0 {
+                tracing::warn!(
+                    "{}: {skipped} lines are not records; the report cap does not count them",
+                    record_path.display()
+                );
+            }
+            pipeline.restore_sealed(&sealed);
+        }
+        Err(e) => tracing::warn!("{e}: the report cap counts only the reports this run seals"),
+    }
+    Ok((pipeline, record_status))
+}
+
+/// Runs the snippet source on a thread of its own, its batches sent to `tx`, until `stop`.
+fn spawn_source(
+    mut source: Box<dyn SnippetSource>,
+    tx: mpsc::Sender<SourceBatch>,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<Result<(), SourceError>>, DaemonError> {
+    std::thread::Builder::new()
+        .name("penrose-source".into())
+        .spawn(move || {
+            let r = source.run(&stop, &mut |batch| {
+                let _ = tx.send(batch);
+            });
+            if let Err(e) = &r {
+                tracing::error!("snippet source failed: {e}");
+            } else {
+                tracing::info!("snippet source ended");
+            }
+            r
+        })
+        .map_err(|e| DaemonError::Setup(format!("starting the source thread: {e}")))
 }
 
 /// What the daemon needs for one issuer's tokens, checked at start.

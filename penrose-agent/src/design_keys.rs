@@ -57,14 +57,6 @@ pub enum AgentKeyError {
         /// The policy it fails.
         why: String,
     },
-    /// The held list could not be written or read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
     /// The list file was not written.
     #[error(transparent)]
     File(#[from] penrose_host::FileError),
@@ -149,7 +141,12 @@ impl DesignKeys {
                 ),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(AgentKeyError::Io { path: file, source }),
+            Err(source) => {
+                return Err(AgentKeyError::File(penrose_host::FileError::Io {
+                    path: file,
+                    source,
+                }));
+            }
         }
         Ok(keys)
     }

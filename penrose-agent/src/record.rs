@@ -35,14 +35,9 @@ pub const RECORD_FILE: &str = "sealed.jsonl";
 /// Why the record could not be written or read.
 #[derive(Debug, Error)]
 pub enum RecordError {
-    /// The file system refused.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
     /// A line is not a record.
     #[error("{path}:{line}: {source}")]
     Parse {
@@ -152,9 +147,11 @@ impl RecordLog {
     /// size afterwards. A failed write (a full disk) leaves at most a torn last line, which
     /// readers skip.
     pub fn append(&self, record: &SealedRecord) -> Result<u64, RecordError> {
-        let io = |source| RecordError::Io {
-            path: self.path.clone(),
-            source,
+        let io = |source| {
+            RecordError::File(penrose_host::FileError::Io {
+                path: self.path.clone(),
+                source,
+            })
         };
         let mut line = serde_json::to_vec(record).map_err(|source| RecordError::Parse {
             path: self.path.clone(),
@@ -184,9 +181,11 @@ impl RecordLog {
         struct DayOnly {
             day: u32,
         }
-        let io = |source| RecordError::Io {
-            path: self.path.clone(),
-            source,
+        let io = |source| {
+            RecordError::File(penrose_host::FileError::Io {
+                path: self.path.clone(),
+                source,
+            })
         };
         let file = match open_nofollow(OpenOptions::new().read(true), &self.path) {
             Ok(f) => f,
@@ -264,15 +263,17 @@ pub fn read_records_counted(path: &Path) -> Result<(Vec<SealedRecord>, usize), R
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
         Err(source) => {
-            return Err(RecordError::Io {
+            return Err(RecordError::File(penrose_host::FileError::Io {
                 path: path.to_owned(),
                 source,
-            });
+            }));
         }
     };
-    let io = |source| RecordError::Io {
-        path: path.to_owned(),
-        source,
+    let io = |source| {
+        RecordError::File(penrose_host::FileError::Io {
+            path: path.to_owned(),
+            source,
+        })
     };
     let mut out = Vec::new();
     let mut damaged = 0;
@@ -309,9 +310,11 @@ pub fn sealed_per_day(path: &Path, oldest: Day) -> Result<(SealedPerDay, usize),
         day: u32,
         counter: u16,
     }
-    let io = |source| RecordError::Io {
-        path: path.to_owned(),
-        source,
+    let io = |source| {
+        RecordError::File(penrose_host::FileError::Io {
+            path: path.to_owned(),
+            source,
+        })
     };
     let file = match open_nofollow(OpenOptions::new().read(true), path) {
         Ok(f) => f,

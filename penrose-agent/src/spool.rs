@@ -41,14 +41,6 @@ const TEMP_PREFIX: &str = ".tmp-";
 /// Why the spool refused an operation.
 #[derive(Debug, Error)]
 pub enum SpoolError {
-    /// The file system refused (a full disk, permissions); nothing was changed.
-    #[error("spool {path}: {source}")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
     /// A file beside the spool (the status file) was not written.
     #[error("{0}")]
     File(#[from] penrose_host::FileError),
@@ -72,9 +64,11 @@ pub enum SpoolError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
-    move |source| SpoolError::Io {
-        path: path.to_owned(),
-        source,
+    move |source| {
+        SpoolError::File(penrose_host::FileError::Io {
+            path: path.to_owned(),
+            source,
+        })
     }
 }
 
@@ -295,10 +289,10 @@ impl Spool {
                 Err(e) => {
                     let _ = fs::remove_file(&temp);
                     self.counts.write_failures += 1;
-                    return Err(SpoolError::Io {
+                    return Err(SpoolError::File(penrose_host::FileError::Io {
                         path: oldest.path,
                         source: e,
-                    });
+                    }));
                 }
             }
             self.entries.remove(0);
@@ -338,13 +332,13 @@ impl Spool {
             .iter()
             .position(|e| e.sequence == entry.sequence)
         else {
-            return Err(SpoolError::Io {
+            return Err(SpoolError::File(penrose_host::FileError::Io {
                 path: entry.path.clone(),
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "the report left the spool",
                 ),
-            });
+            }));
         };
         let current = self.entries[at].clone();
         if current.attempted {
@@ -376,9 +370,11 @@ impl Spool {
             .iter()
             .find(|e| e.sequence == entry.sequence)
             .cloned();
-        let refused = |why: &str| SpoolError::Io {
-            path: entry.path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string()),
+        let refused = |why: &str| {
+            SpoolError::File(penrose_host::FileError::Io {
+                path: entry.path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_string()),
+            })
         };
         let Some(current) = current else {
             return Err(refused("the report left the spool"));

@@ -59,14 +59,9 @@ const MAX_KEY_SET_FILE: u64 = 3 + 38 * 4096;
 /// Why the token store refused.
 #[derive(Debug, Error)]
 pub enum TokenStoreError {
-    /// The file system refused; the store is as it was.
-    #[error("token store {path}: {source}")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("token store {0}")]
+    File(#[from] penrose_host::FileError),
     /// A file another user could read or replace, a symbolic link where a file belongs, or a
     /// file larger than any token file: [`penrose_host::secret_file::read`] says which.
     #[error("token store: {0}; refusing to use it")]
@@ -80,16 +75,18 @@ impl TokenStoreError {
     /// A refusal of the secret-file reader: its I/O errors as such, the rest as unsafe.
     fn from_secret(e: FileError) -> Self {
         match e {
-            FileError::Io { path, source } => TokenStoreError::Io { path, source },
+            e @ FileError::Io { .. } => TokenStoreError::File(e),
             e => TokenStoreError::Unsafe(e),
         }
     }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TokenStoreError + '_ {
-    move |source| TokenStoreError::Io {
-        path: path.to_owned(),
-        source,
+    move |source| {
+        TokenStoreError::File(penrose_host::FileError::Io {
+            path: path.to_owned(),
+            source,
+        })
     }
 }
 

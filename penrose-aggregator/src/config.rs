@@ -98,14 +98,9 @@ pub struct FileConfig {
 /// Why the configuration could not be read.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
     /// The file is not valid TOML for this configuration (the message names key and line).
     #[error("{path}: {source}")]
     Parse {
@@ -119,9 +114,11 @@ pub enum ConfigError {
 impl FileConfig {
     /// Reads a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
+        let text = std::fs::read_to_string(path).map_err(|source| {
+            ConfigError::File(penrose_host::FileError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
         })?;
         toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.to_path_buf(),

@@ -95,14 +95,9 @@ pub enum ControlError {
     /// The request's own failure, in words.
     #[error("{0}")]
     Failed(String),
-    /// The socket failed.
-    #[error("control socket {path}: {source}")]
-    Io {
-        /// The socket.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("control socket {0}")]
+    File(#[from] penrose_host::FileError),
     /// The peer sent something that is not a response.
     #[error("control protocol: {0}")]
     Protocol(String),
@@ -254,13 +249,17 @@ fn write_evidence_file(admin: &Admin, seq: u64, out: &Path) -> Result<EvidenceRe
     let written =
         export::write_evidence(admin.store.as_ref(), seq, &admin.signing, &mut writer, out)
             .and_then(|w| {
-                let file = writer.into_inner().map_err(|e| export::ExportError::Io {
-                    path: partial.clone(),
-                    source: e.into_error(),
+                let file = writer.into_inner().map_err(|e| {
+                    export::ExportError::File(penrose_host::FileError::Io {
+                        path: partial.clone(),
+                        source: e.into_error(),
+                    })
                 })?;
-                file.sync_all().map_err(|source| export::ExportError::Io {
-                    path: partial.clone(),
-                    source,
+                file.sync_all().map_err(|source| {
+                    export::ExportError::File(penrose_host::FileError::Io {
+                        path: partial.clone(),
+                        source,
+                    })
                 })?;
                 Ok(w)
             });
@@ -458,9 +457,11 @@ fn status(admin: &Admin) -> StatusReply {
 
 /// Serves admin requests on `path` until the task is dropped.
 pub async fn serve_socket(path: &Path, admin: Admin) -> Result<(), ControlError> {
-    let io = |source| ControlError::Io {
-        path: path.to_path_buf(),
-        source,
+    let io = |source| {
+        ControlError::File(penrose_host::FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     };
     // A socket left by a server that was killed.
     let _ = std::fs::remove_file(path);
@@ -510,9 +511,11 @@ async fn answer(stream: UnixStream, admin: Admin) -> std::io::Result<()> {
 /// Sends one request to the server listening on `path`. `Ok(None)` when no server listens
 /// there (no socket, or a stale one).
 pub async fn request(path: &Path, request: &Request) -> Result<Option<Response>, ControlError> {
-    let io = |source| ControlError::Io {
-        path: path.to_path_buf(),
-        source,
+    let io = |source| {
+        ControlError::File(penrose_host::FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     };
     let mut stream = match UnixStream::connect(path).await {
         Ok(s) => s,

@@ -77,14 +77,9 @@ pub enum ExportError {
     /// Encoding or signing failed.
     #[error(transparent)]
     Bundle(#[from] BundleError),
-    /// The key file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
     /// The key file is unsafe to use (a symbolic link, another user's, open to group or
     /// others) or unreadable: [`penrose_host::secret_file::read`] says which.
     #[error("bundle signing key: {0}")]
@@ -858,9 +853,11 @@ pub fn write_evidence(
     path: &Path,
 ) -> Result<EvidenceWritten, ExportError> {
     let (built, bytes) = rebuild(store, seq, signing)?;
-    let io = |source| ExportError::Io {
-        path: path.to_path_buf(),
-        source,
+    let io = |source| {
+        ExportError::File(penrose_host::FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     };
     let header = EvidenceFileHeader {
         bundle: BundleHash::of(&bytes),

@@ -105,9 +105,11 @@ pub struct StoreHome {
 impl StoreHome {
     /// Reads the identity of `dir`.
     pub fn of(dir: &Path) -> Result<Self, StoreError> {
-        let meta = std::fs::metadata(dir).map_err(|source| StoreError::Io {
-            path: dir.to_path_buf(),
-            source,
+        let meta = std::fs::metadata(dir).map_err(|source| {
+            StoreError::File(penrose_host::FileError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })
         })?;
         let born_ns = meta
             .created()
@@ -170,14 +172,9 @@ pub enum StoreError {
     /// A caller's visitor failed while scanning.
     #[error("{0}")]
     Visit(String),
-    /// The file system refused.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
 }
 
 /// The shared store layer's refusals, told as the server's.

@@ -11,14 +11,6 @@ use penrose_host::FileError;
 /// Why an auditor command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditorError {
-    /// The file system refused.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
     /// A file was not read or written.
     #[error("{0}")]
     File(FileError),
@@ -129,7 +121,7 @@ impl AuditorError {
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> AuditorError {
         let path = path.into();
-        move |source| AuditorError::Io { path, source }
+        move |source| AuditorError::File(penrose_host::FileError::Io { path, source })
     }
 
     /// A damaged file of the data directory.

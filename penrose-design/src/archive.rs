@@ -53,15 +53,6 @@ use thiserror::Error;
 /// Why a bundle could not be imported or the archive read.
 #[derive(Debug, Error)]
 pub enum ArchiveError {
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
     /// The bundle is malformed, altered, or signed by another server.
     #[error("{path}: {source}")]
     Bundle {
@@ -283,9 +274,11 @@ pub struct Archive {
 }
 
 pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
-    move |source| ArchiveError::Io {
-        path: path.to_owned(),
-        source,
+    move |source| {
+        ArchiveError::File(penrose_host::FileError::Io {
+            path: path.to_owned(),
+            source,
+        })
     }
 }
 

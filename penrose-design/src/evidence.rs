@@ -22,14 +22,9 @@ use crate::archive::{Archive, ArchiveError};
 /// Why an evidence file cannot be used.
 #[derive(Debug, Error)]
 pub enum EvidenceError {
-    /// It could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
+    /// A file was not read or written.
+    #[error("{0}")]
+    File(#[from] penrose_host::FileError),
     /// Its framing is refused.
     #[error("{path}: {source}")]
     Framing {
@@ -82,7 +77,10 @@ pub enum EvidenceError {
 impl EvidenceError {
     /// Whether the file itself was refused (exit code 3), not an I/O failure.
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, EvidenceError::Io { .. } | EvidenceError::Archive(_))
+        !matches!(
+            self,
+            EvidenceError::File(penrose_host::FileError::Io { .. }) | EvidenceError::Archive(_)
+        )
     }
 }
 
@@ -128,9 +126,11 @@ pub fn import(archive: &Archive, path: &Path) -> Result<ImportedEvidence, Eviden
         new,
     };
     if kept.exists() {
-        let io = |source| EvidenceError::Io {
-            path: kept.clone(),
-            source,
+        let io = |source| {
+            EvidenceError::File(penrose_host::FileError::Io {
+                path: kept.clone(),
+                source,
+            })
         };
         if same_contents(&kept, path).map_err(io)? {
             return Ok(imported(false));
@@ -170,7 +170,7 @@ fn same_contents(a: &Path, b: &Path) -> std::io::Result<bool> {
 fn copy_durably(from: &Path, to: &Path) -> Result<(), EvidenceError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| EvidenceError::Io { path, source }
+        move |source| EvidenceError::File(penrose_host::FileError::Io { path, source })
     };
     let temp = to.with_extension("tmp");
     let copied = std::fs::copy(from, &temp)
@@ -198,9 +198,11 @@ impl EvidenceFile {
     /// Opens and checks the framing: the header, every entry's length within the limit, the
     /// file ending right after the last entry.
     pub fn open(path: &Path) -> Result<Self, EvidenceError> {
-        let io = |source| EvidenceError::Io {
-            path: path.to_path_buf(),
-            source,
+        let io = |source| {
+            EvidenceError::File(penrose_host::FileError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
         };
         let length = |why| EvidenceError::Length {
             path: path.to_path_buf(),
@@ -253,9 +255,11 @@ impl EvidenceFile {
 
     /// The encoded evidence of entries `first..first + count`, in order.
     pub fn read(&self, first: u32, count: u32) -> Result<Vec<Vec<u8>>, EvidenceError> {
-        let io = |source| EvidenceError::Io {
-            path: self.path.clone(),
-            source,
+        let io = |source| {
+            EvidenceError::File(penrose_host::FileError::Io {
+                path: self.path.clone(),
+                source,
+            })
         };
         let start = first as usize;
         let slots =

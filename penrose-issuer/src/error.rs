@@ -8,14 +8,6 @@ use penrose_core::tokens::{CredentialFileError, TokenError};
 /// Why an issuer operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IssuerError {
-    /// The file system refused.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
     /// RocksDB refused.
     #[error("store: {0}")]
     Store(rocksdb::Error),
@@ -149,6 +141,6 @@ impl IssuerError {
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> IssuerError {
         let path = path.into();
-        move |source| IssuerError::Io { path, source }
+        move |source| IssuerError::File(penrose_host::FileError::Io { path, source })
     }
 }

@@ -146,10 +146,10 @@ fn identity(options: &ServeOptions) -> Result<(Identity, PathBuf), IssuerError> 
         return Ok((Identity::load(&cert, &key)?, cert));
     }
     if options.tls.is_some() {
-        return Err(IssuerError::Io {
+        return Err(IssuerError::File(penrose_host::FileError::Io {
             path: cert,
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such certificate"),
-        });
+        }));
     }
     let mut names = vec!["localhost".to_string(), options.listen.ip().to_string()];
     names.extend(options.names.iter().cloned());
