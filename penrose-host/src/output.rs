@@ -8,13 +8,13 @@ use std::io::Write as _;
 use serde::Serialize;
 
 /// Prints `value` as pretty JSON when `json`, else its text form (a final newline added when
-/// the text has none).
+/// the text has none; no text prints nothing).
 pub fn print<T: Serialize + Display>(value: &T, json: bool) -> std::io::Result<()> {
     print_with(value, json, |value| value.to_string())
 }
 
 /// Prints `value` as pretty JSON when `json`, else the text `text` makes of it (a final
-/// newline added when the text has none).
+/// newline added when the text has none; no text prints nothing).
 pub fn print_with<T: Serialize>(
     value: &T,
     json: bool,
@@ -36,7 +36,7 @@ fn write_to<T: Serialize>(
     } else {
         text(value)
     };
-    if !text.ends_with('\n') {
+    if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
     out.write_all(text.as_bytes())
@@ -65,6 +65,12 @@ mod tests {
     fn text_ends_in_one_newline_and_json_is_the_value() {
         assert_eq!(written(false, ""), "3 reports\n");
         assert_eq!(written(false, "\n"), "3 reports\n");
+        let mut out = Vec::new();
+        write_to(&mut out, &Count { reports: 3 }, false, |_| String::new()).unwrap();
+        assert!(
+            out.is_empty(),
+            "nothing to say prints nothing, not an empty line"
+        );
         let json: serde_json::Value = serde_json::from_str(&written(true, "")).unwrap();
         assert_eq!(json["reports"], 3);
     }

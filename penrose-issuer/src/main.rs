@@ -1,6 +1,7 @@
 //! `penrose-issuer`: parses the command line (its definition is `penrose_issuer::cli`) and runs
 //! it.
 
+use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -47,13 +48,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn print<T: Serialize>(json: bool, value: &T, text: impl FnOnce(&T)) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(value)?);
-    } else {
-        text(value);
-    }
-    Ok(())
+/// Prints `value` as pretty JSON with `--json`, else the text `text` makes of it.
+fn print<T: Serialize>(json: bool, value: &T, text: impl FnOnce(&T) -> String) -> Result<()> {
+    Ok(penrose_host::output::print_with(value, json, text)?)
 }
 
 #[derive(Serialize)]
@@ -92,13 +89,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let (files, named_by_id) = credential_files(out, count, out_dir)?;
             let enrolled = enrol(&state.dir(), today, &files, named_by_id, label).await?;
             print(json, &enrolled, |list| {
+                let mut text = String::new();
                 for e in list {
-                    println!("{}  {}", e.short_id, e.file);
+                    let _ = writeln!(text, "{}  {}", e.short_id, e.file);
                 }
-                println!(
+                let _ = writeln!(
+                    text,
                     "enrolled {} credential(s); install each file with the agent of its host",
                     list.len()
                 );
+                text
             })?;
         }
         Command::Revoke {
@@ -168,16 +168,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 fn init(dir: &StateDir, json: bool) -> Result<()> {
     let made = admin::init(dir)?;
     print(json, &made, |m| {
-        println!("initialised {}", m.state.display());
-        println!(
+        let mut text = String::new();
+        let _ = writeln!(text, "initialised {}", m.state.display());
+        let _ = writeln!(
+            text,
             "  master seed  {} (0600; back it up, keep it secret)",
             m.seed.display()
         );
-        println!("  store        {}", m.store.display());
-        println!(
+        let _ = writeln!(text, "  store        {}", m.store.display());
+        let _ = writeln!(
+            text,
             "next: enrol hosts (penrose-issuer enrol), export the aggregation server's \
              keys (penrose-issuer export-keys), serve (penrose-issuer serve)"
         );
+        text
     })
 }
 
@@ -217,6 +221,7 @@ async fn revoke(
     };
     let reply = admin::run(dir, today, &Request::Revoke { id }).await?;
     print(json, &reply, |reply| {
+        let mut text = String::new();
         if let Reply::Revoked {
             short_id,
             already,
@@ -229,11 +234,12 @@ async fn revoke(
                 .map(|l| format!(" ({l})"))
                 .unwrap_or_default();
             if *already {
-                println!("{short_id}{label} was revoked already");
+                let _ = writeln!(text, "{short_id}{label} was revoked already");
             } else {
-                println!("revoked {short_id}{label}");
+                let _ = writeln!(text, "revoked {short_id}{label}");
             }
         }
+        text
     })
 }
 
@@ -244,7 +250,9 @@ fn key_set(dir: &StateDir, out: &Path, day: Day, json: bool) -> Result<()> {
     let (from, to) = PublishWindow::default().range(day);
     let written = written(out, from, to, published.set.entries().len(), &published);
     print(json, &written, |w| {
-        println!(
+        let mut text = String::new();
+        let _ = writeln!(
+            text,
             "wrote the key set of {} ({} keys, {} to {}) to {}",
             date_of(day),
             w.keys,
@@ -252,7 +260,8 @@ fn key_set(dir: &StateDir, out: &Path, day: Day, json: bool) -> Result<()> {
             w.to_date,
             w.file
         );
-        println!("sha-256 {}", w.key_set_digest);
+        let _ = writeln!(text, "sha-256 {}", w.key_set_digest);
+        text
     })
 }
 
@@ -269,14 +278,18 @@ fn export_keys(
     let published = Published::of(&seed, PublishWindow::default(), today)?;
     let written = written(out, from, to, ring.keys().len(), &published);
     print(json, &written, |w| {
-        println!(
+        let mut text = String::new();
+        let _ = writeln!(
+            text,
             "wrote {} secret keys ({} to {}, every counter) to {} (0600)",
             w.keys, w.from_date, w.to_date, w.file
         );
-        println!(
+        let _ = writeln!(
+            text,
             "give it to the aggregation server; export the next range before {}",
             w.to_date
         );
+        text
     })
 }
 
@@ -341,8 +354,10 @@ async fn enrol(
     Ok(enrolled)
 }
 
-fn print_status(status: &Status) {
-    println!(
+fn print_status(status: &Status) -> String {
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
         "issuer {} ({}), today {} (day {})",
         status.state.display(),
         if status.serving {
@@ -353,29 +368,34 @@ fn print_status(status: &Status) {
         status.date,
         status.today
     );
-    println!(
+    let _ = writeln!(
+        text,
         "credentials: {} enrolled, {} revoked",
         status.enrolled, status.revoked
     );
     if status.epochs.is_empty() {
-        println!(
+        let _ = writeln!(
+            text,
             "no tokens issued in the days kept (from day {})",
             status.prune_floor
         );
     } else {
-        println!(
+        let _ = writeln!(
+            text,
             "{:>10} {:>8} {:>10} {:>12}",
             "date", "day", "tokens", "credentials"
         );
         for epoch in &status.epochs {
-            println!(
+            let _ = writeln!(
+                text,
                 "{:>10} {:>8} {:>10} {:>12}",
                 epoch.date, epoch.epoch, epoch.tokens, epoch.credentials
             );
         }
     }
     if let Some(stats) = &status.since_start {
-        println!(
+        let _ = writeln!(
+            text,
             "since start: {} key set requests, {} issue requests, {} tokens issued; refused: {} \
              unknown credential, {} rate limited, {} malformed, {} unavailable; batches over \
              quota {}, unknown key {}, invalid {}",
@@ -391,4 +411,5 @@ fn print_status(status: &Status) {
             stats.batches_invalid
         );
     }
+    text
 }
