@@ -23,7 +23,7 @@ use std::sync::Arc;
 use object::{Object, ReadCache};
 
 use super::events::{Launch, Pid};
-use super::mapped_file::{MappingRef, check_tables, open_mapped};
+use super::mapped_file::{BoundedReads, Mapping, check_tables};
 use super::procmaps::file_mappings;
 
 /// Processes whose memory maps are kept.
@@ -61,6 +61,7 @@ pub struct Identities {
     regions: HashMap<Pid, Vec<Region>>,
     objects: HashMap<(String, u64), Arc<str>>,
     interned: HashMap<Site, Arc<str>>,
+    reads: BoundedReads,
 }
 
 impl Identities {
@@ -130,15 +131,20 @@ impl Identities {
         if let Some(object) = self.objects.get(&region.file) {
             return Some(Arc::clone(object));
         }
-        // The mapping's own file, never whatever its path names now (`mapped_file`).
-        let opened = open_mapped(MappingRef {
+        // The mapping's own file, never whatever its path names now, read on a thread of its
+        // own within a time limit (`mapped_file`).
+        let mapping = Mapping {
             pid: pid.0,
             start: region.start,
             end: region.end,
-            path: &region.path,
-            file: &region.file,
+            path: region.path.clone(),
+            file: region.file.clone(),
+        };
+        let read = self.reads.run(&region.path, move || {
+            let file = mapping.open().map_err(|e| e.to_string())?;
+            Ok(build_id_of(file))
         });
-        let object: Arc<str> = match opened.ok().and_then(build_id_of) {
+        let object: Arc<str> = match read.ok().flatten() {
             Some(id) => Arc::from(format!("bid:{id}")),
             // Without a build id the file's name is the best stable handle there is.
             None => Arc::from(format!(

@@ -33,7 +33,7 @@ use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, SymbolKind};
 use penrose_ebpf_common::HandleKind;
 
 use super::events::{Pid, ProcessNames};
-use super::mapped_file::{MappingRef, check_tables, open_mapped};
+use super::mapped_file::{BoundedReads, Mapping, ReadError, check_tables};
 use super::memory::read_words;
 use super::procmaps::file_mappings;
 
@@ -203,6 +203,7 @@ pub struct LateCounts {
 pub struct LateNamer {
     cache: HashMap<(String, u64), Arc<ObjectSymbols>>,
     counts: LateCounts,
+    reads: BoundedReads,
 }
 
 impl LateNamer {
@@ -251,20 +252,29 @@ impl LateNamer {
         if let Some(symbols) = self.cache.get(&mapped.file) {
             return Some(Arc::clone(symbols));
         }
-        // The mapping's own file, never whatever its path names now (`mapped_file`).
-        let opened = open_mapped(MappingRef {
+        // The mapping's own file, never whatever its path names now, read on a thread of its
+        // own within a time limit (`mapped_file`).
+        let mapping = Mapping {
             pid: pid.0,
             start: mapped.start,
             end: mapped.end,
-            path: &mapped.path,
-            file: &mapped.file,
-        })
-        .map_err(|e| e.to_string());
-        let symbols = match opened.and_then(|file| read_object_file(file, &mapped.path)) {
+            path: mapped.path.clone(),
+            file: mapped.file.clone(),
+        };
+        let read = self.reads.run(&mapped.path, move || {
+            let file = mapping.open().map_err(|e| e.to_string())?;
+            read_object_file(file, &mapping.path)
+        });
+        let symbols = match read {
             Ok(symbols) => Arc::new(symbols),
             Err(e) => {
                 tracing::debug!("late naming: {e}");
                 found.unreadable += 1;
+                if matches!(e, ReadError::TimedOut { .. }) {
+                    // Never read again: nothing to name in it, as far as this agent knows.
+                    self.cache
+                        .insert(mapped.file.clone(), Arc::new(ObjectSymbols::default()));
+                }
                 return None;
             }
         };

@@ -14,13 +14,20 @@
 //! - [`check_tables`] reads only the ELF header and section headers and refuses a file whose
 //!   symbol or string tables declare more than [`MAX_TABLE_BYTES`], before any table is read.
 //!
-//! Not here yet: a time limit on reads (a file on a FUSE mount that never answers still blocks
-//! the capture thread) and a per-host byte budget for all name tables.
+//! - [`BoundedReads`] runs each open and parse on a thread of its own and waits at most
+//!   [`READ_LIMIT`]: a file that never answers (a FUSE mount that does not reply) costs one
+//!   abandoned thread, not the capture loop, and after [`MAX_STUCK_READS`] such threads no new
+//!   read starts until one of them ends.
+//!
+//! Not here yet: a per-host byte budget for all name tables.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use object::ReadRef;
 use object::elf::{SHT_DYNSYM, SHT_STRTAB, SHT_SYMTAB};
@@ -57,6 +64,157 @@ pub enum MappedFileError {
     /// A symbol or string table larger than [`MAX_TABLE_BYTES`], or headers that do not parse.
     #[error("{0}")]
     Elf(String),
+}
+
+/// How long opening and parsing one mapped file may take before the capture gives up on it.
+/// A real library's tables are read in milliseconds (page cache) to a few hundred (cold disk).
+pub const READ_LIMIT: Duration = Duration::from_secs(2);
+
+/// Reads abandoned and still blocked beyond which no new read starts.
+pub const MAX_STUCK_READS: usize = 4;
+
+/// Why a bounded read gave no result.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The open or the parse refused the file.
+    #[error("{0}")]
+    Failed(String),
+    /// It took longer than the limit; its thread is abandoned (the file is not read again).
+    #[error("{path}: not read within {limit:?}; abandoned")]
+    TimedOut {
+        /// The file.
+        path: PathBuf,
+        /// The limit.
+        limit: Duration,
+    },
+    /// Too many earlier reads are still blocked; this one did not start (it may next time).
+    #[error("{path}: not read: {stuck} earlier reads of mapped files are still blocked")]
+    Busy {
+        /// The file.
+        path: PathBuf,
+        /// How many are blocked.
+        stuck: usize,
+    },
+}
+
+/// Where a bounded read stands, so that an abandoned thread that ends after all is no longer
+/// counted as blocked (and one that ended just in time is not counted at all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadState {
+    Running,
+    Done,
+    Abandoned,
+}
+
+/// Runs reads of other users' files with a time limit (see the module's documentation).
+#[derive(Clone, Debug)]
+pub struct BoundedReads {
+    limit: Duration,
+    max_stuck: usize,
+    stuck: Arc<AtomicUsize>,
+}
+
+impl Default for BoundedReads {
+    fn default() -> Self {
+        Self::new(READ_LIMIT, MAX_STUCK_READS)
+    }
+}
+
+impl BoundedReads {
+    /// Reads of at most `limit` each, with at most `max_stuck` abandoned ones still blocked.
+    pub fn new(limit: Duration, max_stuck: usize) -> Self {
+        Self {
+            limit,
+            max_stuck,
+            stuck: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Abandoned reads still blocked.
+    pub fn stuck(&self) -> usize {
+        self.stuck.load(Ordering::SeqCst)
+    }
+
+    /// Runs `work` (which opens and reads `path`) on a thread of its own and waits for it at
+    /// most the limit.
+    pub fn run<T: Send + 'static>(
+        &self,
+        path: &Path,
+        work: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, ReadError> {
+        let stuck = self.stuck();
+        if stuck >= self.max_stuck {
+            return Err(ReadError::Busy {
+                path: path.to_owned(),
+                stuck,
+            });
+        }
+        let state = Arc::new(Mutex::new(ReadState::Running));
+        let (tx, rx) = mpsc::sync_channel(1);
+        let (thread_state, counter) = (Arc::clone(&state), Arc::clone(&self.stuck));
+        std::thread::Builder::new()
+            .name("penrose-mapped-read".into())
+            .spawn(move || {
+                let result = work();
+                let _ = tx.send(result);
+                let mut state = lock(&thread_state);
+                if *state == ReadState::Abandoned {
+                    counter.fetch_sub(1, Ordering::SeqCst);
+                }
+                *state = ReadState::Done;
+            })
+            .map_err(|e| ReadError::Failed(format!("{}: no reader thread: {e}", path.display())))?;
+        let result = rx.recv_timeout(self.limit);
+        let mut state = lock(&state);
+        match result {
+            Ok(result) => result.map_err(ReadError::Failed),
+            // Ended between the timeout and the lock: its result is in the channel.
+            Err(_) if *state == ReadState::Done => rx
+                .try_recv()
+                .map_err(|_| ReadError::Failed(format!("{}: the reader ended", path.display())))?
+                .map_err(ReadError::Failed),
+            Err(_) => {
+                *state = ReadState::Abandoned;
+                self.stuck.fetch_add(1, Ordering::SeqCst);
+                Err(ReadError::TimedOut {
+                    path: path.to_owned(),
+                    limit: self.limit,
+                })
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A mapping owned, for a read on another thread ([`BoundedReads`]).
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    /// The process.
+    pub pid: u32,
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past its last address.
+    pub end: u64,
+    /// Its path in the process's mount namespace.
+    pub path: PathBuf,
+    /// Device (major:minor in hex, as the line gives it) and inode.
+    pub file: (String, u64),
+}
+
+impl Mapping {
+    /// Opens its file ([`open_mapped`]).
+    pub fn open(&self) -> Result<File, MappedFileError> {
+        open_mapped(MappingRef {
+            pid: self.pid,
+            start: self.start,
+            end: self.end,
+            path: &self.path,
+            file: &self.file,
+        })
+    }
 }
 
 /// One mapping as `/proc/PID/maps` lists it: enough to open exactly its file.
@@ -182,6 +340,45 @@ mod tests {
 
     use super::*;
     use crate::capture::procmaps::{FileMapping, file_mappings};
+
+    /// A read that never ends (a FUSE file that never answers, here a channel nobody sends
+    /// on) returns within the limit, is counted as stuck, and after the cap no new read
+    /// starts; when the blocked reads end they are no longer counted.
+    #[test]
+    fn a_read_that_never_answers_is_abandoned_and_blocked_reads_are_capped() {
+        let reads = BoundedReads::new(Duration::from_millis(100), 2);
+        let path = Path::new("/fuse/never");
+        let mut releases = Vec::new();
+        for _ in 0..2 {
+            let (release, wait) = mpsc::channel::<()>();
+            releases.push(release);
+            let started = std::time::Instant::now();
+            let result = reads.run(path, move || {
+                let _ = wait.recv();
+                Ok(())
+            });
+            assert!(
+                matches!(result, Err(ReadError::TimedOut { .. })),
+                "{result:?}"
+            );
+            assert!(started.elapsed() < Duration::from_secs(2));
+        }
+        assert_eq!(reads.stuck(), 2);
+        let refused = reads.run(path, || Ok(()));
+        assert!(
+            matches!(refused, Err(ReadError::Busy { stuck: 2, .. })),
+            "{refused:?}"
+        );
+        drop(releases);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while reads.stuck() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(reads.stuck(), 0);
+        assert_eq!(reads.run(path, || Ok(7)).unwrap(), 7);
+        let failed = reads.run::<()>(path, || Err("not an ELF file".into()));
+        assert!(matches!(failed, Err(ReadError::Failed(e)) if e == "not an ELF file"));
+    }
 
     /// A 64-bit little-endian ELF header and two section headers (null, and one of `kind`
     /// declaring `size` bytes at offset 4096), in a sparse file of that size.
