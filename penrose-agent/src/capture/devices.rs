@@ -29,6 +29,7 @@ use penrose_core::gpu::GpuArch;
 use penrose_ebpf_common::ContextOp;
 
 use super::events::{Launch, Pid};
+use super::mapped_file::BoundedReads;
 
 /// Context, thread, stream and UUID entries kept for all processes together; beyond it new
 /// entries are dropped and counted ([`DeviceCounts::entries_dropped`]), so processes that
@@ -335,13 +336,25 @@ fn mig_entry<'h>(entry: &str, host: &'h [HostDevice]) -> Option<&'h HostDevice> 
     instances().find(|d| d.instance() == Some(wanted))
 }
 
-/// Reads a process's start environment, bounded; `None` when it cannot be read (the process
-/// is gone, say: its launches then have no certain device unless it asked for UUIDs).
+/// Reads a process's start environment, bounded in bytes and, on a thread of its own, in
+/// time (a process can map a never-answering FUSE file over its own environment block:
+/// `mapped_file::BoundedReads`); `None` when it cannot be read (the process is gone, say: its
+/// launches then have no certain device unless it asked for UUIDs).
 fn read_environ(pid: Pid) -> Option<Vec<u8>> {
-    let file = std::fs::File::open(format!("/proc/{}/environ", pid.0)).ok()?;
-    let mut bytes = Vec::new();
-    file.take(MAX_ENVIRON_BYTES).read_to_end(&mut bytes).ok()?;
-    Some(bytes)
+    static READS: std::sync::LazyLock<BoundedReads> =
+        std::sync::LazyLock::new(BoundedReads::default);
+    let path = std::path::PathBuf::from(format!("/proc/{}/environ", pid.0));
+    let at = path.clone();
+    let read = READS.run(&path, move || {
+        let file = std::fs::File::open(&at).map_err(|e| e.to_string())?;
+        let mut bytes = Vec::new();
+        file.take(MAX_ENVIRON_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(|e| e.to_string())?;
+        Ok(bytes)
+    });
+    read.map_err(|e| tracing::debug!("start environment: {e}"))
+        .ok()
 }
 
 /// The UUID the driver gave an ordinal.
@@ -650,6 +663,14 @@ fn insert<K: std::hash::Hash + Eq, V>(
 mod tests {
     use super::*;
     use penrose_ebpf_common::EntryPoint;
+
+    /// The live reader reads this process's own start environment (through a reader thread).
+    #[test]
+    fn the_start_environment_is_read_through_the_bounded_reader() {
+        let environ = read_environ(Pid(std::process::id())).unwrap();
+        assert!(environ.split(|b| *b == 0).any(|e| e.starts_with(b"PATH=")));
+        assert!(read_environ(Pid(u32::MAX)).is_none());
+    }
 
     fn host(archs: &[(u8, u8)]) -> Vec<HostDevice> {
         archs
