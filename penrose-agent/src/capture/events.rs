@@ -21,6 +21,58 @@ pub const MAX_NAMES_PER_PROCESS: usize = 131_072;
 /// Most bytes of names kept per process (a name's bytes are shared by the handles it names).
 pub const MAX_NAME_BYTES_PER_PROCESS: usize = 32 << 20;
 
+/// Most bytes of names all processes' tables hold together: many processes, each near its own
+/// bound, cannot grow the agent past it (a large training job's framework names a few MiB).
+pub const MAX_NAME_BYTES_PER_HOST: usize = 128 << 20;
+
+/// The bytes of names every process's table holds, against [`MAX_NAME_BYTES_PER_HOST`]: shared
+/// by the tables of one capture, each giving its bytes back when its process exits.
+#[derive(Clone, Debug)]
+pub struct NameBudget {
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    limit: usize,
+}
+
+impl Default for NameBudget {
+    fn default() -> Self {
+        Self::new(MAX_NAME_BYTES_PER_HOST)
+    }
+}
+
+impl NameBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            held: std::sync::Arc::default(),
+            limit,
+        }
+    }
+
+    /// Bytes held now, all tables together.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Takes `len` bytes if they fit.
+    fn take(&self, len: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(len).filter(|&total| total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, len: usize) {
+        use std::sync::atomic::Ordering;
+        let _ = self
+            .held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                Some(held.saturating_sub(len))
+            });
+    }
+}
+
 /// A process id (tgid), as the kernel reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Pid(pub u32);
@@ -265,9 +317,11 @@ impl Launch {
 /// kernel that `cuKernelGetFunction` maps to a function; and the CUDA runtime registers host
 /// stubs by name, which `__cudaGetKernel` maps to the kernel handle the driver then receives,
 /// or (legacy path) which `cudaLaunchKernel` passes right before the driver launch on the same
-/// thread. Bounded by [`MAX_NAMES_PER_PROCESS`] and [`MAX_NAME_BYTES_PER_PROCESS`].
+/// thread. Bounded by [`MAX_NAMES_PER_PROCESS`] and [`MAX_NAME_BYTES_PER_PROCESS`], and with
+/// every other table of its budget by [`MAX_NAME_BYTES_PER_HOST`].
 #[derive(Debug, Default)]
 pub struct ProcessNames {
+    budget: NameBudget,
     functions: HashMap<u64, Arc<str>>,
     kernels: HashMap<u64, Arc<str>>,
     stubs: HashMap<u64, Arc<str>>,
@@ -277,7 +331,21 @@ pub struct ProcessNames {
     dropped: u64,
 }
 
+impl Drop for ProcessNames {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
+
 impl ProcessNames {
+    /// An empty table whose bytes count against `budget` (the capture's, shared by all
+    /// processes).
+    pub fn sharing(budget: &NameBudget) -> Self {
+        let mut names = Self::default();
+        names.budget = budget.clone();
+        names
+    }
+
     /// Records a name event.
     pub fn learn(&mut self, kind: HandleKind, handle: u64, name: &str) {
         let Some(name) = self.admit(name.len()).then(|| Arc::from(name)) else {
@@ -295,7 +363,10 @@ impl ProcessNames {
     /// dropped when it does not.
     fn admit(&mut self, len: usize) -> bool {
         let handles = self.functions.len() + self.kernels.len() + self.stubs.len();
-        if handles >= MAX_NAMES_PER_PROCESS || self.bytes + len > MAX_NAME_BYTES_PER_PROCESS {
+        if handles >= MAX_NAMES_PER_PROCESS
+            || self.bytes + len > MAX_NAME_BYTES_PER_PROCESS
+            || !self.budget.take(len)
+        {
             self.dropped += 1;
             return false;
         }
@@ -502,6 +573,26 @@ mod tests {
         // A runtime launch of something that is no stub names nothing.
         names.runtime_launch(7, 0xdead);
         assert_eq!(names.launch(7, 0x8888), None);
+    }
+
+    /// Many processes, each within its own bound, share the host's: once the tables hold the
+    /// host's bytes, new names are dropped and counted, and an exited process's bytes are
+    /// given back.
+    #[test]
+    fn names_of_all_processes_together_are_bounded_by_the_host_budget() {
+        let budget = NameBudget::new(100);
+        let mut first = ProcessNames::sharing(&budget);
+        let mut second = ProcessNames::sharing(&budget);
+        first.learn(HandleKind::Function, 1, &"a".repeat(60));
+        second.learn(HandleKind::Function, 2, &"b".repeat(60));
+        assert_eq!((first.len(), second.len(), second.dropped()), (1, 0, 1));
+        assert_eq!(budget.held(), 60);
+        second.learn(HandleKind::Function, 3, &"c".repeat(40));
+        assert_eq!((second.len(), budget.held()), (1, 100));
+        drop(first);
+        assert_eq!(budget.held(), 40);
+        second.learn(HandleKind::Function, 4, &"d".repeat(60));
+        assert_eq!((second.len(), budget.held()), (2, 100));
     }
 
     #[test]

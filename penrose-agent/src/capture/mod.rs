@@ -57,7 +57,7 @@ use rand::{SeedableRng, rngs::StdRng};
 use crate::counters::{self, CounterSource, MissingReason, Reading, SourceKind};
 pub use calibrate::ProbeCost;
 pub use error::CaptureError;
-use events::{Event, NameText, Pid, ProcessNames};
+use events::{Event, NameBudget, NameText, Pid, ProcessNames};
 use loader::Probes;
 use locate::{LibraryFile, LibrarySources};
 use schedule::{Schedule, WindowCost};
@@ -250,6 +250,8 @@ pub struct Capture {
     started: Instant,
     cost: ProbeCost,
     names: HashMap<Pid, ProcessNames>,
+    /// The bytes all processes' name tables hold together (`MAX_NAME_BYTES_PER_HOST`).
+    name_budget: NameBudget,
     devices: devices::Devices,
     graphs: graphs::Graphs,
     /// The BPF side's kernel count per executable graph ([`graphs::KernelCount`]).
@@ -324,6 +326,7 @@ impl Capture {
             started: now,
             cost: ProbeCost::ASSUMED,
             names: HashMap::new(),
+            name_budget: NameBudget::default(),
             devices: devices::Devices::default(),
             graphs: graphs::Graphs::default(),
             graph_kernels,
@@ -452,7 +455,10 @@ impl Capture {
         if pid == self.own_pid || !self.late_named.insert(pid) {
             return;
         }
-        let names = self.names.entry(pid).or_default();
+        let names = self
+            .names
+            .entry(pid)
+            .or_insert_with(|| ProcessNames::sharing(&self.name_budget));
         let found = self.late.name_process(pid, names);
         if found.handles_named + found.stubs_named > 0 {
             tracing::info!(
@@ -665,7 +671,7 @@ impl Capture {
         }
         self.names
             .entry(pid)
-            .or_default()
+            .or_insert_with(|| ProcessNames::sharing(&self.name_budget))
             .learn(kind, handle, &name);
     }
 
@@ -685,7 +691,10 @@ impl Capture {
                 function,
             } => {
                 self.counts.names += 1;
-                let names = self.names.entry(pid).or_default();
+                let names = self
+                    .names
+                    .entry(pid)
+                    .or_insert_with(|| ProcessNames::sharing(&self.name_budget));
                 if !names.link(kernel, function) {
                     // Its launches stay unnamed (an identity or a name-free token), not a
                     // placeholder name that every such kernel would share.
@@ -694,7 +703,10 @@ impl Capture {
             }
             Event::StubKernel { pid, stub, kernel } => {
                 self.counts.names += 1;
-                let names = self.names.entry(pid).or_default();
+                let names = self
+                    .names
+                    .entry(pid)
+                    .or_insert_with(|| ProcessNames::sharing(&self.name_budget));
                 if !names.link_stub(stub, kernel) {
                     tracing::debug!("pid {}: stub {stub:#x} was registered unseen", pid.0);
                 }
@@ -706,7 +718,7 @@ impl Capture {
                 }
                 self.names
                     .entry(pid)
-                    .or_default()
+                    .or_insert_with(|| ProcessNames::sharing(&self.name_budget))
                     .runtime_launch(tid, function);
             }
             Event::Context(change) => self.devices.apply(change),
