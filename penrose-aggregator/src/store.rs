@@ -6,7 +6,7 @@
 //! so that an ack sent after it can never be lost; and [`Store::scan`] reads several tables at
 //! one consistent point in time, which is what lets export run while ingest keeps writing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use penrose_kv::{Kv, KvError, Table as _};
 use rocksdb::checkpoint::Checkpoint;
@@ -157,18 +157,9 @@ impl std::fmt::Display for StoreHome {
 /// Why the store failed. A failed write means nothing of it may be acknowledged.
 #[derive(Debug, Error)]
 pub enum StoreError {
-    /// RocksDB refused.
-    #[error("rocksdb: {0}")]
-    Rocks(#[from] rocksdb::Error),
-    /// A column family is missing from an opened database.
-    #[error("column family {0} missing")]
-    MissingTable(&'static str),
-    /// Another process has the store open.
-    #[error(
-        "{0} is in use by another process (a running server?); stop it first: a store is \
-         opened by one process at a time"
-    )]
-    Busy(PathBuf),
+    /// RocksDB refused, a table is missing, or another process has the store open.
+    #[error(transparent)]
+    Kv(#[from] KvError),
     /// A caller's visitor failed while scanning.
     #[error("{0}")]
     Visit(String),
@@ -177,14 +168,10 @@ pub enum StoreError {
     File(#[from] penrose_host::FileError),
 }
 
-/// The shared store layer's refusals, told as the server's.
-impl From<KvError> for StoreError {
-    fn from(e: KvError) -> Self {
-        match e {
-            KvError::Rocks(e) => StoreError::Rocks(e),
-            KvError::MissingTable(name) => StoreError::MissingTable(name),
-            KvError::Busy(path) => StoreError::Busy(path),
-        }
+/// RocksDB's own errors, from the calls only this server makes (batched lookups, checkpoints).
+impl From<rocksdb::Error> for StoreError {
+    fn from(e: rocksdb::Error) -> Self {
+        StoreError::Kv(KvError::Rocks(e))
     }
 }
 
@@ -568,7 +555,10 @@ mod tests {
             let mut set = WriteSet::new();
             set.put(Table::Evidence, b"k".to_vec(), b"v".to_vec());
             assert!(
-                matches!(store.write(set), Err(StoreError::MissingTable("evidence"))),
+                matches!(
+                    store.write(set),
+                    Err(StoreError::Kv(KvError::MissingTable("evidence")))
+                ),
                 "{name}"
             );
             drop(store);
