@@ -315,7 +315,8 @@ impl RocksStore {
     /// that wrote it to open again. Only a store of format [`ADDED_SINCE_FORMAT`] or later
     /// gains the tables added since without a format change ([`Table::ADDED_LATER`]), empty.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let existing = Kv::<Table>::existing_tables(path);
+        // No database there yet (or none that opens): created with every table.
+        let existing = Kv::<Table>::existing_tables(path).ok();
         let has = |table: Table| {
             existing
                 .as_ref()

@@ -112,10 +112,7 @@ impl Store {
                 path.parent().unwrap_or(path).to_owned(),
             ));
         }
-        let families: BTreeSet<String> = Kv::<Table>::existing_tables(path)
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+        let families: BTreeSet<String> = Kv::<Table>::existing_tables(path)?.into_iter().collect();
         let ours = Table::ALL
             .iter()
             .all(|table| families.contains(table.name()));

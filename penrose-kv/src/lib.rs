@@ -136,9 +136,10 @@ impl<T: Table> Kv<T> {
         })
     }
 
-    /// The column families of the database at `path` (`None`: no database there).
-    pub fn existing_tables(path: &Path) -> Option<Vec<String>> {
-        DB::list_cf(&Options::default(), path).ok()
+    /// The column families of the database at `path` (an error where there is none, or it
+    /// does not open).
+    pub fn existing_tables(path: &Path) -> Result<Vec<String>, KvError> {
+        Ok(DB::list_cf(&Options::default(), path)?)
     }
 
     /// Where the database lives.

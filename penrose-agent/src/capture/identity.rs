@@ -140,10 +140,9 @@ impl Identities {
             path: region.path.clone(),
             file: region.file.clone(),
         };
-        let read = self.reads.run(&region.path, move || {
-            let file = mapping.open().map_err(|e| e.to_string())?;
-            Ok(build_id_of(file))
-        });
+        let read = self
+            .reads
+            .read_mapped(mapping, |file, _| Ok(build_id_of(file)));
         let object: Arc<str> = match read.ok().flatten() {
             Some(id) => Arc::from(format!("bid:{id}")),
             // Without a build id the file's name is the best stable handle there is.

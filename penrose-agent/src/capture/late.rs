@@ -261,11 +261,7 @@ impl LateNamer {
             path: mapped.path.clone(),
             file: mapped.file.clone(),
         };
-        let read = self.reads.run(&mapped.path, move || {
-            let file = mapping.open().map_err(|e| e.to_string())?;
-            read_object_file(file, &mapping.path)
-        });
-        let symbols = match read {
+        let symbols = match self.reads.read_mapped(mapping, read_object_file) {
             Ok(symbols) => Arc::new(symbols),
             Err(e) => {
                 tracing::debug!("late naming: {e}");

@@ -135,6 +135,20 @@ impl BoundedReads {
         self.stuck.load(Ordering::SeqCst)
     }
 
+    /// Opens `mapping`'s own file ([`Mapping::open`]) and parses it with `parse`, on a thread
+    /// of its own, waiting at most the limit.
+    pub fn read_mapped<T: Send + 'static>(
+        &self,
+        mapping: Mapping,
+        parse: impl FnOnce(File, &Path) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, ReadError> {
+        let path = mapping.path.clone();
+        self.run(&path, move || {
+            let file = mapping.open().map_err(|e| e.to_string())?;
+            parse(file, &mapping.path)
+        })
+    }
+
     /// Runs `work` (which opens and reads `path`) on a thread of its own and waits for it at
     /// most the limit.
     pub fn run<T: Send + 'static>(
