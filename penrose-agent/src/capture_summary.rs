@@ -58,7 +58,7 @@ pub enum CaptureRunError {
 
 impl CaptureRunError {
     /// A host prerequisite of capture is missing (not root, no BTF, no counter source, ...):
-    /// exit code 3.
+    /// exit code 4 (unavailable).
     pub fn is_missing_prerequisite(&self) -> bool {
         matches!(self, Self::Capture(e) if e.is_missing_prerequisite())
     }
@@ -121,9 +121,9 @@ pub struct SnippetSummary {
     pub unnamed: u64,
     /// Of those, launches given an identity from their call site.
     pub identified: u64,
-    /// Launches recorded by a name-free token.
-    pub tokens: usize,
-    /// Distinct names (identities and token labels included).
+    /// Launches recorded by their launch shape (no name, no identity).
+    pub shapes: usize,
+    /// Distinct names (identities and shape labels included).
     pub names: usize,
     /// Why it ended.
     pub end: SnippetEnd,
@@ -315,7 +315,7 @@ impl SnippetSummary {
             launches: s.names.len(),
             unnamed: s.unnamed,
             identified: s.identified,
-            tokens: s.tokens.len(),
+            shapes: s.shapes.len(),
             names: distinct.len(),
             end: s.end,
             snippet_hash: s.snippet_hash(fingerprinter).to_string(),
@@ -464,7 +464,7 @@ mod tests {
                 launches: 3462,
                 unnamed: 0,
                 identified: 0,
-                tokens: 0,
+                shapes: 0,
                 names: 194,
                 end: SnippetEnd::Exit,
                 snippet_hash: "8468".into(),
@@ -546,7 +546,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_options_name_themselves_and_only_missing_prerequisites_are_exit_code_3() {
+    fn bad_options_name_themselves_and_only_missing_prerequisites_are_unavailable() {
         let e = Duration::try_from_secs_f64(-1.0).map_err(|source| CaptureRunError::Duration {
             option: "seconds",
             value: -1.0,

@@ -24,10 +24,10 @@ pub fn command() -> clap::Command {
 /// `capture` runs the eBPF probes for a while and prints what they saw; `fingerprint` and
 /// `catalogue` show, offline, the fingerprints it computes and the counters it samples.
 ///
-/// Exit codes: 0 success, 1 error, 2 usage, 3 a host prerequisite of capture is missing (not
-/// root / no CAP_BPF, no kernel BTF, no tracefs, the kernel refused the eBPF object, or the
-/// configured counter source, NVML/GPM by default, cannot be opened), 4 the configuration
-/// file is invalid. The agent never falls back to test equipment (trace replay, the stand-in's
+/// Exit codes (every Penrose binary's): 0 success, 1 error, 2 usage, 3 refused (the
+/// configuration file is invalid), 4 unavailable (a host prerequisite of capture is missing:
+/// not root / no CAP_BPF, no kernel BTF, no tracefs, the kernel refused the eBPF object, or
+/// the configured counter source, NVML/GPM by default, cannot be opened). The agent never falls back to test equipment (trace replay, the stand-in's
 /// counter ring): those run only when a setting names them.
 #[derive(Parser)]
 #[command(version, about, long_about)]
@@ -178,7 +178,7 @@ pub struct CaptureArgs {
     #[arg(long, default_value_t = DEFAULT_SAMPLE_PERIOD.get())]
     pub sample_period: u32,
     /// Where sampled launches' counters come from. NVML/GPM by default; when it cannot be
-    /// opened the capture fails (exit code 3). test-standin-ring is test equipment.
+    /// opened the capture fails (exit code 4). test-standin-ring is test equipment.
     #[arg(long, value_enum, default_value_t = SourceKind::Nvml)]
     pub counters: SourceKind,
     /// How long each counter group stays active, seconds.

@@ -14,7 +14,7 @@
 //! Test equipment (the trace replay, the stand-in libcuda's counter ring) is reached only by
 //! settings whose names say so, `capture.source = "test-replay"` and
 //! `capture.counters = "test-standin-ring"`; the defaults are the live eBPF capture and NVML, and
-//! when those cannot start the agent stops with an error (exit code 3) instead of falling back.
+//! when those cannot start the agent stops with an error (exit code 4, unavailable) instead of falling back.
 //! [`AgentConfig::source_plan`] turns the capture settings into the types the sources run on,
 //! once; `parse` calls it, so a file it accepts resolves.
 
@@ -31,10 +31,16 @@ use penrose_core::sampling::{DEFAULT_SAMPLE_PERIOD, SamplePeriod};
 use serde::Deserialize;
 use thiserror::Error;
 
+mod seconds;
+
+pub use seconds::{Seconds, SecondsOrZero};
+
 use crate::capture::CaptureConfig;
 use crate::capture::locate::LibrarySources;
 use crate::capture::schedule::{BudgetConfig, OverheadBudget};
 use crate::counters::SourceKind;
+use crate::source::ReplayConfig;
+use crate::test_equipment;
 
 /// Where `penrose-agent` looks for its configuration when not told.
 pub const DEFAULT_PATH: &str = "/etc/penrose/agent.toml";
@@ -157,7 +163,7 @@ pub struct TransportSection {
     pub evidence_issuer_stream: String,
     /// (`tor`) Longest wait for a Tor stream and the QUIC handshake on it (circuits take
     /// seconds on the public network); replaces `upload.connect_timeout_seconds`.
-    pub tor_connect_timeout_seconds: f64,
+    pub tor_connect_timeout_seconds: Seconds,
 }
 
 impl Default for TransportSection {
@@ -168,7 +174,7 @@ impl Default for TransportSection {
             aggregator_stream: String::new(),
             issuer_stream: String::new(),
             evidence_issuer_stream: String::new(),
-            tor_connect_timeout_seconds: 60.0,
+            tor_connect_timeout_seconds: Seconds::secs(60.0),
         }
     }
 }
@@ -220,10 +226,10 @@ pub struct AdmissionSection {
     /// agent's user alone.
     pub credential: PathBuf,
     /// Tokens are fetched at a random time at most this long after the previous fetch.
-    pub refresh_max_seconds: f64,
+    pub refresh_max_seconds: Seconds,
     /// Shortest wait before fetching again after a failure, and the bound on the start-up
     /// fetch when the store holds no token of today (never a fetch because tokens ran out).
-    pub retry_min_seconds: f64,
+    pub retry_min_seconds: Seconds,
 }
 
 impl AdmissionSection {
@@ -294,27 +300,6 @@ impl SourceChoice {
     }
 }
 
-/// Whether this build has the test equipment compiled in (the `test-util` feature: tests and
-/// the demo). The binaries the packages ship do not, and refuse settings that name it.
-pub const TEST_EQUIPMENT_BUILT: bool = cfg!(feature = "test-util");
-
-/// Why a setting that names test equipment is refused by a build without it.
-pub fn test_equipment_not_built(setting: &str) -> String {
-    format!(
-        "{setting} is test equipment, which this build does not have: it is compiled in only \
-         with the test-util feature, for tests and the demo, never in a packaged agent"
-    )
-}
-
-/// Logs, at warning level, that a test-equipment setting is in use: `setting` (as written in
-/// the configuration) and what it means.
-pub fn warn_test_equipment(setting: &str, what: &str) {
-    tracing::warn!(
-        "TEST EQUIPMENT: {setting}: {what}. This setting exists for tests and the demo; a \
-         production agent must not use it"
-    );
-}
-
 /// Where snippets (and their counter values) come from: the capture settings resolved into the
 /// types the sources run on, by [`AgentConfig::source_plan`].
 #[derive(Clone, Debug)]
@@ -335,29 +320,6 @@ pub enum SourcePlan {
     },
 }
 
-/// How a trace replay runs (test equipment: `crate::source::replay`, in builds with the
-/// `test-util` feature).
-#[derive(Clone, Debug)]
-pub struct ReplayConfig {
-    /// L.
-    pub window_launches: usize,
-    /// S.
-    pub sample_period: SamplePeriod,
-    /// O.
-    pub reoffset_every: Duration,
-    /// Counter groups take turns of this length.
-    pub group_period: Duration,
-    /// Time between windows.
-    pub window_every: Duration,
-    /// Windows before the source ends (`None`: no end).
-    pub windows: Option<u64>,
-    /// Sample the traces' own counter values, as the stand-in ring would give them
-    /// (`capture.counters = "test-standin-ring"`); `false` keeps none (`"none"`).
-    pub sample_counters: bool,
-    /// Seed of the sampling offsets (`None`: from the OS).
-    pub seed: Option<u64>,
-}
-
 /// `[capture]`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -369,18 +331,18 @@ pub struct CaptureSection {
     /// Overhead budget, percent of the probed processes' CPU time.
     pub budget_percent: f64,
     /// Longest window.
-    pub max_window_seconds: f64,
+    pub max_window_seconds: Seconds,
     /// Shortest gap between windows.
-    pub min_gap_seconds: f64,
+    pub min_gap_seconds: SecondsOrZero,
     /// Longest gap between windows.
-    pub max_gap_seconds: f64,
+    pub max_gap_seconds: Seconds,
     /// S: one launch in S sampled.
     pub sample_period: u32,
     /// O: a schedule that runs across windows (the trace replay's) is re-seeded this often;
     /// the capture starts a block of S at every window it opens, which makes this moot there.
-    pub reoffset_seconds: f64,
+    pub reoffset_seconds: Seconds,
     /// How long each counter group stays active.
-    pub group_seconds: f64,
+    pub group_seconds: Seconds,
     /// Counter source.
     pub counters: SourceKind,
     /// libcuda files to probe besides those found.
@@ -404,7 +366,7 @@ pub struct ReplaySection {
     /// Folder of `.json`/`.json.gz` profiler traces.
     pub traces: PathBuf,
     /// Time between replayed windows.
-    pub window_seconds: f64,
+    pub window_seconds: SecondsOrZero,
     /// Replayed windows before the source ends (0: no end).
     pub windows: u64,
 }
@@ -426,7 +388,7 @@ pub struct SealSection {
     /// A histogram is sealed when it holds this many samples.
     pub samples: u32,
     /// ... or when it is this old, whichever comes first.
-    pub max_age_seconds: f64,
+    pub max_age_seconds: Seconds,
     /// T: the most reports sealed per (counter, day) across all local applications, 1 to
     /// [`ReportsPerContributor::DEFAULT`] (servers count contributors with the default).
     pub max_reports_per_counter_per_day: u32,
@@ -474,17 +436,17 @@ impl SpoolSection {
 #[serde(default, deny_unknown_fields)]
 pub struct UploadSection {
     /// Each upload waits a uniformly random time up to this first.
-    pub delay_max_seconds: f64,
+    pub delay_max_seconds: SecondsOrZero,
     /// Attempts per upload (the transport's retries, first attempt included).
     pub attempts: u32,
     /// First retry's wait.
-    pub backoff_base_seconds: f64,
+    pub backoff_base_seconds: Seconds,
     /// Longest wait between retries, and between rounds while the server is down.
-    pub backoff_max_seconds: f64,
+    pub backoff_max_seconds: Seconds,
     /// Connect timeout.
-    pub connect_timeout_seconds: f64,
+    pub connect_timeout_seconds: Seconds,
     /// Ack timeout.
-    pub ack_timeout_seconds: f64,
+    pub ack_timeout_seconds: Seconds,
 }
 
 impl Default for AgentConfig {
@@ -514,8 +476,8 @@ impl Default for AdmissionSection {
             server_name: "issuer.penrose".into(),
             certificate: PathBuf::from("/etc/penrose/issuer.pem"),
             credential: PathBuf::from("/etc/penrose/agent.credential"),
-            refresh_max_seconds: 43_200.0,
-            retry_min_seconds: 600.0,
+            refresh_max_seconds: Seconds::secs(43_200.0),
+            retry_min_seconds: Seconds::secs(600.0),
         }
     }
 }
@@ -545,12 +507,12 @@ impl Default for CaptureSection {
             source: SourceChoice::Ebpf,
             window_launches: crate::capture::window::DEFAULT_WINDOW_LAUNCHES,
             budget_percent: 0.02,
-            max_window_seconds: 10.0,
-            min_gap_seconds: 60.0,
-            max_gap_seconds: 21_600.0,
+            max_window_seconds: Seconds::secs(10.0),
+            min_gap_seconds: SecondsOrZero::secs(60.0),
+            max_gap_seconds: Seconds::secs(21_600.0),
             sample_period: DEFAULT_SAMPLE_PERIOD.get(),
-            reoffset_seconds: 600.0,
-            group_seconds: 600.0,
+            reoffset_seconds: Seconds::secs(600.0),
+            group_seconds: Seconds::secs(600.0),
             counters: SourceKind::Nvml,
             libraries: Vec::new(),
             scan_system: true,
@@ -565,7 +527,7 @@ impl Default for ReplaySection {
     fn default() -> Self {
         Self {
             traces: PathBuf::from("/usr/share/penrose/traces"),
-            window_seconds: 60.0,
+            window_seconds: SecondsOrZero::secs(60.0),
             windows: 0,
         }
     }
@@ -584,7 +546,7 @@ impl Default for SealSection {
     fn default() -> Self {
         Self {
             samples: 10_000,
-            max_age_seconds: DEFAULT_SEAL_MAX_AGE.as_secs_f64(),
+            max_age_seconds: Seconds(DEFAULT_SEAL_MAX_AGE),
             max_reports_per_counter_per_day: ReportsPerContributor::DEFAULT.get(),
             test_record_joint_values: false,
         }
@@ -606,12 +568,12 @@ impl Default for SpoolSection {
 impl Default for UploadSection {
     fn default() -> Self {
         Self {
-            delay_max_seconds: 60.0,
+            delay_max_seconds: SecondsOrZero::secs(60.0),
             attempts: 8,
-            backoff_base_seconds: 0.2,
-            backoff_max_seconds: 300.0,
-            connect_timeout_seconds: 5.0,
-            ack_timeout_seconds: 10.0,
+            backoff_base_seconds: Seconds::secs(0.2),
+            backoff_max_seconds: Seconds::secs(300.0),
+            connect_timeout_seconds: Seconds::secs(5.0),
+            ack_timeout_seconds: Seconds::secs(10.0),
         }
     }
 }
@@ -806,8 +768,8 @@ struct IssuerKeysGiven {
     server_name: Option<String>,
     certificate: Option<PathBuf>,
     credential: Option<PathBuf>,
-    refresh_max_seconds: Option<f64>,
-    retry_min_seconds: Option<f64>,
+    refresh_max_seconds: Option<Seconds>,
+    retry_min_seconds: Option<Seconds>,
 }
 
 fn evidence_section<'de, D: serde::Deserializer<'de>>(d: D) -> Result<AdmissionSection, D::Error> {
@@ -853,8 +815,6 @@ const EVIDENCE_KEYS: IssuerKeys = IssuerKeys {
 /// The checks of `[admission]` and `[evidence]`: timings, and, with an address, a server name,
 /// a certificate and a credential.
 fn check_issuer(i: &AdmissionSection, keys: &IssuerKeys) -> Result<(), (&'static str, String)> {
-    secs(keys.refresh_max, i.refresh_max_seconds, false)?;
-    secs(keys.retry_min, i.retry_min_seconds, false)?;
     if i.retry_min_seconds > i.refresh_max_seconds {
         return Err((
             keys.retry_min,
@@ -881,19 +841,140 @@ fn check_issuer(i: &AdmissionSection, keys: &IssuerKeys) -> Result<(), (&'static
     Ok(())
 }
 
-fn secs(key: &'static str, v: f64, zero_ok: bool) -> Result<(), (&'static str, String)> {
-    let ok = v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) && v < 1e9;
-    if ok {
-        Ok(())
-    } else {
-        Err((
-            key,
-            format!(
-                "{v} is not a duration in seconds (must be {} and finite)",
-                if zero_ok { "at least 0" } else { "above 0" }
-            ),
-        ))
+/// `[capture]`'s ranges serde cannot express.
+fn check_capture(c: &CaptureSection) -> Result<(), (&'static str, String)> {
+    if c.window_launches == 0 {
+        return Err(("capture.window_launches", "must be at least 1".into()));
     }
+    if c.min_gap_seconds.get() > c.max_gap_seconds.get() {
+        return Err((
+            "capture.min_gap_seconds",
+            "must not exceed capture.max_gap_seconds".into(),
+        ));
+    }
+    if c.max_libraries == 0 {
+        return Err(("capture.max_libraries", "must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// `[classes]`: tau a similarity, at least one local application.
+fn check_classes(c: &ClassesSection) -> Result<(), (&'static str, String)> {
+    if !(0.0..=1.0).contains(&c.tau) {
+        return Err((
+            "classes.tau",
+            format!("{} is not a similarity in [0, 1]", c.tau),
+        ));
+    }
+    if c.max_local_apps == 0 {
+        return Err(("classes.max_local_apps", "must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// `[seal]`: what one report may hold, and T within the agent's range.
+fn check_seal(s: &SealSection) -> Result<(), (&'static str, String)> {
+    if s.samples == 0 || u64::from(s.samples) > MAX_REPORT_SAMPLES {
+        return Err((
+            "seal.samples",
+            format!(
+                "{} must be between 1 and {MAX_REPORT_SAMPLES} (what one report may hold)",
+                s.samples
+            ),
+        ));
+    }
+    ReportsPerContributor::for_agent(s.max_reports_per_counter_per_day)
+        .map_err(|e| ("seal.max_reports_per_counter_per_day", e.to_string()))?;
+    Ok(())
+}
+
+/// `[spool]`: room for a report, a few refused ones, and yesterday's records.
+fn check_spool(s: &SpoolSection) -> Result<(), (&'static str, String)> {
+    if s.max_bytes < 4096 {
+        return Err((
+            "spool.max_bytes",
+            format!("{} is below one report (4096)", s.max_bytes),
+        ));
+    }
+    for (key, value) in [
+        ("spool.rejected_max_bytes", s.rejected_max_bytes),
+        ("spool.record_max_bytes", s.record_max_bytes),
+    ] {
+        if value < 65_536 {
+            return Err((key, format!("{value} is below 65536 (a few reports)")));
+        }
+    }
+    for (key, value) in [
+        ("spool.rejected_max_age_days", s.rejected_max_age_days),
+        ("spool.record_max_age_days", s.record_max_age_days),
+    ] {
+        if value < 2 {
+            return Err((
+                key,
+                format!("{value} is below 2 (the report cap counts yesterday's records)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The evidence issuer is another party than the admission issuer: its own certificate and
+/// its own credential for this host.
+fn check_issuers_apart(
+    admission: &AdmissionSection,
+    evidence: &AdmissionSection,
+) -> Result<(), (&'static str, String)> {
+    if !(evidence.is_configured() && admission.is_configured()) {
+        return Ok(());
+    }
+    for (key, mine, theirs) in [
+        (
+            "evidence.credential",
+            &evidence.credential,
+            &admission.credential,
+        ),
+        (
+            "evidence.certificate",
+            &evidence.certificate,
+            &admission.certificate,
+        ),
+    ] {
+        if mine == theirs {
+            return Err((
+                key,
+                "is the admission issuer's: the evidence issuer is the release auditor's \
+                 party, with its own certificate and its own credential for this host"
+                    .into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Over Tor: a usable network, and a `host:port` for each stream the agent opens.
+fn check_route(
+    t: &TransportSection,
+    admission: &AdmissionSection,
+    evidence: &AdmissionSection,
+) -> Result<(), (&'static str, String)> {
+    if t.route != RouteChoice::Tor {
+        return Ok(());
+    }
+    t.tor_network().map_err(|e| ("transport.tor_network", e))?;
+    let mut streams = vec![("transport.aggregator_stream", &t.aggregator_stream)];
+    if admission.is_configured() {
+        streams.push(("transport.issuer_stream", &t.issuer_stream));
+    }
+    if evidence.is_configured() {
+        streams.push((
+            "transport.evidence_issuer_stream",
+            &t.evidence_issuer_stream,
+        ));
+    }
+    for (key, value) in streams {
+        stream_target(value).map_err(|e| (key, e))?;
+    }
+    Ok(())
 }
 
 /// Checks a `host:port` the exit is to connect to, without resolving it.
@@ -952,131 +1033,20 @@ impl AgentConfig {
 
     /// Range checks serde cannot express; `Err((key, why))`.
     fn validate(&self) -> Result<(), (&'static str, String)> {
-        let c = &self.capture;
-        if c.window_launches == 0 {
-            return Err(("capture.window_launches", "must be at least 1".into()));
-        }
-        secs("capture.max_window_seconds", c.max_window_seconds, false)?;
-        secs("capture.min_gap_seconds", c.min_gap_seconds, true)?;
-        secs("capture.max_gap_seconds", c.max_gap_seconds, false)?;
-        if c.min_gap_seconds > c.max_gap_seconds {
-            return Err((
-                "capture.min_gap_seconds",
-                "must not exceed capture.max_gap_seconds".into(),
-            ));
-        }
-        if c.max_libraries == 0 {
-            return Err(("capture.max_libraries", "must be at least 1".into()));
-        }
-        secs("capture.reoffset_seconds", c.reoffset_seconds, false)?;
-        secs("capture.group_seconds", c.group_seconds, false)?;
-        secs("replay.window_seconds", self.replay.window_seconds, true)?;
-        if !(0.0..=1.0).contains(&self.classes.tau) {
-            return Err((
-                "classes.tau",
-                format!("{} is not a similarity in [0, 1]", self.classes.tau),
-            ));
-        }
-        if self.classes.max_local_apps == 0 {
-            return Err(("classes.max_local_apps", "must be at least 1".into()));
-        }
-        if self.seal.samples == 0 || u64::from(self.seal.samples) > MAX_REPORT_SAMPLES {
-            return Err((
-                "seal.samples",
-                format!(
-                    "{} must be between 1 and {MAX_REPORT_SAMPLES} (what one report may hold)",
-                    self.seal.samples
-                ),
-            ));
-        }
-        secs("seal.max_age_seconds", self.seal.max_age_seconds, false)?;
-        ReportsPerContributor::for_agent(self.seal.max_reports_per_counter_per_day)
-            .map_err(|e| ("seal.max_reports_per_counter_per_day", e.to_string()))?;
-        if self.spool.max_bytes < 4096 {
-            return Err((
-                "spool.max_bytes",
-                format!("{} is below one report (4096)", self.spool.max_bytes),
-            ));
-        }
-        for (key, value) in [
-            ("spool.rejected_max_bytes", self.spool.rejected_max_bytes),
-            ("spool.record_max_bytes", self.spool.record_max_bytes),
-        ] {
-            if value < 65_536 {
-                return Err((key, format!("{value} is below 65536 (a few reports)")));
-            }
-        }
-        for (key, value) in [
-            (
-                "spool.rejected_max_age_days",
-                self.spool.rejected_max_age_days,
-            ),
-            ("spool.record_max_age_days", self.spool.record_max_age_days),
-        ] {
-            if value < 2 {
-                return Err((
-                    key,
-                    format!("{value} is below 2 (the report cap counts yesterday's records)"),
-                ));
-            }
-        }
-        let u = &self.upload;
-        secs("upload.delay_max_seconds", u.delay_max_seconds, true)?;
-        if u.attempts == 0 {
+        check_capture(&self.capture)?;
+        check_classes(&self.classes)?;
+        check_seal(&self.seal)?;
+        check_spool(&self.spool)?;
+        if self.upload.attempts == 0 {
             return Err(("upload.attempts", "must be at least 1".into()));
         }
-        secs("upload.backoff_base_seconds", u.backoff_base_seconds, false)?;
-        secs("upload.backoff_max_seconds", u.backoff_max_seconds, false)?;
-        secs(
-            "upload.connect_timeout_seconds",
-            u.connect_timeout_seconds,
-            false,
-        )?;
-        secs("upload.ack_timeout_seconds", u.ack_timeout_seconds, false)?;
         if self.aggregator.address.trim().is_empty() {
             return Err(("aggregator.address", "is empty".into()));
         }
-        let a = &self.admission;
-        check_issuer(a, &ADMISSION_KEYS)?;
-        let e = &self.evidence;
-        check_issuer(e, &EVIDENCE_KEYS)?;
-        if e.is_configured() {
-            for (key, mine, theirs) in [
-                ("evidence.credential", &e.credential, &a.credential),
-                ("evidence.certificate", &e.certificate, &a.certificate),
-            ] {
-                if a.is_configured() && mine == theirs {
-                    return Err((
-                        key,
-                        "is the admission issuer's: the evidence issuer is the release auditor's \
-                         party, with its own certificate and its own credential for this host"
-                            .into(),
-                    ));
-                }
-            }
-        }
-        let t = &self.transport;
-        secs(
-            "transport.tor_connect_timeout_seconds",
-            t.tor_connect_timeout_seconds,
-            false,
-        )?;
-        if t.route == RouteChoice::Tor {
-            t.tor_network().map_err(|e| ("transport.tor_network", e))?;
-            let mut streams = vec![("transport.aggregator_stream", &t.aggregator_stream)];
-            if a.is_configured() {
-                streams.push(("transport.issuer_stream", &t.issuer_stream));
-            }
-            if e.is_configured() {
-                streams.push((
-                    "transport.evidence_issuer_stream",
-                    &t.evidence_issuer_stream,
-                ));
-            }
-            for (key, value) in streams {
-                stream_target(value).map_err(|e| (key, e))?;
-            }
-        }
+        check_issuer(&self.admission, &ADMISSION_KEYS)?;
+        check_issuer(&self.evidence, &EVIDENCE_KEYS)?;
+        check_issuers_apart(&self.admission, &self.evidence)?;
+        check_route(&self.transport, &self.admission, &self.evidence)?;
         self.source_plan().map(|_| ())
     }
 
@@ -1109,16 +1079,16 @@ impl AgentConfig {
                     window_launches: c.window_launches,
                     poll_interval: Duration::from_millis(1),
                     sample_period,
-                    group_period: seconds(c.group_seconds),
+                    group_period: c.group_seconds.get(),
                     counters: c.counters,
                     calibrate: c.calibrate,
                     seed: None,
                 },
                 budget: BudgetConfig {
                     budget,
-                    max_window: seconds(c.max_window_seconds),
-                    min_gap: seconds(c.min_gap_seconds),
-                    max_gap: seconds(c.max_gap_seconds),
+                    max_window: c.max_window_seconds.get(),
+                    min_gap: c.min_gap_seconds.get(),
+                    max_gap: c.max_gap_seconds.get(),
                 },
             },
             SourceChoice::TestReplay => {
@@ -1139,9 +1109,9 @@ impl AgentConfig {
                     replay: ReplayConfig {
                         window_launches: c.window_launches,
                         sample_period,
-                        reoffset_every: seconds(c.reoffset_seconds),
-                        group_period: seconds(c.group_seconds),
-                        window_every: seconds(self.replay.window_seconds),
+                        reoffset_every: c.reoffset_seconds.get(),
+                        group_period: c.group_seconds.get(),
+                        window_every: self.replay.window_seconds.get(),
                         windows: (self.replay.windows > 0).then_some(self.replay.windows),
                         sample_counters,
                         seed: None,
@@ -1170,23 +1140,18 @@ impl AgentConfig {
 /// Refuses, in a build without the test equipment, a capture section that names it: the
 /// product has no path to the trace replay or the stand-in ring, not even a misconfigured one.
 fn refuse_unbuilt_test_equipment(c: &CaptureSection) -> Result<(), (&'static str, String)> {
-    if TEST_EQUIPMENT_BUILT {
+    if test_equipment::BUILT {
         return Ok(());
     }
     if c.source.is_test_equipment() {
         let setting = format!("capture.source = {:?}", c.source.name());
-        return Err(("capture.source", test_equipment_not_built(&setting)));
+        return Err(("capture.source", test_equipment::not_built(&setting)));
     }
     if c.counters.is_test_equipment() {
         let setting = format!("capture.counters = {:?}", c.counters.name());
-        return Err(("capture.counters", test_equipment_not_built(&setting)));
+        return Err(("capture.counters", test_equipment::not_built(&setting)));
     }
     Ok(())
-}
-
-/// Seconds as a [`Duration`]; the configuration was validated, so this cannot fail there.
-pub fn seconds(v: f64) -> Duration {
-    Duration::try_from_secs_f64(v).unwrap_or(Duration::ZERO)
 }
 
 fn line_of(text: &str, offset: usize) -> usize {

@@ -28,7 +28,7 @@ use thiserror::Error;
 use tokio::sync::Notify;
 
 use crate::admission::{self, FetchTiming, Fetcher, ISSUER_PROTOCOL, TokenKind};
-use crate::config::{AgentConfig, SourcePlan, seconds};
+use crate::config::{AgentConfig, SourcePlan};
 use crate::design_keys::DesignKeys;
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError, Sealed};
 use crate::record::{RecordBounds, RecordLog, sealed_per_day};
@@ -138,7 +138,6 @@ pub async fn run_with_source(
     let keys = design_keys_setup(&config, &state_dir)?;
     let tor = tor_setup(&config, &state_dir)?;
     let upload_config = upload_setup(&config, tor.as_ref())?;
-    let server = upload_config.client.server;
     let spool = Spool::open(&spool_dir(&state_dir), config.spool.max_bytes)?
         .with_rejected_bounds(config.spool.rejected_bounds())?;
     let admission = issuer_setup(
@@ -156,32 +155,8 @@ pub async fn run_with_source(
         tor.as_ref(),
     )?;
     let (pipeline, record_status) = pipeline_setup(&config, source.as_ref(), &keys)?;
-    let record_bounds = config.spool.record_bounds();
-
-    let info = source.info();
-    tracing::info!(
-        "penrose-agent running: source {} (counters: {}), {} spooled reports, sending to {server} ({}), seal at {} samples or {:?}, at most {} reports per counter and day",
-        info.kind,
-        info.counters,
-        spool.entries().len(),
-        config.aggregator.server_name,
-        config.seal.samples,
-        seconds(config.seal.max_age_seconds),
-        config.seal.max_reports_per_counter_per_day,
-    );
-    let status = Arc::new(Mutex::new(AgentStatus {
-        pid: std::process::id(),
-        running: true,
-        source: info,
-        budget_percent: config.capture.budget_percent,
-        uploads: crate::status::UploadCounts {
-            throttle_permille: 1000,
-            ..Default::default()
-        },
-        record: record_status,
-        arch: crate::source::archs_text(pipeline.archs()),
-        ..AgentStatus::default()
-    }));
+    log_start(&config, source.as_ref(), &spool, &upload_config);
+    let status = initial_status(&config, source.as_ref(), record_status, &pipeline);
     let spool = Arc::new(Mutex::new(spool));
     let wake = Arc::new(Notify::new());
     let mut shared = upload::Shared::new(
@@ -191,48 +166,29 @@ pub async fn run_with_source(
         Arc::clone(&stop),
     );
     let fetchers = start_fetchers([admission, evidence], &mut shared, &status, &stop, &wake);
-    let tokens = shared.tokens.clone();
-    lock(&status).route.route = config.transport.route;
-    if let Some(warning) = config.transport.route.warning() {
-        tracing::warn!("{warning}");
-    }
-    let status_keys = keys.clone();
-    let evidence = shared.evidence.clone();
-    let refresh = |status: &Mutex<AgentStatus>, spool: &Mutex<Spool>, tokens, state_dir: &Path| {
-        refresh(
-            status,
-            spool,
-            [tokens, evidence.as_deref()],
-            tor.as_deref(),
-            &status_keys,
-            state_dir,
-        )
+    let writer = StatusWriter {
+        status: Arc::clone(&status),
+        spool: Arc::clone(&spool),
+        stores: [shared.tokens.clone(), shared.evidence.clone()],
+        tor,
+        keys: keys.clone(),
+        state_dir: state_dir.clone(),
     };
-    refresh(&status, &spool, tokens.as_deref(), &state_dir);
+    writer.write();
 
     // Source thread -> channel -> pipeline thread.
     let (tx, rx) = mpsc::channel::<SourceBatch>();
     let source_thread = spawn_source(source, tx, Arc::clone(&stop))?;
-    let record = RecordLog::in_state_dir(&state_dir);
-    let pipe = PipelineThread {
+    let pipeline_thread = PipelineThread {
         pipeline,
-        record,
-        record_bounds,
-        spool: Arc::clone(&spool),
+        record: RecordLog::in_state_dir(&state_dir),
+        record_bounds: config.spool.record_bounds(),
+        spool,
         status: Arc::clone(&status),
-        wake: Arc::clone(&wake),
-    };
-    let pipeline_thread = std::thread::Builder::new()
-        .name("penrose-pipeline".into())
-        .spawn(move || pipe.run(rx))
-        .map_err(|e| DaemonError::Setup(format!("starting the pipeline thread: {e}")))?;
-    let key_lists = if keys.fetches_lists() {
-        let client = penrose_transport::Client::new(upload_config.client.clone())
-            .map_err(|e| DaemonError::Setup(format!("the key list client: {e}")))?;
-        Some(tokio::spawn(crate::design_keys::run_fetcher(keys, client)))
-    } else {
-        None
-    };
+        wake,
+    }
+    .spawn(rx)?;
+    let key_lists = spawn_key_lists(keys, &upload_config)?;
     let mut tasks = Tasks {
         source_thread: Some(source_thread),
         pipeline_thread,
@@ -240,29 +196,122 @@ pub async fn run_with_source(
         key_lists,
         fetchers,
     };
-
-    // Until stopped: write the status twice a second.
-    let mut source_error = None;
-    while !stop.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        refresh(&status, &spool, tokens.as_deref(), &state_dir);
-        if let Some(t) = tasks.source_thread.take_if(|t| t.is_finished())
-            && let Ok(Err(e)) = t.join()
-        {
-            // The capture failed: stop, keeping what was spooled.
-            lock(&status).last_error = Some(e.to_string());
-            source_error = Some(e);
-            stop.store(true, Ordering::Relaxed);
-        }
-    }
+    let source_error = watch(&writer, &mut tasks, &stop).await;
     tasks.finish().await;
     lock(&status).running = false;
-    refresh(&status, &spool, tokens.as_deref(), &state_dir);
+    writer.write();
     if let Some(e) = source_error {
         return Err(DaemonError::Source(e));
     }
     let last = lock(&status).clone();
     Ok(RunOutcome::Stopped(Box::new(last)))
+}
+
+/// The settings the daemon runs with, in one line at start.
+fn log_start(
+    config: &AgentConfig,
+    source: &dyn SnippetSource,
+    spool: &Spool,
+    upload: &UploadConfig,
+) {
+    let info = source.info();
+    tracing::info!(
+        "penrose-agent running: source {} (counters: {}), {} spooled reports, sending to {} ({}), seal at {} samples or {:?}, at most {} reports per counter and day",
+        info.kind,
+        info.counters,
+        spool.entries().len(),
+        upload.client.server,
+        config.aggregator.server_name,
+        config.seal.samples,
+        config.seal.max_age_seconds.get(),
+        config.seal.max_reports_per_counter_per_day,
+    );
+    if let Some(warning) = config.transport.route.warning() {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// The status before anything ran: the source, the route, the record, the generations the
+/// reports will name.
+fn initial_status(
+    config: &AgentConfig,
+    source: &dyn SnippetSource,
+    record: crate::status::RecordStatus,
+    pipeline: &Pipeline,
+) -> Arc<Mutex<AgentStatus>> {
+    let mut status = AgentStatus {
+        pid: std::process::id(),
+        running: true,
+        source: source.info(),
+        budget_percent: config.capture.budget_percent,
+        uploads: crate::status::UploadCounts {
+            throttle_permille: 1000,
+            ..Default::default()
+        },
+        record,
+        arch: crate::source::archs_text(pipeline.archs()),
+        ..AgentStatus::default()
+    };
+    status.route.route = config.transport.route;
+    Arc::new(Mutex::new(status))
+}
+
+/// The design key list fetcher, when the agent follows the design server's lists.
+fn spawn_key_lists(
+    keys: DesignKeys,
+    upload: &UploadConfig,
+) -> Result<Option<tokio::task::JoinHandle<()>>, DaemonError> {
+    if !keys.fetches_lists() {
+        return Ok(None);
+    }
+    let client = penrose_transport::Client::new(upload.client.clone())
+        .map_err(|e| DaemonError::Setup(format!("the key list client: {e}")))?;
+    Ok(Some(tokio::spawn(crate::design_keys::run_fetcher(
+        keys, client,
+    ))))
+}
+
+/// Until stopped: writes the status twice a second, and stops the daemon when the source
+/// failed (keeping what was spooled). Returns the source's error, if that is why.
+async fn watch(writer: &StatusWriter, tasks: &mut Tasks, stop: &AtomicBool) -> Option<SourceError> {
+    let mut source_error = None;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        writer.write();
+        if let Some(t) = tasks.source_thread.take_if(|t| t.is_finished())
+            && let Ok(Err(e)) = t.join()
+        {
+            lock(&writer.status).last_error = Some(e.to_string());
+            source_error = Some(e);
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+    source_error
+}
+
+/// What the status file is written from.
+struct StatusWriter {
+    status: Arc<Mutex<AgentStatus>>,
+    spool: Arc<Mutex<Spool>>,
+    /// The admission and evidence token stores, when configured.
+    stores: [Option<Arc<Mutex<TokenStore>>>; 2],
+    tor: Option<Arc<penrose_tor::Tor>>,
+    keys: DesignKeys,
+    state_dir: PathBuf,
+}
+
+impl StatusWriter {
+    fn write(&self) {
+        let [admission, evidence] = &self.stores;
+        refresh(
+            &self.status,
+            &self.spool,
+            [admission.as_deref(), evidence.as_deref()],
+            self.tor.as_deref(),
+            &self.keys,
+            &self.state_dir,
+        );
+    }
 }
 
 /// The threads and tasks of a running daemon.
@@ -361,12 +410,12 @@ fn upload_setup(
     let mut client = ClientConfig::new(server, config.aggregator.server_name.clone(), trust);
     client.retry = RetryPolicy {
         attempts: u.attempts,
-        base_delay: seconds(u.backoff_base_seconds),
-        max_delay: seconds(u.backoff_max_seconds),
+        base_delay: u.backoff_base_seconds.get(),
+        max_delay: u.backoff_max_seconds.get(),
         jitter: 0.5,
     };
-    client.connect_timeout = seconds(u.connect_timeout_seconds);
-    client.ack_timeout = seconds(u.ack_timeout_seconds);
+    client.connect_timeout = u.connect_timeout_seconds.get();
+    client.ack_timeout = u.ack_timeout_seconds.get();
     if let Some(tor) = tor {
         carry_over_tor(
             &mut client,
@@ -377,9 +426,9 @@ fn upload_setup(
     }
     Ok(UploadConfig {
         client,
-        delay_max: seconds(u.delay_max_seconds),
-        backoff_base: seconds(u.backoff_base_seconds),
-        backoff_max: seconds(u.backoff_max_seconds),
+        delay_max: u.delay_max_seconds.get(),
+        backoff_base: u.backoff_base_seconds.get(),
+        backoff_max: u.backoff_max_seconds.get(),
     })
 }
 
@@ -392,7 +441,7 @@ fn pipeline_setup(
     keys: &DesignKeys,
 ) -> Result<(Pipeline, crate::status::RecordStatus), DaemonError> {
     if config.seal.test_record_joint_values {
-        crate::config::warn_test_equipment(
+        crate::test_equipment::warn(
             "seal.test_record_joint_values = true",
             "the raw counter values behind every joint view are written into the sealed record",
         );
@@ -408,7 +457,7 @@ fn pipeline_setup(
             // report, and no architecture.
             archs: source.gpu_archs(),
             seal_samples: config.seal.samples,
-            max_age: seconds(config.seal.max_age_seconds),
+            max_age: config.seal.max_age_seconds.get(),
             reports_per_counter_per_day: ReportsPerContributor::for_agent(
                 config.seal.max_reports_per_counter_per_day,
             )
@@ -543,8 +592,8 @@ fn issuer_setup(
     };
     let u = &config.upload;
     let mut client = ClientConfig::new(issuer, a.server_name.clone(), trust);
-    client.connect_timeout = seconds(u.connect_timeout_seconds);
-    client.ack_timeout = seconds(u.ack_timeout_seconds);
+    client.connect_timeout = u.connect_timeout_seconds.get();
+    client.ack_timeout = u.ack_timeout_seconds.get();
     if let Some(tor) = tor {
         carry_over_tor(&mut client, tor, stream, config);
     }
@@ -564,8 +613,8 @@ fn issuer_setup(
         client,
         credential,
         timing: FetchTiming {
-            refresh_max: seconds(a.refresh_max_seconds),
-            retry_min: seconds(a.retry_min_seconds),
+            refresh_max: a.refresh_max_seconds.get(),
+            retry_min: a.retry_min_seconds.get(),
         },
     }))
 }
@@ -644,7 +693,7 @@ fn carry_over_tor(
     config: &AgentConfig,
 ) {
     client.route = Route::Carried(Arc::new(tor.dialer(target.trim())));
-    client.connect_timeout = seconds(config.transport.tor_connect_timeout_seconds);
+    client.connect_timeout = config.transport.tor_connect_timeout_seconds.get();
 }
 
 struct PipelineThread {
@@ -657,6 +706,16 @@ struct PipelineThread {
 }
 
 impl PipelineThread {
+    fn spawn(
+        self,
+        rx: mpsc::Receiver<SourceBatch>,
+    ) -> Result<std::thread::JoinHandle<()>, DaemonError> {
+        std::thread::Builder::new()
+            .name("penrose-pipeline".into())
+            .spawn(move || self.run(rx))
+            .map_err(|e| DaemonError::Setup(format!("starting the pipeline thread: {e}")))
+    }
+
     fn run(mut self, rx: mpsc::Receiver<SourceBatch>) {
         loop {
             let sealed = match rx.recv_timeout(Duration::from_millis(250)) {

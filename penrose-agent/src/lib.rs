@@ -20,6 +20,8 @@
 //!   token on each report.
 //! - [`privilege`]: dropping the capabilities capture does not need.
 //! - [`signal`]: SIGINT/SIGTERM end long work cleanly.
+//! - [`test_equipment`]: whether this build has the trace replay and the stand-in ring, and
+//!   what a setting naming them says.
 //!
 //! What the other subcommands show:
 //! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
@@ -49,6 +51,7 @@ pub mod signal;
 pub mod source;
 pub mod spool;
 pub mod status;
+pub mod test_equipment;
 pub mod tokens;
 pub mod trace_fingerprint;
 pub mod upload;

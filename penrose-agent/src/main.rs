@@ -16,34 +16,29 @@ use penrose_agent::inspect::Inspection;
 use penrose_agent::service::{self, ServiceError};
 use penrose_agent::status::AgentStatus;
 use penrose_agent::trace_fingerprint::fingerprint_trace;
+use penrose_host::exit::{Exit, finish};
 use serde::Serialize;
 
 fn main() -> ExitCode {
     // The capture's start-up settings and warnings are worth seeing without RUST_LOG.
     penrose_host::process::init_logging("info");
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(exit_code(&e))
-        }
-    }
+    finish(run(Cli::parse()).map(|()| Exit::Success), exit_code)
 }
 
-/// 3: a host prerequisite of capture is missing; 4: the configuration file is invalid; 1:
-/// any other error (2, usage, is clap's).
-fn exit_code(e: &anyhow::Error) -> u8 {
+/// The shared table (`penrose_host::exit`): a missing host prerequisite of capture is
+/// [`Exit::Unavailable`], an invalid configuration file [`Exit::Refused`].
+fn exit_code(e: &anyhow::Error) -> Exit {
     let missing = e
         .downcast_ref::<CaptureRunError>()
         .is_some_and(CaptureRunError::is_missing_prerequisite)
         || e.downcast_ref::<ServiceError>()
             .is_some_and(ServiceError::is_missing_prerequisite);
     if missing {
-        3
+        Exit::Unavailable
     } else if e.downcast_ref::<ConfigError>().is_some() {
-        4
+        Exit::Refused
     } else {
-        1
+        Exit::Failure
     }
 }
 

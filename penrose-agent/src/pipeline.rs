@@ -1007,7 +1007,7 @@ mod tests {
         }
         let (snippets, _) = w.close();
         let s = &snippets[0];
-        assert_eq!(s.tokens.len(), 2_000);
+        assert_eq!(s.shapes.len(), 2_000);
         let f = p.fingerprinter().clone();
         p.ingest(s, Instant::now(), DAY).unwrap();
         let sealed = p.flush(DAY).unwrap();
@@ -1015,9 +1015,9 @@ mod tests {
         assert_eq!(sealed[0].report.snippet, s.snippet_hash(&f));
         assert_ne!(sealed[0].report.snippet, f.snippet_hash(&s.names));
         let frame = &sealed[0].frame;
-        for (label, token) in s.names.iter().zip(&s.tokens).take(50) {
+        for (label, shape) in s.names.iter().zip(&s.shapes).take(50) {
             assert!(!contains(frame, label.as_bytes()));
-            assert!(!contains(frame, &token.digest.0[..8]), "no token digest");
+            assert!(!contains(frame, &shape.digest.0[..8]), "no shape digest");
         }
     }
 

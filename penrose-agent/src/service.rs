@@ -34,7 +34,7 @@ pub enum ServiceError {
 
 impl ServiceError {
     /// A host prerequisite of the live capture is missing (not root, no BTF, ...): exit
-    /// code 3, which restarting does not heal.
+    /// code 4 (unavailable), which restarting does not heal.
     pub fn is_missing_prerequisite(&self) -> bool {
         matches!(self, Self::Daemon(e) if e.is_missing_prerequisite())
     }
@@ -117,7 +117,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_missing_capture_prerequisite_is_exit_code_3() {
+    fn only_a_missing_capture_prerequisite_is_unavailable() {
         let setup = ServiceError::Daemon(DaemonError::Setup("no key".into()));
         assert!(!setup.is_missing_prerequisite());
         assert_eq!(setup.to_string(), "no key");

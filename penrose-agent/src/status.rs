@@ -287,117 +287,12 @@ pub enum StatusError {
 impl fmt::Display for AgentStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self;
-        writeln!(
-            f,
-            "agent pid {} ({}), source {} (counters: {})",
-            s.pid,
-            if s.running { "running" } else { "stopped" },
-            s.source.kind,
-            s.source.counters
-        )?;
-        match (&s.arch, &s.source.gpu_arch) {
-            (Some(arch), Some(read)) => writeln!(
-                f,
-                "GPU architecture: {read}; reports name the generation of the GPU each launch ran on ({arch}: the major version only)"
-            )?,
-            (Some(arch), None) => writeln!(f, "GPU architecture: reports name {arch}")?,
-            (None, _) => writeln!(
-                f,
-                "GPU architecture: none (no counter values, so no reports)"
-            )?,
-        }
-        let samples = &s.source.samples;
-        if samples.sampled > 0 {
-            let m = &samples.missing;
-            writeln!(
-                f,
-                "samples: {} sampled, {} with counter values; without: device unknown {}, counters busy (another tool holds them) {}, too soon for the GPU {}, warm-up {}, not found {}, device error {}, group not read {}",
-                samples.sampled,
-                samples.with_values,
-                m.device_unknown,
-                m.counters_busy,
-                m.too_soon,
-                m.warmup,
-                m.not_found,
-                m.device_error,
-                m.group_not_supported + m.no_source,
-            )?;
-        }
+        write_source(f, s)?;
         write_graphs(f, &s.source.graphs)?;
-        match (&s.design_key.key_id_today, s.design_key.list_sequence) {
-            (Some(id), Some(seq)) => writeln!(
-                f,
-                "design key today: {id} (signed key list {seq}, fetched from the aggregation server)"
-            )?,
-            (Some(id), None) if s.design_key.follows_lists => writeln!(
-                f,
-                "design key today: {id} (the configured key; no key list fetched yet)"
-            )?,
-            (Some(id), None) => writeln!(f, "design key today: {id} (the configured key)")?,
-            (None, _) => {}
-        }
-        if s.source.kind == "ebpf" {
-            writeln!(
-                f,
-                "libraries probed: {}; not probed: {} root does not control, {} over capture.max_libraries",
-                s.source.inputs.len(),
-                s.source.libraries_untrusted,
-                s.source.libraries_over_cap
-            )?;
-        }
-        writeln!(
-            f,
-            "windows: {} ({} launches), probe time {:.3} s, probe overhead {} (budget {}%)",
-            s.windows,
-            s.launches,
-            s.probe_s,
-            s.probe_overhead_percent
-                .map_or("unknown".into(), |p| format!("{p:.4}%")),
-            s.budget_percent
-        )?;
-        writeln!(
-            f,
-            "pipeline: {} snippets, {} samples, {} local applications, {} open histograms, {} sealed",
-            s.pipeline.snippets,
-            s.pipeline.samples,
-            s.pipeline.local_apps,
-            s.pipeline.open_histograms,
-            s.pipeline.sealed
-        )?;
-        writeln!(
-            f,
-            "report cap: {} histograms held until the next day, {} samples and {} histograms dropped over the cap",
-            s.pipeline.held_over_cap, s.pipeline.samples_over_cap, s.pipeline.histograms_over_cap
-        )?;
-        writeln!(
-            f,
-            "spool: {} reports, {} of {} bytes; {} dropped when full, {} write failures",
-            s.spool.reports,
-            s.spool.bytes,
-            s.spool.max_bytes,
-            s.spool.counts.dropped,
-            s.spool.counts.write_failures
-        )?;
-        writeln!(
-            f,
-            "uploads: {} accepted, {} duplicate, {} rejected, {} overloaded, {} held for a new class, {} failed; server {}, throttle {}/1000{}",
-            s.uploads.accepted,
-            s.uploads.duplicate,
-            s.uploads.rejected,
-            s.uploads.overloaded,
-            s.uploads.new_class_limit,
-            s.uploads.failed,
-            if s.uploads.server_reachable {
-                "reachable"
-            } else {
-                "not reached"
-            },
-            s.uploads.throttle_permille,
-            s.uploads
-                .last_error
-                .as_ref()
-                .map_or(String::new(), |e| format!("; last error: {e}"))
-        )?;
+        write_design_key(f, s)?;
+        write_libraries(f, s)?;
+        write_work(f, s)?;
+        write_uploads(f, s)?;
         write_route(f, &s.route)?;
         write_admission(f, &s.tokens)?;
         write_evidence(f, &s.evidence)?;
@@ -406,6 +301,141 @@ impl fmt::Display for AgentStatus {
         }
         Ok(())
     }
+}
+
+/// The process, its source, the GPU generation its reports name, and its samples.
+fn write_source(f: &mut fmt::Formatter<'_>, s: &AgentStatus) -> fmt::Result {
+    writeln!(
+        f,
+        "agent pid {} ({}), source {} (counters: {})",
+        s.pid,
+        if s.running { "running" } else { "stopped" },
+        s.source.kind,
+        s.source.counters
+    )?;
+    match (&s.arch, &s.source.gpu_arch) {
+        (Some(arch), Some(read)) => writeln!(
+            f,
+            "GPU architecture: {read}; reports name the generation of the GPU each launch ran on ({arch}: the major version only)"
+        )?,
+        (Some(arch), None) => writeln!(f, "GPU architecture: reports name {arch}")?,
+        (None, _) => writeln!(
+            f,
+            "GPU architecture: none (no counter values, so no reports)"
+        )?,
+    }
+    let samples = &s.source.samples;
+    if samples.sampled > 0 {
+        let m = &samples.missing;
+        writeln!(
+            f,
+            "samples: {} sampled, {} with counter values; without: device unknown {}, counters busy (another tool holds them) {}, too soon for the GPU {}, warm-up {}, not found {}, device error {}, group not read {}",
+            samples.sampled,
+            samples.with_values,
+            m.device_unknown,
+            m.counters_busy,
+            m.too_soon,
+            m.warmup,
+            m.not_found,
+            m.device_error,
+            m.group_not_supported + m.no_source,
+        )?;
+    }
+    Ok(())
+}
+
+/// Which design server key encrypts today's reports, and where it came from.
+fn write_design_key(f: &mut fmt::Formatter<'_>, s: &AgentStatus) -> fmt::Result {
+    match (&s.design_key.key_id_today, s.design_key.list_sequence) {
+        (Some(id), Some(seq)) => writeln!(
+            f,
+            "design key today: {id} (signed key list {seq}, fetched from the aggregation server)"
+        )?,
+        (Some(id), None) if s.design_key.follows_lists => writeln!(
+            f,
+            "design key today: {id} (the configured key; no key list fetched yet)"
+        )?,
+        (Some(id), None) => writeln!(f, "design key today: {id} (the configured key)")?,
+        (None, _) => {}
+    }
+    Ok(())
+}
+
+/// The libraries the eBPF source probed and the ones it left alone.
+fn write_libraries(f: &mut fmt::Formatter<'_>, s: &AgentStatus) -> fmt::Result {
+    if s.source.kind == "ebpf" {
+        writeln!(
+            f,
+            "libraries probed: {}; not probed: {} root does not control, {} over capture.max_libraries",
+            s.source.inputs.len(),
+            s.source.libraries_untrusted,
+            s.source.libraries_over_cap
+        )?;
+    }
+    Ok(())
+}
+
+/// Capture windows, the pipeline, the report cap and the spool.
+fn write_work(f: &mut fmt::Formatter<'_>, s: &AgentStatus) -> fmt::Result {
+    writeln!(
+        f,
+        "windows: {} ({} launches), probe time {:.3} s, probe overhead {} (budget {}%)",
+        s.windows,
+        s.launches,
+        s.probe_s,
+        s.probe_overhead_percent
+            .map_or("unknown".into(), |p| format!("{p:.4}%")),
+        s.budget_percent
+    )?;
+    writeln!(
+        f,
+        "pipeline: {} snippets, {} samples, {} local applications, {} open histograms, {} sealed",
+        s.pipeline.snippets,
+        s.pipeline.samples,
+        s.pipeline.local_apps,
+        s.pipeline.open_histograms,
+        s.pipeline.sealed
+    )?;
+    writeln!(
+        f,
+        "report cap: {} histograms held until the next day, {} samples and {} histograms dropped over the cap",
+        s.pipeline.held_over_cap, s.pipeline.samples_over_cap, s.pipeline.histograms_over_cap
+    )?;
+    writeln!(
+        f,
+        "spool: {} reports, {} of {} bytes; {} dropped when full, {} write failures",
+        s.spool.reports,
+        s.spool.bytes,
+        s.spool.max_bytes,
+        s.spool.counts.dropped,
+        s.spool.counts.write_failures
+    )?;
+    Ok(())
+}
+
+/// What the aggregation server answered.
+fn write_uploads(f: &mut fmt::Formatter<'_>, s: &AgentStatus) -> fmt::Result {
+    writeln!(
+        f,
+        "uploads: {} accepted, {} duplicate, {} rejected, {} overloaded, {} held for a new class, {} failed; server {}, throttle {}/1000{}",
+        s.uploads.accepted,
+        s.uploads.duplicate,
+        s.uploads.rejected,
+        s.uploads.overloaded,
+        s.uploads.new_class_limit,
+        s.uploads.failed,
+        if s.uploads.server_reachable {
+            "reachable"
+        } else {
+            "not reached"
+        },
+        s.uploads.throttle_permille,
+        s.uploads
+            .last_error
+            .as_ref()
+            .map_or(String::new(), |e| format!("; last error: {e}"))
+    )?;
+    Ok(())
 }
 
 /// The admission tokens' line and the tokens held, when configured or required.

@@ -40,7 +40,7 @@
 //! server that requires them answers TokenRequired, the reports stay spooled, and the uploader
 //! says so once, at error level.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -155,81 +155,162 @@ pub async fn run(config: UploadConfig, shared: Shared) {
             return;
         }
     };
-    let stop = &*shared.stop;
-    let mut throttle_permille: u16 = 1000;
-    let mut failures: u32 = 0;
-    let mut deferred: HashMap<u64, Deferral> = HashMap::new();
-    // Reports whose token the server refused once (the second refusal sets them aside).
-    let mut token_refused: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut told_token_required = false;
-    // Reports already logged as waiting for a token (logged once each).
-    let mut told_waiting: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    // The (day, store generation) reports waiting for tokens were last looked at under.
-    let mut token_view = None;
-    // The day evidence tokens were last pruned on.
-    let mut evidence_day = None;
-    while !stop.load(Ordering::Relaxed) {
-        let today = shared.clock.today();
+    let mut uploader = Uploader::new(config, shared);
+    while !uploader.stopping() {
+        if uploader.round(&client).await == Round::Stop {
+            break;
+        }
+    }
+    client.close().await;
+}
+
+/// Whether the loop goes on after a round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    Next,
+    Stop,
+}
+
+/// The uploader's memory between rounds: the throttle hint, the failures in a row, the
+/// reports set aside for a while, and what was already said once in the log.
+struct Uploader {
+    config: UploadConfig,
+    shared: Shared,
+    throttle_permille: u16,
+    failures: u32,
+    deferred: HashMap<u64, Deferral>,
+    /// Reports whose token the server refused once (the second refusal sets them aside).
+    token_refused: HashSet<u64>,
+    told_token_required: bool,
+    /// Reports already logged as waiting for a token (logged once each).
+    told_waiting: HashSet<u64>,
+    /// The (day, store generation, evidence generation) reports waiting for tokens were last
+    /// looked at under.
+    token_view: Option<(Day, u64, Option<u64>)>,
+    /// The day evidence tokens were last pruned on.
+    evidence_day: Option<Day>,
+}
+
+impl Uploader {
+    fn new(config: UploadConfig, shared: Shared) -> Self {
+        Self {
+            config,
+            shared,
+            throttle_permille: 1000,
+            failures: 0,
+            deferred: HashMap::new(),
+            token_refused: HashSet::new(),
+            told_token_required: false,
+            told_waiting: HashSet::new(),
+            token_view: None,
+            evidence_day: None,
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Relaxed)
+    }
+
+    /// One report's turn: pick it, check it may go, wait, send it, settle the answer.
+    async fn round(&mut self, client: &Client) -> Round {
+        let today = self.shared.clock.today();
+        self.refresh_tokens(today);
+        let entry = match self.pick() {
+            Next::Send(entry) => entry,
+            Next::Empty => return self.idle(None).await,
+            Next::Wait(until) => return self.idle(Some(until)).await,
+        };
+        let Some(report) = read_report(&self.shared, &entry) else {
+            return Round::Next;
+        };
+        if self.waits_for_tokens(&entry, &report, today) {
+            self.deferred
+                .insert(entry.sequence, Deferral::for_token(&self.config));
+            return Round::Next;
+        }
+        if !pause(self.delay(), &self.shared.stop).await {
+            return Round::Stop;
+        }
+        if !lock(&self.shared.spool).contains(&entry) {
+            return Round::Next; // dropped to make room meanwhile
+        }
+        let (report, entry) = match self.prepare(&entry, report) {
+            Ok(Some(ready)) => ready,
+            Ok(None) => return Round::Next, // its tokens went meanwhile: it waits next round
+            Err(e) => return self.prepare_failed(&e).await,
+        };
+        self.send(client, &report, &entry).await
+    }
+
+    /// A new day or new tokens: the reports that waited for one go again, and tokens of past
+    /// epochs and of reports gone from the spool are dropped.
+    fn refresh_tokens(&mut self, today: Day) {
+        let shared = &self.shared;
         if let Some(store) = &shared.tokens {
             let evidence = shared.evidence.as_deref().map(|e| lock(e).generation());
             let view = (today, lock(store).generation(), evidence);
-            if token_view != Some(view) {
-                // A new day or new tokens: the reports that waited for one go again, and
-                // tokens of past epochs and of reports gone from the spool are dropped.
-                deferred.retain(|_, d| d.kind != Wait::Token);
-                if token_view.is_none_or(|(day, _, _)| day != today) {
-                    prune_tokens(&shared, store, today);
+            if self.token_view != Some(view) {
+                self.deferred.retain(|_, d| d.kind != Wait::Token);
+                if self.token_view.is_none_or(|(day, _, _)| day != today) {
+                    prune_tokens(shared, store, today);
                 }
-                token_view = Some((today, lock(store).generation(), evidence));
+                self.token_view = Some((today, lock(store).generation(), evidence));
             }
         }
         if let Some(store) = &shared.evidence
-            && evidence_day != Some(today)
+            && self.evidence_day != Some(today)
         {
-            prune_tokens(&shared, store, today);
-            evidence_day = Some(today);
+            prune_tokens(shared, store, today);
+            self.evidence_day = Some(today);
         }
+    }
+
+    /// The next report to send, after forgetting the ones that left the spool meanwhile
+    /// (delivered, or dropped for room).
+    fn pick(&mut self) -> Next {
         let next = {
-            let spool = lock(&shared.spool);
-            if !deferred.is_empty() || !told_waiting.is_empty() {
-                // Forget reports that left the spool meanwhile (delivered, or dropped for room).
-                let spooled: std::collections::HashSet<u64> =
-                    spool.entries().iter().map(|e| e.sequence).collect();
-                deferred.retain(|sequence, _| spooled.contains(sequence));
-                told_waiting.retain(|sequence| spooled.contains(sequence));
-                token_refused.retain(|sequence| spooled.contains(sequence));
+            let spool = lock(&self.shared.spool);
+            if !self.deferred.is_empty() || !self.told_waiting.is_empty() {
+                let spooled: HashSet<u64> = spool.entries().iter().map(|e| e.sequence).collect();
+                self.deferred
+                    .retain(|sequence, _| spooled.contains(sequence));
+                self.told_waiting
+                    .retain(|sequence| spooled.contains(sequence));
+                self.token_refused
+                    .retain(|sequence| spooled.contains(sequence));
             }
-            next_entry(spool.entries(), &deferred, tokio::time::Instant::now())
+            next_entry(spool.entries(), &self.deferred, tokio::time::Instant::now())
         };
-        if shared.tokens.is_some() {
-            lock(&shared.status).tokens.waiting =
-                deferred.values().filter(|d| d.kind == Wait::Token).count() as u64;
+        if self.shared.tokens.is_some() {
+            lock(&self.shared.status).tokens.waiting = self
+                .deferred
+                .values()
+                .filter(|d| d.kind == Wait::Token)
+                .count() as u64;
         }
-        let entry = match next {
-            Next::Send(entry) => entry,
-            Next::Empty | Next::Wait(_) => {
-                let until = match next {
-                    Next::Wait(until) => {
-                        until.min(tokio::time::Instant::now() + Duration::from_millis(200))
-                    }
-                    _ => tokio::time::Instant::now() + Duration::from_millis(200),
-                };
-                tokio::select! {
-                    _ = shared.wake.notified() => {}
-                    _ = tokio::time::sleep_until(until) => {}
-                }
-                continue;
-            }
-        };
-        let Some(report) = read_report(&shared, &entry) else {
-            continue;
-        };
-        // No token of its day and counter (nor of today's, for a report never sent): it
-        // waits for the fetcher, without holding up the others.
-        if let Some(store) = &shared.tokens
-            && !token_available(&lock(store), &entry, &report, today)
+        next
+    }
+
+    /// Nothing to send now: waits for a new report, the next deferral's end, or at most
+    /// 200 ms.
+    async fn idle(&self, until: Option<tokio::time::Instant>) -> Round {
+        let poll = tokio::time::Instant::now() + Duration::from_millis(200);
+        let until = until.map_or(poll, |u| u.min(poll));
+        tokio::select! {
+            _ = self.shared.wake.notified() => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+        Round::Next
+    }
+
+    /// Whether the report must wait for a token: no admission token of its day and counter
+    /// (nor of today's, for a report never sent), or no evidence token while the first
+    /// evidence fetch is still to be tried. It waits without holding up the others.
+    fn waits_for_tokens(&mut self, entry: &SpoolEntry, report: &Report, today: Day) -> bool {
+        if let Some(store) = &self.shared.tokens
+            && !token_available(&lock(store), entry, report, today)
         {
-            if told_waiting.insert(entry.sequence) {
+            if self.told_waiting.insert(entry.sequence) {
                 tracing::info!(
                     "report {} (day {}, counter {}) waits for an admission token",
                     entry.report_id,
@@ -237,143 +318,152 @@ pub async fn run(config: UploadConfig, shared: Shared) {
                     report.counter.0
                 );
             }
-            deferred.insert(entry.sequence, Deferral::for_token(&config));
-            continue;
+            return true;
         }
-        if waits_for_evidence(&shared, &report) {
-            deferred.insert(entry.sequence, Deferral::for_token(&config));
-            continue;
+        waits_for_evidence(&self.shared, report)
+    }
+
+    /// The random delay before an upload, stretched by the throttle hint (0: wait the longest
+    /// backoff).
+    fn delay(&self) -> Duration {
+        let config = &self.config;
+        if self.throttle_permille == 0 {
+            return config.backoff_max;
         }
-        // The random delay, stretched by the throttle hint (0: wait the longest backoff).
-        let stretch = if throttle_permille == 0 {
-            None
+        let stretch = 1000.0 / f64::from(self.throttle_permille);
+        config
+            .delay_max
+            .mul_f64(rand::rng().random::<f64>())
+            .mul_f64(stretch)
+            .min(config.backoff_max.max(config.delay_max))
+    }
+
+    /// The report as it goes: with its tokens (re-stamped to today if it must), marked sent.
+    /// `Ok(None)`: its tokens went meanwhile.
+    fn prepare(
+        &self,
+        entry: &SpoolEntry,
+        report: Report,
+    ) -> Result<Option<(Report, SpoolEntry)>, Box<dyn std::error::Error + Send + Sync>> {
+        let shared = &self.shared;
+        let report = match &shared.tokens {
+            Some(store) => attach_token(shared, store, entry, report, shared.clock.today())?,
+            None => Some(report),
+        };
+        let Some(report) = report else {
+            return Ok(None);
+        };
+        let report = match &shared.evidence {
+            Some(store) => attach_evidence(shared, store, report)?,
+            None => report,
+        };
+        let marked = lock(&shared.spool).mark_attempted(entry)?;
+        Ok(Some((report, marked)))
+    }
+
+    /// The spool or the token store could not be written (a full disk): backs off.
+    async fn prepare_failed(&mut self, e: &(dyn std::fmt::Display + Sync)) -> Round {
+        self.failures += 1;
+        let wait = backoff(&self.config, self.failures);
+        tracing::warn!("preparing an upload: {e}; next try in {wait:?}");
+        lock(&self.shared.status).last_error = Some(e.to_string());
+        self.pause_or_stop(wait).await
+    }
+
+    async fn pause_or_stop(&self, wait: Duration) -> Round {
+        if pause(wait, &self.shared.stop).await {
+            Round::Next
         } else {
-            Some(1000.0 / f64::from(throttle_permille))
-        };
-        let delay = match stretch {
-            Some(s) => config
-                .delay_max
-                .mul_f64(rand::rng().random::<f64>())
-                .mul_f64(s)
-                .min(config.backoff_max.max(config.delay_max)),
-            None => config.backoff_max,
-        };
-        if !pause(delay, stop).await {
-            break;
-        }
-        if !lock(&shared.spool).contains(&entry) {
-            continue; // dropped to make room meanwhile
-        }
-        // The report as it goes: with its token (re-stamped to today if it must), marked sent.
-        let prepared = match &shared.tokens {
-            Some(store) => attach_token(&shared, store, &entry, report, shared.clock.today()),
-            None => Ok(Some(report)),
-        }
-        .and_then(|report| {
-            let Some(report) = report else {
-                return Ok(None);
-            };
-            let report = match &shared.evidence {
-                Some(store) => attach_evidence(&shared, store, report)?,
-                None => report,
-            };
-            let marked = lock(&shared.spool).mark_attempted(&entry)?;
-            Ok(Some((report, marked)))
-        });
-        let (report, entry) = match prepared {
-            Ok(Some(ready)) => ready,
-            Ok(None) => continue, // its tokens went meanwhile: it waits as above next round
-            Err(e) => {
-                // The spool or the token store could not be written (a full disk).
-                failures += 1;
-                let wait = backoff(&config, failures);
-                tracing::warn!("preparing an upload: {e}; next try in {wait:?}");
-                lock(&shared.status).last_error = Some(e.to_string());
-                if !pause(wait, stop).await {
-                    break;
-                }
-                continue;
-            }
-        };
-        lock(&shared.status).uploads.attempts += 1;
-        let outcome = tokio::select! {
-            r = client.send_with_retry(&report) => Some(r),
-            () = stopped(stop) => None,
-        };
-        let Some(outcome) = outcome else { break };
-        match outcome {
-            Ok(ack) => {
-                failures = 0;
-                throttle_permille = ack.throttle.permille();
-                let refused_before = token_refused.contains(&entry.sequence);
-                let settled = settle(
-                    &shared,
-                    &entry,
-                    ack.status,
-                    throttle_permille,
-                    refused_before,
-                );
-                if settled == Settled::TokenRefused {
-                    token_refused.insert(entry.sequence);
-                }
-                if settled == Settled::TokenRequired && !told_token_required {
-                    told_token_required = true;
-                    if shared.tokens.is_none() {
-                        tracing::error!(
-                            "the aggregation server requires admission tokens, and this agent \
-                             has none configured ([admission] in its configuration): reports \
-                             stay in the spool until it has (docs/operations.md, \"Admission \
-                             tokens\")"
-                        );
-                    } else {
-                        tracing::error!(
-                            "the aggregation server answered TokenRequired to a report that \
-                             carried a token; the report stays in the spool"
-                        );
-                    }
-                }
-                match settled {
-                    Settled::Done => {
-                        deferred.remove(&entry.sequence);
-                        token_refused.remove(&entry.sequence);
-                    }
-                    Settled::Overloaded
-                    | Settled::Deferred
-                    | Settled::TokenRefused
-                    | Settled::TokenRequired => {
-                        let tries = deferred.get(&entry.sequence).map_or(0, |d| d.tries) + 1;
-                        let until = tokio::time::Instant::now() + backoff(&config, tries);
-                        deferred.insert(
-                            entry.sequence,
-                            Deferral {
-                                tries,
-                                until,
-                                kind: Wait::Server,
-                            },
-                        );
-                    }
-                }
-            }
-            Err(e) => {
-                failures += 1;
-                let wait = backoff(&config, failures);
-                {
-                    let mut status = lock(&shared.status);
-                    status.uploads.failed += 1;
-                    status.uploads.server_reachable = false;
-                    status.uploads.last_error = Some(e.to_string());
-                }
-                let kept = lock(&shared.spool).entries().len();
-                tracing::warn!(
-                    "upload failed ({e}); {kept} reports kept in the spool, next try in {wait:?}"
-                );
-                if !pause(wait, stop).await {
-                    break;
-                }
-            }
+            Round::Stop
         }
     }
-    client.close().await;
+
+    /// Sends the report on a connection of its own and settles what came back.
+    async fn send(&mut self, client: &Client, report: &Report, entry: &SpoolEntry) -> Round {
+        lock(&self.shared.status).uploads.attempts += 1;
+        let outcome = tokio::select! {
+            r = client.send_with_retry(report) => r,
+            () = stopped(&self.shared.stop) => return Round::Stop,
+        };
+        match outcome {
+            Ok(ack) => {
+                self.acked(entry, ack.status, ack.throttle.permille());
+                Round::Next
+            }
+            Err(e) => self.unanswered(&e).await,
+        }
+    }
+
+    /// An ack: the report is done, or set aside for a while (never the spool behind it).
+    fn acked(&mut self, entry: &SpoolEntry, status: AckStatus, throttle_permille: u16) {
+        self.failures = 0;
+        self.throttle_permille = throttle_permille;
+        let refused_before = self.token_refused.contains(&entry.sequence);
+        let settled = settle(
+            &self.shared,
+            entry,
+            status,
+            throttle_permille,
+            refused_before,
+        );
+        match settled {
+            Settled::Done => {
+                self.deferred.remove(&entry.sequence);
+                self.token_refused.remove(&entry.sequence);
+                return;
+            }
+            Settled::TokenRefused => {
+                self.token_refused.insert(entry.sequence);
+            }
+            Settled::TokenRequired => self.tell_token_required(),
+            Settled::Overloaded | Settled::Deferred => {}
+        }
+        let tries = self.deferred.get(&entry.sequence).map_or(0, |d| d.tries) + 1;
+        let until = tokio::time::Instant::now() + backoff(&self.config, tries);
+        let deferral = Deferral {
+            tries,
+            until,
+            kind: Wait::Server,
+        };
+        self.deferred.insert(entry.sequence, deferral);
+    }
+
+    /// Says once, at error level, that the server requires tokens this agent cannot give.
+    fn tell_token_required(&mut self) {
+        if std::mem::replace(&mut self.told_token_required, true) {
+            return;
+        }
+        if self.shared.tokens.is_none() {
+            tracing::error!(
+                "the aggregation server requires admission tokens, and this agent has none \
+                 configured ([admission] in its configuration): reports stay in the spool \
+                 until it has (docs/operations.md, \"Admission tokens\")"
+            );
+        } else {
+            tracing::error!(
+                "the aggregation server answered TokenRequired to a report that carried a \
+                 token; the report stays in the spool"
+            );
+        }
+    }
+
+    /// No ack after the transport's retries: the report stays spooled and the uploader backs
+    /// off.
+    async fn unanswered(&mut self, e: &(dyn std::fmt::Display + Sync)) -> Round {
+        self.failures += 1;
+        let wait = backoff(&self.config, self.failures);
+        {
+            let mut status = lock(&self.shared.status);
+            status.uploads.failed += 1;
+            status.uploads.server_reachable = false;
+            status.uploads.last_error = Some(e.to_string());
+        }
+        let kept = lock(&self.shared.spool).entries().len();
+        tracing::warn!(
+            "upload failed ({e}); {kept} reports kept in the spool, next try in {wait:?}"
+        );
+        self.pause_or_stop(wait).await
+    }
 }
 
 /// Reads and decodes a spooled report; one that does not read back is moved aside.
@@ -616,48 +706,22 @@ fn settle(
     throttle_permille: u16,
     token_refused_before: bool,
 ) -> Settled {
-    let mut spool = lock(&shared.spool);
-    let mut store = shared.tokens.as_deref().map(lock);
-    let mut evidence = shared.evidence.as_deref().map(lock);
-    let mut status = lock(&shared.status);
-    status.uploads.server_reachable = true;
-    status.uploads.throttle_permille = throttle_permille;
-    let mut drop_token =
-        |status: &mut AgentStatus| forget_token(store.as_deref_mut(), entry, status);
-    // The evidence token goes with its report: spent when the server took it, discarded when
-    // it refused it for good, kept for the retry otherwise (no server can check it).
-    let mut drop_evidence = |status: &mut AgentStatus, spent: bool| {
-        if forget_token(evidence.as_deref_mut(), entry, status) {
-            let counts = &mut status.evidence;
-            if spent {
-                counts.spent += 1;
-            } else {
-                counts.discarded += 1;
-            }
-        }
+    let mut held = Held {
+        spool: lock(&shared.spool),
+        tokens: shared.tokens.as_deref().map(lock),
+        evidence: shared.evidence.as_deref().map(lock),
+        status: lock(&shared.status),
     };
+    held.status.uploads.server_reachable = true;
+    held.status.uploads.throttle_permille = throttle_permille;
+    let status = &mut held.status;
     match ack {
-        AckStatus::Accepted | AckStatus::Duplicate => {
-            if ack == AckStatus::Accepted {
-                status.uploads.accepted += 1;
-            } else {
-                status.uploads.duplicate += 1;
-            }
-            if let Err(e) = spool.remove_delivered(entry) {
-                tracing::warn!("removing a delivered report: {e}");
-                status.last_error = Some(e.to_string());
-            }
-            if drop_token(&mut status) {
-                status.tokens.spent += 1;
-            }
-            drop_evidence(&mut status, true);
-            Settled::Done
-        }
+        AckStatus::Accepted | AckStatus::Duplicate => held.delivered(entry, ack),
         AckStatus::Rejected(reason @ (RejectReason::InvalidToken | RejectReason::TokenSpent))
             if !token_refused_before =>
         {
-            if drop_token(&mut status) {
-                status.tokens.discarded += 1;
+            if held.drop_token(entry) {
+                held.status.tokens.discarded += 1;
             }
             tracing::warn!(
                 "the server refused the admission token of report {} ({reason:?}); token \
@@ -682,22 +746,72 @@ fn settle(
             );
             Settled::Deferred
         }
-        AckStatus::Rejected(reason) => {
-            // Its tokens, if they were not spent, are never put on another report.
-            if drop_token(&mut status) {
-                status.tokens.discarded += 1;
+        AckStatus::Rejected(reason) => held.refused(entry, reason),
+    }
+}
+
+/// What settling an ack holds, locked in the uploader's order (spool, tokens, evidence,
+/// status).
+struct Held<'a> {
+    spool: std::sync::MutexGuard<'a, Spool>,
+    tokens: Option<std::sync::MutexGuard<'a, TokenStore>>,
+    evidence: Option<std::sync::MutexGuard<'a, TokenStore>>,
+    status: std::sync::MutexGuard<'a, AgentStatus>,
+}
+
+impl Held<'_> {
+    /// Forgets the report's admission token; whether it carried one.
+    fn drop_token(&mut self, entry: &SpoolEntry) -> bool {
+        forget_token(self.tokens.as_deref_mut(), entry, &mut self.status)
+    }
+
+    /// The evidence token goes with its report: spent when the server took it, discarded
+    /// when it refused it for good, kept for the retry otherwise (no server can check it).
+    fn drop_evidence(&mut self, entry: &SpoolEntry, spent: bool) {
+        if forget_token(self.evidence.as_deref_mut(), entry, &mut self.status) {
+            let counts = &mut self.status.evidence;
+            if spent {
+                counts.spent += 1;
+            } else {
+                counts.discarded += 1;
             }
-            drop_evidence(&mut status, false);
-            status.uploads.rejected += 1;
-            tracing::warn!(
-                "report {} rejected by the server ({reason:?}); moved aside",
-                entry.report_id
-            );
-            if let Err(e) = spool.move_rejected(entry, &format!("{reason:?}")) {
-                status.last_error = Some(e.to_string());
-            }
-            Settled::Done
         }
+    }
+
+    /// Accepted or Duplicate: the report leaves the spool and its tokens are spent.
+    fn delivered(&mut self, entry: &SpoolEntry, ack: AckStatus) -> Settled {
+        if ack == AckStatus::Accepted {
+            self.status.uploads.accepted += 1;
+        } else {
+            self.status.uploads.duplicate += 1;
+        }
+        if let Err(e) = self.spool.remove_delivered(entry) {
+            tracing::warn!("removing a delivered report: {e}");
+            self.status.last_error = Some(e.to_string());
+        }
+        if self.drop_token(entry) {
+            self.status.tokens.spent += 1;
+        }
+        self.drop_evidence(entry, true);
+        Settled::Done
+    }
+
+    /// Refused for good: moved aside with its reason. Its tokens, if they were not spent, are
+    /// never put on another report.
+    fn refused(&mut self, entry: &SpoolEntry, reason: RejectReason) -> Settled {
+        if self.drop_token(entry) {
+            self.status.tokens.discarded += 1;
+        }
+        self.drop_evidence(entry, false);
+        self.status.uploads.rejected += 1;
+        tracing::warn!(
+            "report {} rejected by the server ({reason:?}); moved aside",
+            entry.report_id
+        );
+        if let Err(e) = self.spool.move_rejected(entry, &format!("{reason:?}")) {
+            self.status.last_error = Some(e.to_string());
+        }
+        Settled::Done
     }
 }
 

@@ -678,7 +678,7 @@ fn a_budget_window_closes_when_every_process_reached_l(lib: &Path, full: &[(Path
 /// Without kernel BTF the agent exits with status 3 and one line naming it. The BTF file is
 /// hidden in a mount namespace of the agent's own (needs root; skipped otherwise).
 /// As root on a host without an NVIDIA driver, the default counter source (NVML) cannot open:
-/// the capture exits with code 3 saying so, and does not read the stand-in's ring instead.
+/// the capture exits with code 4 (unavailable) saying so, and does not read the stand-in's ring instead.
 fn default_counters_without_nvml_are_an_error_not_the_stand_in() {
     if Path::new("/dev/nvidiactl").exists() {
         println!(
@@ -691,7 +691,7 @@ fn default_counters_without_nvml_are_an_error_not_the_stand_in() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(4), "stderr: {stderr}");
     let last = stderr.trim_end().lines().last().unwrap_or_default();
     assert!(last.starts_with("error: "), "{stderr}");
     assert!(
@@ -765,7 +765,7 @@ fn no_btf_is_a_one_line_error() {
         println!("SKIPPED: no_btf_is_a_one_line_error (no mount namespace here: {stderr})");
         return;
     }
-    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(4), "stderr: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("kernel BTF is missing"), "{stderr}");
     check("no_btf_is_a_one_line_error");
@@ -1150,7 +1150,7 @@ fn not_root_is_a_one_line_error() {
 
 fn assert_missing_root(out: &std::process::Output) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(4), "stderr: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("needs root"), "{stderr}");
 }

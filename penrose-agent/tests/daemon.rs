@@ -327,7 +327,7 @@ fn server_down_then_up_delivers_everything() {
 }
 
 /// A configuration that leaves the source and counters at their defaults, on a host where
-/// the live capture cannot start, is an error (exit code 3, saying why) and never a replay of
+/// the live capture cannot start, is an error (exit code 4, saying why) and never a replay of
 /// the traces it names: the agent captures nothing, creates no state and sends nothing. Tried
 /// as a plain user (uid 65534: `setpriv` when the test runs as root), as root without kernel
 /// BTF (a mount namespace hides it), and as root without NVML for the default counters.
@@ -354,7 +354,7 @@ fn a_default_agent_that_cannot_capture_exits_with_an_error_instead_of_replaying(
 
     let check = |what: &str, out: std::process::Output, expected: &str| {
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(3), "{what}: {err}");
+        assert_eq!(out.status.code(), Some(4), "{what}: {err}");
         let line = err
             .lines()
             .find(|l| l.starts_with("error:"))
@@ -479,7 +479,7 @@ fn a_full_spool_drops_the_oldest_and_the_agent_runs_on() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("bin "));
 }
 
-/// (d) Invalid configuration files: the error names the key and the line; exit code 4.
+/// (d) Invalid configuration files: the error names the key and the line; exit code 3 (refused).
 #[test]
 fn invalid_configuration_names_the_key_and_the_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -512,7 +512,7 @@ fn invalid_configuration_names_the_key_and_the_line() {
                 .output()
                 .unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(4), "{args:?} {text:?}: {err}");
+            assert_eq!(out.status.code(), Some(3), "{args:?} {text:?}: {err}");
             assert!(err.contains(expected), "{args:?} {text:?}: {err}");
         }
     }

@@ -453,7 +453,7 @@ fn stripped_library_launches_have_identities_equal_across_processes_and_runs(
             let (identified, tokens) = snippets
                 .iter()
                 .filter(|s| s.pid == pid)
-                .fold((0, 0), |(i, t), s| (i + s.identified, t + s.tokens.len()));
+                .fold((0, 0), |(i, t), s| (i + s.identified, t + s.shapes.len()));
             assert_eq!((identified, tokens), (names.len() as u64, 0), "counted");
             per_process.push(names.iter().map(|n| n.to_string()).collect::<HashSet<_>>());
         }

@@ -61,8 +61,10 @@ fn parse_with_test_equipment() -> Invocation {
 /// server through the control socket in its data directory (DATA/control.sock); when no
 /// server runs they open the data directory themselves, so they work the same either way.
 ///
-/// Exit codes: 0 success, 1 error, 2 usage, 3 some input was rejected (check-report; the
-/// load generator of test builds: some reports were refused), 4 a bundle failed verification.
+/// Exit codes (every Penrose binary's): 0 success, 1 error, 2 usage, 3 refused (check-report:
+/// some frame was rejected; verify: the bundle failed verification; the load generator of
+/// test builds: some reports were refused), 4 unavailable (another process holds the data
+/// directory).
 #[derive(Parser)]
 #[command(version, about, long_about)]
 pub struct Cli {

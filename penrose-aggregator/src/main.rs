@@ -17,9 +17,11 @@ use penrose_aggregator::control::{self, Request, Response};
 use penrose_aggregator::ingest::IngestConfig;
 use penrose_aggregator::output::{BundleSummary, FrameCheck, FrameVerdict, VerifyOutput};
 use penrose_aggregator::serve::{self, ServeOptions};
+use penrose_aggregator::store::StoreError;
 use penrose_aggregator::validate::validate_frame;
 use penrose_core::bundle::Bundle;
 use penrose_core::wire;
+use penrose_host::exit::{Exit, finish};
 use penrose_transport::Limits;
 
 /// The server allocates and frees a frame, a validated report and a write batch's rows per
@@ -30,34 +32,42 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     penrose_host::process::init_logging("info");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match penrose_host::exit::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the runtime: {e}");
-            return ExitCode::from(1);
+            return Exit::Failure.into();
         }
     };
-    match runtime.block_on(dispatch(penrose_aggregator::cli::parse())) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(1)
-        }
+    let result = runtime.block_on(dispatch(penrose_aggregator::cli::parse()));
+    finish(result, exit_code)
+}
+
+/// The shared table (`penrose_host::exit`): a data directory another process holds is
+/// [`Exit::Unavailable`]; refused inputs (`check-reports`, `verify`) end with
+/// [`Exit::Refused`] as their result, not as an error.
+fn exit_code(e: &anyhow::Error) -> Exit {
+    let busy = e.chain().any(|cause| {
+        cause
+            .downcast_ref::<StoreError>()
+            .is_some_and(StoreError::is_busy)
+    });
+    if busy {
+        Exit::Unavailable
+    } else {
+        Exit::Failure
     }
 }
 
 async fn dispatch(invocation: Invocation) -> Result<ExitCode> {
     match invocation {
-        Invocation::Product(cli) => run(cli).await,
+        Invocation::Product(cli) => run(cli).await.map(ExitCode::from),
         #[cfg(feature = "test-util")]
         Invocation::Loadgen(args) => penrose_aggregator::loadgen::run(args).await,
     }
 }
 
-async fn run(cli: Cli) -> Result<ExitCode> {
+async fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
         Command::CheckReport {
             key,
@@ -157,7 +167,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 admission,
             };
             serve::run(options).await?;
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Success)
         }
         Command::Status { data, json } => status(&data, json).await,
         Command::ReloadKeys { data, json } => reload_keys(&data, json).await,
@@ -166,7 +176,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Compact { data } => {
             admin(&data, Request::Compact).await?;
             println!("compacted");
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Success)
         }
         Command::Backup { data, dir, json } => backup(&data, &dir, json).await,
         Command::ExportEvidence {
@@ -197,17 +207,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-async fn status(data: &DataArg, json: bool) -> Result<ExitCode> {
+async fn status(data: &DataArg, json: bool) -> Result<Exit> {
     let status = StatusReply::try_from(admin(data, Request::Status).await?.reply)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
     } else {
         print_status(&status)?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
-async fn reload_keys(data: &DataArg, json: bool) -> Result<ExitCode> {
+async fn reload_keys(data: &DataArg, json: bool) -> Result<Exit> {
     let (dir, _) = data.resolve()?;
     let Some(r) = control::request(&dir.control_socket(), &Request::ReloadKeys).await? else {
         bail!(
@@ -236,10 +246,10 @@ async fn reload_keys(data: &DataArg, json: bool) -> Result<ExitCode> {
             AdmissionDescription::Open => println!("admission is open: no key ring"),
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
-async fn top(data: &DataArg, limit: usize, json: bool) -> Result<ExitCode> {
+async fn top(data: &DataArg, limit: usize, json: bool) -> Result<Exit> {
     let top = TopReply::try_from(admin(data, Request::Top { limit }).await?.reply)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&top)?);
@@ -256,10 +266,10 @@ async fn top(data: &DataArg, limit: usize, json: bool) -> Result<ExitCode> {
         }
         println!("({} classes in all)", top.classes);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
-async fn throttle(data: &DataArg, rate: &str, json: bool) -> Result<ExitCode> {
+async fn throttle(data: &DataArg, rate: &str, json: bool) -> Result<Exit> {
     let permille = parse_rate(rate)?;
     let r = admin(data, Request::Throttle { permille }).await?;
     let throttle = ThrottleReply::try_from(r.reply)?;
@@ -271,10 +281,10 @@ async fn throttle(data: &DataArg, rate: &str, json: bool) -> Result<ExitCode> {
             f64::from(permille) / 10.0
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
-async fn close_epoch(data: &DataArg, json: bool) -> Result<ExitCode> {
+async fn close_epoch(data: &DataArg, json: bool) -> Result<Exit> {
     let r = admin_with(data, Request::CloseEpochs, &ReleaseArgs::default()).await?;
     let closed = CloseEpochsReply::try_from(r.reply)?;
     if json {
@@ -290,7 +300,7 @@ async fn close_epoch(data: &DataArg, json: bool) -> Result<ExitCode> {
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 async fn export(
@@ -299,7 +309,7 @@ async fn export(
     seq: Option<u64>,
     release: &ReleaseArgs,
     json: bool,
-) -> Result<ExitCode> {
+) -> Result<Exit> {
     let r = admin_with(data, Request::Export { seq }, release).await?;
     let exported = ExportReply::try_from(r.reply)?;
     if json {
@@ -309,7 +319,7 @@ async fn export(
         if !json {
             println!("no epoch closed since the last export; nothing written");
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Success);
     };
     penrose_host::durable::replace(out, &bytes, penrose_host::durable::Access::Public)?;
     if !json {
@@ -328,11 +338,11 @@ async fn export(
             exported.bytes,
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// `export-evidence`: the server writes the file (it holds the store).
-async fn export_evidence(data: &DataArg, seq: u64, out: &Path, json: bool) -> Result<ExitCode> {
+async fn export_evidence(data: &DataArg, seq: u64, out: &Path, json: bool) -> Result<Exit> {
     let out = std::path::absolute(out)?;
     let request = Request::Evidence { seq, out };
     let reply = EvidenceReply::try_from(admin(data, request).await?.reply)?;
@@ -350,11 +360,11 @@ async fn export_evidence(data: &DataArg, seq: u64, out: &Path, json: bool) -> Re
             reply.bytes,
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// `forget-evidence`: the server deletes the evidence of bundles 1 to `through`.
-async fn forget_evidence(data: &DataArg, through: u64, json: bool) -> Result<ExitCode> {
+async fn forget_evidence(data: &DataArg, through: u64, json: bool) -> Result<Exit> {
     let request = Request::ForgetEvidence { through };
     let reply = ForgetEvidenceReply::try_from(admin(data, request).await?.reply)?;
     if json {
@@ -367,7 +377,7 @@ async fn forget_evidence(data: &DataArg, through: u64, json: bool) -> Result<Exi
             json_list(&reply.epochs)
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// Runs an admin request on the running server, or on the data directory when none runs.
@@ -377,7 +387,7 @@ async fn admin(data: &DataArg, request: Request) -> Result<Response> {
 
 /// `backup`: the store through the admin channel (a checkpoint made a new instance), then
 /// the signing key beside it.
-async fn backup(data: &DataArg, dir: &Path, json: bool) -> Result<ExitCode> {
+async fn backup(data: &DataArg, dir: &Path, json: bool) -> Result<Exit> {
     let target = std::path::absolute(dir)?;
     if target.exists() {
         bail!("{} exists; backups go to a new directory", target.display());
@@ -402,12 +412,12 @@ async fn backup(data: &DataArg, dir: &Path, json: bool) -> Result<ExitCode> {
             reply.released_elsewhere.len()
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// `adopt-copy`: a copied store made a new instance, offline (RocksDB's lock refuses a
 /// directory a server holds).
-fn adopt_copy(data: &DataArg, json: bool) -> Result<ExitCode> {
+fn adopt_copy(data: &DataArg, json: bool) -> Result<Exit> {
     let (dir, _) = data.resolve()?;
     if !dir.db().exists() {
         bail!(
@@ -448,7 +458,7 @@ fn adopt_copy(data: &DataArg, json: bool) -> Result<ExitCode> {
             reply.released_elsewhere.len()
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// [`admin`], with the release rule to apply when no server runs (a running server applies
@@ -591,7 +601,7 @@ fn print_status(s: &StatusReply) -> Result<()> {
     Ok(())
 }
 
-fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
+fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<Exit> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let trusted = signer
         .map(penrose_host::key_file::read_signer)
@@ -626,13 +636,13 @@ fn verify(path: &Path, signer: Option<&Path>, json: bool) -> Result<ExitCode> {
                     b.reports,
                 );
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Success)
         }
         VerifyOutput::Invalid { error } => {
             if !json {
                 println!("{}: INVALID: {error}", path.display());
             }
-            Ok(ExitCode::from(4))
+            Ok(Exit::Refused)
         }
     }
 }
@@ -642,7 +652,7 @@ fn check_reports(
     token_keys: Option<&Path>,
     files: &[PathBuf],
     json: bool,
-) -> Result<ExitCode> {
+) -> Result<Exit> {
     let key = penrose_host::key_file::read_public_key(key)?;
     let keys = penrose_aggregator::design_keys::DesignKeys::single(key);
     let admission = match token_keys {
@@ -699,8 +709,8 @@ fn check_reports(
         }
     }
     Ok(if rejected > 0 {
-        ExitCode::from(3)
+        Exit::Refused
     } else {
-        ExitCode::SUCCESS
+        Exit::Success
     })
 }

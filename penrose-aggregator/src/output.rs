@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub enum VerifyOutput {
     /// The signature and the contents verify.
     Valid(BundleSummary),
-    /// They do not (exit code 4).
+    /// They do not (exit code 3, refused).
     Invalid {
         /// Why, in words.
         error: String,

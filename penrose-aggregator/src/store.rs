@@ -168,6 +168,14 @@ pub enum StoreError {
     File(#[from] penrose_host::FileError),
 }
 
+impl StoreError {
+    /// Whether another process holds the store (the command exits "unavailable", not
+    /// "failed": it can succeed once that process stops).
+    pub fn is_busy(&self) -> bool {
+        matches!(self, StoreError::Kv(KvError::Busy(_)))
+    }
+}
+
 /// RocksDB's own errors, from the calls only this server makes (batched lookups, checkpoints).
 impl From<rocksdb::Error> for StoreError {
     fn from(e: rocksdb::Error) -> Self {

@@ -57,6 +57,25 @@ async fn admin_commands_work_serving_and_stopped() {
     );
     let addr = started.listening;
 
+    // A second server on the same data directory is "unavailable" (exit code 4), not a
+    // failure: it can start once the first stops.
+    let second = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
+        .args([
+            "serve",
+            "--open-admission",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .arg("--public-key")
+        .arg(&key)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(4), "{stderr}");
+
     let trust = Trust::load_pinned(&data.join("tls").join("cert.pem")).unwrap();
     let client = Client::connect(ClientConfig::new(addr, "localhost", trust))
         .await
@@ -204,7 +223,7 @@ async fn admin_commands_work_serving_and_stopped() {
         VerifyOutput::Valid(b) => assert_eq!((b.seq, b.reports, b.pinned), (1, 0, true)),
         VerifyOutput::Invalid { error } => panic!("{error}"),
     }
-    // A damaged bundle fails verification with exit code 4.
+    // A damaged bundle is refused (exit code 3).
     let mut bytes = std::fs::read(&bundle).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 1;
@@ -214,13 +233,13 @@ async fn admin_commands_work_serving_and_stopped() {
         .arg(&bundle)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(out.status.code(), Some(3));
     let out = Command::new(env!("CARGO_BIN_EXE_penrose-aggregator"))
         .args(["verify", "--json"])
         .arg(&bundle)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(out.status.code(), Some(3));
     let refused: VerifyOutput = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
         matches!(refused, VerifyOutput::Invalid { .. }),

@@ -32,9 +32,9 @@ pub fn command() -> clap::Command {
 /// public key, the verification key, and the aggregation server's signing key's .pub file),
 /// then `serve`. The design server pins the certificate `serve` creates (DATA/tls/cert.pem).
 ///
-/// Exit codes: 0 success, 1 error, 2 usage, 3 refused (a share that is not the auditor's or
+/// Exit codes (every Penrose binary's): 0 success, 1 error, 2 usage, 3 refused (a share that is not the auditor's or
 /// not of the public key given, a key under 2048 bits, a threshold under the floor, a data
-/// directory that exists, a key already held), 4 the data directory is in use (stop `serve`
+/// directory that exists, a key already held), 4 unavailable: the data directory is in use (stop `serve`
 /// before `add-share` or `follow`).
 #[derive(Parser)]
 #[command(name = "penrose-auditor", version, about, long_about)]

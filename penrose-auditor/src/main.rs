@@ -10,38 +10,32 @@ use penrose_auditor::cli::{Cli, Command, KeyFiles};
 use penrose_auditor::service::{self, ServeOptions};
 use penrose_auditor::{AuditorError, InitOptions, Policy, admin, keys};
 use penrose_core::paillier::threshold::KeyShare;
+use penrose_host::exit::{Exit, finish};
 use serde::Serialize;
-
-/// Exit code of a refused input (cli.rs says which).
-const REFUSED: u8 = 3;
-/// Exit code when another process holds the data directory.
-const BUSY: u8 = 4;
 
 fn main() -> ExitCode {
     penrose_host::process::init_logging("info");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match penrose_host::exit::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the runtime: {e}");
-            return ExitCode::from(1);
+            return Exit::Failure.into();
         }
     };
-    match runtime.block_on(run(Cli::parse())) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            let typed = e.downcast_ref::<AuditorError>();
-            if typed.is_some_and(AuditorError::is_refusal) {
-                ExitCode::from(REFUSED)
-            } else if typed.is_some_and(AuditorError::is_busy) {
-                ExitCode::from(BUSY)
-            } else {
-                ExitCode::from(1)
-            }
-        }
+    let result = runtime.block_on(run(Cli::parse()));
+    finish(result.map(|()| Exit::Success), exit_code)
+}
+
+/// The shared table (`penrose_host::exit`): a refused input (cli.rs says which) is
+/// [`Exit::Refused`], a data directory another process holds [`Exit::Unavailable`].
+fn exit_code(e: &anyhow::Error) -> Exit {
+    let typed = e.downcast_ref::<AuditorError>();
+    if typed.is_some_and(AuditorError::is_refusal) {
+        Exit::Refused
+    } else if typed.is_some_and(AuditorError::is_busy) {
+        Exit::Unavailable
+    } else {
+        Exit::Failure
     }
 }
 

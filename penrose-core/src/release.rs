@@ -89,6 +89,70 @@ impl ReportsPerContributor {
     }
 }
 
+/// The release rule: k contributors, counted with T reports per contributor per (counter,
+/// day). One type for every tier that applies it: the aggregation server before it exports a
+/// sum, the release auditor before it decrypts its share, the design server when it checks
+/// what a bundle says was applied. Both values are checked against their floors when made and
+/// when read back from JSON, so a rule in hand is never weaker than the floors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RuleValues", into = "RuleValues")]
+pub struct ReleaseRule {
+    /// k.
+    pub threshold: Threshold,
+    /// T.
+    pub cap: ReportsPerContributor,
+}
+
+impl ReleaseRule {
+    /// A rule of `k` contributors counted with a cap of `t`; refused under the floors.
+    pub fn new(k: u64, t: u32) -> Result<Self, PolicyError> {
+        Ok(Self {
+            threshold: Threshold::new(k)?,
+            cap: ReportsPerContributor::for_servers(t)?,
+        })
+    }
+
+    /// Whether a sum of `reports` reports spanning `days` days may be released.
+    pub fn releases(&self, reports: u64, days: u32) -> bool {
+        releasable(reports, days, self.threshold, self.cap)
+    }
+}
+
+impl Default for ReleaseRule {
+    /// The floors, which are also what every tier ships with.
+    fn default() -> Self {
+        Self {
+            threshold: Threshold::DEFAULT,
+            cap: ReportsPerContributor::DEFAULT,
+        }
+    }
+}
+
+/// A rule's JSON form: the two numbers, checked against the floors when read.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleValues {
+    threshold: u64,
+    reports_per_contributor: u32,
+}
+
+impl TryFrom<RuleValues> for ReleaseRule {
+    type Error = PolicyError;
+
+    fn try_from(v: RuleValues) -> Result<Self, PolicyError> {
+        Self::new(v.threshold, v.reports_per_contributor)
+    }
+}
+
+impl From<ReleaseRule> for RuleValues {
+    fn from(rule: ReleaseRule) -> Self {
+        Self {
+            threshold: rule.threshold.get(),
+            reports_per_contributor: rule.cap.get(),
+        }
+    }
+}
+
 /// Why a policy value was refused.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PolicyError {
@@ -135,8 +199,35 @@ pub fn day_acceptable(day: Day, today: Day) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rule_under_the_floors_is_refused_also_from_json() {
+        assert_eq!(
+            ReleaseRule::new(MIN_CONTRIBUTORS - 1, DEFAULT_CAP),
+            Err(PolicyError::ThresholdBelowFloor(MIN_CONTRIBUTORS - 1))
+        );
+        let weak = r#"{"threshold":10,"reports_per_contributor":1}"#;
+        assert!(serde_json::from_str::<ReleaseRule>(weak).is_err());
+        let rule = ReleaseRule::new(12, 30).unwrap();
+        let text = serde_json::to_string(&rule).unwrap();
+        assert_eq!(text, r#"{"threshold":12,"reports_per_contributor":30}"#);
+        assert_eq!(serde_json::from_str::<ReleaseRule>(&text).unwrap(), rule);
+    }
+
+    #[test]
+    fn a_rule_releases_at_k_contributors_counted_with_t() {
+        let rule = ReleaseRule::default();
+        // k - 1 contributors' worth of reports could all come from k - 1 owners; one more
+        // report needs a k-th.
+        let below = (MIN_CONTRIBUTORS - 1) * u64::from(DEFAULT_CAP);
+        assert!(!rule.releases(below, 1));
+        assert!(rule.releases(below + 1, 1));
+        // Over two days each owner may send twice as many.
+        assert!(!rule.releases(below + 1, 2));
+    }
 
     #[test]
     fn floors_hold() {

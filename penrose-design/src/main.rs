@@ -20,22 +20,27 @@ use penrose_design::output::{
 use penrose_design::report;
 use penrose_design::{audit, evidence};
 use penrose_host::clock::today;
+use penrose_host::exit::{Exit, finish};
 
 fn main() -> ExitCode {
     penrose_host::process::init_logging("error");
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            let refused = e
-                .downcast_ref::<archive::ArchiveError>()
-                .is_some_and(archive::ArchiveError::is_refusal)
-                || e.downcast_ref::<audit::AuditError>()
-                    .is_some_and(audit::AuditError::is_refusal)
-                || e.downcast_ref::<evidence::EvidenceError>()
-                    .is_some_and(evidence::EvidenceError::is_refusal);
-            ExitCode::from(if refused { 3 } else { 1 })
-        }
+    finish(run(Cli::parse()).map(|()| Exit::Success), exit_code)
+}
+
+/// The shared table (`penrose_host::exit`): a bundle, audit answer or evidence file refused
+/// is [`Exit::Refused`].
+fn exit_code(e: &anyhow::Error) -> Exit {
+    let refused = e
+        .downcast_ref::<archive::ArchiveError>()
+        .is_some_and(archive::ArchiveError::is_refusal)
+        || e.downcast_ref::<audit::AuditError>()
+            .is_some_and(audit::AuditError::is_refusal)
+        || e.downcast_ref::<evidence::EvidenceError>()
+            .is_some_and(evidence::EvidenceError::is_refusal);
+    if refused {
+        Exit::Refused
+    } else {
+        Exit::Failure
     }
 }
 

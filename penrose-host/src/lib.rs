@@ -18,6 +18,7 @@
 //!   signers), one reader each, with the key floor.
 //! - [`durable`]: replace a file so that a crash leaves it whole, old or new.
 //! - [`output`]: a command's result as text or `--json`, the same way in every CLI.
+//! - [`exit`]: the exit codes every binary shares, and how `main` ends.
 //! - [`process`]: start-up and stop: logs, the ready line, the stop and reload signals.
 
 pub mod bounded;
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod data_dir;
 pub mod durable;
 pub mod error;
+pub mod exit;
 pub mod key_file;
 pub mod output;
 pub mod process;
@@ -32,6 +34,7 @@ pub mod secret_file;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::FileError;
+pub use exit::Exit;
 
 /// This process's effective user id.
 #[allow(unsafe_code)]

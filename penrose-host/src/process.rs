@@ -4,8 +4,10 @@
 //! signal sent as soon as a server says it listens is never fatal by default.
 
 use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Sends `tracing` output to stderr, at `default` (`"info"`, `"error"`) unless `RUST_LOG`
@@ -18,6 +20,33 @@ pub fn init_logging(default: &str) {
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// The line every server prints on stdout once it listens: one JSON object, the same shape for
+/// the aggregation server, the token issuer and the release auditor, so that a script, a test
+/// or a unit reads each server's addresses one way. What only one server says (a signing key,
+/// a key set's digest, a release rule) sits beside the shared fields, in `details`, flattened
+/// into the same object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready<T> {
+    /// Which server: `aggregator`, `issuer` or `auditor`.
+    pub server: String,
+    /// The QUIC address (the port the system chose for `:0`).
+    pub listening: SocketAddr,
+    /// The stream port's TCP address, when the server has one.
+    #[serde(default)]
+    pub stream_listening: Option<SocketAddr>,
+    /// The certificate clients pin.
+    pub certificate: PathBuf,
+    /// The admin socket, when the server has one.
+    #[serde(default)]
+    pub control: Option<PathBuf>,
+    /// The metrics responder's address, when it has one.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
+    /// What only this server says.
+    #[serde(flatten)]
+    pub details: T,
 }
 
 /// Prints a server's ready line: `line` as one JSON object on one line of stdout, flushed, so

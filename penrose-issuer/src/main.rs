@@ -13,6 +13,7 @@ use penrose_core::calendar::date_of;
 use penrose_core::wire::Day;
 use penrose_host::clock::{Clock, SystemClock};
 use penrose_host::durable::Access;
+use penrose_host::exit::{Exit, finish};
 use penrose_issuer::admin::{self, ENROL_CHUNK, Reply, Request, Status};
 use penrose_issuer::cli::{Cli, Command};
 use penrose_issuer::credential::{self, CredentialId};
@@ -21,30 +22,26 @@ use penrose_issuer::service::{self, ServeOptions};
 use penrose_issuer::{IssuerConfig, IssuerError, MasterSeed, StateDir};
 use serde::Serialize;
 
-/// Exit code of a refused request (revoke: no such credential; a bad label).
-const REFUSED: u8 = 3;
-
 fn main() -> ExitCode {
     penrose_host::process::init_logging("info");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match penrose_host::exit::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the runtime: {e}");
-            return ExitCode::from(1);
+            return Exit::Failure.into();
         }
     };
-    match runtime.block_on(run(Cli::parse())) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            let refused = e
-                .downcast_ref::<IssuerError>()
-                .is_some_and(IssuerError::is_refusal);
-            ExitCode::from(if refused { REFUSED } else { 1 })
-        }
+    finish(runtime.block_on(run(Cli::parse())), exit_code)
+}
+
+/// The shared table (`penrose_host::exit`): a refused request (revoke: no such credential; a
+/// bad label) is [`Exit::Refused`], a state directory another process holds
+/// [`Exit::Unavailable`].
+fn exit_code(e: &anyhow::Error) -> Exit {
+    match e.downcast_ref::<IssuerError>() {
+        Some(typed) if typed.is_refusal() => Exit::Refused,
+        Some(IssuerError::Busy(_)) => Exit::Unavailable,
+        _ => Exit::Failure,
     }
 }
 
@@ -71,7 +68,7 @@ struct Written {
     key_set_digest: String,
 }
 
-async fn run(cli: Cli) -> Result<ExitCode> {
+async fn run(cli: Cli) -> Result<Exit> {
     let today = SystemClock.today();
     match cli.command {
         Command::Init { state, json } => init(&state.dir(), json)?,
@@ -162,7 +159,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             print(json, &status, print_status)?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 fn init(dir: &StateDir, json: bool) -> Result<()> {

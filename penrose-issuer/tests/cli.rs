@@ -249,6 +249,14 @@ async fn serve_issues_to_an_enrolled_host_and_answers_admin_commands_while_runni
         .unwrap();
     let listening: Listening = serde_json::from_str(&line).unwrap();
     assert_eq!(mode(&listening.certificate), 0o644);
+    // A second issuer on the same state directory is "unavailable" (exit code 4).
+    let second = issuer(&["serve", "--state", &s, "--listen", "127.0.0.1:0"]);
+    assert_eq!(
+        second.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
     assert_eq!(mode(&state.join("tls/key.pem")), 0o600);
 
     let trust = Trust::load_pinned(&listening.certificate).unwrap();

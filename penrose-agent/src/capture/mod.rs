@@ -16,7 +16,7 @@
 //! - [`late`]: names of kernels registered before the agent attached, from the processes'
 //!   ELF symbols and memory.
 //! - [`window`]: capture windows, snippets and their sampled launches; launches with neither a
-//!   name nor an identity fingerprinted by name-free tokens.
+//!   name nor an identity fingerprinted by launch shapes.
 //! - [`schedule`]: when windows open (fixed, or spaced by the overhead budget).
 //! - [`calibrate`]: the start-up measurement of what a probed launch costs.
 //! - [`cpu`]: the probed processes' CPU time, which the budget is a share of.
@@ -154,13 +154,13 @@ pub struct Counts {
     pub unnamed_launches: u64,
     /// Of those, launches given an identity from their call site ([`identity`]).
     pub identified_launches: u64,
-    /// Of those, launches with no identity either, recorded with a name-free token (launch
+    /// Of those, launches with no identity either, recorded with a launch shape (launch
     /// configuration and repetition gap, see [`window`]); unnamed launches past L are not
     /// recorded and get none.
-    pub token_launches: u64,
+    pub shape_launches: u64,
     /// Function handles the per-snippet repetition trackers forgot to stay within
-    /// [`window::MAX_TOKEN_HANDLES`] (counted when the snippet ends).
-    pub token_evictions: u64,
+    /// [`window::MAX_SHAPE_HANDLES`] (counted when the snippet ends).
+    pub shape_evictions: u64,
     /// Exit records of any process.
     pub exits: u64,
     /// Records that did not decode.
@@ -603,8 +603,8 @@ impl Capture {
         }
         if let Some(window) = self.window.take() {
             self.beyond_limit += window.beyond_limit();
-            let (snippets, token_evictions) = window.close();
-            self.counts.token_evictions += token_evictions;
+            let (snippets, shape_evictions) = window.close();
+            self.counts.shape_evictions += shape_evictions;
             self.finished.extend(snippets);
         }
         Ok(Some(cost))
@@ -649,7 +649,7 @@ impl Capture {
                 }
                 None => {
                     // The process is gone or the address unmapped: its launches stay
-                    // unnamed (an identity or a token), never a wrong name.
+                    // unnamed (an identity or a shape), never a wrong name.
                     self.counts.names_unreadable += 1;
                     return;
                 }
@@ -696,7 +696,7 @@ impl Capture {
                     .entry(pid)
                     .or_insert_with(|| ProcessNames::sharing(&self.name_budget));
                 if !names.link(kernel, function) {
-                    // Its launches stay unnamed (an identity or a name-free token), not a
+                    // Its launches stay unnamed (an identity or a launch shape), not a
                     // placeholder name that every such kernel would share.
                     tracing::debug!("pid {}: kernel {kernel:#x} has no name", pid.0);
                 }
@@ -784,7 +784,7 @@ impl Capture {
         }
     }
 
-    /// Adds one kernel (or opaque graph) launch to its window: its name, identity or token,
+    /// Adds one kernel (or opaque graph) launch to its window: its name, identity or shape,
     /// and its counter values when sampled.
     fn record_launch(&mut self, launch: &events::Launch) {
         let at_limit = self
@@ -822,9 +822,9 @@ impl Capture {
             (None, None) => window::Naming::None,
         };
         if let Some(window) = &mut self.window
-            && window.record(launch, naming, sample) == window::Recorded::Token
+            && window.record(launch, naming, sample) == window::Recorded::Shape
         {
-            self.counts.token_launches += 1;
+            self.counts.shape_launches += 1;
         }
     }
 

@@ -6,7 +6,7 @@
 //! or by the window's end.
 //!
 //! A launch with neither a name nor an identity ([`super::identity`]) is fingerprinted by its
-//! name-free token ([`penrose_core::fingerprint::tokens`]): its grid, block and dynamic shared
+//! launch shape ([`penrose_core::fingerprint::shapes`]): its grid, block and dynamic shared
 //! memory and the gap bucket of the distance, in launches of the snippet, back to the previous
 //! launch of the same function handle. So a snippet of mostly unnamed launches still has a
 //! fingerprint that tells applications apart, where a fixed placeholder made every such
@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use penrose_core::counters::CounterGroup;
 use penrose_core::fingerprint::{
-    Element, Fingerprint, Fingerprinter, LaunchConfig, LaunchToken, NameDigest, RepetitionTracker,
+    Element, Fingerprint, Fingerprinter, LaunchConfig, LaunchShape, NameDigest, RepetitionTracker,
     SnippetHash,
 };
 use penrose_core::gpu::GpuArch;
@@ -38,11 +38,11 @@ pub const DEFAULT_WINDOW_LAUNCHES: usize = 10_000;
 /// Most function handles a snippet's repetition tracker remembers (about 60 bytes each): more
 /// distinct unnamed kernels than one process launches in a window in practice; beyond it the
 /// handle launched longest ago (at least this many launches back) is forgotten and counted.
-pub const MAX_TOKEN_HANDLES: usize = 4096;
+pub const MAX_SHAPE_HANDLES: usize = 4096;
 
-/// Most distinct tokens whose digest and label a window keeps for reuse (beyond it they are
+/// Most distinct shapes whose digest and label a window keeps for reuse (beyond it they are
 /// computed per launch).
-pub const MAX_TOKEN_CACHE: usize = 4096;
+pub const MAX_SHAPE_CACHE: usize = 4096;
 
 /// Why a snippet ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -75,30 +75,30 @@ pub struct Snippet {
     /// Index of the window (0 for the agent's first).
     pub window: u64,
     /// Kernel names in launch order. A launch without a name is its identity (`<bid:...>`)
-    /// or, with neither, its token's label ([`token_label`]; fingerprinted by the token's
-    /// digest, see [`Self::tokens`]); a graph launch is [`GRAPH`].
+    /// or, with neither, its shape's label ([`shape_label`]; fingerprinted by the shape's
+    /// digest, see [`Self::shapes`]); a graph launch is [`GRAPH`].
     pub names: Vec<Arc<str>>,
     /// Launches among `names` whose function handle had no name (with an identity or a
-    /// token).
+    /// shape).
     pub unnamed: u64,
     /// Of those, launches given an identity.
     pub identified: u64,
     /// Of those, the launches with neither a name nor an identity, in launch order: their
-    /// position in `names` and their name-free token's digest, which the fingerprint
+    /// position in `names` and their launch shape's digest, which the fingerprint
     /// shingles in place of a name's digest.
-    pub tokens: Vec<TokenAt>,
+    pub shapes: Vec<ShapeAt>,
     /// Why it ended.
     pub end: SnippetEnd,
     /// The launches among `names` that the BPF countdown sampled and that have counter values.
     pub samples: Vec<Sample>,
 }
 
-/// A launch fingerprinted by its name-free token.
+/// A launch fingerprinted by its launch shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TokenAt {
+pub struct ShapeAt {
     /// Its position in the snippet's `names`.
     pub position: usize,
-    /// [`LaunchToken::digest`].
+    /// [`LaunchShape::digest`].
     pub digest: NameDigest,
 }
 
@@ -111,20 +111,20 @@ impl Snippet {
             names: Vec::new(),
             unnamed: 0,
             identified: 0,
-            tokens: Vec::new(),
+            shapes: Vec::new(),
             end: SnippetEnd::WindowEnd,
             samples: Vec::new(),
         }
     }
 
     /// What the fingerprint shingles, launch by launch: names (identities and placeholders
-    /// included) as names, token launches as their tokens' digests.
+    /// included) as names, shape launches as their shapes' digests.
     pub fn elements(&self) -> Vec<Element<'_>> {
-        let mut tokens = self.tokens.iter().peekable();
+        let mut shapes = self.shapes.iter().peekable();
         self.names
             .iter()
             .enumerate()
-            .map(|(i, name)| match tokens.next_if(|t| t.position == i) {
+            .map(|(i, name)| match shapes.next_if(|t| t.position == i) {
                 Some(t) => Element::Digest(t.digest),
                 None => Element::Name(name),
             })
@@ -148,7 +148,7 @@ impl Snippet {
 pub struct Sample {
     /// Its position in the snippet's `names`.
     pub position: usize,
-    /// Its kernel name (as in `names`: a token launch's label).
+    /// Its kernel name (as in `names`: a shape launch's label).
     pub kernel: Arc<str>,
     /// The counter group that was active.
     pub group: CounterGroup,
@@ -173,19 +173,19 @@ pub struct SampledValues {
 
 /// Stands for a launch of a handle the name probes never saw (resolved before the agent
 /// attached, or by an API the agent does not probe) in name maps; in snippets such a launch is
-/// its identity or its token.
+/// its identity or its shape.
 pub const UNNAMED: &str = "<unnamed>";
 /// Stands for a `cuGraphLaunch`: its handle names a graph, not a kernel.
 pub const GRAPH: &str = "<graph>";
-/// How a token launch's label starts.
-pub const TOKEN_PREFIX: &str = "<token:";
+/// How a shape launch's label starts.
+pub const SHAPE_PREFIX: &str = "<shape:";
 
-/// The label a token launch has in `names` and samples, for local inspection: the first 8
-/// bytes of the token's digest in hex, which tells no more than the token (its
+/// The label a shape launch has in `names` and samples, for local inspection: the first 8
+/// bytes of the shape's digest in hex, which tells no more than the shape (its
 /// configuration and gap bucket) and never leaves the host.
-pub fn token_label(digest: &NameDigest) -> Arc<str> {
+pub fn shape_label(digest: &NameDigest) -> Arc<str> {
     let hex: String = digest.0[..8].iter().map(|b| format!("{b:02x}")).collect();
-    Arc::from(format!("{TOKEN_PREFIX}{hex}>"))
+    Arc::from(format!("{SHAPE_PREFIX}{hex}>"))
 }
 
 /// What a launch has to go by when it is recorded.
@@ -195,7 +195,7 @@ pub enum Naming<'a> {
     Name(&'a Arc<str>),
     /// No name, but an identity from its call site.
     Identity(&'a Arc<str>),
-    /// Neither (a graph launch, or a kernel that gets a name-free token).
+    /// Neither (a graph launch, or a kernel that gets a launch shape).
     None,
 }
 
@@ -206,8 +206,8 @@ pub enum Recorded {
     Name,
     /// Recorded with its identity.
     Identity,
-    /// Recorded with a name-free token.
-    Token,
+    /// Recorded with a launch shape.
+    Shape,
     /// Recorded as [`GRAPH`].
     Graph,
     /// Not recorded: its process already had L launches in this window.
@@ -230,8 +230,8 @@ pub struct Window {
     at_limit: HashSet<Pid>,
     finished: Vec<Snippet>,
     beyond_limit: u64,
-    token_evictions: u64,
-    tokens: HashMap<LaunchToken, (NameDigest, Arc<str>)>,
+    shape_evictions: u64,
+    shapes: HashMap<LaunchShape, (NameDigest, Arc<str>)>,
 }
 
 impl Window {
@@ -244,8 +244,8 @@ impl Window {
             at_limit: HashSet::new(),
             finished: Vec::new(),
             beyond_limit: 0,
-            token_evictions: 0,
-            tokens: HashMap::new(),
+            shape_evictions: 0,
+            shapes: HashMap::new(),
         }
     }
 
@@ -261,7 +261,7 @@ impl Window {
     }
 
     /// Adds a launch to its process's snippet, with its counter values when it was sampled.
-    /// A launch with neither a name nor an identity gets a name-free token.
+    /// A launch with neither a name nor an identity gets a launch shape.
     pub fn record(
         &mut self,
         launch: &Launch,
@@ -275,7 +275,7 @@ impl Window {
         let index = self.index;
         let open = self.open.entry(launch.pid).or_insert_with(|| Open {
             snippet: Snippet::new(launch.pid, index),
-            repetitions: RepetitionTracker::bounded(MAX_TOKEN_HANDLES),
+            repetitions: RepetitionTracker::bounded(MAX_SHAPE_HANDLES),
         });
         let snippet = &mut open.snippet;
         let position = snippet.names.len();
@@ -295,21 +295,21 @@ impl Window {
                 (Arc::from(GRAPH), Recorded::Graph)
             }
             Naming::None => {
-                let token = open.repetitions.token(launch.function, config_of(launch));
-                let (digest, label) = match self.tokens.get(&token) {
+                let shape = open.repetitions.shape(launch.function, config_of(launch));
+                let (digest, label) = match self.shapes.get(&shape) {
                     Some((digest, label)) => (*digest, Arc::clone(label)),
                     None => {
-                        let digest = token.digest();
-                        let label = token_label(&digest);
-                        if self.tokens.len() < MAX_TOKEN_CACHE {
-                            self.tokens.insert(token, (digest, Arc::clone(&label)));
+                        let digest = shape.digest();
+                        let label = shape_label(&digest);
+                        if self.shapes.len() < MAX_SHAPE_CACHE {
+                            self.shapes.insert(shape, (digest, Arc::clone(&label)));
                         }
                         (digest, label)
                     }
                 };
                 snippet.unnamed += 1;
-                snippet.tokens.push(TokenAt { position, digest });
-                (label, Recorded::Token)
+                snippet.shapes.push(ShapeAt { position, digest });
+                (label, Recorded::Shape)
             }
         };
         if let Some(SampledValues {
@@ -351,7 +351,7 @@ impl Window {
 
     /// A snippet's tracker is dropped with it; its evictions are counted.
     fn ended(&mut self, open: Open) -> Snippet {
-        self.token_evictions += open.repetitions.evictions();
+        self.shape_evictions += open.repetitions.evictions();
         open.snippet
     }
 
@@ -366,13 +366,13 @@ impl Window {
     }
 
     /// Handles the repetition trackers of this window's ended snippets forgot to stay within
-    /// [`MAX_TOKEN_HANDLES`].
-    pub fn token_evictions(&self) -> u64 {
-        self.token_evictions
+    /// [`MAX_SHAPE_HANDLES`].
+    pub fn shape_evictions(&self) -> u64 {
+        self.shape_evictions
     }
 
     /// Closes the window: every open snippet ends with [`SnippetEnd::WindowEnd`]. Returns them
-    /// and the window's token evictions.
+    /// and the window's shape evictions.
     pub fn close(mut self) -> (Vec<Snippet>, u64) {
         let mut open: Vec<Open> = self.open.drain().map(|(_, s)| s).collect();
         open.sort_by_key(|s| s.snippet.pid);
@@ -380,7 +380,7 @@ impl Window {
             let s = self.ended(o);
             self.finished.push(s);
         }
-        (self.finished, self.token_evictions)
+        (self.finished, self.shape_evictions)
     }
 }
 
@@ -505,7 +505,7 @@ mod tests {
         );
         assert_eq!(
             w.record(&launch(2, 10, EntryPoint::LaunchKernel), Naming::None, None),
-            Recorded::Token
+            Recorded::Shape
         );
         assert_eq!(
             w.record(&launch(2, 11, EntryPoint::GraphLaunch), Naming::None, None),
@@ -529,10 +529,10 @@ mod tests {
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].end, SnippetEnd::WindowEnd);
         assert_eq!((rest[0].unnamed, rest[0].identified), (2, 1));
-        assert_eq!(rest[0].tokens.len(), 1);
-        assert_eq!(rest[0].tokens[0].position, 0);
+        assert_eq!(rest[0].shapes.len(), 1);
+        assert_eq!(rest[0].shapes[0].position, 0);
         let names: Vec<&str> = rest[0].names.iter().map(|n| &**n).collect();
-        let token = LaunchToken {
+        let shape = LaunchShape {
             config: LaunchConfig {
                 grid: [1; 3],
                 block: [1; 3],
@@ -540,8 +540,8 @@ mod tests {
             },
             gap: 0,
         };
-        assert_eq!(names, [&*token_label(&token.digest()), GRAPH, &*id]);
-        assert_eq!(rest[0].tokens[0].digest, token.digest());
+        assert_eq!(names, [&*shape_label(&shape.digest()), GRAPH, &*id]);
+        assert_eq!(rest[0].shapes[0].digest, shape.digest());
     }
 
     #[test]
@@ -597,7 +597,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sampled_token_launch_is_labelled_by_its_token() {
+    fn a_sampled_shape_launch_is_labelled_by_its_shape() {
         let mut w = Window::new(0, 10);
         let value = CounterValue {
             counter: penrose_core::counters::CounterId(5),
@@ -615,8 +615,8 @@ mod tests {
         let (snippets, _) = w.close();
         let s = &snippets[0];
         assert_eq!(s.samples[0].kernel, s.names[0]);
-        assert!(s.names[0].starts_with(TOKEN_PREFIX), "{}", s.names[0]);
-        assert_eq!(s.names[0].len(), TOKEN_PREFIX.len() + 16 + 1);
+        assert!(s.names[0].starts_with(SHAPE_PREFIX), "{}", s.names[0]);
+        assert_eq!(s.names[0].len(), SHAPE_PREFIX.len() + 16 + 1);
         // The label is the digest's prefix: it holds no handle, address or configuration.
         assert!(!s.names[0].contains("7f00") && !s.names[0].contains("256"));
     }
@@ -644,12 +644,12 @@ mod tests {
         let [a, b, c] = &snippets[..] else {
             panic!("three snippets");
         };
-        assert_eq!(a.tokens.len(), seq.iter().filter(|(k, _)| *k >= 3).count());
-        assert_eq!(a.unnamed, a.tokens.len() as u64);
+        assert_eq!(a.shapes.len(), seq.iter().filter(|(k, _)| *k >= 3).count());
+        assert_eq!(a.unnamed, a.shapes.len() as u64);
         assert_eq!(a.names, b.names, "equal labels too");
         assert_eq!(a.snippet_hash(&f), b.snippet_hash(&f));
         assert!(f.similarity(&a.snippet_hash(&f), &c.snippet_hash(&f)) < 0.5);
-        // The tokens, not the placeholder: with every unnamed launch as one fixed name, the
+        // The shapes, not the placeholder: with every unnamed launch as one fixed name, the
         // fingerprint would be another one.
         let placeholder: Vec<Arc<str>> = a
             .elements()
@@ -662,10 +662,10 @@ mod tests {
         assert_ne!(a.snippet_hash(&f), f.snippet_hash(&placeholder));
     }
 
-    /// (b) Launch configurations that differ in any field give different tokens; so does the
+    /// (b) Launch configurations that differ in any field give different shapes; so does the
     /// same configuration at another repetition distance.
     #[test]
-    fn different_launch_configurations_give_different_tokens() {
+    fn different_launch_configurations_give_different_shapes() {
         let mut w = Window::new(0, 100);
         let launches = [
             shaped(1, 1, 64, 256, 0),
@@ -682,15 +682,15 @@ mod tests {
             },
         ];
         for l in &launches {
-            assert_eq!(w.record(l, Naming::None, None), Recorded::Token);
+            assert_eq!(w.record(l, Naming::None, None), Recorded::Shape);
         }
         // Handle 1 again, same configuration, 6 launches later: another gap bucket.
         w.record(&launches[0], Naming::None, None);
-        // A new handle with handle 1's configuration: a first launch, the same token as
+        // A new handle with handle 1's configuration: a first launch, the same shape as
         // handle 1's first.
         w.record(&shaped(1, 99, 64, 256, 0), Naming::None, None);
         let (snippets, _) = w.close();
-        let digests: Vec<NameDigest> = snippets[0].tokens.iter().map(|t| t.digest).collect();
+        let digests: Vec<NameDigest> = snippets[0].shapes.iter().map(|t| t.digest).collect();
         let distinct: HashSet<NameDigest> = digests[..7].iter().copied().collect();
         assert_eq!(distinct.len(), 7);
         assert_eq!(digests[7], digests[0]);
@@ -698,7 +698,7 @@ mod tests {
         assert_eq!(labels.len(), 7);
     }
 
-    /// (c) A window of named launches (and identities) fingerprints exactly as before tokens:
+    /// (c) A window of named launches (and identities) fingerprints exactly as before shapes:
     /// the snippet hash of its names.
     #[test]
     fn named_launches_fingerprint_as_before() {
@@ -722,7 +722,7 @@ mod tests {
         }
         let (snippets, _) = w.close();
         for s in &snippets {
-            assert!(s.tokens.is_empty());
+            assert!(s.shapes.is_empty());
             assert!(s.elements().iter().all(|e| matches!(e, Element::Name(_))));
             assert_eq!(s.snippet_hash(&f), f.snippet_hash(&s.names));
         }
@@ -730,35 +730,35 @@ mod tests {
         assert_eq!((snippets[1].unnamed, snippets[1].identified), (50, 50));
     }
 
-    /// (d) A snippet's tracker holds at most [`MAX_TOKEN_HANDLES`] handles, evictions are
+    /// (d) A snippet's tracker holds at most [`MAX_SHAPE_HANDLES`] handles, evictions are
     /// counted, and its state goes with the snippet (a process's exit, the window's end).
     #[test]
     fn the_repetition_tracker_is_bounded_and_dropped_with_its_snippet() {
         let mut w = Window::new(0, usize::MAX);
         let extra = 100;
-        for h in 0..(MAX_TOKEN_HANDLES + extra) as u64 {
+        for h in 0..(MAX_SHAPE_HANDLES + extra) as u64 {
             w.record(&shaped(1, h, 1, 32, 0), Naming::None, None);
             // A second process repeating few handles never evicts.
             w.record(&shaped(2, h % 8, 1, 32, 0), Naming::None, None);
         }
-        assert_eq!(w.open[&Pid(1)].repetitions.handles(), MAX_TOKEN_HANDLES);
+        assert_eq!(w.open[&Pid(1)].repetitions.handles(), MAX_SHAPE_HANDLES);
         assert_eq!(w.open[&Pid(2)].repetitions.handles(), 8);
         // The handle launched longest ago was forgotten: its launch counts as a first one.
         w.record(&shaped(1, 0, 1, 32, 0), Naming::None, None);
         w.exit(Pid(1));
         assert!(!w.open.contains_key(&Pid(1)), "state dropped at exit");
-        assert_eq!(w.token_evictions(), extra as u64 + 1);
+        assert_eq!(w.shape_evictions(), extra as u64 + 1);
         let exited = w.take_finished();
-        let first = exited[0].tokens[0].digest;
-        assert_eq!(exited[0].tokens.last().map(|t| t.digest), Some(first));
+        let first = exited[0].shapes[0].digest;
+        assert_eq!(exited[0].shapes.last().map(|t| t.digest), Some(first));
         // A new process with the same pid starts afresh.
         w.record(&shaped(1, 5, 1, 32, 0), Naming::None, None);
         assert_eq!(w.open[&Pid(1)].repetitions.handles(), 1);
         let (rest, evictions) = w.close();
         assert_eq!(evictions, extra as u64 + 1);
         assert_eq!(rest.len(), 2);
-        assert_eq!((rest[0].pid, rest[0].tokens.len()), (Pid(1), 1));
-        assert_eq!(rest[1].tokens.len(), rest[1].names.len());
+        assert_eq!((rest[0].pid, rest[0].shapes.len()), (Pid(1), 1));
+        assert_eq!(rest[1].shapes.len(), rest[1].names.len());
     }
 
     #[test]

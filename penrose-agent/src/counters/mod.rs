@@ -2,7 +2,7 @@
 //! section 3, "Sampling and counters").
 //!
 //! - [`nvml`]: [`NvmlSource`], GPM metrics through NVML, loaded at run time: the product's
-//!   source, and the default. When it cannot be opened the capture fails (exit code 3); there
+//!   source, and the default. When it cannot be opened the capture fails (exit code 4); there
 //!   is no fallback to another source.
 //! - `standin`: `StandinSource`, test equipment, compiled in only with the `test-util`
 //!   feature (tests and the demo; never in a packaged agent): counters derived from the
@@ -178,7 +178,7 @@ pub enum CountersUnavailable {
 
 #[cfg(feature = "test-util")]
 fn open_standin() -> Result<Box<dyn CounterSource>, CountersUnavailable> {
-    crate::config::warn_test_equipment(
+    crate::test_equipment::warn(
         "capture.counters = \"test-standin-ring\"",
         "counter values are read from the stand-in libcuda's ring, not from a GPU",
     );
@@ -189,6 +189,6 @@ fn open_standin() -> Result<Box<dyn CounterSource>, CountersUnavailable> {
 #[cfg(not(feature = "test-util"))]
 fn open_standin() -> Result<Box<dyn CounterSource>, CountersUnavailable> {
     Err(CountersUnavailable::TestEquipmentNotBuilt(
-        crate::config::test_equipment_not_built("capture.counters = \"test-standin-ring\""),
+        crate::test_equipment::not_built("capture.counters = \"test-standin-ring\""),
     ))
 }

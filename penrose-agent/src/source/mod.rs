@@ -16,7 +16,9 @@ pub mod ebpf;
 pub mod replay;
 
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
+use penrose_core::sampling::SamplePeriod;
 use thiserror::Error;
 
 use crate::capture::window::Snippet;
@@ -39,11 +41,34 @@ pub enum SourceError {
     TestEquipmentNotBuilt(String),
 }
 
+/// How a trace replay runs (test equipment: `crate::source::replay`, in builds with the
+/// `test-util` feature).
+#[derive(Clone, Debug)]
+pub struct ReplayConfig {
+    /// L.
+    pub window_launches: usize,
+    /// S.
+    pub sample_period: SamplePeriod,
+    /// O.
+    pub reoffset_every: Duration,
+    /// Counter groups take turns of this length.
+    pub group_period: Duration,
+    /// Time between windows.
+    pub window_every: Duration,
+    /// Windows before the source ends (`None`: no end).
+    pub windows: Option<u64>,
+    /// Sample the traces' own counter values, as the stand-in ring would give them
+    /// (`capture.counters = "test-standin-ring"`); `false` keeps none (`"none"`).
+    pub sample_counters: bool,
+    /// Seed of the sampling offsets (`None`: from the OS).
+    pub seed: Option<u64>,
+}
+
 /// Opens the trace replay of `traces` (test equipment).
 #[cfg(feature = "test-util")]
 pub fn open_replay(
     traces: &std::path::Path,
-    replay: crate::config::ReplayConfig,
+    replay: ReplayConfig,
 ) -> Result<Box<dyn SnippetSource>, SourceError> {
     Ok(Box::new(ReplaySource::open(traces, replay)?))
 }
@@ -53,10 +78,10 @@ pub fn open_replay(
 #[cfg(not(feature = "test-util"))]
 pub fn open_replay(
     _traces: &std::path::Path,
-    _replay: crate::config::ReplayConfig,
+    _replay: ReplayConfig,
 ) -> Result<Box<dyn SnippetSource>, SourceError> {
     Err(SourceError::TestEquipmentNotBuilt(
-        crate::config::test_equipment_not_built("capture.source = \"test-replay\""),
+        crate::test_equipment::not_built("capture.source = \"test-replay\""),
     ))
 }
 

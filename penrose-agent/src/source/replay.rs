@@ -25,8 +25,8 @@ use rand::rngs::StdRng;
 use super::{SnippetSource, SourceBatch, SourceError, SourceInfo, WindowStat};
 use crate::capture::events::Pid;
 use crate::capture::window::{Sample, Snippet, SnippetEnd};
-use crate::config::ReplayConfig;
 use crate::counters::standin::{trace_groups, trace_values};
+use crate::source::ReplayConfig;
 
 /// Pids of replayed processes start here (they name no real process).
 const FIRST_PID: u32 = 1_000_000;
@@ -49,7 +49,7 @@ pub struct ReplaySource {
 impl ReplaySource {
     /// Reads every trace in `dir`; each process with launches becomes a replayed process.
     pub fn open(dir: &Path, config: ReplayConfig) -> Result<Self, SourceError> {
-        crate::config::warn_test_equipment(
+        crate::test_equipment::warn(
             "capture.source = \"test-replay\"",
             &format!(
                 "snippets are profiler traces from {} replayed as if captured, not launches on \
@@ -58,7 +58,7 @@ impl ReplaySource {
             ),
         );
         if config.sample_counters {
-            crate::config::warn_test_equipment(
+            crate::test_equipment::warn(
                 "capture.counters = \"test-standin-ring\"",
                 "counter values are the traces' own fields, as the stand-in libcuda's ring gives \
                  them, not readings of a GPU",

@@ -3,11 +3,11 @@
 //!
 //! A snippet (the kernel names one process launched in a capture window) goes through:
 //!
-//! - [`tokens`]: what stands for a launch when the agent has no name for it: its launch
-//!   configuration and the distance back to the previous launch of the same handle (name-free
-//!   tokens, unchanged by any consistent renaming of handles), digested like names.
+//! - [`shapes`]: what stands for a launch when the agent has no name for it: its launch
+//!   configuration and the distance back to the previous launch of the same handle (launch
+//!   shapes, unchanged by any consistent renaming of handles), digested like names.
 //! - [`shingle`]: n-grams of names, each digested with SHA-256, so that reversing a shingle means
-//!   enumerating n-tuples of kernel names; a launch without a name enters as its token's
+//!   enumerating n-tuples of kernel names; a launch without a name enters as its shape's
 //!   digest ([`Element`]).
 //! - [`minhash`]: k MinHash values over the digests, either over the *set* of shingles or over
 //!   their *counts* (weighted MinHash), which tolerates perturbed launches better.
@@ -25,9 +25,9 @@ pub mod locator;
 pub mod lsh;
 pub mod minhash;
 pub mod params;
+pub mod shapes;
 pub mod shingle;
 pub mod snippet;
-pub mod tokens;
 
 #[cfg(test)]
 mod proptests;
@@ -39,12 +39,12 @@ pub use params::{
     DEFAULT_NGRAM_LEN, DEFAULT_NUM_HASHES, DEFAULT_TAU, DEFAULT_WEIGHTING, FingerprintParams,
     ParamsError, SNIPPET_HASH_BITS, Weighting,
 };
+pub use shapes::{
+    LaunchConfig, LaunchShape, MAX_GAP_BUCKET, RepetitionTracker, combined_digest, gap_bucket,
+    launch_shapes, name_free_digests, repetition_distances,
+};
 pub use shingle::{
     Element, NameDigest, ShingleKey, shingle_keys, shingle_keys_of_digests,
     shingle_keys_of_elements,
 };
 pub use snippet::{Fingerprinter, MalformedSnippet, SnippetHash};
-pub use tokens::{
-    LaunchConfig, LaunchToken, MAX_GAP_BUCKET, RepetitionTracker, combined_digest, gap_bucket,
-    name_free_digests, name_free_tokens, repetition_distances,
-};

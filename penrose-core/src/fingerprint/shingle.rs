@@ -54,7 +54,7 @@ pub fn shingle_keys<S: AsRef<str>>(names: &[S], ngram_len: usize) -> Vec<Shingle
 
 /// One launch of a snippet as the shingler sees it: a kernel name (or a name-like label such as
 /// an identity), digested here with SHA-256 as [`shingle_keys`] does, or a digest made elsewhere
-/// (a name-free token's, [`super::LaunchToken::digest`]), used as it is. A sequence of names
+/// (a launch shape's, [`super::LaunchShape::digest`]), used as it is. A sequence of names
 /// only gives exactly the keys [`shingle_keys`] gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Element<'a> {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use penrose_core::fingerprint::{
-    LaunchToken, NameDigest, combined_digest, gap_bucket, repetition_distances,
+    LaunchShape, NameDigest, combined_digest, gap_bucket, repetition_distances,
 };
 use serde::Serialize;
 
@@ -19,7 +19,7 @@ pub enum Tokens {
     /// The kernel name (what penrose-core shingles today).
     Named,
     /// Launch configuration plus the log bucket of the distance to the previous launch of the
-    /// same handle (penrose-core's `LaunchToken`): no name at all.
+    /// same handle (penrose-core's `LaunchShape`): no name at all.
     NameFree,
     /// One token of the name and the name-free token together (`combined_digest`).
     Both,
@@ -108,7 +108,7 @@ impl<'a> Tokenizer<'a> {
                     Tokens::NameFreeExact => d.unwrap_or(0).min(EXACT_GAP_CAP) as u8,
                     _ => gap_bucket(d),
                 };
-                let token = LaunchToken {
+                let token = LaunchShape {
                     config: corpus.configs[config as usize],
                     gap,
                 };
@@ -199,7 +199,7 @@ mod tests {
         let mut t = Tokenizer::new(&c, Tokens::NameFreeExact);
         let ids = t.tokenize(&window, &[]);
         let expect = |config: u32, gap: u8| {
-            LaunchToken {
+            LaunchShape {
                 config: c.configs[config as usize],
                 gap,
             }

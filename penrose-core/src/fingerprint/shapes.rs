@@ -1,4 +1,4 @@
-//! Launch tokens that need no kernel names: what a launch is when the agent cannot name it.
+//! Launch shapes: what stands for a kernel name: what a launch is when the agent cannot name it.
 //!
 //! On real CUDA stacks many launches arrive through handles no name source resolves (kernels
 //! the runtime registers through a private path, stripped libraries). A handle is only
@@ -12,22 +12,22 @@
 //!   handle, as a logarithmic bucket ([`gap_bucket`]): 0 for the first launch of a handle in
 //!   the sequence, otherwise `1 + floor(log2(distance))`, capped at [`MAX_GAP_BUCKET`].
 //!
-//! A token's digest is SHA-256 over a domain tag and a fixed little-endian encoding of those
-//! fields; it plays the role of a kernel name's digest, so tokens are shingled, MinHashed and
+//! A shape's digest is SHA-256 over a domain tag and a fixed little-endian encoding of those
+//! fields; it plays the role of a kernel name's digest, so shapes are shingled, MinHashed and
 //! packed into the 256-bit snippet hash exactly like names
 //! ([`super::shingle_keys_of_digests`]). Renaming every handle of a sequence by a bijection
-//! leaves the token sequence unchanged (tested below), which is what makes per-process handles
+//! leaves the shape sequence unchanged (tested below), which is what makes per-process handles
 //! comparable across processes and hosts.
 //!
 //! Why a log bucket and not the exact distance: a dropped or an inserted launch shifts by one
 //! the distance of every repetition that spans it, which with exact distances (even capped,
-//! say at 64) changes one token per kernel that is live across the perturbed position; a log
+//! say at 64) changes one shape per kernel that is live across the perturbed position; a log
 //! bucket changes only when the shifted distance crosses a power of two, so a perturbation
 //! still spoils about n shingles, as it does for names. The buckets still separate a kernel
 //! launched back to back (1), within a short fused sequence (2 to 7), once per layer (tens)
 //! and once per iteration (hundreds or thousands).
 //!
-//! [`RepetitionTracker`] computes the same tokens launch by launch, as an agent sees them, with
+//! [`RepetitionTracker`] computes the same shapes launch by launch, as an agent sees them, with
 //! a bound on the handles it remembers. Fed a whole run without gaps it carries the distances
 //! across capture windows, which the evaluation found worth about 4.5 points of accuracy; the
 //! agent cannot do that, because its probes are detached between windows and the launches it
@@ -36,8 +36,8 @@
 //! "What the agent ships for launches without a name"), so the agent gives each snippet its own
 //! tracker.
 //!
-//! [`combined_digest`] is the "both" encoding: one token per launch made of the name digest
-//! and the name-free token, so a named launch is told apart by its name and an unnamed one
+//! [`combined_digest`] is the "both" encoding: one element per launch made of the name digest
+//! and the launch shape, so a named launch is told apart by its name and an unnamed one
 //! (a fixed placeholder name) still by its configuration and repetition.
 
 use std::collections::{BTreeMap, HashMap};
@@ -47,15 +47,17 @@ use sha2::{Digest, Sha256};
 
 use super::shingle::NameDigest;
 
-/// Domain tag of a name-free token's digest (keeps token digests apart from name digests).
-const TOKEN_TAG: &[u8] = b"penrose.launch-token.v1";
+/// Domain tag of a launch shape's digest (keeps shape digests apart from name digests). The
+/// bytes keep the name these were first given, "launch tokens": changing them would change every
+/// unnamed launch's digest, and so every fingerprint, between agent versions.
+const SHAPE_TAG: &[u8] = b"penrose.launch-token.v1";
 
-/// Domain tag of a combined (name plus name-free token) digest.
+/// Domain tag of a combined (name plus launch shape) digest (bytes kept, as above).
 const COMBINED_TAG: &[u8] = b"penrose.named-launch-token.v1";
 
 /// Largest gap bucket: every distance of at least 2^(MAX_GAP_BUCKET - 1) launches shares it.
 /// 2^15 = 32,768 launches is longer than a training iteration of any trace we evaluated and
-/// leaves the token alphabet bounded.
+/// leaves the shape alphabet bounded.
 pub const MAX_GAP_BUCKET: u8 = 16;
 
 /// What the launch call says about a launch's shape: the same for the same kernel launched
@@ -72,16 +74,16 @@ pub struct LaunchConfig {
     pub shared_mem_bytes: u64,
 }
 
-/// One name-free token: a launch configuration and the gap bucket of its handle.
+/// One launch shape: a launch configuration and the gap bucket of its handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LaunchToken {
+pub struct LaunchShape {
     /// The launch's configuration.
     pub config: LaunchConfig,
     /// [`gap_bucket`] of the distance to the previous launch of the same handle.
     pub gap: u8,
 }
 
-impl LaunchToken {
+impl LaunchShape {
     /// The fixed byte encoding the digests hash: grid, block (u32 each), shared memory (u64),
     /// all little-endian, then the gap bucket.
     fn encode(&self) -> [u8; 33] {
@@ -100,23 +102,23 @@ impl LaunchToken {
         out
     }
 
-    /// The token's digest, shingled in place of a name digest.
+    /// The shape's digest, shingled in place of a name digest.
     pub fn digest(&self) -> NameDigest {
         let mut hasher = Sha256::new();
-        hasher.update(TOKEN_TAG);
+        hasher.update(SHAPE_TAG);
         hasher.update(self.encode());
         NameDigest(hasher.finalize().into())
     }
 }
 
-/// The digest of a launch in the "both" encoding: its name's digest and its name-free token
-/// together, one token per launch. A launch without a name should pass one fixed placeholder
-/// digest, so it is told apart by its token alone.
-pub fn combined_digest(name: &NameDigest, token: &LaunchToken) -> NameDigest {
+/// The digest of a launch in the "both" encoding: its name's digest and its launch shape
+/// together, one element per launch. A launch without a name should pass one fixed placeholder
+/// digest, so it is told apart by its shape alone.
+pub fn combined_digest(name: &NameDigest, shape: &LaunchShape) -> NameDigest {
     let mut hasher = Sha256::new();
     hasher.update(COMBINED_TAG);
     hasher.update(name.0);
-    hasher.update(token.encode());
+    hasher.update(shape.encode());
     NameDigest(hasher.finalize().into())
 }
 
@@ -143,34 +145,34 @@ pub fn repetition_distances<H: Eq + Hash>(
         .collect()
 }
 
-/// The name-free tokens of a sequence of launches, each given as (handle, configuration).
+/// The launch shapes of a sequence of launches, each given as (handle, configuration).
 /// Handles are per-process identities (a `CUfunction` value, or a kernel name standing for
 /// one); only their equality is used.
-pub fn name_free_tokens<H: Eq + Hash>(
+pub fn launch_shapes<H: Eq + Hash>(
     launches: impl IntoIterator<Item = (H, LaunchConfig)>,
-) -> Vec<LaunchToken> {
+) -> Vec<LaunchShape> {
     let (handles, configs): (Vec<H>, Vec<LaunchConfig>) = launches.into_iter().unzip();
     repetition_distances(handles)
         .into_iter()
         .zip(configs)
-        .map(|(d, config)| LaunchToken {
+        .map(|(d, config)| LaunchShape {
             config,
             gap: gap_bucket(d),
         })
         .collect()
 }
 
-/// Name-free tokens of one sequence of launches as they arrive (a process's launches in a
-/// capture window for the agent): the same tokens as [`name_free_tokens`] over the whole
-/// sequence, as long as no handle was evicted. Launches that get no token (the agent's named
-/// launches) still count in the distances ([`Self::skip`]), so an unnamed kernel's tokens do
+/// Launch shapes of one sequence of launches as they arrive (a process's launches in a
+/// capture window for the agent): the same shapes as [`launch_shapes`] over the whole
+/// sequence, as long as no handle was evicted. Launches that get no shape (the agent's named
+/// launches) still count in the distances ([`Self::skip`]), so an unnamed kernel's shapes do
 /// not depend on which of its neighbours had names.
 ///
 /// Bounded: it remembers at most `max_handles` handles (one entry each, about 60 bytes); a new
 /// handle beyond that evicts the handle launched longest ago, whose next launch then counts
 /// as a first one (bucket 0), and the eviction is counted. The evicted handle's last launch is
 /// at least `max_handles` launches back, so with a bound of 2^15 or more (the distance of the
-/// top bucket, [`MAX_GAP_BUCKET`]) an eviction only ever turns a top-bucket token into a
+/// top bucket, [`MAX_GAP_BUCKET`]) an eviction only ever turns a top-bucket shape into a
 /// first-launch one.
 #[derive(Clone, Debug)]
 pub struct RepetitionTracker<H> {
@@ -206,8 +208,8 @@ impl<H: Eq + Hash + Clone> RepetitionTracker<H> {
         }
     }
 
-    /// The token of the sequence's next launch.
-    pub fn token(&mut self, handle: H, config: LaunchConfig) -> LaunchToken {
+    /// The shape of the sequence's next launch.
+    pub fn shape(&mut self, handle: H, config: LaunchConfig) -> LaunchShape {
         let i = self.next;
         self.next += 1;
         let previous = self.last.insert(handle.clone(), i);
@@ -221,13 +223,13 @@ impl<H: Eq + Hash + Clone> RepetitionTracker<H> {
         }
         self.order.insert(i, handle);
         let distance = previous.map(|prev| usize::try_from(i - prev).unwrap_or(usize::MAX));
-        LaunchToken {
+        LaunchShape {
             config,
             gap: gap_bucket(distance),
         }
     }
 
-    /// The sequence's next launch gets no token (it has a name) but counts in the distances of
+    /// The sequence's next launch gets no shape (it has a name) but counts in the distances of
     /// the launches around it.
     pub fn skip(&mut self) {
         self.next += 1;
@@ -244,13 +246,13 @@ impl<H: Eq + Hash + Clone> RepetitionTracker<H> {
     }
 }
 
-/// The digests of [`name_free_tokens`], ready for [`super::shingle_keys_of_digests`].
+/// The digests of [`launch_shapes`], ready for [`super::shingle_keys_of_digests`].
 pub fn name_free_digests<H: Eq + Hash>(
     launches: impl IntoIterator<Item = (H, LaunchConfig)>,
 ) -> Vec<NameDigest> {
-    name_free_tokens(launches)
+    launch_shapes(launches)
         .iter()
-        .map(LaunchToken::digest)
+        .map(LaunchShape::digest)
         .collect()
 }
 
@@ -287,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn renaming_handles_by_a_bijection_leaves_the_tokens_unchanged() {
+    fn renaming_handles_by_a_bijection_leaves_the_shapes_unchanged() {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         let kinds = 40;
         let seq = sequence(&mut rng, kinds, 2_000);
@@ -309,16 +311,16 @@ mod tests {
             })
             .collect();
 
-        let tokens = name_free_tokens(seq.iter().cloned());
-        assert_eq!(tokens, name_free_tokens(renamed.iter().cloned()));
-        assert_eq!(tokens, name_free_tokens(as_pointers.iter().cloned()));
+        let shapes = launch_shapes(seq.iter().cloned());
+        assert_eq!(shapes, launch_shapes(renamed.iter().cloned()));
+        assert_eq!(shapes, launch_shapes(as_pointers.iter().cloned()));
         // And so are the digests and the shingles built from them.
         let keys = |d: &[NameDigest]| shingle_keys_of_digests(d, 4);
         assert_eq!(
             keys(&name_free_digests(seq.iter().cloned())),
             keys(&name_free_digests(renamed))
         );
-        // The tokens do use handle identity: merging two handles changes them.
+        // The shapes do use handle identity: merging two handles changes them.
         let a = seq[0].0.clone();
         let b = seq
             .iter()
@@ -329,7 +331,7 @@ mod tests {
         let merged = seq
             .iter()
             .map(|(n, c)| (if *n == a { b.clone() } else { n.clone() }, *c));
-        assert_ne!(tokens, name_free_tokens(merged));
+        assert_ne!(shapes, launch_shapes(merged));
     }
 
     #[test]
@@ -337,15 +339,15 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let seq = sequence(&mut rng, 20, 600);
         let mut tracker = RepetitionTracker::new();
-        let tracked: Vec<LaunchToken> = seq
+        let tracked: Vec<LaunchShape> = seq
             .iter()
-            .map(|(n, c)| tracker.token(n.as_str(), *c))
+            .map(|(n, c)| tracker.shape(n.as_str(), *c))
             .collect();
-        // One sequence: the same tokens as the whole sequence at once.
-        assert_eq!(tracked, name_free_tokens(seq.iter().cloned()));
-        // The second window's tokens differ from that window tokenised alone only where a
+        // One sequence: the same shapes as the whole sequence at once.
+        assert_eq!(tracked, launch_shapes(seq.iter().cloned()));
+        // The second window's shapes differ from that window shaped alone only where a
         // kernel's first launch in the window had launched before it.
-        let alone = name_free_tokens(seq[300..].iter().cloned());
+        let alone = launch_shapes(seq[300..].iter().cloned());
         let distances = repetition_distances(seq[300..].iter().map(|(n, _)| n));
         for ((t, a), d) in tracked[300..].iter().zip(&alone).zip(distances) {
             if d.is_some() {
@@ -365,14 +367,14 @@ mod tests {
             .iter()
             .map(|&k| (k, configs[k]))
             .collect();
-        let whole = name_free_tokens(seq.iter().copied());
-        // Handle 1 has a name: its launches are skipped, the others' tokens are unchanged.
+        let whole = launch_shapes(seq.iter().copied());
+        // Handle 1 has a name: its launches are skipped, the others' shapes are unchanged.
         let mut tracker = RepetitionTracker::new();
         for ((k, c), expected) in seq.iter().zip(&whole) {
             if *k == 1 {
                 tracker.skip();
             } else {
-                assert_eq!(tracker.token(*k, *c), *expected);
+                assert_eq!(tracker.shape(*k, *c), *expected);
             }
         }
         assert_eq!(tracker.handles(), 2);
@@ -383,32 +385,32 @@ mod tests {
         let c = config(1, 1, 0);
         let mut tracker = RepetitionTracker::bounded(3);
         for h in [10u64, 11, 12, 10] {
-            tracker.token(h, c);
+            tracker.shape(h, c);
         }
         assert_eq!((tracker.handles(), tracker.evictions()), (3, 0));
         // A fourth handle evicts 11 (launched longest ago), not 10.
-        tracker.token(13, c);
+        tracker.shape(13, c);
         assert_eq!((tracker.handles(), tracker.evictions()), (3, 1));
-        assert_eq!(tracker.token(10, c).gap, gap_bucket(Some(2)));
+        assert_eq!(tracker.shape(10, c).gap, gap_bucket(Some(2)));
         // 11 was forgotten: its launch counts as a first one (and evicts 12).
-        assert_eq!(tracker.token(11, c).gap, 0);
+        assert_eq!(tracker.shape(11, c).gap, 0);
         assert_eq!((tracker.handles(), tracker.evictions()), (3, 2));
         // Many distinct handles: never more than the bound, every eviction counted.
         let mut tracker = RepetitionTracker::bounded(64);
         for h in 0..10_000u64 {
-            tracker.token(h % 1_000, c);
+            tracker.shape(h % 1_000, c);
             assert!(tracker.handles() <= 64);
         }
         assert_eq!(tracker.evictions(), 10_000 - 64);
-        // Handles within the bound are never evicted, and tokens equal the unbounded ones.
+        // Handles within the bound are never evicted, and shapes equal the unbounded ones.
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let seq = sequence(&mut rng, 30, 3_000);
         let mut bounded = RepetitionTracker::bounded(30);
-        let tokens: Vec<LaunchToken> = seq
+        let shapes: Vec<LaunchShape> = seq
             .iter()
-            .map(|(n, c)| bounded.token(n.clone(), *c))
+            .map(|(n, c)| bounded.shape(n.clone(), *c))
             .collect();
-        assert_eq!(tokens, name_free_tokens(seq.iter().cloned()));
+        assert_eq!(shapes, launch_shapes(seq.iter().cloned()));
         assert_eq!(bounded.evictions(), 0);
     }
 
@@ -428,7 +430,7 @@ mod tests {
 
     #[test]
     fn every_field_of_the_configuration_counts() {
-        let base = LaunchToken {
+        let base = LaunchShape {
             config: LaunchConfig {
                 grid: [1, 2, 3],
                 block: [4, 5, 6],
@@ -452,7 +454,7 @@ mod tests {
         t.gap += 1;
         variants.push(t);
         let digests: std::collections::HashSet<NameDigest> =
-            variants.iter().map(LaunchToken::digest).collect();
+            variants.iter().map(LaunchShape::digest).collect();
         assert_eq!(digests.len(), variants.len());
         // Token digests never equal name digests of the same bytes, and the combined digest
         // depends on the name.
