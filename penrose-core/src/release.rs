@@ -32,8 +32,13 @@ pub const DEFAULT_CAP: u32 = 24;
 /// How many days a report's day may differ from the receiving server's, either way.
 pub const DAY_TOLERANCE: u32 = 1;
 
-/// k: the fewest contributors (owners) a sum must have to be released and decrypted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+/// k: the fewest contributors (owners) a sum must have to be released and decrypted. Read
+/// back (a report's JSON) through [`Threshold::new`], so that a value under the floor is
+/// refused there too.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(try_from = "u64")]
 pub struct Threshold(u64);
 
 impl Threshold {
@@ -54,9 +59,20 @@ impl Threshold {
     }
 }
 
+impl TryFrom<u64> for Threshold {
+    type Error = PolicyError;
+    fn try_from(k: u64) -> Result<Self, PolicyError> {
+        Self::new(k)
+    }
+}
+
 /// T: the most reports one agent sends per (counter, day). Agents enforce it on themselves;
-/// servers count contributors with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+/// servers count contributors with it. Read back (a report's JSON) as the servers' cap,
+/// through [`ReportsPerContributor::for_servers`]: only servers write it.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(try_from = "u32")]
 pub struct ReportsPerContributor(u32);
 
 impl ReportsPerContributor {
@@ -153,6 +169,13 @@ impl From<ReleaseRule> for RuleValues {
     }
 }
 
+impl TryFrom<u32> for ReportsPerContributor {
+    type Error = PolicyError;
+    fn try_from(t: u32) -> Result<Self, PolicyError> {
+        Self::for_servers(t)
+    }
+}
+
 /// Why a policy value was refused.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PolicyError {
@@ -240,6 +263,18 @@ mod tests {
         assert!(ReportsPerContributor::for_agent(3).is_ok());
         assert!(check_key_bits(1024).is_err());
         assert!(check_key_bits(2048).is_ok());
+    }
+
+    /// Both are plain numbers in JSON, and read back through the same floors.
+    #[test]
+    fn policy_values_read_back_as_written_and_through_the_floors() {
+        let k = Threshold::new(12).unwrap();
+        let t = ReportsPerContributor::for_servers(48).unwrap();
+        assert_eq!(serde_json::to_string(&(k, t)).unwrap(), "[12,48]");
+        let back: (Threshold, ReportsPerContributor) = serde_json::from_str("[12,48]").unwrap();
+        assert_eq!(back, (k, t));
+        assert!(serde_json::from_str::<Threshold>("9").is_err());
+        assert!(serde_json::from_str::<ReportsPerContributor>("23").is_err());
     }
 
     #[test]

@@ -260,6 +260,27 @@ impl serde::Serialize for Period {
     }
 }
 
+/// The JSON form's reverse: both dates must be `YYYY-MM-DD`.
+impl<'de> serde::Deserialize<'de> for Period {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use penrose_core::calendar::day_of_date;
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            from: String,
+            until: String,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        let day = |date: &str| {
+            day_of_date(date)
+                .ok_or_else(|| serde::de::Error::custom(format!("{date:?} is no YYYY-MM-DD date")))
+        };
+        Ok(Period {
+            first: day(&wire.from)?,
+            last: day(&wire.until)?,
+        })
+    }
+}
+
 impl std::fmt::Display for Period {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use penrose_core::calendar::date_of;

@@ -17,7 +17,7 @@ use penrose_core::audit::{
 use penrose_core::bundle::{BundleHash, InstanceId};
 use penrose_transport::ClientError;
 use penrose_transport::exchange::{ExchangeClient, Protocol};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::archive::{Archive, ArchiveError, ArchivedBundle, SumOrigin, io};
@@ -91,7 +91,7 @@ impl AuditError {
 }
 
 /// What one `audit` run did.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AuditSummary {
     /// Bundles in the archive.
     pub bundles: usize,

@@ -138,7 +138,7 @@ impl Splits {
 }
 
 /// One axis of a decrypted joint view.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AxisSummary {
     /// The counter.
     pub counter: String,
@@ -155,7 +155,7 @@ pub struct AxisSummary {
 }
 
 /// A value estimated at cell resolution, with the bounds the cell edges allow.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Estimate {
     /// With each cell at its representative value.
     pub estimate: f64,
@@ -166,7 +166,7 @@ pub struct Estimate {
 }
 
 /// One of the four quadrants.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Quadrant {
     /// At or above the x split.
     pub x_high: bool,
@@ -181,7 +181,7 @@ pub struct Quadrant {
 }
 
 /// A decrypted joint view, split.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct JointSummary {
     /// The view's name.
     pub view: String,

@@ -62,7 +62,7 @@ pub enum ReportError {
 }
 
 /// One decrypted (class, architecture, counter).
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CounterReport {
     /// The class.
     pub class: u32,
@@ -117,7 +117,7 @@ pub struct CounterReport {
 
 /// A (class, architecture, counter) not decrypted: every released sum of it is under the
 /// threshold.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldBack {
     /// Class.
     pub class: u32,
@@ -132,7 +132,7 @@ pub struct HeldBack {
 }
 
 /// A released sum that decrypted to something no honest reports can add up to.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Quarantined {
     /// Class.
     pub class: u32,
@@ -151,7 +151,7 @@ pub struct Quarantined {
 }
 
 /// The whole report.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     /// The days it covers (`--from`/`--until`): only epochs whose report days all lie within
     /// are added. `None`: every released epoch. Set by the caller ([`Report::covering`]).
@@ -835,5 +835,88 @@ mod tests {
         assert_eq!(csv_text("say \"hi\""), "\"say \"\"hi\"\"\"");
         assert_eq!(csv_text("=cmd()"), "'=cmd()");
         assert_eq!(csv_text("-1,2"), "\"'-1,2\"");
+    }
+
+    /// `report --json` reads back into the report it was written from (the demo reads it so),
+    /// and writes the same JSON again: every field, the period's dates, labels by class and a
+    /// joint view's quadrants included.
+    #[test]
+    fn a_report_reads_back_from_its_json() {
+        use crate::plot::tests::{counter, joint_counter};
+        let mut labelled = counter(7, &[(3, 40), (50, 2)]);
+        labelled.label = Some(Label::new("llama decode").unwrap());
+        let quarantined = Quarantined {
+            class: 9,
+            arch: "sm_80".into(),
+            counter: 2,
+            epoch: 20_001,
+            generation: 1,
+            reports: 4,
+            reason: "bins add up to 5, not 4".into(),
+        };
+        let report = Report {
+            period: Some(Period {
+                first: penrose_core::wire::Day(20_000),
+                last: penrose_core::wire::Day(20_006),
+            }),
+            threshold: Threshold::new(12).unwrap(),
+            reports_per_contributor: ReportsPerContributor::for_servers(48).unwrap(),
+            bundles: 2,
+            epochs: 3,
+            withheld_sums: 4,
+            withheld_reports: 55,
+            decrypted: vec![labelled.clone(), joint_counter(8)],
+            held_back: vec![HeldBack {
+                class: 11,
+                arch: "sm_90".into(),
+                counter: 5,
+                reports: 100,
+                contributors_at_least: 5,
+            }],
+            quarantined: vec![quarantined.clone()],
+            awaiting_auditor: vec![quarantined],
+            skipped_epochs: vec![("aa".repeat(16), 19_999)],
+            bound_enforced_by_tokens: true,
+            epochs_without_tokens: 0,
+            labels: [(7, labelled.label.clone().unwrap())].into(),
+        };
+        let written = serde_json::to_string_pretty(&report).unwrap();
+        assert!(written.contains(r#""from": "2024-10-04""#), "{written}");
+        let back: Report = serde_json::from_str(&written).unwrap();
+        // Floats up to their last bit, which serde_json's parsing (without its
+        // float_roundtrip feature) may not give back; everything else exactly.
+        assert!(
+            same_json(
+                &serde_json::to_value(&back).unwrap(),
+                &serde_json::to_value(&report).unwrap()
+            ),
+            "{back:?}"
+        );
+        assert_eq!(back.decrypted[0], report.decrypted[0]);
+        assert_eq!(back.labels, report.labels);
+        assert_eq!(back.period, report.period);
+        // The floors hold on the way back in too.
+        let low = written.replace(r#""threshold": 12"#, r#""threshold": 9"#);
+        assert!(serde_json::from_str::<Report>(&low).is_err());
+    }
+
+    /// `a` and `b` hold the same JSON, numbers within a relative 1e-15.
+    fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) => (x - y).abs() <= 1e-15 * x.abs().max(y.abs()),
+                _ => x == y,
+            },
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len()
+                    && x.iter()
+                        .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+            }
+            _ => a == b,
+        }
     }
 }
