@@ -29,7 +29,8 @@ use penrose_agent::capture::window::DEFAULT_WINDOW_LAUNCHES;
 use penrose_agent::capture_summary::CaptureSummary;
 use penrose_core::sampling::DEFAULT_SAMPLE_PERIOD;
 
-use crate::bench::{machine, target_dir, workspace_root};
+use xtask::machine;
+use xtask::workspace::{newest_standin, target_dir, workspace_root};
 
 /// Arguments of `cargo xtask bench-capture`.
 #[derive(clap::Args)]
@@ -309,7 +310,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     }
-    let report = report(&results, &trace, &machine(), &command_line(&args));
+    let report = report(&results, &trace, &machine::describe(), &command_line(&args));
     print!("{report}");
     let out = root.join(&args.out);
     std::fs::write(&out, report).with_context(|| format!("writing {}", out.display()))?;
@@ -322,23 +323,6 @@ fn tempfile_dir() -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("penrose-bench-capture-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
-}
-
-/// The stand-in library a build compiled into `bins` (build scripts put it under
-/// `build/*/out`); the newest, when several builds left one.
-pub(crate) fn newest_standin(release: &Path) -> Result<PathBuf> {
-    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for entry in std::fs::read_dir(release.join("build"))? {
-        let path = entry?.path().join("out/libcuda.so.1");
-        if let Ok(meta) = std::fs::metadata(&path) {
-            let modified = meta.modified()?;
-            if best.as_ref().is_none_or(|(t, _)| modified > *t) {
-                best = Some((modified, path));
-            }
-        }
-    }
-    best.map(|(_, p)| p)
-        .with_context(|| format!("no stand-in libcuda.so.1 under {}/build", release.display()))
 }
 
 /// One replay; returns (launches, ns per launch).

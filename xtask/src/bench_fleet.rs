@@ -47,8 +47,8 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::machine;
-use crate::bench_ingest::{dir_bytes, rss_mib, today_utc};
+use xtask::machine::{self, today_utc};
+use xtask::measure::{dir_bytes, rss_mib};
 
 /// Arguments of `cargo xtask bench-fleet`.
 #[derive(clap::Args)]
@@ -609,7 +609,7 @@ fn markdown(args: &Args, rows: &[Row], recall: &[TraceRecall]) -> String {
             .join(","),
         args.reports,
         args.new_share,
-        machine(),
+        machine::describe(),
         today_utc(),
     );
     if let Some(r) = rows.first() {

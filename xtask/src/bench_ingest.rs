@@ -28,8 +28,10 @@ use penrose_core::paillier::Keypair;
 use penrose_host::clock::today;
 use serde::Serialize;
 
-use crate::bench::{machine, target_dir, workspace_root};
-use crate::demo::start_server;
+use xtask::machine::{self, today_utc};
+use xtask::measure::{dir_bytes, rss_mib};
+use xtask::servers::start_server;
+use xtask::workspace::{target_dir, workspace_root};
 
 /// Arguments of `cargo xtask bench-ingest`.
 #[derive(clap::Args)]
@@ -526,33 +528,6 @@ fn run_once(
     Ok(run)
 }
 
-/// Resident memory of a process, from /proc.
-pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .context("no VmRSS")?
-        .parse()?;
-    Ok(kib / 1024.0)
-}
-
-/// Bytes under a directory.
-pub(crate) fn dir_bytes(dir: &Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())?
-        } else {
-            meta.len()
-        };
-    }
-    Ok(total)
-}
-
 /// CPU seconds of each of the process's thread groups, from /proc/PID/task/*/stat.
 fn thread_cpu(pid: u32) -> Result<Vec<(String, f64)>> {
     // utime and stime are in USER_HZ ticks, which Linux fixes at 100 for user space.
@@ -677,7 +652,7 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
         args.reports,
         args.clients,
         args.connections,
-        machine(),
+        machine::describe(),
         today_utc(),
         if args.admission == AdmissionArg::Open {
             ""
@@ -776,9 +751,4 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
         }
     }
     s
-}
-
-/// Today's date (UTC) as YYYY-MM-DD, from the system clock (no time-zone database needed).
-pub(crate) fn today_utc() -> String {
-    penrose_core::calendar::date_of(penrose_host::clock::today())
 }

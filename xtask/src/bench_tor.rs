@@ -48,7 +48,8 @@ use penrose_transport::{
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::bench::{machine, target_dir, workspace_root};
+use xtask::machine;
+use xtask::workspace::{target_dir, workspace_root};
 
 /// The name in the test server's certificate.
 const SERVER_NAME: &str = "aggregator.test";
@@ -327,7 +328,7 @@ pub fn run(args: Args) -> Result<()> {
 
     let ratios = ratios(&reports);
     let results = Results {
-        machine: machine(),
+        machine: machine::describe(),
         load_before,
         load_after: load_average(),
         network_ready_s,
