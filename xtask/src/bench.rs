@@ -9,6 +9,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+use xtask::machine;
+use xtask::workspace::{target_dir, workspace_root};
 
 /// Arguments of `cargo xtask bench`.
 #[derive(clap::Args)]
@@ -141,7 +143,7 @@ pub fn run(args: Args) -> Result<()> {
     if !args.json {
         println!("\n{sizes}");
     }
-    let report = report(&root, &rows, &machine(), &sizes);
+    let report = report(&root, &rows, &machine::describe(), &sizes);
     let out = root.join(&args.out);
     std::fs::write(&out, report).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {}", out.display());
@@ -338,57 +340,4 @@ fn report(root: &Path, rows: &[Row], machine: &str, sizes: &str) -> String {
         let _ = writeln!(s, "\n{tor}");
     }
     s
-}
-
-pub(crate) fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|k| k.trim().to_string())
-        .unwrap_or_default();
-    let mem_gib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
-    let rustc = Command::new("rustc")
-        .arg("--version")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    format!("{cpu}, {cores} cores, {mem_gib:.0} GiB, Linux {kernel}, {rustc}")
-}
-
-/// The cargo features that compile the test equipment into the agent (the trace replay, the
-/// stand-in ring) and the aggregation server (the load generator): what the demo and the
-/// benchmarks build their release binaries with. `cargo xtask dist` never names them, so the
-/// packages' binaries have none of it.
-pub const TEST_EQUIPMENT_FEATURES: &str = "penrose-agent/test-util,penrose-aggregator/test-util";
-
-/// The workspace root: xtask lives one level below it.
-pub fn workspace_root() -> Result<PathBuf> {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .context("xtask has no parent directory")
-}
-
-pub(crate) fn target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
 }

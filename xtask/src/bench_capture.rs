@@ -29,7 +29,8 @@ use penrose_agent::capture::window::DEFAULT_WINDOW_LAUNCHES;
 use penrose_agent::capture_summary::CaptureSummary;
 use penrose_core::sampling::DEFAULT_SAMPLE_PERIOD;
 
-use crate::bench::{machine, target_dir, workspace_root};
+use xtask::machine;
+use xtask::workspace::{newest_standin, target_dir, workspace_root};
 
 /// Arguments of `cargo xtask bench-capture`.
 #[derive(clap::Args)]
@@ -160,8 +161,41 @@ pub fn run(args: Args) -> Result<()> {
         "bench-capture loads eBPF programs: run it as root"
     );
     let root = workspace_root()?;
+    build_release(&root)?;
+    let bins = Installed::new(&target_dir(&root).join("release"))?;
+    let (files, trace) = traces()?;
+    let per_loop = replay_once(&bins.replay, &bins.standin.cuda, &trace, 1)?.0;
+    let loops = |launches: u64| (launches / per_loop.max(1)).max(1);
+    let replays = replays(&args, &bins, &trace, &loops)?;
+    let entries = entries(&bins);
+    eprintln!("replay paths: driver, runtime, runtime-legacy");
+    let path_results = paths::measure(
+        &bins.agent,
+        &bins.replay,
+        &bins.standin,
+        &trace,
+        args.path_rounds,
+        args.window_seconds,
+        args.unprobed_seconds,
+        loops(args.probed_launches),
+    )?;
+    let results = results(replays, &files, path_results, entries);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    let report = report(&results, &trace, &machine::describe(), &command_line(&args));
+    print!("{report}");
+    let out = root.join(&args.out);
+    std::fs::write(&out, report).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
+    let _ = std::fs::remove_dir_all(&bins.dir);
+    Ok(())
+}
+
+/// Builds the release agent and replayer (with the agent's test equipment).
+fn build_release(root: &Path) -> Result<()> {
     let status = Command::new(env!("CARGO"))
-        .current_dir(&root)
+        .current_dir(root)
         .args([
             "build",
             "--release",
@@ -176,25 +210,50 @@ pub fn run(args: Args) -> Result<()> {
         .status()
         .context("building the release agent and replayer")?;
     ensure!(status.success(), "cargo build --release failed: {status}");
-    let release = target_dir(&root).join("release");
-    let agent = release.join("penrose-agent");
-    let replay = release.join("penrose-replay");
-    let lib = newest_standin(&release)?;
-    let dir = tempfile_dir()?;
-    let installed = dir.join("libcuda.so.1");
-    std::fs::copy(&lib, &installed).context("installing the stand-in")?;
-    // The runtime and the test application come out of the same build script, next to it.
-    let built = lib.parent().context("the stand-in's directory")?;
-    let install = |name: &str| -> Result<PathBuf> {
-        let to = dir.join(name);
-        std::fs::copy(built.join(name), &to).with_context(|| format!("installing {name}"))?;
-        Ok(to)
-    };
-    let standin = paths::Standin {
-        cuda: installed.clone(),
-        cudart: install("libcudart.so.13")?,
-        app: install("libpenrose_nvcc_app.so")?,
-    };
+    Ok(())
+}
+
+/// The release binaries, and the stand-in libraries installed in a directory of the bench's
+/// own.
+struct Installed {
+    agent: PathBuf,
+    replay: PathBuf,
+    standin: paths::Standin,
+    /// Where the stand-in libraries were installed (removed at the end).
+    dir: PathBuf,
+}
+
+impl Installed {
+    fn new(release: &Path) -> Result<Self> {
+        let agent = release.join("penrose-agent");
+        let replay = release.join("penrose-replay");
+        let lib = newest_standin(release)?;
+        let dir = tempfile_dir()?;
+        let installed = dir.join("libcuda.so.1");
+        std::fs::copy(&lib, &installed).context("installing the stand-in")?;
+        // The runtime and the test application come out of the same build script, next to it.
+        let built = lib.parent().context("the stand-in's directory")?;
+        let install = |name: &str| -> Result<PathBuf> {
+            let to = dir.join(name);
+            std::fs::copy(built.join(name), &to).with_context(|| format!("installing {name}"))?;
+            Ok(to)
+        };
+        let standin = paths::Standin {
+            cuda: installed,
+            cudart: install("libcudart.so.13")?,
+            app: install("libpenrose_nvcc_app.so")?,
+        };
+        Ok(Self {
+            agent,
+            replay,
+            standin,
+            dir,
+        })
+    }
+}
+
+/// The real traces, and the one replayed (`df_index_resolver`, else the first).
+fn traces() -> Result<(Vec<PathBuf>, PathBuf)> {
     let folder = penrose_traces::TraceFolder::open(&penrose_traces::TraceFolder::default_dir())
         .context("the real traces (set PENROSE_TRACES)")?;
     let files = folder.files().to_vec();
@@ -204,14 +263,33 @@ pub fn run(args: Args) -> Result<()> {
         .or(files.first())
         .context("no traces")?
         .clone();
-    let per_loop = replay_once(&replay, &installed, &trace, 1)?.0;
-    let loops = |launches: u64| (launches / per_loop.max(1)).max(1);
+    Ok((files, trace))
+}
 
+/// The replayer alone, the agent idle, the replayer under the agent, and the replayer alone
+/// again once the agent has gone.
+struct Replays {
+    /// Median ns per launch, no agent.
+    unprobed: f64,
+    idle: AgentRun<f64>,
+    /// The agent's run; its `ret` is the median ns per launch under it.
+    loaded: AgentRun<f64>,
+    /// Median ns per launch after the agent left.
+    detached: f64,
+}
+
+fn replays(
+    args: &Args,
+    bins: &Installed,
+    trace: &Path,
+    loops: &dyn Fn(u64) -> u64,
+) -> Result<Replays> {
+    let (replay, installed) = (&bins.replay, &bins.standin.cuda);
     let unprobed_replays = || {
         median_ns(
-            &replay,
-            &installed,
-            &trace,
+            replay,
+            installed,
+            trace,
             loops(args.unprobed_launches),
             args.rounds,
         )
@@ -220,51 +298,62 @@ pub fn run(args: Args) -> Result<()> {
     let unprobed = unprobed_replays()?;
 
     eprintln!("agent idle (baseline)");
-    let idle = run_agent(&agent, &[&installed], &[], "info", |_| {
+    let idle = run_agent(&bins.agent, &[installed], &[], "info", |_| {
         std::thread::sleep(Duration::from_secs(3));
         Ok(0.0)
     })?;
     eprintln!("probed replays");
-    let probed_rounds = args.rounds;
     // The idle run's CPU rate is subtracted per second of the loaded run.
-    let loaded = run_agent(&agent, &[&installed], &[], "info", |_| {
+    let loaded = run_agent(&bins.agent, &[installed], &[], "info", |_| {
         median_ns(
-            &replay,
-            &installed,
-            &trace,
+            replay,
+            installed,
+            trace,
             loops(args.probed_launches),
-            probed_rounds,
+            args.rounds,
         )
     })?;
     eprintln!("unprobed replays after the agent left");
     let detached = unprobed_replays()?;
-    let entries = vec![
-        entry_bytes(&installed, "cuLaunchKernel", |n| n == "cuLaunchKernel"),
-        entry_bytes(&standin.cudart, "cudaLaunchKernel", |n| {
-            n == "cudaLaunchKernel"
+    Ok(Replays {
+        unprobed,
+        idle,
+        loaded,
+        detached,
+    })
+}
+
+/// The first bytes at each probed entry point and at the calibration target.
+fn entries(bins: &Installed) -> Vec<EntryBytes> {
+    let cudart = &bins.standin.cudart;
+    vec![
+        entry_bytes(&bins.standin.cuda, "cuLaunchKernel", |n| {
+            n == "cuLaunchKernel"
         }),
-        entry_bytes(&standin.cudart, "__cudaRegisterFunction", |n| {
+        entry_bytes(cudart, "cudaLaunchKernel", |n| n == "cudaLaunchKernel"),
+        entry_bytes(cudart, "__cudaRegisterFunction", |n| {
             n == "__cudaRegisterFunction"
         }),
-        entry_bytes(&standin.cudart, "__cudaGetKernel", |n| {
-            n == "__cudaGetKernel"
-        }),
-        entry_bytes(&agent, "the agent's calibration target", |n| {
+        entry_bytes(cudart, "__cudaGetKernel", |n| n == "__cudaGetKernel"),
+        entry_bytes(&bins.agent, "the agent's calibration target", |n| {
             n.contains("calibration_target")
         }),
-    ];
-    eprintln!("replay paths: driver, runtime, runtime-legacy");
-    let path_results = paths::measure(
-        &agent,
-        &replay,
-        &standin,
-        &trace,
-        args.path_rounds,
-        args.window_seconds,
-        args.unprobed_seconds,
-        loops(args.probed_launches),
-    )?;
+    ]
+}
 
+/// The figures the report gives, from the measurements.
+fn results(
+    replays: Replays,
+    files: &[PathBuf],
+    paths: paths::PathResults,
+    entries: Vec<EntryBytes>,
+) -> Results {
+    let Replays {
+        unprobed,
+        idle,
+        loaded,
+        detached,
+    } = replays;
     let summary = &loaded.summary;
     let captured = summary.counts.launches;
     let drops = summary.drops;
@@ -289,7 +378,7 @@ pub fn run(args: Args) -> Result<()> {
         .iter()
         .filter_map(|f| overhead_for(f, &per_launch_cost).ok())
         .collect();
-    let results = Results {
+    Results {
         unprobed_ns: unprobed,
         probed_ns: loaded.ret,
         detached_ns: detached,
@@ -303,42 +392,15 @@ pub fn run(args: Args) -> Result<()> {
         agent_peak_rss_mib: loaded.max_rss_kib / 1024.0,
         agent_idle_peak_rss_mib: idle.max_rss_kib / 1024.0,
         traces,
-        paths: path_results,
+        paths,
         entries,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
     }
-    let report = report(&results, &trace, &machine(), &command_line(&args));
-    print!("{report}");
-    let out = root.join(&args.out);
-    std::fs::write(&out, report).with_context(|| format!("writing {}", out.display()))?;
-    eprintln!("wrote {}", out.display());
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
 }
 
 fn tempfile_dir() -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("penrose-bench-capture-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
-}
-
-/// The stand-in library a build compiled into `bins` (build scripts put it under
-/// `build/*/out`); the newest, when several builds left one.
-pub(crate) fn newest_standin(release: &Path) -> Result<PathBuf> {
-    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for entry in std::fs::read_dir(release.join("build"))? {
-        let path = entry?.path().join("out/libcuda.so.1");
-        if let Ok(meta) = std::fs::metadata(&path) {
-            let modified = meta.modified()?;
-            if best.as_ref().is_none_or(|(t, _)| modified > *t) {
-                best = Some((modified, path));
-            }
-        }
-    }
-    best.map(|(_, p)| p)
-        .with_context(|| format!("no stand-in libcuda.so.1 under {}/build", release.display()))
 }
 
 /// One replay; returns (launches, ns per launch).
@@ -477,6 +539,27 @@ fn run_agent<T>(
     log_filter: &str,
     work: impl FnOnce(&AgentLog) -> Result<T>,
 ) -> Result<AgentRun<T>> {
+    let mut child = spawn_agent(agent, libs, extra, log_filter)?;
+    let started = Instant::now();
+    let (log, drain) = follow_log(&mut child)?;
+    let ret = work(&log);
+    let stopped = stop_agent(&mut child)?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let _ = drain.join();
+    let ret = ret?;
+    let summary: CaptureSummary = serde_json::from_str(&stopped.stdout)
+        .with_context(|| format!("the agent's JSON: {}", stopped.stdout))?;
+    Ok(AgentRun {
+        ret,
+        summary,
+        cpu_s: stopped.cpu_s,
+        wall_s,
+        max_rss_kib: stopped.max_rss_kib,
+    })
+}
+
+/// Starts `penrose-agent capture` (see [`run_agent`]), its stdout and stderr piped.
+fn spawn_agent(agent: &Path, libs: &[&Path], extra: &[&str], log_filter: &str) -> Result<Child> {
     let mut command = Command::new(agent);
     command
         .args([
@@ -497,16 +580,19 @@ fn run_agent<T>(
     for lib in libs {
         command.arg("--lib").arg(lib);
     }
-    let mut child = command
+    command
         .env("RUST_LOG", log_filter)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("starting penrose-agent")?;
-    let started = Instant::now();
+        .context("starting penrose-agent")
+}
+
+/// Waits until the agent is ready (it logs its schedule after loading, calibrating and
+/// attaching), then keeps its lines about windows in an [`AgentLog`] on a thread of its own.
+fn follow_log(child: &mut Child) -> Result<(Arc<AgentLog>, std::thread::JoinHandle<()>)> {
     let stderr = child.stderr.take().context("agent stderr")?;
     let mut lines = BufReader::new(stderr).lines();
-    // Ready once it logs its schedule (after loading, calibrating and attaching).
     loop {
         let line = lines
             .next()
@@ -528,9 +614,21 @@ fn run_agent<T>(
             log.end();
         })
     };
-    let ret = work(&log);
+    Ok((log, drain))
+}
+
+/// What a stopped agent printed and used.
+struct Stopped {
+    stdout: String,
+    /// User and system CPU seconds.
+    cpu_s: f64,
+    max_rss_kib: f64,
+}
+
+/// Stops the agent with SIGINT and waits for it, reading its output and resource use.
+fn stop_agent(child: &mut Child) -> Result<Stopped> {
     let pid = i32::try_from(child.id())?;
-    interrupt(&child)?;
+    interrupt(child)?;
     let mut stdout = String::new();
     std::io::Read::read_to_string(
         &mut child.stdout.take().context("agent stdout")?,
@@ -544,17 +642,10 @@ fn run_agent<T>(
     #[allow(unsafe_code)]
     let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     ensure!(waited == pid, "wait4: {}", std::io::Error::last_os_error());
-    let wall_s = started.elapsed().as_secs_f64();
-    let _ = drain.join();
-    let ret = ret?;
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    let summary: CaptureSummary =
-        serde_json::from_str(&stdout).with_context(|| format!("the agent's JSON: {stdout}"))?;
-    Ok(AgentRun {
-        ret,
-        summary,
+    Ok(Stopped {
+        stdout,
         cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
-        wall_s,
         max_rss_kib: usage.ru_maxrss as f64,
     })
 }
@@ -638,6 +729,21 @@ fn report(r: &Results, trace: &Path, machine: &str, command: &str) -> String {
             .unwrap_or_default()
     );
     let _ = writeln!(s, "Machine: {machine}\n");
+    s.push_str(&measures_table(r));
+    s.push_str(&overhead_table(r));
+    s.push_str(&cost_notes(r));
+    s.push_str(&paths::report(&r.paths));
+    let _ = writeln!(
+        s,
+        "Reproduce (as root, from the repository root; `--json` also prints every round): \
+         `{command}`."
+    );
+    s
+}
+
+/// The replayer's time per launch with and without the agent, and what the agent used.
+fn measures_table(r: &Results) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "| measure | value |\n|---|---|");
     let rows = [
         ("per launch, no probe", format!("{:.1} ns", r.unprobed_ns)),
@@ -684,6 +790,12 @@ fn report(r: &Results, trace: &Path, machine: &str, command: &str) -> String {
     for (k, v) in rows {
         let _ = writeln!(s, "| {k} | {v} |");
     }
+    s
+}
+
+/// The overhead at the default schedule for each real trace's launch rate.
+fn overhead_table(r: &Results) -> String {
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "\nOverhead at the default schedule (budget 0.02% of the probed process's CPU time, L = \
@@ -710,6 +822,12 @@ fn report(r: &Results, trace: &Path, machine: &str, command: &str) -> String {
             t.samples_per_hour
         );
     }
+    s
+}
+
+/// Where a probe's cost goes: the BPF program, the trap, the instruction it replaces.
+fn cost_notes(r: &Results) -> String {
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "\nThe budget binds whenever the computed gap exceeds the 60 s minimum, so the overhead \
@@ -734,12 +852,6 @@ fn report(r: &Results, trace: &Path, machine: &str, command: &str) -> String {
         entries.join(", "),
         calibrated / 1e3,
         calibrated / measured
-    );
-    s.push_str(&paths::report(&r.paths));
-    let _ = writeln!(
-        s,
-        "Reproduce (as root, from the repository root; `--json` also prints every round): \
-         `{command}`."
     );
     s
 }
@@ -775,5 +887,177 @@ mod tests {
             strip_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[34mDEBUG\u{1b}[0m window opened: 8"),
             "2026 DEBUG window opened: 8"
         );
+    }
+}
+
+/// The reports' text on fixed, made-up results.
+#[cfg(test)]
+mod report_tests {
+    use super::paths::{PathResults, PathRound, PerLaunch, ReplayPath, WholeProcess};
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn per(x: f64) -> PerLaunch {
+        PerLaunch {
+            wall_ns: 1000.0 + 37.3 * x,
+            cpu_ns: 800.0 + 29.1 * x,
+            launches: 10_000 + x as u64,
+            seconds: 1.5 + x / 100.0,
+        }
+    }
+
+    fn runs(scale: u64) -> BTreeMap<String, u64> {
+        [
+            ("cu_launch_kernel", 1000 * scale),
+            ("cu_graph_launch", 7 * scale),
+            ("cudart_launch_kernel", 900 * scale),
+            ("cudart_launch_kernel_ptsz", 3 * scale),
+            ("cudart_register_function", 41),
+            ("cudart_get_kernel", 40 + scale),
+            ("cudart_get_kernel_ret", 40),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    pub(super) fn paths_sample(drops: bool) -> PathResults {
+        let mut rounds = Vec::new();
+        for round in 0..3 {
+            for (i, path) in ReplayPath::ALL.into_iter().enumerate() {
+                let x = (round * 3 + i) as f64;
+                rounds.push(PathRound {
+                    path,
+                    round,
+                    unprobed: per(x),
+                    first_window: per(x * 2.5 + 10.0),
+                    later_window: per(x * 1.7 + 3.0),
+                    first_window_probes: 12 + i,
+                    later_window_probes: 10 + round,
+                    replayed: 123_456 + x as u64 * 1000,
+                    distinct_kernels: 77,
+                    register_calls: 41 + i as u64,
+                    get_kernel_calls: 40 * i as u64,
+                    program_runs: runs(1 + i as u64),
+                    unnamed_launches: round as u64,
+                    drops: if drops { (round * i) as u64 * 5 } else { 0 },
+                });
+            }
+        }
+        let whole = ReplayPath::ALL
+            .into_iter()
+            .enumerate()
+            .map(|(i, path)| WholeProcess {
+                path,
+                replayed: 200_000 + i as u64,
+                wall_ns: 1234.5 + i as f64 * 17.25,
+                distinct_kernels: 77,
+                register_calls: 41,
+                get_kernel_calls: 40 * i as u64,
+                program_runs: runs(3 + i as u64),
+            })
+            .collect();
+        PathResults {
+            rounds,
+            whole,
+            whole_launches: 200_000,
+            window_s: 3.0,
+            unprobed_s: 1.5,
+        }
+    }
+
+    fn results(drops: bool) -> Results {
+        Results {
+            unprobed_ns: 123.456,
+            probed_ns: 4567.891,
+            detached_ns: 130.2,
+            bpf_ns_per_launch: 345.6,
+            calibrated: ProbeCost {
+                per_launch: Duration::from_nanos(5123),
+                bpf_run: None,
+                unprobed_call: Duration::ZERO,
+                probed_call: Duration::ZERO,
+            },
+            captured_launches: 1_234_567,
+            drops: 3,
+            agent_cpu_s: 12.345,
+            agent_idle_cpu_s: 0.5,
+            agent_cpu_s_per_million: 2.5,
+            agent_peak_rss_mib: 45.67,
+            agent_idle_peak_rss_mib: 30.1,
+            traces: vec![
+                TraceOverhead {
+                    trace: "a.json.gz".into(),
+                    launches_per_s: 12345.6,
+                    window_s: 0.81,
+                    window_launches: 10_000,
+                    gap_s: 612.3,
+                    overhead_pct: 0.02,
+                    samples_per_hour: 123.45,
+                },
+                TraceOverhead {
+                    trace: "b.json.gz".into(),
+                    launches_per_s: 123.4,
+                    window_s: 10.0,
+                    window_launches: 1234,
+                    gap_s: 60.0,
+                    overhead_pct: 0.0012,
+                    samples_per_hour: 45.6,
+                },
+            ],
+            paths: paths_sample(drops),
+            entries: vec![
+                EntryBytes {
+                    function: "cuLaunchKernel",
+                    bytes: Some(vec![0x55, 0x48, 0x89, 0xe5]),
+                },
+                EntryBytes {
+                    function: "cudaLaunchKernel",
+                    bytes: Some(vec![0xf3, 0x0f, 0x1e, 0xfa]),
+                },
+                EntryBytes {
+                    function: "__cudaGetKernel",
+                    bytes: None,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn the_report_has_every_section_and_the_drops_note_only_after_drops() {
+        for drops in [false, true] {
+            let text = report(
+                &results(drops),
+                Path::new("/x/y/trace.json.gz"),
+                "machine M",
+                "cmd --x",
+            );
+            for part in [
+                "## Capture\n",
+                "replaying `trace.json.gz` through",
+                "Machine: machine M\n",
+                "| per launch, no probe | 123.5 ns |",
+                "| trace | launches/s |",
+                "| b.json.gz | 123 | 10.00 s | 1234 | 60 s | 0.0012% | 45.60 |",
+                "`cuLaunchKernel` 55 48 89 e5 (a push), `cudaLaunchKernel` f3 0f 1e fa (not a push)",
+                "### The CUDA runtime path",
+                "| one window, whole process |",
+                "`cmd --x`.",
+            ] {
+                assert!(text.contains(part), "{part:?} missing");
+            }
+            assert_eq!(text.contains("ring buffer dropped"), drops);
+        }
+    }
+
+    #[test]
+    fn every_row_of_the_path_tables_has_a_cell_per_path() {
+        let text = super::paths::report(&paths_sample(true));
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("| ")).collect();
+        // 15 rows and the header of the rounds' table, 6 and the header of the whole process'.
+        assert_eq!(rows.len(), 15 + 7, "{text}");
+        for row in rows {
+            assert_eq!(row.matches(" | ").count(), ReplayPath::ALL.len(), "{row}");
+        }
     }
 }

@@ -28,8 +28,10 @@ use penrose_core::paillier::Keypair;
 use penrose_host::clock::today;
 use serde::Serialize;
 
-use crate::bench::{machine, target_dir, workspace_root};
-use crate::demo::start_server;
+use xtask::machine::{self, today_utc};
+use xtask::measure::{dir_bytes, rss_mib};
+use xtask::servers::start_server;
+use xtask::workspace::{target_dir, workspace_root};
 
 /// Arguments of `cargo xtask bench-ingest`.
 #[derive(clap::Args)]
@@ -195,39 +197,7 @@ struct FleetRun {
 pub fn run(args: Args) -> Result<()> {
     ensure!(args.rounds > 0, "--rounds must be at least 1");
     let root = workspace_root()?;
-    let binaries: Vec<(String, PathBuf)> = if args.binaries.is_empty() {
-        if !args.json {
-            eprintln!("building the release aggregator");
-        }
-        let status = Command::new(env!("CARGO"))
-            .current_dir(&root)
-            .args(["build", "--release", "-p", "penrose-aggregator", "--bins"])
-            // The load generator is test equipment.
-            .args(["--features", "penrose-aggregator/test-util"])
-            .status()
-            .context("running cargo build")?;
-        ensure!(status.success(), "cargo build failed: {status}");
-        vec![(
-            "this".to_string(),
-            target_dir(&root).join("release/penrose-aggregator"),
-        )]
-    } else {
-        args.binaries
-            .iter()
-            .map(|spec| {
-                let (label, path) = spec
-                    .split_once('=')
-                    .with_context(|| format!("--binary {spec:?}: expected LABEL=PATH"))?;
-                let path = PathBuf::from(path);
-                ensure!(
-                    path.is_file(),
-                    "--binary {label}: {} is not a file",
-                    path.display()
-                );
-                Ok((label.to_string(), path))
-            })
-            .collect::<Result<_>>()?
-    };
+    let binaries = binaries(&args, &root)?;
     // One load generator for every run, so that its own CPU is the same on both sides.
     let loadgen = binaries
         .last()
@@ -236,18 +206,7 @@ pub fn run(args: Args) -> Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("penrose-bench-ingest-")
         .tempdir()?;
-    let key_path = dir.path().join("public.key");
-    let keys = Keypair::generate(&mut rand::rng());
-    std::fs::write(&key_path, keys.public_key().to_bytes())?;
-    let ring_path = dir.path().join("token-keys");
-    if args.admission != AdmissionArg::Open {
-        let t = today();
-        let ring = test_equipment_key_ring(
-            penrose_core::wire::Day(t.0 - 1),
-            penrose_core::wire::Day(t.0 + 1),
-        )?;
-        write_key_ring(&ring_path, &ring)?;
-    }
+    let (key_path, ring_path) = write_keys(&args, dir.path())?;
 
     let mut runs = Vec::new();
     let mut labels = Vec::new();
@@ -257,49 +216,28 @@ pub fn run(args: Args) -> Result<()> {
             .flat_map(|b| args.admission.modes().iter().map(move |m| (b, m)))
         {
             let admission = Admission::of(binary, tokens.then_some(ring_path.as_path()))?;
-            let fleets: Vec<Option<u32>> = if args.fleet_apps.is_empty() {
-                vec![None]
-            } else {
-                args.fleet_apps.iter().copied().map(Some).collect()
-            };
-            let runs_of_binary = args
-                .connection_mode
-                .modes()
-                .iter()
-                .flat_map(|c| fleets.iter().map(move |f| (c, f)))
-                .flat_map(|(c, f)| args.keep_evidence.modes().iter().map(move |e| (c, f, e)));
-            for (&(fresh, connection_suffix), &fleet, &(kept, evidence_suffix)) in runs_of_binary {
-                let label = format!("{label}{suffix}{connection_suffix}{evidence_suffix}");
-                let mut admission = admission.clone();
-                if kept {
-                    admission.serve.push("--keep-evidence".into());
-                }
-                let label = match fleet {
-                    Some(apps) => format!("{label} {apps} classes"),
-                    None => label.clone(),
-                };
+            for variant in variants(&args) {
+                let label = variant.label(&format!("{label}{suffix}"));
+                let admission = variant.admission(&admission);
                 if !labels.contains(&label) {
                     labels.push(label.clone());
                 }
                 let data = DataDir::new(dir.path().join(format!("data-{round}-{label}")));
-                let run = run_once(
-                    &args, &label, round, binary, &loadgen, &data, &key_path, &admission, fleet,
-                    fresh,
-                )?;
+                let setting = Setting {
+                    args: &args,
+                    label: &label,
+                    round,
+                    binary,
+                    loadgen: &loadgen,
+                    data: &data,
+                    key: &key_path,
+                    admission: &admission,
+                    fleet: variant.fleet,
+                    fresh: variant.fresh,
+                };
+                let run = run_once(&setting)?;
                 if !args.json {
-                    eprintln!(
-                        "round {round} {label}: {:.0} reports/s, p50 {:.1} ms, p99 {:.1} ms, server \
-                     {:.1} us CPU per report (load {:.1}); {} transport errors, {} valid \
-                     refused {}",
-                        run.reports_per_second,
-                        run.p50_ms.unwrap_or(f64::NAN),
-                        run.p99_ms.unwrap_or(f64::NAN),
-                        run.cpu_us_per_report,
-                        run.load_before,
-                        run.errors,
-                        run.rejected_valid,
-                        run.reasons
-                    );
+                    say_run(round, &label, &run);
                 }
                 std::fs::remove_dir_all(data.path()).ok();
                 runs.push(run);
@@ -316,6 +254,131 @@ pub fn run(args: Args) -> Result<()> {
         println!("{text}");
     }
     Ok(())
+}
+
+/// The binaries to measure, labelled: `--binary LABEL=PATH` each, or this tree's release
+/// build (built now).
+fn binaries(args: &Args, root: &Path) -> Result<Vec<(String, PathBuf)>> {
+    if args.binaries.is_empty() {
+        if !args.json {
+            eprintln!("building the release aggregator");
+        }
+        let status = Command::new(env!("CARGO"))
+            .current_dir(root)
+            .args(["build", "--release", "-p", "penrose-aggregator", "--bins"])
+            // The load generator is test equipment.
+            .args(["--features", "penrose-aggregator/test-util"])
+            .status()
+            .context("running cargo build")?;
+        ensure!(status.success(), "cargo build failed: {status}");
+        return Ok(vec![(
+            "this".to_string(),
+            target_dir(root).join("release/penrose-aggregator"),
+        )]);
+    }
+    args.binaries
+        .iter()
+        .map(|spec| {
+            let (label, path) = spec
+                .split_once('=')
+                .with_context(|| format!("--binary {spec:?}: expected LABEL=PATH"))?;
+            let path = PathBuf::from(path);
+            ensure!(
+                path.is_file(),
+                "--binary {label}: {} is not a file",
+                path.display()
+            );
+            Ok((label.to_string(), path))
+        })
+        .collect()
+}
+
+/// Writes the design server's public key and, unless every run is open, a test key ring of
+/// every counter from yesterday to tomorrow under `dir`; returns their paths.
+fn write_keys(args: &Args, dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let key_path = dir.join("public.key");
+    let keys = Keypair::generate(&mut rand::rng());
+    std::fs::write(&key_path, keys.public_key().to_bytes())?;
+    let ring_path = dir.join("token-keys");
+    if args.admission != AdmissionArg::Open {
+        let t = today();
+        let ring = test_equipment_key_ring(
+            penrose_core::wire::Day(t.0 - 1),
+            penrose_core::wire::Day(t.0 + 1),
+        )?;
+        write_key_ring(&ring_path, &ring)?;
+    }
+    Ok((key_path, ring_path))
+}
+
+/// How one binary is run, past its admission mode: connections, fleet, evidence.
+struct Variant {
+    fresh: bool,
+    connection_suffix: &'static str,
+    fleet: Option<u32>,
+    kept: bool,
+    evidence_suffix: &'static str,
+}
+
+impl Variant {
+    /// The run's label: the binary's (with its admission mode), then this variant's.
+    fn label(&self, binary: &str) -> String {
+        let label = format!("{binary}{}{}", self.connection_suffix, self.evidence_suffix);
+        match self.fleet {
+            Some(apps) => format!("{label} {apps} classes"),
+            None => label,
+        }
+    }
+
+    /// The binary's admission flags, with `--keep-evidence` when this variant keeps it.
+    fn admission(&self, admission: &Admission) -> Admission {
+        let mut admission = admission.clone();
+        if self.kept {
+            admission.serve.push("--keep-evidence".into());
+        }
+        admission
+    }
+}
+
+/// Every variant of a binary's runs, in the order they run: connection modes, then fleets,
+/// then evidence modes.
+fn variants(args: &Args) -> Vec<Variant> {
+    let fleets: Vec<Option<u32>> = if args.fleet_apps.is_empty() {
+        vec![None]
+    } else {
+        args.fleet_apps.iter().copied().map(Some).collect()
+    };
+    let mut out = Vec::new();
+    for &(fresh, connection_suffix) in args.connection_mode.modes() {
+        for &fleet in &fleets {
+            for &(kept, evidence_suffix) in args.keep_evidence.modes() {
+                out.push(Variant {
+                    fresh,
+                    connection_suffix,
+                    fleet,
+                    kept,
+                    evidence_suffix,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// One line on the terminal per run.
+fn say_run(round: usize, label: &str, run: &Run) {
+    eprintln!(
+        "round {round} {label}: {:.0} reports/s, p50 {:.1} ms, p99 {:.1} ms, server \
+         {:.1} us CPU per report (load {:.1}); {} transport errors, {} valid refused {}",
+        run.reports_per_second,
+        run.p50_ms.unwrap_or(f64::NAN),
+        run.p99_ms.unwrap_or(f64::NAN),
+        run.cpu_us_per_report,
+        run.load_before,
+        run.errors,
+        run.rejected_valid,
+        run.reasons
+    );
 }
 
 /// The admission flags of one run: the server's, and the load generator's.
@@ -359,165 +422,74 @@ impl Admission {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_once(
-    args: &Args,
-    label: &str,
+/// One run's setting: the binary measured, where its data goes, and how it is loaded.
+struct Setting<'a> {
+    args: &'a Args,
+    label: &'a str,
     round: usize,
-    binary: &Path,
-    loadgen: &Path,
-    data: &DataDir,
-    key: &Path,
-    admission: &Admission,
+    binary: &'a Path,
+    loadgen: &'a Path,
+    data: &'a DataDir,
+    key: &'a Path,
+    admission: &'a Admission,
     fleet: Option<u32>,
     fresh: bool,
-) -> Result<Run> {
-    let load_before = load_average();
-    let mut serve_flags = admission.serve.clone();
-    let mut connection_flags: Vec<String> = Vec::new();
-    if fresh {
-        // Every report's connection comes from 127.0.0.1: no per-source limit may refuse one.
-        serve_flags.extend([
-            "--connections-per-source".into(),
-            "1000000".into(),
-            "--new-connections-per-source".into(),
-            "0".into(),
-        ]);
-        connection_flags = vec!["--connection-mode".into(), "fresh-per-report".into()];
-    }
-    let mut fleet_flags: Vec<String> = Vec::new();
-    if let Some(apps) = fleet {
-        // Founders and new applications must not be rationed here.
-        serve_flags.extend(["--new-classes-per-hour".into(), "100000000".into()]);
-        fleet_flags = vec![
-            "--fleet-apps".into(),
-            apps.to_string(),
-            "--new-app-share".into(),
-            args.new_app_share.to_string(),
-        ];
-    }
-    let (mut server, listen) = start_server(binary, data, "127.0.0.1:0", key, &serve_flags)?;
-    let result = (|| -> Result<Run> {
-        let founding = match fleet {
-            None => None,
-            Some(_) => {
-                let started = std::time::Instant::now();
-                let out = Command::new(loadgen)
-                    .arg("loadgen")
-                    .args(&admission.loadgen)
-                    .args(&fleet_flags)
-                    .args(["--server", &listen, "--public-key"])
-                    .arg(key)
-                    .arg("--cert")
-                    .arg(data.tls_cert())
-                    .args(["--reports", "0"])
-                    .args(["--clients", &args.clients.to_string()])
-                    .args(["--connections", &args.connections.to_string()])
-                    .arg("--json")
-                    .stderr(Stdio::null())
-                    .output()
-                    .context("running the load generator's founders")?;
-                ensure!(
-                    out.status.success(),
-                    "loadgen (founders) failed: {}",
-                    out.status
-                );
-                std::thread::sleep(Duration::from_millis(300));
-                Some(started.elapsed().as_secs_f64())
-            }
-        };
-        let cpu_before = thread_cpu(server.id())?;
-        let out = Command::new(loadgen)
-            .arg("loadgen")
-            .args(&admission.loadgen)
-            .args(&fleet_flags)
-            .args(if fleet.is_some() {
-                &["--founded"][..]
-            } else {
-                &[][..]
-            })
-            .args(["--server", &listen, "--public-key"])
-            .arg(key)
-            .arg("--cert")
-            .arg(data.tls_cert())
-            .args(["--reports", &args.reports.to_string()])
-            .args([
-                "--clients",
-                &if fresh {
-                    args.fresh_clients
-                } else {
-                    args.clients
-                }
-                .to_string(),
-            ])
-            .args(["--connections", &args.connections.to_string()])
-            .args(&connection_flags)
-            .arg("--json")
-            .stderr(Stdio::null())
-            .output()
-            .context("running the load generator")?;
-        // Exit code 3: a valid report was not accepted (refused, or a transport error); the run
-        // is still recorded, with its errors, in the table.
-        ensure!(
-            out.status.success() || out.status.code() == Some(3),
-            "loadgen failed: {}",
-            out.status
-        );
-        let outcome: serde_json::Value =
-            serde_json::from_slice(&out.stdout).context("loadgen's JSON")?;
-        // The last batch's commit may still be running; its CPU belongs to this run.
-        std::thread::sleep(Duration::from_millis(300));
-        let mut cpu = thread_cpu(server.id())?;
-        for (group, seconds) in &mut cpu {
-            if let Some((_, before)) = cpu_before.iter().find(|(g, _)| g == group) {
-                *seconds -= before;
-            }
+}
+
+/// The flags of one run beyond the admission's: the server's, and the load generator's for
+/// its connections and its fleet.
+struct Flags {
+    serve: Vec<std::ffi::OsString>,
+    connection: Vec<String>,
+    fleet: Vec<String>,
+}
+
+impl Flags {
+    fn of(s: &Setting) -> Self {
+        let mut serve = s.admission.serve.clone();
+        let mut connection: Vec<String> = Vec::new();
+        if s.fresh {
+            // Every report's connection comes from 127.0.0.1: no per-source limit may refuse one.
+            serve.extend([
+                "--connections-per-source".into(),
+                "1000000".into(),
+                "--new-connections-per-source".into(),
+                "0".into(),
+            ]);
+            connection = vec!["--connection-mode".into(), "fresh-per-report".into()];
         }
-        let total: f64 = cpu.iter().map(|(_, s)| s).sum();
-        let fleet = match (fleet, founding) {
-            (Some(apps), Some(founding_seconds)) => Some(FleetRun {
-                apps,
-                founding_seconds,
-                rss_mib: rss_mib(server.id())?,
-                disk_mib: 0.0,
-                restart_seconds: 0.0,
-                restart_rss_mib: 0.0,
-            }),
-            _ => None,
-        };
-        let number = |k: &str| outcome[k].as_u64().unwrap_or(0);
-        let accepted = number("accepted");
-        Ok(Run {
-            label: label.to_string(),
-            round,
-            load_before,
-            accepted,
-            rejected_invalid: number("rejected_invalid"),
-            invalid_accepted: number("invalid_accepted"),
-            errors: number("errors"),
-            rejected_valid: number("rejected_valid"),
-            reasons: outcome["reasons"].clone(),
-            reports_per_second: outcome["reports_per_second"].as_f64().unwrap_or(0.0),
-            p50_ms: outcome["latency_ms"]["p50"].as_f64(),
-            p99_ms: outcome["latency_ms"]["p99"].as_f64(),
-            cpu_seconds: cpu,
-            server_cpu_seconds: total,
-            cpu_us_per_report: if accepted > 0 {
-                total / accepted as f64 * 1e6
-            } else {
-                f64::NAN
-            },
+        let mut fleet: Vec<String> = Vec::new();
+        if let Some(apps) = s.fleet {
+            // Founders and new applications must not be rationed here.
+            serve.extend(["--new-classes-per-hour".into(), "100000000".into()]);
+            fleet = vec![
+                "--fleet-apps".into(),
+                apps.to_string(),
+                "--new-app-share".into(),
+                s.args.new_app_share.to_string(),
+            ];
+        }
+        Self {
+            serve,
+            connection,
             fleet,
-        })
-    })();
+        }
+    }
+}
+
+fn run_once(s: &Setting) -> Result<Run> {
+    let load_before = load_average();
+    let flags = Flags::of(s);
+    let (mut server, listen) = start_server(s.binary, s.data, "127.0.0.1:0", s.key, &flags.serve)?;
+    let result = measure_server(s, &flags, server.id(), &listen, load_before);
     server.kill().ok();
     server.wait().ok();
     let mut run = result?;
     if let Some(fleet) = &mut run.fleet {
         // The data directory as the run left it, then a restart on it.
-        fleet.disk_mib = dir_bytes(data.path())? as f64 / 1_048_576.0;
+        fleet.disk_mib = dir_bytes(s.data.path())? as f64 / 1_048_576.0;
         let started = std::time::Instant::now();
-        let (mut server, _) = start_server(binary, data, "127.0.0.1:0", key, &serve_flags)?;
+        let (mut server, _) = start_server(s.binary, s.data, "127.0.0.1:0", s.key, &flags.serve)?;
         fleet.restart_seconds = started.elapsed().as_secs_f64();
         fleet.restart_rss_mib = rss_mib(server.id())?;
         server.kill().ok();
@@ -526,31 +498,132 @@ fn run_once(
     Ok(run)
 }
 
-/// Resident memory of a process, from /proc.
-pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .context("no VmRSS")?
-        .parse()?;
-    Ok(kib / 1024.0)
+/// The load generator against the server `pid` listening on `listen` (the fleet's founders
+/// first, untimed), and the server's CPU over it.
+fn measure_server(
+    s: &Setting,
+    flags: &Flags,
+    pid: u32,
+    listen: &str,
+    load_before: f64,
+) -> Result<Run> {
+    let founding = match s.fleet {
+        None => None,
+        Some(_) => Some(found_fleet(s, flags, listen)?),
+    };
+    let cpu_before = thread_cpu(pid)?;
+    let outcome = load(s, flags, listen)?;
+    // The last batch's commit may still be running; its CPU belongs to this run.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cpu = thread_cpu(pid)?;
+    for (group, seconds) in &mut cpu {
+        if let Some((_, before)) = cpu_before.iter().find(|(g, _)| g == group) {
+            *seconds -= before;
+        }
+    }
+    let total: f64 = cpu.iter().map(|(_, s)| s).sum();
+    let fleet = match (s.fleet, founding) {
+        (Some(apps), Some(founding_seconds)) => Some(FleetRun {
+            apps,
+            founding_seconds,
+            rss_mib: rss_mib(pid)?,
+            disk_mib: 0.0,
+            restart_seconds: 0.0,
+            restart_rss_mib: 0.0,
+        }),
+        _ => None,
+    };
+    let number = |k: &str| outcome[k].as_u64().unwrap_or(0);
+    let accepted = number("accepted");
+    Ok(Run {
+        label: s.label.to_string(),
+        round: s.round,
+        load_before,
+        accepted,
+        rejected_invalid: number("rejected_invalid"),
+        invalid_accepted: number("invalid_accepted"),
+        errors: number("errors"),
+        rejected_valid: number("rejected_valid"),
+        reasons: outcome["reasons"].clone(),
+        reports_per_second: outcome["reports_per_second"].as_f64().unwrap_or(0.0),
+        p50_ms: outcome["latency_ms"]["p50"].as_f64(),
+        p99_ms: outcome["latency_ms"]["p99"].as_f64(),
+        cpu_seconds: cpu,
+        server_cpu_seconds: total,
+        cpu_us_per_report: if accepted > 0 {
+            total / accepted as f64 * 1e6
+        } else {
+            f64::NAN
+        },
+        fleet,
+    })
 }
 
-/// Bytes under a directory.
-pub(crate) fn dir_bytes(dir: &Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())?
+/// The fleet's founders (one report per application, no others): seconds until the server
+/// has taken them.
+fn found_fleet(s: &Setting, flags: &Flags, listen: &str) -> Result<f64> {
+    let started = std::time::Instant::now();
+    let out = Command::new(s.loadgen)
+        .arg("loadgen")
+        .args(&s.admission.loadgen)
+        .args(&flags.fleet)
+        .args(["--server", listen, "--public-key"])
+        .arg(s.key)
+        .arg("--cert")
+        .arg(s.data.tls_cert())
+        .args(["--reports", "0"])
+        .args(["--clients", &s.args.clients.to_string()])
+        .args(["--connections", &s.args.connections.to_string()])
+        .arg("--json")
+        .stderr(Stdio::null())
+        .output()
+        .context("running the load generator's founders")?;
+    ensure!(
+        out.status.success(),
+        "loadgen (founders) failed: {}",
+        out.status
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// The timed load: `--reports` reports, and what the load generator counted (its JSON).
+fn load(s: &Setting, flags: &Flags, listen: &str) -> Result<serde_json::Value> {
+    let args = s.args;
+    let clients = if s.fresh {
+        args.fresh_clients
+    } else {
+        args.clients
+    };
+    let out = Command::new(s.loadgen)
+        .arg("loadgen")
+        .args(&s.admission.loadgen)
+        .args(&flags.fleet)
+        .args(if s.fleet.is_some() {
+            &["--founded"][..]
         } else {
-            meta.len()
-        };
-    }
-    Ok(total)
+            &[][..]
+        })
+        .args(["--server", listen, "--public-key"])
+        .arg(s.key)
+        .arg("--cert")
+        .arg(s.data.tls_cert())
+        .args(["--reports", &args.reports.to_string()])
+        .args(["--clients", &clients.to_string()])
+        .args(["--connections", &args.connections.to_string()])
+        .args(&flags.connection)
+        .arg("--json")
+        .stderr(Stdio::null())
+        .output()
+        .context("running the load generator")?;
+    // Exit code 3: a valid report was not accepted (refused, or a transport error); the run
+    // is still recorded, with its errors, in the table.
+    ensure!(
+        out.status.success() || out.status.code() == Some(3),
+        "loadgen failed: {}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).context("loadgen's JSON")
 }
 
 /// CPU seconds of each of the process's thread groups, from /proc/PID/task/*/stat.
@@ -617,21 +690,70 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
+    let mut s = intro(args);
+    s.push_str(&runs_table(runs));
+    s.push_str(&fleet_table(runs));
+    let _ = writeln!(s);
+    s.push_str(&medians(labels, runs));
+    s.push_str(&comparisons(labels, runs));
+    s
+}
+
+/// The command that made the table, and how the runs were made.
+fn intro(args: &Args) -> String {
     let mut s = String::new();
-    let binaries_arg: String = if args.binaries.is_empty() {
+    let _ = writeln!(
+        s,
+        "`cargo xtask bench-ingest{}{}{}{} --rounds \
+         {} --reports {} --clients {} --connections {}` on {}, {}: each run a fresh data \
+         directory, `serve` on 127.0.0.1 and `loadgen` (5% invalid reports) as separate \
+         processes; the binaries (and admission and connection modes) in turn, round after \
+         round. Server CPU is read from /proc per thread after the run.{}{}\n",
+        binaries_arg(args),
+        admission_arg(args.admission),
+        connection_arg(args),
+        fleet_arg(args),
+        args.rounds,
+        args.reports,
+        args.clients,
+        args.connections,
+        machine::describe(),
+        today_utc(),
+        connection_text(args.connection_mode),
+        if args.admission == AdmissionArg::Open {
+            ""
+        } else {
+            " With tokens the server verifies and spends a token per report (`--token-keys`), \
+             and the load generator, its own issuer, mints them before the timed phase and \
+             spends each (a MAC) in it; the invalid reports then include reports without and \
+             with forged tokens."
+        },
+    );
+    s
+}
+
+/// `--binary LABEL=PATH` for each binary given.
+fn binaries_arg(args: &Args) -> String {
+    if args.binaries.is_empty() {
         String::new()
     } else {
         args.binaries
             .iter()
             .map(|b| format!(" --binary {b}"))
             .collect()
-    };
-    let admission_arg = match args.admission {
+    }
+}
+
+fn admission_arg(admission: AdmissionArg) -> &'static str {
+    match admission {
         AdmissionArg::Open => "",
         AdmissionArg::Tokens => " --admission tokens",
         AdmissionArg::Both => " --admission both",
-    };
-    let fleet_arg = if args.fleet_apps.is_empty() {
+    }
+}
+
+fn fleet_arg(args: &Args) -> String {
+    if args.fleet_apps.is_empty() {
         String::new()
     } else {
         format!(
@@ -643,51 +765,44 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
                 .join(","),
             args.new_app_share
         )
-    };
-    let (connection_arg, connection_text) = match args.connection_mode {
-        ConnectionArg::Shared => (String::new(), ""),
-        ConnectionArg::Fresh => (
-            format!(
-                " --connection-mode fresh --fresh-clients {}",
-                args.fresh_clients
-            ),
+    }
+}
+
+fn connection_arg(args: &Args) -> String {
+    match args.connection_mode {
+        ConnectionArg::Shared => String::new(),
+        ConnectionArg::Fresh => format!(
+            " --connection-mode fresh --fresh-clients {}",
+            args.fresh_clients
+        ),
+        ConnectionArg::Both => format!(
+            " --connection-mode both --fresh-clients {}",
+            args.fresh_clients
+        ),
+    }
+}
+
+/// How the reports used connections, in words (nothing for the default).
+fn connection_text(mode: ConnectionArg) -> &'static str {
+    match mode {
+        ConnectionArg::Shared => "",
+        ConnectionArg::Fresh => {
             " Every report on a fresh connection from a fresh UDP socket, as agents send (the \
              server's Retry, a full TLS 1.3 handshake, one stream, close), --fresh-clients in \
-             flight at once; the server's per-source connection limits lifted.",
-        ),
-        ConnectionArg::Both => (
-            format!(
-                " --connection-mode both --fresh-clients {}",
-                args.fresh_clients
-            ),
+             flight at once; the server's per-source connection limits lifted."
+        }
+        ConnectionArg::Both => {
             " `shared`: the clients share --connections connections (load testing only); \
              `fresh`: every report on a fresh connection from a fresh UDP socket, as agents send \
              (the server's Retry, a full TLS 1.3 handshake, one stream, close), --fresh-clients \
-             in flight at once, the server's per-source connection limits lifted; the two in turn.",
-        ),
-    };
-    let _ = writeln!(
-        s,
-        "`cargo xtask bench-ingest{binaries_arg}{admission_arg}{connection_arg}{fleet_arg} --rounds \
-         {} --reports {} --clients {} --connections {}` on {}, {}: each run a fresh data \
-         directory, `serve` on 127.0.0.1 and `loadgen` (5% invalid reports) as separate \
-         processes; the binaries (and admission and connection modes) in turn, round after \
-         round. Server CPU is read from /proc per thread after the run.{connection_text}{}\n",
-        args.rounds,
-        args.reports,
-        args.clients,
-        args.connections,
-        machine(),
-        today_utc(),
-        if args.admission == AdmissionArg::Open {
-            ""
-        } else {
-            " With tokens the server verifies and spends a token per report (`--token-keys`), \
-             and the load generator, its own issuer, mints them before the timed phase and \
-             spends each (a MAC) in it; the invalid reports then include reports without and \
-             with forged tokens."
-        },
-    );
+             in flight at once, the server's per-source connection limits lifted; the two in turn."
+        }
+    }
+}
+
+/// Every run, in the order they ran.
+fn runs_table(runs: &[Run]) -> String {
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "| binary | round | load before | reports/s | p50 ms | p99 ms | accepted | invalid refused | invalid accepted | errors | server CPU us/report | CPU s by thread |"
@@ -716,30 +831,42 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
             threads.join(", ")
         );
     }
-    if runs.iter().any(|r| r.fleet.is_some()) {
-        let _ = writeln!(
-            s,
-            "\n| binary | round | classes | founding s | server RSS MiB | disk MiB | restart s | RSS after restart MiB |"
-        );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
-        for r in runs {
-            if let Some(f) = &r.fleet {
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2} | {:.0} |",
-                    r.label,
-                    r.round,
-                    f.apps,
-                    f.founding_seconds,
-                    f.rss_mib,
-                    f.disk_mib,
-                    f.restart_seconds,
-                    f.restart_rss_mib
-                );
-            }
+    s
+}
+
+/// The fleet runs' founding, memory, disk and restart (nothing without a fleet).
+fn fleet_table(runs: &[Run]) -> String {
+    let mut s = String::new();
+    if !runs.iter().any(|r| r.fleet.is_some()) {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "\n| binary | round | classes | founding s | server RSS MiB | disk MiB | restart s | RSS after restart MiB |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        if let Some(f) = &r.fleet {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2} | {:.0} |",
+                r.label,
+                r.round,
+                f.apps,
+                f.founding_seconds,
+                f.rss_mib,
+                f.disk_mib,
+                f.restart_seconds,
+                f.restart_rss_mib
+            );
         }
     }
-    let _ = writeln!(s);
+    s
+}
+
+/// Each label's medians over its rounds.
+fn medians(labels: &[String], runs: &[Run]) -> String {
+    let mut s = String::new();
     for label in labels {
         let mine = || runs.iter().filter(|r| &r.label == label);
         let _ = writeln!(
@@ -752,8 +879,13 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
             median(mine().filter_map(|r| r.p99_ms).collect()),
         );
     }
-    // With both modes of a kind: what the second costs against the first, per label, from
-    // the medians.
+    s
+}
+
+/// With both modes of a kind: what the second costs against the first, per label, from the
+/// medians.
+fn comparisons(labels: &[String], runs: &[Run]) -> String {
+    let mut s = String::new();
     let rate = |r: &Run| r.reports_per_second;
     let cpu = |r: &Run| r.cpu_us_per_report;
     for (this, that) in [(" tokens", " open"), (" fresh", " shared")] {
@@ -778,7 +910,119 @@ fn markdown(args: &Args, labels: &[String], runs: &[Run]) -> String {
     s
 }
 
-/// Today's date (UTC) as YYYY-MM-DD, from the system clock (no time-zone database needed).
-pub(crate) fn today_utc() -> String {
-    penrose_core::calendar::date_of(penrose_host::clock::today())
+/// The reports' text on fixed, made-up results.
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn run(label: &str, round: usize, fleet: bool, x: f64) -> Run {
+        Run {
+            label: label.to_string(),
+            round,
+            load_before: 1.23 + x,
+            accepted: 57_000 + round as u64,
+            rejected_invalid: 3000,
+            invalid_accepted: 0,
+            errors: round as u64,
+            rejected_valid: 0,
+            reasons: serde_json::json!({}),
+            reports_per_second: 12345.6 * x,
+            p50_ms: Some(1.234 * x),
+            p99_ms: if round == 2 { None } else { Some(12.34 * x) },
+            cpu_seconds: vec![("commit".into(), 0.123 * x), ("tokio".into(), 4.567 * x)],
+            server_cpu_seconds: 4.69 * x,
+            cpu_us_per_report: 81.2 * x,
+            fleet: fleet.then_some(FleetRun {
+                apps: 1000,
+                founding_seconds: 2.345 * x,
+                rss_mib: 123.4 * x,
+                disk_mib: 56.7 * x,
+                restart_seconds: 0.456 * x,
+                restart_rss_mib: 89.1 * x,
+            }),
+        }
+    }
+
+    fn labels() -> Vec<String> {
+        [
+            "this tokens fresh",
+            "this open fresh",
+            "this tokens shared",
+            "this open shared",
+            "lonely tokens",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    fn runs(labels: &[String], fleet: bool) -> Vec<Run> {
+        let mut runs = Vec::new();
+        for round in 1..=2 {
+            for (i, l) in labels.iter().enumerate() {
+                let x = 1.0 + i as f64 * 0.3 + round as f64 * 0.1;
+                runs.push(run(l, round, fleet && i % 2 == 0, x));
+            }
+        }
+        runs
+    }
+
+    #[test]
+    fn markdown_names_the_command_and_sets_each_mode_against_the_other() {
+        let args = Cli::parse_from(["x", "--admission", "both", "--connection-mode", "both"]).args;
+        let labels = labels();
+        let text = markdown(&args, &labels, &runs(&labels, false));
+        assert!(text.starts_with(
+            "`cargo xtask bench-ingest --admission both --connection-mode both --fresh-clients 64 \
+             --rounds 3 --reports 60000 --clients 512 --connections 16` on "
+        ));
+        assert!(text.contains("`shared`: the clients share --connections connections"));
+        assert!(text.contains(" With tokens the server verifies and spends a token"));
+        assert_eq!(text.matches("\n| this open fresh | ").count(), 2);
+        assert!(!text.contains("| founding s |"));
+        assert!(text.contains("- lonely tokens: median "));
+        for (this, other) in [
+            ("this tokens fresh", "this open fresh"),
+            ("this tokens shared", "this open shared"),
+            ("this tokens fresh", "this tokens shared"),
+            ("this open fresh", "this open shared"),
+        ] {
+            assert!(
+                text.contains(&format!("\n- {this} against {other}: ")),
+                "{this}"
+            );
+        }
+        assert!(!text.contains("- lonely tokens against"));
+    }
+
+    #[test]
+    fn the_fleet_table_lists_the_fleet_runs_only() {
+        let args = Cli::parse_from([
+            "x",
+            "--binary",
+            "a=/bin/a",
+            "--fleet-apps",
+            "1000,5000",
+            "--connection-mode",
+            "fresh",
+        ])
+        .args;
+        let labels = labels();
+        let text = markdown(&args, &labels, &runs(&labels, true));
+        assert!(text.starts_with(
+            "`cargo xtask bench-ingest --binary a=/bin/a --connection-mode fresh --fresh-clients \
+             64 --fleet-apps 1000,5000 --new-app-share 0.01 --rounds 3 "
+        ));
+        assert!(text.contains(" Every report on a fresh connection from a fresh UDP socket"));
+        assert!(!text.contains(" With tokens the server"));
+        let fleet = &text[text.find("| founding s |").expect("a fleet table")..];
+        // Labels 0, 2 and 4 of each of the two rounds ran a fleet.
+        assert_eq!(fleet.matches(" | 1000 | ").count(), 6);
+    }
 }

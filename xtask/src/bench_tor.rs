@@ -48,7 +48,8 @@ use penrose_transport::{
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::bench::{machine, target_dir, workspace_root};
+use xtask::machine;
+use xtask::workspace::{target_dir, workspace_root};
 
 /// The name in the test server's certificate.
 const SERVER_NAME: &str = "aggregator.test";
@@ -275,67 +276,43 @@ pub fn run(args: Args) -> Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("penrose-bench-tor-")
         .tempdir()?;
-
-    say("starting the private Tor network (3 authorities, 2 middles, 2 exits)");
-    let started = Instant::now();
-    let mut net = TorNetwork::start(TorNetworkOptions::new(dir.path().join("tor-net")))
-        .context("starting the private Tor network")?;
-    let readiness = net
-        .wait_ready(NETWORK_READY)
-        .context("waiting for the private Tor network")?;
-    let network_ready_s = started.elapsed().as_secs_f64();
-    say(&format!(
-        "network usable after {network_ready_s:.1} s: {readiness:?}"
-    ));
-    let arti_file = dir.path().join("arti-network.toml");
-    std::fs::write(&arti_file, net.arti_toml())?;
-    let network = Network::Private(arti_file.clone());
+    let mut private = PrivateNetwork::start(dir.path(), &say)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let outcome = runtime.block_on(measure(&args, dir.path(), &network, &say));
-    let (bootstrap, streams, report_frame_bytes, reports, server) = match outcome {
+    let outcome = runtime.block_on(measure_all(
+        &args,
+        dir.path(),
+        &private,
+        agent_binary.as_deref(),
+        &say,
+    ));
+    let (measured, agents) = match outcome {
         Ok(measured) => measured,
         Err(e) => {
-            net.stop().ok();
+            private.net.stop().ok();
             return Err(e);
         }
     };
-    let agents = match &agent_binary {
-        Some(bin) => runtime.block_on(agent_runs(
-            &args,
-            bin,
-            dir.path(),
-            &arti_file,
-            &server,
-            &say,
-        )),
-        None => Ok(Vec::new()),
-    };
-    runtime.block_on(server.server.shutdown());
-    let agents = match agents {
-        Ok(agents) => agents,
-        Err(e) => {
-            net.stop().ok();
-            return Err(e);
-        }
-    };
-    net.stop().context("stopping the private Tor network")?;
+    private
+        .net
+        .stop()
+        .context("stopping the private Tor network")?;
     drop(runtime);
 
-    let ratios = ratios(&reports);
+    let ratios = ratios(&measured.reports);
     let results = Results {
-        machine: machine(),
+        machine: machine::describe(),
         load_before,
         load_after: load_average(),
-        network_ready_s,
-        network_readiness: format!("{readiness:?}"),
-        bootstrap,
-        streams,
-        report_frame_bytes,
-        reports,
+        network_ready_s: private.ready_s,
+        network_readiness: private.readiness,
+        bootstrap: measured.bootstrap,
+        streams: measured.streams,
+        report_frame_bytes: measured.report_frame_bytes,
+        reports: measured.reports,
         ratios,
         agents,
         agent_binary: agent_binary.as_deref().map(binary_size).transpose()?,
@@ -348,59 +325,87 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The private Tor network, usable, and arti's description of it.
+struct PrivateNetwork {
+    net: TorNetwork,
+    /// How it became usable, as the results give it.
+    readiness: String,
+    /// Seconds from starting the tors to usable.
+    ready_s: f64,
+    /// arti's configuration of the network (for the agent).
+    arti_file: PathBuf,
+    /// The network as arti clients are given it.
+    network: Network,
+}
+
+impl PrivateNetwork {
+    /// Starts the 7 tors under `dir` and waits until a client can use them.
+    fn start(dir: &Path, say: &dyn Fn(&str)) -> Result<Self> {
+        say("starting the private Tor network (3 authorities, 2 middles, 2 exits)");
+        let started = Instant::now();
+        let mut net = TorNetwork::start(TorNetworkOptions::new(dir.join("tor-net")))
+            .context("starting the private Tor network")?;
+        let readiness = net
+            .wait_ready(NETWORK_READY)
+            .context("waiting for the private Tor network")?;
+        let ready_s = started.elapsed().as_secs_f64();
+        say(&format!(
+            "network usable after {ready_s:.1} s: {readiness:?}"
+        ));
+        let arti_file = dir.join("arti-network.toml");
+        std::fs::write(&arti_file, net.arti_toml())?;
+        Ok(Self {
+            net,
+            readiness: format!("{readiness:?}"),
+            ready_s,
+            network: Network::Private(arti_file.clone()),
+            arti_file,
+        })
+    }
+}
+
+/// Everything measured on the network: the bootstraps, streams and reports, then the agents
+/// (when there is a binary to run), the test server shut down at the end.
+async fn measure_all(
+    args: &Args,
+    dir: &Path,
+    private: &PrivateNetwork,
+    agent_binary: Option<&Path>,
+    say: &dyn Fn(&str),
+) -> Result<(Measured, Vec<AgentRun>)> {
+    let (measured, server) = measure(args, dir, &private.network, say).await?;
+    let agents = match agent_binary {
+        Some(bin) => agent_runs(args, bin, dir, &private.arti_file, &server, say).await,
+        None => Ok(Vec::new()),
+    };
+    server.server.shutdown().await;
+    Ok((measured, agents?))
+}
+
 /// The test server, kept for the agent runs.
 struct TestServer {
     server: Server,
     identity: Identity,
 }
 
-type Measured = (
-    BootstrapResult,
-    StreamResult,
-    usize,
-    Vec<ReportRun>,
-    TestServer,
-);
+/// What [`measure`] measured (it also returns the server the agents send to next).
+struct Measured {
+    bootstrap: BootstrapResult,
+    streams: StreamResult,
+    /// The report frame's bytes on the wire (prefix included).
+    report_frame_bytes: usize,
+    reports: Vec<ReportRun>,
+}
 
 async fn measure(
     args: &Args,
     dir: &Path,
     network: &Network,
     say: &dyn Fn(&str),
-) -> Result<Measured> {
+) -> Result<(Measured, TestServer)> {
     let echo = start_echo_server().await?;
     let echo_target = echo.to_string();
-
-    // Bootstraps: cold on fresh directories, then warm on the first's.
-    let bar = progress(args, (2 * args.bootstraps) as u64, "bootstraps");
-    let mut cold = Vec::new();
-    let mut first_cold = Vec::new();
-    for i in 0..args.bootstraps {
-        let state = dir.join(format!("arti-cold-{i}"));
-        let (took, first) = bootstrap_once(network, &state, &echo_target).await?;
-        cold.push(took);
-        first_cold.push(first);
-        bar.inc(1);
-    }
-    let mut warm = Vec::new();
-    let mut first_warm = Vec::new();
-    for _ in 0..args.bootstraps {
-        let (took, first) = bootstrap_once(network, &dir.join("arti-cold-0"), &echo_target).await?;
-        warm.push(took);
-        first_warm.push(first);
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let bootstrap = BootstrapResult {
-        cold_median_s: median(&cold).as_secs_f64(),
-        warm_median_s: median(&warm).as_secs_f64(),
-        first_stream_cold_median_ms: ms(median(&first_cold)),
-        first_stream_warm_median_ms: ms(median(&first_warm)),
-        cold_s: cold.iter().map(Duration::as_secs_f64).collect(),
-        warm_s: warm.iter().map(Duration::as_secs_f64).collect(),
-        first_stream_cold_ms: first_cold.iter().copied().map(ms).collect(),
-        first_stream_warm_ms: first_warm.iter().copied().map(ms).collect(),
-    };
+    let bootstrap = bootstraps(args, dir, network, &echo_target).await?;
     say(&format!(
         "bootstrap: cold median {:.3} s, warm median {:.3} s",
         bootstrap.cold_median_s, bootstrap.warm_median_s
@@ -417,6 +422,60 @@ async fn measure(
     ));
 
     // Reports to one server, over UDP and over Tor.
+    let (server, handler) = start_report_server().await?;
+    let (report_frame_bytes, reports) =
+        report_runs(args, &tor, &server, &handler, &mut circuits_seen, say).await?;
+    drop(tor);
+    let measured = Measured {
+        bootstrap,
+        streams,
+        report_frame_bytes,
+        reports,
+    };
+    Ok((measured, server))
+}
+
+/// Bootstraps: cold on fresh directories, then warm on the first's.
+async fn bootstraps(
+    args: &Args,
+    dir: &Path,
+    network: &Network,
+    echo_target: &str,
+) -> Result<BootstrapResult> {
+    let bar = progress(args, (2 * args.bootstraps) as u64, "bootstraps");
+    let mut cold = Vec::new();
+    let mut first_cold = Vec::new();
+    for i in 0..args.bootstraps {
+        let state = dir.join(format!("arti-cold-{i}"));
+        let (took, first) = bootstrap_once(network, &state, echo_target).await?;
+        cold.push(took);
+        first_cold.push(first);
+        bar.inc(1);
+    }
+    let mut warm = Vec::new();
+    let mut first_warm = Vec::new();
+    for _ in 0..args.bootstraps {
+        let (took, first) = bootstrap_once(network, &dir.join("arti-cold-0"), echo_target).await?;
+        warm.push(took);
+        first_warm.push(first);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(BootstrapResult {
+        cold_median_s: median(&cold).as_secs_f64(),
+        warm_median_s: median(&warm).as_secs_f64(),
+        first_stream_cold_median_ms: ms(median(&first_cold)),
+        first_stream_warm_median_ms: ms(median(&first_warm)),
+        cold_s: cold.iter().map(Duration::as_secs_f64).collect(),
+        warm_s: warm.iter().map(Duration::as_secs_f64).collect(),
+        first_stream_cold_ms: first_cold.iter().copied().map(ms).collect(),
+        first_stream_warm_ms: first_warm.iter().copied().map(ms).collect(),
+    })
+}
+
+/// The `penrose_transport::serve` server the reports (and later the agents) go to, with a
+/// stream port for reports carried from an exit; its handler counts where they came from.
+async fn start_report_server() -> Result<(TestServer, Arc<AckAll>)> {
     let identity = Identity::self_signed([SERVER_NAME])?;
     let handler = Arc::new(AckAll::default());
     let server = penrose_transport::serve(
@@ -433,11 +492,30 @@ async fn measure(
         handler.clone(),
     )
     .await?;
-    let stream_addr = server.stream_addr().context("the server's stream port")?;
+    Ok((TestServer { server, identity }, handler))
+}
+
+/// Reports over UDP and over Tor at each concurrency: the frame's bytes, and each run.
+async fn report_runs(
+    args: &Args,
+    tor: &Arc<Tor>,
+    server: &TestServer,
+    handler: &AckAll,
+    circuits_seen: &mut HashSet<String>,
+    say: &dyn Fn(&str),
+) -> Result<(usize, Vec<ReportRun>)> {
+    let stream_addr = server
+        .server
+        .stream_addr()
+        .context("the server's stream port")?;
     let template = report()?;
     let frame = Message::Report(template.clone()).to_frame()?;
     let report_frame_bytes = body_length(&frame)? + 4;
-    let direct = ClientConfig::new(server.local_addr(), SERVER_NAME, Trust::pin(&identity));
+    let direct = ClientConfig::new(
+        server.server.local_addr(),
+        SERVER_NAME,
+        Trust::pin(&server.identity),
+    );
     let mut over_tor = direct.clone();
     over_tor.route = Route::Carried(Arc::new(tor.dialer(stream_addr.to_string())));
     over_tor.connect_timeout = Duration::from_secs(30);
@@ -452,26 +530,13 @@ async fn measure(
     };
     for &concurrency in concurrencies {
         for (route, client) in [("direct", &direct), ("tor", &over_tor)] {
-            let before_server = handler.counts();
-            let before_tor = tor.counts();
-            let mut run = send_reports(args, route, client, &template, concurrency).await;
-            let after_server = handler.counts();
-            run.server_carried = after_server.0 - before_server.0;
-            run.server_udp = after_server.1 - before_server.1;
-            if route == "tor" {
-                let opened = tor.counts().0 - before_tor.0;
-                run.tor_streams = Some(opened);
-                // The client remembers its last 64 streams.
-                let records = tor.streams();
-                let recent = &records[records.len().saturating_sub(opened as usize)..];
-                let fresh: HashSet<_> = recent
-                    .iter()
-                    .filter_map(|r| r.circuit.clone())
-                    .filter(|c| !circuits_seen.contains(c))
-                    .collect();
-                run.distinct_circuits = Some(fresh.len());
-                circuits_seen.extend(fresh);
-            }
+            let sending = Sending {
+                route,
+                client,
+                template: &template,
+                concurrency,
+            };
+            let run = counted_run(args, sending, tor, handler, circuits_seen).await;
             say(&format!(
                 "{route} x{concurrency}: {}/{} acked, median {:.1} ms, p90 {:.1} ms, {:.1} reports/s",
                 run.acked,
@@ -486,14 +551,53 @@ async fn measure(
     direct.close().await;
     over_tor.close().await;
     drop(over_tor);
-    drop(tor);
-    Ok((
-        bootstrap,
-        streams,
-        report_frame_bytes,
-        runs,
-        TestServer { server, identity },
-    ))
+    Ok((report_frame_bytes, runs))
+}
+
+/// One run of reports: the route, its client, the report sent and how many senders.
+struct Sending<'a> {
+    route: &'static str,
+    client: &'a Arc<Client>,
+    template: &'a Report,
+    concurrency: usize,
+}
+
+/// [`send_reports`], with what the server saw arrive and, over Tor, the streams opened and
+/// the circuits not seen before.
+async fn counted_run(
+    args: &Args,
+    sending: Sending<'_>,
+    tor: &Tor,
+    handler: &AckAll,
+    circuits_seen: &mut HashSet<String>,
+) -> ReportRun {
+    let Sending {
+        route,
+        client,
+        template,
+        concurrency,
+    } = sending;
+    let before_server = handler.counts();
+    let before_tor = tor.counts();
+    let mut run = send_reports(args, route, client, template, concurrency).await;
+    let after_server = handler.counts();
+    run.server_carried = after_server.0 - before_server.0;
+    run.server_udp = after_server.1 - before_server.1;
+    if route == "tor" {
+        let opened = tor.counts().0 - before_tor.0;
+        run.tor_streams = Some(opened);
+        // The client remembers its last 64 streams.
+        let records = tor.streams();
+        let recent = &records[records.len().saturating_sub(opened as usize)..];
+        let fresh: HashSet<_> = recent
+            .iter()
+            .filter_map(|r| r.circuit.clone())
+            .filter(|c| !circuits_seen.contains(c))
+            .collect();
+        run.distinct_circuits = Some(fresh.len());
+        circuits_seen.extend(fresh);
+    }
+    run
 }
 
 /// A fresh client on `state`, bootstrapped, then one stream: (bootstrap, first stream).
@@ -1012,6 +1116,15 @@ fn markdown(args: &Args, r: &Results) -> String {
         "Machine: {} (load average {:.1} before, {:.1} after)\n",
         r.machine, r.load_before, r.load_after
     );
+    s.push_str(&measures_table(r));
+    s.push_str(&reports_table(args, r));
+    s.push_str(&agents_table(r));
+    s
+}
+
+/// The network, the bootstraps, the streams and the agent's binary.
+fn measures_table(r: &Results) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "| measure | value |\n|---|---|");
     let _ = writeln!(
         s,
@@ -1058,6 +1171,12 @@ fn markdown(args: &Args, r: &Results) -> String {
                 .map_or(f64::NAN, |b| b as f64 / 1048576.0)
         );
     }
+    s
+}
+
+/// Each run of reports, then Tor against direct at each concurrency.
+fn reports_table(args: &Args, r: &Results) -> String {
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "\nReports ({} bytes a frame, {} per run), one `penrose_transport::serve` server; over Tor each report is a fresh QUIC connection on a fresh Tor stream and circuit:\n",
@@ -1095,36 +1214,43 @@ fn markdown(args: &Args, r: &Results) -> String {
             ratio.concurrency, ratio.latency_median, ratio.latency_p90, ratio.throughput
         );
     }
-    if !r.agents.is_empty() {
+    s
+}
+
+/// The agent's memory over each route (nothing when no agent ran).
+fn agents_table(r: &Results) -> String {
+    let mut s = String::new();
+    if r.agents.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "\nAgent memory (release `penrose-agent run`, trace-replay source, sampled every 250 ms):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| route | seconds | peak VmRSS | VmHWM | last VmRSS | threads (max) | uploads accepted / failed | Tor streams / failures | under 64 MiB |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for a in &r.agents {
         let _ = writeln!(
             s,
-            "\nAgent memory (release `penrose-agent run`, trace-replay source, sampled every 250 ms):\n"
+            "| {} | {:.0} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {} | {} / {} | {} / {} | {} |",
+            a.route,
+            a.seconds,
+            a.peak_rss_mib,
+            a.vm_hwm_mib,
+            a.last_rss_mib,
+            a.max_threads,
+            a.uploads_accepted,
+            a.uploads_failed,
+            a.tor_streams,
+            a.tor_stream_failures,
+            if a.vm_hwm_mib.max(a.peak_rss_mib) < 64.0 {
+                "yes"
+            } else {
+                "no"
+            }
         );
-        let _ = writeln!(
-            s,
-            "| route | seconds | peak VmRSS | VmHWM | last VmRSS | threads (max) | uploads accepted / failed | Tor streams / failures | under 64 MiB |\n|---|---|---|---|---|---|---|---|---|"
-        );
-        for a in &r.agents {
-            let _ = writeln!(
-                s,
-                "| {} | {:.0} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {} | {} / {} | {} / {} | {} |",
-                a.route,
-                a.seconds,
-                a.peak_rss_mib,
-                a.vm_hwm_mib,
-                a.last_rss_mib,
-                a.max_threads,
-                a.uploads_accepted,
-                a.uploads_failed,
-                a.tor_streams,
-                a.tor_stream_failures,
-                if a.vm_hwm_mib.max(a.peak_rss_mib) < 64.0 {
-                    "yes"
-                } else {
-                    "no"
-                }
-            );
-        }
     }
     s
 }
@@ -1135,4 +1261,133 @@ fn list(values: &[f64], decimals: usize) -> String {
         .map(|v| format!("{v:.decimals$}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The reports' text on fixed, made-up results.
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn report_run(route: &'static str, concurrency: usize, x: f64) -> ReportRun {
+        ReportRun {
+            route,
+            concurrency,
+            reports: 40,
+            acked: 39,
+            failed: 1,
+            latency_median_ms: 12.34 * x,
+            latency_p90_ms: 23.45 * x,
+            latency_max_ms: 45.67 * x,
+            reports_per_second: 78.9 / x,
+            distinct_circuits: (route == "tor").then_some(38),
+            tor_streams: (route == "tor").then_some(41),
+            server_carried: if route == "tor" { 40 } else { 0 },
+            server_udp: if route == "tor" { 0 } else { 40 },
+        }
+    }
+
+    fn results(full: bool) -> Results {
+        let reports = vec![
+            report_run("direct", 1, 1.0),
+            report_run("tor", 1, 7.5),
+            report_run("direct", 8, 1.3),
+            report_run("tor", 8, 9.1),
+        ];
+        Results {
+            machine: "machine M".into(),
+            load_before: 0.53,
+            load_after: 1.27,
+            network_ready_s: 23.456,
+            network_readiness: "Ready".into(),
+            bootstrap: BootstrapResult {
+                cold_s: vec![1.2345, 2.3456, 1.1111],
+                warm_s: vec![0.1234, 0.2345],
+                cold_median_s: 1.2345,
+                warm_median_s: 0.1789,
+                first_stream_cold_ms: vec![12.0, 13.0],
+                first_stream_warm_ms: vec![10.0, 11.0],
+                first_stream_cold_median_ms: 12.5,
+                first_stream_warm_median_ms: 10.25,
+            },
+            streams: StreamResult {
+                opened: 39,
+                failed: 1,
+                open_ms: vec![1.0, 2.0],
+                median_ms: 34.56,
+                p90_ms: 45.67,
+                max_ms: 99.9,
+                distinct_circuits: 38,
+                unnamed_circuits: 1,
+            },
+            report_frame_bytes: 1234,
+            ratios: if full { ratios(&reports) } else { Vec::new() },
+            reports: if full { reports } else { Vec::new() },
+            agents: if full {
+                vec![
+                    AgentRun {
+                        route: "tor",
+                        seconds: 60.2,
+                        peak_rss_mib: 45.6,
+                        vm_hwm_mib: 47.8,
+                        last_rss_mib: 44.4,
+                        max_threads: 9,
+                        uploads_accepted: 30,
+                        uploads_failed: 1,
+                        tor_streams: 31,
+                        tor_stream_failures: 1,
+                        last_error: None,
+                    },
+                    AgentRun {
+                        route: "direct",
+                        seconds: 60.1,
+                        peak_rss_mib: 65.6,
+                        vm_hwm_mib: 47.8,
+                        last_rss_mib: 44.4,
+                        max_threads: 5,
+                        uploads_accepted: 31,
+                        uploads_failed: 0,
+                        tor_streams: 0,
+                        tor_stream_failures: 0,
+                        last_error: Some("x".into()),
+                    },
+                ]
+            } else {
+                Vec::new()
+            },
+            agent_binary: full.then(|| BinarySize {
+                path: "/x".into(),
+                bytes: 12_345_678,
+                stripped_bytes: Some(9_876_543),
+            }),
+        }
+    }
+
+    #[test]
+    fn markdown_leaves_out_what_was_not_measured() {
+        let args = Cli::parse_from(["x"]).args;
+        let full = markdown(&args, &results(true));
+        assert!(full.starts_with("Machine: machine M (load average 0.5 before, 1.3 after)\n"));
+        for part in [
+            "| arti bootstrap, cold (empty state dir), median of 3 | 1.234 s (runs: 1.234, 2.346, 1.111) |",
+            "| release agent binary | 11.8 MiB (9.4 MiB stripped) |",
+            "\nReports (1234 bytes a frame, 40 per run)",
+            "| tor | 8 | 39 / 1 | 112.3 ms |",
+            "\n- 8 sender(s): Tor's median latency 7.0 x direct's",
+            "\nAgent memory",
+            "| 5 | 31 / 0 | 0 / 0 | no |",
+        ] {
+            assert!(full.contains(part), "{part:?} missing from {full}");
+        }
+        let bare = markdown(&args, &results(false));
+        for part in ["release agent binary", "\n- ", "Agent memory", "| tor |"] {
+            assert!(!bare.contains(part), "{part:?} in {bare}");
+        }
+    }
 }

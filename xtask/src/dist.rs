@@ -30,7 +30,7 @@ use clap_complete::Shell;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use crate::bench::{target_dir, workspace_root};
+use xtask::workspace::{target_dir, workspace_root};
 
 /// One package.
 struct Package {

@@ -32,7 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use cluster::{Score, SimMatrix};
-use corpus::{Corpus, LaunchId, Mode};
+use corpus::{Corpus, LaunchId, Mode, Source};
 use tokens::{Tokenizer, Tokens};
 
 /// Arguments.
@@ -266,24 +266,7 @@ fn rank_similarities(corpus: &Corpus) -> Vec<RankSimilarity> {
 
 /// Runs the evaluation.
 pub fn run(mut args: Args) -> anyhow::Result<()> {
-    // The shipped defaults are always measured, so the report can place them.
-    if !args.taus.contains(&DEFAULT_TAU) {
-        args.taus.push(DEFAULT_TAU);
-    }
-    args.taus.sort_by(f64::total_cmp);
-    if !args.ngrams.contains(&DEFAULT_NGRAM_LEN) {
-        args.ngrams.push(DEFAULT_NGRAM_LEN);
-    }
-    // Names are the reference every other encoding is set against.
-    if !args.tokens.contains(&Tokens::Named) {
-        args.tokens.insert(0, Tokens::Named);
-    }
-    args.tokens.dedup();
-    anyhow::ensure!(args.windows >= 2, "--windows must be at least 2");
-    anyhow::ensure!(
-        (1..=256).contains(&args.k),
-        "--k must lie in 1..=256 (it must fit the 256-bit hash)"
-    );
+    complete(&mut args)?;
     let dir = args
         .traces
         .clone()
@@ -301,22 +284,74 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     );
     let corpus =
         Corpus::read(&dir).with_context(|| format!("reading traces in {}", dir.display()))?;
-    let foreign = foreign(&corpus);
-    let jobs = jobs(&args);
+    let mut cells = grid_cells(&corpus, &args)?;
+    let graphs = graphs::evaluate(&corpus, &args)?;
+    sort_cells(&mut cells, &args.tokens);
+    let eval = evaluation(&dir, &args, &corpus, cells, graphs);
+    let markdown = report::render(&eval, &args);
+    if args.out.as_os_str() != "-" {
+        write_report(&args.out, markdown)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&eval)?);
+    } else {
+        println!("{}", report::summary(&eval, &args));
+    }
+    Ok(())
+}
+
+/// Adds the shipped defaults to what is measured, so the report can place them, and names,
+/// the reference every other encoding is set against; then checks the arguments.
+fn complete(args: &mut Args) -> anyhow::Result<()> {
+    if !args.taus.contains(&DEFAULT_TAU) {
+        args.taus.push(DEFAULT_TAU);
+    }
+    args.taus.sort_by(f64::total_cmp);
+    if !args.ngrams.contains(&DEFAULT_NGRAM_LEN) {
+        args.ngrams.push(DEFAULT_NGRAM_LEN);
+    }
+    if !args.tokens.contains(&Tokens::Named) {
+        args.tokens.insert(0, Tokens::Named);
+    }
+    args.tokens.dedup();
+    anyhow::ensure!(args.windows >= 2, "--windows must be at least 2");
+    anyhow::ensure!(
+        (1..=256).contains(&args.k),
+        "--k must lie in 1..=256 (it must fit the 256-bit hash)"
+    );
+    Ok(())
+}
+
+/// The cells of every (mode, L, p) job, every token encoding and n, on every core.
+fn grid_cells(corpus: &Corpus, args: &Args) -> anyhow::Result<Vec<Cell>> {
+    let foreign = foreign(corpus);
+    let jobs = jobs(args);
     let bar = progress_bar((jobs.len() * args.ngrams.len() * args.tokens.len()) as u64);
-    let mut cells = parallel(&jobs, |&(i, (mode, len, p))| {
+    let cells = parallel(&jobs, |&(i, (mode, len, p))| {
         let seed = job_seed(args.seed, i);
-        run_job(&corpus, &foreign, &args, mode, len, p, seed, &bar)
+        run_job(corpus, &foreign, args, mode, len, p, seed, &bar)
     })?;
     bar.finish_and_clear();
-    let graphs = graphs::evaluate(&corpus, &args)?;
-    let token_rank = |t: Tokens| args.tokens.iter().position(|&x| x == t);
+    Ok(cells)
+}
+
+/// The report's order: mode, token encoding (as given), n, L, p.
+fn sort_cells(cells: &mut [Cell], tokens: &[Tokens]) {
+    let token_rank = |t: Tokens| tokens.iter().position(|&x| x == t);
     cells.sort_by(|a, b| {
         (a.mode as u8, token_rank(a.tokens), a.n, a.len)
             .cmp(&(b.mode as u8, token_rank(b.tokens), b.n, b.len))
             .then(a.p.total_cmp(&b.p))
     });
+}
 
+fn evaluation(
+    dir: &std::path::Path,
+    args: &Args,
+    corpus: &Corpus,
+    cells: Vec<Cell>,
+    graphs: graphs::GraphEval,
+) -> Evaluation {
     let sequences = |mode| {
         corpus
             .sources(mode)
@@ -324,8 +359,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             .map(|s| (s.file.clone(), s.seq.len()))
             .collect()
     };
-    let eval = Evaluation {
-        traces: traces_label(&dir),
+    Evaluation {
+        traces: traces_label(dir),
         seed: args.seed,
         windows_per_sequence: args.windows,
         k: args.k,
@@ -337,33 +372,28 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         kernels_without_config: corpus.kernels_without_config,
         distinct_names: corpus.digests.len(),
         distinct_configs: corpus.configs.len(),
-        ranks: rank_similarities(&corpus),
+        ranks: rank_similarities(corpus),
         cells,
         graphs,
+    }
+}
+
+/// Writes the report to `out`, keeping the hand-written sections after the marker of the
+/// report already there.
+fn write_report(out: &std::path::Path, markdown: String) -> anyhow::Result<()> {
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let kept = std::fs::read_to_string(out).ok().and_then(|old| {
+        old.find(report::HAND_WRITTEN)
+            .map(|at| old[at..].to_owned())
+    });
+    let markdown = match kept {
+        Some(tail) => format!("{markdown}\n{tail}"),
+        None => markdown,
     };
-    let markdown = report::render(&eval, &args);
-    if args.out.as_os_str() != "-" {
-        if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
-        }
-        // Hand-written sections after the marker survive regeneration.
-        let kept = std::fs::read_to_string(&args.out).ok().and_then(|old| {
-            old.find(report::HAND_WRITTEN)
-                .map(|at| old[at..].to_owned())
-        });
-        let markdown = match kept {
-            Some(tail) => format!("{markdown}\n{tail}"),
-            None => markdown,
-        };
-        std::fs::write(&args.out, &markdown)
-            .with_context(|| format!("writing {}", args.out.display()))?;
-        eprintln!("wrote {}", args.out.display());
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&eval)?);
-    } else {
-        println!("{}", report::summary(&eval, &args));
-    }
+    std::fs::write(out, &markdown).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
     Ok(())
 }
 
@@ -467,75 +497,18 @@ fn run_job(
 ) -> Vec<Cell> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let sources = corpus.sources(mode);
-    // (source, perturbed window, unperturbed companion at an independent offset)
-    let mut drawn = Vec::new();
-    // The offsets of each drawn window's perturbed (and unperturbed) and clean windows.
-    let mut offsets = Vec::new();
-    for (si, source) in sources.iter().enumerate() {
-        for _ in 0..args.windows {
-            let offset = rng.random_range(0..source.seq.len().max(1));
-            let perturbed =
-                windows::draw_at(&source.seq, offset, len, p, &foreign[source.app], &mut rng);
-            let (clean_offset, clean) = windows::draw(&source.seq, len, 0.0, &[], &mut rng);
-            let unperturbed = windows::draw_at(&source.seq, offset, len, 0.0, &[], &mut rng);
-            drawn.push((si, perturbed, clean, unperturbed));
-            offsets.push((offset, clean_offset));
-        }
-    }
-    // The launches an agent saw in the process before a window: one loop of the sequence, at
-    // most as far back as the largest gap bucket reaches.
-    let history = |si: usize, offset: usize| -> Vec<LaunchId> {
-        let seq = &sources[si].seq;
-        let h = seq.len().min(1 << (MAX_GAP_BUCKET - 1));
-        (0..h)
-            .map(|i| seq[(offset + seq.len() - h + i) % seq.len()])
-            .collect()
-    };
-    // What the agent saw before a window when its probes were detached in between
-    // (`Tokens::NameFreeSeen`): the process's previous window, L launches ending at an
-    // independent offset (drawn from their own generator, so that adding this encoding left
-    // every other encoding's windows as they were).
-    let mut seen_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5345_454e_5345_454e);
-    let previous: Vec<(Vec<LaunchId>, Vec<LaunchId>)> = drawn
-        .iter()
-        .map(|w| {
-            let seq = &sources[w.0].seq;
-            let mut one = || {
-                let offset = seen_rng.random_range(0..seq.len().max(1));
-                windows::draw_at(seq, offset, len, 0.0, &[], &mut seen_rng)
-            };
-            (one(), one())
-        })
-        .collect();
-    let labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].label).collect();
-    let file_labels: Vec<usize> = drawn.iter().map(|w| sources[w.0].file_label).collect();
-    let apps: Vec<usize> = drawn.iter().map(|w| sources[w.0].app).collect();
-    let mut order: Vec<usize> = (0..drawn.len()).collect();
+    let job = JobWindows::draw(sources, foreign, args.windows, len, p, seed, &mut rng);
+    let labels: Vec<usize> = job.drawn.iter().map(|w| sources[w.0].label).collect();
+    let file_labels: Vec<usize> = job.drawn.iter().map(|w| sources[w.0].file_label).collect();
+    let apps: Vec<usize> = job.drawn.iter().map(|w| sources[w.0].app).collect();
+    let mut order: Vec<usize> = (0..job.drawn.len()).collect();
     order.shuffle(&mut rng);
     let hasher = MinHasher::new(args.k);
 
     let mut cells = Vec::new();
     for &tokens in &args.tokens {
         let mut tokenizer = Tokenizer::new(corpus, tokens);
-        let windows: Vec<[Vec<u32>; 3]> = drawn
-            .iter()
-            .zip(&offsets)
-            .zip(&previous)
-            .map(|((w, &(offset, clean_offset)), seen)| {
-                let (before, before_clean) = match tokens {
-                    Tokens::NameFreeSeen => seen.clone(),
-                    _ if tokenizer.needs_history() => {
-                        (history(w.0, offset), history(w.0, clean_offset))
-                    }
-                    _ => (Vec::new(), Vec::new()),
-                };
-                [
-                    tokenizer.tokenize(&w.1, &before),
-                    tokenizer.tokenize(&w.2, &before_clean),
-                    tokenizer.tokenize(&w.3, &before),
-                ]
-            })
-            .collect();
+        let tokenized = job.tokenize(&mut tokenizer, tokens, sources);
         for &n in &args.ngrams {
             bar.set_message(format!("{mode:?} {tokens:?} L={len} p={p} n={n}"));
             let params = FingerprintParams {
@@ -544,12 +517,12 @@ fn run_job(
                 ..FingerprintParams::default()
             };
             let mut shingler = windows::Shingler::new(n, &tokenizer.digests);
-            let keys: Vec<_> = windows.iter().map(|w| shingler.keys(&w[0])).collect();
-            let clean_keys: Vec<_> = windows.iter().map(|w| shingler.keys(&w[1])).collect();
-            let unperturbed_keys: Vec<_> = windows.iter().map(|w| shingler.keys(&w[2])).collect();
+            let keys: Vec<_> = tokenized.iter().map(|w| shingler.keys(&w[0])).collect();
+            let clean_keys: Vec<_> = tokenized.iter().map(|w| shingler.keys(&w[1])).collect();
+            let unperturbed_keys: Vec<_> = tokenized.iter().map(|w| shingler.keys(&w[2])).collect();
             cells.push(score_cell(
                 args,
-                &drawn,
+                &job.drawn,
                 &order,
                 &labels,
                 &file_labels,
@@ -568,6 +541,104 @@ fn run_job(
         }
     }
     cells
+}
+
+/// One job's windows, drawn once for every token encoding.
+struct JobWindows {
+    /// Each window (see [`Drawn`]).
+    drawn: Vec<Drawn>,
+    /// The offsets of each drawn window's perturbed (and unperturbed) and clean windows.
+    offsets: Vec<(usize, usize)>,
+    /// What the agent saw before each window when its probes were detached in between
+    /// (`Tokens::NameFreeSeen`): the process's previous window, L launches ending at an
+    /// independent offset, for the perturbed and the clean window.
+    previous: Vec<(Vec<LaunchId>, Vec<LaunchId>)>,
+}
+
+impl JobWindows {
+    /// `per_source` windows of `len` launches from each source, a share `p` of them
+    /// perturbed with `foreign` launches of other applications.
+    fn draw(
+        sources: &[Source],
+        foreign: &[Vec<u32>],
+        per_source: usize,
+        len: usize,
+        p: f64,
+        seed: u64,
+        rng: &mut ChaCha8Rng,
+    ) -> Self {
+        let mut drawn = Vec::new();
+        let mut offsets = Vec::new();
+        for (si, source) in sources.iter().enumerate() {
+            for _ in 0..per_source {
+                let offset = rng.random_range(0..source.seq.len().max(1));
+                let perturbed =
+                    windows::draw_at(&source.seq, offset, len, p, &foreign[source.app], rng);
+                let (clean_offset, clean) = windows::draw(&source.seq, len, 0.0, &[], rng);
+                let unperturbed = windows::draw_at(&source.seq, offset, len, 0.0, &[], rng);
+                drawn.push((si, perturbed, clean, unperturbed));
+                offsets.push((offset, clean_offset));
+            }
+        }
+        // Drawn from their own generator, so that adding this encoding left every other
+        // encoding's windows as they were.
+        let mut seen_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5345_454e_5345_454e);
+        let previous = drawn
+            .iter()
+            .map(|w| {
+                let seq = &sources[w.0].seq;
+                let mut one = || {
+                    let offset = seen_rng.random_range(0..seq.len().max(1));
+                    windows::draw_at(seq, offset, len, 0.0, &[], &mut seen_rng)
+                };
+                (one(), one())
+            })
+            .collect();
+        Self {
+            drawn,
+            offsets,
+            previous,
+        }
+    }
+
+    /// Each window as `tokens`: the perturbed, the clean and the unperturbed one, each with
+    /// the history its encoding sees.
+    fn tokenize(
+        &self,
+        tokenizer: &mut Tokenizer,
+        tokens: Tokens,
+        sources: &[Source],
+    ) -> Vec<[Vec<u32>; 3]> {
+        self.drawn
+            .iter()
+            .zip(&self.offsets)
+            .zip(&self.previous)
+            .map(|((w, &(offset, clean_offset)), seen)| {
+                let seq = &sources[w.0].seq;
+                let (before, before_clean) = match tokens {
+                    Tokens::NameFreeSeen => seen.clone(),
+                    _ if tokenizer.needs_history() => {
+                        (history(seq, offset), history(seq, clean_offset))
+                    }
+                    _ => (Vec::new(), Vec::new()),
+                };
+                [
+                    tokenizer.tokenize(&w.1, &before),
+                    tokenizer.tokenize(&w.2, &before_clean),
+                    tokenizer.tokenize(&w.3, &before),
+                ]
+            })
+            .collect()
+    }
+}
+
+/// The launches an agent saw in the process before a window at `offset`: one loop of the
+/// sequence, at most as far back as the largest gap bucket reaches.
+fn history(seq: &[LaunchId], offset: usize) -> Vec<LaunchId> {
+    let h = seq.len().min(1 << (MAX_GAP_BUCKET - 1));
+    (0..h)
+        .map(|i| seq[(offset + seq.len() - h + i) % seq.len()])
+        .collect()
 }
 
 /// Fingerprints one cell's windows in every encoding and scores the classes they form.

@@ -34,7 +34,7 @@ use anyhow::{Context, Result, bail, ensure};
 use penrose_agent::capture_summary::CaptureSummary;
 use penrose_standin_ring::CounterRing;
 
-use super::{AgentLog, run_agent};
+use super::{AgentLog, AgentRun, run_agent};
 
 /// How often the replayer's launch count and CPU time are read.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
@@ -380,6 +380,15 @@ impl ProbedRun {
     }
 }
 
+/// What the replayer of a probed run left: when it first launched, its readings, its summary,
+/// and the agent's lines about windows.
+struct WindowedReplay {
+    first_launch: Instant,
+    samples: Vec<Sample>,
+    summary: serde_json::Value,
+    lines: Vec<(Instant, String)>,
+}
+
 /// A fresh agent with fixed windows, and one replayer from its first window to the end of its
 /// second.
 fn probed_run(
@@ -390,61 +399,28 @@ fn probed_run(
     path: ReplayPath,
     window_s: f64,
 ) -> Result<ProbedRun> {
-    let window = format!("{window_s}");
-    let period = format!("{}", window_s + GAP_S);
-    let extra = [
-        "--window-seconds",
-        &window,
-        "--period-seconds",
-        &period,
-        "--no-calibrate",
-    ];
-    let timeout = Duration::from_secs_f64(3.0 * (window_s + GAP_S)) + START_TIMEOUT;
-    let run = run_agent(
-        agent,
-        &[&libs.cuda, &libs.cudart],
-        &extra,
-        AGENT_LOG,
-        |log: &AgentLog| {
-            let replayer = Replayer::spawn(replay, libs, trace, path)?;
-            let first = replayer.sampler.wait_launching(START_TIMEOUT)?;
-            log.wait_until(timeout, |lines| {
-                lines.iter().filter(|(_, l)| window_record(l)).count() >= 2
-            })?;
-            let (samples, summary) = replayer.finish()?;
-            Ok((first, samples, summary, log.lines()))
-        },
-    )?;
-    let (first_launch, samples, summary, lines) = run.ret;
-    let openings: Vec<Opening> = lines
-        .iter()
-        .filter_map(|(at, line)| {
-            opening(line).map(|(probes, attach)| Opening {
-                at: *at,
-                probes,
-                attach,
-            })
-        })
-        .collect();
-    ensure!(
-        openings.len() >= 2,
-        "the agent logged {} window openings, not 2",
-        openings.len()
-    );
+    let run = replay_under_windows(agent, replay, libs, trace, path, window_s)?;
+    let replayed = &run.ret;
+    let openings = openings(&replayed.lines)?;
     let window = Duration::from_secs_f64(window_s);
     // The window's clock starts before attaching; it closes when that clock reaches the window
     // length, and detaching starts then.
     let closes = |o: &Opening| o.at - o.attach + window - MARGIN;
     let first_window = per_launch(
-        &samples,
-        openings[0].at.max(first_launch) + MARGIN,
+        &replayed.samples,
+        openings[0].at.max(replayed.first_launch) + MARGIN,
         closes(&openings[0]),
     )
     .context("the first window")?;
-    let later_window = per_launch(&samples, openings[1].at + MARGIN, closes(&openings[1]))
-        .context("the second window")?;
+    let later_window = per_launch(
+        &replayed.samples,
+        openings[1].at + MARGIN,
+        closes(&openings[1]),
+    )
+    .context("the second window")?;
 
     let program_runs = program_runs(&run.summary);
+    let summary = &replayed.summary;
     let runtime = &summary["runtime"];
     Ok(ProbedRun {
         path,
@@ -462,6 +438,68 @@ fn probed_run(
         unnamed_launches: run.summary.counts.unnamed_launches,
         drops: run.summary.drops,
     })
+}
+
+/// The agent with fixed windows of `window_s`, and a replayer on `path` from once the agent is
+/// ready until the agent has logged two windows.
+fn replay_under_windows(
+    agent: &Path,
+    replay: &Path,
+    libs: &Standin,
+    trace: &Path,
+    path: ReplayPath,
+    window_s: f64,
+) -> Result<AgentRun<WindowedReplay>> {
+    let window = format!("{window_s}");
+    let period = format!("{}", window_s + GAP_S);
+    let extra = [
+        "--window-seconds",
+        &window,
+        "--period-seconds",
+        &period,
+        "--no-calibrate",
+    ];
+    let timeout = Duration::from_secs_f64(3.0 * (window_s + GAP_S)) + START_TIMEOUT;
+    run_agent(
+        agent,
+        &[&libs.cuda, &libs.cudart],
+        &extra,
+        AGENT_LOG,
+        |log: &AgentLog| {
+            let replayer = Replayer::spawn(replay, libs, trace, path)?;
+            let first_launch = replayer.sampler.wait_launching(START_TIMEOUT)?;
+            log.wait_until(timeout, |lines| {
+                lines.iter().filter(|(_, l)| window_record(l)).count() >= 2
+            })?;
+            let (samples, summary) = replayer.finish()?;
+            Ok(WindowedReplay {
+                first_launch,
+                samples,
+                summary,
+                lines: log.lines(),
+            })
+        },
+    )
+}
+
+/// The window openings among the agent's lines: at least two.
+fn openings(lines: &[(Instant, String)]) -> Result<Vec<Opening>> {
+    let openings: Vec<Opening> = lines
+        .iter()
+        .filter_map(|(at, line)| {
+            opening(line).map(|(probes, attach)| Opening {
+                at: *at,
+                probes,
+                attach,
+            })
+        })
+        .collect();
+    ensure!(
+        openings.len() >= 2,
+        "the agent logged {} window openings, not 2",
+        openings.len()
+    );
+    Ok(openings)
 }
 
 /// `window 3: 1200 launches in ...`: the agent's record of a closed window.
@@ -793,13 +831,23 @@ fn median_u64(rounds: &[PathRound], path: ReplayPath, f: impl Fn(&PathRound) -> 
 
 /// The report's section on the replay paths.
 pub fn report(results: &PathResults) -> String {
-    let rounds = &results.rounds[..];
+    let mut s = rounds_intro(results);
+    s.push_str(&rounds_table(&results.rounds));
+    s.push_str(&whole_table(results));
+    s.push_str(&reading(results));
+    s.push_str(&drops_note(&results.rounds));
+    s
+}
+
+/// The section's heading and how the rounds were run.
+fn rounds_intro(results: &PathResults) -> String {
     let (window_s, unprobed_s) = (results.window_s, results.unprobed_s);
-    let mut s = String::new();
-    let n = rounds
+    let n = results
+        .rounds
         .iter()
         .filter(|r| r.path == ReplayPath::Driver)
         .count();
+    let mut s = String::new();
     let _ = writeln!(s, "### The CUDA runtime path (CUDA >= 12.4 stand-in)\n");
     let _ = writeln!(
         s,
@@ -819,57 +867,82 @@ pub fn report(results: &PathResults) -> String {
          rounds, shown as wall / CPU; differences between paths are medians of the rounds' \
          differences.\n"
     );
-    let paths = ReplayPath::ALL;
-    let header = paths
+    s
+}
+
+/// The paths as the tables' column headings.
+fn path_header() -> String {
+    ReplayPath::ALL
         .iter()
         .map(|p| format!("`--via {}`", p.via()))
         .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// A table row: `label`, then `cell` of each path.
+fn path_row(s: &mut String, label: &str, cell: impl Fn(ReplayPath) -> String) {
+    let cells = ReplayPath::ALL
+        .iter()
+        .map(|p| cell(*p))
+        .collect::<Vec<_>>()
         .join(" | ");
-    let _ = writeln!(s, "| measure | {header} |\n|---|---|---|---|");
-    let row = |s: &mut String, label: &str, cell: &dyn Fn(ReplayPath) -> String| {
-        let cells = paths
-            .iter()
-            .map(|p| cell(*p))
-            .collect::<Vec<_>>()
-            .join(" | ");
-        let _ = writeln!(s, "| {label} | {cells} |");
-    };
-    let pair = |(w, c): (f64, f64), signed: bool| format!("{} / {}", ns(w, signed), ns(c, signed));
-    let first = |r: &PathRound| r.first_window;
-    let later = |r: &PathRound| r.later_window;
-    row(&mut s, "per launch, no agent", &|p| {
+    let _ = writeln!(s, "| {label} | {cells} |");
+}
+
+/// `wall / CPU`.
+fn pair((w, c): (f64, f64), signed: bool) -> String {
+    format!("{} / {}", ns(w, signed), ns(c, signed))
+}
+
+/// A round's first window.
+fn first(r: &PathRound) -> PerLaunch {
+    r.first_window
+}
+
+/// A round's later window.
+fn later(r: &PathRound) -> PerLaunch {
+    r.later_window
+}
+
+/// The rounds' medians, each path a column.
+fn rounds_table(rounds: &[PathRound]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "| measure | {} |\n|---|---|---|---|", path_header());
+    time_rows(&mut s, rounds);
+    count_rows(&mut s, rounds);
+    s.push('\n');
+    s
+}
+
+/// Time per launch and what the probes add to it.
+fn time_rows(s: &mut String, rounds: &[PathRound]) {
+    path_row(s, "per launch, no agent", |p| {
         pair(wall_cpu(rounds, p, |r| r.unprobed), false)
     });
-    row(
-        &mut s,
+    path_row(
+        s,
         "per launch, agent attached, the process's first window",
-        &|p| pair(wall_cpu(rounds, p, first), false),
+        |p| pair(wall_cpu(rounds, p, first), false),
     );
-    row(
-        &mut s,
-        "per launch, agent attached, its next window",
-        &|p| pair(wall_cpu(rounds, p, later), false),
-    );
-    row(
-        &mut s,
-        "launch probes attached, first / next window",
-        &|p| {
-            format!(
-                "{} / {}",
-                median_u64(rounds, p, |r| r.first_window_probes as u64),
-                median_u64(rounds, p, |r| r.later_window_probes as u64)
-            )
-        },
-    );
-    row(
-        &mut s,
+    path_row(s, "per launch, agent attached, its next window", |p| {
+        pair(wall_cpu(rounds, p, later), false)
+    });
+    path_row(s, "launch probes attached, first / next window", |p| {
+        format!(
+            "{} / {}",
+            median_u64(rounds, p, |r| r.first_window_probes as u64),
+            median_u64(rounds, p, |r| r.later_window_probes as u64)
+        )
+    });
+    path_row(
+        s,
         "probe cost per launch, first window (attached - no agent)",
-        &|p| pair(cost_of(rounds, p, first), false),
+        |p| pair(cost_of(rounds, p, first), false),
     );
-    row(
-        &mut s,
+    path_row(
+        s,
         "probe cost per launch, next window (attached - no agent)",
-        &|p| pair(cost_of(rounds, p, later), false),
+        |p| pair(cost_of(rounds, p, later), false),
     );
     let versus = |f: fn(&PathRound) -> PerLaunch| {
         move |p: ReplayPath| {
@@ -880,28 +953,32 @@ pub fn report(results: &PathResults) -> String {
             }
         }
     };
-    row(
-        &mut s,
+    path_row(
+        s,
         "probe cost over the driver path's, first window",
-        &versus(first),
+        versus(first),
     );
-    row(
-        &mut s,
+    path_row(
+        s,
         "probe cost over the driver path's, next window",
-        &versus(later),
+        versus(later),
     );
-    row(&mut s, "launches per process (windows and gaps)", &|p| {
+}
+
+/// Launches, kernels, probe runs and losses per process.
+fn count_rows(s: &mut String, rounds: &[PathRound]) {
+    path_row(s, "launches per process (windows and gaps)", |p| {
         median_u64(rounds, p, |r| r.replayed).to_string()
     });
-    row(
-        &mut s,
+    path_row(
+        s,
         "distinct kernels (stubs registered on the runtime paths)",
-        &|p| median_u64(rounds, p, |r| r.distinct_kernels).to_string(),
+        |p| median_u64(rounds, p, |r| r.distinct_kernels).to_string(),
     );
-    row(
-        &mut s,
+    path_row(
+        s,
         "`cudart_register_function` runs per process / `__cudaRegisterFunction` calls",
-        &|p| {
+        |p| {
             format!(
                 "{} / {}",
                 median_u64(rounds, p, |r| r.runs(REGISTER_PROGRAM)),
@@ -909,10 +986,10 @@ pub fn report(results: &PathResults) -> String {
             )
         },
     );
-    row(
-        &mut s,
+    path_row(
+        s,
         "`cudart_get_kernel` / `cudart_get_kernel_ret` runs per process / `__cudaGetKernel` calls",
-        &|p| {
+        |p| {
             format!(
                 "{} / {} / {}",
                 median_u64(rounds, p, |r| r.runs(GET_KERNEL_PROGRAMS[0])),
@@ -921,24 +998,26 @@ pub fn report(results: &PathResults) -> String {
             )
         },
     );
-    row(
-        &mut s,
+    path_row(
+        s,
         "registration and `__cudaGetKernel` probe runs per launch",
-        &|p| format!("{:.1e}", once_per_launch(rounds, p)),
+        |p| format!("{:.1e}", once_per_launch(rounds, p)),
     );
-    row(
-        &mut s,
-        "unnamed launches / ring-buffer drops, all rounds",
-        &|p| {
-            let of = |f: fn(&PathRound) -> u64| {
-                rounds.iter().filter(|r| r.path == p).map(f).sum::<u64>()
-            };
-            format!("{} / {}", of(|r| r.unnamed_launches), of(|r| r.drops))
-        },
-    );
-    s.push('\n');
+    path_row(s, "unnamed launches / ring-buffer drops, all rounds", |p| {
+        let of =
+            |f: fn(&PathRound) -> u64| rounds.iter().filter(|r| r.path == p).map(f).sum::<u64>();
+        format!("{} / {}", of(|r| r.unnamed_launches), of(|r| r.drops))
+    });
+}
 
-    let whole = |p: ReplayPath| results.whole.iter().find(|w| w.path == p);
+/// The whole-process run of `path`.
+fn whole_of(results: &PathResults, path: ReplayPath) -> Option<&WholeProcess> {
+    results.whole.iter().find(|w| w.path == path)
+}
+
+/// The one-window runs over a whole process: runs of each BPF program per launch.
+fn whole_table(results: &PathResults) -> String {
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "One window over a whole process, each path once: a fresh agent, then a replayer of a \
@@ -949,15 +1028,13 @@ pub fn report(results: &PathResults) -> String {
     );
     let _ = writeln!(
         s,
-        "| one window, whole process | {header} |\n|---|---|---|---|"
+        "| one window, whole process | {} |\n|---|---|---|---|",
+        path_header()
     );
     let whole_row = |s: &mut String, label: &str, cell: &dyn Fn(&WholeProcess) -> String| {
-        let cells = paths
-            .iter()
-            .map(|p| whole(*p).map_or_else(|| "-".to_string(), cell))
-            .collect::<Vec<_>>()
-            .join(" | ");
-        let _ = writeln!(s, "| {label} | {cells} |");
+        path_row(s, label, |p| {
+            whole_of(results, p).map_or_else(|| "-".to_string(), cell)
+        });
     };
     whole_row(&mut s, "launches", &|w| w.replayed.to_string());
     whole_row(
@@ -991,9 +1068,14 @@ pub fn report(results: &PathResults) -> String {
         },
     );
     s.push('\n');
+    s
+}
 
-    // What the rows say, in the measured figures (CPU time: the shared machine's other work
-    // is not in it).
+/// What the rows say, in the measured figures (CPU time: the shared machine's other work is
+/// not in it).
+fn reading(results: &PathResults) -> String {
+    let rounds = &results.rounds[..];
+    let whole = |p: ReplayPath| whole_of(results, p);
     let (rt, legacy) = (ReplayPath::Runtime, ReplayPath::RuntimeLegacy);
     let driver_cost = cost_of(rounds, ReplayPath::Driver, later).1;
     let share = |x: f64| x / driver_cost.max(f64::MIN_POSITIVE);
@@ -1006,6 +1088,7 @@ pub fn report(results: &PathResults) -> String {
         over_driver(rounds, legacy, first).1,
     );
     let naming = |p: ReplayPath| whole(p).map_or(f64::NAN, |w| w.per_launch(w.naming_runs()));
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "On the new path the registration and `__cudaGetKernel` probes ran {} and {} times per \
@@ -1042,28 +1125,35 @@ pub fn report(results: &PathResults) -> String {
         ns(first_legacy, true),
         share(first_legacy),
     );
+    s
+}
+
+/// A note on the ring buffer's drops, when it dropped any.
+fn drops_note(rounds: &[PathRound]) -> String {
+    let mut s = String::new();
     let drops: u64 = rounds.iter().map(|r| r.drops).sum();
-    if drops > 0 {
-        let of = |p: ReplayPath| {
-            rounds
-                .iter()
-                .filter(|r| r.path == p)
-                .map(|r| r.drops)
-                .sum::<u64>()
-        };
-        let _ = writeln!(
-            s,
-            "The agent's ring buffer dropped {} / {} / {} records (driver / runtime / legacy, all \
-             rounds): at the replayer's full speed a first window on a runtime path writes two \
-             records per launch, and the agent reads them on the same two shared cores. A \
-             dropped record costs its probe a little less than a written one; {} launches went \
-             unnamed.\n",
-            of(ReplayPath::Driver),
-            of(rt),
-            of(legacy),
-            rounds.iter().map(|r| r.unnamed_launches).sum::<u64>()
-        );
+    if drops == 0 {
+        return s;
     }
+    let of = |p: ReplayPath| {
+        rounds
+            .iter()
+            .filter(|r| r.path == p)
+            .map(|r| r.drops)
+            .sum::<u64>()
+    };
+    let _ = writeln!(
+        s,
+        "The agent's ring buffer dropped {} / {} / {} records (driver / runtime / legacy, all \
+         rounds): at the replayer's full speed a first window on a runtime path writes two \
+         records per launch, and the agent reads them on the same two shared cores. A \
+         dropped record costs its probe a little less than a written one; {} launches went \
+         unnamed.\n",
+        of(ReplayPath::Driver),
+        of(ReplayPath::Runtime),
+        of(ReplayPath::RuntimeLegacy),
+        rounds.iter().map(|r| r.unnamed_launches).sum::<u64>()
+    );
     s
 }
 

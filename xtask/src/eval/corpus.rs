@@ -79,94 +79,25 @@ impl Corpus {
             "no .json or .json.gz traces in {}",
             dir.display()
         );
-        let mut ids: HashMap<String, NameId> = HashMap::new();
-        let mut digests = Vec::new();
-        let mut config_ids: HashMap<LaunchConfig, ConfigId> = HashMap::new();
-        let mut configs = Vec::new();
-        let mut launch_ids: HashMap<(NameId, ConfigId), LaunchId> = HashMap::new();
-        let mut launches = Vec::new();
-        let mut kernels_without_config = 0;
-        let mut intern = |k: &Kernel| -> LaunchId {
-            let name = match ids.get(&*k.name) {
-                Some(&id) => id,
-                None => {
-                    let id = digests.len() as NameId;
-                    digests.push(NameDigest::of(&k.name));
-                    ids.insert(k.name.to_string(), id);
-                    id
-                }
-            };
-            if k.grid.is_none() || k.block.is_none() || k.shared_memory_bytes.is_none() {
-                kernels_without_config += 1;
-            }
-            let config = LaunchConfig {
-                grid: k.grid.unwrap_or_default(),
-                block: k.block.unwrap_or_default(),
-                shared_mem_bytes: k.shared_memory_bytes.unwrap_or_default(),
-            };
-            let config = *config_ids.entry(config).or_insert_with(|| {
-                configs.push(config);
-                (configs.len() - 1) as ConfigId
-            });
-            *launch_ids.entry((name, config)).or_insert_with(|| {
-                launches.push((name, config));
-                (launches.len() - 1) as LaunchId
-            })
-        };
-        let mut apps: Vec<String> = Vec::new();
-        let mut stream_labels: HashMap<(usize, i64), usize> = HashMap::new();
-        let (mut process, mut stream) = (Vec::new(), Vec::new());
-        let mut stream_files = 0;
-        let mut kernels = 0;
+        let mut interner = Interner::default();
+        let mut sequences = Sequences::default();
         for path in folder.files() {
-            let trace = penrose_traces::read_trace(path)?;
-            kernels += trace.kernels().len();
-            let file = file_stem(path);
-            let job = penrose_traces::job_name(path);
-            let app = match apps.iter().position(|a| *a == job) {
-                Some(i) => i,
-                None => {
-                    apps.push(job);
-                    apps.len() - 1
-                }
-            };
-            for seq in trace.process_sequences().into_values() {
-                process.push(Source {
-                    file: file.clone(),
-                    app,
-                    label: app,
-                    file_label: process.len(),
-                    graph: seq.iter().map(|k| graph_launch_of(k)).collect(),
-                    seq: seq.into_iter().map(&mut intern).collect(),
-                });
-            }
-            for ((_, stream_id), seq) in trace.stream_sequences() {
-                if seq.len() < MIN_STREAM_KERNELS {
-                    continue;
-                }
-                let next = stream_labels.len();
-                let label = *stream_labels.entry((app, stream_id.0)).or_insert(next);
-                stream_files += 1;
-                stream.push(Source {
-                    file: format!("{file} stream {}", stream_id.0),
-                    app,
-                    label,
-                    file_label: stream_files,
-                    seq: seq.into_iter().map(&mut intern).collect(),
-                    graph: Vec::new(),
-                });
-            }
+            sequences.add(path, &mut interner)?;
         }
-        let process = process.into_iter().filter(|s| !s.seq.is_empty()).collect();
+        let process = sequences
+            .process
+            .into_iter()
+            .filter(|s| !s.seq.is_empty())
+            .collect();
         Ok(Self {
-            apps,
+            apps: sequences.apps,
             process,
-            stream,
-            digests,
-            launches,
-            configs,
-            kernels,
-            kernels_without_config,
+            stream: sequences.stream,
+            digests: interner.digests,
+            launches: interner.launches,
+            configs: interner.configs,
+            kernels: sequences.kernels,
+            kernels_without_config: interner.kernels_without_config,
         })
     }
 
@@ -175,6 +106,111 @@ impl Corpus {
         match mode {
             Mode::Process => &self.process,
             Mode::Stream => &self.stream,
+        }
+    }
+}
+
+/// Interns names, configurations and launches as the traces are read (see [`Corpus`]).
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<String, NameId>,
+    digests: Vec<NameDigest>,
+    config_ids: HashMap<LaunchConfig, ConfigId>,
+    configs: Vec<LaunchConfig>,
+    launch_ids: HashMap<(NameId, ConfigId), LaunchId>,
+    launches: Vec<(NameId, ConfigId)>,
+    kernels_without_config: usize,
+}
+
+impl Interner {
+    /// The kernel's launch, interned with its name and configuration.
+    fn intern(&mut self, k: &Kernel) -> LaunchId {
+        let name = match self.ids.get(&*k.name) {
+            Some(&id) => id,
+            None => {
+                let id = self.digests.len() as NameId;
+                self.digests.push(NameDigest::of(&k.name));
+                self.ids.insert(k.name.to_string(), id);
+                id
+            }
+        };
+        if k.grid.is_none() || k.block.is_none() || k.shared_memory_bytes.is_none() {
+            self.kernels_without_config += 1;
+        }
+        let config = LaunchConfig {
+            grid: k.grid.unwrap_or_default(),
+            block: k.block.unwrap_or_default(),
+            shared_mem_bytes: k.shared_memory_bytes.unwrap_or_default(),
+        };
+        let configs = &mut self.configs;
+        let config = *self.config_ids.entry(config).or_insert_with(|| {
+            configs.push(config);
+            (configs.len() - 1) as ConfigId
+        });
+        let launches = &mut self.launches;
+        *self.launch_ids.entry((name, config)).or_insert_with(|| {
+            launches.push((name, config));
+            (launches.len() - 1) as LaunchId
+        })
+    }
+}
+
+/// The sources of the traces read so far, labelled.
+#[derive(Default)]
+struct Sequences {
+    apps: Vec<String>,
+    /// Each (application, stream id)'s label.
+    stream_labels: HashMap<(usize, i64), usize>,
+    process: Vec<Source>,
+    stream: Vec<Source>,
+    stream_files: usize,
+    kernels: usize,
+}
+
+impl Sequences {
+    /// Reads the trace at `path`: its processes and its streams long enough.
+    fn add(&mut self, path: &Path, interner: &mut Interner) -> anyhow::Result<()> {
+        let trace = penrose_traces::read_trace(path)?;
+        self.kernels += trace.kernels().len();
+        let file = file_stem(path);
+        let app = self.app(penrose_traces::job_name(path));
+        for seq in trace.process_sequences().into_values() {
+            self.process.push(Source {
+                file: file.clone(),
+                app,
+                label: app,
+                file_label: self.process.len(),
+                graph: seq.iter().map(|k| graph_launch_of(k)).collect(),
+                seq: seq.into_iter().map(|k| interner.intern(k)).collect(),
+            });
+        }
+        for ((_, stream_id), seq) in trace.stream_sequences() {
+            if seq.len() < MIN_STREAM_KERNELS {
+                continue;
+            }
+            let next = self.stream_labels.len();
+            let label = *self.stream_labels.entry((app, stream_id.0)).or_insert(next);
+            self.stream_files += 1;
+            self.stream.push(Source {
+                file: format!("{file} stream {}", stream_id.0),
+                app,
+                label,
+                file_label: self.stream_files,
+                seq: seq.into_iter().map(|k| interner.intern(k)).collect(),
+                graph: Vec::new(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The application (job) `job`'s index, a new one if it is new.
+    fn app(&mut self, job: String) -> usize {
+        match self.apps.iter().position(|a| *a == job) {
+            Some(i) => i,
+            None => {
+                self.apps.push(job);
+                self.apps.len() - 1
+            }
         }
     }
 }

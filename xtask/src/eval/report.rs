@@ -375,6 +375,24 @@ pub fn summary(eval: &Evaluation, args: &Args) -> String {
 
 /// The whole document.
 pub fn render(eval: &Evaluation, args: &Args) -> String {
+    let mut s = title(eval);
+    s.push_str(&data_section(eval));
+    s.push_str(&method_section(eval, args));
+    s.push_str(&exact_section(eval));
+    let mut best = all_best(eval, args);
+    s.push_str(&summary_section(&best));
+    best.sort_by(|a, b| b.merit().total_cmp(&a.merit()));
+    s.push_str(&key_section(eval, args));
+    s.push_str(&tau_sweep(eval, args));
+    s.push_str(&choice_section(eval, &best));
+    s.push_str(CHOICE_TEXT);
+    s.push('\n');
+    s.push_str(&names_section(eval, args));
+    s
+}
+
+/// The heading, and the command and data the document was generated from.
+fn title(eval: &Evaluation) -> String {
     let mut s = String::new();
     let w = &mut s;
     let _ = writeln!(w, "# Fingerprint evaluation\n");
@@ -391,7 +409,13 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
         eval.kernels,
         eval.applications.len()
     );
+    s
+}
 
+/// The applications and the sequences windows are drawn from.
+fn data_section(eval: &Evaluation) -> String {
+    let mut s = String::new();
+    let w = &mut s;
     let _ = writeln!(w, "## Data\n");
     let _ = writeln!(
         w,
@@ -416,7 +440,13 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
     for (file, len) in &eval.stream_sequences {
         let _ = writeln!(w, "- `{file}`: {len} launches");
     }
+    s
+}
 
+/// How windows are drawn, fingerprinted, clustered and scored.
+fn method_section(eval: &Evaluation, args: &Args) -> String {
+    let mut s = String::new();
+    let w = &mut s;
     let _ = writeln!(w, "\n## Method\n");
     let _ = writeln!(
         w,
@@ -466,7 +496,13 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
         rule_text(&eval.rule),
         args.taus
     );
+    s
+}
 
+/// Exact Jaccard medians of the named process cells.
+fn exact_section(eval: &Evaluation) -> String {
+    let mut s = String::new();
+    let w = &mut s;
     let _ = writeln!(w, "## Exact Jaccard (per process)\n");
     let _ = writeln!(
         w,
@@ -500,8 +536,13 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
          perturbation, set 0.74 and weighted 0.88; under 5%, 0.36 and 0.50 (4-grams: 0.47 and \
          0.73); different applications near 0. Compare the L = 2500 rows above.\n"
     );
+    s
+}
 
-    let mut best = all_best(eval, args);
+/// Each configuration at its best tau, in `best`'s order.
+fn summary_section(best: &[Summary]) -> String {
+    let mut s = String::new();
+    let w = &mut s;
     let _ = writeln!(w, "## Summary: each configuration at its best tau\n");
     let _ = writeln!(
         w,
@@ -509,7 +550,7 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
          stricter truth in which every file is its own application (ranks of one job apart).\n\n\
          | sequences | n | encoding | tau | own class (mean) | own class (min) | mixed classes (mean) | mixed classes (max) | own class, per file (mean) | false match per class |\n|---|---|---|---|---|---|---|---|---|---|"
     );
-    for b in &best {
+    for b in best {
         let _ = writeln!(
             w,
             "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0e} |",
@@ -525,9 +566,15 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
             b.false_match
         );
     }
-    best.sort_by(|a, b| b.merit().total_cmp(&a.merit()));
+    s
+}
 
-    let (def_n, def_tau, def_enc) = (DEFAULT_NGRAM_LEN, DEFAULT_TAU, default_encoding());
+/// The key table of the shipped defaults' mode and n, what healing gains, and how alike
+/// ranks are.
+fn key_section(eval: &Evaluation, args: &Args) -> String {
+    let mut s = String::new();
+    let w = &mut s;
+    let def_n = DEFAULT_NGRAM_LEN;
     let _ = writeln!(
         w,
         "\n## Key table: shipped defaults' mode and n, per (L, p)\n\n\
@@ -537,7 +584,14 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
     w.push_str(&key_table(eval, args, Mode::Process, def_n));
     w.push_str(&healing_table(eval, def_n));
     w.push_str(&ranks_text(eval));
+    s
+}
 
+/// Every tau, each encoding's means per process at the shipped n.
+fn tau_sweep(eval: &Evaluation, args: &Args) -> String {
+    let mut s = String::new();
+    let w = &mut s;
+    let def_n = DEFAULT_NGRAM_LEN;
     let _ = writeln!(w, "\n## tau sweep (per process, n = {def_n})\n");
     let _ = write!(w, "| tau |");
     for e in Encoding::ALL {
@@ -561,29 +615,40 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
             false_match(eval.k, Encoding::Set64, tau, eval.rule.max_reps)
         );
     }
+    s
+}
 
+/// The mean own-class share (or per file) of one configuration over the named process cells at
+/// L = 10,000, or "not measured".
+fn at_10k(eval: &Evaluation, enc: Encoding, n: usize, tau: f64, by_file: bool) -> String {
+    let v: Vec<f64> = eval
+        .cells
+        .iter()
+        .filter(|c| c.mode == Mode::Process && c.n == n && c.len == 10_000)
+        .filter(|c| c.tokens == Tokens::Named)
+        .filter_map(|c| c.scores.iter().find(|s| s.encoding == enc && s.tau == tau))
+        .map(|s| {
+            if by_file {
+                s.score_by_file.own_class
+            } else {
+                s.score.own_class
+            }
+        })
+        .collect();
+    if v.is_empty() {
+        "not measured".into()
+    } else {
+        pct(v.iter().sum::<f64>() / v.len() as f64)
+    }
+}
+
+/// What penrose-core ships and how it scores here, and the best configuration measured
+/// (`best` sorted best first).
+fn choice_section(eval: &Evaluation, best: &[Summary]) -> String {
+    let mut s = String::new();
+    let w = &mut s;
+    let (def_n, def_tau, def_enc) = (DEFAULT_NGRAM_LEN, DEFAULT_TAU, default_encoding());
     let shipped = summarise(eval, Mode::Process, def_n, def_enc, def_tau);
-    let at_10k = |enc: Encoding, n: usize, tau: f64, by_file: bool| -> String {
-        let v: Vec<f64> = eval
-            .cells
-            .iter()
-            .filter(|c| c.mode == Mode::Process && c.n == n && c.len == 10_000)
-            .filter(|c| c.tokens == Tokens::Named)
-            .filter_map(|c| c.scores.iter().find(|s| s.encoding == enc && s.tau == tau))
-            .map(|s| {
-                if by_file {
-                    s.score_by_file.own_class
-                } else {
-                    s.score.own_class
-                }
-            })
-            .collect();
-        if v.is_empty() {
-            "not measured".into()
-        } else {
-            pct(v.iter().sum::<f64>() / v.len() as f64)
-        }
-    };
     let _ = writeln!(w, "\n## Choice\n");
     let _ = writeln!(
         w,
@@ -599,11 +664,11 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
         pct(shipped.mean_mixed),
         pct(shipped.max_mixed),
         pct(shipped.mean_own_by_file),
-        at_10k(def_enc, def_n, def_tau, false),
-        at_10k(def_enc, def_n, def_tau, true),
+        at_10k(eval, def_enc, def_n, def_tau, false),
+        at_10k(eval, def_enc, def_n, def_tau, true),
         100.0 * PAPER_ACCURACY,
-        at_10k(Encoding::Set256, 8, 0.85, false),
-        at_10k(Encoding::Set256, 8, 0.85, true),
+        at_10k(eval, Encoding::Set256, 8, 0.85, false),
+        at_10k(eval, Encoding::Set256, 8, 0.85, true),
     );
     if let Some(top) = best.first() {
         let _ = writeln!(
@@ -618,9 +683,6 @@ pub fn render(eval: &Evaluation, args: &Args) -> String {
             pct(top.mean_mixed)
         );
     }
-    w.push_str(CHOICE_TEXT);
-    w.push('\n');
-    w.push_str(&names_section(eval, args));
     s
 }
 
@@ -631,6 +693,20 @@ const NAMES_ENCODINGS: [Encoding; 2] = [Encoding::Weighted256, Encoding::Weighte
 /// "Names or name-free tokens": every token encoding under the shipped MinHash encoding, both
 /// modes, both truths, every (L, p) cell, and the recommendation.
 fn names_section(eval: &Evaluation, args: &Args) -> String {
+    let mut s = names_intro(eval, args);
+    s.push_str(&accuracy_table(eval, args));
+    for mode in [Mode::Process, Mode::Stream] {
+        s.push_str(&every_cell_table(eval, args, mode));
+    }
+    s.push_str(&exact_tokens_table(eval, args));
+    s.push_str(&recommendation(eval, args));
+    s.push_str(NAMES_TEXT);
+    s.push_str(&super::graphs::section(&eval.graphs));
+    s
+}
+
+/// The section's heading, and each token encoding and what the traces lack, in words.
+fn names_intro(eval: &Evaluation, args: &Args) -> String {
     let mut s = String::new();
     let w = &mut s;
     let _ = writeln!(
@@ -693,7 +769,13 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
         names = eval.distinct_names,
         configs = eval.distinct_configs,
     );
+    s
+}
 
+/// Each mode, n, MinHash and token encoding at its own tau.
+fn accuracy_table(eval: &Evaluation, args: &Args) -> String {
+    let mut s = String::new();
+    let w = &mut s;
     let _ = writeln!(
         w,
         "### Accuracy per encoding\n\n\
@@ -728,62 +810,73 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
             }
         }
     }
+    s
+}
 
+/// Every (L, p) cell of `mode` at the shipped n and MinHash, each token encoding at its tau.
+fn every_cell_table(eval: &Evaluation, args: &Args, mode: Mode) -> String {
+    let mut s = String::new();
+    let w = &mut s;
     let enc = default_encoding();
     let n = DEFAULT_NGRAM_LEN;
-    for mode in [Mode::Process, Mode::Stream] {
-        let best: Vec<(Tokens, Summary)> = args
-            .tokens
+    let best: Vec<(Tokens, Summary)> = args
+        .tokens
+        .iter()
+        .map(|&t| (t, best_tau_tokens(eval, args, t, mode, n, enc)))
+        .collect();
+    let _ = writeln!(
+        w,
+        "\n### Every (L, p) cell: {mode:?}, n = {n}, {}\n\n\
+         own class / own class per file / mixed classes, each token encoding at its tau.\n",
+        enc.label()
+    );
+    let _ = write!(w, "| L | p |");
+    for (t, b) in &best {
+        let _ = write!(w, " {} (tau {}) |", t.label(), b.tau);
+    }
+    let _ = write!(w, "\n|---|---|");
+    for _ in &best {
+        let _ = write!(w, "---|");
+    }
+    w.push('\n');
+    let cells = |t: Tokens| {
+        eval.cells
             .iter()
-            .map(|&t| (t, best_tau_tokens(eval, args, t, mode, n, enc)))
-            .collect();
-        let _ = writeln!(
-            w,
-            "\n### Every (L, p) cell: {mode:?}, n = {n}, {}\n\n\
-             own class / own class per file / mixed classes, each token encoding at its tau.\n",
-            enc.label()
-        );
-        let _ = write!(w, "| L | p |");
+            .filter(move |c| c.mode == mode && c.n == n && c.tokens == t)
+    };
+    for cell in cells(Tokens::Named) {
+        let _ = write!(w, "| {} | {} |", cell.len, pct(cell.p));
         for (t, b) in &best {
-            let _ = write!(w, " {} (tau {}) |", t.label(), b.tau);
-        }
-        let _ = write!(w, "\n|---|---|");
-        for _ in &best {
-            let _ = write!(w, "---|");
+            let found = cells(*t)
+                .find(|c| c.len == cell.len && c.p == cell.p)
+                .and_then(|c| {
+                    c.scores
+                        .iter()
+                        .find(|s| s.encoding == enc && s.tau == b.tau)
+                });
+            match found {
+                Some(sc) => {
+                    let _ = write!(
+                        w,
+                        " {} / {} / {} |",
+                        pct(sc.score.own_class),
+                        pct(sc.score_by_file.own_class),
+                        pct(sc.score.mixed_classes)
+                    );
+                }
+                None => w.push_str(" |"),
+            }
         }
         w.push('\n');
-        let cells = |t: Tokens| {
-            eval.cells
-                .iter()
-                .filter(move |c| c.mode == mode && c.n == n && c.tokens == t)
-        };
-        for cell in cells(Tokens::Named) {
-            let _ = write!(w, "| {} | {} |", cell.len, pct(cell.p));
-            for (t, b) in &best {
-                let found = cells(*t)
-                    .find(|c| c.len == cell.len && c.p == cell.p)
-                    .and_then(|c| {
-                        c.scores
-                            .iter()
-                            .find(|s| s.encoding == enc && s.tau == b.tau)
-                    });
-                match found {
-                    Some(sc) => {
-                        let _ = write!(
-                            w,
-                            " {} / {} / {} |",
-                            pct(sc.score.own_class),
-                            pct(sc.score_by_file.own_class),
-                            pct(sc.score.mixed_classes)
-                        );
-                    }
-                    None => w.push_str(" |"),
-                }
-            }
-            w.push('\n');
-        }
     }
+    s
+}
 
+/// Exact weighted Jaccard medians of each token encoding, per process at the shipped n.
+fn exact_tokens_table(eval: &Evaluation, args: &Args) -> String {
+    let mut s = String::new();
+    let w = &mut s;
+    let n = DEFAULT_NGRAM_LEN;
     let _ = writeln!(
         w,
         "\n### Exact weighted Jaccard per encoding (per process, n = {n})\n\n\
@@ -821,7 +914,16 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
         }
         w.push('\n');
     }
+    s
+}
 
+/// The token encoding that scores best per process under the shipped n and MinHash (the
+/// capped exact gaps left out), against the others.
+fn recommendation(eval: &Evaluation, args: &Args) -> String {
+    let mut s = String::new();
+    let w = &mut s;
+    let enc = default_encoding();
+    let n = DEFAULT_NGRAM_LEN;
     let shipped: Vec<(Tokens, Summary)> = args
         .tokens
         .iter()
@@ -859,8 +961,6 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
                 .join("; ")
         );
     }
-    w.push_str(NAMES_TEXT);
-    w.push_str(&super::graphs::section(&eval.graphs));
     s
 }
 
