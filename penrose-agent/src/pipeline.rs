@@ -964,10 +964,10 @@ mod tests {
     }
 
     /// A window whose launches have no names: its report carries the fingerprint of the
-    /// launches' name-free tokens (not of their labels, nor of one placeholder), and the
+    /// launches' shapes (not of their labels, nor of one placeholder), and the
     /// frame that leaves the host holds nothing of the labels or configurations.
     #[test]
-    fn unnamed_launches_report_their_token_fingerprint_and_nothing_more() {
+    fn unnamed_launches_report_their_shape_fingerprint_and_nothing_more() {
         use crate::capture::events::Launch;
         use crate::capture::window::{Naming, Window};
         let mut p = pipeline(10_000, Duration::from_secs(3600));

@@ -382,8 +382,8 @@ fn processes_running_before_the_agent_and_across_a_restart_are_named(
         capture.close_window().unwrap();
         let snippets = capture.take_snippets();
         let names = launches_of(&snippets, pid);
-        // A launch without a name is its identity (`<bid:...>`) or its name-free token's
-        // label (`<token:...>`), and the snippet counts it.
+        // A launch without a name is its identity (`<bid:...>`) or its launch shape's
+        // label (`<shape:...>`), and the snippet counts it.
         let unnamed = names.iter().filter(|n| n.starts_with('<')).count();
         let counted: u64 = snippets
             .iter()

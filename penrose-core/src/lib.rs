@@ -3,7 +3,7 @@
 //!
 //! Data flows one way through these modules:
 //!
-//! - [`fingerprint`]: kernel-name sequences (or name-free launch tokens) -> n-gram shingles ->
+//! - [`fingerprint`]: kernel-name sequences (or launch shapes) -> n-gram shingles ->
 //!   MinHash -> snippet hashes, similarity estimates and LSH bands (how the aggregator groups
 //!   snippets into applications).
 //! - [`schedule`]: when capture windows open (the overhead-budget scheduler and the probe cost

@@ -4,7 +4,7 @@
 //!
 //! - [`corpus`]: the traces as labelled sequences of interned launches (name, configuration).
 //! - [`windows`]: capture windows at random offsets of the looped sequences, perturbed.
-//! - [`tokens`]: each window as kernel names, name-free tokens, or both.
+//! - [`elements`]: each window as kernel names, launch shapes, or both.
 //! - [`cluster`]: the aggregator's online clustering, simulated, and its score.
 //! - [`graphs`]: CUDA graph launches expanded into their kernels or not (issue 24).
 //! - [`report`]: the markdown document.
@@ -13,7 +13,7 @@ mod cluster;
 mod corpus;
 mod graphs;
 mod report;
-mod tokens;
+mod elements;
 mod windows;
 
 use std::path::PathBuf;
@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use cluster::{Score, SimMatrix};
 use corpus::{Corpus, LaunchId, Mode, Source};
-use tokens::{Tokenizer, Tokens};
+use elements::{ElementWriter, Elements};
 
 /// Arguments.
 #[derive(clap::Args, Clone)]
@@ -62,11 +62,11 @@ pub struct Args {
     #[arg(long, value_delimiter = ',',
           default_values_t = [0.2, 0.3, 0.35, 0.4, 0.45, 0.46, 0.5, 0.6, 0.7, 0.85])]
     taus: Vec<f64>,
-    /// Token encodings to compare (what each launch is shingled as).
+    /// Launch encodings to compare (what each launch is shingled as).
     #[arg(long, value_enum, value_delimiter = ',',
-          default_values_t = [Tokens::Named, Tokens::NameFree, Tokens::Both, Tokens::NameFreeCarried,
-                             Tokens::NameFreeExact])]
-    tokens: Vec<Tokens>,
+          default_values_t = [Elements::Named, Elements::NameFree, Elements::Both, Elements::NameFreeCarried,
+                             Elements::NameFreeExact])]
+    elements: Vec<Elements>,
     /// Number of MinHash functions k.
     #[arg(long, default_value_t = DEFAULT_NUM_HASHES)]
     k: usize,
@@ -152,11 +152,11 @@ pub struct Exact {
     pub other_weighted: f64,
 }
 
-/// One (mode, tokens, L, p, n) cell.
+/// One (mode, elements, L, p, n) cell.
 #[derive(Clone, Debug, Serialize)]
 pub struct Cell {
     mode: Mode,
-    tokens: Tokens,
+    elements: Elements,
     len: usize,
     p: f64,
     n: usize,
@@ -286,7 +286,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         Corpus::read(&dir).with_context(|| format!("reading traces in {}", dir.display()))?;
     let mut cells = grid_cells(&corpus, &args)?;
     let graphs = graphs::evaluate(&corpus, &args)?;
-    sort_cells(&mut cells, &args.tokens);
+    sort_cells(&mut cells, &args.elements);
     let eval = evaluation(&dir, &args, &corpus, cells, graphs);
     let markdown = report::render(&eval, &args);
     if args.out.as_os_str() != "-" {
@@ -310,10 +310,10 @@ fn complete(args: &mut Args) -> anyhow::Result<()> {
     if !args.ngrams.contains(&DEFAULT_NGRAM_LEN) {
         args.ngrams.push(DEFAULT_NGRAM_LEN);
     }
-    if !args.tokens.contains(&Tokens::Named) {
-        args.tokens.insert(0, Tokens::Named);
+    if !args.elements.contains(&Elements::Named) {
+        args.elements.insert(0, Elements::Named);
     }
-    args.tokens.dedup();
+    args.elements.dedup();
     anyhow::ensure!(args.windows >= 2, "--windows must be at least 2");
     anyhow::ensure!(
         (1..=256).contains(&args.k),
@@ -322,11 +322,11 @@ fn complete(args: &mut Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The cells of every (mode, L, p) job, every token encoding and n, on every core.
+/// The cells of every (mode, L, p) job, every launch encoding and n, on every core.
 fn grid_cells(corpus: &Corpus, args: &Args) -> anyhow::Result<Vec<Cell>> {
     let foreign = foreign(corpus);
     let jobs = jobs(args);
-    let bar = progress_bar((jobs.len() * args.ngrams.len() * args.tokens.len()) as u64);
+    let bar = progress_bar((jobs.len() * args.ngrams.len() * args.elements.len()) as u64);
     let cells = parallel(&jobs, |&(i, (mode, len, p))| {
         let seed = job_seed(args.seed, i);
         run_job(corpus, &foreign, args, mode, len, p, seed, &bar)
@@ -335,12 +335,12 @@ fn grid_cells(corpus: &Corpus, args: &Args) -> anyhow::Result<Vec<Cell>> {
     Ok(cells)
 }
 
-/// The report's order: mode, token encoding (as given), n, L, p.
-fn sort_cells(cells: &mut [Cell], tokens: &[Tokens]) {
-    let token_rank = |t: Tokens| tokens.iter().position(|&x| x == t);
+/// The report's order: mode, launch encoding (as given), n, L, p.
+fn sort_cells(cells: &mut [Cell], elements: &[Elements]) {
+    let elements_rank = |t: Elements| elements.iter().position(|&x| x == t);
     cells.sort_by(|a, b| {
-        (a.mode as u8, token_rank(a.tokens), a.n, a.len)
-            .cmp(&(b.mode as u8, token_rank(b.tokens), b.n, b.len))
+        (a.mode as u8, elements_rank(a.elements), a.n, a.len)
+            .cmp(&(b.mode as u8, elements_rank(b.elements), b.n, b.len))
             .then(a.p.total_cmp(&b.p))
     });
 }
@@ -506,20 +506,20 @@ fn run_job(
     let hasher = MinHasher::new(args.k);
 
     let mut cells = Vec::new();
-    for &tokens in &args.tokens {
-        let mut tokenizer = Tokenizer::new(corpus, tokens);
-        let tokenized = job.tokenize(&mut tokenizer, tokens, sources);
+    for &elements in &args.elements {
+        let mut writer = ElementWriter::new(corpus, elements);
+        let written = job.elements_of(&mut writer, elements, sources);
         for &n in &args.ngrams {
-            bar.set_message(format!("{mode:?} {tokens:?} L={len} p={p} n={n}"));
+            bar.set_message(format!("{mode:?} {elements:?} L={len} p={p} n={n}"));
             let params = FingerprintParams {
                 ngram_len: n,
                 num_hashes: args.k,
                 ..FingerprintParams::default()
             };
-            let mut shingler = windows::Shingler::new(n, &tokenizer.digests);
-            let keys: Vec<_> = tokenized.iter().map(|w| shingler.keys(&w[0])).collect();
-            let clean_keys: Vec<_> = tokenized.iter().map(|w| shingler.keys(&w[1])).collect();
-            let unperturbed_keys: Vec<_> = tokenized.iter().map(|w| shingler.keys(&w[2])).collect();
+            let mut shingler = windows::Shingler::new(n, &writer.digests);
+            let keys: Vec<_> = written.iter().map(|w| shingler.keys(&w[0])).collect();
+            let clean_keys: Vec<_> = written.iter().map(|w| shingler.keys(&w[1])).collect();
+            let unperturbed_keys: Vec<_> = written.iter().map(|w| shingler.keys(&w[2])).collect();
             cells.push(score_cell(
                 args,
                 &job.drawn,
@@ -530,7 +530,7 @@ fn run_job(
                 &hasher,
                 &params,
                 mode,
-                tokens,
+                elements,
                 len,
                 p,
                 &keys,
@@ -543,14 +543,14 @@ fn run_job(
     cells
 }
 
-/// One job's windows, drawn once for every token encoding.
+/// One job's windows, drawn once for every launch encoding.
 struct JobWindows {
     /// Each window (see [`Drawn`]).
     drawn: Vec<Drawn>,
     /// The offsets of each drawn window's perturbed (and unperturbed) and clean windows.
     offsets: Vec<(usize, usize)>,
     /// What the agent saw before each window when its probes were detached in between
-    /// (`Tokens::NameFreeSeen`): the process's previous window, L launches ending at an
+    /// (`Elements::NameFreeSeen`): the process's previous window, L launches ending at an
     /// independent offset, for the perturbed and the clean window.
     previous: Vec<(Vec<LaunchId>, Vec<LaunchId>)>,
 }
@@ -601,12 +601,12 @@ impl JobWindows {
         }
     }
 
-    /// Each window as `tokens`: the perturbed, the clean and the unperturbed one, each with
+    /// Each window as `elements`: the perturbed, the clean and the unperturbed one, each with
     /// the history its encoding sees.
-    fn tokenize(
+    fn elements_of(
         &self,
-        tokenizer: &mut Tokenizer,
-        tokens: Tokens,
+        writer: &mut ElementWriter,
+        elements: Elements,
         sources: &[Source],
     ) -> Vec<[Vec<u32>; 3]> {
         self.drawn
@@ -615,17 +615,17 @@ impl JobWindows {
             .zip(&self.previous)
             .map(|((w, &(offset, clean_offset)), seen)| {
                 let seq = &sources[w.0].seq;
-                let (before, before_clean) = match tokens {
-                    Tokens::NameFreeSeen => seen.clone(),
-                    _ if tokenizer.needs_history() => {
+                let (before, before_clean) = match elements {
+                    Elements::NameFreeSeen => seen.clone(),
+                    _ if writer.needs_history() => {
                         (history(seq, offset), history(seq, clean_offset))
                     }
                     _ => (Vec::new(), Vec::new()),
                 };
                 [
-                    tokenizer.tokenize(&w.1, &before),
-                    tokenizer.tokenize(&w.2, &before_clean),
-                    tokenizer.tokenize(&w.3, &before),
+                    writer.elements_of(&w.1, &before),
+                    writer.elements_of(&w.2, &before_clean),
+                    writer.elements_of(&w.3, &before),
                 ]
             })
             .collect()
@@ -653,7 +653,7 @@ fn score_cell(
     hasher: &MinHasher,
     params: &FingerprintParams,
     mode: Mode,
-    tokens: Tokens,
+    elements: Elements,
     len: usize,
     p: f64,
     keys: &[Vec<ShingleKey>],
@@ -703,7 +703,7 @@ fn score_cell(
     let (healing, own_by_file) = healing;
     Cell {
         mode,
-        tokens,
+        elements,
         len,
         p,
         n: params.ngram_len,

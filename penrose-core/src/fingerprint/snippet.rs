@@ -196,7 +196,7 @@ impl Fingerprinter {
     }
 
     /// Like [`Self::signature`] for a snippet whose launches are names or precomputed digests
-    /// (name-free tokens); a snippet of names only gives [`Self::signature`]'s values.
+    /// (launch shapes); a snippet of names only gives [`Self::signature`]'s values.
     pub fn signature_of_elements(&self, elements: &[Element<'_>]) -> MinHashSignature {
         self.signature_of_keys(&shingle_keys_of_elements(elements, self.params.ngram_len))
     }

@@ -11,7 +11,7 @@ use penrose_traces::{Kernel, TraceFolder};
 pub type NameId = u32;
 
 /// Index of a distinct (kernel name, launch configuration) in [`Corpus::launches`]: what
-/// windows are drawn as, so that every token encoding can be derived from one window.
+/// windows are drawn as, so that every launch encoding can be derived from one window.
 pub type LaunchId = u32;
 
 /// Index of a launch configuration in [`Corpus::configs`].

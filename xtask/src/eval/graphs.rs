@@ -15,7 +15,7 @@ use penrose_core::fingerprint::{DEFAULT_NGRAM_LEN, DEFAULT_TAU, LaunchConfig, Na
 use serde::Serialize;
 
 use super::corpus::{ConfigId, Corpus, LaunchId, Mode, NameId, Source};
-use super::tokens::Tokens;
+use super::elements::Elements;
 use super::{Args, Cell};
 
 /// What a graph launch is in a snippet when the agent does not expand it
@@ -256,7 +256,7 @@ fn shipped_args(args: &Args, view: GraphView) -> Args {
         _ => args.windows,
     };
     Args {
-        tokens: vec![Tokens::Named],
+        elements: vec![Elements::Named],
         ngrams: vec![DEFAULT_NGRAM_LEN],
         taus: vec![DEFAULT_TAU],
         windows,

@@ -8,7 +8,7 @@ use penrose_core::fingerprint::{
 
 use super::cluster::Rule;
 use super::corpus::{MIN_STREAM_KERNELS, Mode};
-use super::tokens::{EXACT_GAP_CAP, Tokens};
+use super::elements::{EXACT_GAP_CAP, Elements};
 use super::{Args, Cell, Encoding, Evaluation};
 
 /// Everything from this line on in an existing report is hand-written (results of runs this
@@ -85,7 +85,7 @@ fn healing_table(eval: &Evaluation, n: usize) -> String {
         let cells: Vec<&Cell> = eval
             .cells
             .iter()
-            .filter(|c| c.mode == mode && c.n == n && c.tokens == Tokens::Named)
+            .filter(|c| c.mode == mode && c.n == n && c.elements == Elements::Named)
             .collect();
         let Some(first) = cells.first() else {
             continue;
@@ -200,12 +200,12 @@ impl Summary {
 }
 
 fn summarise(eval: &Evaluation, mode: Mode, n: usize, encoding: Encoding, tau: f64) -> Summary {
-    summarise_tokens(eval, Tokens::Named, mode, n, encoding, tau)
+    summarise_elements(eval, Elements::Named, mode, n, encoding, tau)
 }
 
-fn summarise_tokens(
+fn summarise_elements(
     eval: &Evaluation,
-    tokens: Tokens,
+    elements: Elements,
     mode: Mode,
     n: usize,
     encoding: Encoding,
@@ -214,7 +214,7 @@ fn summarise_tokens(
     let scores: Vec<_> = eval
         .cells
         .iter()
-        .filter(|c| c.mode == mode && c.n == n && c.tokens == tokens)
+        .filter(|c| c.mode == mode && c.n == n && c.elements == elements)
         .flat_map(|c| c.scores.iter())
         .filter(|s| s.encoding == encoding && s.tau == tau)
         .collect();
@@ -245,15 +245,15 @@ fn summarise_tokens(
 }
 
 fn best_tau(eval: &Evaluation, args: &Args, mode: Mode, n: usize, enc: Encoding) -> Summary {
-    best_tau_tokens(eval, args, Tokens::Named, mode, n, enc)
+    best_tau_elements(eval, args, Elements::Named, mode, n, enc)
 }
 
 /// The tau chosen for one configuration: the best merit among the taus whose false-match
 /// probability is at most [`MAX_FALSE_MATCH`].
-fn best_tau_tokens(
+fn best_tau_elements(
     eval: &Evaluation,
     args: &Args,
-    tokens: Tokens,
+    elements: Elements,
     mode: Mode,
     n: usize,
     enc: Encoding,
@@ -261,7 +261,7 @@ fn best_tau_tokens(
     let all: Vec<Summary> = args
         .taus
         .iter()
-        .map(|&tau| summarise_tokens(eval, tokens, mode, n, enc, tau))
+        .map(|&tau| summarise_elements(eval, elements, mode, n, enc, tau))
         .collect();
     let safe: Vec<Summary> = all
         .iter()
@@ -275,7 +275,7 @@ fn best_tau_tokens(
                 .total_cmp(&b.merit())
                 .then(b.tau.total_cmp(&a.tau))
         })
-        .unwrap_or_else(|| summarise_tokens(eval, tokens, mode, n, enc, DEFAULT_TAU))
+        .unwrap_or_else(|| summarise_elements(eval, elements, mode, n, enc, DEFAULT_TAU))
 }
 
 fn all_best(eval: &Evaluation, args: &Args) -> Vec<Summary> {
@@ -328,7 +328,7 @@ fn key_table(eval: &Evaluation, args: &Args, mode: Mode, n: usize) -> String {
     for cell in eval
         .cells
         .iter()
-        .filter(|c| c.mode == mode && c.n == n && c.tokens == Tokens::Named)
+        .filter(|c| c.mode == mode && c.n == n && c.elements == Elements::Named)
     {
         let _ = write!(s, "| {} | {} |", cell.len, pct(cell.p));
         for b in &best {
@@ -511,7 +511,7 @@ fn exact_section(eval: &Evaluation) -> String {
     for c in eval
         .cells
         .iter()
-        .filter(|c| c.mode == Mode::Process && c.tokens == Tokens::Named)
+        .filter(|c| c.mode == Mode::Process && c.elements == Elements::Named)
     {
         let e = &c.exact;
         let _ = writeln!(
@@ -625,7 +625,7 @@ fn at_10k(eval: &Evaluation, enc: Encoding, n: usize, tau: f64, by_file: bool) -
         .cells
         .iter()
         .filter(|c| c.mode == Mode::Process && c.n == n && c.len == 10_000)
-        .filter(|c| c.tokens == Tokens::Named)
+        .filter(|c| c.elements == Elements::Named)
         .filter_map(|c| c.scores.iter().find(|s| s.encoding == enc && s.tau == tau))
         .map(|s| {
             if by_file {
@@ -690,7 +690,7 @@ fn choice_section(eval: &Evaluation, best: &[Summary]) -> String {
 /// counterpart.
 const NAMES_ENCODINGS: [Encoding; 2] = [Encoding::Weighted256, Encoding::Weighted64];
 
-/// "Names or name-free tokens": every token encoding under the shipped MinHash encoding, both
+/// "Names or launch shapes": every launch encoding under the shipped MinHash encoding, both
 /// modes, both truths, every (L, p) cell, and the recommendation.
 fn names_section(eval: &Evaluation, args: &Args) -> String {
     let mut s = names_intro(eval, args);
@@ -698,45 +698,45 @@ fn names_section(eval: &Evaluation, args: &Args) -> String {
     for mode in [Mode::Process, Mode::Stream] {
         s.push_str(&every_cell_table(eval, args, mode));
     }
-    s.push_str(&exact_tokens_table(eval, args));
+    s.push_str(&exact_elements_table(eval, args));
     s.push_str(&recommendation(eval, args));
     s.push_str(NAMES_TEXT);
     s.push_str(&super::graphs::section(&eval.graphs));
     s
 }
 
-/// The section's heading, and each token encoding and what the traces lack, in words.
+/// The section's heading, and each launch encoding and what the traces lack, in words.
 fn names_intro(eval: &Evaluation, args: &Args) -> String {
     let mut s = String::new();
     let w = &mut s;
     let _ = writeln!(
         w,
-        "## Names or name-free tokens
+        "## Names or launch shapes
 "
     );
     let _ = writeln!(
         w,
         "On real GPUs many launches have no name the agent can read (docs/evaluation.md, \
          \"Capture on a real GPU\"). Each encoding below turns every launch of a window into \
-         one token, then shingles, hashes and clusters the tokens exactly as names are (same \
+         one element, then shingles, hashes and clusters the elements exactly as names are (same \
          windows, perturbations, n, k, b-bit hash, online rule and tau rule):\n\n\
          - **names**: the kernel name's SHA-256 (today's encoding).\n\
-         - **name-free** (`penrose_core::fingerprint::LaunchToken`): SHA-256 of a domain tag, \
+         - **name-free** (`penrose_core::fingerprint::LaunchShape`): SHA-256 of a domain tag, \
          grid (x, y, z), block (x, y, z), shared memory per block in bytes, and the gap \
          bucket: 0 for the first launch of a handle in the window, else \
          1 + floor(log2(distance)), capped at {max_bucket}, where distance counts launches of \
          the same sequence back to the previous launch with the same handle. No name enters \
-         the token; in the traces the kernel name stands for the per-process handle, which \
-         the token uses only for equality, so a consistent renaming of handles leaves the \
-         token sequence unchanged (unit test \
-         `renaming_handles_by_a_bijection_leaves_the_tokens_unchanged`).\n\
-         - **both**: one token per launch, SHA-256 of a tag, the name's digest and the \
-         name-free token (`combined_digest`), so a shingle matches only when names, \
+         the shape; in the traces the kernel name stands for the per-process handle, which \
+         the shape uses only for equality, so a consistent renaming of handles leaves the \
+         shape sequence unchanged (unit test \
+         `renaming_handles_by_a_bijection_leaves_the_shapes_unchanged`).\n\
+         - **both**: one element per launch, SHA-256 of a tag, the name's digest and the \
+         launch shape (`combined_digest`), so a shingle matches only when names, \
          configurations and gap buckets all match. (Chosen over the union of a name shingle \
          set and a name-free shingle set: the union would give every process whose launches \
          are mostly unnamed half of its shingles in common with every other such process, \
-         while the combined token of an unnamed launch, with a fixed placeholder name, \
-         degrades to the name-free token.)\n\
+         while the combined element of an unnamed launch, with a fixed placeholder name, \
+         degrades to the launch shape.)\n\
          - **name-free, gaps carried across windows**: as name-free, but the distances reach \
          back before the window (the agent would keep each handle's last launch index per \
          process across its windows; here the history is the looped sequence before the \
@@ -747,7 +747,7 @@ fn names_intro(eval: &Evaluation, args: &Args) -> String {
          of the bucket: the alternative the log bucket is measured against.\n\n\
          What the traces lack: the profiler records *static plus dynamic* shared memory per \
          block (`shared memory`); the launch call the agent sees passes only the dynamic \
-         part. The static part is a constant of the kernel, so the traces' tokens are at most \
+         part. The static part is a constant of the kernel, so the traces' shapes are at most \
          finer than the agent's (two kernels with equal grid, block and dynamic shared memory \
          but different static shared memory are told apart here, not by the agent). Grid and \
          block are what the launch call passes. {missing} of {kernels} kernels lack a field \
@@ -755,7 +755,7 @@ fn names_intro(eval: &Evaluation, args: &Args) -> String {
          configurations.\n",
         max_bucket = penrose_core::fingerprint::MAX_GAP_BUCKET,
         cap = EXACT_GAP_CAP,
-        seen = if args.tokens.contains(&Tokens::NameFreeSeen) {
+        seen = if args.elements.contains(&Elements::NameFreeSeen) {
             "- **name-free, gaps carried across the agent's windows**: as the previous one with \
              the history the agent can keep: its probes are detached between windows, so \
              what it saw before a window is its previous window (here L launches at an \
@@ -772,7 +772,7 @@ fn names_intro(eval: &Evaluation, args: &Args) -> String {
     s
 }
 
-/// Each mode, n, MinHash and token encoding at its own tau.
+/// Each mode, n, MinHash and launch encoding at its own tau.
 fn accuracy_table(eval: &Evaluation, args: &Args) -> String {
     let mut s = String::new();
     let w = &mut s;
@@ -783,19 +783,19 @@ fn accuracy_table(eval: &Evaluation, args: &Args) -> String {
          false match <= {MAX_FALSE_MATCH:.0e}, best mean own class minus mixed classes). \
          \"own class\" is the job truth (ranks of one job are one application), \"per file\" \
          the file truth; mixed classes count classes holding two or more jobs.\n\n\
-         | sequences | tokens | n | MinHash | tau | own class (mean) | own class (min) | own class, per file (mean) | own class, per file (min) | mixed classes (mean) | mixed classes (max) |\n\
+         | sequences | elements | n | MinHash | tau | own class (mean) | own class (min) | own class, per file (mean) | own class, per file (min) | mixed classes (mean) | mixed classes (max) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|"
     );
     for mode in [Mode::Process, Mode::Stream] {
         for &n in &args.ngrams {
             for enc in NAMES_ENCODINGS {
-                for &tokens in &args.tokens {
-                    let b = best_tau_tokens(eval, args, tokens, mode, n, enc);
+                for &elements in &args.elements {
+                    let b = best_tau_elements(eval, args, elements, mode, n, enc);
                     let _ = writeln!(
                         w,
                         "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                         mode,
-                        tokens.label(),
+                        elements.label(),
                         n,
                         enc.label(),
                         b.tau,
@@ -813,21 +813,21 @@ fn accuracy_table(eval: &Evaluation, args: &Args) -> String {
     s
 }
 
-/// Every (L, p) cell of `mode` at the shipped n and MinHash, each token encoding at its tau.
+/// Every (L, p) cell of `mode` at the shipped n and MinHash, each launch encoding at its tau.
 fn every_cell_table(eval: &Evaluation, args: &Args, mode: Mode) -> String {
     let mut s = String::new();
     let w = &mut s;
     let enc = default_encoding();
     let n = DEFAULT_NGRAM_LEN;
-    let best: Vec<(Tokens, Summary)> = args
-        .tokens
+    let best: Vec<(Elements, Summary)> = args
+        .elements
         .iter()
-        .map(|&t| (t, best_tau_tokens(eval, args, t, mode, n, enc)))
+        .map(|&t| (t, best_tau_elements(eval, args, t, mode, n, enc)))
         .collect();
     let _ = writeln!(
         w,
         "\n### Every (L, p) cell: {mode:?}, n = {n}, {}\n\n\
-         own class / own class per file / mixed classes, each token encoding at its tau.\n",
+         own class / own class per file / mixed classes, each launch encoding at its tau.\n",
         enc.label()
     );
     let _ = write!(w, "| L | p |");
@@ -839,12 +839,12 @@ fn every_cell_table(eval: &Evaluation, args: &Args, mode: Mode) -> String {
         let _ = write!(w, "---|");
     }
     w.push('\n');
-    let cells = |t: Tokens| {
+    let cells = |t: Elements| {
         eval.cells
             .iter()
-            .filter(move |c| c.mode == mode && c.n == n && c.tokens == t)
+            .filter(move |c| c.mode == mode && c.n == n && c.elements == t)
     };
-    for cell in cells(Tokens::Named) {
+    for cell in cells(Elements::Named) {
         let _ = write!(w, "| {} | {} |", cell.len, pct(cell.p));
         for (t, b) in &best {
             let found = cells(*t)
@@ -872,8 +872,8 @@ fn every_cell_table(eval: &Evaluation, args: &Args, mode: Mode) -> String {
     s
 }
 
-/// Exact weighted Jaccard medians of each token encoding, per process at the shipped n.
-fn exact_tokens_table(eval: &Evaluation, args: &Args) -> String {
+/// Exact weighted Jaccard medians of each launch encoding, per process at the shipped n.
+fn exact_elements_table(eval: &Evaluation, args: &Args) -> String {
     let mut s = String::new();
     let w = &mut s;
     let n = DEFAULT_NGRAM_LEN;
@@ -885,22 +885,22 @@ fn exact_tokens_table(eval: &Evaluation, args: &Args) -> String {
          another application (\"other\").\n"
     );
     let _ = write!(w, "| L | p |");
-    for t in &args.tokens {
+    for t in &args.elements {
         let _ = write!(w, " {} vs clean / other |", t.label());
     }
     let _ = write!(w, "\n|---|---|");
-    for _ in &args.tokens {
+    for _ in &args.elements {
         let _ = write!(w, "---|");
     }
     w.push('\n');
-    let process = |t: Tokens| {
+    let process = |t: Elements| {
         eval.cells
             .iter()
-            .filter(move |c| c.mode == Mode::Process && c.n == n && c.tokens == t)
+            .filter(move |c| c.mode == Mode::Process && c.n == n && c.elements == t)
     };
-    for cell in process(Tokens::Named) {
+    for cell in process(Elements::Named) {
         let _ = write!(w, "| {} | {} |", cell.len, pct(cell.p));
-        for &t in &args.tokens {
+        for &t in &args.elements {
             match process(t).find(|c| c.len == cell.len && c.p == cell.p) {
                 Some(c) => {
                     let _ = write!(
@@ -917,18 +917,18 @@ fn exact_tokens_table(eval: &Evaluation, args: &Args) -> String {
     s
 }
 
-/// The token encoding that scores best per process under the shipped n and MinHash (the
+/// The launch encoding that scores best per process under the shipped n and MinHash (the
 /// capped exact gaps left out), against the others.
 fn recommendation(eval: &Evaluation, args: &Args) -> String {
     let mut s = String::new();
     let w = &mut s;
     let enc = default_encoding();
     let n = DEFAULT_NGRAM_LEN;
-    let shipped: Vec<(Tokens, Summary)> = args
-        .tokens
+    let shipped: Vec<(Elements, Summary)> = args
+        .elements
         .iter()
-        .filter(|&&t| t != Tokens::NameFreeExact)
-        .map(|&t| (t, best_tau_tokens(eval, args, t, Mode::Process, n, enc)))
+        .filter(|&&t| t != Elements::NameFreeExact)
+        .map(|&t| (t, best_tau_elements(eval, args, t, Mode::Process, n, enc)))
         .collect();
     if let Some((top, b)) = shipped
         .iter()
@@ -972,24 +972,24 @@ const NAMES_TEXT: &str = "\
 and per stream, n = 4 and 8, 256-bit hash and full values, both truths), with 0 mixed classes \
 like every encoding here. The agent keeps fingerprinting names, and issue 9's name sources \
 (items 1 to 3) are what makes that hold on real CUDA stacks.\n\
-- **Name-free tokens where it has none, gaps counted inside the window.** Without \
-perturbation name-free tokens come close to names (the p = 0 rows: per process from L = 2,500 \
+- **Launch shapes where it has none, gaps counted inside the window.** Without \
+perturbation launch shapes come close to names (the p = 0 rows: per process from L = 2,500 \
 on, own class as for names; exact Jaccard at L = 1,000 0.62 counted inside the window, \
 0.77 carried, 0.79 for names): launch configurations and repetition distances tell these \
 applications apart almost as well as names. They lose under perturbation, because one dropped or \
 inserted launch also moves the repetition distance of every kernel launched across it, and a \
-foreign kernel brings tokens of its own: most at p = 5%, least at L = 10,000. Carrying each \
+foreign kernel brings shapes of its own: most at p = 5%, least at L = 10,000. Carrying each \
 handle's last launch across windows is worth about 5 points over counting inside the window \
 when the history is the launches right before the window, which the agent never sees: its \
 probes are detached between windows. What it could carry is its previous window's launches \
-(`--tokens name-free-seen`, measured in the hand-written section below), which scores below \
+(`--elements name-free-seen`, measured in the hand-written section below), which scores below \
 counting inside the window, so the agent counts inside each snippet. The log bucket is worth \
 about 12 points over exact distances capped at 64. A process whose launches the agent cannot \
 name gets this fingerprint rather than a useless `<unnamed>` one; its named launches keep \
 their names in the same snippet.\n\
-- **Not both in one token.** The combined token is as fragile as the name-free one (it \
+- **Not both in one element.** The combined element is as fragile as the name-free one (it \
 carries the same gap) and adds nothing measurable: it scores within a few points of \
-window-local name-free tokens, mostly below, and below names everywhere. \
+window-local launch shapes, mostly below, and below names everywhere. \
 Names and name-free snippets of one application do not match each other, so a report must \
 say which encoding made its snippet hash and the aggregator must compare only like with \
 like; which one a window uses should follow from the share of its launches that carry a \
@@ -1004,14 +1004,14 @@ traces cannot show that.\n\
 #### What a name-free fingerprint reveals
 
 - **What leaves the agent is unchanged:** the 256-bit snippet hash, 2 bits of each of 100 \
-minima. No name, configuration or distance is sent; token digests never leave the agent.\n\
-- **What a token stands for:** grid, block, shared memory and a repetition bucket instead of \
+minima. No name, configuration or distance is sent; shape digests never leave the agent.\n\
+- **What a shape stands for:** grid, block, shared memory and a repetition bucket instead of \
 a kernel name. That says nothing of which library or code ran, but configurations follow \
-tensor shapes (a grid is roughly a problem size divided by a tile), so a token is about the \
+tensor shapes (a grid is roughly a problem size divided by a tile), so a shape is about the \
 *shapes* of the work where a name is about its *code*.\n\
-- **Reversing a shingle** means enumerating n-tuples of tokens instead of names. Plausible \
+- **Reversing a shingle** means enumerating n-tuples of elements instead of names. Plausible \
 configurations are small, often powers of two, and a framework's launch shapes follow from a \
-model's dimensions, so the token alphabet is no harder to guess than names (these traces hold \
+model's dimensions, so the shape alphabet is no harder to guess than names (these traces hold \
 1,116 distinct configurations against 405 names, times up to 17 gap buckets); as for names \
 this only matters where a digest or a full minimum is exposed, which the 256-bit hash \
 prevents.\n\

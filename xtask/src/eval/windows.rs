@@ -76,7 +76,7 @@ pub fn draw_at<R: Rng>(
 }
 
 /// Shingle keys with a memo: windows of one trace repeat the same n-grams, so each is digested
-/// once. Works on token ids (indices into the digests it is given): names or name-free tokens.
+/// once. Works on element ids (indices into the digests it is given): names or launch shapes.
 pub struct Shingler<'a> {
     n: usize,
     digests: &'a [NameDigest],
@@ -85,7 +85,7 @@ pub struct Shingler<'a> {
 }
 
 impl<'a> Shingler<'a> {
-    /// A shingler for n-grams over tokens with these digests.
+    /// A shingler for n-grams over elements with these digests.
     pub fn new(n: usize, digests: &'a [NameDigest]) -> Self {
         let bits = usize::BITS - digests.len().leading_zeros();
         Self {

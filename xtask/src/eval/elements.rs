@@ -1,5 +1,5 @@
-//! What each launch of a window is shingled as: its kernel name, a name-free token
-//! (`penrose_core::fingerprint::tokens`), or both in one token.
+//! What each launch of a window is shingled as: its kernel name, a launch shape
+//! (`penrose_core::fingerprint::shapes`), or both in one element.
 
 use std::collections::HashMap;
 
@@ -13,15 +13,15 @@ use super::corpus::{Corpus, LaunchId};
 /// Largest repetition distance the `name-free-exact` variant keeps exactly.
 pub const EXACT_GAP_CAP: usize = 64;
 
-/// A token encoding.
+/// A launch encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
-pub enum Tokens {
+pub enum Elements {
     /// The kernel name (what penrose-core shingles today).
     Named,
     /// Launch configuration plus the log bucket of the distance to the previous launch of the
     /// same handle (penrose-core's `LaunchShape`): no name at all.
     NameFree,
-    /// One token of the name and the name-free token together (`combined_digest`).
+    /// One element of the name and the launch shape together (`combined_digest`).
     Both,
     /// Like `name-free`, with repetition distances counted from before the window: the agent
     /// keeps, per process, the index of each handle's last launch across windows, so only a
@@ -38,13 +38,13 @@ pub enum Tokens {
     NameFreeSeen,
 }
 
-impl Tokens {
+impl Elements {
     /// The label in the report.
     pub fn label(self) -> &'static str {
         match self {
             Self::Named => "names",
             Self::NameFree => "name-free",
-            Self::Both => "both (name + name-free in one token)",
+            Self::Both => "both (name + shape in one element)",
             Self::NameFreeCarried => "name-free, gaps carried across windows",
             Self::NameFreeExact => "name-free, exact gap <= 64",
             Self::NameFreeSeen => "name-free, gaps carried across the agent's windows",
@@ -52,41 +52,41 @@ impl Tokens {
     }
 }
 
-/// Turns windows of launches into token ids, interning the tokens of one job so that
+/// Turns windows of launches into element ids, interning the elements of one job so that
 /// [`super::windows::Shingler`] can memoise n-grams of small ids.
-pub struct Tokenizer<'a> {
+pub struct ElementWriter<'a> {
     corpus: &'a Corpus,
-    tokens: Tokens,
+    elements: Elements,
     ids: HashMap<(u32, u8), u32>,
-    /// Digest of every token id handed out.
+    /// Digest of every element id handed out.
     pub digests: Vec<NameDigest>,
 }
 
-impl<'a> Tokenizer<'a> {
-    /// A tokenizer for one encoding.
-    pub fn new(corpus: &'a Corpus, tokens: Tokens) -> Self {
+impl<'a> ElementWriter<'a> {
+    /// A writer for one encoding.
+    pub fn new(corpus: &'a Corpus, elements: Elements) -> Self {
         Self {
             corpus,
-            tokens,
+            elements,
             ids: HashMap::new(),
             digests: Vec::new(),
         }
     }
 
-    /// Whether [`Self::tokenize`] reads the launches before the window.
+    /// Whether [`Self::elements_of`] reads the launches before the window.
     pub fn needs_history(&self) -> bool {
-        matches!(self.tokens, Tokens::NameFreeCarried | Tokens::NameFreeSeen)
+        matches!(self.elements, Elements::NameFreeCarried | Elements::NameFreeSeen)
     }
 
-    /// The token ids of a window. Repetition distances are counted inside the window, as the
+    /// The element ids of a window. Repetition distances are counted inside the window, as the
     /// agent counts them inside its capture window, with the kernel name standing for the
-    /// per-process handle; for [`Tokens::NameFreeCarried`] and [`Tokens::NameFreeSeen`] they
+    /// per-process handle; for [`Elements::NameFreeCarried`] and [`Elements::NameFreeSeen`] they
     /// reach back into `history` (the launches the agent saw before the window, oldest
     /// first), which the other encodings ignore.
-    pub fn tokenize(&mut self, window: &[LaunchId], history: &[LaunchId]) -> Vec<u32> {
+    pub fn elements_of(&mut self, window: &[LaunchId], history: &[LaunchId]) -> Vec<u32> {
         let corpus = self.corpus;
         let launch = |l: LaunchId| corpus.launches[l as usize];
-        if self.tokens == Tokens::Named {
+        if self.elements == Elements::Named {
             return window
                 .iter()
                 .map(|&l| {
@@ -104,19 +104,19 @@ impl<'a> Tokenizer<'a> {
             .zip(distances)
             .map(|(&l, d)| {
                 let (name, config) = launch(l);
-                let gap = match self.tokens {
-                    Tokens::NameFreeExact => d.unwrap_or(0).min(EXACT_GAP_CAP) as u8,
+                let gap = match self.elements {
+                    Elements::NameFreeExact => d.unwrap_or(0).min(EXACT_GAP_CAP) as u8,
                     _ => gap_bucket(d),
                 };
-                let token = LaunchShape {
+                let shape = LaunchShape {
                     config: corpus.configs[config as usize],
                     gap,
                 };
-                match self.tokens {
-                    Tokens::Both => self.intern((l, gap), || {
-                        combined_digest(&corpus.digests[name as usize], &token)
+                match self.elements {
+                    Elements::Both => self.intern((l, gap), || {
+                        combined_digest(&corpus.digests[name as usize], &shape)
                     }),
-                    _ => self.intern((config, gap), || token.digest()),
+                    _ => self.intern((config, gap), || shape.digest()),
                 }
             })
             .collect()
@@ -160,33 +160,33 @@ mod tests {
         }
     }
 
-    fn digests_of(corpus: &Corpus, tokens: Tokens, window: &[LaunchId]) -> Vec<NameDigest> {
-        let mut t = Tokenizer::new(corpus, tokens);
-        let ids = t.tokenize(window, &[]);
+    fn digests_of(corpus: &Corpus, elements: Elements, window: &[LaunchId]) -> Vec<NameDigest> {
+        let mut t = ElementWriter::new(corpus, elements);
+        let ids = t.elements_of(window, &[]);
         ids.iter().map(|&i| t.digests[i as usize]).collect()
     }
 
     #[test]
-    fn renamed_kernels_change_names_but_not_name_free_tokens() {
+    fn renamed_kernels_change_names_but_not_launch_shapes() {
         let a = corpus(&["gemm", "softmax", "layernorm"]);
         // The same launches with every kernel renamed by a bijection.
         let b = corpus(&["_Z1xv", "_Z1yv", "_Z1zv"]);
         let window: Vec<LaunchId> = [0, 2, 5, 0, 1, 3, 4, 2, 0, 5, 5, 1].to_vec();
-        for tokens in [
-            Tokens::NameFree,
-            Tokens::NameFreeCarried,
-            Tokens::NameFreeExact,
-            Tokens::NameFreeSeen,
+        for elements in [
+            Elements::NameFree,
+            Elements::NameFreeCarried,
+            Elements::NameFreeExact,
+            Elements::NameFreeSeen,
         ] {
             assert_eq!(
-                digests_of(&a, tokens, &window),
-                digests_of(&b, tokens, &window)
+                digests_of(&a, elements, &window),
+                digests_of(&b, elements, &window)
             );
         }
-        for tokens in [Tokens::Named, Tokens::Both] {
+        for elements in [Elements::Named, Elements::Both] {
             assert_ne!(
-                digests_of(&a, tokens, &window),
-                digests_of(&b, tokens, &window)
+                digests_of(&a, elements, &window),
+                digests_of(&b, elements, &window)
             );
         }
     }
@@ -196,8 +196,8 @@ mod tests {
         let c = corpus(&["a", "b"]);
         // Kernel a (launches 0, 1) at positions 0, 2, 3; b (launches 2, 3) at 1, 4.
         let window = [0, 2, 1, 0, 3];
-        let mut t = Tokenizer::new(&c, Tokens::NameFreeExact);
-        let ids = t.tokenize(&window, &[]);
+        let mut t = ElementWriter::new(&c, Elements::NameFreeExact);
+        let ids = t.elements_of(&window, &[]);
         let expect = |config: u32, gap: u8| {
             LaunchShape {
                 config: c.configs[config as usize],
@@ -217,8 +217,8 @@ mod tests {
             ]
         );
         // With history, the first launches of a and b get the distance back into it.
-        let mut t = Tokenizer::new(&c, Tokens::NameFreeCarried);
-        let ids = t.tokenize(&window, &[3, 1, 2]);
+        let mut t = ElementWriter::new(&c, Elements::NameFreeCarried);
+        let ids = t.elements_of(&window, &[3, 1, 2]);
         let got: Vec<NameDigest> = ids.iter().map(|&i| t.digests[i as usize]).collect();
         // History b a b, then a b a a b: a at -2, b at -1.
         assert_eq!(got[0], expect(0, gap_bucket(Some(2))));
@@ -229,8 +229,8 @@ mod tests {
         );
         // The agent's variant reads the history it is given the same way (what differs is
         // which launches the caller passes as history).
-        let mut seen = Tokenizer::new(&c, Tokens::NameFreeSeen);
-        let ids = seen.tokenize(&window, &[3, 1, 2]);
+        let mut seen = ElementWriter::new(&c, Elements::NameFreeSeen);
+        let ids = seen.elements_of(&window, &[3, 1, 2]);
         let seen_digests: Vec<NameDigest> = ids.iter().map(|&i| seen.digests[i as usize]).collect();
         assert_eq!(seen_digests, got);
     }
