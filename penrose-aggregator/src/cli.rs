@@ -142,6 +142,77 @@ impl ReleaseArgs {
     }
 }
 
+/// `serve`'s flags; each overrides the configuration file's key of the same meaning
+/// ([`crate::settings::serve_options`] checks them all, once).
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// The data directory and configuration file.
+    #[command(flatten)]
+    pub data: DataArg,
+    /// QUIC listen address (UDP) [default: 127.0.0.1:4433].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Also accept QUIC carried on TCP streams here: the port agents that send over Tor
+    /// name as `transport.aggregator_stream`, reached by Tor exits [default: off].
+    #[arg(long)]
+    pub stream_listen: Option<SocketAddr>,
+    /// The design server's public key file (`penrose-design keygen` writes it), used for
+    /// every day. To roll keys over, give --key-list instead.
+    #[arg(long, conflicts_with = "key_list")]
+    pub public_key: Option<PathBuf>,
+    /// The design server's signed key list (`penrose-design key-list` writes it): which
+    /// key encrypts which day's reports, the replaced key accepted for its grace days.
+    /// SIGHUP or `reload-keys` reads it again; agents fetch it from this server.
+    #[arg(long, requires = "key_list_signer")]
+    pub key_list: Option<PathBuf>,
+    /// The design server's list-signing public key (`penrose-design key-list-signer`
+    /// writes it): a list that does not verify under it is refused.
+    #[arg(long, requires = "key_list")]
+    pub key_list_signer: Option<PathBuf>,
+    /// The admission key ring the issuer exported (mode 0600): admit only reports with a
+    /// valid, unspent token of its keys.
+    #[arg(long, conflicts_with = "open_admission")]
+    pub token_keys: Option<PathBuf>,
+    /// Admit reports without admission tokens: anyone who can reach this server can report
+    /// (tests, demos, a fleet without an issuer). Required when --token-keys is not given.
+    #[arg(long)]
+    pub open_admission: bool,
+    /// Prometheus metrics address (HTTP); none by default.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// Most reports per durable write [default: 4096].
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// New report streams per connection per second; 0 for no limit [default: 5000].
+    #[arg(long)]
+    pub reports_per_second: Option<u32>,
+    /// Connections one source (IPv4 address, IPv6 /64) may have open at once
+    /// [default: 512].
+    #[arg(long)]
+    pub connections_per_source: Option<usize>,
+    /// New connections one source may open per second (also its burst); 0 for no limit
+    /// [default: 500].
+    #[arg(long)]
+    pub new_connections_per_source: Option<u32>,
+    /// Seconds a connection's handshake may take before it is abandoned and its slot given
+    /// back [default: 5].
+    #[arg(long)]
+    pub handshake_timeout: Option<f64>,
+    /// Most application classes founded per hour (a bucket that holds an hour's worth);
+    /// a report whose snippet would found one beyond it is refused with new_class_limit
+    /// and agents send it again later [default: 1000].
+    #[arg(long)]
+    pub new_classes_per_hour: Option<u32>,
+    /// Keep every accepted report's binding and evidence token (about 1.4 KB a report), so
+    /// that `export-evidence` can give the release auditor each released sum's reports to
+    /// count contributors from [default: off; config: keep_evidence].
+    #[arg(long)]
+    pub keep_evidence: bool,
+    /// The release rule.
+    #[command(flatten)]
+    pub release: ReleaseArgs,
+}
+
 /// The subcommands (each variant's doc comment is its help text; the type's own doc comment
 /// is overridden by [`Cli`]'s).
 #[derive(Subcommand)]
@@ -183,73 +254,7 @@ pub enum Command {
     /// flight are acked. Example:
     ///   penrose-aggregator serve -d /var/lib/penrose --public-key public.key \
     ///     --token-keys /etc/penrose/token-keys --metrics 127.0.0.1:9464
-    Serve {
-        /// The data directory and configuration file.
-        #[command(flatten)]
-        data: DataArg,
-        /// QUIC listen address (UDP) [default: 127.0.0.1:4433].
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-        /// Also accept QUIC carried on TCP streams here: the port agents that send over Tor
-        /// name as `transport.aggregator_stream`, reached by Tor exits [default: off].
-        #[arg(long)]
-        stream_listen: Option<SocketAddr>,
-        /// The design server's public key file (`penrose-design keygen` writes it), used for
-        /// every day. To roll keys over, give --key-list instead.
-        #[arg(long, conflicts_with = "key_list")]
-        public_key: Option<PathBuf>,
-        /// The design server's signed key list (`penrose-design key-list` writes it): which
-        /// key encrypts which day's reports, the replaced key accepted for its grace days.
-        /// SIGHUP or `reload-keys` reads it again; agents fetch it from this server.
-        #[arg(long, requires = "key_list_signer")]
-        key_list: Option<PathBuf>,
-        /// The design server's list-signing public key (`penrose-design key-list-signer`
-        /// writes it): a list that does not verify under it is refused.
-        #[arg(long, requires = "key_list")]
-        key_list_signer: Option<PathBuf>,
-        /// The admission key ring the issuer exported (mode 0600): admit only reports with a
-        /// valid, unspent token of its keys.
-        #[arg(long, conflicts_with = "open_admission")]
-        token_keys: Option<PathBuf>,
-        /// Admit reports without admission tokens: anyone who can reach this server can report
-        /// (tests, demos, a fleet without an issuer). Required when --token-keys is not given.
-        #[arg(long)]
-        open_admission: bool,
-        /// Prometheus metrics address (HTTP); none by default.
-        #[arg(long)]
-        metrics: Option<SocketAddr>,
-        /// Most reports per durable write [default: 4096].
-        #[arg(long)]
-        max_batch: Option<usize>,
-        /// New report streams per connection per second; 0 for no limit [default: 5000].
-        #[arg(long)]
-        reports_per_second: Option<u32>,
-        /// Connections one source (IPv4 address, IPv6 /64) may have open at once
-        /// [default: 512].
-        #[arg(long)]
-        connections_per_source: Option<usize>,
-        /// New connections one source may open per second (also its burst); 0 for no limit
-        /// [default: 500].
-        #[arg(long)]
-        new_connections_per_source: Option<u32>,
-        /// Seconds a connection's handshake may take before it is abandoned and its slot given
-        /// back [default: 5].
-        #[arg(long)]
-        handshake_timeout: Option<f64>,
-        /// Most application classes founded per hour (a bucket that holds an hour's worth);
-        /// a report whose snippet would found one beyond it is refused with new_class_limit
-        /// and agents send it again later [default: 1000].
-        #[arg(long)]
-        new_classes_per_hour: Option<u32>,
-        /// Keep every accepted report's binding and evidence token (about 1.4 KB a report), so
-        /// that `export-evidence` can give the release auditor each released sum's reports to
-        /// count contributors from [default: off; config: keep_evidence].
-        #[arg(long)]
-        keep_evidence: bool,
-        /// The release rule.
-        #[command(flatten)]
-        release: ReleaseArgs,
-    },
+    Serve(ServeArgs),
     /// Counters, classes, accumulators, throttle and store sizes.
     Status {
         /// The data directory and configuration file.

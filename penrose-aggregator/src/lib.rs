@@ -32,6 +32,7 @@
 //! - [`output`]: what the offline commands (`verify`, `check-report`) print, as types.
 //! - [`cli`]: the command line's clap definition (the binary's, and the man pages').
 //! - [`config`]: the data directory and the server's configuration file.
+//! - [`settings`]: `serve`'s flags and file, checked once into the options it runs with.
 //! - [`serve`]: the server process: transport, writer, control channel, metrics.
 //! - `loadgen`: the load generator, and `fleet`, the synthetic fleet it and the fleet
 //!   benchmark draw reports from: test equipment, compiled in only with the `test-util`
@@ -55,6 +56,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod output;
 pub mod serve;
+pub mod settings;
 pub mod state;
 pub mod store;
 pub mod tables;

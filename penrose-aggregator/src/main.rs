@@ -1,13 +1,11 @@
 //! `penrose-aggregator`: parses the command line (its definition is `penrose_aggregator::cli`)
 //! and runs it.
 
-use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use penrose_aggregator::admission::{Admission, AdmissionConfig, AdmissionDescription, TokenRing};
+use penrose_aggregator::admission::{Admission, AdmissionDescription, TokenRing};
 use penrose_aggregator::cli::{Cli, Command, DataArg, Invocation, ReleaseArgs};
 use penrose_aggregator::control::reply::{
     AdmissionStatus, BackupReply, CloseEpochsReply, EvidenceReply, ExportReply,
@@ -16,13 +14,12 @@ use penrose_aggregator::control::reply::{
 use penrose_aggregator::control::{self, Request, Response};
 use penrose_aggregator::ingest::IngestConfig;
 use penrose_aggregator::output::{BundleSummary, FrameCheck, FrameVerdict, VerifyOutput};
-use penrose_aggregator::serve::{self, ServeOptions};
+use penrose_aggregator::serve;
 use penrose_aggregator::store::StoreError;
 use penrose_aggregator::validate::validate_frame;
 use penrose_core::bundle::Bundle;
 use penrose_core::wire;
 use penrose_host::exit::{Exit, finish};
-use penrose_transport::Limits;
 
 /// The server allocates and frees a frame, a validated report and a write batch's rows per
 /// report on several threads; mimalloc's per-thread free lists do that without the
@@ -75,98 +72,8 @@ async fn run(cli: Cli) -> Result<Exit> {
             files,
             json,
         } => check_reports(&key, token_keys.as_deref(), &files, json),
-        Command::Serve {
-            data,
-            listen,
-            stream_listen,
-            public_key,
-            key_list,
-            key_list_signer,
-            token_keys,
-            open_admission,
-            metrics,
-            max_batch,
-            reports_per_second,
-            connections_per_source,
-            new_connections_per_source,
-            handshake_timeout,
-            new_classes_per_hour,
-            keep_evidence,
-            release,
-        } => {
-            let (dir, file) = data.resolve()?;
-            let (epochs, release) = release.resolve(&file)?;
-            let admission = admission_config(
-                token_keys.or(file.token_keys.clone()),
-                open_admission || file.open_admission == Some(true),
-            )?;
-            let mut limits = Limits::default();
-            if let Some(max) = file.max_connections {
-                limits.max_connections = max;
-            }
-            if let Some(bytes) = file.udp_receive_buffer {
-                if bytes < 64 << 10 {
-                    bail!("udp_receive_buffer must be at least 65536 bytes");
-                }
-                limits.udp_receive_buffer = bytes;
-            }
-            if let Some(rate) = reports_per_second.or(file.reports_per_second) {
-                limits.reports_per_second = NonZeroU32::new(rate);
-            }
-            if let Some(max) = connections_per_source.or(file.max_connections_per_source) {
-                if max == 0 {
-                    bail!("--connections-per-source must be at least 1");
-                }
-                limits.max_connections_per_source = max;
-            }
-            if let Some(rate) =
-                new_connections_per_source.or(file.new_connections_per_source_per_second)
-            {
-                limits.new_connections_per_source_per_second = NonZeroU32::new(rate);
-            }
-            if let Some(seconds) = handshake_timeout.or(file.handshake_timeout) {
-                if !(seconds > 0.0 && seconds <= 60.0) {
-                    bail!("--handshake-timeout must be more than 0 and at most 60 seconds");
-                }
-                limits.handshake_timeout = std::time::Duration::from_secs_f64(seconds);
-            }
-            let new_classes_per_hour = match new_classes_per_hour.or(file.new_classes_per_hour) {
-                Some(n) => {
-                    NonZeroU32::new(n).context("--new-classes-per-hour must be at least 1")?
-                }
-                None => IngestConfig::default().new_classes_per_hour,
-            };
-            let defaults = IngestConfig::default();
-            let tls = match (file.tls_cert, file.tls_key) {
-                (Some(c), Some(k)) => Some((c, k)),
-                (None, None) => None,
-                _ => bail!("tls_cert and tls_key go together"),
-            };
-            let options = ServeOptions {
-                data: dir,
-                listen: listen
-                    .or(file.listen)
-                    .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 4433))),
-                stream_listen: stream_listen.or(file.stream_listen),
-                keys: serve::KeySource::new(
-                    public_key.or(file.public_key),
-                    key_list.or(file.key_list),
-                    key_list_signer.or(file.key_list_signer),
-                )?,
-                metrics: metrics.or(file.metrics),
-                tls,
-                ingest: IngestConfig {
-                    max_batch: max_batch.or(file.max_batch).unwrap_or(defaults.max_batch),
-                    queue: file.queue.unwrap_or(defaults.queue),
-                    new_classes_per_hour,
-                    keep_evidence: keep_evidence || file.keep_evidence == Some(true),
-                },
-                limits,
-                epochs,
-                release,
-                admission,
-            };
-            serve::run(options).await?;
+        Command::Serve(args) => {
+            serve::run(penrose_aggregator::settings::serve_options(args)?).await?;
             Ok(Exit::Success)
         }
         Command::Status { data, json } => status(&data, json).await,
@@ -495,23 +402,6 @@ async fn admin_with(data: &DataArg, request: Request, release: &ReleaseArgs) -> 
 }
 
 /// How `serve` admits reports: by tokens with a key ring, or open only when asked explicitly.
-fn admission_config(token_keys: Option<PathBuf>, open: bool) -> Result<AdmissionConfig> {
-    match (token_keys, open) {
-        (Some(_), true) => bail!(
-            "both a token key ring (token_keys, --token-keys) and open admission \
-             (open_admission, --open-admission) are set; choose one"
-        ),
-        (Some(path), false) => Ok(AdmissionConfig::Tokens(path)),
-        (None, true) => Ok(AdmissionConfig::Open),
-        (None, false) => bail!(
-            "no admission is configured: give the issuer's key ring (--token-keys PATH, or \
-             token_keys in the configuration file) so that only reports with admission tokens \
-             are counted, or --open-admission (open_admission = true) to let anyone who can \
-             reach this server report"
-        ),
-    }
-}
-
 fn parse_rate(text: &str) -> Result<u16> {
     let text = text.trim();
     let permille = if let Some(p) = text.strip_suffix("permille") {

@@ -11,9 +11,9 @@
 
 mod cluster;
 mod corpus;
+mod elements;
 mod graphs;
 mod report;
-mod elements;
 mod windows;
 
 use std::path::PathBuf;

@@ -75,7 +75,10 @@ impl<'a> ElementWriter<'a> {
 
     /// Whether [`Self::elements_of`] reads the launches before the window.
     pub fn needs_history(&self) -> bool {
-        matches!(self.elements, Elements::NameFreeCarried | Elements::NameFreeSeen)
+        matches!(
+            self.elements,
+            Elements::NameFreeCarried | Elements::NameFreeSeen
+        )
     }
 
     /// The element ids of a window. Repetition distances are counted inside the window, as the
