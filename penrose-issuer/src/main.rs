@@ -79,25 +79,7 @@ async fn run(cli: Cli) -> Result<Exit> {
             out_dir,
             label,
             json,
-        } => {
-            if let Some(label) = &label {
-                penrose_issuer::store::CredentialRecord::check_label(label)?;
-            }
-            let (files, named_by_id) = credential_files(out, count, out_dir)?;
-            let enrolled = enrol(&state.dir(), today, &files, named_by_id, label).await?;
-            print(json, &enrolled, |list| {
-                let mut text = String::new();
-                for e in list {
-                    let _ = writeln!(text, "{}  {}", e.short_id, e.file);
-                }
-                let _ = writeln!(
-                    text,
-                    "enrolled {} credential(s); install each file with the agent of its host",
-                    list.len()
-                );
-                text
-            })?;
-        }
+        } => enrol_command(&state.dir(), today, (out, count, out_dir), label, json).await?,
         Command::Revoke {
             state,
             id,
@@ -121,15 +103,11 @@ async fn run(cli: Cli) -> Result<Exit> {
             options.config = IssuerConfig::new(tokens_per_epoch, requests_per_hour)?;
             options.tls = cert.zip(key);
             options.names = name;
-            if let Some(max) = connections_per_source {
-                if max == 0 {
-                    bail!("--connections-per-source must be at least 1");
-                }
-                options.limits.max_connections_per_source = max;
-            }
-            if let Some(rate) = new_connections_per_source {
-                options.limits.new_connections_per_source_per_second = NonZeroU32::new(rate);
-            }
+            set_source_limits(
+                &mut options,
+                connections_per_source,
+                new_connections_per_source,
+            )?;
             service::run(options).await?;
         }
         Command::KeySet {
@@ -160,6 +138,51 @@ async fn run(cli: Cli) -> Result<Exit> {
         }
     }
     Ok(Exit::Success)
+}
+
+/// `enrol`: the label checked before anything is made, then one credential file per host.
+async fn enrol_command(
+    dir: &StateDir,
+    today: Day,
+    (out, count, out_dir): (Option<PathBuf>, Option<u32>, Option<PathBuf>),
+    label: Option<String>,
+    json: bool,
+) -> Result<()> {
+    if let Some(label) = &label {
+        penrose_issuer::store::CredentialRecord::check_label(label)?;
+    }
+    let (files, named_by_id) = credential_files(out, count, out_dir)?;
+    let enrolled = enrol(dir, today, &files, named_by_id, label).await?;
+    print(json, &enrolled, |list| {
+        let mut text = String::new();
+        for e in list {
+            let _ = writeln!(text, "{}  {}", e.short_id, e.file);
+        }
+        let _ = writeln!(
+            text,
+            "enrolled {} credential(s); install each file with the agent of its host",
+            list.len()
+        );
+        text
+    })
+}
+
+/// The per-source connection limits `serve` was given.
+fn set_source_limits(
+    options: &mut ServeOptions,
+    connections_per_source: Option<usize>,
+    new_connections_per_source: Option<u32>,
+) -> Result<()> {
+    if let Some(max) = connections_per_source {
+        if max == 0 {
+            bail!("--connections-per-source must be at least 1");
+        }
+        options.limits.max_connections_per_source = max;
+    }
+    if let Some(rate) = new_connections_per_source {
+        options.limits.new_connections_per_source_per_second = NonZeroU32::new(rate);
+    }
+    Ok(())
 }
 
 fn init(dir: &StateDir, json: bool) -> Result<()> {
