@@ -176,13 +176,13 @@ pub async fn start(options: ServeOptions) -> Result<Running, AuditorError> {
     })
 }
 
-/// What `serve` prints on stdout once it listens: one JSON line.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Listening {
-    /// The QUIC address.
-    pub listening: String,
-    /// The certificate the design server pins.
-    pub certificate: PathBuf,
+/// What `serve` prints on stdout once it listens: the shared ready line
+/// ([`penrose_host::process::Ready`]) with what only the auditor says.
+pub type Listening = penrose_host::process::Ready<AuditorReady>;
+
+/// What only the auditor's ready line says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditorReady {
     /// The chain followed (hex), if any yet.
     pub instance: Option<String>,
     /// The last bundle taken (0: none).
@@ -204,13 +204,19 @@ pub async fn run(options: ServeOptions) -> Result<(), AuditorError> {
     let auditor = running.auditor();
     let status = auditor.status();
     let line = Listening {
-        listening: running.local_addr().to_string(),
+        server: "auditor".into(),
+        listening: running.local_addr(),
+        stream_listening: None,
         certificate: running.certificate().clone(),
-        instance: status.instance.map(|i| i.to_string()),
-        seq: status.seq,
-        keys: auditor.key_ids(),
-        threshold: auditor.policy().threshold().get(),
-        cap: auditor.policy().cap().get(),
+        control: None,
+        metrics: None,
+        details: AuditorReady {
+            instance: status.instance.map(|i| i.to_string()),
+            seq: status.seq,
+            keys: auditor.key_ids(),
+            threshold: auditor.policy().threshold().get(),
+            cap: auditor.policy().cap().get(),
+        },
     };
     // One line on stdout for whoever started the auditor (scripts, tests).
     print_ready(&line).map_err(AuditorError::io("stdout"))?;

@@ -244,7 +244,7 @@ fn serve_and_release(dealing: &Dealing, signing: &SigningKey, d: &str) {
         .read_line(&mut line)
         .unwrap();
     let listening: Listening = serde_json::from_str(&line).unwrap();
-    assert_eq!(listening.keys, [dealing.id()]);
+    assert_eq!(listening.details.keys, [dealing.id()]);
     fails(
         &["follow", "--data", d, "--instance", &"02".repeat(16)],
         4,
@@ -257,7 +257,7 @@ fn serve_and_release(dealing: &Dealing, signing: &SigningKey, d: &str) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let answer = runtime.block_on(async {
         let trust = Trust::load_pinned(&listening.certificate).unwrap();
-        let address = listening.listening.parse().unwrap();
+        let address = listening.listening;
         let mut config = ClientConfig::new(address, "localhost", trust);
         config.ack_timeout = Duration::from_secs(60);
         let client = ExchangeClient::new(config, PROTOCOL).unwrap();

@@ -135,7 +135,7 @@ fn the_design_server_decrypts_only_what_the_auditor_answers_once() {
         .unwrap();
     let listening: Listening = serde_json::from_str(&line).unwrap();
     let trust = Trust::load_pinned(&listening.certificate).unwrap();
-    let mut config = ClientConfig::new(listening.listening.parse().unwrap(), "localhost", trust);
+    let mut config = ClientConfig::new(listening.listening, "localhost", trust);
     config.ack_timeout = Duration::from_secs(120);
     let client = ExchangeClient::new(config, audit::PROTOCOL).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();

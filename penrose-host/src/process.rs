@@ -108,6 +108,33 @@ mod tests {
         assert_eq!(sent, 0);
     }
 
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    struct Only {
+        signer: String,
+    }
+
+    #[test]
+    fn a_ready_line_is_one_flat_object_that_reads_back() {
+        let ready = Ready {
+            server: "aggregator".into(),
+            listening: "127.0.0.1:4433".parse().unwrap(),
+            stream_listening: None,
+            certificate: PathBuf::from("data/tls/cert.pem"),
+            control: Some(PathBuf::from("data/control.sock")),
+            metrics: Some("127.0.0.1:9464".parse().unwrap()),
+            details: Only {
+                signer: "ab".into(),
+            },
+        };
+        let line = serde_json::to_string(&ready).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        // What one server alone says sits beside the shared fields, not under a key of its own.
+        assert_eq!(value["signer"], "ab");
+        assert_eq!(value["listening"], "127.0.0.1:4433");
+        assert!(value.get("details").is_none(), "{line}");
+        assert_eq!(serde_json::from_str::<Ready<Only>>(&line).unwrap(), ready);
+    }
+
     #[tokio::test]
     async fn signals_are_told_apart_and_none_ends_the_process() {
         let mut signals = Signals::install().unwrap();

@@ -198,18 +198,13 @@ pub async fn start(options: ServeOptions, clock: Arc<dyn Clock>) -> Result<Runni
     })
 }
 
-/// What `serve` prints on stdout once it listens: one JSON line.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Listening {
-    /// The QUIC address.
-    pub listening: String,
-    /// The stream port's TCP address, when it has one.
-    #[serde(default)]
-    pub stream_listening: Option<String>,
-    /// The certificate agents pin.
-    pub certificate: PathBuf,
-    /// The control socket.
-    pub control: PathBuf,
+/// What `serve` prints on stdout once it listens: the shared ready line
+/// ([`penrose_host::process::Ready`]) with what only the issuer says.
+pub type Listening = penrose_host::process::Ready<IssuerReady>;
+
+/// What only the issuer's ready line says.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IssuerReady {
     /// SHA-256 of today's published key set, hex (what agents compare).
     pub key_set_digest: String,
     /// The quota per (credential, day, counter).
@@ -227,13 +222,17 @@ pub async fn run(options: ServeOptions) -> Result<(), IssuerError> {
     let running = start(options, Arc::new(SystemClock)).await?;
     let issuer = Arc::clone(running.issuer());
     let line = Listening {
-        listening: running.local_addr().to_string(),
-        stream_listening: running.stream_addr().map(|a| a.to_string()),
+        server: "issuer".into(),
+        listening: running.local_addr(),
+        stream_listening: running.stream_addr(),
         certificate: running.certificate().clone(),
-        control: running.socket.clone(),
-        key_set_digest: penrose_core::hex::encode(&issuer.published()?.set.digest()),
-        tokens_per_epoch: issuer.config().tokens_per_epoch(),
-        requests_per_hour: issuer.config().requests_per_hour(),
+        control: Some(running.socket.clone()),
+        metrics: None,
+        details: IssuerReady {
+            key_set_digest: penrose_core::hex::encode(&issuer.published()?.set.digest()),
+            tokens_per_epoch: issuer.config().tokens_per_epoch(),
+            requests_per_hour: issuer.config().requests_per_hour(),
+        },
     };
     drop(issuer);
     // One line on stdout for whoever started the issuer (scripts, tests).

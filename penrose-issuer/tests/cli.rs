@@ -260,7 +260,7 @@ async fn serve_issues_to_an_enrolled_host_and_answers_admin_commands_while_runni
     assert_eq!(mode(&state.join("tls/key.pem")), 0o600);
 
     let trust = Trust::load_pinned(&listening.certificate).unwrap();
-    let mut config = ClientConfig::new(listening.listening.parse().unwrap(), "localhost", trust);
+    let mut config = ClientConfig::new(listening.listening, "localhost", trust);
     config.ack_timeout = Duration::from_secs(20);
     let client = ExchangeClient::new(config, PROTOCOL).unwrap();
     let answer = client
@@ -273,7 +273,7 @@ async fn serve_issues_to_an_enrolled_host_and_answers_admin_commands_while_runni
     let set = KeySet::decode(&bytes).unwrap();
     assert_eq!(
         penrose_core::hex::encode(&set.digest()),
-        listening.key_set_digest
+        listening.details.key_set_digest
     );
 
     // The host's credential file, as the agent will read it.

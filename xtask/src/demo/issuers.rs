@@ -214,13 +214,14 @@ fn set_up_issuer(
     let stream = match tor {
         true => ready
             .stream_listening
-            .context("the issuer's stream port (--stream-listen)")?,
+            .context("the issuer's stream port (--stream-listen)")?
+            .to_string(),
         false => String::new(),
     };
     Ok(IssuerRun {
         state: paths.state.clone(),
         index,
-        listen: ready.listening,
+        listen: ready.listening.to_string(),
         cert: ready.certificate,
         stream,
         credentials,

@@ -259,7 +259,7 @@ fn release_auditor(
     let (child, ready) =
         start_auditor(&bins.path("penrose-auditor"), dir, parts, options.threshold)?;
     let index = children.push("penrose-auditor", child);
-    let address = ready.listening;
+    let address = ready.listening.to_string();
     let audited: AuditSummary = json_output(
         bins.command("penrose-design")
             .arg("audit")
