@@ -6,27 +6,16 @@
 
 use std::path::Path;
 
-use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
+use penrose_core::release::{ReleaseRule, ReportsPerContributor, Threshold};
 use serde::{Deserialize, Serialize};
 
 use crate::error::AuditorError;
 use penrose_host::durable::{self, Access};
 
-/// k and T, validated against their floors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Policy {
-    threshold: Threshold,
-    cap: ReportsPerContributor,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            threshold: Threshold::DEFAULT,
-            cap: ReportsPerContributor::DEFAULT,
-        }
-    }
-}
+/// k and T, validated against their floors: the shared [`ReleaseRule`], kept in the auditor's
+/// own file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Policy(ReleaseRule);
 
 /// The file form: two numbers, checked against the floors again when read.
 #[derive(Serialize, Deserialize)]
@@ -40,25 +29,27 @@ impl Policy {
     /// A threshold of `k` contributors counted with a cap of `t` reports per contributor,
     /// counter and day; refused under the floors.
     pub fn new(k: u64, t: u32) -> Result<Self, AuditorError> {
-        Ok(Policy {
-            threshold: Threshold::new(k)?,
-            cap: ReportsPerContributor::for_servers(t)?,
-        })
+        Ok(Policy(ReleaseRule::new(k, t)?))
+    }
+
+    /// The rule.
+    pub fn rule(&self) -> ReleaseRule {
+        self.0
     }
 
     /// k.
     pub fn threshold(&self) -> Threshold {
-        self.threshold
+        self.0.threshold
     }
 
     /// T.
     pub fn cap(&self) -> ReportsPerContributor {
-        self.cap
+        self.0.cap
     }
 
     /// Whether a sum of `reports` reports over `days` days may be decrypted.
     pub fn releases(&self, reports: u64, days: u32) -> bool {
-        releasable(reports, days, self.threshold, self.cap)
+        self.0.releases(reports, days)
     }
 
     /// Reads the policy file, refusing values under the floors (a hand-edited file cannot
@@ -73,8 +64,8 @@ impl Policy {
     /// Writes the policy file durably.
     pub fn save(&self, path: &Path) -> Result<(), AuditorError> {
         let file = PolicyFile {
-            threshold: self.threshold.get(),
-            cap: self.cap.get(),
+            threshold: self.threshold().get(),
+            cap: self.cap().get(),
         };
         let mut text =
             serde_json::to_vec_pretty(&file).map_err(|e| AuditorError::corrupt(path, e))?;
