@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use penrose_core::paillier::Keypair;
-use penrose_core::release::{ReportsPerContributor, Threshold};
+use penrose_core::release::ReleaseRule;
 use penrose_design::archive::{self, Archive, Imported};
 use penrose_design::cli::{Cli, Command};
 use penrose_design::joint::Splits;
@@ -158,8 +158,7 @@ fn run(cli: Cli) -> Result<()> {
             svg,
             png,
         } => {
-            let threshold = Threshold::new(threshold)?;
-            let cap = ReportsPerContributor::for_servers(reports_per_contributor)?;
+            let rule = ReleaseRule::new(threshold, reports_per_contributor)?;
             let outputs = Outputs {
                 format: Format::of(json, csv, csv_bins, csv_quadrants),
                 splits: splits.into_iter().collect(),
@@ -168,7 +167,7 @@ fn run(cli: Cli) -> Result<()> {
                 svg: svg.as_deref(),
                 png: png.as_deref(),
             };
-            print_report(&archive, &key, &split_key, threshold, cap, &outputs)?
+            print_report(&archive, &key, &split_key, rule, &outputs)?
         }
         Command::Label {
             archive,
@@ -491,8 +490,7 @@ fn print_report(
     dir: &Path,
     keys: &[PathBuf],
     split: &[PathBuf],
-    threshold: Threshold,
-    cap: ReportsPerContributor,
+    rule: ReleaseRule,
     outputs: &Outputs<'_>,
 ) -> Result<()> {
     let archive = Archive::open(dir)?;
@@ -507,7 +505,7 @@ fn print_report(
         audit::AuditorPartials::load(&archive)?
     };
     let mut report =
-        report::build_with(&merged, &keys, &auditor, threshold, cap)?.covering(outputs.period);
+        report::build_with(&merged, &keys, &auditor, rule.threshold, rule.cap)?.covering(outputs.period);
     report.apply_labels(&archive.labels()?);
     report.apply_splits(&outputs.splits);
     write_report_files(&report, outputs)?;
