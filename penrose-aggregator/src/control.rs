@@ -139,97 +139,115 @@ impl Response {
 
 /// Runs one request. Blocking (store scans, compaction): call it off the async threads.
 pub fn execute(admin: &Admin, request: &Request) -> Result<Response, ControlError> {
-    let fail = |e: &dyn std::fmt::Display| ControlError::Failed(e.to_string());
     Ok(match request {
         Request::Status => Response::of(status(admin)),
-        Request::Top { limit } => {
-            let state = admin.ingest.state();
-            let top = state
-                .tables()
-                .top(*limit)
-                .into_iter()
-                .map(|(class, entry)| TopClass {
-                    class: class.0,
-                    reports: entry.reports,
-                    snippets: entry.snippets,
-                    representatives: entry.representatives.len(),
-                    first_seen_day: entry.first_seen.0,
-                })
-                .collect();
-            Response::of(TopReply {
-                classes: state.tables().class_count(),
-                top,
-            })
-        }
-        Request::Throttle { permille } => {
-            let hint = ThrottleHint::from_permille(*permille).ok_or_else(|| {
-                ControlError::Failed(format!("{permille} permille is above 1000"))
-            })?;
-            admin.ingest.set_throttle(hint).map_err(|e| fail(&e))?;
-            Response::of(ThrottleReply {
-                throttle_permille: hint.permille(),
-            })
-        }
+        Request::Top { limit } => Response::of(top(admin, *limit)),
+        Request::Throttle { permille } => Response::of(throttle(admin, *permille)?),
         Request::Compact => {
-            admin.store.compact().map_err(|e| fail(&e))?;
+            admin.store.compact().map_err(failed)?;
             Response::of(CompactReply {
                 compacted: true,
                 store: store_tables(admin),
             })
         }
-        Request::Backup { dir } => {
-            admin.store.backup(dir).map_err(|e| fail(&e))?;
-            let copy = crate::store::RocksStore::open(dir).map_err(|e| fail(&e))?;
-            let new = crate::copies::make_new_instance(&copy).map_err(|e| fail(&e))?;
-            Response::of(BackupReply {
-                backup: dir.clone(),
-                instance: new.instance.to_string(),
-                parent: new.parent.to_string(),
-                released_elsewhere: new.released_elsewhere.iter().map(|e| e.0).collect(),
-            })
-        }
+        Request::Backup { dir } => Response::of(backup(admin, dir)?),
         Request::Evidence { seq, out } => Response::of(write_evidence_file(admin, *seq, out)?),
         Request::ForgetEvidence { through } => Response::of(forget_evidence(admin, *through)?),
-        Request::ReloadKeys => {
-            if !admin.serving {
-                return Err(ControlError::Failed(
-                    "no server is running here; `serve` reads the key ring when it starts".into(),
-                ));
-            }
-            reload_keys(&admin.ingest)?;
-            Response::of(ReloadKeysReply {
-                admission: admin.ingest.admission().describe(today()),
-                design_keys: describe_design_keys(&admin.ingest.design_keys()),
-            })
-        }
+        Request::ReloadKeys => Response::of(reload(admin)?),
         Request::CloseEpochs => {
-            let closed = admin.ingest.close_epochs(true).map_err(|e| fail(&e))?;
+            let closed = admin.ingest.close_epochs(true).map_err(failed)?;
             Response::of(CloseEpochsReply {
                 closed: closed.iter().map(epoch_reports).collect(),
             })
         }
-        Request::Export { seq } => {
-            let made = match seq {
-                Some(seq) => {
-                    Some(export::reexport(admin.store.as_ref(), *seq, &admin.signing)).transpose()
-                }
-                None => export::export(admin.store.as_ref(), admin.release, &admin.signing),
-            }
-            .map_err(|e| fail(&e))?;
-            match made {
-                None => Response::of(ExportReply {
-                    bytes: 0,
-                    bundle: None,
-                }),
-                Some((bundle, bytes)) => Response {
-                    reply: Reply::Export(ExportReply {
-                        bytes: bytes.len(),
-                        bundle: Some(exported(&bundle)),
-                    }),
-                    payload: Some(bytes),
-                },
-            }
-        }
+        Request::Export { seq } => export_bundle(admin, *seq)?,
+    })
+}
+
+/// A failure of the store, the ingest or the export, as the admin channel reports it.
+fn failed(e: impl std::fmt::Display) -> ControlError {
+    ControlError::Failed(e.to_string())
+}
+
+/// `top`: the `limit` classes with the most reports, and how many classes there are.
+fn top(admin: &Admin, limit: usize) -> TopReply {
+    let state = admin.ingest.state();
+    let top = state
+        .tables()
+        .top(limit)
+        .into_iter()
+        .map(|(class, entry)| TopClass {
+            class: class.0,
+            reports: entry.reports,
+            snippets: entry.snippets,
+            representatives: entry.representatives.len(),
+            first_seen_day: entry.first_seen.0,
+        })
+        .collect();
+    TopReply {
+        classes: state.tables().class_count(),
+        top,
+    }
+}
+
+/// `throttle`: the hint acks carry from now on (at most 1000 permille).
+fn throttle(admin: &Admin, permille: u16) -> Result<ThrottleReply, ControlError> {
+    let hint = ThrottleHint::from_permille(permille)
+        .ok_or_else(|| ControlError::Failed(format!("{permille} permille is above 1000")))?;
+    admin.ingest.set_throttle(hint).map_err(failed)?;
+    Ok(ThrottleReply {
+        throttle_permille: hint.permille(),
+    })
+}
+
+/// `backup`: a copy of the store in `dir`, made a new instance of its own
+/// ([`crate::copies::make_new_instance`]).
+fn backup(admin: &Admin, dir: &Path) -> Result<BackupReply, ControlError> {
+    admin.store.backup(dir).map_err(failed)?;
+    let copy = crate::store::RocksStore::open(dir).map_err(failed)?;
+    let new = crate::copies::make_new_instance(&copy).map_err(failed)?;
+    Ok(BackupReply {
+        backup: dir.to_path_buf(),
+        instance: new.instance.to_string(),
+        parent: new.parent.to_string(),
+        released_elsewhere: new.released_elsewhere.iter().map(|e| e.0).collect(),
+    })
+}
+
+/// `reload-keys`: the running server reads its key ring and design keys again.
+fn reload(admin: &Admin) -> Result<ReloadKeysReply, ControlError> {
+    if !admin.serving {
+        return Err(ControlError::Failed(
+            "no server is running here; `serve` reads the key ring when it starts".into(),
+        ));
+    }
+    reload_keys(&admin.ingest)?;
+    Ok(ReloadKeysReply {
+        admission: admin.ingest.admission().describe(today()),
+        design_keys: describe_design_keys(&admin.ingest.design_keys()),
+    })
+}
+
+/// `export`: the next bundle (none when nothing is due), or bundle `seq` again; the bundle's
+/// bytes follow the reply.
+fn export_bundle(admin: &Admin, seq: Option<u64>) -> Result<Response, ControlError> {
+    let made = match seq {
+        Some(seq) => Some(export::reexport(admin.store.as_ref(), seq, &admin.signing)).transpose(),
+        None => export::export(admin.store.as_ref(), admin.release, &admin.signing),
+    }
+    .map_err(failed)?;
+    Ok(match made {
+        None => Response::of(ExportReply {
+            bytes: 0,
+            bundle: None,
+        }),
+        Some((bundle, bytes)) => Response {
+            reply: Reply::Export(ExportReply {
+                bytes: bytes.len(),
+                bundle: Some(exported(&bundle)),
+            }),
+            payload: Some(bytes),
+        },
     })
 }
 

@@ -39,7 +39,9 @@ use penrose_core::bundle::{
 };
 use penrose_core::evidence::SumEvidence;
 use penrose_core::evidence_file::{EvidenceFileHeader, entry_prefix};
-use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, Accumulator, PackedCiphertexts, PublicKey};
+use penrose_core::paillier::{
+    ACCUMULATOR_REPORT_BOUND, Accumulator, KeyId, PackedCiphertexts, PublicKey,
+};
 use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{Day, PackedBytes, WireError};
 use rand::RngCore;
@@ -313,88 +315,14 @@ enum Want<'a> {
 fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> {
     check_format(store)?;
     copies::check_home(store)?;
-    let mut snap = Snapshot {
-        instance: InstanceId::default(),
-        parent: None,
-        kind: EpochKind::Day,
-        seq: 0,
-        links: BTreeMap::new(),
-        closed: BTreeMap::new(),
-        exported: BTreeMap::new(),
-        elsewhere: std::collections::BTreeSet::new(),
-        cursor: Cursor(0),
-        merges: Vec::new(),
-        ash: Vec::new(),
-    };
+    let mut meta = MetaScan::default();
+    // A damaged record does not stop the scan; the last one found is the error.
     let mut bad: Option<ExportError> = None;
-    let mut instance = None;
-    let mut kind = None;
     store.scan(&[Table::Meta], &mut |table, k, v| {
-        let damaged = |what: &str| ExportError::Record(format!("damaged meta record {what}"));
-        match table {
-            Table::Meta if k == meta::INSTANCE => match <[u8; 16]>::try_from(v) {
-                Ok(b) => instance = Some(InstanceId(b)),
-                Err(_) => bad = Some(damaged("chain/instance")),
-            },
-            Table::Meta if k == meta::PARENT => match <[u8; 16]>::try_from(v) {
-                Ok(b) => snap.parent = Some(InstanceId(b)),
-                Err(_) => bad = Some(damaged("chain/parent")),
-            },
-            Table::Meta if k == epochs::keys::KIND => {
-                kind = v.first().copied().and_then(EpochKind::from_code);
-            }
-            Table::Meta if k == meta::CURSOR => match <[u8; 8]>::try_from(v) {
-                Ok(b) => snap.cursor = Cursor(u64::from_be_bytes(b)),
-                Err(_) => bad = Some(damaged("cursor")),
-            },
-            Table::Meta if k.starts_with(MERGE_PREFIX) => match decode_merge(k, v) {
-                Ok(merge) => snap.merges.push(merge),
-                Err(e) => bad = Some(ExportError::Record(e.to_string())),
-            },
-            Table::Meta if k == chain_keys::SEQ => match <[u8; 8]>::try_from(v) {
-                Ok(b) => snap.seq = u64::from_be_bytes(b),
-                Err(_) => bad = Some(damaged("chain/seq")),
-            },
-            Table::Meta if k.starts_with(chain_keys::LINK) => {
-                let seq = k[chain_keys::LINK.len()..]
-                    .try_into()
-                    .ok()
-                    .map(u64::from_be_bytes);
-                match (seq, LinkRecord::decode(v)) {
-                    (Some(seq), Some(link)) => {
-                        snap.links.insert(seq, link);
-                    }
-                    _ => bad = Some(damaged("chain/link")),
-                }
-            }
-            Table::Meta if k.starts_with(chain_keys::EXPORTED) => {
-                let id = k[chain_keys::EXPORTED.len()..]
-                    .try_into()
-                    .ok()
-                    .map(u32::from_be_bytes);
-                match (id, <[u8; 8]>::try_from(v)) {
-                    (Some(id), Ok(seq)) => {
-                        snap.exported.insert(EpochId(id), u64::from_be_bytes(seq));
-                    }
-                    _ => bad = Some(damaged("exported")),
-                }
-            }
-            Table::Meta if k.starts_with(copies::keys::ELSEWHERE) => {
-                match copies::decode_elsewhere_key(k) {
-                    Some(id) => {
-                        snap.elsewhere.insert(id);
-                    }
-                    None => bad = Some(damaged("copy/elsewhere")),
-                }
-            }
-            Table::Meta if k.starts_with(epochs::keys::RECORD) => match EpochRecord::decode(k, v) {
-                Some(r) if r.closed => {
-                    snap.closed.insert(r.id, r);
-                }
-                Some(_) => {}
-                None => bad = Some(damaged("epoch record")),
-            },
-            _ => {}
+        if matches!(table, Table::Meta)
+            && let Err(e) = meta.read(k, v)
+        {
+            bad = Some(e);
         }
         Ok(())
     })?;
@@ -402,32 +330,160 @@ fn snapshot(store: &dyn Store, want: Want<'_>) -> Result<Snapshot, ExportError> 
         return Err(e);
     }
     let wanted: Option<std::collections::BTreeSet<EpochId>> = match want {
-        Want::Unexported => Some(snap.unexported().into_iter().collect()),
+        Want::Unexported => Some(meta.snap.unexported().into_iter().collect()),
         Want::Epochs(ids) => Some(ids.iter().copied().collect()),
         Want::All => None,
     };
     if wanted.as_ref().is_none_or(|w| !w.is_empty()) {
-        store.scan(&[Table::Ash], &mut |_, k, v| {
-            match AshRecord::decode(k, v) {
-                Ok(record) => {
-                    if wanted
-                        .as_ref()
-                        .is_none_or(|w| w.contains(&record.key.epoch))
-                    {
-                        snap.ash.push(record);
-                    }
+        meta.snap.ash = read_sums(store, wanted.as_ref())?;
+    }
+    meta.finish()
+}
+
+/// The sums of the epochs in `wanted` (every sum for `None`); a stored sum that does not
+/// parse fails the read once the scan is done (the last such one is the error).
+fn read_sums(
+    store: &dyn Store,
+    wanted: Option<&std::collections::BTreeSet<EpochId>>,
+) -> Result<Vec<AshRecord>, ExportError> {
+    let mut ash = Vec::new();
+    let mut bad: Option<ExportError> = None;
+    store.scan(&[Table::Ash], &mut |_, k, v| {
+        match AshRecord::decode(k, v) {
+            Ok(record) => {
+                if wanted.is_none_or(|w| w.contains(&record.key.epoch)) {
+                    ash.push(record);
                 }
-                Err(e) => bad = Some(ExportError::Record(e.to_string())),
             }
-            Ok(())
-        })?;
+            Err(e) => bad = Some(ExportError::Record(e.to_string())),
+        }
+        Ok(())
+    })?;
+    match bad {
+        Some(e) => Err(e),
+        None => Ok(ash),
     }
-    if let Some(e) = bad {
-        return Err(e);
+}
+
+/// A snapshot as the meta table's scan fills it, before the instance id and the epoch kind
+/// (which every store holds) are known to be there.
+struct MetaScan {
+    snap: Snapshot,
+    instance: Option<InstanceId>,
+    kind: Option<EpochKind>,
+}
+
+impl Default for MetaScan {
+    fn default() -> Self {
+        Self {
+            snap: Snapshot {
+                instance: InstanceId::default(),
+                parent: None,
+                kind: EpochKind::Day,
+                seq: 0,
+                links: BTreeMap::new(),
+                closed: BTreeMap::new(),
+                exported: BTreeMap::new(),
+                elsewhere: std::collections::BTreeSet::new(),
+                cursor: Cursor(0),
+                merges: Vec::new(),
+                ash: Vec::new(),
+            },
+            instance: None,
+            kind: None,
+        }
     }
-    snap.instance = instance.ok_or_else(|| ExportError::Record("no instance id".into()))?;
-    snap.kind = kind.ok_or_else(|| ExportError::Record("no epoch kind".into()))?;
-    Ok(snap)
+}
+
+/// A meta record whose value does not decode.
+fn damaged(what: &str) -> ExportError {
+    ExportError::Record(format!("damaged meta record {what}"))
+}
+
+/// The value `v` as `N` bytes, or the damaged record `what`.
+fn fixed<const N: usize>(v: &[u8], what: &str) -> Result<[u8; N], ExportError> {
+    <[u8; N]>::try_from(v).map_err(|_| damaged(what))
+}
+
+impl MetaScan {
+    /// Takes in one meta record (the others are of no concern to export).
+    fn read(&mut self, k: &[u8], v: &[u8]) -> Result<(), ExportError> {
+        let snap = &mut self.snap;
+        if k == meta::INSTANCE {
+            self.instance = Some(InstanceId(fixed(v, "chain/instance")?));
+        } else if k == meta::PARENT {
+            snap.parent = Some(InstanceId(fixed(v, "chain/parent")?));
+        } else if k == epochs::keys::KIND {
+            self.kind = v.first().copied().and_then(EpochKind::from_code);
+        } else if k == meta::CURSOR {
+            snap.cursor = Cursor(u64::from_be_bytes(fixed(v, "cursor")?));
+        } else if k.starts_with(MERGE_PREFIX) {
+            let merge = decode_merge(k, v).map_err(|e| ExportError::Record(e.to_string()))?;
+            snap.merges.push(merge);
+        } else if k == chain_keys::SEQ {
+            snap.seq = u64::from_be_bytes(fixed(v, "chain/seq")?);
+        } else if k.starts_with(chain_keys::LINK) {
+            self.read_link(k, v)?;
+        } else if k.starts_with(chain_keys::EXPORTED) {
+            self.read_exported(k, v)?;
+        } else if k.starts_with(copies::keys::ELSEWHERE) {
+            let id = copies::decode_elsewhere_key(k).ok_or_else(|| damaged("copy/elsewhere"))?;
+            snap.elsewhere.insert(id);
+        } else if k.starts_with(epochs::keys::RECORD) {
+            match EpochRecord::decode(k, v) {
+                Some(r) if r.closed => {
+                    snap.closed.insert(r.id, r);
+                }
+                Some(_) => {}
+                None => return Err(damaged("epoch record")),
+            }
+        }
+        Ok(())
+    }
+
+    /// A bundle's link record: `chain/link/` + seq.
+    fn read_link(&mut self, k: &[u8], v: &[u8]) -> Result<(), ExportError> {
+        let seq = k[chain_keys::LINK.len()..]
+            .try_into()
+            .ok()
+            .map(u64::from_be_bytes);
+        match (seq, LinkRecord::decode(v)) {
+            (Some(seq), Some(link)) => {
+                self.snap.links.insert(seq, link);
+                Ok(())
+            }
+            _ => Err(damaged("chain/link")),
+        }
+    }
+
+    /// The bundle an epoch was exported in: `exported/` + epoch id.
+    fn read_exported(&mut self, k: &[u8], v: &[u8]) -> Result<(), ExportError> {
+        let id = k[chain_keys::EXPORTED.len()..]
+            .try_into()
+            .ok()
+            .map(u32::from_be_bytes);
+        match (id, <[u8; 8]>::try_from(v)) {
+            (Some(id), Ok(seq)) => {
+                self.snap
+                    .exported
+                    .insert(EpochId(id), u64::from_be_bytes(seq));
+                Ok(())
+            }
+            _ => Err(damaged("exported")),
+        }
+    }
+
+    /// The snapshot, once the instance id and the epoch kind are known to be there.
+    fn finish(self) -> Result<Snapshot, ExportError> {
+        let mut snap = self.snap;
+        snap.instance = self
+            .instance
+            .ok_or_else(|| ExportError::Record("no instance id".into()))?;
+        snap.kind = self
+            .kind
+            .ok_or_else(|| ExportError::Record("no epoch kind".into()))?;
+        Ok(snap)
+    }
 }
 
 /// What one bundle applies: the merges up to its cursor, and those it is the first to apply.
@@ -452,6 +508,44 @@ fn build(
         Threshold::new(rule.threshold).map_err(|e| ExportError::Record(e.to_string()))?;
     let cap = ReportsPerContributor::for_servers(rule.cap)
         .map_err(|e| ExportError::Record(e.to_string()))?;
+    let mut summaries = epoch_summaries(snap, epochs)?;
+    let records = snap
+        .ash
+        .iter()
+        .filter(|r| summaries.contains_key(&r.key.epoch));
+    let grouping = Grouping {
+        threshold,
+        cap,
+        summaries: &summaries.clone(),
+    };
+    let released = combine(keys, records, &merges.map, Some(&grouping))?;
+    let mut entries = withhold(released, &mut summaries, threshold, cap);
+    let listed = list_keys(keys, &mut entries)?;
+    entries.sort_by_key(|r| r.entry.key());
+    let (entries, made_of) = entries.into_iter().map(|r| (r.entry, r.made_of)).unzip();
+    let bundle = Bundle {
+        signer: [0; 32],
+        keys: listed,
+        link: ChainLink {
+            instance: snap.instance,
+            parent: snap.parent,
+            seq,
+            prev,
+        },
+        day,
+        rule,
+        epochs: summaries.into_values().collect(),
+        entries,
+        merges: merges.new,
+    };
+    Ok(Built { bundle, made_of })
+}
+
+/// The summary of each of `epochs` (closed ones), nothing withheld yet.
+fn epoch_summaries(
+    snap: &Snapshot,
+    epochs: &[EpochId],
+) -> Result<BTreeMap<EpochId, EpochSummary>, ExportError> {
     let mut summaries: BTreeMap<EpochId, EpochSummary> = BTreeMap::new();
     for id in epochs {
         let record = snap
@@ -471,17 +565,19 @@ fn build(
             },
         );
     }
+    Ok(summaries)
+}
+
+/// The sums that meet the threshold for their epoch's days; the others are counted as
+/// withheld in their epoch's summary (a sum of an epoch without one is dropped).
+fn withhold(
+    released: Vec<Released>,
+    summaries: &mut BTreeMap<EpochId, EpochSummary>,
+    threshold: Threshold,
+    cap: ReportsPerContributor,
+) -> Vec<Released> {
     let mut entries = Vec::new();
-    let records = snap
-        .ash
-        .iter()
-        .filter(|r| summaries.contains_key(&r.key.epoch));
-    let grouping = Grouping {
-        threshold,
-        cap,
-        summaries: &summaries.clone(),
-    };
-    for released in combine(keys, records, &merges.map, Some(&grouping))? {
+    for released in released {
         let entry = &released.entry;
         let Some(summary) = summaries.get_mut(&entry.epoch) else {
             continue;
@@ -493,8 +589,12 @@ fn build(
         }
         entries.push(released);
     }
-    // The bundle lists the keys its entries are under, by slot; an entry's slot becomes its
-    // index in that list.
+    entries
+}
+
+/// The keys the bundle lists, by slot: those its entries are under (the newest key when it
+/// has none); each entry's slot becomes its index in that list.
+fn list_keys(keys: &[PublicKey], entries: &mut [Released]) -> Result<Vec<KeyId>, ExportError> {
     let mut slots: Vec<u8> = entries.iter().map(|r| r.entry.key).collect();
     slots.sort_unstable();
     slots.dedup();
@@ -511,30 +611,13 @@ fn build(
                 .ok_or_else(|| ExportError::Record(format!("no design key in slot {slot}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for r in &mut entries {
+    for r in entries.iter_mut() {
         r.entry.key = slots
             .iter()
             .position(|&s| s == r.entry.key)
             .unwrap_or_default() as u8;
     }
-    entries.sort_by_key(|r| r.entry.key());
-    let (entries, made_of) = entries.into_iter().map(|r| (r.entry, r.made_of)).unzip();
-    let bundle = Bundle {
-        signer: [0; 32],
-        keys: listed,
-        link: ChainLink {
-            instance: snap.instance,
-            parent: snap.parent,
-            seq,
-            prev,
-        },
-        day,
-        rule,
-        epochs: summaries.into_values().collect(),
-        entries,
-        merges: merges.new,
-    };
-    Ok(Built { bundle, made_of })
+    Ok(listed)
 }
 
 /// A bundle as built, and what each of its entries was made of.
@@ -586,7 +669,45 @@ impl<'a> Piece<'a> {
             made_of: vec![(record.key, record.generation)],
         }
     }
+
+    /// The released sum it makes: generation `generation` of class `root` under the key in
+    /// `slot`.
+    fn released(
+        self,
+        key: &PublicKey,
+        root: penrose_core::bundle::ClassId,
+        slot: KeySlot,
+        generation: Generation,
+    ) -> Result<Released, ExportError> {
+        let first = self.first;
+        let entry = BundleEntry {
+            epoch: first.key.epoch,
+            class: root,
+            arch: first.key.arch,
+            key: slot.0,
+            catalogue: first.key.catalogue,
+            counter: first.key.counter,
+            generation,
+            reports: self.reports,
+            samples: self.samples,
+            sums: PackedBytes::new(self.sum.to_bytes(), key.size().ciphertexts_per_histogram())?,
+        };
+        Ok(Released {
+            entry,
+            made_of: self.made_of,
+        })
+    }
 }
+
+/// The sums of one (epoch, surviving class, architecture, key slot, catalogue, counter).
+type SumGroup = (
+    EpochId,
+    penrose_core::bundle::ClassId,
+    penrose_core::gpu::GpuArch,
+    KeySlot,
+    u16,
+    u16,
+);
 
 /// The sums `records` stand for with every class resolved through `map`: per (epoch, class,
 /// architecture, catalogue, counter) the surviving class's generations (sub-sums), then each
@@ -603,15 +724,7 @@ fn combine<'a>(
     map: &ClassMap,
     grouping: Option<&Grouping>,
 ) -> Result<Vec<Released>, ExportError> {
-    type Group = (
-        EpochId,
-        penrose_core::bundle::ClassId,
-        penrose_core::gpu::GpuArch,
-        KeySlot,
-        u16,
-        u16,
-    );
-    let mut groups: BTreeMap<Group, Vec<&AshRecord>> = BTreeMap::new();
+    let mut groups: BTreeMap<SumGroup, Vec<&AshRecord>> = BTreeMap::new();
     for r in records {
         let root = map.root(r.key.class);
         groups
@@ -627,55 +740,49 @@ fn combine<'a>(
             .push(r);
     }
     let mut out = Vec::new();
-    for ((epoch, root, _, slot, _, _), mut pieces) in groups {
+    for ((epoch, root, _, slot, _, _), pieces) in groups {
         let key = keys
             .get(usize::from(slot.0))
             .ok_or_else(|| ExportError::Record(format!("no design key in slot {}", slot.0)))?;
-        // The survivor's own first, then the absorbed classes', each by generation.
-        pieces.sort_by_key(|r| (r.key.class != root, r.key.class, r.generation));
-        let joins = |last: &Piece, r: &AshRecord| match grouping {
-            Some(rule) => !rule.releasable(last.reports, epoch),
-            None => r.key.class != root,
-        };
-        let mut sums: Vec<Piece> = Vec::new();
-        for r in pieces {
-            let piece = Piece::of(r, decrypted_form(key, r)?);
-            match sums.last_mut() {
-                Some(last)
-                    if last.reports + r.reports <= ACCUMULATOR_REPORT_BOUND && joins(last, r) =>
-                {
-                    add_into(key, last, piece)?;
-                }
-                _ => sums.push(piece),
-            }
-        }
-        if let Some(rule) = grouping {
-            fold_short_last(key, &mut sums, |reports| rule.releasable(reports, epoch))?;
-        }
+        let sums = add_up(key, epoch, root, pieces, grouping)?;
         for (generation, piece) in sums.into_iter().enumerate() {
-            let first = piece.first;
-            let entry = BundleEntry {
-                epoch: first.key.epoch,
-                class: root,
-                arch: first.key.arch,
-                key: slot.0,
-                catalogue: first.key.catalogue,
-                counter: first.key.counter,
-                generation: Generation(generation as u32),
-                reports: piece.reports,
-                samples: piece.samples,
-                sums: PackedBytes::new(
-                    piece.sum.to_bytes(),
-                    key.size().ciphertexts_per_histogram(),
-                )?,
-            };
-            out.push(Released {
-                entry,
-                made_of: piece.made_of,
-            });
+            out.push(piece.released(key, root, slot, Generation(generation as u32))?);
         }
     }
     Ok(out)
+}
+
+/// One group's stored sums (`pieces`, of `epoch` under surviving class `root`) added up into
+/// the sums it releases, as [`combine`] says.
+fn add_up<'a>(
+    key: &PublicKey,
+    epoch: EpochId,
+    root: penrose_core::bundle::ClassId,
+    mut pieces: Vec<&'a AshRecord>,
+    grouping: Option<&Grouping>,
+) -> Result<Vec<Piece<'a>>, ExportError> {
+    // The survivor's own first, then the absorbed classes', each by generation.
+    pieces.sort_by_key(|r| (r.key.class != root, r.key.class, r.generation));
+    let joins = |last: &Piece, r: &AshRecord| match grouping {
+        Some(rule) => !rule.releasable(last.reports, epoch),
+        None => r.key.class != root,
+    };
+    let mut sums: Vec<Piece> = Vec::new();
+    for r in pieces {
+        let piece = Piece::of(r, decrypted_form(key, r)?);
+        match sums.last_mut() {
+            Some(last)
+                if last.reports + r.reports <= ACCUMULATOR_REPORT_BOUND && joins(last, r) =>
+            {
+                add_into(key, last, piece)?;
+            }
+            _ => sums.push(piece),
+        }
+    }
+    if let Some(rule) = grouping {
+        fold_short_last(key, &mut sums, |reports| rule.releasable(reports, epoch))?;
+    }
+    Ok(sums)
 }
 
 /// Adds `piece` into `into` homomorphically.

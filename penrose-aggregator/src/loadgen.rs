@@ -466,11 +466,88 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
     let key = PublicKey::from_bytes(&key_bytes)
         .with_context(|| format!("{} is not a Penrose public key", args.public_key.display()))?;
     let trust = Trust::load_pinned(&args.cert).context("loading the server certificate")?;
-    let dir = args.traces.clone().unwrap_or_else(TraceFolder::default_dir);
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ 0x736e_6970);
-    // Every report's snippet, founders (with --fleet-apps) first.
-    let (snippets, founders, distinct, traces) = match args.fleet_apps {
-        None => {
+    let snippets = Snippets::draw(args)?;
+    let total = snippets.founders + args.reports;
+    let pool = encrypt_pool(&key, args.pool, total, args.seed)?;
+    let ciphertexts = pool.all_ciphertexts(&key, total)?;
+    drop(pool);
+    let counters = counter_plan(args.seed, total)?;
+    let day = penrose_host::clock::today();
+    let minting = Instant::now();
+    let tokens: Option<Vec<Token>> = match &args.token_keys {
+        Some(path) => {
+            let ring = crate::admission::read_key_ring(path)?;
+            Some(mint_tokens(&ring, day, &counters, args.seed)?)
+        }
+        None => None,
+    };
+    let minting_seconds = minting.elapsed().as_secs_f64();
+    let clients = connect(args, &trust).await?;
+    let plan = Arc::new(Plan {
+        clients,
+        snippets: snippets.snippets,
+        ciphertexts,
+        counters,
+        tokens,
+        key_id: key.key_id(),
+        day,
+    });
+    // The founders found the fleet's classes before the timed phase, all valid.
+    let founding = Instant::now();
+    let sent_founders = if args.founded { 0 } else { snippets.founders };
+    let founded = send_phase(&plan, 0..sent_founders, u64::MAX, args, "founders").await?;
+    let founding_seconds = founding.elapsed().as_secs_f64();
+    ensure!(
+        founded.tally.accepted.load(Ordering::Relaxed) == sent_founders,
+        "the server accepted {} of {sent_founders} founders (is its new-class budget large \
+         enough?)",
+        founded.tally.accepted.load(Ordering::Relaxed)
+    );
+    let invalid_every = if args.invalid_share > 0.0 {
+        (1.0 / args.invalid_share).round().max(1.0) as u64
+    } else {
+        u64::MAX
+    };
+    let start = Instant::now();
+    let timed = send_phase(
+        &plan,
+        snippets.founders..total,
+        invalid_every,
+        args,
+        "reports",
+    )
+    .await?;
+    let seconds = start.elapsed().as_secs_f64();
+    for client in &plan.clients {
+        client.close().await;
+    }
+    let before = BeforeTimed {
+        distinct: snippets.distinct,
+        traces: snippets.traces,
+        sent_founders,
+        founding_seconds,
+        minting_seconds,
+    };
+    Ok(outcome(args, timed, seconds, invalid_every, &before))
+}
+
+/// Every report's snippet and architecture, founders (with `--fleet-apps`) first.
+struct Snippets {
+    snippets: Vec<(Fingerprint, GpuArch)>,
+    /// Founding reports: one per fleet application (0 without a fleet).
+    founders: u64,
+    /// Distinct snippet hashes drawn from.
+    distinct: usize,
+    /// Traces they came from (0 with a synthetic fleet).
+    traces: usize,
+}
+
+impl Snippets {
+    /// Windows of the traces, or a synthetic fleet's founders and fresh snippets.
+    fn draw(args: &Args) -> Result<Self> {
+        let dir = args.traces.clone().unwrap_or_else(TraceFolder::default_dir);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ 0x736e_6970);
+        let Some(apps) = args.fleet_apps else {
             let windows = trace_snippets(&dir, args.windows, args.window_len, args.seed)?;
             let traces = windows
                 .iter()
@@ -485,49 +562,48 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
                     )
                 })
                 .collect();
-            (snippets, 0, windows.len(), traces)
-        }
-        Some(apps) => {
-            let profile = SimilarityProfile::from_traces(&dir, 12, args.window_len, args.seed)?;
-            let fleet = SyntheticFleet::new(apps, args.new_app_share, profile, args.seed)?;
-            let mut snippets: Vec<(Fingerprint, GpuArch)> = (0..apps)
-                .map(|app| fleet.founder(app, &mut rng))
-                .map(|d| (d.fingerprint, d.arch))
-                .collect();
-            let mut seen: std::collections::HashSet<_> =
-                snippets.iter().map(|(f, _)| f.hash).collect();
-            snippets.extend(
-                (0..args.reports)
-                    .map(|_| fleet.draw_fresh(&mut seen, &mut rng))
-                    .map(|d| (d.fingerprint, d.arch)),
-            );
-            let total = snippets.len();
-            (snippets, u64::from(apps), total, 0)
-        }
-    };
-    let total = founders + args.reports;
-    let pool = encrypt_pool(&key, args.pool, total, args.seed)?;
-    let ciphertexts = pool.all_ciphertexts(&key, total)?;
-    drop(pool);
+            return Ok(Self {
+                snippets,
+                founders: 0,
+                distinct: windows.len(),
+                traces,
+            });
+        };
+        let profile = SimilarityProfile::from_traces(&dir, 12, args.window_len, args.seed)?;
+        let fleet = SyntheticFleet::new(apps, args.new_app_share, profile, args.seed)?;
+        let mut snippets: Vec<(Fingerprint, GpuArch)> = (0..apps)
+            .map(|app| fleet.founder(app, &mut rng))
+            .map(|d| (d.fingerprint, d.arch))
+            .collect();
+        let mut seen: std::collections::HashSet<_> = snippets.iter().map(|(f, _)| f.hash).collect();
+        snippets.extend(
+            (0..args.reports)
+                .map(|_| fleet.draw_fresh(&mut seen, &mut rng))
+                .map(|d| (d.fingerprint, d.arch)),
+        );
+        let distinct = snippets.len();
+        Ok(Self {
+            snippets,
+            founders: u64::from(apps),
+            distinct,
+            traces: 0,
+        })
+    }
+}
+
+/// Every report's counter, chosen up front so that tokens can be minted for it.
+fn counter_plan(seed: u64, total: u64) -> Result<Vec<CounterId>> {
     let counters: Vec<CounterId> = Catalogue::current().report_ids().collect();
     ensure!(!counters.is_empty(), "the catalogue has no counters");
-    // Every report's counter, chosen up front so that tokens can be minted for it.
-    let plan: Vec<CounterId> = {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ 0x706c_616e);
-        (0..total)
-            .map(|_| counters[rng.random_range(0..counters.len())])
-            .collect()
-    };
-    let day = penrose_host::clock::today();
-    let minting = Instant::now();
-    let tokens: Option<Vec<Token>> = match &args.token_keys {
-        Some(path) => {
-            let ring = crate::admission::read_key_ring(path)?;
-            Some(mint_tokens(&ring, day, &plan, args.seed)?)
-        }
-        None => None,
-    };
-    let minting_seconds = minting.elapsed().as_secs_f64();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x706c_616e);
+    Ok((0..total)
+        .map(|_| counters[rng.random_range(0..counters.len())])
+        .collect())
+}
+
+/// The clients reports are sent with: `--connections` shared connections, or one client
+/// that dials a fresh connection per report.
+async fn connect(args: &Args, trust: &Trust) -> Result<Vec<Client>> {
     let mut clients = Vec::with_capacity(args.connections);
     match args.connection_mode {
         ConnectionMode::Shared => {
@@ -556,37 +632,27 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
             clients.push(Client::new(config).context("making the client")?);
         }
     }
-    let plan = Arc::new(Plan {
-        clients,
-        snippets,
-        ciphertexts,
-        counters: plan,
-        tokens,
-        key_id: key.key_id(),
-        day,
-    });
-    // The founders found the fleet's classes before the timed phase, all valid.
-    let founding = Instant::now();
-    let sent_founders = if args.founded { 0 } else { founders };
-    let founded = send_phase(&plan, 0..sent_founders, u64::MAX, args, "founders").await?;
-    let founding_seconds = founding.elapsed().as_secs_f64();
-    ensure!(
-        founded.tally.accepted.load(Ordering::Relaxed) == sent_founders,
-        "the server accepted {} of {sent_founders} founders (is its new-class budget large \
-         enough?)",
-        founded.tally.accepted.load(Ordering::Relaxed)
-    );
-    let invalid_every = if args.invalid_share > 0.0 {
-        (1.0 / args.invalid_share).round().max(1.0) as u64
-    } else {
-        u64::MAX
-    };
-    let start = Instant::now();
-    let timed = send_phase(&plan, founders..total, invalid_every, args, "reports").await?;
-    let seconds = start.elapsed().as_secs_f64();
-    for client in &plan.clients {
-        client.close().await;
-    }
+    Ok(clients)
+}
+
+/// What a run did before its timed phase, as its outcome reports it.
+struct BeforeTimed {
+    distinct: usize,
+    traces: usize,
+    sent_founders: u64,
+    founding_seconds: f64,
+    minting_seconds: f64,
+}
+
+/// The run's outcome from its timed phase (`seconds` long, every `invalid_every`-th report
+/// invalid) and what came before it.
+fn outcome(
+    args: &Args,
+    timed: Phase,
+    seconds: f64,
+    invalid_every: u64,
+    before: &BeforeTimed,
+) -> Outcome {
     let mut latencies = timed.latencies;
     latencies.sort_unstable();
     let quantile = |q: f64| -> f64 {
@@ -608,7 +674,7 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         + get(&tally.rejected_valid)
         + get(&tally.rejected_invalid)
         + get(&tally.invalid_accepted);
-    Ok(Outcome {
+    Outcome {
         reports: args.reports,
         valid: args.reports - invalid,
         invalid,
@@ -630,15 +696,15 @@ pub async fn generate(args: &Args) -> Result<Outcome> {
         ]
         .into_iter()
         .collect(),
-        snippets: distinct,
-        traces,
+        snippets: before.distinct,
+        traces: before.traces,
         fleet_apps: args.fleet_apps,
-        founders: sent_founders,
-        founding_seconds,
+        founders: before.sent_founders,
+        founding_seconds: before.founding_seconds,
         tokens: args.token_keys.is_some(),
-        minting_seconds,
+        minting_seconds: before.minting_seconds,
         connection_mode: args.connection_mode,
-    })
+    }
 }
 
 /// Everything a run sends, by report index (founders first).
@@ -650,6 +716,30 @@ struct Plan {
     tokens: Option<Vec<Token>>,
     key_id: KeyId,
     day: Day,
+}
+
+impl Plan {
+    /// Report `i` of the plan, with a fresh random report id and no token yet.
+    fn report(&self, i: u64) -> Report {
+        let (snippet, arch) = self.snippets[i as usize];
+        let (ciphertexts, samples) = self.ciphertexts[i as usize].clone();
+        let mut id = [0u8; 16];
+        rand::rng().fill_bytes(&mut id);
+        Report {
+            key_id: self.key_id,
+            report_id: ReportId(id),
+            snippet: snippet.hash,
+            locator: snippet.locator,
+            arch,
+            counter: self.counters[i as usize],
+            catalogue: Catalogue::current().version,
+            day: self.day,
+            samples,
+            ciphertexts,
+            token: None,
+            evidence: None,
+        }
+    }
 }
 
 /// What one phase saw.
@@ -668,110 +758,29 @@ async fn send_phase(
     args: &Args,
     label: &str,
 ) -> Result<Phase> {
-    let bar = if args.json || range.is_empty() {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new(range.end - range.start);
-        if let Ok(style) = ProgressStyle::with_template(&format!(
-            "{label} [{{bar:30}}] {{pos}}/{{len}} {{per_sec}} {{msg}}"
-        )) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar
+    let senders = Senders {
+        plan: Arc::clone(plan),
+        tally: Arc::new(Tally::default()),
+        reasons: Arc::new(std::sync::Mutex::new(BTreeMap::new())),
+        next: Arc::new(AtomicU64::new(range.start)),
+        bar: progress_bar(args, &range, label),
     };
-    let tally = Arc::new(Tally::default());
-    let reasons = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
-    let next = Arc::new(AtomicU64::new(range.start));
     let mut tasks = Vec::with_capacity(args.clients);
     for task in 0..args.clients {
-        let (plan, tally, reasons, next, bar) = (
-            Arc::clone(plan),
-            Arc::clone(&tally),
-            Arc::clone(&reasons),
-            Arc::clone(&next),
-            bar.clone(),
-        );
-        let (end, first) = (range.end, range.start);
-        tasks.push(tokio::spawn(async move {
-            let client = &plan.clients[task % plan.clients.len()];
-            let mut latencies = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= end {
-                    break;
-                }
-                let (snippet, arch) = plan.snippets[i as usize];
-                let (ciphertexts, samples) = plan.ciphertexts[i as usize].clone();
-                let mut id = [0u8; 16];
-                rand::rng().fill_bytes(&mut id);
-                let mut report = Report {
-                    key_id: plan.key_id,
-                    report_id: ReportId(id),
-                    snippet: snippet.hash,
-                    locator: snippet.locator,
-                    arch,
-                    counter: plan.counters[i as usize],
-                    catalogue: Catalogue::current().version,
-                    day: plan.day,
-                    samples,
-                    ciphertexts,
-                    token: None,
-                    evidence: None,
-                };
-                let nth = i - first;
-                let invalid = nth % invalid_every == invalid_every - 1;
-                let sent = Instant::now();
-                // Spending the token is the sender's work, inside the timed phase.
-                if let Some(token) = plan.tokens.as_ref().and_then(|t| t.get(i as usize)) {
-                    let redemption = token.redeem(&report.token_binding());
-                    report.token = Some(AdmissionToken(redemption.encode()));
-                }
-                let ack = if invalid {
-                    client
-                        .send_raw(&invalid_frame(
-                            nth / invalid_every,
-                            report,
-                            plan.tokens.is_some(),
-                        ))
-                        .await
-                } else {
-                    client.send(&report).await
-                };
-                latencies.push(sent.elapsed());
-                match (ack.map(|a| a.status), invalid) {
-                    (Ok(AckStatus::Accepted), false) => {
-                        tally.accepted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (Ok(AckStatus::Duplicate), false) => {
-                        tally.duplicate.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (Ok(AckStatus::Rejected(r)), invalid) => {
-                        let counter = if invalid {
-                            &tally.rejected_invalid
-                        } else {
-                            &tally.rejected_valid
-                        };
-                        counter.fetch_add(1, Ordering::Relaxed);
-                        if let Ok(mut reasons) = reasons.lock() {
-                            *reasons.entry(reason_label(r).to_string()).or_default() += 1;
-                        }
-                    }
-                    (Ok(_), true) => {
-                        tally.invalid_accepted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (Err(_), _) => {
-                        tally.errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                bar.inc(1);
-            }
-            latencies
-        }));
+        let senders = senders.clone();
+        let range = range.clone();
+        tasks.push(tokio::spawn(senders.send(task, range, invalid_every)));
     }
     let mut latencies = Vec::with_capacity((range.end - range.start) as usize);
     for task in tasks {
         latencies.extend(task.await?);
     }
+    let Senders {
+        tally,
+        reasons,
+        bar,
+        ..
+    } = senders;
     bar.finish_and_clear();
     let reasons = reasons.lock().map(|r| r.clone()).unwrap_or_default();
     let tally = Arc::try_unwrap(tally).unwrap_or_default();
@@ -780,4 +789,99 @@ async fn send_phase(
         reasons,
         latencies,
     })
+}
+
+/// A phase's progress bar, labelled `label` (hidden with `--json` or nothing to send).
+fn progress_bar(args: &Args, range: &std::ops::Range<u64>, label: &str) -> ProgressBar {
+    if args.json || range.is_empty() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(range.end - range.start);
+    if let Ok(style) = ProgressStyle::with_template(&format!(
+        "{label} [{{bar:30}}] {{pos}}/{{len}} {{per_sec}} {{msg}}"
+    )) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// What the sending tasks of one phase share: the plan, the next report to send, and what
+/// the acks said.
+#[derive(Clone)]
+struct Senders {
+    plan: Arc<Plan>,
+    tally: Arc<Tally>,
+    reasons: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    next: Arc<AtomicU64>,
+    bar: ProgressBar,
+}
+
+impl Senders {
+    /// Task `task`'s loop: takes the next report of `range` until none is left, sends it on
+    /// its client (invalid every `invalid_every`-th) and counts the ack; returns each
+    /// report's latency from send to ack.
+    async fn send(
+        self,
+        task: usize,
+        range: std::ops::Range<u64>,
+        invalid_every: u64,
+    ) -> Vec<std::time::Duration> {
+        let client = &self.plan.clients[task % self.plan.clients.len()];
+        let mut latencies = Vec::new();
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= range.end {
+                break;
+            }
+            let mut report = self.plan.report(i);
+            let nth = i - range.start;
+            let invalid = nth % invalid_every == invalid_every - 1;
+            let sent = Instant::now();
+            // Spending the token is the sender's work, inside the timed phase.
+            if let Some(token) = self.plan.tokens.as_ref().and_then(|t| t.get(i as usize)) {
+                let redemption = token.redeem(&report.token_binding());
+                report.token = Some(AdmissionToken(redemption.encode()));
+            }
+            let ack = if invalid {
+                let frame = invalid_frame(nth / invalid_every, report, self.plan.tokens.is_some());
+                client.send_raw(&frame).await
+            } else {
+                client.send(&report).await
+            };
+            latencies.push(sent.elapsed());
+            self.count(ack.map(|a| a.status), invalid);
+            self.bar.inc(1);
+        }
+        latencies
+    }
+
+    /// Counts one ack (or transport failure) of a valid or `invalid` report.
+    fn count<E>(&self, status: Result<AckStatus, E>, invalid: bool) {
+        let tally = &self.tally;
+        match (status, invalid) {
+            (Ok(AckStatus::Accepted), false) => {
+                tally.accepted.fetch_add(1, Ordering::Relaxed);
+            }
+            (Ok(AckStatus::Duplicate), false) => {
+                tally.duplicate.fetch_add(1, Ordering::Relaxed);
+            }
+            (Ok(AckStatus::Rejected(r)), invalid) => {
+                let counter = if invalid {
+                    &tally.rejected_invalid
+                } else {
+                    &tally.rejected_valid
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut reasons) = self.reasons.lock() {
+                    *reasons.entry(reason_label(r).to_string()).or_default() += 1;
+                }
+            }
+            (Ok(_), true) => {
+                tally.invalid_accepted.fetch_add(1, Ordering::Relaxed);
+            }
+            (Err(_), _) => {
+                tally.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }

@@ -289,6 +289,11 @@ fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
     metric(out, name, "gauge", help, &[(String::new(), value)]);
 }
 
+/// One counter without labels.
+fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    metric(out, name, "counter", help, &[(String::new(), value)]);
+}
+
 /// The store's bytes and keys per table.
 fn render_store(out: &mut String, sizes: &[TableSize]) {
     let bytes: Vec<(String, u64)> = sizes
@@ -322,108 +327,89 @@ fn render_store(out: &mut String, sizes: &[TableSize]) {
 /// in the Prometheus text format, to follow [`Metrics::render`] on the metrics page.
 pub fn render_transport(stats: &penrose_transport::ServerStats) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# HELP penrose_transport_connections_total Connection attempts by what became of them."
+    metric(
+        &mut out,
+        "penrose_transport_connections_total",
+        "counter",
+        "Connection attempts by what became of them.",
+        &outcomes(&[
+            ("accepted", stats.connections_accepted),
+            ("retry_sent", stats.retries_sent),
+            ("refused_source_open", stats.refused_source_open),
+            ("refused_source_rate", stats.refused_source_rate),
+            ("refused_server_full", stats.connections_refused),
+            ("handshake_timeout", stats.handshake_timeouts),
+            ("handshake_failed", stats.handshakes_failed),
+        ]),
     );
-    let _ = writeln!(out, "# TYPE penrose_transport_connections_total counter");
-    for (outcome, value) in [
-        ("accepted", stats.connections_accepted),
-        ("retry_sent", stats.retries_sent),
-        ("refused_source_open", stats.refused_source_open),
-        ("refused_source_rate", stats.refused_source_rate),
-        ("refused_server_full", stats.connections_refused),
-        ("handshake_timeout", stats.handshake_timeouts),
-        ("handshake_failed", stats.handshakes_failed),
-    ] {
-        let _ = writeln!(
-            out,
-            "penrose_transport_connections_total{{outcome=\"{outcome}\"}} {value}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP penrose_transport_connections_open Connections open now (handshake done)."
+    gauge(
+        &mut out,
+        "penrose_transport_connections_open",
+        "Connections open now (handshake done).",
+        stats.connections_open,
     );
-    let _ = writeln!(out, "# TYPE penrose_transport_connections_open gauge");
-    let _ = writeln!(
-        out,
-        "penrose_transport_connections_open {}",
-        stats.connections_open
+    gauge(
+        &mut out,
+        "penrose_transport_udp_receive_buffer_bytes",
+        "UDP receive buffer the kernel granted (udp_receive_buffer asks; net.core.rmem_max caps).",
+        stats.udp_receive_buffer,
     );
-    let _ = writeln!(
-        out,
-        "# HELP penrose_transport_udp_receive_buffer_bytes UDP receive buffer the kernel granted (udp_receive_buffer asks; net.core.rmem_max caps)."
+    counter(
+        &mut out,
+        "penrose_transport_udp_drops_total",
+        "Datagrams the kernel dropped at the full UDP receive buffer (each sent again, late).",
+        stats.udp_drops,
     );
-    let _ = writeln!(
-        out,
-        "# TYPE penrose_transport_udp_receive_buffer_bytes gauge"
+    metric(
+        &mut out,
+        "penrose_transport_streams_total",
+        "counter",
+        "Report streams by what became of them.",
+        &outcomes(&[
+            ("opened", stats.streams),
+            ("handled", stats.frames_handled),
+            ("too_large", stats.frames_too_large),
+            ("malformed", stats.frames_malformed),
+            ("read_timeout", stats.read_timeouts),
+            ("error", stats.stream_errors),
+            ("paced", stats.streams_paced),
+            ("acked", stats.acks_sent),
+        ]),
     );
-    let _ = writeln!(
-        out,
-        "penrose_transport_udp_receive_buffer_bytes {}",
-        stats.udp_receive_buffer
-    );
-    let _ = writeln!(
-        out,
-        "# HELP penrose_transport_udp_drops_total Datagrams the kernel dropped at the full UDP receive buffer (each sent again, late)."
-    );
-    let _ = writeln!(out, "# TYPE penrose_transport_udp_drops_total counter");
-    let _ = writeln!(out, "penrose_transport_udp_drops_total {}", stats.udp_drops);
-    let _ = writeln!(
-        out,
-        "# HELP penrose_transport_streams_total Report streams by what became of them."
-    );
-    let _ = writeln!(out, "# TYPE penrose_transport_streams_total counter");
-    for (outcome, value) in [
-        ("opened", stats.streams),
-        ("handled", stats.frames_handled),
-        ("too_large", stats.frames_too_large),
-        ("malformed", stats.frames_malformed),
-        ("read_timeout", stats.read_timeouts),
-        ("error", stats.stream_errors),
-        ("paced", stats.streams_paced),
-        ("acked", stats.acks_sent),
-    ] {
-        let _ = writeln!(
-            out,
-            "penrose_transport_streams_total{{outcome=\"{outcome}\"}} {value}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP penrose_transport_carrier_streams_total TCP streams on the stream port (--stream-listen, where Tor exits deliver) by what became of them."
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE penrose_transport_carrier_streams_total counter"
-    );
-    let c = &stats.carrier;
-    for (outcome, value) in [
-        ("accepted", c.streams),
-        ("refused_server_full", c.streams_refused),
-        ("idle", c.streams_idle),
-        ("malformed", c.streams_malformed),
-    ] {
-        let _ = writeln!(
-            out,
-            "penrose_transport_carrier_streams_total{{outcome=\"{outcome}\"}} {value}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP penrose_transport_carrier_datagrams_dropped_total Datagrams on the stream port dropped at a full queue or a closed stream (QUIC sends them again)."
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE penrose_transport_carrier_datagrams_dropped_total counter"
-    );
-    let _ = writeln!(
-        out,
-        "penrose_transport_carrier_datagrams_dropped_total {}",
-        c.datagrams_dropped
-    );
+    render_carrier(&mut out, &stats.carrier);
     out
+}
+
+/// The stream port's counters (`--stream-listen`).
+fn render_carrier(out: &mut String, c: &penrose_transport::carrier::CarrierStats) {
+    metric(
+        out,
+        "penrose_transport_carrier_streams_total",
+        "counter",
+        "TCP streams on the stream port (--stream-listen, where Tor exits deliver) by what \
+         became of them.",
+        &outcomes(&[
+            ("accepted", c.streams),
+            ("refused_server_full", c.streams_refused),
+            ("idle", c.streams_idle),
+            ("malformed", c.streams_malformed),
+        ]),
+    );
+    counter(
+        out,
+        "penrose_transport_carrier_datagrams_dropped_total",
+        "Datagrams on the stream port dropped at a full queue or a closed stream (QUIC sends \
+         them again).",
+        c.datagrams_dropped,
+    );
+}
+
+/// One line per outcome, labelled `outcome="..."`.
+fn outcomes(values: &[(&str, u64)]) -> Vec<(String, u64)> {
+    values
+        .iter()
+        .map(|(outcome, value)| (format!("{{outcome=\"{outcome}\"}}"), *value))
+        .collect()
 }
 
 /// The label of a reject reason in metrics and JSON.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use penrose_core::fingerprint::FingerprintParams;
 use penrose_host::process::{Request, Signals, print_ready};
-use penrose_transport::{Encoding, Identity, Limits, ServerConfig};
+use penrose_transport::{Encoding, Identity, Limits, Server, ServerConfig};
 use tracing::{error, info, warn};
 
 use crate::admission::{Admission, AdmissionConfig};
@@ -266,27 +266,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
         let socket = socket.clone();
         tokio::spawn(async move { control::serve_socket(&socket, admin).await })
     };
-    let metrics_addr = match options.metrics {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the metrics address {addr}"))?;
-            let local = listener.local_addr()?;
-            let page = {
-                let metrics = Arc::clone(admin.ingest.metrics());
-                let store = Arc::clone(&admin.store);
-                let transport = server.stats_handle();
-                move || {
-                    let mut page = metrics.render(&store.sizes());
-                    page.push_str(&render_transport(&transport.snapshot()));
-                    page
-                }
-            };
-            tokio::spawn(serve_http(listener, page));
-            Some(local)
-        }
-        None => None,
-    };
+    let metrics_addr = start_metrics(options.metrics, &admin, &server).await?;
     // Signals are handled from before the ready line on: a SIGHUP sent once the server says
     // it listens reloads the key ring rather than ending the process.
     let mut signals = Signals::install()?;
@@ -300,14 +280,71 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     };
     print_ready(&ready).context("writing the ready line")?;
     info!(listen = %server.local_addr(), "serving");
+    let stopped = serve_until_stopped(&admin, &mut signals).await;
+    info!("shutting down");
+    server.shutdown().await;
+    control.abort();
+    let _ = std::fs::remove_file(&socket);
+    drop(admin);
+    let result = tokio::task::spawn_blocking(move || writer.join()).await?;
+    if let Err(e) = result {
+        error!(error = %e, "the writer stopped");
+        bail!("a durable write failed: {e}");
+    }
+    if stopped == Stopped::WriterFailed {
+        bail!("the writer stopped");
+    }
+    Ok(())
+}
+
+/// Starts the metrics responder on `addr`, if given (the ingest's metrics, the store's sizes
+/// and the transport's counters on one page); returns the address it listens on.
+async fn start_metrics(
+    addr: Option<SocketAddr>,
+    admin: &Admin,
+    server: &Server,
+) -> Result<Option<SocketAddr>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics address {addr}"))?;
+    let local = listener.local_addr()?;
+    let page = {
+        let metrics = Arc::clone(admin.ingest.metrics());
+        let store = Arc::clone(&admin.store);
+        let transport = server.stats_handle();
+        move || {
+            let mut page = metrics.render(&store.sizes());
+            page.push_str(&render_transport(&transport.snapshot()));
+            page
+        }
+    };
+    tokio::spawn(serve_http(listener, page));
+    Ok(Some(local))
+}
+
+/// Why the server stopped serving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stopped {
+    /// SIGINT or SIGTERM.
+    Asked,
+    /// The writer is no longer healthy: a durable write failed.
+    WriterFailed,
+}
+
+/// Serves until a stop signal or an unhealthy writer: SIGHUP reloads the keys, and due
+/// epochs are closed by the clock even when no report arrives to trigger it.
+async fn serve_until_stopped(admin: &Admin, signals: &mut Signals) -> Stopped {
     let mut health = tokio::time::interval(Duration::from_millis(200));
     // Epochs close by the clock even when no report arrives to trigger it.
     let mut epochs = tokio::time::interval(EPOCH_TICK);
-    let failed = loop {
+    loop {
         tokio::select! {
             request = signals.next() => {
                 if request == Request::Stop {
-                    break false;
+                    return Stopped::Asked;
                 }
                 let ingest = admin.ingest.clone();
                 match tokio::task::spawn_blocking(move || control::reload_keys(&ingest)).await {
@@ -321,7 +358,7 @@ pub async fn run(options: ServeOptions) -> Result<()> {
             }
             _ = health.tick() => {
                 if !admin.ingest.is_healthy() {
-                    break true;
+                    return Stopped::WriterFailed;
                 }
             }
             _ = epochs.tick() => {
@@ -330,19 +367,5 @@ pub async fn run(options: ServeOptions) -> Result<()> {
                 }
             }
         }
-    };
-    info!("shutting down");
-    server.shutdown().await;
-    control.abort();
-    let _ = std::fs::remove_file(&socket);
-    drop(admin);
-    let result = tokio::task::spawn_blocking(move || writer.join()).await?;
-    if let Err(e) = result {
-        error!(error = %e, "the writer stopped");
-        bail!("a durable write failed: {e}");
     }
-    if failed {
-        bail!("the writer stopped");
-    }
-    Ok(())
 }

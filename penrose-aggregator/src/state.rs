@@ -58,8 +58,8 @@ use crate::epochs::{self, EpochPolicy, EpochRecord, Epochs};
 use crate::evidence;
 use crate::store::{Store, StoreError, Table, WriteSet};
 use crate::tables::{
-    DEFAULT_NEW_CLASSES_PER_HOUR, DEFAULT_SNIPPET_CACHE, MERGE_PREFIX, NewClassBudget, RecordError,
-    Tables, decode_merge, merge_record,
+    ClassMerge, DEFAULT_NEW_CLASSES_PER_HOUR, DEFAULT_SNIPPET_CACHE, MERGE_PREFIX, NewClassBudget,
+    RecordError, Tables, decode_merge, merge_record,
 };
 use crate::validate::{CiphertextDigest, ValidReport};
 
@@ -352,6 +352,60 @@ impl Prepared {
     }
 }
 
+/// What the store's Seen table holds of a batch ([`State::prepare`]): per report, its id
+/// under its day, then (after every report's id) `per_report` flags per report, its digest
+/// under each day still remembered.
+struct Seen {
+    flags: Vec<bool>,
+    reports: usize,
+    per_report: usize,
+}
+
+impl Seen {
+    /// Whether report `i`'s digest is in the store under any day.
+    fn digest(&self, i: usize) -> bool {
+        let (_, digests) = self.flags.split_at(self.reports);
+        digests
+            .get(i * self.per_report..(i + 1) * self.per_report)
+            .is_some_and(|days| days.iter().any(|&s| s))
+    }
+}
+
+/// The reports of the batch being prepared counted so far: to find copies within the batch,
+/// and what its write records.
+struct Counted {
+    in_batch: HashSet<ReportId>,
+    in_batch_digests: HashSet<CiphertextDigest>,
+    /// Tokens spent in the batch, and by which report.
+    spent: HashMap<SpentToken, ReportId>,
+    /// Counted report ids and digests, under their report's day.
+    ids: Vec<(Day, ReportId)>,
+    digests: Vec<(Day, CiphertextDigest)>,
+    accepted_spent: Vec<(SpentToken, ReportId)>,
+}
+
+impl Counted {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            in_batch: HashSet::with_capacity(n),
+            in_batch_digests: HashSet::with_capacity(n),
+            spent: HashMap::new(),
+            ids: Vec::with_capacity(n),
+            digests: Vec::with_capacity(n),
+            accepted_spent: Vec::new(),
+        }
+    }
+
+    /// What the batch accepted, to remember until it is durable.
+    fn into_accepted(self) -> Accepted {
+        Accepted {
+            ids: self.ids.into_iter().map(|(_, id)| id).collect(),
+            digests: self.digests.into_iter().map(|(_, d)| d).collect(),
+            spent: self.accepted_spent,
+        }
+    }
+}
+
 impl State {
     /// Rebuilds the state from `store` (empty for a new store) for the design keys `keys` (one
     /// public key, or a signed list: `crate::design_keys`). Epochs are cut by `policy` when
@@ -365,137 +419,24 @@ impl State {
         policy: Option<EpochPolicy>,
     ) -> Result<Self, StateError> {
         let settings = keys.into();
-        // Any of these says the store was written before: by this format, an older one (a
-        // key id but no instance), or a newer one.
-        let mut written = false;
-        for key in [meta::INSTANCE, meta::KEY_ID, meta::FORMAT] {
-            written |= store.get(Table::Meta, key)?.is_some();
-        }
-        match written {
-            true => {
-                if stored_format(store.as_ref())? == 7 {
-                    migrate_7_to_8(store.as_ref())?;
-                }
-                check_format(store.as_ref())?;
-                crate::copies::check_home(store.as_ref())?;
-            }
-            false => {
-                let mut set = WriteSet::new();
-                set.put(
-                    Table::Meta,
-                    meta::FORMAT,
-                    STORE_FORMAT.to_be_bytes().to_vec(),
-                );
-                let mut instance = [0u8; 16];
-                rand::rng().fill_bytes(&mut instance);
-                set.put(Table::Meta, meta::INSTANCE, instance.to_vec());
-                set.put(
-                    Table::Meta,
-                    crate::copies::keys::HOME,
-                    store.home()?.to_bytes().to_vec(),
-                );
-                epochs::write_policy(&mut set, policy.unwrap_or_default());
-                store.write(set)?;
-            }
-        }
+        initialise_or_check(store.as_ref(), policy)?;
         let mut set = WriteSet::new();
         let keys = DesignKeys::load(store.as_ref(), settings, &mut set)?;
         if !set.is_empty() {
             store.write(set)?;
         }
-        let mut est = Vec::new();
-        let mut cursor = Cursor(0);
-        let mut accepted = 0;
-        let (mut instance, mut kind, mut count) = (None, None, None);
-        let (mut closed_through, mut current) = (None, None);
-        let mut epoch_records = Vec::new();
-        let mut merges = Vec::new();
-        let mut seen_floor = Day(0);
-        let damaged = |what: &str| StoreError::Visit(format!("damaged meta record {what}"));
-        // The sums are not read here: each accumulator is read when a report first touches it
-        // (`crate::aggregate`, "Loaded when touched").
-        store.scan(&[Table::Est, Table::Meta], &mut |table, k, v| {
-            match table {
-                Table::Est => est.push((k.to_vec(), v.to_vec())),
-                Table::Meta if k == meta::CURSOR => {
-                    cursor = Cursor(
-                        read_u64(v)
-                            .ok_or(StoreError::Visit("damaged meta record cursor".into()))?,
-                    );
-                }
-                Table::Meta if k == meta::ACCEPTED => {
-                    accepted = read_u64(v)
-                        .ok_or(StoreError::Visit("damaged meta record accepted".into()))?;
-                }
-                Table::Meta if k == meta::INSTANCE => {
-                    instance = Some(InstanceId(
-                        v.try_into().map_err(|_| damaged("chain/instance"))?,
-                    ));
-                }
-                Table::Meta if k == epochs::keys::KIND => {
-                    kind = Some(
-                        v.first()
-                            .copied()
-                            .and_then(EpochKind::from_code)
-                            .ok_or_else(|| damaged("epoch/kind"))?,
-                    );
-                }
-                Table::Meta if k == epochs::keys::COUNT => {
-                    count = Some(read_u64(v).ok_or_else(|| damaged("epoch/count"))?);
-                }
-                Table::Meta if k == epochs::keys::CLOSED_THROUGH => {
-                    closed_through = Some(EpochId(
-                        read_u32(v).ok_or_else(|| damaged("closed_through"))?,
-                    ));
-                }
-                Table::Meta if k == epochs::keys::CURRENT => {
-                    current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
-                }
-                Table::Meta if k == meta::SEEN_FLOOR => {
-                    seen_floor = Day(read_u32(v).ok_or_else(|| damaged("seen/floor"))?);
-                }
-                Table::Meta if k.starts_with(MERGE_PREFIX) => {
-                    let (merge, _) =
-                        decode_merge(k, v).map_err(|e| StoreError::Visit(e.to_string()))?;
-                    merges.push(merge);
-                }
-                Table::Meta if k.starts_with(epochs::keys::RECORD) => {
-                    epoch_records
-                        .push(EpochRecord::decode(k, v).ok_or_else(|| damaged("epoch record"))?);
-                }
-                _ => {}
-            }
-            Ok(())
-        })?;
-        let instance = instance.ok_or(StateError::Meta("chain/instance"))?;
-        let stored = match kind.ok_or(StateError::Meta("epoch/kind"))? {
-            EpochKind::Day => EpochPolicy::Day,
-            EpochKind::Count => EpochPolicy::Count(
-                count
-                    .and_then(std::num::NonZeroU64::new)
-                    .ok_or(StateError::Meta("epoch/count"))?,
-            ),
-        };
-        let policy = match policy {
-            None => stored,
-            Some(given) if given.kind() != stored.kind() => {
-                return Err(StateError::EpochKindMismatch {
-                    stored: stored.kind(),
-                    given,
-                });
-            }
-            Some(given) => {
-                if given != stored {
-                    let mut set = WriteSet::new();
-                    epochs::write_policy(&mut set, given);
-                    store.write(set)?;
-                }
-                given
-            }
-        };
-        let epochs = Epochs::load(policy, closed_through, current, epoch_records);
-        let tables = Tables::load(params, DEFAULT_SNIPPET_CACHE, est, merges)?;
+        let meta = StoredMeta::read(store.as_ref())?;
+        let instance = meta.instance.ok_or(StateError::Meta("chain/instance"))?;
+        let policy = meta.policy(store.as_ref(), policy)?;
+        let epochs = Epochs::load(
+            policy,
+            meta.closed_through,
+            meta.current,
+            meta.epoch_records,
+        );
+        let tables = Tables::load(params, DEFAULT_SNIPPET_CACHE, meta.est, meta.merges)?;
         let sums = Sums::new(keys.by_slot(), bound)?;
+        let (cursor, accepted) = (meta.cursor, meta.accepted);
         Ok(Self {
             store,
             keys,
@@ -513,7 +454,7 @@ impl State {
             in_flight_ids: HashSet::new(),
             in_flight_digests: HashSet::new(),
             in_flight_spent: HashMap::new(),
-            seen_floor,
+            seen_floor: meta.seen_floor,
             class_budget: NewClassBudget::new(DEFAULT_NEW_CLASSES_PER_HOUR, Instant::now()),
             class_refusals: 0,
             keep_evidence: false,
@@ -574,8 +515,39 @@ impl State {
         let mut closed = self.close_epochs(&self.epochs.due(today));
         self.expire_seen(today, &mut set);
         let units = self.check_units(batch);
-        // Per report: its id under its own day (a retry carries the same day), then its
-        // digest under every day still remembered (a copy may claim another day).
+        let seen = self.seen_in_store(batch, today)?;
+        let spent_by = self.spent_in_store(batch)?;
+        self.load_snippets(batch)?;
+        let next = Cursor(self.cursor.0 + 1);
+        let mut counted = Counted::with_capacity(batch.len());
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let (seen_ids, _) = seen.flags.split_at(batch.len());
+        for (i, ((valid, &seen_id), unit)) in batch.iter().zip(seen_ids).zip(units).enumerate() {
+            let Ok(ciphertexts) = unit else {
+                outcomes.push(Outcome::NotUnit);
+                continue;
+            };
+            let spent_for = spent_by.get(i).and_then(Option::as_ref);
+            let seen_digest = seen.digest(i);
+            let outcome =
+                match self.refusal(valid, spent_for, seen_id || seen_digest, &counted, today) {
+                    Some(refused) => refused,
+                    None => self.count(valid, ciphertexts, today, now, &mut counted, &mut set)?,
+                };
+            outcomes.push(outcome);
+        }
+        if !counted.ids.is_empty() {
+            self.write_accepted(&mut counted, &mut set, next);
+            // The count policy closes the epoch this batch filled, with the batch.
+            closed.extend(self.close_epochs(&self.epochs.due(today)));
+        }
+        Ok(self.finish(set, outcomes, counted.into_accepted(), closed, next))
+    }
+
+    /// Whether the store's Seen table holds each report of `batch`: its id under its own day
+    /// (a retry carries the same day), then its digest under every day still remembered (a
+    /// copy may claim another day), in one lookup for the batch.
+    fn seen_in_store(&self, batch: &[ValidReport], today: Day) -> Result<Seen, StateError> {
         let digest_days: Vec<Day> = (self.seen_floor.0..=today.0.saturating_add(DAY_TOLERANCE))
             .map(Day)
             .collect();
@@ -589,161 +561,156 @@ impl State {
             keys.extend(digest_days.iter().map(|&d| seen::digest_key(d, &r.digest)));
         }
         let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let seen = self.store.contains_many(Table::Seen, &key_refs)?;
-        let (seen_ids, seen_digests) = seen.split_at(batch.len());
-        let spent_by = self.spent_in_store(batch)?;
-        self.load_snippets(batch)?;
-        let per_report = digest_days.len().max(1);
-        let next = Cursor(self.cursor.0 + 1);
-        let mut in_batch: HashSet<ReportId> = HashSet::with_capacity(batch.len());
-        let mut in_batch_digests: HashSet<CiphertextDigest> = HashSet::with_capacity(batch.len());
-        let mut in_batch_spent: HashMap<SpentToken, ReportId> = HashMap::new();
-        let mut outcomes = Vec::with_capacity(batch.len());
-        let mut accepted_ids = Vec::with_capacity(batch.len());
-        let mut accepted_digests = Vec::with_capacity(batch.len());
-        let mut accepted_spent = Vec::new();
-        for (i, ((valid, &seen_id), unit)) in batch.iter().zip(seen_ids).zip(units).enumerate() {
-            let report = &valid.report;
-            let Ok(ciphertexts) = unit else {
-                outcomes.push(Outcome::NotUnit);
-                continue;
-            };
-            // A token recorded for another report refuses this one; recorded for this report
-            // id, this is a retry of a counted report.
-            if let Some(token) = &valid.token {
-                let holder = in_batch_spent
-                    .get(token)
-                    .or_else(|| self.in_flight_spent.get(token))
-                    .or_else(|| spent_by.get(i).and_then(Option::as_ref));
-                match holder {
-                    Some(id) if *id == report.report_id => {
-                        outcomes.push(Outcome::Duplicate);
-                        continue;
-                    }
-                    Some(_) => {
-                        outcomes.push(Outcome::TokenSpent);
-                        continue;
-                    }
-                    None => {}
-                }
-            }
-            let seen_digest = seen_digests
-                .get(i * per_report..(i + 1) * per_report)
-                .is_some_and(|days| days.iter().any(|&s| s));
-            if seen_id
-                || seen_digest
-                || self.in_flight_ids.contains(&report.report_id)
-                || self.in_flight_digests.contains(&valid.digest)
-                || in_batch.contains(&report.report_id)
-                || in_batch_digests.contains(&valid.digest)
-            {
-                outcomes.push(Outcome::Duplicate);
-                continue;
-            }
-            if !day_acceptable(report.day, today) || report.day < self.seen_floor {
-                outcomes.push(Outcome::DayOutOfRange);
-                continue;
-            }
-            let budget = &mut self.class_budget;
-            let fingerprint = Fingerprint {
-                hash: report.snippet,
-                locator: report.locator,
-            };
-            let Some(placement) =
-                self.tables
-                    .record_if_founding_allowed(fingerprint, today, || budget.try_take(now))
-            else {
-                self.class_refusals += 1;
-                outcomes.push(Outcome::NewClassLimit);
-                continue;
-            };
-            // Only a report that is counted is remembered in this batch: a copy of a refused
-            // one is judged on its own, not answered Duplicate.
-            in_batch.insert(report.report_id);
-            in_batch_digests.insert(valid.digest);
-            if let Some(token) = valid.token {
-                in_batch_spent.insert(token, report.report_id);
-                accepted_spent.push((token, report.report_id));
-            }
-            let epoch = self.epochs.admit(report.day, valid.token.is_some());
-            let key = SumKey {
-                class: placement.class,
-                arch: report.arch,
-                catalogue: report.catalogue,
-                counter: report.counter,
-                epoch,
-                key: valid.key,
-            };
-            let generation = self.sums.absorb(
-                self.store.as_ref(),
-                key,
-                ciphertexts,
-                u64::from(report.samples.0),
-            )?;
-            if self.keep_evidence {
-                set.put(
-                    Table::Evidence,
-                    evidence::row_key(key, generation, &report.report_id),
-                    evidence::row_value(report),
-                );
-            }
-            accepted_ids.push((report.day, report.report_id));
-            accepted_digests.push((report.day, valid.digest));
-            outcomes.push(Outcome::Accepted);
-        }
-        let accepted = accepted_ids.len() as u64;
-        if accepted > 0 {
-            // In key order: RocksDB's memtable insert starts from where the previous key went,
-            // which saves most of each skip-list search when the keys come sorted.
-            accepted_ids.sort_unstable();
-            accepted_digests.sort_unstable();
-            accepted_spent.sort_unstable();
-            for (day, id) in &accepted_ids {
-                set.put(
-                    Table::Seen,
-                    seen::id_key(*day, id),
-                    next.0.to_be_bytes().to_vec(),
-                );
-            }
-            for (day, digest) in &accepted_digests {
-                set.put(
-                    Table::Seen,
-                    seen::digest_key(*day, digest),
-                    next.0.to_be_bytes().to_vec(),
-                );
-            }
-            for (token, id) in &accepted_spent {
-                set.put(
-                    Table::Spent,
-                    spent::key(token).to_vec(),
-                    spent::value(id).to_vec(),
-                );
-            }
-            let (snippets, classes) = self.tables.take_dirty();
-            for (k, v) in snippets {
-                set.put(Table::Sst, k, v);
-            }
-            for (k, v) in classes {
-                set.put(Table::Est, k, v);
-            }
-            for merge in self.tables.take_merges() {
-                let (k, v) = merge_record(&merge, next);
-                set.put(Table::Meta, k, v);
-            }
-            self.write_sums(&mut set, next);
-            // The count policy closes the epoch this batch filled, with the batch.
-            closed.extend(self.close_epochs(&self.epochs.due(today)));
-        }
-        let accepted = Accepted {
-            ids: accepted_ids.into_iter().map(|(_, id)| id).collect(),
-            digests: accepted_digests.into_iter().map(|(_, d)| d).collect(),
-            spent: accepted_spent,
-        };
-        Ok(self.finish(set, outcomes, accepted, closed, next))
+        Ok(Seen {
+            flags: self.store.contains_many(Table::Seen, &key_refs)?,
+            reports: batch.len(),
+            per_report: digest_days.len().max(1),
+        })
     }
 
-    /// Per report of `batch`, the report id its token is recorded as spent for in the store
-    /// (`None`: no token, or not spent), in one lookup for the batch.
+    /// Why a report is not counted, checked before its class is looked up: its token spent for
+    /// another report (or for this one: a retry), a copy (`seen` in the store, in a batch
+    /// still syncing, or earlier in this batch), or a day out of range. `None`: it may count.
+    fn refusal(
+        &self,
+        valid: &ValidReport,
+        spent_for: Option<&ReportId>,
+        seen: bool,
+        counted: &Counted,
+        today: Day,
+    ) -> Option<Outcome> {
+        let report = &valid.report;
+        // A token recorded for another report refuses this one; recorded for this report
+        // id, this is a retry of a counted report.
+        if let Some(token) = &valid.token {
+            let holder = counted
+                .spent
+                .get(token)
+                .or_else(|| self.in_flight_spent.get(token))
+                .or(spent_for);
+            match holder {
+                Some(id) if *id == report.report_id => return Some(Outcome::Duplicate),
+                Some(_) => return Some(Outcome::TokenSpent),
+                None => {}
+            }
+        }
+        if seen
+            || self.in_flight_ids.contains(&report.report_id)
+            || self.in_flight_digests.contains(&valid.digest)
+            || counted.in_batch.contains(&report.report_id)
+            || counted.in_batch_digests.contains(&valid.digest)
+        {
+            return Some(Outcome::Duplicate);
+        }
+        if !day_acceptable(report.day, today) || report.day < self.seen_floor {
+            return Some(Outcome::DayOutOfRange);
+        }
+        None
+    }
+
+    /// Places a report that may count in its class (refused when it would found one beyond
+    /// the new-class budget) and adds its ciphertexts into its sum, remembering it in
+    /// `counted` (and its evidence in `set` when kept).
+    fn count(
+        &mut self,
+        valid: &ValidReport,
+        ciphertexts: &PackedCiphertexts,
+        today: Day,
+        now: Instant,
+        counted: &mut Counted,
+        set: &mut WriteSet,
+    ) -> Result<Outcome, StateError> {
+        let report = &valid.report;
+        let budget = &mut self.class_budget;
+        let fingerprint = Fingerprint {
+            hash: report.snippet,
+            locator: report.locator,
+        };
+        let Some(placement) = self
+            .tables
+            .record_if_founding_allowed(fingerprint, today, || budget.try_take(now))
+        else {
+            self.class_refusals += 1;
+            return Ok(Outcome::NewClassLimit);
+        };
+        // Only a report that is counted is remembered in this batch: a copy of a refused
+        // one is judged on its own, not answered Duplicate.
+        counted.in_batch.insert(report.report_id);
+        counted.in_batch_digests.insert(valid.digest);
+        if let Some(token) = valid.token {
+            counted.spent.insert(token, report.report_id);
+            counted.accepted_spent.push((token, report.report_id));
+        }
+        let epoch = self.epochs.admit(report.day, valid.token.is_some());
+        let key = SumKey {
+            class: placement.class,
+            arch: report.arch,
+            catalogue: report.catalogue,
+            counter: report.counter,
+            epoch,
+            key: valid.key,
+        };
+        let generation = self.sums.absorb(
+            self.store.as_ref(),
+            key,
+            ciphertexts,
+            u64::from(report.samples.0),
+        )?;
+        if self.keep_evidence {
+            set.put(
+                Table::Evidence,
+                evidence::row_key(key, generation, &report.report_id),
+                evidence::row_value(report),
+            );
+        }
+        counted.ids.push((report.day, report.report_id));
+        counted.digests.push((report.day, valid.digest));
+        Ok(Outcome::Accepted)
+    }
+
+    /// Adds to `set` what a batch that counted reports records: their Seen and Spent rows,
+    /// the snippets and classes it changed, its merges and its sums.
+    fn write_accepted(&mut self, counted: &mut Counted, set: &mut WriteSet, next: Cursor) {
+        // In key order: RocksDB's memtable insert starts from where the previous key went,
+        // which saves most of each skip-list search when the keys come sorted.
+        counted.ids.sort_unstable();
+        counted.digests.sort_unstable();
+        counted.accepted_spent.sort_unstable();
+        for (day, id) in &counted.ids {
+            set.put(
+                Table::Seen,
+                seen::id_key(*day, id),
+                next.0.to_be_bytes().to_vec(),
+            );
+        }
+        for (day, digest) in &counted.digests {
+            set.put(
+                Table::Seen,
+                seen::digest_key(*day, digest),
+                next.0.to_be_bytes().to_vec(),
+            );
+        }
+        for (token, id) in &counted.accepted_spent {
+            set.put(
+                Table::Spent,
+                spent::key(token).to_vec(),
+                spent::value(id).to_vec(),
+            );
+        }
+        let (snippets, classes) = self.tables.take_dirty();
+        for (k, v) in snippets {
+            set.put(Table::Sst, k, v);
+        }
+        for (k, v) in classes {
+            set.put(Table::Est, k, v);
+        }
+        for merge in self.tables.take_merges() {
+            let (k, v) = merge_record(&merge, next);
+            set.put(Table::Meta, k, v);
+        }
+        self.write_sums(set, next);
+    }
+
     /// Reads the SST rows of the batch's snippets that are in the store but not in memory.
     fn load_snippets(&mut self, batch: &[ValidReport]) -> Result<(), StateError> {
         let mut missing: Vec<SnippetHash> = batch
@@ -766,6 +733,8 @@ impl State {
         Ok(())
     }
 
+    /// Per report of `batch`, the report id its token is recorded as spent for in the store
+    /// (`None`: no token, or not spent), in one lookup for the batch.
     fn spent_in_store(&self, batch: &[ValidReport]) -> Result<Vec<Option<ReportId>>, StateError> {
         let tokened: Vec<(usize, [u8; 36])> = batch
             .iter()
@@ -1040,6 +1009,162 @@ impl State {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+}
+
+/// A store written before is migrated from format 7 if it is of that format, then checked
+/// (its format, and that it is where it was made); a new one gets its format, instance id,
+/// home and epoch policy (`policy`, else by day).
+fn initialise_or_check(store: &dyn Store, policy: Option<EpochPolicy>) -> Result<(), StateError> {
+    // Any of these says the store was written before: by this format, an older one (a
+    // key id but no instance), or a newer one.
+    let mut written = false;
+    for key in [meta::INSTANCE, meta::KEY_ID, meta::FORMAT] {
+        written |= store.get(Table::Meta, key)?.is_some();
+    }
+    if written {
+        if stored_format(store)? == 7 {
+            migrate_7_to_8(store)?;
+        }
+        check_format(store)?;
+        crate::copies::check_home(store)?;
+        return Ok(());
+    }
+    let mut set = WriteSet::new();
+    set.put(
+        Table::Meta,
+        meta::FORMAT,
+        STORE_FORMAT.to_be_bytes().to_vec(),
+    );
+    let mut instance = [0u8; 16];
+    rand::rng().fill_bytes(&mut instance);
+    set.put(Table::Meta, meta::INSTANCE, instance.to_vec());
+    set.put(
+        Table::Meta,
+        crate::copies::keys::HOME,
+        store.home()?.to_bytes().to_vec(),
+    );
+    epochs::write_policy(&mut set, policy.unwrap_or_default());
+    store.write(set)?;
+    Ok(())
+}
+
+/// What [`State::open`] reads of the store: the EST rows and the meta records it rebuilds
+/// from. The sums are not read here: each accumulator is read when a report first touches it
+/// (`crate::aggregate`, "Loaded when touched").
+struct StoredMeta {
+    est: Vec<(Vec<u8>, Vec<u8>)>,
+    cursor: Cursor,
+    accepted: u64,
+    instance: Option<InstanceId>,
+    kind: Option<EpochKind>,
+    count: Option<u64>,
+    closed_through: Option<EpochId>,
+    current: Option<EpochId>,
+    epoch_records: Vec<EpochRecord>,
+    merges: Vec<ClassMerge>,
+    seen_floor: Day,
+}
+
+impl StoredMeta {
+    /// Scans the EST and meta tables; a damaged record ends the scan with its error.
+    fn read(store: &dyn Store) -> Result<Self, StateError> {
+        let mut meta = Self {
+            est: Vec::new(),
+            cursor: Cursor(0),
+            accepted: 0,
+            instance: None,
+            kind: None,
+            count: None,
+            closed_through: None,
+            current: None,
+            epoch_records: Vec::new(),
+            merges: Vec::new(),
+            seen_floor: Day(0),
+        };
+        store.scan(&[Table::Est, Table::Meta], &mut |table, k, v| {
+            match table {
+                Table::Est => meta.est.push((k.to_vec(), v.to_vec())),
+                Table::Meta => meta.read_meta(k, v)?,
+                _ => {}
+            }
+            Ok(())
+        })?;
+        Ok(meta)
+    }
+
+    /// Takes in one meta record (the others are of no concern to the state).
+    fn read_meta(&mut self, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
+        let damaged = |what: &str| StoreError::Visit(format!("damaged meta record {what}"));
+        if k == meta::CURSOR {
+            self.cursor =
+                Cursor(read_u64(v).ok_or(StoreError::Visit("damaged meta record cursor".into()))?);
+        } else if k == meta::ACCEPTED {
+            self.accepted =
+                read_u64(v).ok_or(StoreError::Visit("damaged meta record accepted".into()))?;
+        } else if k == meta::INSTANCE {
+            self.instance = Some(InstanceId(
+                v.try_into().map_err(|_| damaged("chain/instance"))?,
+            ));
+        } else if k == epochs::keys::KIND {
+            self.kind = Some(
+                v.first()
+                    .copied()
+                    .and_then(EpochKind::from_code)
+                    .ok_or_else(|| damaged("epoch/kind"))?,
+            );
+        } else if k == epochs::keys::COUNT {
+            self.count = Some(read_u64(v).ok_or_else(|| damaged("epoch/count"))?);
+        } else if k == epochs::keys::CLOSED_THROUGH {
+            self.closed_through = Some(EpochId(
+                read_u32(v).ok_or_else(|| damaged("closed_through"))?,
+            ));
+        } else if k == epochs::keys::CURRENT {
+            self.current = Some(EpochId(read_u32(v).ok_or_else(|| damaged("current"))?));
+        } else if k == meta::SEEN_FLOOR {
+            self.seen_floor = Day(read_u32(v).ok_or_else(|| damaged("seen/floor"))?);
+        } else if k.starts_with(MERGE_PREFIX) {
+            let (merge, _) = decode_merge(k, v).map_err(|e| StoreError::Visit(e.to_string()))?;
+            self.merges.push(merge);
+        } else if k.starts_with(epochs::keys::RECORD) {
+            self.epoch_records
+                .push(EpochRecord::decode(k, v).ok_or_else(|| damaged("epoch record"))?);
+        }
+        Ok(())
+    }
+
+    /// The epoch policy: the stored one, or `given` when it is of the same kind (written
+    /// when it differs, as a count may change).
+    fn policy(
+        &self,
+        store: &dyn Store,
+        given: Option<EpochPolicy>,
+    ) -> Result<EpochPolicy, StateError> {
+        let stored = match self.kind.ok_or(StateError::Meta("epoch/kind"))? {
+            EpochKind::Day => EpochPolicy::Day,
+            EpochKind::Count => EpochPolicy::Count(
+                self.count
+                    .and_then(std::num::NonZeroU64::new)
+                    .ok_or(StateError::Meta("epoch/count"))?,
+            ),
+        };
+        Ok(match given {
+            None => stored,
+            Some(given) if given.kind() != stored.kind() => {
+                return Err(StateError::EpochKindMismatch {
+                    stored: stored.kind(),
+                    given,
+                });
+            }
+            Some(given) => {
+                if given != stored {
+                    let mut set = WriteSet::new();
+                    epochs::write_policy(&mut set, given);
+                    store.write(set)?;
+                }
+                given
+            }
+        })
     }
 }
 

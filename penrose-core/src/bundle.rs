@@ -286,6 +286,20 @@ impl EpochSummary {
     pub fn bound_enforced_by_tokens(&self) -> bool {
         self.reports_with_tokens == self.reports
     }
+
+    /// Appends the summary as a bundle of `version` holds it (reports with tokens from
+    /// version 4).
+    fn write(&self, out: &mut Vec<u8>, version: u8) {
+        out.extend_from_slice(&self.id.0.to_be_bytes());
+        out.extend_from_slice(&self.first_day.0.to_be_bytes());
+        out.extend_from_slice(&self.last_day.0.to_be_bytes());
+        out.extend_from_slice(&self.reports.to_be_bytes());
+        out.extend_from_slice(&self.withheld_sums.to_be_bytes());
+        out.extend_from_slice(&self.withheld_reports.to_be_bytes());
+        if version >= 4 {
+            out.extend_from_slice(&self.reports_with_tokens.to_be_bytes());
+        }
+    }
 }
 
 /// One released sum: its encrypted bins and contributor counts.
@@ -316,6 +330,28 @@ pub struct BundleEntry {
 }
 
 impl BundleEntry {
+    /// Appends the entry as a bundle of `version` holds it (the architecture from version 5,
+    /// the key's index from version 6).
+    fn write(&self, out: &mut Vec<u8>, version: u8) {
+        out.extend_from_slice(&self.epoch.0.to_be_bytes());
+        out.extend_from_slice(&self.class.0.to_be_bytes());
+        if version >= 5 {
+            out.extend_from_slice(&self.arch.to_bytes());
+        }
+        if version >= 6 {
+            out.push(self.key);
+        }
+        out.extend_from_slice(&self.catalogue.0.to_be_bytes());
+        out.extend_from_slice(&self.counter.0.to_be_bytes());
+        out.extend_from_slice(&self.generation.0.to_be_bytes());
+        out.extend_from_slice(&self.reports.to_be_bytes());
+        out.extend_from_slice(&self.samples.to_be_bytes());
+        // PackedBytes guarantees count <= MAX_CIPHERTEXTS and length <= u16::MAX.
+        out.push(self.sums.count() as u8);
+        out.extend_from_slice(&(self.sums.ciphertext_len() as u16).to_be_bytes());
+        out.extend_from_slice(self.sums.as_bytes());
+    }
+
     /// The key of the sum: unique in a chain.
     pub fn key(&self) -> SumId {
         SumId {
@@ -434,29 +470,55 @@ impl Bundle {
     /// architecture; version 3 also without the admission counts: for tests of reading older
     /// bundles).
     fn sign_as(&self, version: u8, key: &SigningKey) -> Result<Vec<u8>, BundleError> {
+        let epochs = u32::try_from(self.epochs.len()).map_err(|_| BundleError::TooLarge)?;
+        let count = u32::try_from(self.entries.len()).map_err(|_| BundleError::TooLarge)?;
+        let merges = u32::try_from(self.merges.len()).map_err(|_| BundleError::TooLarge)?;
+        let mut out = Vec::with_capacity(self.encoded_len(version));
+        out.extend_from_slice(&MAGIC);
+        out.push(version);
+        out.extend_from_slice(key.verifying_key().as_bytes());
+        self.write_keys(&mut out, version)?;
+        self.write_chain_and_rule(&mut out);
+        out.extend_from_slice(&epochs.to_be_bytes());
+        for e in &self.epochs {
+            e.write(&mut out, version);
+        }
+        out.extend_from_slice(&count.to_be_bytes());
+        for e in &self.entries {
+            e.write(&mut out, version);
+        }
+        out.extend_from_slice(&merges.to_be_bytes());
+        for m in &self.merges {
+            out.extend_from_slice(&m.absorbed.0.to_be_bytes());
+            out.extend_from_slice(&m.into.0.to_be_bytes());
+        }
+        let signature = key.sign(&out);
+        out.extend_from_slice(&signature.to_bytes());
+        Ok(out)
+    }
+
+    /// The length of the bundle signed as `version`, signature included.
+    fn encoded_len(&self, version: u8) -> usize {
         let epoch_bytes = if version >= 4 {
             EPOCH_BYTES
         } else {
             EPOCH_BYTES_V3
         };
-        let epochs = u32::try_from(self.epochs.len()).map_err(|_| BundleError::TooLarge)?;
-        let count = u32::try_from(self.entries.len()).map_err(|_| BundleError::TooLarge)?;
-        let merges = u32::try_from(self.merges.len()).map_err(|_| BundleError::TooLarge)?;
-        let mut out = Vec::with_capacity(
-            HEADER_BYTES
-                + self.epochs.len() * epoch_bytes
-                + self
-                    .entries
-                    .iter()
-                    .map(|e| entry_fixed_bytes(version) + e.sums.as_bytes().len())
-                    .sum::<usize>()
-                + 4
-                + self.merges.len() * MERGE_BYTES
-                + SIGNATURE_BYTES,
-        );
-        out.extend_from_slice(&MAGIC);
-        out.push(version);
-        out.extend_from_slice(key.verifying_key().as_bytes());
+        HEADER_BYTES
+            + self.epochs.len() * epoch_bytes
+            + self
+                .entries
+                .iter()
+                .map(|e| entry_fixed_bytes(version) + e.sums.as_bytes().len())
+                .sum::<usize>()
+            + 4
+            + self.merges.len() * MERGE_BYTES
+            + SIGNATURE_BYTES
+    }
+
+    /// The keys the bundle's sums are under: from version 6 their count (1 to 16) and each
+    /// key; before, exactly one key.
+    fn write_keys(&self, out: &mut Vec<u8>, version: u8) -> Result<(), BundleError> {
         if version >= 6 {
             if self.keys.is_empty() || self.keys.len() > MAX_BUNDLE_KEYS {
                 return Err(BundleError::Inconsistent("a bundle lists 1 to 16 keys"));
@@ -473,6 +535,11 @@ impl Bundle {
             };
             out.extend_from_slice(&only.0);
         }
+        Ok(())
+    }
+
+    /// The chain link, the day and the release rule.
+    fn write_chain_and_rule(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.link.instance.0);
         out.extend_from_slice(&self.link.parent.unwrap_or_default().0);
         out.extend_from_slice(&self.link.seq.to_be_bytes());
@@ -481,46 +548,6 @@ impl Bundle {
         out.push(self.rule.epochs.code());
         out.extend_from_slice(&self.rule.threshold.to_be_bytes());
         out.extend_from_slice(&self.rule.cap.to_be_bytes());
-        out.extend_from_slice(&epochs.to_be_bytes());
-        for e in &self.epochs {
-            out.extend_from_slice(&e.id.0.to_be_bytes());
-            out.extend_from_slice(&e.first_day.0.to_be_bytes());
-            out.extend_from_slice(&e.last_day.0.to_be_bytes());
-            out.extend_from_slice(&e.reports.to_be_bytes());
-            out.extend_from_slice(&e.withheld_sums.to_be_bytes());
-            out.extend_from_slice(&e.withheld_reports.to_be_bytes());
-            if version >= 4 {
-                out.extend_from_slice(&e.reports_with_tokens.to_be_bytes());
-            }
-        }
-        out.extend_from_slice(&count.to_be_bytes());
-        for e in &self.entries {
-            out.extend_from_slice(&e.epoch.0.to_be_bytes());
-            out.extend_from_slice(&e.class.0.to_be_bytes());
-            if version >= 5 {
-                out.extend_from_slice(&e.arch.to_bytes());
-            }
-            if version >= 6 {
-                out.push(e.key);
-            }
-            out.extend_from_slice(&e.catalogue.0.to_be_bytes());
-            out.extend_from_slice(&e.counter.0.to_be_bytes());
-            out.extend_from_slice(&e.generation.0.to_be_bytes());
-            out.extend_from_slice(&e.reports.to_be_bytes());
-            out.extend_from_slice(&e.samples.to_be_bytes());
-            // PackedBytes guarantees count <= MAX_CIPHERTEXTS and length <= u16::MAX.
-            out.push(e.sums.count() as u8);
-            out.extend_from_slice(&(e.sums.ciphertext_len() as u16).to_be_bytes());
-            out.extend_from_slice(e.sums.as_bytes());
-        }
-        out.extend_from_slice(&merges.to_be_bytes());
-        for m in &self.merges {
-            out.extend_from_slice(&m.absorbed.0.to_be_bytes());
-            out.extend_from_slice(&m.into.0.to_be_bytes());
-        }
-        let signature = key.sign(&out);
-        out.extend_from_slice(&signature.to_bytes());
-        Ok(out)
     }
 
     /// Decodes a bundle and checks its signature (strict ed25519 verification) under the key it

@@ -14,8 +14,9 @@
 use std::fmt::Write as _;
 
 use crate::joint::JointSummary;
-use crate::plot::{self, escape, human};
+use crate::plot::{self, escape};
 use crate::report::{CounterReport, Report};
+use crate::scale::human;
 
 const STYLE: &str = "body{font-family:sans-serif;margin:2em auto;max-width:60em;color:#222;\
 padding:0 1em}h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;\

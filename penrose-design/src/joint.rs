@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use penrose_core::counters::{Bin, Catalogue, Joint, Unit};
+use penrose_core::counters::{Axis, Bin, Catalogue, Joint, Unit};
 use thiserror::Error;
 
 /// Why a split could not be taken.
@@ -196,88 +196,18 @@ pub struct JointSummary {
 impl JointSummary {
     /// Splits the decrypted grid `bins` of `joint` at `split`.
     pub fn new(joint: &Joint, bins: &[u64], split: Split) -> Self {
-        let axis = |a: &penrose_core::counters::Axis, asked: f64| {
-            let cell = a.nearest_edge(asked).unwrap_or(0);
-            AxisSummary {
-                counter: a.counter.name.to_string(),
-                unit: a.counter.unit.suffix().to_string(),
-                edges: (0..=a.cells()).map(|i| a.edge(i)).collect(),
-                asked,
-                split: a.edge(cell),
-                split_cell: cell,
-            }
-        };
-        let (x, y) = (axis(&joint.x, split.x), axis(&joint.y, split.y));
+        let (x, y) = (
+            AxisSummary::split(&joint.x, split.x),
+            AxisSummary::split(&joint.y, split.y),
+        );
         let total: u64 = bins.iter().sum();
-        // Kernel time per cell, as (representative, low, high), where an axis is a duration.
-        let duration = match (joint.x.counter.unit, joint.y.counter.unit) {
-            (Unit::Nanoseconds, _) => Some(true),
-            (_, Unit::Nanoseconds) => Some(false),
-            _ => None,
-        };
-        let time_of = |cx: usize, cy: usize| -> Option<(f64, f64, f64)> {
-            let (a, c) = match duration? {
-                true => (&joint.x, cx),
-                false => (&joint.y, cy),
-            };
-            let (lo, hi) = a.edges(c);
-            // The edge cells also hold what lies beyond the range.
-            let low = if c == 0 { 0.0 } else { lo };
-            let high = if c + 1 == a.cells() {
-                f64::INFINITY
-            } else {
-                hi
-            };
-            Some(((lo * hi).sqrt(), low, high))
-        };
-        let mut quadrants: Vec<(u64, f64, f64, f64)> = vec![(0, 0.0, 0.0, 0.0); 4];
-        for (i, &count) in bins.iter().enumerate() {
-            if count == 0 {
-                continue;
-            }
-            let Some(bin) = Bin::new(i) else { continue };
-            let (cx, cy) = joint.cell_of(bin);
-            let q = usize::from(cx >= x.split_cell) + 2 * usize::from(cy >= y.split_cell);
-            quadrants[q].0 += count;
-            if let Some((rep, low, high)) = time_of(cx, cy) {
-                let n = count as f64;
-                quadrants[q].1 += n * rep;
-                quadrants[q].2 += n * low;
-                quadrants[q].3 += n * high;
-            }
-        }
-        let time: f64 = quadrants.iter().map(|q| q.1).sum();
-        let quadrants = quadrants
-            .iter()
-            .enumerate()
-            .map(|(i, &(samples, rep, low, high))| {
-                let (others_low, others_high) = quadrants
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != i)
-                    .fold((0.0, 0.0), |(l, h), (_, q)| (l + q.2, h + q.3));
-                Quadrant {
-                    x_high: i % 2 == 1,
-                    y_high: i >= 2,
-                    samples,
-                    share: if total == 0 {
-                        0.0
-                    } else {
-                        samples as f64 / total as f64
-                    },
-                    time_share: (duration.is_some() && time > 0.0).then(|| Estimate {
-                        estimate: rep / time,
-                        low: ratio(low, low + others_high),
-                        high: ratio(high, high + others_low),
-                    }),
-                }
-            })
-            .collect();
+        let duration = DurationAxis::of(joint);
+        let tallies = tally_quadrants(joint, bins, (x.split_cell, y.split_cell), duration);
         Self {
             view: joint.view.name.to_string(),
             x,
             y,
-            quadrants,
+            quadrants: quadrants(&tallies, total, duration.is_some()),
         }
     }
 
@@ -288,7 +218,7 @@ impl JointSummary {
                 "{} {} {}",
                 a.counter,
                 if high { ">=" } else { "<" },
-                crate::plot::human(a.split, &a.unit)
+                crate::scale::human(a.split, &a.unit)
             )
         };
         format!(
@@ -297,6 +227,143 @@ impl JointSummary {
             side(&self.y, q.y_high)
         )
     }
+}
+
+impl AxisSummary {
+    /// Axis `a` split at the cell edge nearest `asked`.
+    fn split(a: &Axis, asked: f64) -> Self {
+        let cell = a.nearest_edge(asked).unwrap_or(0);
+        AxisSummary {
+            counter: a.counter.name.to_string(),
+            unit: a.counter.unit.suffix().to_string(),
+            edges: (0..=a.cells()).map(|i| a.edge(i)).collect(),
+            asked,
+            split: a.edge(cell),
+            split_cell: cell,
+        }
+    }
+}
+
+/// The axis of a joint view that is a kernel duration, whose cells weigh samples by time.
+#[derive(Clone, Copy, Debug)]
+enum DurationAxis {
+    X,
+    Y,
+}
+
+impl DurationAxis {
+    /// The duration axis of `joint` (x first), `None` where neither is one.
+    fn of(joint: &Joint) -> Option<Self> {
+        match (joint.x.counter.unit, joint.y.counter.unit) {
+            (Unit::Nanoseconds, _) => Some(Self::X),
+            (_, Unit::Nanoseconds) => Some(Self::Y),
+            _ => None,
+        }
+    }
+}
+
+/// The kernel time of one launch in a cell: its representative value, and the least and most
+/// the cell's edges allow.
+#[derive(Clone, Copy, Debug)]
+struct CellTime {
+    rep: f64,
+    low: f64,
+    high: f64,
+}
+
+/// The kernel time of a launch in cell (`cx`, `cy`), where an axis is a duration.
+fn cell_time(
+    joint: &Joint,
+    duration: Option<DurationAxis>,
+    cx: usize,
+    cy: usize,
+) -> Option<CellTime> {
+    let (a, c) = match duration? {
+        DurationAxis::X => (&joint.x, cx),
+        DurationAxis::Y => (&joint.y, cy),
+    };
+    let (lo, hi) = a.edges(c);
+    // The edge cells also hold what lies beyond the range.
+    let low = if c == 0 { 0.0 } else { lo };
+    let high = if c + 1 == a.cells() {
+        f64::INFINITY
+    } else {
+        hi
+    };
+    Some(CellTime {
+        rep: (lo * hi).sqrt(),
+        low,
+        high,
+    })
+}
+
+/// What one quadrant holds: its samples and, where an axis is a duration, their kernel time
+/// (each cell at its representative value, and at its least and most).
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    samples: u64,
+    time: f64,
+    low: f64,
+    high: f64,
+}
+
+/// The four quadrants' tallies, in [`JointSummary::quadrants`]' order, of `bins` split at the
+/// cells `split_cells` (x, y).
+fn tally_quadrants(
+    joint: &Joint,
+    bins: &[u64],
+    split_cells: (usize, usize),
+    duration: Option<DurationAxis>,
+) -> [Tally; 4] {
+    let mut quadrants = [Tally::default(); 4];
+    for (i, &count) in bins.iter().enumerate() {
+        if count == 0 {
+            continue;
+        }
+        let Some(bin) = Bin::new(i) else { continue };
+        let (cx, cy) = joint.cell_of(bin);
+        let q = usize::from(cx >= split_cells.0) + 2 * usize::from(cy >= split_cells.1);
+        quadrants[q].samples += count;
+        if let Some(t) = cell_time(joint, duration, cx, cy) {
+            let n = count as f64;
+            quadrants[q].time += n * t.rep;
+            quadrants[q].low += n * t.low;
+            quadrants[q].high += n * t.high;
+        }
+    }
+    quadrants
+}
+
+/// The quadrants' shares of the `total` samples and, `timed` (an axis is a duration), of
+/// kernel time.
+fn quadrants(tallies: &[Tally; 4], total: u64, timed: bool) -> Vec<Quadrant> {
+    let time: f64 = tallies.iter().map(|q| q.time).sum();
+    tallies
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (others_low, others_high) = tallies
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .fold((0.0, 0.0), |(l, h), (_, q)| (l + q.low, h + q.high));
+            Quadrant {
+                x_high: i % 2 == 1,
+                y_high: i >= 2,
+                samples: t.samples,
+                share: if total == 0 {
+                    0.0
+                } else {
+                    t.samples as f64 / total as f64
+                },
+                time_share: (timed && time > 0.0).then(|| Estimate {
+                    estimate: t.time / time,
+                    low: ratio(t.low, t.low + others_high),
+                    high: ratio(t.high, t.high + others_low),
+                }),
+            }
+        })
+        .collect()
 }
 
 /// `part / whole`, where an infinite part (an open-ended edge cell) makes the share 1 and an

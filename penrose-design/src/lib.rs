@@ -20,6 +20,8 @@
 //! - [`joint`]: joint counter views (two counters binned into one grid) split into
 //!   quadrants at thresholds an architect picks, with each quadrant's share of samples and,
 //!   where an axis is a duration, of kernel time.
+//! - [`scale`]: how a decrypted counter's values read (its catalogue binning, values with
+//!   their unit), shared by the report and the plots.
 //! - [`output`]: what the other commands print (`keygen`, `key-info`, `labels`, `import`),
 //!   as types the JSON and the text are printed from.
 //! - [`plot`] and [`html`]: the report's plots as SVG (histograms, heat maps of joint views,
@@ -42,4 +44,5 @@ pub mod output;
 pub mod plot;
 pub mod png;
 pub mod report;
+pub mod scale;
 pub mod simulate;

@@ -729,7 +729,7 @@ pub fn to_csv_bins(report: &Report) -> String {
          y_low,y_high\n",
     );
     for c in &report.decrypted {
-        let binning = crate::plot::binning(c);
+        let binning = crate::scale::binning(c);
         let joint = joint_of(c);
         for (i, &count) in c.bins.iter().enumerate() {
             if count == 0 {

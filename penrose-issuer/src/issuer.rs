@@ -39,6 +39,7 @@ use penrose_core::tokens::protocol::{
 };
 use penrose_core::tokens::{BlindedRequest, TokenEpoch, TokenError, TokenScope};
 use penrose_core::wire::Day;
+use rand::rngs::ThreadRng;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -379,81 +380,101 @@ impl Issuer {
             return Ok(IssuerAnswer::Refused(Refusal::RateLimited));
         };
         let published = self.keys.published(today)?;
-        let floor = self.store.prune_floor()?;
-        let quota = self.config.tokens_per_epoch;
-        // Counts after this request, per (epoch, scope) it issues under.
-        let mut totals: BTreeMap<(TokenEpoch, TokenScope), u16> = BTreeMap::new();
-        let mut outcomes = Vec::with_capacity(batches.len());
+        let request = RequestTerms {
+            id: &id,
+            published: &published,
+            today,
+            floor: self.store.prune_floor()?,
+            quota: self.config.tokens_per_epoch,
+        };
+        let mut issuance = Issuance {
+            outcomes: Vec::with_capacity(batches.len()),
+            ..Issuance::default()
+        };
         let mut rng = rand::rng();
-        let mut added = 0u64;
         for bytes in batches {
-            let request = match BlindedRequest::decode(bytes, &published.set) {
-                Ok(request) => request,
-                Err(TokenError::UnknownKey { .. }) => {
-                    outcomes.push(BatchOutcome::UnknownKey);
-                    continue;
-                }
-                Err(_) => {
-                    outcomes.push(BatchOutcome::Invalid);
-                    continue;
-                }
-            };
-            let epoch = request.epoch();
-            let issuable = epoch.0 >= today.0
-                && epoch.0 <= today.0.saturating_add(ISSUE_AHEAD)
-                && epoch.0 >= floor.0;
-            let entry = published.set.find(epoch, request.key_id()).ok();
-            let (Some(entry), true) = (entry, issuable) else {
-                outcomes.push(BatchOutcome::UnknownKey);
-                continue;
-            };
-            let scope = entry.scope();
-            let already = match totals.get(&(epoch, scope)) {
-                Some(total) => *total,
-                None => self.store.issued(epoch, scope, &id)?,
-            };
-            // A batch holds at most MAX_BATCH (64) tokens.
-            let count = u16::try_from(request.count()).unwrap_or(u16::MAX);
-            if already.saturating_add(count) > quota {
-                outcomes.push(BatchOutcome::Quota {
-                    remaining: quota.saturating_sub(already),
-                });
-                continue;
-            }
-            let issued = published
-                .key(epoch, scope)
-                .ok_or(TokenError::UnknownKey {
-                    epoch,
-                    key_id: request.key_id(),
-                })
-                .and_then(|key| key.issue(&request, &mut rng));
-            match issued {
-                Ok(response) => {
-                    totals.insert((epoch, scope), already + count);
-                    added += u64::from(count);
-                    outcomes.push(BatchOutcome::Issued(response.encode()));
-                }
-                Err(e) => {
-                    debug!(error = %e, "a decoded batch could not be issued");
-                    outcomes.push(BatchOutcome::Invalid);
-                }
-            }
+            let outcome = self.issue_batch(&request, bytes, &mut issuance, &mut rng)?;
+            issuance.outcomes.push(outcome);
         }
-        if !totals.is_empty() {
-            let mut set = WriteSet::new();
-            for (&(epoch, scope), total) in &totals {
-                set.put(
-                    Table::Issued,
-                    issued_key(epoch, scope, &id),
-                    total.to_be_bytes(),
-                );
-            }
-            set.put(Table::Rate, id.0, rate.encode());
-            // Durable before a single token leaves.
-            self.store.write(set)?;
+        self.record(&id, &issuance.totals, rate)?;
+        self.count(&issuance);
+        Ok(IssuerAnswer::Issued(issuance.outcomes))
+    }
+
+    /// One batch's outcome: refused as invalid, for a key not issued now, or over the quota,
+    /// else issued (its tokens added to `issuance`'s totals).
+    fn issue_batch(
+        &self,
+        terms: &RequestTerms<'_>,
+        bytes: &[u8],
+        issuance: &mut Issuance,
+        rng: &mut ThreadRng,
+    ) -> Result<BatchOutcome, IssuerError> {
+        let (request, scope) = match terms.admit(bytes) {
+            Ok(admitted) => admitted,
+            Err(refused) => return Ok(refused),
+        };
+        let epoch = request.epoch();
+        let already = match issuance.totals.get(&(epoch, scope)) {
+            Some(total) => *total,
+            None => self.store.issued(epoch, scope, terms.id)?,
+        };
+        // A batch holds at most MAX_BATCH (64) tokens.
+        let count = u16::try_from(request.count()).unwrap_or(u16::MAX);
+        if already.saturating_add(count) > terms.quota {
+            return Ok(BatchOutcome::Quota {
+                remaining: terms.quota.saturating_sub(already),
+            });
         }
+        let issued = terms
+            .published
+            .key(epoch, scope)
+            .ok_or(TokenError::UnknownKey {
+                epoch,
+                key_id: request.key_id(),
+            })
+            .and_then(|key| key.issue(&request, rng));
+        Ok(match issued {
+            Ok(response) => {
+                issuance.totals.insert((epoch, scope), already + count);
+                issuance.added += u64::from(count);
+                BatchOutcome::Issued(response.encode())
+            }
+            Err(e) => {
+                debug!(error = %e, "a decoded batch could not be issued");
+                BatchOutcome::Invalid
+            }
+        })
+    }
+
+    /// Writes the new counts and the rate bucket in one synced write, durable before a single
+    /// token leaves; nothing when nothing was issued.
+    fn record(
+        &self,
+        id: &CredentialId,
+        totals: &BTreeMap<(TokenEpoch, TokenScope), u16>,
+        rate: RateRecord,
+    ) -> Result<(), IssuerError> {
+        if totals.is_empty() {
+            return Ok(());
+        }
+        let mut set = WriteSet::new();
+        for (&(epoch, scope), total) in totals {
+            set.put(
+                Table::Issued,
+                issued_key(epoch, scope, id),
+                total.to_be_bytes(),
+            );
+        }
+        set.put(Table::Rate, id.0, rate.encode());
+        // Durable before a single token leaves.
+        self.store.write(set)
+    }
+
+    /// Counts a request's batches by outcome, and the tokens it issued.
+    fn count(&self, issuance: &Issuance) {
         let c = &self.counters;
-        for outcome in &outcomes {
+        for outcome in &issuance.outcomes {
             match outcome {
                 BatchOutcome::Issued(_) => bump(&c.batches_issued, 1),
                 BatchOutcome::Quota { .. } => bump(&c.batches_quota, 1),
@@ -461,7 +482,48 @@ impl Issuer {
                 BatchOutcome::Invalid => bump(&c.batches_invalid, 1),
             }
         }
-        bump(&c.tokens_issued, added);
-        Ok(IssuerAnswer::Issued(outcomes))
+        bump(&c.tokens_issued, issuance.added);
     }
+}
+
+/// What each batch of one issue request is checked against: the credential, the key set
+/// published today, the prune floor and the quota per (epoch, scope).
+struct RequestTerms<'a> {
+    id: &'a CredentialId,
+    published: &'a Published,
+    today: Day,
+    floor: Day,
+    quota: u16,
+}
+
+impl RequestTerms<'_> {
+    /// The batch decoded, with the scope of its key, if it is for a key issued now: else its
+    /// outcome (`Invalid`, or `UnknownKey` for a key the set does not hold or an epoch not
+    /// issued now).
+    fn admit(&self, bytes: &[u8]) -> Result<(BlindedRequest, TokenScope), BatchOutcome> {
+        let request = match BlindedRequest::decode(bytes, &self.published.set) {
+            Ok(request) => request,
+            Err(TokenError::UnknownKey { .. }) => return Err(BatchOutcome::UnknownKey),
+            Err(_) => return Err(BatchOutcome::Invalid),
+        };
+        let epoch = request.epoch();
+        let issuable = epoch.0 >= self.today.0
+            && epoch.0 <= self.today.0.saturating_add(ISSUE_AHEAD)
+            && epoch.0 >= self.floor.0;
+        let entry = self.published.set.find(epoch, request.key_id()).ok();
+        let (Some(entry), true) = (entry, issuable) else {
+            return Err(BatchOutcome::UnknownKey);
+        };
+        let scope = entry.scope();
+        Ok((request, scope))
+    }
+}
+
+/// What one issue request's batches came to: each batch's outcome, the counts after it per
+/// (epoch, scope) it issued under, and the tokens issued.
+#[derive(Default)]
+struct Issuance {
+    outcomes: Vec<BatchOutcome>,
+    totals: BTreeMap<(TokenEpoch, TokenScope), u16>,
+    added: u64,
 }

@@ -521,11 +521,60 @@ impl Driver {
         f: FunctionHandle,
         launch: &Launch,
     ) -> Result<(), StandinError> {
+        let s = &self.sym;
+        let code = match entry {
+            EntryPoint::LaunchKernel => self.launch_plain(s.launch_kernel, f, launch),
+            EntryPoint::LaunchKernelPtsz => self.launch_plain(s.launch_kernel_ptsz, f, launch),
+            EntryPoint::LaunchKernelEx => self.launch_ex(s.launch_kernel_ex, f, launch),
+            EntryPoint::LaunchKernelExPtsz => self.launch_ex(s.launch_kernel_ex_ptsz, f, launch),
+            EntryPoint::LaunchCooperativeKernel => {
+                self.launch_cooperative(s.launch_cooperative, f, launch)
+            }
+            EntryPoint::LaunchCooperativeKernelPtsz => {
+                self.launch_cooperative(s.launch_cooperative_ptsz, f, launch)
+            }
+            // SAFETY: the arguments of cuGraphLaunch's cuda.h signature; the stand-in
+            // validates the handles.
+            EntryPoint::GraphLaunch => unsafe { (s.graph_launch)(f.ptr(), launch.stream.ptr()) },
+            // SAFETY: as above, for cuGraphLaunch_ptsz.
+            EntryPoint::GraphLaunchPtsz => unsafe {
+                (s.graph_launch_ptsz)(f.ptr(), launch.stream.ptr())
+            },
+        };
+        CuResult(code).check(entry.symbol())
+    }
+
+    /// Calls `call`, one of this library's `cuLaunchKernel` symbols (`self.sym`), with no
+    /// kernel parameters; returns its result code.
+    fn launch_plain(&self, call: LaunchFn, f: FunctionHandle, launch: &Launch) -> c_int {
         let [gx, gy, gz] = launch.grid;
         let [bx, by, bz] = launch.block;
-        let smem = launch.shared_mem_bytes;
-        let stream = launch.stream.ptr();
         let null = std::ptr::null_mut();
+        // SAFETY: `call` is this library's symbol with cuLaunchKernel's cuda.h signature, and
+        // gets its arguments; the parameter arrays are null; the stand-in validates the handles.
+        unsafe {
+            call(
+                f.ptr(),
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                launch.shared_mem_bytes,
+                launch.stream.ptr(),
+                null,
+                null,
+            )
+        }
+    }
+
+    /// Calls `call`, one of this library's `cuLaunchKernelEx` symbols (`self.sym`), with the
+    /// launch as its config and no kernel parameters; returns its result code.
+    fn launch_ex(&self, call: LaunchExFn, f: FunctionHandle, launch: &Launch) -> c_int {
+        let [gx, gy, gz] = launch.grid;
+        let [bx, by, bz] = launch.block;
+        let null: *mut c_void = std::ptr::null_mut();
         let config = LaunchConfig {
             grid_dim_x: gx,
             grid_dim_y: gy,
@@ -533,77 +582,44 @@ impl Driver {
             block_dim_x: bx,
             block_dim_y: by,
             block_dim_z: bz,
-            shared_mem_bytes: smem,
-            h_stream: stream,
-            attrs: null,
+            shared_mem_bytes: launch.shared_mem_bytes,
+            h_stream: launch.stream.ptr(),
+            attrs: null.cast(),
             num_attrs: 0,
         };
-        let s = &self.sym;
-        // SAFETY: each call passes the arguments of its cuda.h signature; pointers are null or
-        // point at `config`, which outlives the call; the stand-in validates the handles.
-        let code = unsafe {
-            match entry {
-                EntryPoint::LaunchKernel => (s.launch_kernel)(
-                    f.ptr(),
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    smem,
-                    stream,
-                    null.cast(),
-                    null.cast(),
-                ),
-                EntryPoint::LaunchKernelPtsz => (s.launch_kernel_ptsz)(
-                    f.ptr(),
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    smem,
-                    stream,
-                    null.cast(),
-                    null.cast(),
-                ),
-                EntryPoint::LaunchKernelEx => {
-                    (s.launch_kernel_ex)(&config, f.ptr(), null.cast(), null.cast())
-                }
-                EntryPoint::LaunchKernelExPtsz => {
-                    (s.launch_kernel_ex_ptsz)(&config, f.ptr(), null.cast(), null.cast())
-                }
-                EntryPoint::LaunchCooperativeKernel => (s.launch_cooperative)(
-                    f.ptr(),
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    smem,
-                    stream,
-                    null.cast(),
-                ),
-                EntryPoint::LaunchCooperativeKernelPtsz => (s.launch_cooperative_ptsz)(
-                    f.ptr(),
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    smem,
-                    stream,
-                    null.cast(),
-                ),
-                EntryPoint::GraphLaunch => (s.graph_launch)(f.ptr(), stream),
-                EntryPoint::GraphLaunchPtsz => (s.graph_launch_ptsz)(f.ptr(), stream),
-            }
-        };
-        CuResult(code).check(entry.symbol())
+        // SAFETY: `call` is this library's symbol with cuLaunchKernelEx's cuda.h signature;
+        // `config` outlives the call; the parameter arrays are null; the stand-in validates
+        // the handles.
+        unsafe { call(&config, f.ptr(), null.cast(), null.cast()) }
+    }
+
+    /// Calls `call`, one of this library's `cuLaunchCooperativeKernel` symbols (`self.sym`),
+    /// with no kernel parameters; returns its result code.
+    fn launch_cooperative(
+        &self,
+        call: LaunchCooperativeFn,
+        f: FunctionHandle,
+        launch: &Launch,
+    ) -> c_int {
+        let [gx, gy, gz] = launch.grid;
+        let [bx, by, bz] = launch.block;
+        // SAFETY: `call` is this library's symbol with cuLaunchCooperativeKernel's cuda.h
+        // signature, and gets its arguments; the parameter array is null; the stand-in
+        // validates the handles.
+        unsafe {
+            call(
+                f.ptr(),
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                launch.shared_mem_bytes,
+                launch.stream.ptr(),
+                std::ptr::null_mut(),
+            )
+        }
     }
 
     /// `cuStreamBeginCapture_v2`: launches on `stream` (a stream the stand-in made, of the

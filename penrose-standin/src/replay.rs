@@ -301,80 +301,18 @@ pub struct ReplayPlan {
 impl ReplayPlan {
     /// The launches of `selection` in `trace`, in launch order.
     pub fn from_trace(trace: &Trace, selection: ProcessSelection) -> Result<Self, StandinError> {
-        let sequences = trace.process_sequences();
-        let (processes, kernels): (Vec<ProcessId>, Vec<&Kernel>) = match selection {
-            ProcessSelection::Largest => {
-                let (pid, seq) = sequences
-                    .iter()
-                    // Ties go to the lowest id, so the choice is stable.
-                    .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
-                    .ok_or_else(|| {
-                        StandinError::NothingToReplay(format!(
-                            "{}: the trace has no kernels",
-                            trace.path().display()
-                        ))
-                    })?;
-                (vec![*pid], seq.clone())
-            }
-            ProcessSelection::Pid(pid) => {
-                let seq = sequences.get(&ProcessId(pid)).ok_or_else(|| {
-                    let known: Vec<String> = sequences.keys().map(|p| p.0.to_string()).collect();
-                    StandinError::NothingToReplay(format!(
-                        "{}: no process {pid}; processes with kernels: {}",
-                        trace.path().display(),
-                        known.join(", ")
-                    ))
-                })?;
-                (vec![ProcessId(pid)], seq.clone())
-            }
-            ProcessSelection::All => {
-                let mut all: Vec<&Kernel> = sequences.values().flatten().copied().collect();
-                all.sort_by(|a, b| a.launch_order_ts_us().total_cmp(&b.launch_order_ts_us()));
-                (sequences.keys().copied().collect(), all)
-            }
-        };
+        let (processes, kernels) = select(trace, selection)?;
         if kernels.is_empty() {
             return Err(StandinError::NothingToReplay(format!(
                 "{}: the trace has no kernels",
                 trace.path().display()
             )));
         }
-        let first_ts = kernels[0].launch_order_ts_us();
-        let mut name_index: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut names = Vec::new();
-        let mut stream_index: BTreeMap<StreamId, usize> = BTreeMap::new();
-        let mut streams = Vec::new();
-        let mut launches = Vec::with_capacity(kernels.len());
-        for k in &kernels {
-            let name = match name_index.get(&*k.name) {
-                Some(&i) => i,
-                None => {
-                    let c = CString::new(k.name.as_bytes())
-                        .map_err(|_| StandinError::NameWithNul(k.name.to_string()))?;
-                    names.push(c);
-                    name_index.insert(&k.name, names.len() - 1);
-                    names.len() - 1
-                }
-            };
-            let stream = k.stream.map(|s| {
-                *stream_index.entry(s).or_insert_with(|| {
-                    streams.push(s);
-                    streams.len() - 1
-                })
-            });
-            // Profilers record 0 for an unknown dimension; a driver refuses 0, so use 1.
-            let dims = |d: Option<[u32; 3]>| d.unwrap_or([1, 1, 1]).map(|v| v.max(1));
-            launches.push(PlannedLaunch {
-                name,
-                stream,
-                grid: dims(k.grid),
-                block: dims(k.block),
-                shared_mem_bytes: saturate_u32(k.shared_memory_bytes.unwrap_or(0)),
-                offset_us: (k.launch_order_ts_us() - first_ts).max(0.0),
-                counters: NextCounters::from_kernel(k),
-                graph: graph_key(k),
-            });
-        }
+        let Planned {
+            names,
+            streams,
+            launches,
+        } = plan_launches(&kernels)?;
         let last = kernels[kernels.len() - 1];
         // One loop lasts until the last launch plus its kernel's run time.
         let period_us = launches[launches.len() - 1].offset_us + last.dur_us.max(0.0);
@@ -447,6 +385,100 @@ impl ReplayPlan {
     pub fn period(&self) -> Duration {
         Duration::from_secs_f64(self.period_us / 1e6)
     }
+}
+
+/// The processes `selection` picks in `trace` and their kernels, in launch order; an error
+/// names a trace without kernels or a process it does not have.
+fn select(
+    trace: &Trace,
+    selection: ProcessSelection,
+) -> Result<(Vec<ProcessId>, Vec<&Kernel>), StandinError> {
+    let sequences = trace.process_sequences();
+    Ok(match selection {
+        ProcessSelection::Largest => {
+            let (pid, seq) = sequences
+                .iter()
+                // Ties go to the lowest id, so the choice is stable.
+                .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)))
+                .ok_or_else(|| {
+                    StandinError::NothingToReplay(format!(
+                        "{}: the trace has no kernels",
+                        trace.path().display()
+                    ))
+                })?;
+            (vec![*pid], seq.clone())
+        }
+        ProcessSelection::Pid(pid) => {
+            let seq = sequences.get(&ProcessId(pid)).ok_or_else(|| {
+                let known: Vec<String> = sequences.keys().map(|p| p.0.to_string()).collect();
+                StandinError::NothingToReplay(format!(
+                    "{}: no process {pid}; processes with kernels: {}",
+                    trace.path().display(),
+                    known.join(", ")
+                ))
+            })?;
+            (vec![ProcessId(pid)], seq.clone())
+        }
+        ProcessSelection::All => {
+            let mut all: Vec<&Kernel> = sequences.values().flatten().copied().collect();
+            all.sort_by(|a, b| a.launch_order_ts_us().total_cmp(&b.launch_order_ts_us()));
+            (sequences.keys().copied().collect(), all)
+        }
+    })
+}
+
+/// A kernel sequence resolved for replay: its distinct names and streams, in order of first
+/// launch, and each launch by their indices.
+struct Planned {
+    names: Vec<CString>,
+    streams: Vec<StreamId>,
+    launches: Vec<PlannedLaunch>,
+}
+
+/// Resolves `kernels` (not empty) into launches, timed from the first; a name with a NUL
+/// byte is an error.
+fn plan_launches(kernels: &[&Kernel]) -> Result<Planned, StandinError> {
+    let first_ts = kernels[0].launch_order_ts_us();
+    let mut name_index: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut names = Vec::new();
+    let mut stream_index: BTreeMap<StreamId, usize> = BTreeMap::new();
+    let mut streams = Vec::new();
+    let mut launches = Vec::with_capacity(kernels.len());
+    for k in kernels {
+        let name = match name_index.get(&*k.name) {
+            Some(&i) => i,
+            None => {
+                let c = CString::new(k.name.as_bytes())
+                    .map_err(|_| StandinError::NameWithNul(k.name.to_string()))?;
+                names.push(c);
+                name_index.insert(&k.name, names.len() - 1);
+                names.len() - 1
+            }
+        };
+        let stream = k.stream.map(|s| {
+            *stream_index.entry(s).or_insert_with(|| {
+                streams.push(s);
+                streams.len() - 1
+            })
+        });
+        // Profilers record 0 for an unknown dimension; a driver refuses 0, so use 1.
+        let dims = |d: Option<[u32; 3]>| d.unwrap_or([1, 1, 1]).map(|v| v.max(1));
+        launches.push(PlannedLaunch {
+            name,
+            stream,
+            grid: dims(k.grid),
+            block: dims(k.block),
+            shared_mem_bytes: saturate_u32(k.shared_memory_bytes.unwrap_or(0)),
+            offset_us: (k.launch_order_ts_us() - first_ts).max(0.0),
+            counters: NextCounters::from_kernel(k),
+            graph: graph_key(k),
+        });
+    }
+    Ok(Planned {
+        names,
+        streams,
+        launches,
+    })
 }
 
 /// What a replay did, as `penrose-replay --json` prints it.
@@ -563,29 +595,66 @@ pub fn replay_with(
     let stream_count = plan.streams.len() + usize::from(plan.graphs.is_some());
     let on = OnDevice::start(driver, options.devices, stream_count)?;
     let first_streams = on.streams().to_vec();
-    let image = c"penrose-standin module image";
+    let (targets, functions) = targets(libs, plan, options)?;
+    let eager;
+    let steps = match &plan.graphs {
+        Some(steps) => steps,
+        None => {
+            eager = GraphSteps::eager(plan.launches.len());
+            &eager
+        }
+    };
+    let mut run = Run {
+        driver,
+        targets: &targets,
+        via: options.via,
+        on,
+        streams: stream_count,
+        switch_every: options.devices.switch_every.map(|e| e.max(1)),
+        replayed: 0,
+        graph_launches: 0,
+        graph_kernels: 0,
+    };
+    let mut cache = GraphCache::default();
+
+    let start = Instant::now();
+    let loops = run.loops(plan, steps, options, &mut cache, start)?;
+    let elapsed_s = start.elapsed().as_secs_f64();
+    let graphs_captured = cache.captured;
+    cache.destroy(driver)?;
+    let done = Done {
+        loops,
+        elapsed_s,
+        graphs_captured,
+        replayed: run.replayed,
+        graph_launches: run.graph_launches,
+        graph_kernels: run.graph_kernels,
+    };
+    Ok(summary(
+        libs,
+        plan,
+        options.via,
+        done,
+        functions,
+        &first_streams,
+    ))
+}
+
+/// What each distinct name of `plan` launches with on the path `options.via` takes, and each
+/// name's handle as the driver sees it; an error names a library the path needs and `libs`
+/// lacks.
+fn targets<'a>(
+    libs: &Libraries<'a>,
+    plan: &ReplayPlan,
+    options: &ReplayOptions<'_>,
+) -> Result<(Targets<'a>, Vec<FunctionName>), StandinError> {
     let missing = |what| StandinError::MissingLibrary {
         via: options.via.label(),
         what,
     };
-    let (targets, functions) = match options.via {
+    Ok(match options.via {
         Via::Entry(_) | Via::Rotate => {
-            let handles: Vec<FunctionHandle> = match options.resolve {
-                Resolve::Module => {
-                    let module = driver.module_load_data(image)?;
-                    plan.names
-                        .iter()
-                        .map(|n| driver.module_get_function(module, n))
-                        .collect::<Result<_, _>>()?
-                }
-                Resolve::Library => {
-                    let library = driver.library_load_data(image)?;
-                    plan.names
-                        .iter()
-                        .map(|n| driver.kernel_get_function(driver.library_get_kernel(library, n)?))
-                        .collect::<Result<_, _>>()?
-                }
-            };
+            let handles = resolve_names(libs.driver, plan, options.resolve)?;
             let functions = handles
                 .iter()
                 .zip(&plan.names)
@@ -618,76 +687,60 @@ pub fn replay_with(
             let kernels = (0..plan.names.len()).map(|i| stub_index(i) % n).collect();
             (Targets::Static(lib, kernels), Vec::new())
         }
-    };
-    let stopped = || options.stop.is_some_and(|s| s.load(Ordering::Relaxed));
-    let eager;
-    let steps = match &plan.graphs {
-        Some(steps) => steps,
-        None => {
-            eager = GraphSteps::eager(plan.launches.len());
-            &eager
-        }
-    };
-    let mut run = Run {
-        driver,
-        targets: &targets,
-        via: options.via,
-        on,
-        streams: stream_count,
-        switch_every: options.devices.switch_every.map(|e| e.max(1)),
-        replayed: 0,
-        graph_launches: 0,
-        graph_kernels: 0,
-    };
-    let mut cache = GraphCache::default();
+    })
+}
 
-    let start = Instant::now();
-    let mut loops = 0u64;
-    'outer: loop {
-        if let Loops::Count(n) = options.loops
-            && loops >= n
-        {
-            break;
+/// Each of the plan's names resolved to a function handle through the driver's public name
+/// functions, by `resolve`.
+fn resolve_names(
+    driver: &Driver,
+    plan: &ReplayPlan,
+    resolve: Resolve,
+) -> Result<Vec<FunctionHandle>, StandinError> {
+    let image = c"penrose-standin module image";
+    match resolve {
+        Resolve::Module => {
+            let module = driver.module_load_data(image)?;
+            plan.names
+                .iter()
+                .map(|n| driver.module_get_function(module, n))
+                .collect()
         }
-        let loop_offset_us = loops as f64 * plan.period_us;
-        for step in &steps.steps {
-            if stopped() {
-                break 'outer;
-            }
-            let first = match *step {
-                Step::Kernel(i) => i,
-                // A graph launch is paced by its first kernel (it has at least one).
-                Step::Graph(g) => steps.graphs[g].launches.first().copied().unwrap_or(0),
-            };
-            if let Pace::Trace { speed } = options.pace {
-                wait_until(
-                    start,
-                    (loop_offset_us + plan.launches[first].offset_us) / speed,
-                );
-            }
-            run.switch_device_if_due()?;
-            match *step {
-                Step::Kernel(i) => {
-                    let l = &plan.launches[i];
-                    run.launch(l, run.stream_of(l.stream))?;
-                }
-                Step::Graph(g) => run.graph(plan, &mut cache, &steps.graphs[g])?,
-            }
-        }
-        loops += 1;
-        if stopped() {
-            break;
+        Resolve::Library => {
+            let library = driver.library_load_data(image)?;
+            plan.names
+                .iter()
+                .map(|n| driver.kernel_get_function(driver.library_get_kernel(library, n)?))
+                .collect()
         }
     }
-    let elapsed_s = start.elapsed().as_secs_f64();
-    let graphs_captured = cache.captured;
-    cache.destroy(driver)?;
-    let replayed = run.replayed;
+}
 
-    Ok(ReplaySummary {
+/// What a finished replay's loop did.
+struct Done {
+    loops: u64,
+    elapsed_s: f64,
+    graphs_captured: u64,
+    replayed: u64,
+    graph_launches: u64,
+    graph_kernels: u64,
+}
+
+/// The summary of a finished replay: `done`, with the driver's and (on the runtime path) the
+/// runtime's counters, the names' handles and the streams of the first device.
+fn summary(
+    libs: &Libraries<'_>,
+    plan: &ReplayPlan,
+    via: Via,
+    done: Done,
+    functions: Vec<FunctionName>,
+    first_streams: &[StreamHandle],
+) -> ReplaySummary {
+    let driver = libs.driver;
+    ReplaySummary {
         pid: std::process::id(),
-        replayed,
-        loops,
+        replayed: done.replayed,
+        loops: done.loops,
         launches: EntryPoint::ALL
             .into_iter()
             .map(|e| (e.symbol(), driver.launch_count(e)))
@@ -695,11 +748,11 @@ pub fn replay_with(
         distinct_functions: driver.function_count(),
         name_calls: driver.name_call_count(),
         private_kernels: driver.private_kernel_count(),
-        graph_launches: run.graph_launches,
-        graphs_captured,
-        graph_kernels: run.graph_kernels,
+        graph_launches: done.graph_launches,
+        graphs_captured: done.graphs_captured,
+        graph_kernels: done.graph_kernels,
         captured_launches: driver.captured_launch_count(),
-        runtime: match (options.via, libs.runtime) {
+        runtime: match (via, libs.runtime) {
             (Via::Runtime(_), Some(r)) => Some(RuntimeCounts {
                 register_function: r.count(RuntimeCounter::RegisterFunction),
                 get_kernel: r.count(RuntimeCounter::GetKernel),
@@ -712,19 +765,19 @@ pub fn replay_with(
         streams: plan
             .streams
             .iter()
-            .zip(&first_streams)
+            .zip(first_streams)
             .map(|(s, h)| StreamName {
                 trace_stream: s.0,
                 handle: h.0 as u64,
             })
             .collect(),
-        elapsed_s,
-        launches_per_s: if elapsed_s > 0.0 {
-            replayed as f64 / elapsed_s
+        elapsed_s: done.elapsed_s,
+        launches_per_s: if done.elapsed_s > 0.0 {
+            done.replayed as f64 / done.elapsed_s
         } else {
             0.0
         },
-    })
+    }
 }
 
 /// A replay in progress: the path launches take, the device it is on, and what it has done.
@@ -761,6 +814,57 @@ impl Run<'_, '_> {
             self.on.next(self.driver, self.streams)?;
         }
         Ok(())
+    }
+
+    /// Replays `steps` of `plan` as `options` say (paced from `start`, until the loop count
+    /// or the stop flag); returns how many loops ran to their end.
+    fn loops(
+        &mut self,
+        plan: &ReplayPlan,
+        steps: &GraphSteps,
+        options: &ReplayOptions<'_>,
+        cache: &mut GraphCache,
+        start: Instant,
+    ) -> Result<u64, StandinError> {
+        let stopped = || options.stop.is_some_and(|s| s.load(Ordering::Relaxed));
+        let mut loops = 0u64;
+        'outer: loop {
+            if let Loops::Count(n) = options.loops
+                && loops >= n
+            {
+                break;
+            }
+            let loop_offset_us = loops as f64 * plan.period_us;
+            for step in &steps.steps {
+                if stopped() {
+                    break 'outer;
+                }
+                let first = match *step {
+                    Step::Kernel(i) => i,
+                    // A graph launch is paced by its first kernel (it has at least one).
+                    Step::Graph(g) => steps.graphs[g].launches.first().copied().unwrap_or(0),
+                };
+                if let Pace::Trace { speed } = options.pace {
+                    wait_until(
+                        start,
+                        (loop_offset_us + plan.launches[first].offset_us) / speed,
+                    );
+                }
+                self.switch_device_if_due()?;
+                match *step {
+                    Step::Kernel(i) => {
+                        let l = &plan.launches[i];
+                        self.launch(l, self.stream_of(l.stream))?;
+                    }
+                    Step::Graph(g) => self.graph(plan, cache, &steps.graphs[g])?,
+                }
+            }
+            loops += 1;
+            if stopped() {
+                break;
+            }
+        }
+        Ok(loops)
     }
 
     /// Launches one planned kernel on `stream` with its counters.

@@ -125,6 +125,15 @@ fn lenient_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> 
 }
 
 fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
+    let events = events(path, json)?;
+    let launches = launches(&events);
+    let kernels = kernels(path, events, &launches)?;
+    Ok(Trace::new(path.to_owned(), kernels))
+}
+
+/// The file's events, or why it holds none: not JSON, JSON of another shape, or no
+/// `traceEvents`.
+fn events(path: &Path, json: &[u8]) -> Result<Vec<RawEvent>, TraceError> {
     let raw: RawFile = serde_json::from_slice(json).map_err(|source| {
         if source.is_data() {
             // Valid JSON of the wrong shape: most often a file that is not a trace at all.
@@ -146,20 +155,32 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
             }
         }
     })?;
-    let events = match raw {
+    match raw {
         RawFile::Object {
             trace_events: Some(events),
         }
-        | RawFile::Array(events) => events,
-        RawFile::Object { trace_events: None } => {
-            return Err(TraceError::NoTraceEvents {
-                path: path.to_owned(),
-            });
-        }
-    };
+        | RawFile::Array(events) => Ok(events),
+        RawFile::Object { trace_events: None } => Err(TraceError::NoTraceEvents {
+            path: path.to_owned(),
+        }),
+    }
+}
 
-    let mut launches: HashMap<i64, (f64, Option<i64>, bool)> = HashMap::new();
-    for event in &events {
+/// A host-side launch of a GPU activity.
+#[derive(Clone, Copy)]
+struct Launch {
+    /// When it was called.
+    ts_us: f64,
+    /// The launching process.
+    pid: Option<i64>,
+    /// Whether it launched a CUDA graph.
+    graph: bool,
+}
+
+/// The launches by correlation id (the first event of each id).
+fn launches(events: &[RawEvent]) -> HashMap<i64, Launch> {
+    let mut launches: HashMap<i64, Launch> = HashMap::new();
+    for event in events {
         let is_launch = event
             .cat
             .as_deref()
@@ -170,10 +191,23 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
             event.args.as_ref().and_then(|a| a.correlation),
         ) {
             let graph = event.name.as_deref().is_some_and(is_graph_launch);
-            launches.entry(corr).or_insert((ts, event.pid, graph));
+            launches.entry(corr).or_insert(Launch {
+                ts_us: ts,
+                pid: event.pid,
+                graph,
+            });
         }
     }
+    launches
+}
 
+/// The kernel events, in order, each joined to its launch; a kernel event without a name or
+/// a time stamp fails the file.
+fn kernels(
+    path: &Path,
+    events: Vec<RawEvent>,
+    launches: &HashMap<i64, Launch>,
+) -> Result<Vec<Kernel>, TraceError> {
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
     let mut kernels = Vec::new();
     // Kernel events carry the device as `pid`; remember which launching processes each such
@@ -181,7 +215,7 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
     // unambiguous.
     let mut event_pids = Vec::new();
     let mut launchers: HashMap<Option<i64>, Vec<i64>> = HashMap::new();
-    for (index, event) in events.into_iter().enumerate() {
+    for (index, mut event) in events.into_iter().enumerate() {
         if event.cat.as_deref() != Some("kernel") {
             continue;
         }
@@ -190,53 +224,54 @@ fn parse(path: &Path, json: &[u8]) -> Result<Trace, TraceError> {
             index,
             field,
         };
-        let name = event.name.ok_or_else(|| missing("name"))?;
+        let name = event.name.take().ok_or_else(|| missing("name"))?;
         let ts_us = event.ts.ok_or_else(|| missing("ts"))?;
         let name = names
             .entry(name)
             .or_insert_with_key(|name| Arc::from(name.as_str()))
             .clone();
-        let args = event.args;
-        let correlation = args.as_ref().and_then(|a| a.correlation);
+        let correlation = event.args.as_ref().and_then(|a| a.correlation);
         let launch = correlation.and_then(|c| launches.get(&c).copied());
-        if let Some(pid) = launch.and_then(|(_, pid, _)| pid) {
+        if let Some(pid) = launch.and_then(|l| l.pid) {
             let seen = launchers.entry(event.pid).or_default();
             if !seen.contains(&pid) {
                 seen.push(pid);
             }
         }
         event_pids.push((event.pid, launch.is_some()));
-        kernels.push(Kernel {
-            name,
-            ts_us,
-            dur_us: event.dur.unwrap_or(0.0),
-            launch_ts_us: launch.map(|(ts, _, _)| ts),
-            graph_launch: launch.is_some_and(|(_, _, graph)| graph),
-            process: ProcessId(
-                launch
-                    .and_then(|(_, pid, _)| pid)
-                    .or(event.pid)
-                    .unwrap_or(0),
-            ),
-            stream: args
-                .as_ref()
-                .and_then(|a| a.stream)
-                .or(event.tid)
-                .map(StreamId),
-            device: args.as_ref().and_then(|a| a.device).map(DeviceId),
-            correlation: correlation.map(CorrelationId),
-            grid: args.as_ref().and_then(|a| a.grid),
-            block: args.as_ref().and_then(|a| a.block),
-            registers_per_thread: args.as_ref().and_then(|a| a.registers_per_thread),
-            shared_memory_bytes: args.as_ref().and_then(|a| a.shared_memory),
-            est_achieved_occupancy_pct: args.as_ref().and_then(|a| a.occupancy),
-            blocks_per_sm: args.as_ref().and_then(|a| a.blocks_per_sm),
-        });
+        kernels.push(kernel(event, name, ts_us, launch));
     }
     for (kernel, (event_pid, linked)) in kernels.iter_mut().zip(event_pids) {
         if let (false, Some([only])) = (linked, launchers.get(&event_pid).map(Vec::as_slice)) {
             kernel.process = ProcessId(*only);
         }
     }
-    Ok(Trace::new(path.to_owned(), kernels))
+    Ok(kernels)
+}
+
+/// A kernel event (its `name` and `ts_us` already taken out of it) with its `launch`, if
+/// linked: its process is the launcher's, else the event's own `pid`.
+fn kernel(event: RawEvent, name: Arc<str>, ts_us: f64, launch: Option<Launch>) -> Kernel {
+    let args = event.args;
+    Kernel {
+        name,
+        ts_us,
+        dur_us: event.dur.unwrap_or(0.0),
+        launch_ts_us: launch.map(|l| l.ts_us),
+        graph_launch: launch.is_some_and(|l| l.graph),
+        process: ProcessId(launch.and_then(|l| l.pid).or(event.pid).unwrap_or(0)),
+        stream: args
+            .as_ref()
+            .and_then(|a| a.stream)
+            .or(event.tid)
+            .map(StreamId),
+        device: args.as_ref().and_then(|a| a.device).map(DeviceId),
+        correlation: args.as_ref().and_then(|a| a.correlation).map(CorrelationId),
+        grid: args.as_ref().and_then(|a| a.grid),
+        block: args.as_ref().and_then(|a| a.block),
+        registers_per_thread: args.as_ref().and_then(|a| a.registers_per_thread),
+        shared_memory_bytes: args.as_ref().and_then(|a| a.shared_memory),
+        est_achieved_occupancy_pct: args.as_ref().and_then(|a| a.occupancy),
+        blocks_per_sm: args.as_ref().and_then(|a| a.blocks_per_sm),
+    }
 }

@@ -500,6 +500,8 @@ impl Drop for OpenGuard {
     }
 }
 
+/// Serves one accepted connection attempt: the handshake, then its streams until the peer
+/// ends it or the server stops (then it is closed once its streams are done).
 async fn connection<S: Service>(
     incoming: Incoming,
     shared: Arc<Shared<S>>,
@@ -507,35 +509,9 @@ async fn connection<S: Service>(
     carrier: Option<SocketAddr>,
 ) {
     let remote = incoming.remote_address();
-    let connecting = match incoming.accept() {
-        Ok(connecting) => connecting,
-        Err(e) => {
-            bump(&shared.counters.handshakes_failed);
-            debug!(%remote, error = %e, "handshake failed");
-            return;
-        }
-    };
-    // Dropping an unfinished `Connecting` closes the connection at once.
-    let conn = match tokio::time::timeout(shared.limits.handshake_timeout, connecting).await {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => {
-            bump(&shared.counters.handshakes_failed);
-            debug!(%remote, error = %e, "handshake failed");
-            return;
-        }
-        Err(_) => {
-            bump(&shared.counters.handshake_timeouts);
-            debug!(%remote, "handshake not complete within {:?}; abandoned", shared.limits.handshake_timeout);
-            return;
-        }
-    };
-    if negotiated_alpn(&conn).as_deref() != Some(shared.service.alpn()) {
-        // rustls already refuses a mismatching offer; this catches a client that offered none.
-        bump(&shared.counters.handshakes_failed);
-        debug!(%remote, "closing connection without the endpoint's ALPN");
-        conn.close(codes::WRONG_ALPN, b"ALPN required");
+    let Some(conn) = handshake(incoming, &shared, remote).await else {
         return;
-    }
+    };
     let number = shared
         .counters
         .connections_accepted
@@ -547,10 +523,73 @@ async fn connection<S: Service>(
         .fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(shared.counters.clone());
     debug!(%remote, "connection accepted");
+    let ended = streams(&conn, &shared, &mut stop, remote, number, carrier).await;
+    if ended == Ended::Stopping {
+        conn.close(codes::SHUTDOWN, b"server shutting down");
+    }
+}
 
+/// The handshake of an accepted attempt, within the handshake timeout and with the
+/// service's ALPN; `None` (counted, and the connection closed) when it fails.
+async fn handshake<S: Service>(
+    incoming: Incoming,
+    shared: &Shared<S>,
+    remote: SocketAddr,
+) -> Option<Connection> {
+    let connecting = match incoming.accept() {
+        Ok(connecting) => connecting,
+        Err(e) => {
+            bump(&shared.counters.handshakes_failed);
+            debug!(%remote, error = %e, "handshake failed");
+            return None;
+        }
+    };
+    // Dropping an unfinished `Connecting` closes the connection at once.
+    let conn = match tokio::time::timeout(shared.limits.handshake_timeout, connecting).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            bump(&shared.counters.handshakes_failed);
+            debug!(%remote, error = %e, "handshake failed");
+            return None;
+        }
+        Err(_) => {
+            bump(&shared.counters.handshake_timeouts);
+            debug!(%remote, "handshake not complete within {:?}; abandoned", shared.limits.handshake_timeout);
+            return None;
+        }
+    };
+    if negotiated_alpn(&conn).as_deref() != Some(shared.service.alpn()) {
+        // rustls already refuses a mismatching offer; this catches a client that offered none.
+        bump(&shared.counters.handshakes_failed);
+        debug!(%remote, "closing connection without the endpoint's ALPN");
+        conn.close(codes::WRONG_ALPN, b"ALPN required");
+        return None;
+    }
+    Some(conn)
+}
+
+/// How a connection's stream loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// The connection ended (the peer closed it, or it failed or timed out).
+    Connection,
+    /// The server is stopping: the connection is closed with `SHUTDOWN`.
+    Stopping,
+}
+
+/// Accepts the streams of connection `number` (first seen from `remote`), each served on its
+/// own task, paced when the limits ask; returns once every stream task is done.
+async fn streams<S: Service>(
+    conn: &Connection,
+    shared: &Arc<Shared<S>>,
+    stop: &mut watch::Receiver<bool>,
+    remote: SocketAddr,
+    number: u64,
+    carrier: Option<SocketAddr>,
+) -> Ended {
     let mut pace = shared.limits.reports_per_second.map(Pace::new);
     let mut streams = JoinSet::new();
-    let mut stopping = false;
+    let mut ended = Ended::Connection;
     loop {
         let (send, recv) = tokio::select! {
             accepted = conn.accept_bi() => match accepted {
@@ -561,7 +600,7 @@ async fn connection<S: Service>(
                 }
             },
             _ = stop.changed() => {
-                stopping = true;
+                ended = Ended::Stopping;
                 break;
             }
         };
@@ -578,16 +617,14 @@ async fn connection<S: Service>(
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {
-                    stopping = true;
+                    ended = Ended::Stopping;
                     break;
                 }
             }
         }
     }
     while streams.join_next().await.is_some() {}
-    if stopping {
-        conn.close(codes::SHUTDOWN, b"server shutting down");
-    }
+    ended
 }
 
 fn negotiated_alpn(conn: &Connection) -> Option<Vec<u8>> {

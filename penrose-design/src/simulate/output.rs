@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use super::fleet::Mix;
 use super::params::Rule;
-use super::{Quantiles, Simulation};
+use super::{Quantiles, ScenarioResult, Simulation};
 
 /// Formats hours, or `>H` when the run ended first.
 fn hours(h: Option<f64>, horizon: f64) -> String {
@@ -200,16 +200,52 @@ fn tick_step(span: f64) -> f64 {
         .unwrap_or(10.0 * power)
 }
 
+/// Where the coverage plot lies in its 820 x 480 drawing, and where an hour and a share of
+/// applications fall on it.
+struct Frame {
+    /// The simulated hours the x axis spans.
+    horizon: f64,
+}
+
+impl Frame {
+    const WIDTH: f64 = 820.0;
+    const HEIGHT: f64 = 480.0;
+    const LEFT: f64 = 64.0;
+    const RIGHT: f64 = 230.0;
+    const TOP: f64 = 48.0;
+    const BOTTOM: f64 = 52.0;
+    /// The plot's width and height.
+    const PW: f64 = Self::WIDTH - Self::LEFT - Self::RIGHT;
+    const PH: f64 = Self::HEIGHT - Self::TOP - Self::BOTTOM;
+
+    fn x(&self, h: f64) -> f64 {
+        Self::LEFT + Self::PW * h / self.horizon
+    }
+
+    fn y(&self, share: f64) -> f64 {
+        Self::TOP + Self::PH * (1.0 - share)
+    }
+}
+
 /// The SVG plot: the share of applications released against simulated hours, one line per
 /// scenario (colour: mix; dashes: application count and budget), and the 97.5% line.
 pub fn svg(sim: &Simulation) -> String {
-    let (width, height) = (820.0, 480.0);
-    let (left, right, top, bottom) = (64.0, 230.0, 48.0, 52.0);
-    let (pw, ph) = (width - left - right, height - top - bottom);
-    let horizon = sim.params.hours;
-    let x = |h: f64| left + pw * h / horizon;
-    let y = |share: f64| top + ph * (1.0 - share);
+    let frame = Frame {
+        horizon: sim.params.hours,
+    };
     let mut o = String::new();
+    svg_header(&mut o, sim);
+    svg_hour_grid(&mut o, &frame);
+    svg_share_grid(&mut o, &frame);
+    svg_axes(&mut o, &frame);
+    svg_scenarios(&mut o, &frame, sim);
+    o.push_str("</svg>\n");
+    o
+}
+
+/// The `<svg>` element's opening, the white background and the title.
+fn svg_header(o: &mut String, sim: &Simulation) {
+    let (width, height) = (Frame::WIDTH, Frame::HEIGHT);
     let _ = writeln!(
         o,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
@@ -221,41 +257,53 @@ pub fn svg(sim: &Simulation) -> String {
     let _ = writeln!(
         o,
         r#"<text x="{}" y="24" font-size="14" text-anchor="middle">Applications released ({} GPUs, k = {} contributors per counter group, epoch {} h)</text>"#,
-        left + pw / 2.0,
+        Frame::LEFT + Frame::PW / 2.0,
         sim.params.gpus,
         sim.params.threshold,
         sim.params.epoch_hours
     );
-    // Grid and axes.
-    let step = tick_step(horizon);
+}
+
+/// A vertical grid line and its label at every round number of hours.
+fn svg_hour_grid(o: &mut String, frame: &Frame) {
+    let step = tick_step(frame.horizon);
     for i in 0u32.. {
         let h = f64::from(i) * step;
-        if h > horizon + 1e-9 {
+        if h > frame.horizon + 1e-9 {
             break;
         }
         let label = (h * 1000.0).round() / 1000.0;
         let _ = writeln!(
             o,
             r##"<line x1="{0:.1}" y1="{1:.1}" x2="{0:.1}" y2="{2:.1}" stroke="#e0e0e0"/><text x="{0:.1}" y="{3:.1}" text-anchor="middle">{4}</text>"##,
-            x(h),
-            top,
-            top + ph,
-            top + ph + 18.0,
+            frame.x(h),
+            Frame::TOP,
+            Frame::TOP + Frame::PH,
+            Frame::TOP + Frame::PH + 18.0,
             label
         );
     }
+}
+
+/// A horizontal grid line and its label every 20% of applications.
+fn svg_share_grid(o: &mut String, frame: &Frame) {
     for pct in (0..=100).step_by(20) {
         let share = f64::from(pct) / 100.0;
         let _ = writeln!(
             o,
             r##"<line x1="{0:.1}" y1="{1:.1}" x2="{2:.1}" y2="{1:.1}" stroke="#e0e0e0"/><text x="{3:.1}" y="{4:.1}" text-anchor="end">{pct}%</text>"##,
-            left,
-            y(share),
-            left + pw,
-            left - 6.0,
-            y(share) + 4.0
+            Frame::LEFT,
+            frame.y(share),
+            Frame::LEFT + Frame::PW,
+            Frame::LEFT - 6.0,
+            frame.y(share) + 4.0
         );
     }
+}
+
+/// The plot's border, the axes' names and the dashed 97.5% line.
+fn svg_axes(o: &mut String, frame: &Frame) {
+    let (left, top, pw, ph) = (Frame::LEFT, Frame::TOP, Frame::PW, Frame::PH);
     let _ = writeln!(
         o,
         r##"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#000000"/>"##
@@ -264,7 +312,7 @@ pub fn svg(sim: &Simulation) -> String {
         o,
         r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">simulated hours</text>"#,
         left + pw / 2.0,
-        height - 12.0
+        Frame::HEIGHT - 12.0
     );
     let _ = writeln!(
         o,
@@ -274,58 +322,90 @@ pub fn svg(sim: &Simulation) -> String {
     let _ = writeln!(
         o,
         r##"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#555555" stroke-dasharray="3 3"/><text x="{2:.1}" y="{3:.1}" fill="#555555">97.5%</text>"##,
-        y(0.975),
+        frame.y(0.975),
         left + pw,
         left + 4.0,
-        y(0.975) - 4.0
+        frame.y(0.975) - 4.0
     );
-    // One line per scenario.
+}
+
+/// How a scenario's line is drawn: its mix's colour, and the dashes of its (application
+/// count, budget), as an SVG attribute (empty for a solid line).
+struct LineStyle {
+    colour: &'static str,
+    dash_attr: String,
+}
+
+/// One coverage line per scenario, with its entry in the legend.
+fn svg_scenarios(o: &mut String, frame: &Frame, sim: &Simulation) {
+    // The (application count, budget bits) of each dash style given out so far.
     let mut styles: Vec<(u32, u64)> = Vec::new();
     for (i, s) in sim.scenarios.iter().enumerate() {
-        let colour = COLOURS[match s.mix {
-            Mix::Uniform => 0,
-            Mix::SmallKernel => 1,
-            Mix::LargeKernel => 2,
-        }];
-        let key = (s.apps, s.budget_percent.to_bits());
-        let style = styles.iter().position(|k| *k == key).unwrap_or_else(|| {
-            styles.push(key);
-            styles.len() - 1
-        });
-        let dash = DASHES[style % DASHES.len()];
+        let style = line_style(&mut styles, s);
         let points: Vec<String> = s
             .curve
             .iter()
-            .map(|&(h, share)| format!("{:.1},{:.1}", x(h), y(share)))
+            .map(|&(h, share)| format!("{:.1},{:.1}", frame.x(h), frame.y(share)))
             .collect();
-        let dash_attr = if dash.is_empty() {
-            String::new()
-        } else {
-            format!(r#" stroke-dasharray="{dash}""#)
-        };
         let _ = writeln!(
             o,
-            r#"<polyline class="coverage" fill="none" stroke="{colour}" stroke-width="2"{dash_attr} points="{}"/>"#,
+            r#"<polyline class="coverage" fill="none" stroke="{}" stroke-width="2"{} points="{}"/>"#,
+            style.colour,
+            style.dash_attr,
             points.join(" ")
         );
-        let ly = top + 10.0 + 18.0 * i as f64;
-        let lx = left + pw + 16.0;
         let budgets = sim.params.budgets_percent.len() > 1;
-        let label = if budgets {
-            format!("{}, A = {}, {}%", s.mix.name(), s.apps, s.budget_percent)
-        } else {
-            format!("{}, A = {}", s.mix.name(), s.apps)
-        };
-        let _ = writeln!(
-            o,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="2"{dash_attr}/><text x="{:.1}" y="{:.1}">{label}</text>"#,
-            lx + 28.0,
-            lx + 34.0,
-            ly + 4.0
-        );
+        svg_legend_entry(o, i, s, &style, budgets);
     }
-    o.push_str("</svg>\n");
-    o
+}
+
+/// A scenario's line style: the colour of its mix, and the dashes of its (application count,
+/// budget), given out in order of first appearance in `styles`.
+fn line_style(styles: &mut Vec<(u32, u64)>, s: &ScenarioResult) -> LineStyle {
+    let colour = COLOURS[match s.mix {
+        Mix::Uniform => 0,
+        Mix::SmallKernel => 1,
+        Mix::LargeKernel => 2,
+    }];
+    let key = (s.apps, s.budget_percent.to_bits());
+    let style = styles.iter().position(|k| *k == key).unwrap_or_else(|| {
+        styles.push(key);
+        styles.len() - 1
+    });
+    let dash = DASHES[style % DASHES.len()];
+    let dash_attr = if dash.is_empty() {
+        String::new()
+    } else {
+        format!(r#" stroke-dasharray="{dash}""#)
+    };
+    LineStyle { colour, dash_attr }
+}
+
+/// The legend's `i`th entry: a short line in the scenario's style and its name (with its
+/// budget when the run compared `budgets`).
+fn svg_legend_entry(
+    o: &mut String,
+    i: usize,
+    s: &ScenarioResult,
+    style: &LineStyle,
+    budgets: bool,
+) {
+    let ly = Frame::TOP + 10.0 + 18.0 * i as f64;
+    let lx = Frame::LEFT + Frame::PW + 16.0;
+    let label = if budgets {
+        format!("{}, A = {}, {}%", s.mix.name(), s.apps, s.budget_percent)
+    } else {
+        format!("{}, A = {}", s.mix.name(), s.apps)
+    };
+    let _ = writeln!(
+        o,
+        r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{}" stroke-width="2"{}/><text x="{:.1}" y="{:.1}">{label}</text>"#,
+        lx + 28.0,
+        style.colour,
+        style.dash_attr,
+        lx + 34.0,
+        ly + 4.0
+    );
 }
 
 #[cfg(test)]

@@ -106,26 +106,8 @@ impl<'a> Fleet<'a> {
     ) -> Vec<S> {
         let checked = self.checked;
         let horizon = checked.horizon;
-        let need = (0..checked.epochs)
-            .map(|e| checked.reports_needed(checked.epoch_days(e)))
-            .collect();
-        let mut server = Counts::new(
-            self.scenario.apps,
-            checked.params.groups,
-            checked.epoch,
-            need,
-        );
-        let mut gpus: Vec<(u64, Gpu<'_>)> = (0..checked.params.gpus)
-            .filter_map(|index| {
-                let (setup, rng) = self.setup(index);
-                let setup = setup?;
-                let profile = &self.apps.profiles[setup.app as usize];
-                Some((
-                    index,
-                    Gpu::new(&checked.agent, &setup, profile, horizon, rng),
-                ))
-            })
-            .collect();
+        let mut server = self.server_counts();
+        let mut gpus = self.busy_gpus();
         let mut logged: Vec<Logged<S>> = sinks
             .into_iter()
             .map(|inner| Logged {
@@ -141,32 +123,8 @@ impl<'a> Fleet<'a> {
         let mut done = 0;
         for i in 0..steps {
             let end = ((i + 1) as f64 * step).min(horizon);
-            let server_now = &server;
-            std::thread::scope(|s| {
-                let mut work = gpus.chunks_mut(per).zip(logged.iter_mut());
-                let first = work.next();
-                let handles: Vec<_> = work
-                    .map(|(chunk, sink)| s.spawn(move || advance_all(chunk, sink, end, server_now)))
-                    .collect();
-                if let Some((chunk, sink)) = first {
-                    advance_all(chunk, sink, end, server_now);
-                }
-                for h in handles {
-                    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-                }
-            });
-            for sink in &mut logged {
-                for (app, group, sealed, arrives) in sink.log.drain(..) {
-                    pending.push((server.index(app, group, server.epoch_of(sealed)), arrives));
-                }
-            }
-            pending.retain(|&(index, arrives)| {
-                let arrived = arrives <= end;
-                if arrived {
-                    server.count(index);
-                }
-                !arrived
-            });
+            advance_step(&mut gpus, &mut logged, per, end, &server);
+            deliver(&mut server, &mut pending, &mut logged, end);
             let target = checked.params.gpus * (i + 1) / steps;
             progress(target - done);
             done = target;
@@ -179,6 +137,83 @@ impl<'a> Fleet<'a> {
         }
         logged.into_iter().map(|l| l.inner).collect()
     }
+
+    /// The aggregation server's counts for a steered run: none yet, each epoch needing the
+    /// reports its days ask for.
+    fn server_counts(&self) -> Counts {
+        let checked = self.checked;
+        let need = (0..checked.epochs)
+            .map(|e| checked.reports_needed(checked.epoch_days(e)))
+            .collect();
+        Counts::new(
+            self.scenario.apps,
+            checked.params.groups,
+            checked.epoch,
+            need,
+        )
+    }
+
+    /// Every GPU that is not idle, with its index, ready to advance.
+    fn busy_gpus(&self) -> Vec<(u64, Gpu<'_>)> {
+        let checked = self.checked;
+        (0..checked.params.gpus)
+            .filter_map(|index| {
+                let (setup, rng) = self.setup(index);
+                let setup = setup?;
+                let profile = &self.apps.profiles[setup.app as usize];
+                Some((
+                    index,
+                    Gpu::new(&checked.agent, &setup, profile, checked.horizon, rng),
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Advances every GPU to `end`, `per` GPUs to a sink, each sink's on its own thread (the
+/// first on this one), against the server's counts as they stood at the step's start.
+fn advance_step<S: Sink + Send>(
+    gpus: &mut [(u64, Gpu<'_>)],
+    logged: &mut [Logged<S>],
+    per: usize,
+    end: f64,
+    server: &Counts,
+) {
+    std::thread::scope(|s| {
+        let mut work = gpus.chunks_mut(per).zip(logged.iter_mut());
+        let first = work.next();
+        let handles: Vec<_> = work
+            .map(|(chunk, sink)| s.spawn(move || advance_all(chunk, sink, end, server)))
+            .collect();
+        if let Some((chunk, sink)) = first {
+            advance_all(chunk, sink, end, server);
+        }
+        for h in handles {
+            h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+        }
+    });
+}
+
+/// Moves the step's logged reports to `pending`, then counts at the server those that arrived
+/// by `end`, keeping the rest pending.
+fn deliver<S>(
+    server: &mut Counts,
+    pending: &mut Vec<(usize, f64)>,
+    logged: &mut [Logged<S>],
+    end: f64,
+) {
+    for sink in logged {
+        for (app, group, sealed, arrives) in sink.log.drain(..) {
+            pending.push((server.index(app, group, server.epoch_of(sealed)), arrives));
+        }
+    }
+    pending.retain(|&(index, arrives)| {
+        let arrived = arrives <= end;
+        if arrived {
+            server.count(index);
+        }
+        !arrived
+    });
 }
 
 /// Advances a worker's GPUs to `end`.

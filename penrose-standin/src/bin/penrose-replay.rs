@@ -7,14 +7,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use penrose_standin::{
     DevicePlan, Driver, EntryPoint, GraphUpdate, LIBCUDA_PATH, LIBCUDART_PATH, Libraries, Loops,
-    NVCC_APP_PATH, NvccApp, Pace, ProcessSelection, ReplayOptions, ReplayPlan, Resolve, Runtime,
-    RuntimeVia, STATIC_LIB_PATH, StandinError, StaticLib, SyntheticGraph, Via, replay_with,
-    ring_path, run_synthetic_graph, signal,
+    NVCC_APP_PATH, NvccApp, Pace, ProcessSelection, ReplayOptions, ReplayPlan, ReplaySummary,
+    Resolve, Runtime, RuntimeVia, STATIC_LIB_PATH, StandinError, StaticLib, SyntheticGraph, Via,
+    replay_with, ring_path, run_synthetic_graph, signal,
 };
 
 #[derive(Parser, Debug)]
@@ -310,16 +311,7 @@ fn run_trace(args: &Args, trace_path: &std::path::Path) -> Result<(), Failure> {
         )));
     }
     let via = via(args).map_err(|e| Failure::BadInput(anyhow::anyhow!(e)))?;
-    let trace = penrose_traces::read_trace(trace_path)
-        .map_err(|e| Failure::BadInput(anyhow::Error::new(e)))?;
-    let plan = ReplayPlan::from_trace(&trace, args.process)
-        .map_err(|e| match e {
-            StandinError::NameWithNul(_) | StandinError::NothingToReplay(_) => {
-                Failure::BadInput(anyhow::Error::new(e))
-            }
-            other => Failure::Other(anyhow::Error::new(other)),
-        })?
-        .with_graphs(args.graphs);
+    let plan = plan(args, trace_path)?;
     // Before the stand-in loads: loading it creates the counter ring, which is what a caller
     // waits for before it may send SIGTERM; a handler installed later let that signal kill
     // the process without its summary.
@@ -329,36 +321,88 @@ fn run_trace(args: &Args, trace_path: &std::path::Path) -> Result<(), Failure> {
         None
     };
     let driver = load_driver(args)?;
-    // Loaded in a real process's order: driver, runtime, application (each finds the one
-    // before by soname).
-    let path_or = |p: &Option<PathBuf>, default: &str| p.clone().unwrap_or_else(|| default.into());
-    let (runtime, app) = if matches!(via, Via::Runtime(_)) {
-        let cudart = path_or(&args.cudart, LIBCUDART_PATH);
-        let runtime = Runtime::load(&cudart, &driver)
-            .with_context(|| format!("loading {}", cudart.display()))?;
-        let app_path = path_or(&args.app, NVCC_APP_PATH);
-        let app = NvccApp::load(&app_path, &runtime)
-            .with_context(|| format!("loading {}", app_path.display()))?;
-        (Some(runtime), Some(app))
-    } else {
-        (None, None)
-    };
-    let static_lib = if via == Via::Static {
-        let path = path_or(&args.static_lib, STATIC_LIB_PATH);
-        Some(
-            StaticLib::load(&path, &driver)
-                .with_context(|| format!("loading {}", path.display()))?,
-        )
-    } else {
-        None
-    };
+    let loaded = Loaded::for_via(args, via, &driver)?;
     let libs = Libraries {
         driver: &driver,
-        runtime: runtime.as_ref(),
-        app: app.as_ref(),
-        static_lib: static_lib.as_ref(),
+        runtime: loaded.runtime.as_ref(),
+        app: loaded.app.as_ref(),
+        static_lib: loaded.static_lib.as_ref(),
     };
-    let options = ReplayOptions {
+    let result = replay_with(&libs, &plan, &options(args, via, stop));
+    if !args.keep_ring {
+        // Absent when cuInit failed; nothing else to clean up then.
+        let _ = std::fs::remove_file(ring_path(std::process::id()));
+    }
+    let summary = result.map_err(|e| match e {
+        StandinError::TooManyKernels { .. } => Failure::BadInput(
+            anyhow::Error::new(e).context(format!("replaying {}", trace_path.display())),
+        ),
+        other => Failure::Other(
+            anyhow::Error::new(other).context(format!("replaying {}", trace_path.display())),
+        ),
+    })?;
+    print_summary(args, trace_path, &plan, &summary)
+}
+
+/// The trace's launches of the process the flags pick; a trace that does not read, or has
+/// nothing to replay, is bad input.
+fn plan(args: &Args, trace_path: &std::path::Path) -> Result<ReplayPlan, Failure> {
+    let trace = penrose_traces::read_trace(trace_path)
+        .map_err(|e| Failure::BadInput(anyhow::Error::new(e)))?;
+    Ok(ReplayPlan::from_trace(&trace, args.process)
+        .map_err(|e| match e {
+            StandinError::NameWithNul(_) | StandinError::NothingToReplay(_) => {
+                Failure::BadInput(anyhow::Error::new(e))
+            }
+            other => Failure::Other(anyhow::Error::new(other)),
+        })?
+        .with_graphs(args.graphs))
+}
+
+/// The libraries besides the driver that a replay path needs, loaded.
+struct Loaded {
+    runtime: Option<Runtime>,
+    app: Option<NvccApp>,
+    static_lib: Option<StaticLib>,
+}
+
+impl Loaded {
+    /// Loads what `via` needs in a real process's order: driver, runtime, application (each
+    /// finds the one before by soname); or the static library.
+    fn for_via(args: &Args, via: Via, driver: &Driver) -> Result<Self, Failure> {
+        let path_or =
+            |p: &Option<PathBuf>, default: &str| p.clone().unwrap_or_else(|| default.into());
+        let (runtime, app) = if matches!(via, Via::Runtime(_)) {
+            let cudart = path_or(&args.cudart, LIBCUDART_PATH);
+            let runtime = Runtime::load(&cudart, driver)
+                .with_context(|| format!("loading {}", cudart.display()))?;
+            let app_path = path_or(&args.app, NVCC_APP_PATH);
+            let app = NvccApp::load(&app_path, &runtime)
+                .with_context(|| format!("loading {}", app_path.display()))?;
+            (Some(runtime), Some(app))
+        } else {
+            (None, None)
+        };
+        let static_lib = if via == Via::Static {
+            let path = path_or(&args.static_lib, STATIC_LIB_PATH);
+            Some(
+                StaticLib::load(&path, driver)
+                    .with_context(|| format!("loading {}", path.display()))?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            runtime,
+            app,
+            static_lib,
+        })
+    }
+}
+
+/// The replay options the flags ask for, on path `via`, stopped by `stop` if given.
+fn options(args: &Args, via: Via, stop: Option<&'static AtomicBool>) -> ReplayOptions<'static> {
+    ReplayOptions {
         pace: match args.pace {
             PaceArg::Asap => Pace::Asap,
             PaceArg::Trace => Pace::Trace { speed: args.speed },
@@ -380,22 +424,19 @@ fn run_trace(args: &Args, trace_path: &std::path::Path) -> Result<(), Failure> {
             query_uuids: args.query_uuids,
             legacy_uuid_call: args.legacy_uuid_call,
         },
-    };
-    let result = replay_with(&libs, &plan, &options);
-    if !args.keep_ring {
-        // Absent when cuInit failed; nothing else to clean up then.
-        let _ = std::fs::remove_file(ring_path(std::process::id()));
     }
-    let summary = result.map_err(|e| match e {
-        StandinError::TooManyKernels { .. } => Failure::BadInput(
-            anyhow::Error::new(e).context(format!("replaying {}", trace_path.display())),
-        ),
-        other => Failure::Other(
-            anyhow::Error::new(other).context(format!("replaying {}", trace_path.display())),
-        ),
-    })?;
+}
+
+/// Prints the summary: as JSON with `--json`, else a line (and one for graphs with
+/// `--graphs`).
+fn print_summary(
+    args: &Args,
+    trace_path: &std::path::Path,
+    plan: &ReplayPlan,
+    summary: &ReplaySummary,
+) -> Result<(), Failure> {
     if args.json {
-        let json = serde_json::to_string_pretty(&summary).context("encoding the summary")?;
+        let json = serde_json::to_string_pretty(summary).context("encoding the summary")?;
         println!("{json}");
     } else {
         println!(
