@@ -19,7 +19,6 @@ use std::sync::Arc;
 use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use penrose_aggregator::admission::{Admission, SpentToken, TokenRing};
-use penrose_aggregator::export::ReleaseConfig;
 use penrose_aggregator::state::State;
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
@@ -27,6 +26,7 @@ use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::Keypair;
+use penrose_core::release::ReleaseRule;
 use penrose_core::tokens::{IssuerKey, KeyRing, SpentId, TokenEpoch, TokenRequest, TokenScope};
 use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
 use rand::{Rng, RngCore, SeedableRng};
@@ -112,7 +112,7 @@ fn bench<M: Measurement + 'static>(c: &mut Criterion<M>, group_name: &str, valid
         store,
         &key,
         FingerprintParams::default(),
-        ReleaseConfig::default().sub_sum_reports(),
+        penrose_aggregator::export::sub_sum_reports(&ReleaseRule::default()),
         None,
     )
     .unwrap();

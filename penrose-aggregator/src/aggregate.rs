@@ -6,7 +6,7 @@
 //!
 //! Each report costs one multiplication per ciphertext. A sum is kept as a run of *sub-sums*
 //! ([`Generation`]s): once one holds the sub-sum size of reports (the server's
-//! `ReleaseConfig::sub_sum_reports`, 2 k T: twice what the contributor threshold needs; never
+//! `export::sub_sum_reports`, 2 k T: twice what the contributor threshold needs; never
 //! more than the accumulator bound, 214,748 at 31-bit slots), the next report starts the next.
 //! Full generations stay in the store unchanged. Export releases each sub-sum that meets the
 //! threshold alone and folds a short last one into the one before (`crate::export`), so that

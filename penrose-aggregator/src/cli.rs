@@ -10,7 +10,7 @@ use penrose_core::release::{ReportsPerContributor, Threshold};
 
 use crate::config::{DataDir, FileConfig};
 use crate::epochs::EpochPolicy;
-use crate::export::ReleaseConfig;
+use penrose_core::release::ReleaseRule;
 
 /// The clap command of the product (the packages' man pages and completions are made from
 /// it): never the test equipment's `loadgen`, whatever the build's features.
@@ -117,7 +117,7 @@ pub struct ReleaseArgs {
 
 impl ReleaseArgs {
     /// The epoch policy and release rule: each flag, else the file's key, else the default.
-    pub fn resolve(&self, file: &FileConfig) -> Result<(Option<EpochPolicy>, ReleaseConfig)> {
+    pub fn resolve(&self, file: &FileConfig) -> Result<(Option<EpochPolicy>, ReleaseRule)> {
         let epochs = match (&self.epochs, &file.epochs) {
             (Some(p), _) => Some(*p),
             (None, Some(text)) => Some(
@@ -126,7 +126,7 @@ impl ReleaseArgs {
             ),
             (None, None) => None,
         };
-        let defaults = ReleaseConfig::default();
+        let defaults = ReleaseRule::default();
         let threshold = match self.threshold.or(file.threshold) {
             Some(k) => Threshold::new(k)?,
             None => defaults.threshold,
@@ -138,7 +138,7 @@ impl ReleaseArgs {
             Some(t) => ReportsPerContributor::for_servers(t)?,
             None => defaults.cap,
         };
-        Ok((epochs, ReleaseConfig { threshold, cap }))
+        Ok((epochs, ReleaseRule { threshold, cap }))
     }
 }
 

@@ -24,19 +24,20 @@ use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
 use crate::admission::{Admission, TokenRing};
-use crate::export::{self, ReleaseConfig};
+use crate::export;
 use crate::ingest::Ingest;
 use crate::metrics::reason_label;
 use crate::store::Store;
+use penrose_core::release::ReleaseRule;
 use penrose_host::clock::today;
 
 pub mod reply;
 
 use reply::{
     AdmissionStatus, BackupReply, CloseEpochsReply, CompactReply, DesignKeysStatus, EpochReports,
-    EvidenceReply, ExportReply, ExportedBundle, ForgetEvidenceReply, NewClasses, ReleaseRule,
-    ReloadKeysReply, Reply, ScheduledKeyStatus, SinceStart, StatusReply, StoreTable, ThrottleReply,
-    TopClass, TopReply,
+    EvidenceReply, ExportReply, ExportedBundle, ForgetEvidenceReply, NewClasses, ReloadKeysReply,
+    Reply, ScheduledKeyStatus, SinceStart, StatusReply, StoreTable, ThrottleReply, TopClass,
+    TopReply,
 };
 
 /// One admin request.
@@ -113,7 +114,7 @@ pub struct Admin {
     /// The export signing key.
     pub signing: SigningKey,
     /// The release rule exports apply.
-    pub release: ReleaseConfig,
+    pub release: ReleaseRule,
     /// Whether a server is serving (false when the CLI opened the data directory itself).
     pub serving: bool,
 }
@@ -455,10 +456,7 @@ fn status(admin: &Admin) -> StatusReply {
         epoch_policy: state.epochs().policy().to_string(),
         open_epochs: state.epochs().open().map(epoch_reports).collect(),
         closed_through: state.epochs().closed_through().map(|e| e.0),
-        release: ReleaseRule {
-            threshold: admin.release.threshold.get(),
-            reports_per_contributor: admin.release.cap.get(),
-        },
+        release: admin.release,
         new_classes,
         seen_floor_day: state.seen_floor().0,
         table_heap_bytes: state.tables().heap_bytes(),

@@ -35,14 +35,14 @@ use std::sync::Mutex;
 use ed25519_dalek::SigningKey;
 use penrose_core::bundle::{
     Bundle, BundleEntry, BundleError, BundleHash, ChainLink, ClassMap, ClassMerge, Cursor, EpochId,
-    EpochKind, EpochSummary, Generation, InstanceId, ReleaseRule,
+    EpochKind, EpochSummary, Generation, InstanceId, StatedRule,
 };
 use penrose_core::evidence::SumEvidence;
 use penrose_core::evidence_file::{EvidenceFileHeader, entry_prefix};
 use penrose_core::paillier::{
     ACCUMULATOR_REPORT_BOUND, Accumulator, KeyId, PackedCiphertexts, PublicKey,
 };
-use penrose_core::release::{ReportsPerContributor, Threshold, releasable};
+use penrose_core::release::{ReleaseRule, ReportsPerContributor, Threshold, releasable};
 use penrose_core::wire::{Day, PackedBytes, WireError};
 use rand::RngCore;
 use thiserror::Error;
@@ -158,15 +158,6 @@ pub mod chain_keys {
     pub const EXPORTED: &[u8] = b"exported/";
 }
 
-/// The release rule the server applies at export.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReleaseConfig {
-    /// k contributors.
-    pub threshold: Threshold,
-    /// T reports per contributor per (counter, day).
-    pub cap: ReportsPerContributor,
-}
-
 /// Contributors' worth of reports in one sub-sum (`crate::aggregate`), in units of the
 /// threshold: a sub-sum of 2 k T reports meets the threshold alone on a day epoch with room to
 /// spare, so release stays as prompt as for one whole sum, and one bad report costs the
@@ -175,21 +166,11 @@ pub struct ReleaseConfig {
 /// more sums to store, export and decrypt (docs/crypto.md, "What one bad report costs").
 pub const SUB_SUM_THRESHOLDS: u64 = 2;
 
-impl ReleaseConfig {
-    /// Reports per sub-sum: [`SUB_SUM_THRESHOLDS`] x k x T, at most the accumulator bound.
-    pub fn sub_sum_reports(&self) -> u64 {
-        (SUB_SUM_THRESHOLDS * self.threshold.get() * u64::from(self.cap.get()))
-            .min(ACCUMULATOR_REPORT_BOUND)
-    }
-}
-
-impl Default for ReleaseConfig {
-    fn default() -> Self {
-        Self {
-            threshold: Threshold::DEFAULT,
-            cap: ReportsPerContributor::DEFAULT,
-        }
-    }
+/// Reports per sub-sum under `rule`: [`SUB_SUM_THRESHOLDS`] x k x T, at most the accumulator
+/// bound.
+pub fn sub_sum_reports(rule: &ReleaseRule) -> u64 {
+    (SUB_SUM_THRESHOLDS * rule.threshold.get() * u64::from(rule.cap.get()))
+        .min(ACCUMULATOR_REPORT_BOUND)
 }
 
 /// One exported bundle as the store remembers it.
@@ -498,7 +479,7 @@ fn build(
     snap: &Snapshot,
     keys: &[PublicKey],
     epochs: &[EpochId],
-    rule: ReleaseRule,
+    rule: StatedRule,
     seq: u64,
     prev: BundleHash,
     day: Day,
@@ -828,7 +809,7 @@ static EXPORTING: Mutex<()> = Mutex::new(());
 /// export (nothing is recorded then).
 pub fn export(
     store: &dyn Store,
-    release: ReleaseConfig,
+    release: ReleaseRule,
     signing: &SigningKey,
 ) -> Result<Option<(Bundle, Vec<u8>)>, ExportError> {
     let _one_at_a_time = EXPORTING.lock().unwrap_or_else(|p| p.into_inner());
@@ -848,7 +829,7 @@ pub fn export(
                 .hash
         }
     };
-    let rule = ReleaseRule {
+    let rule = StatedRule {
         epochs: snap.kind,
         threshold: release.threshold.get(),
         cap: release.cap.get(),
@@ -1027,7 +1008,7 @@ fn rebuild(
                 .hash
         }
     };
-    let rule = ReleaseRule {
+    let rule = StatedRule {
         epochs: snap.kind,
         threshold: link.threshold,
         cap: link.cap,

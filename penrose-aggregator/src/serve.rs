@@ -18,8 +18,9 @@ use crate::admission::{Admission, AdmissionConfig};
 use crate::config::DataDir;
 use crate::control::{self, Admin};
 use crate::epochs::EpochPolicy;
-use crate::export::{ReleaseConfig, load_or_create_signing_key};
+use crate::export::{load_or_create_signing_key, sub_sum_reports};
 use crate::ingest::{Ingest, IngestConfig, Writer};
+use penrose_core::release::ReleaseRule;
 
 use crate::design_keys::{KeySettings, stored_settings};
 use crate::metrics::{Metrics, render_transport, serve_http};
@@ -51,7 +52,7 @@ pub struct ServeOptions {
     /// How epochs are cut (`None`: as the store says; a new store: by day).
     pub epochs: Option<EpochPolicy>,
     /// The release rule exports apply.
-    pub release: ReleaseConfig,
+    pub release: ReleaseRule,
     /// How reports are admitted: by tokens of a key ring file, or open (only when asked).
     pub admission: AdmissionConfig,
 }
@@ -101,7 +102,7 @@ pub fn open(
     keys: &KeySource,
     config: IngestConfig,
     epochs: Option<EpochPolicy>,
-    release: ReleaseConfig,
+    release: ReleaseRule,
     admission: Admission,
 ) -> Result<(Admin, Writer)> {
     // Given keys are checked before anything is created, so a refused key leaves no data
@@ -137,7 +138,7 @@ pub fn open(
         Arc::clone(&store),
         settings,
         FingerprintParams::default(),
-        release.sub_sum_reports(),
+        sub_sum_reports(&release),
         epochs,
     )?;
     state.set_keep_evidence(config.keep_evidence);
@@ -195,6 +196,14 @@ pub fn log_admission(admission: &Admission) {
     }
 }
 
+/// The certificate agents pin: the one configured, else the data directory's own.
+fn certificate(options: &ServeOptions) -> PathBuf {
+    options
+        .tls
+        .as_ref()
+        .map_or_else(|| options.data.tls_cert(), |(cert, _)| cert.clone())
+}
+
 fn identity(options: &ServeOptions) -> Result<Identity> {
     let (cert, key) = options
         .tls
@@ -218,18 +227,14 @@ fn identity(options: &ServeOptions) -> Result<Identity> {
     Ok(identity)
 }
 
-/// What `serve` prints on stdout once it listens: one JSON line, which scripts and tests wait
-/// for and read the addresses from (ports chosen by the system with `:0` included).
+/// What `serve` prints on stdout once it listens: the shared ready line
+/// ([`penrose_host::process::Ready`]: addresses with the ports the system chose for `:0`, the
+/// certificate agents pin, the admin socket) with what only this server says.
+pub type Listening = penrose_host::process::Ready<AggregatorReady>;
+
+/// What only the aggregation server's ready line says.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Listening {
-    /// The QUIC address.
-    pub listening: SocketAddr,
-    /// The stream port's TCP address, when it has one.
-    pub stream_listening: Option<SocketAddr>,
-    /// The metrics responder's address, when it has one.
-    pub metrics: Option<SocketAddr>,
-    /// The admin socket.
-    pub control: PathBuf,
+pub struct AggregatorReady {
     /// The export signing key, hex (what the design server pins).
     pub signer: String,
 }
@@ -272,11 +277,15 @@ pub async fn run(options: ServeOptions) -> Result<()> {
     let mut signals = Signals::install()?;
     // One line on stdout for whoever started the server (scripts, tests).
     let ready = Listening {
+        server: "aggregator".into(),
         listening: server.local_addr(),
         stream_listening: server.stream_addr(),
+        certificate: certificate(&options),
+        control: Some(socket.clone()),
         metrics: metrics_addr,
-        control: socket.clone(),
-        signer: crate::export::hex(admin.signing.verifying_key().as_bytes()),
+        details: AggregatorReady {
+            signer: crate::export::hex(admin.signing.verifying_key().as_bytes()),
+        },
     };
     print_ready(&ready).context("writing the ready line")?;
     info!(listen = %server.local_addr(), "serving");

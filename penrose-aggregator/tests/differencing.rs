@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use common::*;
 use ed25519_dalek::SigningKey;
-use penrose_aggregator::export::{self, ReleaseConfig};
+use penrose_aggregator::export;
 use penrose_aggregator::ingest::{Ingest, Writer};
 use penrose_aggregator::store::Store;
 use penrose_core::counters::CounterId;
+use penrose_core::release::ReleaseRule;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire::AckStatus;
 use penrose_design::archive::Archive;
@@ -82,7 +83,7 @@ impl Servers {
     async fn close_export_import_report(&mut self) -> Report {
         close_all(self.ingest()).await;
         let made =
-            export::export(self.store.as_ref(), ReleaseConfig::default(), &self.signing).unwrap();
+            export::export(self.store.as_ref(), ReleaseRule::default(), &self.signing).unwrap();
         if let Some((_, bytes)) = made {
             self.bundles += 1;
             let path = self.dir.path().join(format!("{}.bundle", self.bundles));

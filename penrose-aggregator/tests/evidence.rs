@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::*;
 use ed25519_dalek::SigningKey;
 use penrose_aggregator::admission::Admission;
-use penrose_aggregator::export::{self, ReleaseConfig};
+use penrose_aggregator::export;
 use penrose_aggregator::state::{Outcome, State};
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::validate_body;
@@ -23,6 +23,7 @@ use penrose_core::evidence::{
     self, EvidenceError, EvidenceRule, SumEvidence, TokenPeriod, TokensPerEpoch,
 };
 use penrose_core::fingerprint::FingerprintParams;
+use penrose_core::release::ReleaseRule;
 use penrose_core::tokens::{KeyRing, SpentId};
 use penrose_core::wire::{Day, EvidenceToken};
 
@@ -147,7 +148,7 @@ fn every_released_sum_comes_with_exactly_its_reports_and_their_evidence() {
     let mut state = state(&store, 100, true);
     let auditors_ring = token_ring(&[TODAY], &[COUNTER], 99);
     ingest(&mut state, &frames(&auditors_ring, 30, 5));
-    let (bundle, _) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+    let (bundle, _) = export::export(store.as_ref(), ReleaseRule::default(), &signing())
         .unwrap()
         .unwrap();
     let (again, evidence) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
@@ -194,7 +195,7 @@ fn a_server_that_keeps_no_evidence_gives_the_auditor_nothing_to_count() {
     let mut state = state(&store, 1000, false);
     let auditors_ring = token_ring(&[TODAY], &[COUNTER], 99);
     ingest(&mut state, &frames(&auditors_ring, 10, 0));
-    let (bundle, _) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+    let (bundle, _) = export::export(store.as_ref(), ReleaseRule::default(), &signing())
         .unwrap()
         .unwrap();
     let (_, evidence) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
@@ -220,7 +221,7 @@ fn tokens_of_another_issuer_count_nothing_at_the_auditor() {
     let mut state = state(&store, 1000, true);
     let operators_ring = token_ring(&[TODAY], &[COUNTER], 5);
     ingest(&mut state, &frames(&operators_ring, 10, 0));
-    export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+    export::export(store.as_ref(), ReleaseRule::default(), &signing())
         .unwrap()
         .unwrap();
     let (bundle, evidence) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
@@ -240,7 +241,7 @@ fn the_evidence_file_names_its_bundle_and_holds_each_entrys_evidence_in_order() 
     let mut state = state(&store, 100, true);
     let auditors_ring = token_ring(&[TODAY], &[COUNTER], 99);
     ingest(&mut state, &frames(&auditors_ring, 20, 3));
-    let (bundle, bytes) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+    let (bundle, bytes) = export::export(store.as_ref(), ReleaseRule::default(), &signing())
         .unwrap()
         .unwrap();
     let (_, lists) = export::evidence(store.as_ref(), 1, &signing()).unwrap();
@@ -277,7 +278,7 @@ fn forgetting_a_bundles_evidence_deletes_its_epochs_rows_and_no_other() {
     let mut state = state(&store, 100, true);
     let ring = token_ring(&[TODAY, Day(TODAY.0 + 1)], &[COUNTER], 99);
     ingest(&mut state, &frames(&ring, 12, 2));
-    let (bundle, _) = export::export(store.as_ref(), ReleaseConfig::default(), &signing())
+    let (bundle, _) = export::export(store.as_ref(), ReleaseRule::default(), &signing())
         .unwrap()
         .unwrap();
     // The next day's reports, in an epoch still open.

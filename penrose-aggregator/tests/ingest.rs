@@ -10,7 +10,7 @@ use std::num::NonZeroU64;
 
 use common::*;
 use penrose_aggregator::epochs::EpochPolicy;
-use penrose_aggregator::export::{self, ReleaseConfig};
+use penrose_aggregator::export;
 use penrose_aggregator::ingest::IngestConfig;
 use penrose_aggregator::state::seen;
 use penrose_aggregator::store::Table;
@@ -18,6 +18,7 @@ use penrose_core::bundle::{Bundle, BundleHash};
 use penrose_core::counters::{CatalogueVersion, CounterId};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{KeyId, KeySize, MAX_REPORT_SAMPLES};
+use penrose_core::release::ReleaseRule;
 use penrose_core::wire::{
     Ack, AckStatus, FORMAT_VERSION, LENGTH_PREFIX, Message, PackedBytes, RejectReason, Report,
     ThrottleHint,
@@ -464,7 +465,7 @@ async fn export_while_serving_releases_each_closed_epoch_once_and_chains() {
         let store = std::sync::Arc::clone(&store);
         let key = signing.clone();
         tokio::task::spawn_blocking(move || {
-            export::export(store.as_ref(), ReleaseConfig::default(), &key)
+            export::export(store.as_ref(), ReleaseRule::default(), &key)
         })
     };
     let mut bundles: Vec<(Bundle, Vec<u8>)> = Vec::new();

@@ -9,12 +9,13 @@ mod common;
 
 use common::*;
 use ed25519_dalek::SigningKey;
-use penrose_aggregator::export::{self, ReleaseConfig};
+use penrose_aggregator::export;
 use penrose_aggregator::tables::ClassId;
 use penrose_core::bundle::{Bundle, ClassMerge};
 use penrose_core::counters::CounterId;
 use penrose_core::fingerprint::{Fingerprint, FingerprintParams, Fingerprinter};
 use penrose_core::paillier::BIN_COUNT;
+use penrose_core::release::ReleaseRule;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire::AckStatus;
 use penrose_design::archive::Archive;
@@ -68,7 +69,7 @@ async fn close_and_export(
     signing: &SigningKey,
 ) -> (Bundle, Vec<u8>) {
     close_all(ingest).await;
-    export::export(store, ReleaseConfig::default(), signing)
+    export::export(store, ReleaseRule::default(), signing)
         .unwrap()
         .unwrap()
 }

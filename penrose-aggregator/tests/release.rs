@@ -16,7 +16,7 @@ use penrose_aggregator::admission::Admission;
 use penrose_aggregator::control::reply::BackupReply;
 use penrose_aggregator::control::{self, Admin, Request};
 use penrose_aggregator::epochs::EpochPolicy;
-use penrose_aggregator::export::{self, ExportError, ReleaseConfig};
+use penrose_aggregator::export::{self, ExportError};
 use penrose_aggregator::state::{Outcome, State, StateError};
 use penrose_aggregator::store::{RocksStore, Store};
 use penrose_aggregator::validate::{ValidReport, validate_body};
@@ -24,6 +24,7 @@ use penrose_core::bundle::{Bundle, BundleEntry, BundleHash, EpochId, EpochKind, 
 use penrose_core::counters::{BIN_COUNT, CounterId};
 use penrose_core::fingerprint::{Fingerprint, FingerprintParams};
 use penrose_core::paillier::ACCUMULATOR_REPORT_BOUND;
+use penrose_core::release::ReleaseRule;
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 use penrose_host::clock::today;
 
@@ -49,7 +50,7 @@ fn signing() -> SigningKey {
 }
 
 fn export_next(store: &Arc<dyn Store>) -> Option<(Bundle, Vec<u8>)> {
-    export::export(store.as_ref(), ReleaseConfig::default(), &signing()).unwrap()
+    export::export(store.as_ref(), ReleaseRule::default(), &signing()).unwrap()
 }
 
 /// `n` reports of `counter` for `snippet`, stamped `day`.
@@ -518,7 +519,7 @@ async fn a_backup_is_a_new_chain_that_does_not_re_export_its_parents_epochs() {
         ingest: ingest.clone(),
         store: Arc::clone(&store),
         signing: signing(),
-        release: ReleaseConfig::default(),
+        release: ReleaseRule::default(),
         serving: true,
     };
     let backup = dir.path().join("backup");
@@ -673,7 +674,7 @@ fn a_directory_copied_around_the_product_is_refused_until_adopted() {
     let copy = rocks(&copied.join("db"));
     assert!(matches!(open(&copy, None), Err(StateError::Copied { .. })));
     assert!(matches!(
-        export::export(copy.as_ref(), ReleaseConfig::default(), &signing()),
+        export::export(copy.as_ref(), ReleaseRule::default(), &signing()),
         Err(ExportError::State(StateError::Copied { .. }))
     ));
     drop(copy);
@@ -800,8 +801,8 @@ fn a_backup_carried_off_the_machine_and_adopted_still_descends_from_the_original
 /// does (bins adding up to the declared samples), the honest reports lost are one sub-sum's.
 #[test]
 fn one_bad_report_costs_one_sub_sum_not_the_whole_sum() {
-    let release = ReleaseConfig::default();
-    let sub = release.sub_sum_reports();
+    let release = ReleaseRule::default();
+    let sub = export::sub_sum_reports(&release);
     assert_eq!(sub, 2 * 10 * 24);
     let dir = tempfile::tempdir().unwrap();
     let store = rocks(dir.path());

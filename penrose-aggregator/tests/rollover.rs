@@ -14,7 +14,7 @@ use common::*;
 use ed25519_dalek::SigningKey;
 use penrose_aggregator::admission::Admission;
 use penrose_aggregator::design_keys::{DesignKeyError, DesignKeys, KeySettings, KeySlot};
-use penrose_aggregator::export::{self, ReleaseConfig};
+use penrose_aggregator::export;
 use penrose_aggregator::ingest::{Ingest, IngestConfig, Writer};
 use penrose_aggregator::metrics::Metrics;
 use penrose_aggregator::state::{State, StateError, meta, stored_throttle};
@@ -24,6 +24,7 @@ use penrose_core::counters::CounterId;
 use penrose_core::fingerprint::{FingerprintParams, Fingerprinter};
 use penrose_core::key_list::{KeyList, KeyListError, ScheduledKey};
 use penrose_core::paillier::{ACCUMULATOR_REPORT_BOUND, KeySize, Keypair};
+use penrose_core::release::ReleaseRule;
 use penrose_core::release::{ReportsPerContributor, Threshold};
 use penrose_core::wire::{AckStatus, Day, RejectReason};
 use penrose_design::archive::Archive;
@@ -167,7 +168,7 @@ async fn sums_under_two_keys_stay_apart_and_each_decrypts_with_its_own() {
 
     close_all(&ingest).await;
     let signing = SigningKey::from_bytes(&[9; 32]);
-    let (bundle, bytes) = export::export(store.as_ref(), ReleaseConfig::default(), &signing)
+    let (bundle, bytes) = export::export(store.as_ref(), ReleaseRule::default(), &signing)
         .unwrap()
         .unwrap();
     assert_eq!(

@@ -490,7 +490,7 @@ async fn bundles_count_the_reports_admitted_by_tokens() {
     let signing = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
     let (bundle, bytes) = penrose_aggregator::export::export(
         store.as_ref(),
-        penrose_aggregator::export::ReleaseConfig::default(),
+        penrose_core::release::ReleaseRule::default(),
         &signing,
     )
     .unwrap()

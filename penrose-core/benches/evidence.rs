@@ -27,7 +27,7 @@ use penrose_core::wire::{EvidenceToken, PackedBytes, Report, ReportId};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
-/// Reports in one released sub-sum (`ReleaseConfig::sub_sum_reports`, 2 k T).
+/// Reports in one released sub-sum (`export::sub_sum_reports`, 2 k T).
 const REPORTS: usize = 480;
 const DAY: u32 = 20_000;
 

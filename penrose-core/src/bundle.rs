@@ -243,10 +243,12 @@ pub struct ChainLink {
     pub prev: BundleHash,
 }
 
-/// The release rule the aggregator applied, so that the design server can check it applies at
-/// least as strict a one.
+/// The release rule a bundle states the aggregator applied, as its numbers (a bundle may
+/// state a rule under the floors, which the design server then refuses: so not a checked
+/// [`crate::release::ReleaseRule`]), so that the design server can check it applies at least as
+/// strict a one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReleaseRule {
+pub struct StatedRule {
     /// How epochs are cut.
     pub epochs: EpochKind,
     /// k, contributors.
@@ -397,7 +399,7 @@ pub struct Bundle {
     /// The day the bundle was written.
     pub day: Day,
     /// The release rule applied.
-    pub rule: ReleaseRule,
+    pub rule: StatedRule,
     /// The epochs it releases, by increasing id.
     pub epochs: Vec<EpochSummary>,
     /// The released sums.
@@ -658,7 +660,7 @@ fn decode_keys(r: &mut Reader<'_>, version: u8) -> Result<Vec<KeyId>, BundleErro
 }
 
 /// The chain link, the day and the release rule.
-fn decode_link_and_rule(r: &mut Reader<'_>) -> Result<(ChainLink, Day, ReleaseRule), BundleError> {
+fn decode_link_and_rule(r: &mut Reader<'_>) -> Result<(ChainLink, Day, StatedRule), BundleError> {
     let instance = InstanceId(r.array("instance")?);
     let parent = InstanceId(r.array("parent")?);
     let seq = u64::from_be_bytes(r.array("seq")?);
@@ -680,7 +682,7 @@ fn decode_link_and_rule(r: &mut Reader<'_>) -> Result<(ChainLink, Day, ReleaseRu
         seq,
         prev,
     };
-    let rule = ReleaseRule {
+    let rule = StatedRule {
         epochs,
         threshold,
         cap,
@@ -890,7 +892,7 @@ mod tests {
                 prev: BundleHash([9; 32]),
             },
             day: Day(20_000),
-            rule: ReleaseRule {
+            rule: StatedRule {
                 epochs: EpochKind::Day,
                 threshold: 10,
                 cap: 24,

@@ -8,7 +8,7 @@ use thiserror::Error;
 use crate::bundle::BundleHash;
 
 /// The largest encoded evidence of one sum: about 36,000 reports of two 2048-bit ciphertexts.
-/// A sub-sum holds 2 k T = 480 (`ReleaseConfig::sub_sum_reports`), about 0.6 MB.
+/// A sub-sum holds 2 k T = 480 (`export::sub_sum_reports`), about 0.6 MB.
 pub const MAX_SUM_EVIDENCE_BYTES: usize = 48 << 20;
 
 /// Why an evidence file's framing is refused.

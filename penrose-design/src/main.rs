@@ -504,8 +504,8 @@ fn print_report(
     } else {
         audit::AuditorPartials::load(&archive)?
     };
-    let mut report =
-        report::build_with(&merged, &keys, &auditor, rule.threshold, rule.cap)?.covering(outputs.period);
+    let mut report = report::build_with(&merged, &keys, &auditor, rule.threshold, rule.cap)?
+        .covering(outputs.period);
     report.apply_labels(&archive.labels()?);
     report.apply_splits(&outputs.splits);
     write_report_files(&report, outputs)?;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use ed25519_dalek::SigningKey;
 use penrose_core::bundle::{
     Bundle, BundleEntry, BundleHash, ChainLink, ClassId, EpochId, EpochKind, EpochSummary,
-    Generation, InstanceId, ReleaseRule,
+    Generation, InstanceId, StatedRule,
 };
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::paillier::{Accumulator, KeySize, Keypair};
@@ -115,7 +115,7 @@ impl Fixture {
                 prev,
             },
             day: Day(DAY + 3),
-            rule: ReleaseRule {
+            rule: StatedRule {
                 epochs: EpochKind::Day,
                 threshold: 10,
                 cap: 24,

@@ -51,7 +51,7 @@ pub struct Ready<T> {
 
 /// Prints a server's ready line: `line` as one JSON object on one line of stdout, flushed, so
 /// that a reader waiting for it (a script, a test) gets it at once even through a pipe.
-pub fn print_ready<T: Serialize>(line: &T) -> std::io::Result<()> {
+pub fn print_ready<T: Serialize>(line: &Ready<T>) -> std::io::Result<()> {
     let text = serde_json::to_string(line).map_err(std::io::Error::other)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}")?;

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use penrose_aggregator::admission::Admission;
-use penrose_aggregator::export::ReleaseConfig;
 use penrose_aggregator::fleet::{
     Drawn, Origin, SimilarityProfile, SyntheticFleet, for_each_trace_window,
 };
@@ -42,6 +41,7 @@ use penrose_core::counters::{BIN_COUNT, Catalogue, CounterId};
 use penrose_core::fingerprint::{BandKey, FingerprintParams, LshBands, SnippetHash};
 use penrose_core::histogram::SampleCount;
 use penrose_core::paillier::{Keypair, PublicKey};
+use penrose_core::release::ReleaseRule;
 use penrose_core::wire::{Day, LENGTH_PREFIX, Message, PackedBytes, Report, ReportId};
 use penrose_traces::TraceFolder;
 use rand::{Rng, RngCore, SeedableRng};
@@ -276,7 +276,7 @@ pub fn run(args: Args) -> Result<()> {
 
 /// The sub-sum size the server runs with (`penrose-aggregator serve`).
 fn sub_sum() -> u64 {
-    ReleaseConfig::default().sub_sum_reports()
+    penrose_aggregator::export::sub_sum_reports(&ReleaseRule::default())
 }
 
 fn single(args: &Args, n: u32) -> Result<Row> {

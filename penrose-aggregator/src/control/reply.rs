@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use penrose_core::release::ReleaseRule;
 use serde::{Deserialize, Serialize};
 
 pub use crate::admission::AdmissionDescription;
@@ -96,15 +97,6 @@ pub struct EpochReports {
     pub reports: u64,
     /// Days its reports span.
     pub days: u32,
-}
-
-/// The release rule: sums of fewer contributors are withheld.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReleaseRule {
-    /// k contributors.
-    pub threshold: u64,
-    /// T reports per contributor per (counter, day).
-    pub reports_per_contributor: u32,
 }
 
 /// The budget of new classes.
@@ -570,10 +562,7 @@ mod tests {
                 days: 1,
             }],
             closed_through: None,
-            release: ReleaseRule {
-                threshold: 10,
-                reports_per_contributor: 24,
-            },
+            release: ReleaseRule::default(),
             new_classes: NewClasses {
                 per_hour: 60,
                 available: 58,

@@ -11,7 +11,7 @@ use penrose_auditor::{Auditor, DataDir, InitOptions, Policy, admin};
 use penrose_core::audit::{AuditAnswer, AuditRequest, EntryPartial};
 use penrose_core::bundle::{
     Bundle, BundleEntry, BundleHash, ChainLink, ClassId, EpochId, EpochKind, EpochSummary,
-    Generation, InstanceId, ReleaseRule,
+    Generation, InstanceId, StatedRule,
 };
 use penrose_core::counters::{BIN_COUNT, CatalogueVersion, CounterId};
 use penrose_core::paillier::threshold::{self, KeyShare, PartialDecryption};
@@ -206,7 +206,7 @@ impl ChainMaker {
                 prev,
             },
             day: Day(DAY + 40),
-            rule: ReleaseRule {
+            rule: StatedRule {
                 epochs: EpochKind::Day,
                 threshold: 10,
                 cap: 24,
