@@ -247,7 +247,7 @@ fn run(
         ),
     }
     let started = Instant::now();
-    let stop = crate::signal::stop_on_signals().map_err(CaptureRunError::Signals)?;
+    let stop = penrose_host::process::stop_on_signals().map_err(CaptureRunError::Signals)?;
     capture.run_until(total, schedule, stop)?;
     let elapsed_s = started.elapsed().as_secs_f64();
     let snippets = capture

@@ -19,7 +19,6 @@
 //! - [`upload`]: spooled reports to the aggregator, with delays, retries, throttling and a
 //!   token on each report.
 //! - [`privilege`]: dropping the capabilities capture does not need.
-//! - [`signal`]: SIGINT/SIGTERM end long work cleanly.
 //! - [`test_equipment`]: whether this build has the trace replay and the stand-in ring, and
 //!   what a setting naming them says.
 //!
@@ -47,7 +46,6 @@ pub mod pipeline;
 pub mod privilege;
 pub mod record;
 pub mod service;
-pub mod signal;
 pub mod source;
 pub mod spool;
 pub mod status;

@@ -62,7 +62,7 @@ pub fn serve(config_path: &Path, config: AgentConfig) -> Result<RunOutcome, Serv
             kept.dropped_from_bounding
         );
     }
-    let signals = crate::signal::stop_on_signals().map_err(ServiceError::Signals)?;
+    let signals = penrose_host::process::stop_on_signals().map_err(ServiceError::Signals)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

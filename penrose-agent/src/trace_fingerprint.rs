@@ -227,10 +227,10 @@ mod tests {
         let dir = penrose_traces::TraceFolder::default_dir();
         let path = dir.join("hta-trace_filter--sampled_rank-0.json.gz");
         if !path.exists() {
-            eprintln!(
+            penrose_host::skip::skipped(format_args!(
                 "SKIPPED: no trace at {} (set PENROSE_TRACES)",
                 path.display()
-            );
+            ));
             return;
         }
         let f = fingerprint_trace(&path, 100, false).unwrap();

@@ -17,12 +17,10 @@ use penrose_traces::TraceFolder;
 fn windows_of_one_trace_share_a_class_and_traces_do_not() {
     let dir = TraceFolder::default_dir();
     if !TraceFolder::open(&dir).is_ok_and(|f| !f.files().is_empty()) {
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
+        penrose_host::skip::skipped(format_args!(
             "SKIPPED: the real traces are not in {} (set PENROSE_TRACES)",
             dir.display()
-        );
+        ));
         return;
     }
     for len in [10_000, 2_500] {

@@ -19,6 +19,7 @@
 //! - [`durable`]: replace a file so that a crash leaves it whole, old or new.
 //! - [`output`]: a command's result as text or `--json`, the same way in every CLI.
 //! - [`exit`]: the exit codes every binary shares, and how `main` ends.
+//! - [`skip`]: how a test that cannot run here says so, past libtest's capture, for CI to count.
 //! - [`process`]: start-up and stop: logs, the ready line, the stop and reload signals.
 
 pub mod bounded;
@@ -31,6 +32,7 @@ pub mod key_file;
 pub mod output;
 pub mod process;
 pub mod secret_file;
+pub mod skip;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::FileError;

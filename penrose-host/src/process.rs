@@ -6,6 +6,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -56,6 +57,36 @@ pub fn print_ready<T: Serialize>(line: &Ready<T>) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}")?;
     out.flush()
+}
+
+/// The flag SIGINT and SIGTERM set for work that runs without a runtime (the agent's capture
+/// and daemon threads poll it), so that interrupted work still seals, spools and prints what
+/// it has.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_signal: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Installs SIGINT and SIGTERM handlers that set one stop flag, and returns it; the sync
+/// counterpart of [`Signals`]. SIGHUP, which would otherwise end the process without its
+/// summary or final status, is ignored: a process that uses this reads its configuration only
+/// at start (every tier handles SIGINT and SIGTERM as a clean stop and never dies of SIGHUP).
+#[allow(unsafe_code)]
+pub fn stop_on_signals() -> std::io::Result<&'static AtomicBool> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let handler = on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: installs a handler that only performs an atomic store.
+        if unsafe { libc::signal(sig, handler) } == libc::SIG_ERR {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: SIG_IGN installs no code.
+    if unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) } == libc::SIG_ERR {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(&STOP)
 }
 
 /// What a signal asks of a server.

@@ -571,7 +571,10 @@ fn graph_trace() -> Option<PathBuf> {
     if path.is_file() {
         Some(path)
     } else {
-        println!("SKIPPED: {} not found (set PENROSE_TRACES)", path.display());
+        penrose_host::skip::skipped(format_args!(
+            "SKIPPED: {} not found (set PENROSE_TRACES)",
+            path.display()
+        ));
         None
     }
 }

@@ -176,12 +176,7 @@ fn set_lo_up() -> io::Result<()> {
 mod tests {
     use super::*;
 
-    /// Says that a check could not run here, on the process's own stderr: libtest captures
-    /// `eprintln!` of a passing test, and CI counts these lines (ci/test.sh).
-    fn skipped(line: std::fmt::Arguments<'_>) {
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), "{line}");
-    }
+    use penrose_host::skip::skipped;
 
     #[test]
     fn interface_names_are_read_from_proc_net_dev() {

@@ -19,12 +19,16 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if !penrose_tornet::tor_installed() {
-        eprintln!("SKIPPED: tor and tor-gencert are not installed (Debian: apt-get install tor)");
+        penrose_host::skip::skipped(format_args!(
+            "SKIPPED: tor and tor-gencert are not installed (Debian: apt-get install tor)"
+        ));
         return ExitCode::SUCCESS;
     }
     if let Err(e) = penrose_tornet::enter_loopback_namespace() {
         if is_permission(&e) {
-            eprintln!("SKIPPED: a network namespace needs root here: {e}");
+            penrose_host::skip::skipped(format_args!(
+                "SKIPPED: a network namespace needs root here: {e}"
+            ));
             return ExitCode::SUCCESS;
         }
         eprintln!("network: cannot enter a loopback-only namespace: {e}");

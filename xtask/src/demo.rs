@@ -657,16 +657,10 @@ mod tests {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(bins) = test_bins() else {
-            // On the real stderr: libtest captures eprintln! of a passing test, and CI counts
-            // SKIPPED lines (ci/test.sh).
-            {
-                use std::io::Write as _;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED: the workspace's binaries are not built next to this test \
+            penrose_host::skip::skipped(format_args!(
+                "SKIPPED: the workspace's binaries are not built next to this test \
                  (cargo test --workspace builds them)"
-                );
-            }
+            ));
             return;
         };
         let dir = tempfile::tempdir().unwrap();

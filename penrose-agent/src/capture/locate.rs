@@ -425,15 +425,7 @@ mod tests {
         .map(Path::new)
         .find(|p| p.exists());
         let Some(libc_path) = libc_path else {
-            // On the real stderr: libtest captures eprintln! of a passing test, and CI counts
-            // SKIPPED lines (ci/test.sh).
-            {
-                use std::io::Write as _;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED: no libc.so.6 at the Debian path"
-                );
-            }
+            penrose_host::skip::skipped(format_args!("SKIPPED: no libc.so.6 at the Debian path"));
             return;
         };
         let resolved = libc_path.canonicalize().unwrap();

@@ -339,10 +339,4 @@ pub use penrose_agent::capture::loader::is_root;
 
 pub mod tokens;
 
-/// Says that a check could not run here, on the process's own stderr: libtest captures
-/// `println!` and `eprintln!` of a passing test, and CI counts these lines in its summary
-/// (ci/test.sh), so a skip is never a silent pass.
-pub fn skipped(line: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
+pub use penrose_host::skip::skipped;

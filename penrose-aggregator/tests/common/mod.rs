@@ -500,12 +500,10 @@ pub fn traces_present() -> bool {
     let dir = penrose_traces::TraceFolder::default_dir();
     let present = penrose_traces::TraceFolder::open(&dir).is_ok_and(|f| !f.files().is_empty());
     if !present {
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
+        penrose_host::skip::skipped(format_args!(
             "SKIPPED: the real traces are not in {} (set PENROSE_TRACES)",
             dir.display()
-        );
+        ));
     }
     present
 }
