@@ -166,14 +166,7 @@ pub async fn run_with_source(
         Arc::clone(&stop),
     );
     let fetchers = start_fetchers([admission, evidence], &mut shared, &status, &stop, &wake);
-    let writer = StatusWriter {
-        status: Arc::clone(&status),
-        spool: Arc::clone(&spool),
-        stores: [shared.tokens.clone(), shared.evidence.clone()],
-        tor,
-        keys: keys.clone(),
-        state_dir: state_dir.clone(),
-    };
+    let writer = StatusWriter::new(&shared, tor, keys.clone(), state_dir.clone());
     writer.write();
 
     // Source thread -> channel -> pipeline thread.
@@ -301,6 +294,23 @@ struct StatusWriter {
 }
 
 impl StatusWriter {
+    /// A writer of the status and spool the uploader shares, with its token stores.
+    fn new(
+        shared: &upload::Shared,
+        tor: Option<Arc<penrose_tor::Tor>>,
+        keys: DesignKeys,
+        state_dir: PathBuf,
+    ) -> Self {
+        Self {
+            status: Arc::clone(&shared.status),
+            spool: Arc::clone(&shared.spool),
+            stores: [shared.tokens.clone(), shared.evidence.clone()],
+            tor,
+            keys,
+            state_dir,
+        }
+    }
+
     fn write(&self) {
         let [admission, evidence] = &self.stores;
         refresh(
